@@ -1,0 +1,127 @@
+"""EngineArgs: every engine knob, spelled like vLLM's flags so `vllm serve` and ours swap."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+KVCacheDType = Literal["auto", "bf16", "fp16", "fp32", "int8"]
+LoadFormat = Literal["auto", "gguf", "safetensors", "dummy"]
+
+
+class EngineArgsError(ValueError):
+    """A bad engine setting; the message names the flag and the allowed values."""
+
+
+def parse_bytes(text: str | int | None) -> int | None:
+    """'24GiB', '512MiB', '8e9', '1000000' -> bytes."""
+    if text is None or isinstance(text, int):
+        return text
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 1 << 10,
+             "m": 1 << 20, "g": 1 << 30, "b": 1}
+    s = str(text).strip().lower()
+    for unit in sorted(units, key=len, reverse=True):
+        if s.endswith(unit):
+            number = s[: -len(unit)].strip()
+            try:
+                return int(float(number) * units[unit])
+            except ValueError:
+                break
+    try:
+        return int(float(s))
+    except ValueError as exc:
+        raise EngineArgsError(f"cannot read {text!r} as a byte count (e.g. 512MiB, 24GiB)") from exc
+
+
+@dataclass
+class EngineArgs:
+    model: str = ""
+    tokenizer: str | None = None
+    load_format: LoadFormat = "auto"
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    quantization: str | None = None  # None | w4a16 (GGUF Q4_* / GPTQ / AutoRound are detected)
+    tensor_parallel_size: int = 1
+    kv_cache_dtype: KVCacheDType = "auto"
+    page_size: int = 16
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    gpu_memory_utilization: float = 0.90
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    seed: int = 0
+    # Multi-node rendezvous (torchrun-compatible env://).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "bf16", "fp16", "fp32", "int8"):
+            raise EngineArgsError(
+                f"--kv-cache-dtype {self.kv_cache_dtype!r} is not supported; use auto, bf16, fp16, fp32 or int8")
+        if self.load_format not in ("auto", "gguf", "safetensors", "dummy"):
+            raise EngineArgsError(
+                f"--load-format {self.load_format!r} is not supported; use auto, gguf, safetensors or dummy")
+        if self.page_size < 1 or self.page_size & (self.page_size - 1):
+            raise EngineArgsError(f"--page-size must be a power of two, got {self.page_size}")
+        if self.max_num_seqs < 1:
+            raise EngineArgsError(f"--max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise EngineArgsError(
+                f"--max-num-batched-tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise EngineArgsError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise EngineArgsError(
+                f"--kv-cache-memory-bytes must be positive, got {self.kv_cache_memory_bytes}")
+        if self.tensor_parallel_size < 1:
+            raise EngineArgsError(
+                f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise EngineArgsError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """The engine flags, vLLM spelling. Defaults come from the dataclass."""
+        d = EngineArgs()
+        g = parser.add_argument_group("engine")
+        g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+        g.add_argument("--load-format", default=d.load_format,
+                       choices=["auto", "gguf", "safetensors", "dummy"])
+        g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+        g.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N")
+        g.add_argument("--quantization", default=None, help="w4a16 (GGUF/GPTQ/AutoRound are detected)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+        g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype,
+                       choices=["auto", "bf16", "fp16", "fp32", "int8"])
+        g.add_argument("--page-size", "--block-size", type=int, default=d.page_size, dest="page_size")
+        g.add_argument("--max-model-len", type=int, default=None)
+        g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+        g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+        g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+        g.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
+                       help="KV cache budget per device, e.g. 2GiB (overrides --gpu-memory-utilization)")
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=d.enable_prefix_caching)
+        g.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
+        g.add_argument("--seed", type=int, default=d.seed)
+        g.add_argument("--nnodes", type=int, default=d.nnodes)
+        g.add_argument("--node-rank", type=int, default=d.node_rank)
+        g.add_argument("--master-addr", default=d.master_addr)
+        g.add_argument("--master-port", type=int, default=d.master_port)
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in vars(ns).items() if k in names and k != "extra"}
+        args = cls(**values)
+        args.validate()
+        return args
