@@ -1,0 +1,144 @@
+"""Plain-torch references for the engine's kernels. The CPU path runs these; every Triton kernel
+is tested against the function of the same job here.
+
+KV cache layout (one layer): k_cache, v_cache [num_pages, page_size, num_kv_heads, head_dim];
+for int8 KV also k_scale, v_scale [num_pages, page_size, num_kv_heads] float16, one scale per
+token per head (x ~= q * scale).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+INT8_SCALE_DTYPE = torch.float16
+# Below this magnitude a head's values are quantized on a fixed grid: keeps the fp16 scale normal.
+_MIN_AMAX = 1e-3
+
+
+def quantize_per_token_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., head_dim] -> (int8 values, fp16 scales [...]), symmetric, per row."""
+    amax = x.detach().abs().amax(dim=-1).float().clamp_min(_MIN_AMAX)
+    scale = (amax / 127.0).to(INT8_SCALE_DTYPE)
+    q = torch.round(x.float() / scale.float().unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_per_token_head(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+
+
+def store_kv_ref(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64; negative = skip (padding)
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    num_pages, page_size = k_cache.shape[:2]
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
+    flat_k = k_cache.view(num_pages * page_size, *k_cache.shape[2:])
+    flat_v = v_cache.view(num_pages * page_size, *v_cache.shape[2:])
+    if k_cache.dtype == torch.int8:
+        assert k_scale is not None and v_scale is not None, "int8 KV needs scale tensors"
+        kq, ks = quantize_per_token_head(key)
+        vq, vs = quantize_per_token_head(value)
+        flat_k[slot_mapping] = kq
+        flat_v[slot_mapping] = vq
+        k_scale.view(num_pages * page_size, -1)[slot_mapping] = ks
+        v_scale.view(num_pages * page_size, -1)[slot_mapping] = vs
+    else:
+        flat_k[slot_mapping] = key.to(k_cache.dtype)
+        flat_v[slot_mapping] = value.to(v_cache.dtype)
+
+
+def gather_kv_ref(
+    cache: torch.Tensor,
+    scale: torch.Tensor | None,
+    pages: torch.Tensor,  # [n_pages] page ids of one sequence
+    length: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The first `length` tokens of one sequence's K or V: [length, Hkv, D] in `dtype`."""
+    page_size = cache.shape[1]
+    rows = cache[pages].reshape(-1, *cache.shape[2:])[:length]
+    if cache.dtype == torch.int8:
+        assert scale is not None
+        s = scale[pages].reshape(-1, scale.shape[-1])[:length]
+        return dequantize_per_token_head(rows, s, dtype)
+    del page_size
+    return rows.to(dtype)
+
+
+def paged_attention_ref(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    query_start_loc: torch.Tensor,  # [B+1]
+    seq_lens: torch.Tensor,  # [B]
+    softmax_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    query_lens_host: list[int] | None = None,
+    seq_lens_host: list[int] | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its whole paged KV (prefix + new).
+
+    Sequence b's queries are its last q_len positions: query i sits at seq_len - q_len + i and
+    sees keys 0..that position. Handles prefill, chunked prefill over a cached prefix, and decode.
+    """
+    page_size = k_cache.shape[1]
+    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    if query_lens_host is None:
+        starts = query_start_loc.tolist()
+        query_lens_host = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
+    if seq_lens_host is None:
+        seq_lens_host = seq_lens.tolist()
+    out = torch.empty_like(q)
+    start = 0
+    for b, (q_len, kv_len) in enumerate(zip(query_lens_host, seq_lens_host)):
+        if q_len == 0:
+            continue
+        n_pages = (kv_len + page_size - 1) // page_size
+        pages = page_table[b, :n_pages].long()
+        k = gather_kv_ref(k_cache, k_scale, pages, kv_len, q.dtype)
+        v = gather_kv_ref(v_cache, v_scale, pages, kv_len, q.dtype)
+        qb = q[start : start + q_len].transpose(0, 1)  # [Hq, q_len, D]
+        kb, vb = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, kv_len, D]
+        if num_q_heads != num_kv_heads:
+            group = num_q_heads // num_kv_heads
+            kb = kb.repeat_interleave(group, dim=0)
+            vb = vb.repeat_interleave(group, dim=0)
+        mask = None
+        if q_len > 1:
+            q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device).unsqueeze(1)
+            k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
+            mask = k_pos <= q_pos
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=softmax_scale)
+        out[start : start + q_len] = ob.transpose(0, 1)
+        start += q_len
+    return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual): the fused residual add before each norm."""
+    summed = (x.float() + residual.float()).to(x.dtype)
+    return rms_norm_ref(summed, weight, eps), summed
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
