@@ -7,11 +7,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from homelab_llm.errors import HomelabError
+
 KVCacheDType = Literal["auto", "bf16", "fp16", "fp32", "int8"]
 LoadFormat = Literal["auto", "gguf", "safetensors", "dummy"]
 
 
-class EngineArgsError(ValueError):
+class EngineArgsError(HomelabError, ValueError):
     """A bad engine setting; the message names the flag and the allowed values."""
 
 

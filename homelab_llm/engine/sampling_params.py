@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from homelab_llm.errors import HomelabError
+
 from dataclasses import dataclass, field
 
 
-class SamplingParamsError(ValueError):
+class SamplingParamsError(HomelabError, ValueError):
     """An out-of-range sampling value; the message names the field."""
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from homelab_llm.errors import HomelabError
+
 from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(HomelabError, ValueError):
     """An architecture, tensor type or config value we cannot run; the message names what we can."""
 
 

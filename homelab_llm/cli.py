@@ -1,0 +1,53 @@
+"""`homelab-llm`: one front door. Each subcommand lives in its room's `command` module, imported
+only when chosen, so `homelab-llm hwcheck` never pays for importing torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from homelab_llm import __version__
+from homelab_llm.errors import HomelabError
+
+# name -> (module with add_parser(subparsers) and run(args) -> int, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "tui": ("homelab_llm.tui.command", "open the control app (the default)"),
+    "serve": ("homelab_llm.server.command", "serve a model over an OpenAI-compatible API"),
+    "generate": ("homelab_llm.engine.command", "generate a completion offline and print it"),
+    "bench": ("homelab_llm.bench.command", "benchmark any OpenAI-compatible server or the engine"),
+    "hwcheck": ("homelab_llm.hwcheck.command", "detect GPUs, PCIe links and P2P; check a planned build"),
+    "plan": ("homelab_llm.hwcheck.plan_command", "plan memory: weights, KV, context and concurrency"),
+    "presets": ("homelab_llm.tui.presets_command", "list and show service presets"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="homelab-llm", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"homelab-llm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(sub)
+        else:  # keep --help cheap: a placeholder; the real parser is built when chosen
+            sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["tui", *argv]
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except HomelabError as err:
+        print(f"homelab-llm {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
