@@ -1,0 +1,76 @@
+"""Sequence: one request's state as it moves waiting -> running -> finished (or back on preemption)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from homelab_llm.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    max_tokens: int  # resolved from params.max_tokens and the context limit
+    token_ids: list[int] = field(default_factory=list)  # prompt + generated
+    status: SequenceStatus = SequenceStatus.WAITING
+    # KV: the pages holding tokens 0..num_computed_tokens-1 (token i in page i // page_size).
+    page_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    cache_node: Any = None  # radix node locked while this sequence relies on its path
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    generator: Any = None  # torch.Generator for this request's random draws
+    # Output text bookkeeping (detokenizer lives in the engine core).
+    detokenizer: Any = None
+    output_text: str = ""
+    emitted_text_len: int = 0
+    emitted_token_count: int = 0
+    pending_logprobs: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Only the last sampled token lacks KV: one new token this step."""
+        return self.num_uncomputed_tokens == 1 and self.num_output_tokens > 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
