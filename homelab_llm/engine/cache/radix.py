@@ -1,0 +1,181 @@
+"""Token-granular radix prefix cache over the page pool.
+
+Each edge holds a run of token ids and, per token, the KV slot (page * page_size + offset) where
+that token's K/V live. A match can end at any token, not only at a page boundary: the caller shares
+the fully matched pages and copies the rows of a partially matched one (see `pages_for_match`).
+
+Ownership: a node holds one reference on every distinct page among its slots. Splitting a node
+whose halves share a page adds a reference, so the pool's counts always equal holders. Eviction
+removes unlocked leaves in least-recently-used order; a page still listed by a running sequence
+keeps that sequence's reference and is never freed under it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from homelab_llm.engine.cache.page_pool import PagePool
+
+
+@dataclass(eq=False)
+class RadixNode:
+    key: list[int]
+    slots: list[int]
+    parent: "RadixNode | None"
+    children: dict[int, "RadixNode"] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+
+@dataclass
+class PrefixMatch:
+    length: int  # matched tokens
+    slots: list[int]  # KV slot of each matched token
+    node: RadixNode  # deepest node of the match (the match ends exactly at its end)
+
+
+def _common_prefix(a: list[int], b: list[int], start_b: int) -> int:
+    n = min(len(a), len(b) - start_b)
+    i = 0
+    while i < n and a[i] == b[start_b + i]:
+        i += 1
+    return i
+
+
+class RadixCache:
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.root = RadixNode(key=[], slots=[], parent=None, lock_ref=1)
+        self._clock = 0
+        self.cached_tokens = 0
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _pages(self, slots: list[int]) -> list[int]:
+        return sorted({s // self.page_size for s in slots})
+
+    def _touch(self, node: RadixNode) -> None:
+        self._clock += 1
+        node.last_access = self._clock
+
+    def _split(self, node: RadixNode, k: int) -> RadixNode:
+        """Cut `node` after its first k tokens; returns the new upper node."""
+        assert 0 < k < len(node.key) and node.parent is not None
+        upper = RadixNode(key=node.key[:k], slots=node.slots[:k], parent=node.parent,
+                          lock_ref=node.lock_ref, last_access=node.last_access)
+        node.parent.children[upper.key[0]] = upper
+        node.key, node.slots = node.key[k:], node.slots[k:]
+        node.parent = upper
+        upper.children[node.key[0]] = node
+        shared = set(self._pages(upper.slots)) & set(self._pages(node.slots))
+        self.pool.incref(sorted(shared))
+        return upper
+
+    # -- queries ------------------------------------------------------------------------------
+    def match_prefix(self, tokens: list[int]) -> PrefixMatch:
+        node, i, slots = self.root, 0, []
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            k = _common_prefix(child.key, tokens, i)
+            if k < len(child.key):
+                child = self._split(child, k)
+            self._touch(child)
+            slots.extend(child.slots)
+            node, i = child, i + k
+        return PrefixMatch(length=i, slots=slots, node=node)
+
+    def insert(self, tokens: list[int], slots: list[int]) -> int:
+        """Store tokens with their slots; the part already present keeps its slots. Returns the
+        number of newly cached tokens."""
+        assert len(tokens) == len(slots)
+        node, i = self.root, 0
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                leaf = RadixNode(key=tokens[i:], slots=slots[i:], parent=node)
+                node.children[tokens[i]] = leaf
+                self.pool.incref(self._pages(leaf.slots))
+                self._touch(leaf)
+                added = len(tokens) - i
+                self.cached_tokens += added
+                return added
+            k = _common_prefix(child.key, tokens, i)
+            if k < len(child.key):
+                child = self._split(child, k)
+            self._touch(child)
+            node, i = child, i + k
+        return 0
+
+    def lock(self, node: RadixNode) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not None:
+            assert node.lock_ref > 0
+            node.lock_ref -= 1
+            node = node.parent
+
+    def evict(self, target_free_pages: int) -> int:
+        """Drop unlocked leaves, oldest first, until the pool has `target_free_pages` free or
+        nothing more can go. Returns the number of tokens evicted."""
+        if self.pool.num_free >= target_free_pages:
+            return 0
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        evicted = 0
+        while heap and self.pool.num_free < target_free_pages:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[0]]
+            self.pool.decref(self._pages(leaf.slots))
+            evicted += len(leaf.key)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        self.cached_tokens -= evicted
+        return evicted
+
+    def _leaves(self) -> list[RadixNode]:
+        out, stack = [], [self.root]
+        while stack:
+            n = stack.pop()
+            if n.children:
+                stack.extend(n.children.values())
+            elif n is not self.root:
+                out.append(n)
+        return out
+
+    def nodes(self) -> list[RadixNode]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def evictable_pages(self) -> int:
+        """An upper bound on pages eviction could free right now (for admission decisions)."""
+        return sum(len(self._pages(n.slots)) for n in self.nodes() if n.lock_ref == 0)
+
+    # -- turning a match into a page table ----------------------------------------------------
+    def pages_for_match(self, match: PrefixMatch) -> tuple[list[int], list[tuple[list[int], int]]]:
+        """Split a match into pages to share as they are and partial pages to copy.
+
+        Returns (shared page ids in order, [(slots to copy, logical page index)]). A logical page is
+        shared only when the match covers all its rows from one physical page."""
+        ps = self.page_size
+        shared: list[int] = []
+        copies: list[tuple[list[int], int]] = []
+        for j in range(0, match.length, ps):
+            rows = match.slots[j:j + ps]
+            page = rows[0] // ps
+            if len(rows) == ps and all(r // ps == page for r in rows) and not copies:
+                shared.append(page)
+            else:
+                copies.append((rows, j // ps))
+        return shared, copies
