@@ -163,19 +163,17 @@ class RadixCache:
         return sum(len(self._pages(n.slots)) for n in self.nodes() if n.lock_ref == 0)
 
     # -- turning a match into a page table ----------------------------------------------------
-    def pages_for_match(self, match: PrefixMatch) -> tuple[list[int], list[tuple[list[int], int]]]:
-        """Split a match into pages to share as they are and partial pages to copy.
-
-        Returns (shared page ids in order, [(slots to copy, logical page index)]). A logical page is
-        shared only when the match covers all its rows from one physical page."""
+    def pages_for_match(self, match: PrefixMatch) -> list[int | list[int]]:
+        """One entry per logical page the match touches: a page id to share as it is, or the
+        list of slots whose rows must be copied into a fresh page (a partially matched page, or
+        one whose rows came from different sequences' pages)."""
         ps = self.page_size
-        shared: list[int] = []
-        copies: list[tuple[list[int], int]] = []
+        plan: list[int | list[int]] = []
         for j in range(0, match.length, ps):
             rows = match.slots[j:j + ps]
             page = rows[0] // ps
-            if len(rows) == ps and all(r // ps == page for r in rows) and not copies:
-                shared.append(page)
+            if len(rows) == ps and all(r // ps == page for r in rows):
+                plan.append(page)
             else:
-                copies.append((rows, j // ps))
-        return shared, copies
+                plan.append(rows)
+        return plan
