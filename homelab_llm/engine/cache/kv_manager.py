@@ -1,0 +1,116 @@
+"""KVCacheManager: gives sequences pages, shares prefixes through the radix cache, takes pages back.
+
+The scheduler decides who runs; this decides where their K/V live.
+"""
+
+from __future__ import annotations
+
+from homelab_llm.engine.cache.page_pool import PagePool
+from homelab_llm.engine.cache.radix import RadixCache
+from homelab_llm.engine.sequence import Sequence
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, pool: PagePool, enable_prefix_caching: bool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.radix = RadixCache(pool) if enable_prefix_caching else None
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # -- admission ----------------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> None:
+        """Give a fresh sequence the cached KV of its longest cached prefix.
+
+        At least one token is always left to compute, so the step that finishes the prompt has
+        logits to sample from. Pages fully matched are shared; partial ones are copied."""
+        assert not seq.page_table and seq.num_computed_tokens == 0
+        first_admission = seq.num_preemptions == 0
+        if first_admission:
+            self.prefix_query_tokens += seq.num_prompt_tokens
+        if self.radix is None:
+            return
+        match = self.radix.match_prefix(seq.token_ids[:-1])
+        if match.length == 0:
+            return
+        plan = self.radix.pages_for_match(match)
+        n_copies = sum(1 for entry in plan if isinstance(entry, list))
+        if n_copies and not self._reserve(n_copies):
+            # No room for the copies: keep only the pages that can be shared as they are.
+            while plan and isinstance(plan[-1], list):
+                plan.pop()
+            if any(isinstance(entry, list) for entry in plan):
+                return
+            n_copies = 0
+        fresh = self.pool.alloc(n_copies) if n_copies else []
+        page_table: list[int] = []
+        for entry in plan:
+            if isinstance(entry, list):
+                page = fresh.pop()
+                base = len(page_table) * self.page_size
+                dst = [page * self.page_size + (base + i) % self.page_size
+                       for i in range(len(entry))]
+                self.pool.copy_slots(entry, dst)
+                page_table.append(page)
+            else:
+                self.pool.incref([entry])
+                page_table.append(entry)
+        matched = min(match.length, len(page_table) * self.page_size)
+        seq.page_table = page_table
+        seq.num_computed_tokens = matched
+        self.radix.lock(match.node)
+        seq.cache_node = match.node
+        if first_admission:
+            seq.num_cached_tokens = matched
+            self.prefix_hit_tokens += matched
+
+    # -- growth -------------------------------------------------------------------------------
+    def pages_needed(self, seq: Sequence, num_tokens: int) -> int:
+        return max(0, _ceil_div(num_tokens, self.page_size) - len(seq.page_table))
+
+    def _reserve(self, n_pages: int) -> bool:
+        if self.pool.num_free < n_pages and self.radix is not None:
+            self.radix.evict(n_pages)
+        return self.pool.num_free >= n_pages
+
+    def ensure_pages(self, seq: Sequence, num_tokens: int) -> bool:
+        """Make room for the sequence's first `num_tokens` tokens; False if the pool is full."""
+        need = self.pages_needed(seq, num_tokens)
+        if need == 0:
+            return True
+        if not self._reserve(need):
+            return False
+        seq.page_table.extend(self.pool.alloc(need))
+        return True
+
+    def can_fit(self, num_pages: int) -> bool:
+        evictable = self.radix.evictable_pages() if self.radix is not None else 0
+        return self.pool.num_free + evictable >= num_pages
+
+    # -- release ------------------------------------------------------------------------------
+    def cache_sequence(self, seq: Sequence) -> None:
+        """Offer the computed tokens to the prefix cache (prompt done, finish, or preemption)."""
+        if self.radix is None or seq.num_computed_tokens == 0:
+            return
+        n = seq.num_computed_tokens
+        ps = self.page_size
+        slots = [seq.page_table[i // ps] * ps + i % ps for i in range(n)]
+        self.radix.insert(seq.token_ids[:n], slots)
+
+    def free(self, seq: Sequence, cache: bool = True) -> None:
+        if cache:
+            self.cache_sequence(seq)
+        if seq.cache_node is not None and self.radix is not None:
+            self.radix.unlock(seq.cache_node)
+        seq.cache_node = None
+        self.pool.decref(seq.page_table)
+        seq.page_table = []
+        seq.num_computed_tokens = 0
+
+    @property
+    def tokens_used(self) -> int:
+        return self.pool.num_used * self.page_size
