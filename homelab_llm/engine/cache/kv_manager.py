@@ -37,13 +37,16 @@ class KVCacheManager:
         match = self.radix.match_prefix(seq.token_ids[:-1])
         if match.length == 0:
             return
+        # Lock first: making room for copies must not evict the very pages we match.
+        self.radix.lock(match.node)
         plan = self.radix.pages_for_match(match)
         n_copies = sum(1 for entry in plan if isinstance(entry, list))
         if n_copies and not self._reserve(n_copies):
             # No room for the copies: keep only the pages that can be shared as they are.
             while plan and isinstance(plan[-1], list):
                 plan.pop()
-            if any(isinstance(entry, list) for entry in plan):
+            if not plan or any(isinstance(entry, list) for entry in plan):
+                self.radix.unlock(match.node)
                 return
             n_copies = 0
         fresh = self.pool.alloc(n_copies) if n_copies else []
@@ -62,7 +65,6 @@ class KVCacheManager:
         matched = min(match.length, len(page_table) * self.page_size)
         seq.page_table = page_table
         seq.num_computed_tokens = matched
-        self.radix.lock(match.node)
         seq.cache_node = match.node
         if first_admission:
             seq.num_cached_tokens = matched
