@@ -1,0 +1,138 @@
+"""Scheduler: continuous batching with chunked prefill and preemption by recompute.
+
+Each step: running decodes first (one token each), then running prefills continue in chunks, then
+waiting requests are admitted, all within max_num_batched_tokens and max_num_seqs. When pages run
+out, the newest running sequence is preempted: its pages go back (its computed tokens stay in the
+prefix cache) and it waits at the front of the queue to be recomputed. Nothing is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """This step computes the sequence's last known token, so it yields the next one."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    preempted: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step -----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
+        taken: set[int] = set()
+
+        decodes = [s for s in self.running if s.is_decoding]
+        prefills = [s for s in self.running if not s.is_decoding]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.kv.ensure_pages(seq, seq.num_computed_tokens + n):
+                victim = self._pick_victim(exclude=taken)
+                if victim is None or victim is seq:
+                    self._preempt(seq, preempted)
+                    break
+                self._preempt(victim, preempted)
+            else:
+                scheduled.append(ScheduledSeq(seq, n))
+                taken.add(id(seq))
+                budget -= n
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.page_table:
+                self.kv.match_prefix(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.kv.ensure_pages(seq, seq.num_computed_tokens + n):
+                if not self.running and not scheduled:
+                    # Alone and still no room: the pool is smaller than this chunk. Shrink the
+                    # chunk to what fits rather than wait forever.
+                    n = self._largest_chunk_that_fits(seq, n)
+                if n == 0 or not self.kv.ensure_pages(seq, seq.num_computed_tokens + n):
+                    self.kv.free(seq, cache=False)
+                    break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, n))
+            taken.add(id(seq))
+            budget -= n
+        return SchedulerOutput(scheduled, preempted)
+
+    def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
+        free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size
+        return max(0, min(n, free_tokens - seq.num_computed_tokens))
+
+    def _pick_victim(self, exclude: set[int]) -> Sequence | None:
+        for seq in reversed(self.running):
+            if id(seq) not in exclude:
+                return seq
+        return None
+
+    def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq, cache=True)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        preempted.append(seq)
+
+    # -- after the forward --------------------------------------------------------------------
+    def advance(self, out: SchedulerOutput) -> None:
+        """Mark the step's tokens as computed; offer finished prompts to the prefix cache."""
+        for item in out.scheduled:
+            seq = item.seq
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens += item.num_new_tokens
+            if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
+                self.kv.cache_sequence(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a sequence out of whichever queue holds it and release its pages."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        if seq.page_table or seq.cache_node is not None:
+            self.kv.free(seq, cache=True)
