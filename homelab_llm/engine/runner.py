@@ -1,0 +1,256 @@
+"""ModelRunner: one per rank. Loads the model, sizes and binds the KV cache from measured memory,
+turns a scheduled step into batch tensors and a ForwardContext, and runs the forward."""
+
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass, field
+
+import torch
+
+from homelab_llm.engine.args import EngineArgs
+from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
+from homelab_llm.engine.context import ForwardContext, forward_context
+from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.scheduler import ScheduledSeq
+
+# Without a flag, the CPU path keeps its KV cache to this (as vLLM's CPU backend does by default):
+# system RAM is shared with everything else on the box and is not ours to take.
+CPU_DEFAULT_KV_BYTES = 1 << 30
+
+_KV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
+              "int8": torch.int8}
+
+
+def kv_heads_on_rank(num_kv_heads: int, tp_size: int, tp_rank: int) -> int:
+    """KV heads split along groups, uneven allowed; beyond num_kv_heads each rank keeps one."""
+    if tp_size > num_kv_heads:
+        return 1
+    return num_kv_heads // tp_size + (1 if tp_rank < num_kv_heads % tp_size else 0)
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    return model_dtype if kv_cache_dtype == "auto" else _KV_DTYPES[kv_cache_dtype]
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    logits_indices: torch.Tensor
+    context: ForwardContext
+    num_tokens: int
+
+
+@dataclass
+class MemorySplit:
+    """Bytes on one device, as measured (the /v1/status `devices` entry)."""
+    name: str
+    total: int = 0
+    weights: int = 0
+    activations_peak: int = 0
+    graphs: int = 0
+    kv_cache: int = 0
+    other: int = 0
+    free: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, int | str]:
+        return {"name": self.name, "total": self.total, "weights": self.weights,
+                "activations_peak": self.activations_peak, "graphs": self.graphs,
+                "kv_cache": self.kv_cache, "other": self.other, "free": self.free}
+
+
+def _cpu_memory() -> tuple[int, int]:
+    """(total, available) system memory in bytes, from /proc/meminfo."""
+    info: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                info[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError):
+        return 0, 0
+    return info.get("MemTotal", 0), info.get("MemAvailable", 0)
+
+
+def _rss_peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class ModelRunner:
+    def __init__(self, args: EngineArgs, config: ModelConfig, model_path: str,
+                 device: torch.device, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1) -> None:
+        from homelab_llm.engine.model.loader import load_model
+
+        self.args = args
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.page_size = args.page_size
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        self.model = load_model(config, model_path, args.load_format, dtype, device,
+                                tp_rank=tp_rank, tp_size=tp_size)
+        weights = sum(t.numel() * t.element_size()
+                      for t in list(self.model.parameters()) + list(self.model.buffers()))
+        if device.type == "cuda":
+            weights = max(weights, torch.cuda.memory_allocated(device) - before)
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.memory = MemorySplit(name=name, weights=weights)
+        self.pool: PagePool | None = None
+
+    # -- KV sizing ----------------------------------------------------------------------------
+    def kv_layout(self) -> KVLayout:
+        c = self.config
+        return KVLayout(
+            num_layers=c.num_hidden_layers,
+            num_kv_heads=kv_heads_on_rank(c.num_key_value_heads, self.tp_size, self.tp_rank),
+            head_dim=c.head_dim,
+            page_size=self.page_size,
+            dtype=resolve_kv_dtype(self.args.kv_cache_dtype, self.dtype),
+        )
+
+    def _profile_peak_activations(self) -> int:
+        """Run the largest forward a step can make and measure its peak memory beyond weights."""
+        n = self.args.max_num_batched_tokens
+        layout = self.kv_layout()
+        pages = -(-n // self.page_size)
+        scratch = PagePool(layout, pages, self.device)
+        self.bind_kv(scratch)
+        page_table = [list(range(pages))]
+        batch = self._build(input_ids=[0] * n, positions=list(range(n)),
+                            slot_mapping=list(range(n)), query_lens=[n], seq_lens=[n],
+                            page_table=page_table, logits_rows=[n - 1])
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        self.forward(batch)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        self.unbind_kv()
+        del scratch
+        torch.cuda.empty_cache()
+        return peak
+
+    def kv_budget(self) -> int:
+        """Bytes for the KV cache on this device: the flag, else measured free memory."""
+        m = self.memory
+        if self.device.type == "cuda":
+            m.activations_peak = self._profile_peak_activations()
+            free, total = torch.cuda.mem_get_info(self.device)
+            m.total = total
+            torch_reserved = torch.cuda.memory_reserved(self.device)
+            m.other = max(0, (total - free) - torch_reserved)  # other processes, driver, NCCL
+            if self.args.kv_cache_memory_bytes is not None:
+                return self.args.kv_cache_memory_bytes
+            budget = int(total * self.args.gpu_memory_utilization) - (
+                m.weights + m.activations_peak + m.graphs + m.other)
+            return max(0, budget)
+        total, available = _cpu_memory()
+        m.total = total
+        if self.args.kv_cache_memory_bytes is not None:
+            return self.args.kv_cache_memory_bytes
+        return int(min(CPU_DEFAULT_KV_BYTES, available * self.args.gpu_memory_utilization * 0.5))
+
+    def allocate_kv(self, budget: int) -> PagePool:
+        layout = self.kv_layout()
+        num_pages = budget // layout.bytes_per_page()
+        self.pool = PagePool(layout, num_pages, self.device)
+        self.bind_kv(self.pool)
+        self.memory.kv_cache = self.pool.memory_bytes
+        self.refresh_memory()
+        return self.pool
+
+    def refresh_memory(self) -> None:
+        m = self.memory
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            m.total, m.free = total, free
+        else:
+            total, available = _cpu_memory()
+            m.total, m.free = total, available
+            m.other = max(0, _rss_peak() - m.weights - m.kv_cache)
+
+    def bind_kv(self, pool: PagePool) -> None:
+        for i, attn in enumerate(self.model.attention_layers):
+            attn.k_cache, attn.v_cache = pool.k_caches[i], pool.v_caches[i]
+            attn.k_scale, attn.v_scale = pool.k_scales[i], pool.v_scales[i]
+
+    def unbind_kv(self) -> None:
+        for attn in self.model.attention_layers:
+            attn.k_cache = attn.v_cache = attn.k_scale = attn.v_scale = None
+
+    # -- one step -----------------------------------------------------------------------------
+    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
+        ps = self.page_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        logits_rows: list[int] = []
+        page_table: list[list[int]] = []
+        for item in scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            pt = seq.page_table
+            slot_mapping.extend(pt[p // ps] * ps + p % ps for p in range(start, start + n))
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            page_table.append(pt)
+            if item.samples:
+                logits_rows.append(len(input_ids) - 1)
+        return self._build(input_ids, positions, slot_mapping, query_lens, seq_lens,
+                           page_table, logits_rows)
+
+    def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
+               query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
+               logits_rows: list[int]) -> StepBatch:
+        dev = self.device
+        max_pages = max(len(p) for p in page_table)
+        table = torch.zeros((len(page_table), max_pages), dtype=torch.int32)
+        for i, pages in enumerate(page_table):
+            table[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        starts = [0]
+        for q in query_lens:
+            starts.append(starts[-1] + q)
+
+        def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
+
+        ctx = ForwardContext(
+            positions=t(positions, torch.long),
+            slot_mapping=t(slot_mapping, torch.long),
+            query_start_loc=t(starts, torch.int32),
+            seq_lens=t(seq_lens, torch.int32),
+            page_table=table.to(dev, non_blocking=True),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            page_size=self.page_size,
+            decode_only=all(q == 1 for q in query_lens),
+            query_lens_host=query_lens,
+            seq_lens_host=seq_lens,
+        )
+        return StepBatch(input_ids=t(input_ids, torch.long), positions=ctx.positions,
+                         logits_indices=t(logits_rows, torch.long), context=ctx,
+                         num_tokens=len(input_ids))
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch) -> torch.Tensor:
+        """Logits (float32) for the rows that sample this step."""
+        with forward_context(batch.context):
+            hidden = self.model(batch.input_ids, batch.positions)
+            if batch.logits_indices.numel() == 0:
+                return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
+            return self.model.compute_logits(hidden[batch.logits_indices])
+
+
+def cpu_threads() -> int:
+    return int(os.environ.get("OMP_NUM_THREADS", 0)) or torch.get_num_threads()
