@@ -1,0 +1,310 @@
+"""The engine as a managed child service: start a preset in its own process group, stream its
+output, wait for health, stop it (SIGTERM, then SIGKILL after a grace period), notice a crash.
+
+UI-free on purpose: the app subscribes to events and marshals them onto its own thread, and the
+tests drive this class directly. Every child started here is registered in one process-wide set
+so that an atexit hook can kill whatever is still alive however the app ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import enum
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from homelab_llm.errors import HomelabError
+from homelab_llm.presets import Preset
+from homelab_llm.tui.launch import launch_command, launch_env
+
+LOG_LINES_KEPT = 5000
+LAST_LINES_ON_CRASH = 12
+
+
+class ServiceError(HomelabError):
+    """The service cannot be started as asked (busy port, already running, missing program)."""
+
+
+class PortBusyError(ServiceError):
+    pass
+
+
+class ServiceState(enum.Enum):
+    STOPPED = "stopped"
+    STARTING = "starting"  # child running, /health not answering yet
+    HEALTHY = "healthy"
+    STOPPING = "stopping"
+    CRASHED = "crashed"  # exited on its own, or never became healthy
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    state: ServiceState = ServiceState.STOPPED
+    preset: str = ""
+    pid: int | None = None
+    url: str = ""
+    started_at: float | None = None  # monotonic clock
+    ready_after_s: float | None = None  # seconds from start to first healthy answer
+    exit_code: int | None = None
+    message: str = ""
+    last_lines: tuple[str, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.state in (ServiceState.STARTING, ServiceState.HEALTHY, ServiceState.STOPPING)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    text: str
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    status: ServiceStatus
+
+
+ServiceEvent = LogLine | StateChanged
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port someone already listens on, before starting a child that would fail late.
+
+    SO_REUSEADDR matches what uvicorn and the other servers set, so a port in TIME_WAIT from our
+    own last run is not reported as busy.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            raise PortBusyError(
+                f"port {port} on {host} is already in use ({err.strerror}); stop whatever listens "
+                f"there or give the preset another port") from err
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def process_group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else (cannot be ours, but it is alive)
+        return True
+    return True
+
+
+@dataclass
+class _Child:
+    proc: subprocess.Popen[str]
+    preset: Preset
+    url: str
+    started_at: float
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+
+class ServiceManager:
+    """One child service at a time. Thread-safe: the UI calls start/stop from workers."""
+
+    def __init__(self, *, grace_s: float = 10.0, health_interval_s: float = 0.25,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s = grace_s
+        self.health_interval_s = health_interval_s
+        self.clock = clock
+        self.logs: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        self._status = ServiceStatus()
+        self._child: _Child | None = None
+        self._lock = threading.RLock()
+        self._listeners: list[Callable[[ServiceEvent], None]] = []
+        _LIVE_MANAGERS.add(self)
+
+    # ---------------------------------------------------------------- observing
+
+    @property
+    def status(self) -> ServiceStatus:
+        return self._status
+
+    def subscribe(self, listener: Callable[[ServiceEvent], None]) -> None:
+        """listener runs on the manager's threads; a UI must hop to its own thread itself."""
+        self._listeners.append(listener)
+
+    def _emit(self, event: ServiceEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:  # a broken listener must not kill the reader thread (and lose logs)
+                pass
+
+    def _set(self, **changes: object) -> None:
+        with self._lock:
+            self._status = dataclasses.replace(self._status, **changes)  # type: ignore[arg-type]
+            status = self._status
+        self._emit(StateChanged(status))
+
+    def _log(self, text: str) -> None:
+        self.logs.append(text)
+        self._emit(LogLine(text))
+
+    # ---------------------------------------------------------------- control
+
+    def start(self, preset: Preset, port: int | None = None) -> ServiceStatus:
+        """Start `preset`; returns at once (health is awaited on a background thread)."""
+        port = preset.port if port is None else port
+        with self._lock:
+            if self._status.running:
+                raise ServiceError(
+                    f"{self._status.preset!r} is already {self._status.state.value}; stop it first")
+            check_port_free(preset.host, port)
+            argv = launch_command(preset, port)
+            self._log(f"$ {shlex.join(argv)}")
+            try:
+                proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                    env=launch_env(preset), start_new_session=True)  # own group: killpg reaches workers
+            except OSError as err:
+                raise ServiceError(f"cannot start {argv[0]!r} for preset {preset.name!r}: "
+                                   f"{err.strerror or err}") from err
+            host = f"[{preset.host}]" if ":" in preset.host else preset.host
+            child = _Child(proc, preset, f"http://{host}:{port}", self.clock())
+            self._child = child
+            self._set(state=ServiceState.STARTING, preset=preset.name, pid=proc.pid, url=child.url,
+                      started_at=child.started_at, ready_after_s=None, exit_code=None,
+                      message=f"starting {preset.name}", last_lines=())
+        reader = threading.Thread(target=self._read_output, args=(child,), name="service-output",
+                                  daemon=True)
+        reader.start()
+        threading.Thread(target=self._watch_exit, args=(child, reader), name="service-exit",
+                         daemon=True).start()
+        threading.Thread(target=self._wait_healthy, args=(child,), name="service-health",
+                         daemon=True).start()
+        return self._status
+
+    def stop(self, grace_s: float | None = None) -> int | None:
+        """SIGTERM the whole group, SIGKILL what is left after the grace period; returns the exit
+        code (None when nothing ran). Blocks up to grace_s plus a moment: call it off the UI thread."""
+        with self._lock:
+            child = self._child
+            if child is None or child.stopping.is_set():
+                return self._status.exit_code
+            child.stopping.set()
+            if child.proc.poll() is None:
+                self._set(state=ServiceState.STOPPING, message=f"stopping {child.preset.name}")
+        code = _terminate_group(child.proc, self.grace_s if grace_s is None else grace_s)
+        with self._lock:
+            if self._child is child:
+                self._child = None
+                self._set(state=ServiceState.STOPPED, pid=None, exit_code=code,
+                          message=f"{child.preset.name} stopped (exit code {code})")
+        return code
+
+    def shutdown(self) -> None:
+        """Used when the app ends: a short grace, never an orphan."""
+        self.stop(grace_s=min(self.grace_s, 3.0))
+
+    # ---------------------------------------------------------------- threads
+
+    def _read_output(self, child: _Child) -> None:
+        assert child.proc.stdout is not None
+        for line in child.proc.stdout:
+            self._log(line.rstrip("\n"))
+
+    def _watch_exit(self, child: _Child, reader: threading.Thread) -> None:
+        # Waits on the process, not on EOF: a worker that inherited the pipe could keep it open
+        # long after the leader died, and a crash must be seen at once.
+        code = child.proc.wait()
+        if child.stopping.is_set():
+            return  # stop() reports the exit
+        with self._lock:
+            if self._child is not child:
+                return
+            self._child = None
+        _kill_group(child.proc.pid)  # the leader died; take any workers it left with it
+        reader.join(timeout=2.0)  # so the last lines shown include the child's final words
+        last = tuple(list(self.logs)[-LAST_LINES_ON_CRASH:])
+        self._set(state=ServiceState.CRASHED, pid=None, exit_code=code, last_lines=last,
+                  message=f"{child.preset.name} exited with code {code}")
+
+    def _wait_healthy(self, child: _Child) -> None:
+        url = child.url + child.preset.health_path
+        deadline = child.started_at + child.preset.startup_timeout
+        with httpx.Client(timeout=2.0) as client:
+            while child.proc.poll() is None and not child.stopping.is_set():
+                try:
+                    if client.get(url).status_code == 200:
+                        elapsed = self.clock() - child.started_at
+                        with self._lock:
+                            if self._child is child and not child.stopping.is_set():
+                                self._set(state=ServiceState.HEALTHY, ready_after_s=elapsed,
+                                          message=f"{child.preset.name} healthy after {elapsed:.1f} s")
+                        return
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if self.clock() > deadline:
+                    self._log(f"[homelab-llm] no healthy answer from {url} within "
+                              f"{child.preset.startup_timeout:g} s; stopping")
+                    self.stop()
+                    self._set(state=ServiceState.CRASHED, exit_code=child.proc.returncode,
+                              last_lines=tuple(list(self.logs)[-LAST_LINES_ON_CRASH:]),
+                              message=f"{child.preset.name} not healthy after "
+                                      f"{child.preset.startup_timeout:g} s")
+                    return
+                time.sleep(self.health_interval_s)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _terminate_group(proc: subprocess.Popen[str], grace_s: float) -> int | None:
+    """SIGTERM the group, wait until the leader and every member are gone, SIGKILL stragglers."""
+    pgid = proc.pid  # start_new_session makes the child its group's leader
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, or it lingers as a zombie member of the group
+        if proc.returncode is not None and not process_group_alive(pgid):
+            return proc.returncode
+        time.sleep(0.05)
+    _kill_group(pgid)
+    try:
+        return proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:  # unkillable (D state); nothing more a user process can do
+        return None
+
+
+# Every manager alive in this process. The one piece of module state, because atexit needs to
+# find children when the app dies from an exception before its own cleanup runs.
+_LIVE_MANAGERS: weakref.WeakSet[ServiceManager] = weakref.WeakSet()
+
+
+def shutdown_all() -> None:
+    for manager in list(_LIVE_MANAGERS):
+        manager.shutdown()
+
+
+atexit.register(shutdown_all)
