@@ -1,0 +1,285 @@
+"""The memory plan: weights, activations, graphs and KV cache per device, in bytes.
+
+One arithmetic for two users: `homelab-llm plan` (before anything is loaded) and the engine runner
+(which sizes the KV pool from *measured* free memory but uses `kv_bytes_per_token` for the page
+size, so both agree on what one token costs). Torch-free on purpose: `plan` must not import torch.
+
+Sharding mirrors the engine's tensor parallelism:
+- query heads, the MLP intermediate dim and the vocab are split as evenly as possible; a rank gets
+  `n // tp` plus one of the remainder if `rank < n % tp` (same rule for every split);
+- KV heads are split the same way when `tp <= num_kv_heads`, else each rank holds one replica;
+- norms are replicated on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.errors import HomelabError
+
+# Element sizes by every spelling the engine and the CLI use.
+_DTYPE_BYTES: dict[str, int] = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "int8": 1, "fp8": 1, "float8_e4m3fn": 1,
+}
+# int8 KV stores one fp16 scale per token per KV head, for K and for V (kernels/ref.py).
+INT8_KV_SCALE_BYTES = 2
+# W4A16: 4-bit weights, one fp16 scale and one packed 4-bit zero point per group of input columns.
+W4A16_GROUP_SIZE = 128
+# Sequence lengths whose concurrency `plan` reports (plus max_model_len).
+CONCURRENCY_LENGTHS = (8192, 32768, 131072)
+
+
+class MemoryPlanError(HomelabError, ValueError):
+    """Inputs that cannot make a plan (unknown dtype, no room for the weights, ...)."""
+
+
+def dtype_bytes(name: str) -> int:
+    key = str(name).lower().removeprefix("torch.")
+    if key not in _DTYPE_BYTES:
+        raise MemoryPlanError(f"unknown dtype {name!r}; use one of bfloat16, float16, float32, int8")
+    return _DTYPE_BYTES[key]
+
+
+def resolve_model_dtype(config: ModelConfig, model_dtype: str) -> str:
+    """`auto` means the checkpoint's dtype; float32 checkpoints still run in float32 (as the engine)."""
+    return config.torch_dtype if model_dtype in ("auto", "", None) else model_dtype
+
+
+def shard(n: int, tp_size: int, tp_rank: int) -> int:
+    """Rank `tp_rank`'s share of n items split over tp_size ranks (uneven splits front-loaded)."""
+    return n // tp_size + (1 if tp_rank < n % tp_size else 0)
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp_size: int, tp_rank: int = 0) -> int:
+    if tp_size > num_kv_heads:  # more ranks than KV heads: each rank keeps one replicated head
+        return 1
+    return shard(num_kv_heads, tp_size, tp_rank)
+
+
+def _check_tp(tp_size: int, tp_rank: int) -> None:
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise MemoryPlanError(f"bad tensor-parallel rank {tp_rank} of {tp_size}")
+
+
+def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: str,
+                       tp_size: int, tp_rank: int = 0) -> int:
+    """Bytes one token's K and V occupy on one device, over all layers."""
+    _check_tp(tp_size, tp_rank)
+    heads = kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank)
+    if kv_cache_dtype == "int8":
+        per_head = config.head_dim * 1 + INT8_KV_SCALE_BYTES
+    else:
+        dtype = resolve_model_dtype(config, model_dtype) if kv_cache_dtype == "auto" else kv_cache_dtype
+        per_head = config.head_dim * dtype_bytes(dtype)
+    return 2 * config.num_hidden_layers * heads * per_head
+
+
+def quantization_method(config: ModelConfig, quantization: str | None) -> str | None:
+    """The weight format the linear layers end up in: None (model dtype) or 'w4a16'.
+
+    An explicit --quantization wins; otherwise a 4-bit GPTQ/AWQ/AutoRound config is detected.
+    GGUF files are counted at the model dtype: the loader dequantizes them unless told w4a16.
+    """
+    if quantization:
+        if quantization.lower() not in ("w4a16",):
+            raise MemoryPlanError(f"--quantization {quantization!r} is not supported; use w4a16")
+        return "w4a16"
+    q = config.quantization or {}
+    method = str(q.get("quant_method", q.get("format", ""))).lower().replace("_", "-")
+    if method in ("gptq", "awq", "auto-round", "autoround") and int(q.get("bits", 4)) == 4:
+        return "w4a16"
+    return None
+
+
+def _w4a16_group_size(config: ModelConfig) -> int:
+    q = config.quantization or {}
+    group = int(q.get("group_size", W4A16_GROUP_SIZE) or W4A16_GROUP_SIZE)
+    return group if group > 0 else W4A16_GROUP_SIZE  # -1 (one group per column) ~ large groups
+
+
+def _linear_bytes(in_features: int, out_features: int, dtype_size: int, method: str | None,
+                  group_size: int) -> int:
+    if method == "w4a16":
+        groups = math.ceil(in_features / group_size)
+        packed = in_features * out_features // 2
+        scales = groups * out_features * 2  # fp16
+        zeros = math.ceil(groups * out_features / 2)  # 4-bit, packed
+        return packed + scales + zeros
+    return in_features * out_features * dtype_size
+
+
+def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
+                 tp_size: int, tp_rank: int = 0) -> int:
+    """Parameter bytes resident on one device (embeddings and lm_head vocab-split too)."""
+    _check_tp(tp_size, tp_rank)
+    size = dtype_bytes(resolve_model_dtype(config, dtype))
+    method = quantization_method(config, quantization)
+    group = _w4a16_group_size(config)
+    h, d = config.hidden_size, config.head_dim
+    q_heads = shard(config.num_attention_heads, tp_size, tp_rank)
+    kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank)
+    inter = shard(config.intermediate_size, tp_size, tp_rank)
+
+    qkv_out = (q_heads + 2 * kv_heads) * d
+    layer = (
+        _linear_bytes(h, qkv_out, size, method, group)          # qkv (column-parallel)
+        + _linear_bytes(q_heads * d, h, size, method, group)    # o_proj (row-parallel)
+        + _linear_bytes(h, 2 * inter, size, method, group)      # gate_up (column-parallel)
+        + _linear_bytes(inter, h, size, method, group)          # down (row-parallel)
+        + 2 * h * size                                          # input / post-attention norms
+    )
+    if config.attention_bias:
+        layer += qkv_out * size
+    if config.qk_norm:
+        layer += 2 * d * size
+    vocab = shard(config.vocab_size, tp_size, tp_rank)
+    embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
+    lm_head = 0 if config.tie_word_embeddings else embed
+    return config.num_hidden_layers * layer + embed + lm_head + h * size  # + final norm
+
+
+def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: str,
+                     tp_size: int, max_num_seqs: int = 256) -> int:
+    """Peak transient memory of one forward of `max_num_batched_tokens` tokens (an estimate).
+
+    Counts the live tensors at the widest point of a layer (residual, normed input, qkv, attention
+    output, gate_up and its activation) plus float32 logits for the sampled rows, gathered over the
+    vocab. The engine measures the real peak with a profile run; this is for planning.
+    """
+    _check_tp(tp_size, 0)
+    size = dtype_bytes(resolve_model_dtype(config, dtype))
+    t = max(int(max_num_batched_tokens), 1)
+    h, d = config.hidden_size, config.head_dim
+    q = shard(config.num_attention_heads, tp_size, 0) * d
+    kv = kv_heads_per_rank(config.num_key_value_heads, tp_size, 0) * d
+    inter = shard(config.intermediate_size, tp_size, 0)
+    attention_phase = 2 * h + (q + 2 * kv) + q + h
+    mlp_phase = 2 * h + 2 * inter + inter + h
+    hidden = t * max(attention_phase, mlp_phase) * size
+    rows = min(t, max(int(max_num_seqs), 1))
+    vocab_shard = shard(config.vocab_size, tp_size, 0)
+    # local shard + gathered logits + one float32 working copy in the sampler (softmax/top-p)
+    logits = rows * (vocab_shard + 2 * config.vocab_size) * 4
+    return hidden + logits
+
+
+def graph_capture_sizes(max_num_seqs: int) -> list[int]:
+    """Decode batch sizes captured as CUDA/HIP graphs: 1, 2, 4, 8, then every 16 up to max_num_seqs."""
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
+    sizes += list(range(16, max_num_seqs + 1, 16))
+    return sizes or [1]
+
+
+# Per captured graph: kernel parameter blocks and the private pool's fragmentation (an estimate;
+# vLLM and SGLang logs show ~1-4 MiB per graph for 7-32B models).
+GRAPH_OVERHEAD_BYTES = 2 << 20
+
+
+def graph_bytes(config: ModelConfig, max_num_seqs: int, dtype: str, tp_size: int,
+                enforce_eager: bool = False) -> int:
+    """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead."""
+    if enforce_eager:
+        return 0
+    sizes = graph_capture_sizes(max_num_seqs)
+    pool = activation_bytes(config, max(sizes), dtype, tp_size, max_num_seqs=max(sizes))
+    return pool + len(sizes) * GRAPH_OVERHEAD_BYTES
+
+
+# Memory outside torch's allocator: CUDA/HIP context, cuBLAS/hipBLASLt workspaces, and with TP the
+# NCCL/RCCL channel buffers. Subtracted from the budget before the KV cache gets the rest.
+NON_TORCH_BYTES = 400 << 20
+NON_TORCH_TP_EXTRA_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    rank: int
+    total_bytes: int
+    budget_bytes: int  # total * gpu_memory_utilization
+    weights_bytes: int
+    activation_bytes: int
+    graph_bytes: int
+    other_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    num_pages: int
+    tokens_capacity: int
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    tensor_parallel_size: int
+    dtype: str
+    kv_cache_dtype: str
+    quantization: str | None
+    page_size: int
+    max_model_len: int
+    per_device: list[DevicePlan]
+    kv_bytes_per_token: int  # on the device that holds the most KV heads (rank 0)
+    tokens_capacity: int  # the smallest device's: a token needs a page on every rank
+    max_concurrency: dict[str, int] = field(default_factory=dict)  # seq len -> full-length seqs
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def max_concurrency(num_pages: int, page_size: int, seq_len: int) -> int:
+    """How many sequences of seq_len tokens fit at once (each rounds up to whole pages)."""
+    return num_pages // max(math.ceil(seq_len / page_size), 1)
+
+
+def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: int = 1,
+         kv_cache_dtype: str = "auto", dtype: str = "auto", quantization: str | None = None,
+         gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
+         max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, page_size: int = 16,
+         enforce_eager: bool = False) -> MemoryPlan:
+    """Split each device's budget into weights, activations, graphs, other, and KV (the rest)."""
+    tp = tensor_parallel_size
+    _check_tp(tp, 0)
+    if gpu_memory_bytes <= 0:
+        raise MemoryPlanError("--gpu-memory must be positive, e.g. 24GiB")
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if config.num_attention_heads % tp:
+        raise MemoryPlanError(f"--tensor-parallel-size {tp} does not divide the model's "
+                              f"{config.num_attention_heads} attention heads")
+    dtype = resolve_model_dtype(config, dtype)
+    max_len = max_model_len or config.max_position_embeddings
+    method = quantization_method(config, quantization)
+    budget = int(gpu_memory_bytes * gpu_memory_utilization)
+    activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)
+    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager)
+    other = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
+    devices: list[DevicePlan] = []
+    warnings: list[str] = []
+    for rank in range(tp):
+        weights = weight_bytes(config, dtype, method, tp, rank)
+        per_token = kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank)
+        kv = max(budget - weights - activation - graphs - other, 0)
+        pages = kv // (per_token * page_size)
+        if kv == 0:
+            warnings.append(f"device {rank}: weights ({weights / 1e9:.2f} GB) and working memory do "
+                            f"not fit in the {budget / 1e9:.2f} GB budget; no room for KV cache")
+        devices.append(DevicePlan(rank, gpu_memory_bytes, budget, weights, activation, graphs,
+                                  other, pages * per_token * page_size, per_token, pages,
+                                  pages * page_size))
+    num_pages = min(d.num_pages for d in devices)
+    capacity = num_pages * page_size
+    if 0 < capacity < max_len:
+        warnings.append(f"the KV cache holds {capacity} tokens, less than one "
+                        f"--max-model-len {max_len} sequence")
+    lengths = sorted({*CONCURRENCY_LENGTHS, max_len})
+    return MemoryPlan(
+        model=config.name, tensor_parallel_size=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+        quantization=method, page_size=page_size, max_model_len=max_len, per_device=devices,
+        kv_bytes_per_token=devices[0].kv_bytes_per_token, tokens_capacity=capacity,
+        max_concurrency={str(n): max_concurrency(num_pages, page_size, n) for n in lengths},
+        warnings=warnings,
+    )
