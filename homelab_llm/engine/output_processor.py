@@ -1,0 +1,99 @@
+"""After sampling: append tokens, detokenize incrementally, check stop conditions, build outputs.
+
+Stop strings are matched on text and cut from it (unless include_stop_str_in_output). Text that
+could still be the start of a stop string is held back until it cannot be.
+"""
+
+from __future__ import annotations
+
+import time
+
+from homelab_llm.engine.outputs import RequestOutput, TokenLogprob
+from homelab_llm.engine.sequence import Sequence
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...], max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = set(eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def start(self, seq: Sequence) -> None:
+        from homelab_llm.engine.tokenizer import IncrementalDetokenizer
+
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, seq.prompt_token_ids, seq.params.skip_special_tokens)
+
+    def append_token(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        """Add one sampled token; sets finish_reason when a stop condition holds."""
+        p = seq.params
+        now = time.monotonic()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.token_ids.append(token)
+        if logprob is not None:
+            seq.pending_logprobs.append(logprob)
+        n_out = seq.num_output_tokens
+        stop_token = n_out > p.min_tokens - 1 and (
+            (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids)
+        if stop_token:
+            seq.finish_reason = "stop"
+            seq.stop_reason = token if token in p.stop_token_ids else None
+            return
+        if seq.detokenizer is not None:
+            seq.output_text += seq.detokenizer.push([token])
+            if p.stop and n_out >= p.min_tokens and self._check_stop_strings(seq):
+                return
+        if n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+
+    def _check_stop_strings(self, seq: Sequence) -> bool:
+        text = seq.output_text
+        longest = max(len(s) for s in seq.params.stop)
+        search_from = max(0, seq.emitted_text_len - longest)
+        best: tuple[int, str] | None = None
+        for s in seq.params.stop:
+            if not s:
+                continue
+            idx = text.find(s, search_from)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, s)
+        if best is None:
+            return False
+        idx, s = best
+        seq.output_text = text[: idx + len(s)] if seq.params.include_stop_str_in_output else text[:idx]
+        seq.finish_reason = "stop"
+        seq.stop_reason = s
+        return True
+
+    def make_output(self, seq: Sequence) -> RequestOutput | None:
+        """The delta since the last output of this sequence, or None if there is nothing new."""
+        finished = seq.finish_reason is not None
+        text = seq.output_text
+        end = len(text)
+        if not finished and seq.params.stop:
+            # Hold back what may still grow into a stop string.
+            end = max(seq.emitted_text_len, end - (max(len(s) for s in seq.params.stop) - 1))
+        new_tokens = seq.output_token_ids[seq.emitted_token_count:]
+        if not new_tokens and end == seq.emitted_text_len and not finished:
+            return None
+        new_text = text[seq.emitted_text_len:end]
+        seq.emitted_text_len = end
+        seq.emitted_token_count = seq.num_output_tokens
+        logprobs, seq.pending_logprobs = seq.pending_logprobs, []
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            logprobs=logprobs,
+            arrival_time=seq.arrival_time,
+            first_token_time=seq.first_token_time,
+            finish_time=seq.finish_time,
+        )
