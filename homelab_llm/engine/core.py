@@ -1,0 +1,238 @@
+"""LLMEngine: the engine as a library. add_request / abort_request / step; not thread-safe."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.layers.sampler import Sampler
+from homelab_llm.engine.output_processor import OutputProcessor
+from homelab_llm.engine.outputs import RequestOutput
+from homelab_llm.engine.runner import ModelRunner
+from homelab_llm.engine.sampling_params import SamplingParams
+from homelab_llm.engine.scheduler import Scheduler
+from homelab_llm.engine.sequence import Sequence
+from homelab_llm.errors import HomelabError
+
+log = logging.getLogger("homelab_llm.engine")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class PromptTooLongError(HomelabError, ValueError):
+    """Prompt plus requested output exceed the context the engine serves."""
+
+
+class DuplicateRequestError(HomelabError, ValueError):
+    """A request id that is already in flight."""
+
+
+def resolve_model_path(model: str) -> str:
+    if model:
+        return model
+    from homelab_llm.assets import default_model_path
+
+    return str(default_model_path())
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineArgsError(f"--device {device}: no CUDA/HIP device is visible; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise EngineArgsError(f"--device {device!r} is not supported; use auto, cpu or cuda[:N]")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        # fp32 on the CPU: exact against references and as fast as bf16 there for small models.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise EngineArgsError(f"--dtype {dtype!r} is not supported; use auto, float32, bfloat16 or float16")
+    return _DTYPES[dtype]
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs) -> None:
+        from homelab_llm.engine.model.loader import load_model_config
+        from homelab_llm.engine.tokenizer import load_tokenizer
+
+        args.validate()
+        self.args = args
+        self.model_path = resolve_model_path(args.model)
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.model_config = load_model_config(self.model_path, args.load_format)
+        self.tokenizer = load_tokenizer(args.tokenizer or self.model_path, args.load_format)
+        torch.manual_seed(args.seed)
+        if args.tensor_parallel_size > 1:
+            from homelab_llm.engine.parallel_workers import ParallelRunner
+
+            self.runner = ParallelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
+        else:
+            self.runner = ModelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
+        pool = self.runner.allocate_kv(self.runner.kv_budget())
+        self.max_model_len = self._resolve_max_model_len(pool.tokens_capacity)
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
+        eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
+        self.eos_token_ids = eos
+        self.sampler = Sampler(eos)
+        self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
+        self._seqs: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []
+        self._seed_rng = torch.Generator().manual_seed(args.seed)
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.started_at = time.monotonic()
+        log.info("engine ready: %s on %s, %s, KV %d tokens (%s), max_model_len %d",
+                 self.model_config.name or self.model_path, self.device, self.dtype,
+                 pool.tokens_capacity, pool.layout.dtype, self.max_model_len)
+
+    def _resolve_max_model_len(self, kv_capacity: int) -> int:
+        native = self.model_config.max_position_embeddings
+        asked = self.args.max_model_len
+        if asked is not None and asked > kv_capacity:
+            raise EngineArgsError(
+                f"--max-model-len {asked} needs {asked} tokens of KV cache but it holds "
+                f"{kv_capacity}; raise --kv-cache-memory-bytes/--gpu-memory-utilization or lower "
+                f"--max-model-len")
+        limit = asked if asked is not None else native
+        if limit > kv_capacity:
+            log.warning("max_model_len lowered from %d to the KV capacity %d", limit, kv_capacity)
+            limit = kv_capacity
+        return limit
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        params.validate()
+        if request_id in self._seqs:
+            raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise HomelabError("this model has no tokenizer: send token ids")
+            prompt_ids = self.tokenizer.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        if not prompt_ids:
+            raise PromptTooLongError("the prompt is empty: send at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise HomelabError(f"prompt token ids must be in [0, {vocab})")
+        n = len(prompt_ids)
+        room = self.max_model_len - n
+        if params.max_tokens is None:
+            if room < 1:
+                raise PromptTooLongError(
+                    f"the prompt has {n} tokens, which leaves no room to generate within the "
+                    f"context limit of {self.max_model_len} tokens")
+            max_tokens = room
+        else:
+            if n + params.max_tokens > self.max_model_len:
+                raise PromptTooLongError(
+                    f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) is "
+                    f"{n + params.max_tokens} tokens, over the context limit of "
+                    f"{self.max_model_len} tokens")
+            max_tokens = params.max_tokens
+        seq = Sequence(request_id=request_id, prompt_token_ids=prompt_ids, params=params,
+                       arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens)
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        seq.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.outputs.start(seq)
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return
+        self.scheduler.finish(seq)
+        seq.finish_reason = "abort"
+        seq.finish_time = time.monotonic()
+        self._aborted.append(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._seqs) or bool(self._aborted)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        results: list[RequestOutput] = []
+        for seq in self._aborted:
+            out = self.outputs.make_output(seq)
+            if out is not None:
+                results.append(out)
+        self._aborted.clear()
+        if not self.scheduler.has_work():
+            return results
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return results
+        batch = self.runner.prepare(plan.scheduled)
+        logits = self.runner.forward(batch)
+        self.scheduler.advance(plan)
+        sampling = [item.seq for item in plan.scheduled if item.samples]
+        self.prompt_tokens_total += sum(
+            max(0, min(item.seq.num_prompt_tokens, item.seq.num_computed_tokens)
+                - (item.seq.num_computed_tokens - item.num_new_tokens))
+            for item in plan.scheduled)
+        if sampling:
+            sample = self.sampler(logits, sampling)
+            for seq, token, lp in zip(sampling, sample.token_ids, sample.logprobs):
+                self.outputs.append_token(seq, token, lp)
+                self.generation_tokens_total += 1
+        for seq in sampling:
+            if seq.finish_reason is not None:
+                seq.finish_time = time.monotonic()
+                self.scheduler.finish(seq)
+                self._seqs.pop(seq.request_id, None)
+            out = self.outputs.make_output(seq)
+            if out is not None:
+                results.append(out)
+        return results
+
+    # -- reporting ----------------------------------------------------------------------------
+    def status(self) -> dict:
+        self.runner.refresh_memory()
+        pool = self.kv.pool
+        devices = [m.as_dict() for m in self.runner.memory_splits()] if hasattr(
+            self.runner, "memory_splits") else [self.runner.memory.as_dict()]
+        args = asdict(self.args)
+        args.pop("extra", None)
+        args["model"] = self.model_path
+        return {
+            "config": {**args, "max_model_len": self.max_model_len, "dtype": str(self.dtype).removeprefix("torch."),
+                       "device": str(self.device), "architecture": self.model_config.architecture},
+            "devices": devices,
+            "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
+                   "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,
+                   "bytes_per_token": pool.layout.bytes_per_token()},
+            "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
+            "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
+                             "hit_tokens": self.kv.prefix_hit_tokens,
+                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0},
+            "counters": {"prompt_tokens": self.prompt_tokens_total,
+                         "generation_tokens": self.generation_tokens_total,
+                         "num_preemptions": self.scheduler.num_preemptions},
+        }
+
+    def shutdown(self) -> None:
+        for rid in list(self._seqs):
+            self.abort_request(rid)
+        close = getattr(self.runner, "shutdown", None)
+        if close is not None:
+            close()
+
+    @property
+    def model_name(self) -> str:
+        return self.model_config.name or Path(self.model_path).stem
