@@ -1,0 +1,43 @@
+"""Small helpers the Triton kernel wrappers share: shape checks and interpreter switches."""
+
+from __future__ import annotations
+
+import torch
+
+from homelab_llm.engine.kernels.tuning import interpreting
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def dot_in_fp32() -> bool:
+    """The numpy interpreter has no bf16 matmul: kernels upcast tl.dot operands when this is set."""
+    return interpreting()
+
+
+def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
+    """(page, slot, head) strides of a KV cache [num_pages, page_size, heads, head_dim]; the
+    head_dim axis must be contiguous so a row loads as one vector."""
+    if cache.dim() != 4:
+        raise ValueError(f"KV cache must be [num_pages, page_size, heads, head_dim], got {tuple(cache.shape)}")
+    if cache.stride(3) != 1:
+        raise ValueError("KV cache head_dim axis must be contiguous")
+    return cache.stride(0), cache.stride(1), cache.stride(2)
+
+
+def scale_strides(scale: torch.Tensor | None) -> tuple[int, int, int]:
+    if scale is None:
+        return 0, 0, 0
+    if scale.dim() != 3:
+        raise ValueError(f"KV scales must be [num_pages, page_size, heads], got {tuple(scale.shape)}")
+    return scale.stride(0), scale.stride(1), scale.stride(2)
+
+
+def check_int8_scales(cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> bool:
+    """True for an int8 cache; then both fp16 scale tensors must be given."""
+    if cache.dtype != torch.int8:
+        return False
+    if k_scale is None or v_scale is None:
+        raise ValueError("int8 KV cache needs k_scale and v_scale [num_pages, page_size, heads] float16")
+    return True

@@ -1,0 +1,195 @@
+"""Paged decode attention, flash-decoding style: one query token per sequence.
+
+Stage 1 splits each sequence's KV into NUM_SPLITS ranges; a program owns one (sequence, KV head,
+split) and handles the whole group of query heads that share that KV head, so every K/V row is
+read from memory once per group rather than once per query head (GQA). It writes a partial output
+and its log-sum-exp. Stage 2 merges the splits. Splitting is what keeps a GPU busy at batch 1 with
+a long context: without it there would be only B * num_kv_heads programs.
+
+K/V rows are gathered token by token through the page table, so any page size works. int8 KV is
+dequantized inside the dot products: K's per-token scale multiplies the scores, V's multiplies the
+probabilities, which is exact because the scale is constant along head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
+                                               next_pow2, scale_strides)
+from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
+    part_out_ptr, part_lse_ptr,
+    sm_scale_log2,
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_sp, stride_ss, stride_sh,
+    stride_pt,
+    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_q_heads = tl.num_programs(1) * GROUP
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    q_row = tl.load(query_start_ptr + b).to(tl.int64)
+    # Splits are whole BLOCK_N tiles so only the last tile of a sequence needs a mask.
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(page_table_ptr + b * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+        page = page.to(tl.int64)
+        slot = offs_n % PAGE_SIZE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_ks
+                    + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
+                    + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+        scores = tl.dot(q, tl.trans(k))  # [GROUP_PAD, BLOCK_N]
+        if INT8_KV:
+            k_s = tl.load(ks_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
+                          mask=n_mask, other=0.0).to(tl.float32)
+            scores = scores * k_s[None, :]
+        scores = scores * sm_scale_log2
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if INT8_KV:
+            v_s = tl.load(vs_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
+                          mask=n_mask, other=0.0).to(tl.float32)
+            p = p * v_s[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    # partials: [B, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [B, Hq, NUM_SPLITS], contiguous
+    row = (b * num_q_heads + heads).to(tl.int64) * NUM_SPLITS + split
+    tl.store(part_out_ptr + row[:, None] * HEAD_DIM_PAD + offs_d[None, :], out, mask=g_mask[:, None])
+    tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    row0 = (b * tl.num_programs(1) + head).to(tl.int64) * NUM_SPLITS
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    lse = tl.load(part_lse_ptr + row0 + offs_s)
+    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :])
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)  # a padded, empty sequence: write zeros, not NaN
+    w = tl.exp2(lse - m)
+    total = tl.sum(w, axis=0)
+    out = tl.sum(parts * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
+    q_row = tl.load(query_start_ptr + b).to(tl.int64)
+    tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device,
+                      max_seq_len: int | None = None) -> int:
+    """Enough (sequence, head, split) programs to cover the device about twice; a power of two so
+    only a handful of kernel variants ever compile. Depends on max_seq_len only when given, so a
+    CUDA graph captured without it stays valid for every length."""
+    tiles = tiles_for(device)
+    want = -(-2 * device_sms(device) // max(1, batch * num_kv_heads))
+    if max_seq_len is not None:
+        # A split shorter than two tiles costs more in the merge than it saves.
+        want = min(want, max(1, max_seq_len // (2 * tiles.decode.block_n)))
+    return max(1, min(next_pow2(want), tiles.max_kv_splits))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [T, Hq, D], one token per sequence (row query_start_loc[b])
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    softmax_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    batch = seq_lens.shape[0]
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} KV heads")
+    if q.stride(2) != 1:
+        raise ValueError("q head_dim axis must be contiguous")
+    int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    group = num_q_heads // num_kv_heads
+    tiles = tiles_for(q.device)
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, q.device, max_seq_len)
+    if num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    d_pad = next_pow2(head_dim)
+    out = torch.empty_like(q) if out is None else out
+    if batch == 0:
+        return out
+    part_out = torch.empty((batch, num_q_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    skp, sks, skh = cache_strides(k_cache)
+    svp, svs, svh = cache_strides(v_cache)
+    ssp, sss, ssh = scale_strides(k_scale if int8 else None)
+    if int8 and scale_strides(v_scale) != (ssp, sss, ssh):
+        raise ValueError("k_scale and v_scale must share a layout")
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, k_scale if int8 else k_cache, v_scale if int8 else v_cache,
+        page_table, seq_lens, query_start_loc, part_out, part_lse,
+        softmax_scale * _LOG2E,
+        q.stride(0), q.stride(1), skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        page_table.stride(0),
+        PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=tiles.decode.block_n,
+        NUM_SPLITS=num_splits, INT8_KV=int8, DOT_F32=dot_in_fp32(),
+        num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages,
+    )
+    _decode_reduce_kernel[(batch, num_q_heads)](
+        part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits,
+        num_warps=tiles.elementwise_warps,
+    )
+    return out

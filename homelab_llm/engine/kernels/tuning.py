@@ -1,0 +1,156 @@
+"""Tile sizes per GPU architecture, in one small table instead of constants inside kernels.
+
+Why a table and not `triton.autotune`: autotuning benchmarks on first call, which breaks CUDA/HIP
+graph capture and makes the first request slow; a table is deterministic and reviewable. The bench
+script (benchmarks/kernels_bench.py) is where new entries are measured.
+
+Portability rules the entries follow: RDNA3 (gfx1100) is wave32 with 64 KB LDS per workgroup, so
+its tiles are smaller and use fewer pipeline stages; nothing here asks for Hopper-only features
+(TMA, wgmma): sm90 gets the same kernels as sm80 with larger tiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    block_n: int  # KV tokens per inner step
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class PrefillTiles:
+    block_m: int  # query tokens per program
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1  # >1 only for skinny (decode) shapes with few output tiles
+
+
+@dataclass(frozen=True)
+class ArchTiles:
+    name: str
+    num_sms: int  # fallback when the device cannot be asked
+    decode: AttentionTiles
+    prefill: PrefillTiles
+    gemv: GemmTiles  # W4A16 with M <= 16
+    gemm_small: GemmTiles  # M <= 64
+    gemm: GemmTiles  # large M (prefill)
+    elementwise_warps: int  # norms, rope, silu
+    max_kv_splits: int  # split-KV decode: upper bound on splits per sequence
+
+
+TABLE: dict[str, ArchTiles] = {
+    # Ampere / Ada (A100, RTX 3090/4090): 164/100 KB shared memory per SM.
+    "sm80": ArchTiles(
+        name="sm80", num_sms=108,
+        decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
+        prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
+        gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+        gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
+        gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
+        elementwise_warps=4, max_kv_splits=16),
+    # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
+    "sm90": ArchTiles(
+        name="sm90", num_sms=132,
+        decode=AttentionTiles(block_n=64, num_warps=4, num_stages=3),
+        prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
+        gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
+        gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
+        gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
+        elementwise_warps=8, max_kv_splits=16),
+    # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
+    "sm120": ArchTiles(
+        name="sm120", num_sms=170,
+        decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
+        prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
+        gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+        gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
+        gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
+        elementwise_warps=4, max_kv_splits=16),
+    # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
+    "gfx1100": ArchTiles(
+        name="gfx1100", num_sms=96,
+        decode=AttentionTiles(block_n=32, num_warps=4, num_stages=1),
+        prefill=PrefillTiles(block_m=64, block_n=32, num_warps=4, num_stages=1),
+        gemv=GemmTiles(16, 64, 64, num_warps=4, num_stages=2, split_k=4),
+        gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
+        gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
+        elementwise_warps=4, max_kv_splits=16),
+    # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
+    "interpret": ArchTiles(
+        name="interpret", num_sms=4,
+        decode=AttentionTiles(block_n=16, num_warps=1, num_stages=1),
+        prefill=PrefillTiles(block_m=16, block_n=16, num_warps=1, num_stages=1),
+        gemv=GemmTiles(16, 32, 32, num_warps=1, num_stages=1, split_k=2),
+        gemm_small=GemmTiles(16, 32, 32, num_warps=1, num_stages=1, split_k=1),
+        gemm=GemmTiles(16, 32, 32, num_warps=1, num_stages=1),
+        elementwise_warps=1, max_kv_splits=4),
+}
+
+
+def interpreting() -> bool:
+    """Triton kernels run in the numpy interpreter (CPU tests)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def arch_name(device: torch.device | None = None) -> str:
+    """Table key for a device: 'interpret', 'gfx1100', 'sm80', 'sm90' or 'sm120'."""
+    if interpreting() or device is None or device.type != "cuda":
+        return "interpret"
+    return _cuda_arch_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_arch_name(index: int) -> str:
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip is not None:
+        gcn = getattr(props, "gcnArchName", "") or ""
+        # Every RDNA part gets the conservative wave32/64 KB entry; CDNA would want its own.
+        return "gfx1100" if gcn.startswith("gfx11") or gcn.startswith("gfx12") else "gfx1100"
+    major = props.major
+    if major >= 12:
+        return "sm120"
+    if major == 9 or major == 10:
+        return "sm90"
+    return "sm80"
+
+
+def tiles_for(device: torch.device | None = None) -> ArchTiles:
+    return TABLE[arch_name(device)]
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def device_sms(device: torch.device) -> int:
+    if device.type != "cuda" or interpreting():
+        return tiles_for(None).num_sms
+    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def gemm_tiles(m: int, device: torch.device | None) -> GemmTiles:
+    t = tiles_for(device)
+    if m <= 16:
+        return t.gemv
+    if m <= 64:
+        return t.gemm_small
+    return t.gemm
