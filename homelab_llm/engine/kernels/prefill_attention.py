@@ -1,0 +1,147 @@
+"""Paged prefill / extend attention: variable-length batch, causal, over the paged KV cache.
+
+Same semantics as `paged_attention_ref`: sequence b's q_len new tokens are the last q_len positions
+of its seq_len-token KV (cached prefix + the new tokens, already stored by `store_kv`), and query i
+sees keys 0..seq_len - q_len + i. So one kernel covers a fresh prefill, a chunk of a chunked
+prefill, and new turns on top of a radix-cache hit. A program owns BLOCK_M queries of one sequence
+and one query head; keys are gathered through the page table; each program stops at its last
+query's position, which skips the upper triangle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
+                                               next_pow2, scale_strides)
+from homelab_llm.engine.kernels.tuning import tiles_for
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
+    sm_scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_sp, stride_ss, stride_sh,
+    stride_pt,
+    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    m_block = tl.program_id(0)
+    head = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + b)
+    q_len = tl.load(query_start_ptr + b + 1) - q_start
+    if m_block * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    prefix = seq_len - q_len
+    kv_head = head // GROUP
+
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    q_pos = prefix + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    # Keys past the block's last query are never visible: stop there.
+    hi = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        page = tl.load(page_table_ptr + b * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+        page = page.to(tl.int64)
+        slot = offs_n % PAGE_SIZE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_ks
+                    + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
+                    + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
+        scores = tl.dot(q, tl.trans(k))
+        if INT8_KV:
+            k_s = tl.load(ks_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
+                          mask=n_mask, other=0.0).to(tl.float32)
+            scores = scores * k_s[None, :]
+        scores = scores * sm_scale_log2
+        visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        # Rows past q_len may see nothing yet; keep their exponent finite.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if INT8_KV:
+            v_s = tl.load(vs_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
+                          mask=n_mask, other=0.0).to(tl.float32)
+            p = p * v_s[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,  # [B, max_pages] int32
+    query_start_loc: torch.Tensor,  # [B+1] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    softmax_scale: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    max_query_len: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """max_query_len sizes the grid; without it the grid assumes one sequence could hold every
+    token (correct, just more empty programs), so no device-to-host sync is needed."""
+    batch = seq_lens.shape[0]
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} KV heads")
+    if q.stride(2) != 1:
+        raise ValueError("q head_dim axis must be contiguous")
+    int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    out = torch.empty_like(q) if out is None else out
+    if batch == 0 or num_tokens == 0:
+        return out
+    tiles = tiles_for(q.device).prefill
+    max_q = num_tokens if max_query_len is None else max_query_len
+    skp, sks, skh = cache_strides(k_cache)
+    svp, svs, svh = cache_strides(v_cache)
+    ssp, sss, ssh = scale_strides(k_scale if int8 else None)
+    grid = (triton.cdiv(max_q, tiles.block_m), num_q_heads, batch)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, k_scale if int8 else k_cache, v_scale if int8 else v_cache, out,
+        page_table, seq_lens, query_start_loc,
+        softmax_scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        page_table.stride(0),
+        PAGE_SIZE=page_size, GROUP=num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        INT8_KV=int8, DOT_F32=dot_in_fp32(),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    return out
