@@ -3,7 +3,6 @@ turns a scheduled step into batch tensors and a ForwardContext, and runs the for
 
 from __future__ import annotations
 
-import os
 import resource
 from dataclasses import dataclass, field
 
@@ -157,10 +156,14 @@ class ModelRunner:
             return self.args.kv_cache_memory_bytes
         return int(min(CPU_DEFAULT_KV_BYTES, available * self.args.gpu_memory_utilization * 0.5))
 
+    def pages_for_budget(self, budget: int) -> int:
+        return budget // self.kv_layout().bytes_per_page()
+
     def allocate_kv(self, budget: int) -> PagePool:
-        layout = self.kv_layout()
-        num_pages = budget // layout.bytes_per_page()
-        self.pool = PagePool(layout, num_pages, self.device)
+        return self.allocate_pages(self.pages_for_budget(budget))
+
+    def allocate_pages(self, num_pages: int) -> PagePool:
+        self.pool = PagePool(self.kv_layout(), num_pages, self.device)
         self.bind_kv(self.pool)
         self.memory.kv_cache = self.pool.memory_bytes
         self.refresh_memory()
@@ -251,6 +254,3 @@ class ModelRunner:
                 return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
             return self.model.compute_logits(hidden[batch.logits_indices])
 
-
-def cpu_threads() -> int:
-    return int(os.environ.get("OMP_NUM_THREADS", 0)) or torch.get_num_threads()
