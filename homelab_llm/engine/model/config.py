@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
 from homelab_llm.errors import HomelabError
 
-from dataclasses import dataclass, field
-from typing import Any
-
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
+# Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+
+# HF architectures[0] -> our architecture name, for configs without a model_type we know.
+_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 
 class UnsupportedModelError(HomelabError, ValueError):
     """An architecture, tensor type or config value we cannot run; the message names what we can."""
+
+
+class ModelLoadError(HomelabError, OSError):
+    """A model file is missing, truncated or corrupt; the message names the file and the fault."""
 
 
 @dataclass(frozen=True)
@@ -45,3 +60,162 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
+
+
+def _eos_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
+    """Normalise HF rope_scaling (old "type" or new "rope_type" key); None for plain RoPE."""
+    if not scaling:
+        return None
+    out = dict(scaling)
+    rope_type = out.pop("type", None) or out.get("rope_type") or "default"
+    out["rope_type"] = rope_type
+    if rope_type == "default":
+        return None
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"{where}: rope scaling type {rope_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    return out
+
+
+def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
+    if cfg.architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{where}: architecture {cfg.architecture!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim"):
+        if getattr(cfg, name) <= 0:
+            raise ModelLoadError(f"{where}: {name} must be positive, got {getattr(cfg, name)}")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ModelLoadError(
+            f"{where}: num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
+            f"num_key_value_heads ({cfg.num_key_value_heads})")
+    return cfg
+
+
+def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
+    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+    arch = str(raw.get("model_type") or "").lower()
+    if arch not in SUPPORTED_ARCHITECTURES:
+        archs = raw.get("architectures") or []
+        arch = _HF_ARCHITECTURES.get(archs[0] if archs else "", arch or (archs[0] if archs else "?"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{where}: model_type {arch!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        # transformers >= 5 moves rope_theta and the scaling dict into rope_parameters.
+        rope_params = dict(raw.get("rope_parameters") or {})
+        rope_theta = float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
+        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        cfg = ModelConfig(
+            architecture=arch,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=_check_rope_scaling(scaling, where),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v bias and its config does not say so.
+            attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
+            quantization=raw.get("quantization_config"),
+            name=name or str(raw.get("_name_or_path") or ""),
+            extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
+        )
+    except KeyError as err:
+        raise ModelLoadError(f"{where}: required key {err.args[0]!r} is missing") from None
+    except (TypeError, ValueError) as err:
+        raise ModelLoadError(f"{where}: bad value ({err})") from None
+    if cfg.extra.get("use_sliding_window"):
+        raise UnsupportedModelError(f"{where}: sliding-window attention is not supported")
+    return _check_shapes(cfg, where)
+
+
+# GGUF general.architecture -> ours. Mistral GGUFs are written as "llama".
+_GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], where: str) -> ModelConfig:
+    """GGUF metadata (key -> python value) and the file's tensor names -> ModelConfig."""
+    gguf_arch = str(meta.get("general.architecture", "?"))
+    arch = _GGUF_ARCHITECTURES.get(gguf_arch)
+    if arch is None:
+        raise UnsupportedModelError(
+            f"{where}: GGUF architecture {gguf_arch!r} is not supported; "
+            f"supported: {', '.join(_GGUF_ARCHITECTURES)}")
+
+    def key(suffix: str, default: Any = None) -> Any:
+        value = meta.get(f"{gguf_arch}.{suffix}", default)
+        if value is None:
+            raise ModelLoadError(f"{where}: GGUF metadata key {gguf_arch}.{suffix} is missing")
+        return value
+
+    hidden = int(key("embedding_length"))
+    heads = int(key("attention.head_count"))
+    kv_heads = key("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer list in some files; we need one value
+        if len(set(kv_heads)) != 1:
+            raise UnsupportedModelError(f"{where}: per-layer KV head counts are not supported")
+        kv_heads = kv_heads[0]
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = int(meta.get(f"{gguf_arch}.vocab_size") or (len(tokens) if tokens else 0))
+    scaling: dict[str, Any] | None = None
+    scaling_type = meta.get(f"{gguf_arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensor_names:
+        scaling = {"rope_type": "freq_factors"}
+    elif scaling_type in ("linear", "yarn"):
+        scaling = {"rope_type": scaling_type, "factor": float(key("rope.scaling.factor"))}
+        original = meta.get(f"{gguf_arch}.rope.scaling.original_context_length")
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+    elif scaling_type not in (None, "none"):
+        raise UnsupportedModelError(
+            f"{where}: rope scaling type {scaling_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    eos = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                 "tokenizer.ggml.eom_token_id")]
+    cfg = ModelConfig(
+        architecture=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(kv_heads),
+        head_dim=int(meta.get(f"{gguf_arch}.attention.key_length") or hidden // heads),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(key("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos if e is not None)),
+        torch_dtype="bfloat16",
+        quantization={"format": "gguf", "file_type": meta.get("general.file_type")},
+        name=str(meta.get("general.name") or ""),
+        extra={"gguf_architecture": gguf_arch},
+    )
+    return _check_shapes(cfg, where)

@@ -1,0 +1,57 @@
+"""Paged attention over one layer's KV cache.
+
+The runner allocates the cache and binds `k_cache`/`v_cache` (and for int8 `k_scale`/`v_scale`)
+on each of these modules. A forward stores the step's new K/V at ctx.slot_mapping, then attends
+each sequence's new queries over its whole page list (cached prefix + new tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from homelab_llm.engine.context import get_context
+from homelab_llm.engine.kernels import dispatch
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        # Bound by the runner; plain attributes (not buffers) so state_dict and .to() leave them be.
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+        self.k_scale: torch.Tensor | None = None
+        self.v_scale: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] (rope applied) -> [T, Hq * D]."""
+        ctx = get_context()
+        if self.k_cache is None or self.v_cache is None:
+            return self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
+        dispatch.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping,
+                          self.k_scale, self.v_scale)
+        out = dispatch.paged_attention(
+            q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
+            self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host)
+        return out.reshape(q.shape[0], -1)
+
+    def _no_cache(self, q, k, v, query_lens: list[int] | None, query_start_loc) -> torch.Tensor:
+        """Causal attention within each sequence's new tokens only: the runner's memory-profiling
+        forward, which runs before any cache exists (every sequence is a fresh prefill)."""
+        if query_lens is None:
+            starts = query_start_loc.tolist()
+            query_lens = [b - a for a, b in zip(starts, starts[1:])]
+        group = self.num_heads // self.num_kv_heads
+        out = torch.empty_like(q)
+        start = 0
+        for n in query_lens:
+            qs = q[start:start + n].transpose(0, 1)
+            ks = k[start:start + n].transpose(0, 1).repeat_interleave(group, dim=0)
+            vs = v[start:start + n].transpose(0, 1).repeat_interleave(group, dim=0)
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale)
+            out[start:start + n] = o.transpose(0, 1)
+            start += n
+        return out.reshape(q.shape[0], -1)

@@ -1,0 +1,168 @@
+"""Tensor-parallel linear layers. Each owns its weight_loader, so sharding sits beside the layer.
+
+Column-parallel layers split the output features across ranks (no communication); row-parallel
+layers split the input features and all-reduce the partial sums. With one rank both are a plain
+nn.Linear. Weights are [out_features, in_features] as in HF checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from homelab_llm.engine import parallel
+from homelab_llm.engine.model.config import UnsupportedModelError
+
+
+def even_shard(total: int, tp_size: int, rank: int, what: str) -> tuple[int, int]:
+    """(start, size) of an evenly split dimension; uneven splits are an error naming the sizes."""
+    if total % tp_size:
+        raise UnsupportedModelError(
+            f"{what} ({total}) is not divisible by --tensor-parallel-size {tp_size}")
+    size = total // tp_size
+    return rank * size, size
+
+
+@dataclass(frozen=True)
+class HeadShard:
+    """The attention heads one rank owns. KV heads are split in whole groups (each with its query
+    heads); with more ranks than KV heads, each KV head is replicated over tp_size/num_kv ranks."""
+
+    q_start: int
+    q_heads: int
+    kv_start: int
+    kv_heads: int
+
+
+def head_shard(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) -> HeadShard:
+    group = num_heads // num_kv_heads
+    if tp_size <= num_kv_heads:
+        # Ranks get floor or ceil of num_kv/tp groups, larger shares first: 3 kv / 2 ranks = 2 + 1.
+        base, extra = divmod(num_kv_heads, tp_size)
+        kv_heads = base + (rank < extra)
+        kv_start = rank * base + min(rank, extra)
+        return HeadShard(kv_start * group, kv_heads * group, kv_start, kv_heads)
+    if tp_size % num_kv_heads or num_heads % tp_size:
+        raise UnsupportedModelError(
+            f"--tensor-parallel-size {tp_size} must divide the {num_heads} query heads and be a "
+            f"multiple of the {num_kv_heads} KV heads when it exceeds them")
+    replicas = tp_size // num_kv_heads
+    q_heads = num_heads // tp_size
+    return HeadShard(rank * q_heads, q_heads, rank // replicas, 1)
+
+
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        else:
+            self.register_parameter("bias", None)
+        # shard_id -> (GGUF blocks record, HF rows this rank took, HF cols this rank took); kept for
+        # a later W4A16 repack without re-reading the file.
+        self.gguf_blocks: dict[Any, tuple[Any, slice, slice]] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
+        rows, cols, dest = self.shard_slices(param, shard_id)
+        src = loaded[rows] if loaded.dim() == 1 else loaded[rows, cols]
+        if tuple(src.shape) != tuple(dest.shape):
+            raise ValueError(f"shape {tuple(loaded.shape)} does not fit this layer's weight")
+        dest.copy_(src)
+
+    def shard_slices(self, param: nn.Parameter, shard_id: Any) -> tuple[slice, slice, torch.Tensor]:
+        """(rows, cols of the full checkpoint tensor this rank keeps, destination view)."""
+        return slice(None), slice(None), param.data
+
+    def record_gguf_blocks(self, blocks: Any, shard_id: Any = None) -> None:
+        rows, cols, _ = self.shard_slices(self.weight, shard_id)
+        self.gguf_blocks[shard_id] = (blocks, rows, cols)
+
+
+ReplicatedLinear = LinearBase
+
+
+class ColumnParallelLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.out_start, out_local = even_shard(out_features, self.tp_size, self.tp_rank,
+                                               "output features")
+        super().__init__(in_features, out_local, bias)
+
+    def shard_slices(self, param, shard_id):
+        n = param.shape[0]
+        return slice(self.out_start, self.out_start + n), slice(None), param.data
+
+
+class MergedColumnParallelLinear(LinearBase):
+    """Several column-parallel outputs in one matmul (gate and up). shard_id = index of the part."""
+
+    def __init__(self, in_features: int, out_features: list[int], bias: bool = False):
+        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.parts = [even_shard(o, self.tp_size, self.tp_rank, "output features")
+                      for o in out_features]
+        super().__init__(in_features, sum(size for _, size in self.parts), bias)
+
+    def shard_slices(self, param, shard_id):
+        offset = sum(size for _, size in self.parts[:shard_id])
+        start, size = self.parts[shard_id]
+        return slice(start, start + size), slice(None), param.data.narrow(0, offset, size)
+
+
+class QKVParallelLinear(LinearBase):
+    """q, k and v projections in one matmul; shard_id is "q", "k" or "v". Output: [q | k | v]."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 bias: bool = False):
+        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.head_dim = head_dim
+        self.heads = head_shard(num_heads, num_kv_heads, self.tp_size, self.tp_rank)
+        self.q_size = self.heads.q_heads * head_dim
+        self.kv_size = self.heads.kv_heads * head_dim
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
+
+    def shard_slices(self, param, shard_id):
+        d, h = self.head_dim, self.heads
+        if shard_id == "q":
+            rows, offset, size = slice(h.q_start * d, (h.q_start + h.q_heads) * d), 0, self.q_size
+        elif shard_id in ("k", "v"):
+            rows = slice(h.kv_start * d, (h.kv_start + h.kv_heads) * d)
+            offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
+            size = self.kv_size
+        else:
+            raise ValueError(f"QKV shard_id must be q, k or v, got {shard_id!r}")
+        return rows, slice(None), param.data.narrow(0, offset, size)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; output all-reduced. `input_shard` overrides the even
+    split (o_proj takes the uneven q-head shard of its attention)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 input_shard: tuple[int, int] | None = None):
+        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.in_start, in_local = input_shard or even_shard(
+            in_features, self.tp_size, self.tp_rank, "input features")
+        super().__init__(in_local, out_features, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
+        bias = self.bias if self.tp_rank == 0 else None
+        out = F.linear(x, self.weight, bias)
+        return parallel.all_reduce(out) if self.tp_size > 1 else out
+
+    def shard_slices(self, param, shard_id):
+        if param.dim() == 1:  # bias: replicated
+            return slice(None), slice(None), param.data
+        n = param.shape[1]
+        return slice(None), slice(self.in_start, self.in_start + n), param.data

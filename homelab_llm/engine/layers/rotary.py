@@ -1,0 +1,114 @@
+"""Rotary position embedding, neox style (rotate the two halves of each head, as HF does).
+
+One table of cos/sin per position is built at load time for every position the model may see;
+the model looks it up once per forward and every layer reuses that lookup.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from homelab_llm.engine.model.config import UnsupportedModelError
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1: long wavelengths slowed by `factor`, short kept, a smooth ramp between."""
+    factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+    old_len = float(s["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(base: float, dim: int, s: dict[str, Any], max_position: int
+                   ) -> tuple[torch.Tensor, float]:
+    """YaRN: interpolate low frequencies, extrapolate high ones, ramp between; scale cos/sin."""
+    factor = float(s["factor"])
+    original = int(s.get("original_max_position_embeddings") or max_position)
+    beta_fast, beta_slow = float(s.get("beta_fast") or 32), float(s.get("beta_slow") or 1)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = s.get("attention_factor")
+    if attention_factor is None:
+        if s.get("mscale") and s.get("mscale_all_dim"):
+            attention_factor = mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+def rope_table_length(max_position: int, scaling: dict[str, Any] | None) -> int:
+    if scaling and scaling.get("rope_type") == "yarn":
+        original = scaling.get("original_max_position_embeddings") or max_position
+        return max(max_position, int(original * float(scaling["factor"])))
+    return max_position
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, max_position: int, base: float,
+                 scaling: dict[str, Any] | None = None,
+                 freq_factors: torch.Tensor | None = None):
+        super().__init__()
+        self.head_dim = head_dim
+        self.base, self.scaling, self.max_position = base, scaling, max_position
+        self.length = rope_table_length(max_position, scaling)
+        self.register_buffer("cos_sin", self._table(freq_factors), persistent=False)
+
+    def _table(self, freq_factors: torch.Tensor | None) -> torch.Tensor:
+        dim, base, s = self.head_dim, self.base, self.scaling or {}
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        attention_factor = 1.0
+        rope_type = s.get("rope_type", "default")
+        if rope_type == "linear":
+            inv_freq = inv_freq / float(s["factor"])
+        elif rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, s)
+        elif rope_type == "yarn":
+            inv_freq, attention_factor = _yarn_inv_freq(base, dim, s, self.max_position)
+        elif rope_type == "freq_factors":
+            if freq_factors is None:  # set later by set_freq_factors, from the checkpoint
+                freq_factors = torch.ones(dim // 2)
+            inv_freq = inv_freq / freq_factors.float().cpu()
+        elif rope_type != "default":
+            raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported")
+        angles = torch.outer(torch.arange(self.length, dtype=torch.float32), inv_freq)
+        return torch.cat((angles.cos(), angles.sin()), dim=-1) * attention_factor
+
+    def set_freq_factors(self, freq_factors: torch.Tensor) -> None:
+        """GGUF Llama 3.x: the per-frequency divisors shipped as the rope_freqs tensor."""
+        table = self._table(freq_factors).to(self.cos_sin.device, self.cos_sin.dtype)
+        self.cos_sin.copy_(table)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each [T, 1, head_dim/2] in `dtype`; done once per forward for all layers."""
+        cos_sin = self.cos_sin.index_select(0, positions).to(dtype).unsqueeze(1)
+        return cos_sin.chunk(2, dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated by (cos, sin) [T, 1, D/2]; a new tensor."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

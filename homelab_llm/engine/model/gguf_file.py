@@ -1,0 +1,169 @@
+"""One GGUF file: checked metadata, HF tensor names, and dequantized weights.
+
+The file stays memory-mapped (numpy memmap inside gguf.GGUFReader), so the raw quantized blocks a
+linear layer came from stay reachable through `GGUFBlocks` without a second copy in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from homelab_llm.engine.model.config import (
+    ModelConfig,
+    ModelLoadError,
+    UnsupportedModelError,
+    config_from_gguf,
+)
+
+# Types we dequantize (through gguf.quants). The i-quants and ternary types are left out until a
+# test model covers them.
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Types a W4A16 GPU path can repack straight from their blocks.
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+# Large token arrays: not loaded into the metadata dict unless asked for.
+_ARRAY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+               "tokenizer.ggml.scores")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs",
+}
+_BLOCK = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """GGUF tensor name -> HF parameter name (None: a tensor we do not use)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """Where a quantized weight's raw blocks live, so a GPU path can repack them later.
+
+    raw is a view into the file's memmap ([out_features, bytes_per_row] in GGUF row order); row i
+    of the HF-ordered weight is raw[row_order[i]] (row_order None: the same order).
+    """
+
+    tensor_name: str
+    ggml_type: str
+    shape: tuple[int, ...]  # logical HF shape (out_features, in_features)
+    raw: np.ndarray
+    row_order: np.ndarray | None = None
+
+
+def rope_row_order(out_features: int, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: its rope pairs adjacent rows, HF pairs the halves."""
+    head_dim = out_features // num_heads
+    return np.arange(out_features).reshape(num_heads, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
+
+
+class GGUFFile:
+    def __init__(self, path: str | os.PathLike[str]):
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelLoadError(f"{self.path}: no such GGUF file")
+        try:
+            self.reader = GGUFReader(self.path)
+        except Exception as err:  # the reader raises bare ValueError/IndexError/etc. on bad bytes
+            raise ModelLoadError(
+                f"{self.path}: not a readable GGUF file ({type(err).__name__}: {err}); "
+                "is it truncated or still downloading?") from None
+        size = self.path.stat().st_size
+        for t in self.reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size or t.data.size * t.data.itemsize < int(t.n_bytes):
+                raise ModelLoadError(
+                    f"{self.path}: truncated: tensor {t.name} ends at byte {end} but the file "
+                    f"has {size} bytes")
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def metadata(self, include_arrays: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, field in self.reader.fields.items():
+            if key in _ARRAY_KEYS and not include_arrays:
+                out[key + ".count"] = len(field.data)
+                continue
+            try:
+                out[key] = field.contents()
+            except Exception as err:
+                raise ModelLoadError(f"{self.path}: metadata key {key} is corrupt ({err})") from None
+        return out
+
+    def array(self, key: str) -> list[Any] | None:
+        field = self.reader.fields.get(key)
+        return None if field is None else field.contents()
+
+    def config(self) -> ModelConfig:
+        meta = self.metadata()
+        if "tokenizer.ggml.tokens.count" in meta:
+            meta["tokenizer.ggml.tokens"] = range(meta["tokenizer.ggml.tokens.count"])
+        cfg = config_from_gguf(meta, set(self.tensors), str(self.path))
+        self.check_tensor_types()
+        return cfg
+
+    def check_tensor_types(self) -> None:
+        for t in self.reader.tensors:
+            if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+                raise UnsupportedModelError(
+                    f"{self.path}: tensor {t.name} has type {t.tensor_type.name}, which is not "
+                    f"supported; supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
+
+    def weights(self, config: ModelConfig, dtype: torch.dtype
+                ) -> Iterator[tuple[str, torch.Tensor, GGUFBlocks | None]]:
+        """(HF name, dequantized tensor in `dtype`, raw blocks record for 4-bit linears)."""
+        from gguf import quants
+
+        permute = config.extra.get("gguf_architecture", "llama") == "llama"
+        for t in self.reader.tensors:
+            name = hf_name(t.name)
+            if name is None:
+                continue
+            order = None
+            if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
+                order = rope_row_order(t.data.shape[0], config.num_attention_heads)
+            elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
+                order = rope_row_order(t.data.shape[0], config.num_key_value_heads)
+            try:
+                values = quants.dequantize(t.data, t.tensor_type)
+            except Exception as err:
+                raise ModelLoadError(f"{self.path}: cannot dequantize {t.name} ({err})") from None
+            tensor = torch.from_numpy(np.ascontiguousarray(values))
+            if order is not None:
+                tensor = tensor[torch.from_numpy(order)]
+            blocks = None
+            if t.tensor_type.name in FOUR_BIT_TYPES and tensor.dim() == 2:
+                blocks = GGUFBlocks(t.name, t.tensor_type.name, tuple(tensor.shape), t.data, order)
+            yield name, tensor.to(dtype), blocks

@@ -1,0 +1,139 @@
+"""The decoder for Llama, Mistral, Qwen2/2.5 and Qwen3: one pre-norm transformer, switched by
+config flags (attention_bias for Qwen2, qk_norm for Qwen3, tie_word_embeddings, rope scaling).
+
+Parameter names follow HF checkpoints, except that q/k/v and gate/up are fused (PACKED_MODULES
+says how a checkpoint tensor finds its place in a fused weight).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from homelab_llm.engine import parallel
+from homelab_llm.engine.layers.activation import SiluAndMul
+from homelab_llm.engine.layers.attention import Attention
+from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from homelab_llm.engine.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from homelab_llm.engine.layers.norm import RMSNorm
+from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from homelab_llm.engine.model.config import ModelConfig
+
+# checkpoint module name -> (our fused module, shard_id)
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        d = config.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
+                                          config.num_key_value_heads, bias=config.attention_bias)
+        heads = self.qkv_proj.heads
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, d
+        self.q_size, self.kv_size = heads.q_heads * d, heads.kv_heads * d
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=False,
+                                        input_shard=(heads.q_start * d, self.q_size))
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
+        self.act = SiluAndMul()
+        self.down_proj = RowParallelLinear(inter, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden, residual, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # One table shared by every layer, looked up once per forward.
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.lookup(positions, hidden.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """The CausalLM contract: model(input_ids, positions) -> hidden; compute_logits(hidden)."""
+
+    packed_modules = PACKED_MODULES
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.model = LlamaModel(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.attention_layers: list[Attention] = [layer.self_attn.attn for layer in self.model.layers]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden [T, hidden_size]; reads the forward context."""
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
+        return self.lm_head.compute_logits(hidden)
+
+
+CausalLM = LlamaForCausalLM

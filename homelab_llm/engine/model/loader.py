@@ -1,0 +1,186 @@
+"""Find a model's config and fill its weights: HF safetensors folder, GGUF file, or dummy weights.
+
+    config = load_model_config(path, load_format)
+    model = load_model(config, path, load_format, dtype, device, tp_rank, tp_size)
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from homelab_llm.engine import parallel
+from homelab_llm.engine.model.config import (
+    ModelConfig,
+    ModelLoadError,
+    UnsupportedModelError,
+    config_from_hf,
+)
+from homelab_llm.engine.model.llama import LlamaForCausalLM
+
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
+
+
+def resolve_format(path: str | Path, load_format: str = "auto") -> str:
+    """auto -> gguf for a .gguf file, dummy for a .json config, safetensors for a folder."""
+    if load_format not in LOAD_FORMATS:
+        raise UnsupportedModelError(
+            f"load format {load_format!r} is not supported; use {', '.join(LOAD_FORMATS)}")
+    p = Path(path)
+    if load_format != "auto":
+        return load_format
+    if p.suffix == ".gguf":
+        return "gguf"
+    if p.suffix == ".json":
+        return "dummy"
+    if p.is_dir():
+        return "safetensors"
+    if not p.exists():
+        raise ModelLoadError(f"{p}: no such file or folder")
+    raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"{path}: not valid JSON ({err})") from None
+
+
+def _hf_config(folder: Path) -> ModelConfig:
+    config_path = folder / "config.json"
+    cfg = config_from_hf(_read_json(config_path), name=folder.name, where=str(config_path))
+    # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
+    gen_path = folder / "generation_config.json"
+    if gen_path.is_file():
+        gen_eos = _read_json(gen_path).get("eos_token_id")
+        extra = (gen_eos,) if isinstance(gen_eos, int) else tuple(gen_eos or ())
+        eos = tuple(dict.fromkeys(cfg.eos_token_ids + tuple(int(e) for e in extra)))
+        cfg = _replace(cfg, eos_token_ids=eos)
+    return cfg
+
+
+def _replace(cfg: ModelConfig, **changes: Any) -> ModelConfig:
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)
+
+
+def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfig:
+    p = Path(path)
+    fmt = resolve_format(p, load_format)
+    if fmt == "gguf":
+        from homelab_llm.engine.model.gguf_file import GGUFFile
+
+        return GGUFFile(p).config()
+    if p.is_dir():
+        return _hf_config(p)
+    if p.suffix == ".json":
+        return config_from_hf(_read_json(p), name=p.stem, where=str(p))
+    raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
+               device: torch.device | str, tp_rank: int = 0, tp_size: int = 1) -> LlamaForCausalLM:
+    fmt = resolve_format(path, load_format)
+    if (parallel.tp_rank(), parallel.tp_size()) != (tp_rank, tp_size):
+        # Layers read the rank at construction; keep the process-wide state in step with the call.
+        parallel.set_parallel_state(tp_rank, tp_size)
+    device = torch.device(device)
+    with _default_dtype(dtype), torch.device(device):
+        model = LlamaForCausalLM(config)
+    if fmt == "dummy":
+        fill_dummy_weights(model, seed=0)
+    elif fmt == "gguf":
+        from homelab_llm.engine.model.gguf_file import GGUFFile
+
+        gguf = GGUFFile(path)
+        gguf.check_tensor_types()
+        load_weights(model, gguf.weights(config, dtype), str(path))
+    else:
+        from homelab_llm.engine.model.safetensors_files import safetensors_weights
+
+        load_weights(model, ((n, t, None) for n, t in safetensors_weights(Path(path))), str(path))
+    return model.eval()
+
+
+def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor, Any]],
+                 where: str) -> None:
+    """Route each checkpoint tensor (HF name) to its parameter's weight_loader; all must arrive."""
+    params = dict(model.named_parameters())  # a tied lm_head shares the embedding's entry
+    loaded: set[tuple[str, Any]] = set()
+    for name, tensor, blocks in weights:
+        if name == "rope_freqs":
+            model.model.rotary.set_freq_factors(tensor)
+            continue
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue  # some tied checkpoints still ship the copy
+        target, shard_id = name, None
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in model.packed_modules:
+            fused, shard_id = model.packed_modules[parts[-2]]
+            target = ".".join(parts[:-2] + [fused, parts[-1]])
+        param = params.get(target)
+        if param is None:
+            continue  # e.g. rotary inv_freq buffers saved by old transformers versions
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is None:
+                if tuple(param.shape) != tuple(tensor.shape):
+                    raise ValueError(f"shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor, shard_id)
+        except ValueError as err:
+            raise ModelLoadError(f"{where}: tensor {name}: {err}") from None
+        if blocks is not None:
+            model.get_submodule(target.rsplit(".", 1)[0]).record_gguf_blocks(blocks, shard_id)
+        loaded.add((target, shard_id))
+    missing = [f"{name}[{sid}]" if sid is not None else name
+               for name in params for sid in _parts_of(model, name) if (name, sid) not in loaded]
+    if missing:
+        raise ModelLoadError(
+            f"{where}: {len(missing)} weights are missing from the checkpoint "
+            f"(e.g. {', '.join(missing[:5])})")
+
+
+def _parts_of(model: LlamaForCausalLM, param_name: str) -> list[Any]:
+    """The shard ids a parameter is loaded in: [None], or each part of a fused weight."""
+    module = param_name.split(".")[-2] if "." in param_name else ""
+    parts = [sid for fused, sid in model.packed_modules.values() if fused == module]
+    return parts or [None]
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Deterministic random weights: each tensor seeded from its name, drawn on its own device.
+
+    Norm weights stay 1 (as trained models roughly are); everything else ~ N(0, DUMMY_STD).
+    Each rank draws its own shard, so a TP>1 dummy model is not the TP=1 one split.
+    """
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+            continue
+        gen = torch.Generator(device=param.device)
+        gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel.tp_rank()}".encode()))
+        param.data.normal_(0.0, DUMMY_STD, generator=gen)

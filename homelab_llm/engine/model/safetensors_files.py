@@ -1,0 +1,45 @@
+"""Tensors of an HF folder: one model.safetensors, or shards listed in model.safetensors.index.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from homelab_llm.engine.model.config import ModelLoadError
+
+INDEX_NAME = "model.safetensors.index.json"
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The shard files, in index order; every file the index names must exist."""
+    index = folder / INDEX_NAME
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError) as err:
+            raise ModelLoadError(f"{index}: not a valid safetensors index ({err})") from None
+        files = [folder / name for name in dict.fromkeys(weight_map.values())]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise ModelLoadError(f"{index}: lists shard files that are missing: {', '.join(absent)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder}: no *.safetensors weights (nor {INDEX_NAME}) in this folder")
+    return files
+
+
+def safetensors_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor, read lazily one at a time from the memory-mapped files."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in safetensors_files(folder):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except SafetensorError as err:
+            raise ModelLoadError(f"{path}: corrupt or truncated safetensors file ({err})") from None
