@@ -142,3 +142,58 @@ def add_rms_norm_ref(
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# --- rotary embedding (neox rotate-half layout) ---------------------------------------------------
+
+
+def rope_inv_freq(rotary_dim: int, theta: float, rope_scaling: dict | None = None) -> torch.Tensor:
+    """Inverse frequencies [rotary_dim // 2] float32: default, 'linear', or Llama 3 scaling.
+
+    Llama 3 leaves short wavelengths alone, divides long ones by `factor`, and blends smoothly in
+    between, so the original context keeps its resolution while positions stretch `factor` times.
+    """
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type", "default"))
+    if kind in (None, "default"):
+        return inv_freq
+    factor = float(rope_scaling["factor"])  # type: ignore[index]
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low = float(rope_scaling.get("low_freq_factor", 1.0))  # type: ignore[union-attr]
+        high = float(rope_scaling.get("high_freq_factor", 4.0))  # type: ignore[union-attr]
+        old_len = float(rope_scaling.get("original_max_position_embeddings", 8192))  # type: ignore[union-attr]
+        wavelen = 2 * torch.pi / inv_freq
+        long = wavelen > old_len / low
+        short = wavelen < old_len / high
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return torch.where(long, inv_freq / factor, torch.where(short, inv_freq, blended))
+    from homelab_llm.engine.model.config import UnsupportedModelError
+
+    raise UnsupportedModelError(f"rope_scaling type {kind!r} is not supported (have: default, linear, llama3)")
+
+
+def rope_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int, device: torch.device | None = None) -> torch.Tensor:
+    """[max_positions, rotary_dim] float32: cos in the first half of each row, sin in the second."""
+    pos = torch.arange(max_positions, dtype=torch.float32, device=device)
+    freqs = torch.outer(pos, inv_freq.to(device=device, dtype=torch.float32))
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """In place on q [T, Hq, D] and k [T, Hkv, D]; rotates the first rotary_dim dims of each head
+    (rotary_dim = cos_sin_cache.shape[1]), neox layout: pairs are (i, i + rotary_dim/2)."""
+    rot = cos_sin_cache.shape[1]
+    half = rot // 2
+    cs = cos_sin_cache[positions.long()]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    for x in (q, k):
+        x1 = x[..., :half].float()
+        x2 = x[..., half:rot].float()
+        out1 = x1 * cos - x2 * sin
+        out2 = x2 * cos + x1 * sin
+        x[..., :half] = out1.to(x.dtype)
+        x[..., half:rot] = out2.to(x.dtype)

@@ -1,0 +1,136 @@
+"""Row-wise kernels: RMSNorm (optionally fused with the residual add), SiLU-and-mul, and RoPE.
+
+All three are memory bound: each reads its inputs once and computes in fp32. The fused add writes
+the summed residual (rounded to the activation dtype, as the next layer would see it) and normalizes
+that rounded value, matching `add_rms_norm_ref` bit for bit up to the reduction order.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.tuning import tiles_for
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
+    stride_x, stride_r, stride_o, stride_ro, N,
+    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=0) / N
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = xf * tl.math.rsqrt(var + eps) * w
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x2 = _rows(x)
+    out = torch.empty_like(x2)
+    n = x2.shape[1]
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, x2, weight, out, out, eps, x2.stride(0), 0, out.stride(0), 0, n,
+            BLOCK=next_pow2(n), HAS_RESIDUAL=False, num_warps=tiles_for(x.device).elementwise_warps)
+    return out.view(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), both new tensors in x's dtype."""
+    x2, r2 = _rows(x), _rows(residual)
+    out = torch.empty_like(x2)
+    summed = torch.empty_like(x2)
+    n = x2.shape[1]
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, out, summed, eps, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n,
+            BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps)
+    return out.view(x.shape), summed.view(x.shape)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < D
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2*D] (gate | up) -> [..., D]."""
+    x2 = _rows(gate_up)
+    d = x2.shape[1] // 2
+    out = torch.empty((x2.shape[0], d), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, next_pow2(d))
+    if x2.shape[0]:
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+            x2, out, x2.stride(0), out.stride(0), d, BLOCK=block,
+            num_warps=tiles_for(gate_up.device).elementwise_warps)
+    return out.view(*gate_up.shape[:-1], d)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, pos_ptr, cache_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, HEADS_PAD)
+    offs_d = tl.arange(0, HALF_PAD)
+    d_mask = offs_d < HALF
+    cos = tl.load(cache_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
+    sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
+    for which in tl.static_range(2):
+        if which == 0:
+            base = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
+            mask = (offs_h[:, None] < NUM_Q_HEADS) & d_mask[None, :]
+        else:
+            base = k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+            mask = (offs_h[:, None] < NUM_K_HEADS) & d_mask[None, :]
+        x1 = tl.load(base, mask=mask, other=0.0)
+        x2 = tl.load(base + HALF, mask=mask, other=0.0)
+        x1f = x1.to(tl.float32)
+        x2f = x2.to(tl.float32)
+        tl.store(base, (x1f * cos - x2f * sin).to(x1.dtype), mask=mask)
+        tl.store(base + HALF, (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """In place on q [T, Hq, D] and k [T, Hkv, D]; cos_sin_cache from `ref.rope_cos_sin_cache`
+    (float32, on q's device). Positions past the cache would read garbage, so the caller sizes the
+    cache to max_model_len."""
+    if q.stride(2) != 1 or k.stride(2) != 1:
+        raise ValueError("q/k head_dim axis must be contiguous")
+    if q.shape[0] == 0:
+        return
+    half = cos_sin_cache.shape[1] // 2
+    _rope_kernel[(q.shape[0],)](
+        q, k, positions, cos_sin_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
+        NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], HEADS_PAD=next_pow2(max(q.shape[1], k.shape[1])),
+        HALF=half, HALF_PAD=next_pow2(half), num_warps=tiles_for(q.device).elementwise_warps,
+    )
