@@ -1,0 +1,129 @@
+"""POST /v1/completions: raw prompts (a string, token ids, or a batch of either) times n choices;
+choice index = prompt index * n + choice number, as OpenAI numbers them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from homelab_llm.server.errors import APIError, bad_request
+from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
+                                           until_disconnect, usage)
+from homelab_llm.server.logprobs import completion_logprobs
+from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, parse_body
+from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
+from homelab_llm.server.state import ServerState
+
+log = logging.getLogger("homelab_llm.server")
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
+
+
+def prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+        if not ids:
+            raise bad_request("the prompt is empty", "prompt")
+        return ids
+    check_token_ids(prompt, tokenizer.vocab_size, "prompt")
+    return prompt
+
+
+async def create_completion(state: ServerState, request: Request, body: Any) -> Response:
+    req: CompletionRequest = parse_body(CompletionRequest, body)
+    model = state.resolve_model(req.model)
+    req.check()
+    logprobs = req.logprobs_count()
+    engine = state.ready_engine()
+    tokenizer = engine.tokenizer
+    prompts = req.prompts()
+    items, echoes = [], []
+    for prompt in prompts:
+        ids = prompt_ids(tokenizer, prompt)
+        max_tokens = check_max_tokens(len(ids), req.requested_max_tokens(), engine.max_model_len)
+        echo = "" if not req.echo else (prompt if isinstance(prompt, str) else tokenizer.decode(ids))
+        for i in range(req.n):
+            items.append((ids, req.sampling_params(max_tokens, logprobs, i)))
+            echoes.append(echo)
+    batch = Batch(state, new_id("cmpl"), items)
+    await batch.submit()
+    ctx = _Context(batch.ids[0].rsplit("-", 1)[0], int(time.time()), model, tokenizer, logprobs,
+                   echoes, [p * req.n for p in range(len(prompts))])
+    if req.stream:
+        return SSEResponse(_stream(ctx, batch, req.include_usage), on_close=batch.abort)
+    try:
+        body_out = await until_disconnect(request, _collect(ctx, batch))
+    finally:
+        batch.abort()
+    if body_out is None:
+        return Response(status_code=499)
+    return JSONResponse(body_out)
+
+
+class _Context:
+    def __init__(self, request_id: str, created: int, model: str, tokenizer: Any,
+                 logprobs: int | None, echoes: list[str], prompt_starts: list[int]) -> None:
+        self.id, self.created, self.model = request_id, created, model
+        self.tokenizer, self.logprobs = tokenizer, logprobs
+        self.echoes, self.prompt_starts = echoes, prompt_starts
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model, "choices": choices, **extra}
+
+
+async def _collect(ctx: _Context, batch: Batch) -> dict[str, Any]:
+    choices = [ChoiceState(i) for i in range(len(ctx.echoes))]
+    async for index, out in batch.outputs():
+        if (err := output_error(out)) is not None:
+            raise err
+        choices[index].update(out)
+    result = [{
+        "index": c.index, "text": ctx.echoes[c.index] + c.text,
+        "logprobs": (completion_logprobs(ctx.tokenizer, c.logprobs, len(ctx.echoes[c.index]))
+                     if ctx.logprobs is not None else None),
+        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in choices]
+    return {**ctx.chunk(result), "usage": usage(choices, ctx.prompt_starts)}
+
+
+async def _stream(ctx: _Context, batch: Batch, include_usage: bool) -> AsyncIterator[str]:
+    choices = [ChoiceState(i) for i in range(len(ctx.echoes))]
+    extra = {"usage": None} if include_usage else {}
+    try:
+        async for index, out in batch.outputs():
+            if (err := output_error(out)) is not None:
+                yield sse_error(err)
+                yield DONE
+                return
+            choice = choices[index]
+            offset = len(ctx.echoes[index]) + len(choice.text)
+            choice.update(out)
+            text = out.new_text
+            if not choice.started:
+                text = ctx.echoes[index] + text
+            lp = (completion_logprobs(ctx.tokenizer, out.logprobs, offset)
+                  if ctx.logprobs is not None and out.logprobs else None)
+            if choice.started and not text and lp is None and not out.finished:
+                continue
+            choice.started = True
+            entry: dict[str, Any] = {"index": index, "text": text, "logprobs": lp,
+                                     "finish_reason": choice.finish_reason if out.finished else None}
+            if out.finished:
+                entry["stop_reason"] = choice.stop_reason
+            yield sse(ctx.chunk([entry], **extra))
+        if include_usage:
+            yield sse(ctx.chunk([], usage=usage(choices, ctx.prompt_starts)))
+        yield DONE
+    except Exception as err:
+        log.exception("completion stream failed")
+        yield sse_error(APIError(500, f"internal error: {err}", "server_error"))
+        yield DONE

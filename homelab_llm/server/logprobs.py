@@ -1,0 +1,41 @@
+"""Logprobs in the two shapes OpenAI uses: chat's list of entries, and the legacy completions'
+parallel arrays. Token strings come from the tokenizer (`token_text`), bytes from their UTF-8."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from homelab_llm.engine.outputs import TokenLogprob
+from homelab_llm.server.generation import clamp_logprob
+
+
+def _text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.token_text(token_id)
+
+
+def chat_logprobs(tokenizer: Any, entries: list[TokenLogprob]) -> dict[str, Any]:
+    content = []
+    for entry in entries:
+        text = _text(tokenizer, entry.token_id)
+        content.append({
+            "token": text, "logprob": clamp_logprob(entry.logprob), "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": (t := _text(tokenizer, tid)), "logprob": clamp_logprob(lp),
+                 "bytes": list(t.encode())} for tid, lp in entry.top],
+        })
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer: Any, entries: list[TokenLogprob],
+                        text_offset_start: int) -> dict[str, Any]:
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    offset = text_offset_start
+    for entry in entries:
+        text = _text(tokenizer, entry.token_id)
+        tokens.append(text)
+        token_logprobs.append(clamp_logprob(entry.logprob))
+        top.append({_text(tokenizer, tid): clamp_logprob(lp) for tid, lp in entry.top} or None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
+            "text_offset": offsets}

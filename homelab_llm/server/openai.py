@@ -1,0 +1,86 @@
+"""The OpenAI-compatible routes (and vLLM's /tokenize, /detokenize). Bodies are read and decoded
+here, not by FastAPI, so that malformed JSON and wrong types are 400s in OpenAI's error shape
+rather than FastAPI's 422s."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from homelab_llm.server.chat import create_chat_completion, render_prompt
+from homelab_llm.server.completions import check_token_ids, create_completion
+from homelab_llm.server.errors import bad_request
+from homelab_llm.server.protocol import (ChatCompletionRequest, DetokenizeRequest,
+                                         TokenizeRequest, parse_body)
+from homelab_llm.server.state import ServerState
+
+router = APIRouter()
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def read_json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise bad_request(f"the request body is not valid JSON: {err}") from err
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await create_chat_completion(server_state(request), request, await read_json(request))
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await create_completion(server_state(request), request, await read_json(request))
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    state = server_state(request)
+    engine = state.client.engine
+    max_len = engine.max_model_len if engine is not None else None
+    data = [{"id": name, "object": "model", "created": state.created, "owned_by": "homelab-llm",
+             "root": state.config.model_path or name, "parent": None, "max_model_len": max_len}
+            for name in state.config.served_model_names]
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> JSONResponse:
+    state = server_state(request)
+    req: TokenizeRequest = parse_body(TokenizeRequest, await read_json(request))
+    state.resolve_model(req.model)
+    engine = state.ready_engine()
+    tokenizer = engine.tokenizer
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("send exactly one of prompt or messages", "prompt")
+    if req.messages is not None:
+        chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
+                                     add_generation_prompt=req.add_generation_prompt)
+        tokens = tokenizer.encode(render_prompt(tokenizer, chat), add_special_tokens=False)
+    else:
+        tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    out: dict[str, Any] = {"count": len(tokens), "max_model_len": engine.max_model_len,
+                           "tokens": tokens}
+    if req.return_token_strs:
+        out["token_strs"] = [tokenizer.token_text(t) for t in tokens]
+    return JSONResponse(out)
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> JSONResponse:
+    state = server_state(request)
+    req: DetokenizeRequest = parse_body(DetokenizeRequest, await read_json(request))
+    state.resolve_model(req.model)
+    tokenizer = state.ready_engine().tokenizer
+    check_token_ids(req.tokens, tokenizer.vocab_size, "tokens")
+    return JSONResponse({"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)})

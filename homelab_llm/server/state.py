@@ -1,0 +1,50 @@
+"""What every route needs: the server's settings and the live engine client + statistics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from homelab_llm.server.engine_client import EngineClient
+from homelab_llm.server.errors import model_not_found, unavailable
+from homelab_llm.server.stats import ServerStats
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_names: tuple[str, ...]
+    model_path: str = ""
+    api_key: str | None = None
+    max_queue_len: int | None = None  # requests waiting for their first token; None: unbounded
+    drain_timeout_s: float = 30.0
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    client: EngineClient
+    stats: ServerStats
+    draining: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_names[0]
+
+    def resolve_model(self, requested: str | None) -> str:
+        """The name to echo back; a name we do not serve is a 404 (None means the default)."""
+        if requested is None or requested == "":
+            return self.model_name
+        if requested not in self.config.served_model_names:
+            raise model_not_found(requested, list(self.config.served_model_names))
+        return requested
+
+    def ready_engine(self) -> Any:
+        if self.draining:
+            raise unavailable("the server is shutting down")
+        if self.client.state == "failed":
+            raise unavailable(f"the engine failed to load: {self.client.load_error}", 60)
+        if self.client.state != "ready" or self.client.engine is None:
+            raise unavailable("the model is still loading")
+        return self.client.engine
