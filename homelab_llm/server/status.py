@@ -32,7 +32,5 @@ def kv_usage(engine_status: dict[str, Any]) -> float:
 
 
 def num_preemptions(engine_status: dict[str, Any]) -> int:
-    # Not part of the /v1/status contract; the engine may report it under requests.
-    requests = engine_status.get("requests", {})
-    return int(requests.get("preemptions", requests.get("num_preemptions",
-                                                        engine_status.get("num_preemptions", 0))))
+    # Not part of the /v1/status contract: the engine reports it under "counters".
+    return int(engine_status.get("counters", {}).get("num_preemptions", 0))
