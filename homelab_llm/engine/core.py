@@ -29,6 +29,10 @@ class PromptTooLongError(HomelabError, ValueError):
     """Prompt plus requested output exceed the context the engine serves."""
 
 
+class InvalidPromptError(HomelabError, ValueError):
+    """An empty prompt, or token ids outside the vocabulary."""
+
+
 class DuplicateRequestError(HomelabError, ValueError):
     """A request id that is already in flight."""
 
@@ -120,15 +124,15 @@ class LLMEngine:
             raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise HomelabError("this model has no tokenizer: send token ids")
+                raise InvalidPromptError("this model has no tokenizer: send token ids")
             prompt_ids = self.tokenizer.encode(prompt)
         else:
             prompt_ids = list(prompt)
         if not prompt_ids:
-            raise PromptTooLongError("the prompt is empty: send at least one token")
+            raise InvalidPromptError("the prompt is empty: send at least one token")
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_ids):
-            raise HomelabError(f"prompt token ids must be in [0, {vocab})")
+            raise InvalidPromptError(f"prompt token ids must be in [0, {vocab})")
         n = len(prompt_ids)
         room = self.max_model_len - n
         if params.max_tokens is None:
@@ -178,10 +182,10 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return results
+        sampling = [item.seq for item in plan.scheduled if item.samples]
         batch = self.runner.prepare(plan.scheduled)
         logits = self.runner.forward(batch)
         self.scheduler.advance(plan)
-        sampling = [item.seq for item in plan.scheduled if item.samples]
         self.prompt_tokens_total += sum(
             max(0, min(item.seq.num_prompt_tokens, item.seq.num_computed_tokens)
                 - (item.seq.num_computed_tokens - item.num_new_tokens))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from homelab_llm.engine.core import DuplicateRequestError, PromptTooLongError
+from homelab_llm.engine.core import DuplicateRequestError, InvalidPromptError, PromptTooLongError
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.engine_fixtures import prompts, tiny_llm
 
@@ -115,8 +115,10 @@ def test_bad_requests_raise_specific_errors(tmp_path) -> None:
     engine.add_request("z", [5] * 10, SamplingParams(max_tokens=None))
     with pytest.raises(DuplicateRequestError):
         engine.add_request("z", [5] * 10, SamplingParams())
-    with pytest.raises(ValueError, match="token ids"):
+    with pytest.raises(InvalidPromptError, match="token ids"):
         engine.add_request("w", [10**6], SamplingParams())
+    with pytest.raises(InvalidPromptError, match="empty"):
+        engine.add_request("v", [], SamplingParams())
     while engine.has_unfinished_requests():
         engine.step()
 
