@@ -197,3 +197,22 @@ def apply_rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, co
         out2 = x2 * cos + x1 * sin
         x[..., :half] = out1.to(x.dtype)
         x[..., half:rot] = out2.to(x.dtype)
+
+
+# --- W4A16 ----------------------------------------------------------------------------------------
+
+
+def dequantize_w4_ref(w) -> torch.Tensor:
+    """W4Weight -> float32 [K, N] in the kernel's (possibly act-order permuted) input order."""
+    from homelab_llm.engine.kernels.w4a16_pack import unpack_int4
+
+    q = unpack_int4(w.qweight, dim=0).float()
+    g = w.group_size
+    return q * w.scales.float().repeat_interleave(g, 0) + w.biases.float().repeat_interleave(g, 0)
+
+
+def w4a16_matmul_ref(x: torch.Tensor, w) -> torch.Tensor:
+    """x [..., K] @ dequant(w) -> [..., N] in x's dtype, accumulated in fp32."""
+    if w.perm is not None:
+        x = x[..., w.perm]
+    return (x.float() @ dequantize_w4_ref(w)).to(x.dtype)

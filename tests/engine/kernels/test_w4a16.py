@@ -1,0 +1,158 @@
+"""W4A16 kernel and the repack paths (GPTQ v1/v2, act-order, AWQ, AutoRound, GGUF Q4_0/Q4_1/Q4_K)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import w4a16_pack as wp
+from homelab_llm.engine.kernels.ref import dequantize_w4_ref, w4a16_matmul_ref
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def _gptq_pack_cols(z: torch.Tensor) -> torch.Tensor:
+    """[G, N] 0..15 -> int32 [G, N/8], 8 columns per word (GPTQ qzeros packing)."""
+    return wp.pack_int4(z.t().contiguous()).t().contiguous()
+
+
+def _random_gptq(gen, k, n, g):
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    zeros = torch.randint(1, 15, (k // g, n), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // g, n, generator=gen) * 0.02 + 0.005).half()
+    return q, zeros, scales
+
+
+def _dequant_kn(q, zeros, scales, g):
+    return (q.float() - zeros.float().repeat_interleave(g, 0)) * scales.float().repeat_interleave(g, 0)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_kernel_matches_dequantized_matmul(group_size: int, symmetric: bool, device: torch.device,
+                                           full_shapes: bool) -> None:
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+
+    gen = torch.Generator().manual_seed(group_size + symmetric)
+    shapes = [(1, 4096, 4096), (16, 4096, 14336), (32, 14336, 4096), (300, 4096, 6144)] if full_shapes \
+        else [(1, 256, 96), (20, 128, 64)]
+    for m, k, n in shapes:
+        weight = torch.randn(n, k, generator=gen) * 0.05
+        w = wp.quantize_rtn(weight, group_size, symmetric).to(device)
+        x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+        want = x.float() @ dequantize_w4_ref(w)
+        for split in (None, 1, 2):
+            got = w4a16_matmul(x, w, split_k=split)
+            assert got.shape == (m, n) and got.dtype == torch.bfloat16
+            assert _rel_err(got, want) < 1e-2, (m, k, n, split)
+        # Quantization itself is sane: close to the float weight (4 bits: ~10% error per weight).
+        assert _rel_err(dequantize_w4_ref(w).t().cpu(), weight) < 0.2
+
+
+def test_pack_roundtrip() -> None:
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (64, 24), generator=gen, dtype=torch.uint8)
+    assert torch.equal(wp.unpack_int4(wp.pack_int4(q)), q)
+    qt = q.t().contiguous()
+    assert torch.equal(wp.unpack_int4(_gptq_pack_cols(qt), dim=1), qt)  # 8 columns per word
+
+
+@pytest.mark.parametrize("v1", [True, False])
+def test_gptq_repack(v1: bool, device: torch.device) -> None:
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+
+    gen = torch.Generator().manual_seed(1)
+    k, n, g = 256, 64, 64
+    q, zeros, scales = _random_gptq(gen, k, n, g)
+    stored = zeros - 1 if v1 else zeros
+    w = wp.repack_gptq(wp.pack_int4(q), _gptq_pack_cols(stored), scales, g, sym=False, zero_offset=v1)
+    want = _dequant_kn(q, zeros, scales, g)
+    torch.testing.assert_close(dequantize_w4_ref(w), want, atol=2e-4, rtol=1e-3)  # fp16 bias rounding
+    x = torch.randn(3, k, generator=gen).to(device, torch.bfloat16)
+    assert _rel_err(w4a16_matmul(x, w.to(device)), x.float() @ want.to(device)) < 1e-2
+
+
+def test_gptq_symmetric_without_zeros_and_act_order(device: torch.device) -> None:
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+
+    gen = torch.Generator().manual_seed(2)
+    k, n, g = 128, 32, 32
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // g, n, generator=gen) * 0.02 + 0.005).half()
+    g_idx = (torch.arange(k) // g)[torch.randperm(k, generator=gen)]  # desc_act: groups scattered
+    want = (q.float() - 8) * scales.float()[g_idx]
+    w = wp.repack_gptq(wp.pack_int4(q), None, scales, g, g_idx=g_idx, sym=True)
+    assert w.perm is not None
+    x = torch.randn(5, k, generator=gen).to(device, torch.bfloat16)
+    want_y = x.float() @ want.to(device)
+    assert _rel_err(w4a16_matmul_ref(x, w.to(device)), want_y) < 1e-2
+    assert _rel_err(w4a16_matmul(x, w.to(device)), want_y) < 1e-2
+    with pytest.raises(wp.QuantFormatError):
+        w.narrow_in(0, 64)
+
+
+def test_awq_and_autoround_repack() -> None:
+    gen = torch.Generator().manual_seed(3)
+    k, n, g = 128, 64, 32
+    q, zeros, scales = _random_gptq(gen, k, n, g)
+    order = list(wp._AWQ_ORDER)
+
+    def awq_pack(v: torch.Tensor) -> torch.Tensor:  # [R, N] -> [R, N/8], nibble i = column order[i]
+        v = v.view(v.shape[0], -1, 8)[:, :, order].reshape(v.shape[0], -1)
+        return _gptq_pack_cols(v)
+
+    want = _dequant_kn(q, zeros, scales, g)
+    w = wp.repack_awq(awq_pack(q), awq_pack(zeros), scales, g)
+    torch.testing.assert_close(dequantize_w4_ref(w), want, atol=2e-4, rtol=1e-3)
+    w = wp.repack_autoround(awq_pack(q), awq_pack(zeros), scales, g, "auto_round:auto_awq")
+    torch.testing.assert_close(dequantize_w4_ref(w), want, atol=2e-4, rtol=1e-3)
+    w = wp.repack_autoround(wp.pack_int4(q), _gptq_pack_cols(zeros - 1), scales, g, "auto_round:auto_gptq", sym=False)
+    torch.testing.assert_close(dequantize_w4_ref(w), want, atol=2e-4, rtol=1e-3)
+    with pytest.raises(wp.QuantFormatError, match="packing_format"):
+        wp.repack_autoround(wp.pack_int4(q), None, scales, g, "auto_round:fp8")
+
+
+def _random_gguf(gen, ggml_type: str, n: int, k: int) -> np.ndarray:
+    """Random but valid blocks: random nibbles/scale bits, fp16 d/m set to sane values."""
+    nbytes = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}[ggml_type]
+    per = {"Q4_0": 32, "Q4_1": 32, "Q4_K": 256}[ggml_type]
+    raw = torch.randint(0, 256, (n, k // per, nbytes), generator=gen, dtype=torch.uint8)
+    halves = 1 if ggml_type == "Q4_0" else 2
+    d = (torch.rand(n, k // per, halves, generator=gen) * 0.01 + 0.001).half()
+    if ggml_type == "Q4_1":
+        d[..., 1] = -d[..., 1] * 8  # the min is usually negative
+    raw[..., : 2 * halves] = d.view(torch.uint8).view(n, k // per, 2 * halves)
+    return raw.view(n, -1).numpy()
+
+
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q4_K"])
+def test_gguf_repack_matches_gguf_dequantize(ggml_type: str, device: torch.device) -> None:
+    from gguf import GGMLQuantizationType, quants
+
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+
+    gen = torch.Generator().manual_seed(4)
+    n, k = 48, 512
+    raw = _random_gguf(gen, ggml_type, n, k)
+    want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[ggml_type])).float()  # [N, K]
+    order = np.random.default_rng(0).permutation(n)
+    w = wp.repack_gguf(raw, ggml_type, (n, k), row_order=order)
+    # Q4_K's d*scale and dmin*min are rounded once more into fp16: compare norm-wise, 1e-3.
+    assert _rel_err(dequantize_w4_ref(w).t(), want[torch.from_numpy(order)]) < 1e-3
+    shard = wp.repack_gguf(raw, ggml_type, (n, k), rows=slice(8, 24), cols=slice(256, 512))
+    assert _rel_err(dequantize_w4_ref(shard).t(), want[8:24, 256:]) < 1e-3
+    x = torch.randn(2, k, generator=gen).to(device, torch.bfloat16)
+    got = w4a16_matmul(x, wp.repack_gguf(raw, ggml_type, (n, k)).to(device))
+    assert _rel_err(got, x.float() @ want.t().to(device)) < 1e-2
+    with pytest.raises(wp.QuantFormatError):
+        wp.repack_gguf(raw, "Q5_K", (n, k))
+
+
+def test_bad_shapes_are_clear_errors() -> None:
+    with pytest.raises(wp.QuantFormatError, match="group size"):
+        wp.quantize_rtn(torch.randn(8, 96), group_size=48)
+    with pytest.raises(wp.QuantFormatError, match="multiple"):
+        wp.quantize_rtn(torch.randn(8, 96), group_size=64)
