@@ -4,6 +4,7 @@ wrong types and out-of-range values become 400s that name the field."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -218,6 +219,23 @@ class DetokenizeRequest(_Body):
     tokens: list[int]
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _field_path(loc: tuple[Any, ...]) -> list[str]:
+    """The field part of a pydantic error location; union-member tags ('str', 'list[int]',
+    'NamedToolChoice') that follow it are dropped."""
+    path = []
+    for part in loc:
+        if isinstance(part, int):
+            path.append(str(part))
+        elif re.fullmatch(r"[a-z_][a-z0-9_]*", part) and part not in _TYPE_TAGS:
+            path.append(part)
+        else:
+            break
+    return path
+
+
 def parse_body(model: type[BaseModel], body: Any) -> Any:
     """Validate a decoded JSON body; any mismatch is a 400 naming the first bad field."""
     if not isinstance(body, dict):
@@ -226,7 +244,7 @@ def parse_body(model: type[BaseModel], body: Any) -> Any:
         return model.model_validate(body)
     except ValidationError as err:
         first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith(("function-", "list[", "str", "int")))
+        loc = ".".join(_field_path(first["loc"]))
         raise bad_request(f"{loc or 'body'}: {first['msg']}", loc or None) from err
 
 
