@@ -192,3 +192,40 @@ async def serve_fake(server: FakeOpenAI) -> AsyncIterator[str]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await srv.wait_closed()
+
+
+class FakeServerThread:
+    """`serve_fake` on its own event loop in a thread, for code that calls asyncio.run itself
+    (the CLI) or for subprocesses. Use as a context manager; `.url` is the base URL."""
+
+    def __init__(self, server: FakeOpenAI) -> None:
+        import threading
+
+        self.server = server
+        self.url = ""
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            async with serve_fake(self.server) as url:
+                self.url = url
+                self._ready.set()
+                await self._stop.wait()
+
+        asyncio.run(main())
+
+    def __enter__(self) -> "FakeServerThread":
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)

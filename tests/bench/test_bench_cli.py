@@ -1,0 +1,161 @@
+"""`homelab-llm bench ...` end to end against the scripted server on a real socket (127.0.0.1,
+ephemeral port): tables, JSON, plots, errors as one line, Ctrl+C keeping partial results.
+
+Real sleeps here, so the speed checks carry tolerances: injected 5 ms per token must read
+200 tok/s within ±35% (a loaded 2-core box can stall a few ms; the exact arithmetic is pinned
+in test_bench_timing.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from homelab_llm.cli import main
+from tests.bench.fake_openai import FakeOpenAI, FakeServerThread, Script
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_depth_table_json_markdown_and_plot(tmp_path, capsys):
+    server = FakeOpenAI(Script(prefill_per_token=0.0005, itl=0.005))
+    with FakeServerThread(server) as fake:
+        rc, out, err = run_cli(["bench", "depth", "--base-url", fake.url + "/v1", "--pp", "32",
+                                "--tg", "8", "--depth", "0,128", "--repetitions", "2",
+                                "--json", str(tmp_path / "r.json"), "--markdown",
+                                "--plot", str(tmp_path / "plots"), "--no-progress"], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("| model") and "e2e_ttft (ms)" in lines[0]
+    assert lines[1].startswith("|:")
+    tests = [ln.split("|")[2].strip() for ln in lines[2:6]]
+    assert tests == ["pp32", "tg8", "pp32 @ d128", "tg8 @ d128"]
+    assert "prompt tokens: server /tokenize" in out and "output tokens: usage" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    rows = data["results"]
+    assert [(r["depth"], r["concurrency"], r["mode"]) for r in rows] == [(0, 1, "cold"), (128, 1, "cold")]
+    for r in rows:
+        assert {"pp_tps", "tg_tps", "ttft_s", "pp_tps_std", "ttfr_s", "est_ppt_s"} <= set(r)
+        assert r["tg_tps"] == pytest.approx(200.0, rel=0.35)
+        assert r["failed"] == 0 and r["prompt_tokens"] == 32 + r["depth"]
+    assert (tmp_path / "plots" / "tps_vs_depth.png").stat().st_size > 1000
+
+
+def test_concurrency_streams_really_overlap(capsys):
+    server = FakeOpenAI(Script(prefill_fixed=0.02, itl=0.01))
+    with FakeServerThread(server) as fake:
+        rc, out, err = run_cli(["bench", "concurrency", "--base-url", fake.url, "--pp", "16",
+                                "--tg", "10", "--concurrency", "1,4", "--repetitions", "1",
+                                "--no-progress", "--json", "/dev/null"], capsys)
+    assert rc == 0, err
+    assert "t/s (total)" in out and "t/s per stream" in out
+    # Four overlapping streams at 100 tok/s each: ~400 tok/s total, per stream still ~100.
+    row = [ln for ln in out.splitlines() if ln.split()[1:3] == ["tg10", "4"]][0]
+    total = float(row.split()[3])
+    per_stream = float(row.split()[6])
+    assert per_stream == pytest.approx(100.0, rel=0.35)
+    assert total == pytest.approx(400.0, rel=0.35)
+
+
+def test_replay_reports_cached_and_new_tokens(tmp_path, capsys):
+    server = FakeOpenAI(Script(itl=0.001))
+    with FakeServerThread(server) as fake:
+        rc, out, err = run_cli(["bench", "replay", "--base-url", fake.url, "--trace", "agent-cpu",
+                                "--salt", "", "--json", str(tmp_path / "replay.json"),
+                                "--plot", str(tmp_path), "--no-progress"], capsys)
+    assert rc == 0, err
+    data = json.loads((tmp_path / "replay.json").read_text())
+    turns = data["results"]
+    assert len(turns) == 6 and turns[0]["cached_tokens"] == 0
+    for prev, cur in zip(turns, turns[1:]):
+        # The fake caches whole leading messages: everything but the new user message.
+        assert cur["cached_tokens"] == cur["prompt_tokens"] - cur["new_tokens"]
+        assert cur["cached_tokens"] >= prev["prompt_tokens"]
+    assert data["summary"]["ttft_s"]["worst_turn"] in range(1, 7)
+    assert "TTFT (ms): mean" in out and "CV" in out
+    assert (tmp_path / "replay_ttft_per_turn.png").is_file()
+
+
+def test_serve_percentiles_and_throughput(tmp_path, capsys):
+    server = FakeOpenAI(Script(prefill_fixed=0.01, itl=0.004))
+    with FakeServerThread(server) as fake:
+        rc, out, err = run_cli(["bench", "serve", "--base-url", fake.url, "--num-prompts", "8",
+                                "--input-len", "20", "--output-len", "6", "--max-concurrency", "4",
+                                "--json", str(tmp_path / "s.json"), "--no-progress"], capsys)
+    assert rc == 0, err
+    m = json.loads((tmp_path / "s.json").read_text())["results"][0]
+    assert m["completed"] == 8 and m["failed"] == 0 and m["output_tokens"] == 48
+    assert m["tpot_s"]["p50"] == pytest.approx(0.004, rel=0.5, abs=0.003)
+    assert m["itl_s"]["p50"] == pytest.approx(0.004, rel=0.5, abs=0.003)
+    assert m["request_throughput"] > 0 and "TTFT" in out and "failed requests" in out
+    assert len(server.requests) == 8
+
+
+def test_failed_requests_are_counted_and_exit_nonzero(capsys):
+    with FakeServerThread(FakeOpenAI(Script(fail_status=500))) as fake:
+        rc, out, err = run_cli(["bench", "depth", "--base-url", fake.url, "--pp", "8", "--tg", "4",
+                                "--repetitions", "1", "--no-warmup", "--no-progress"], capsys)
+    assert rc == 1
+    assert "failed requests: 1" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--base-url", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9"),
+    (["--tg", "1"], "--tg must be >= 2"),
+    (["--base-url", "ftp://x"], "--base-url must start with http"),
+    (["--json", "/nonexistent-dir/r.json"], "does not exist"),
+    (["--mode", "cached"], "--mode cached needs a --depth above 0"),
+])
+def test_bad_input_is_one_line(argv, message, capsys):
+    rc, out, err = run_cli(["bench", "depth", "--no-progress", *argv], capsys)
+    assert rc == 2
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_unknown_trace_lists_the_shipped_ones(capsys):
+    rc, _, err = run_cli(["bench", "replay", "--trace", "nope"], capsys)
+    assert rc == 2 and "agent-120k" in err and "agent-cpu" in err
+
+
+def test_ctrl_c_cancels_in_flight_and_keeps_partial_results(tmp_path):
+    # Each request streams 40 tokens at 50 ms: the second repetition is in flight at SIGINT.
+    server = FakeOpenAI(Script(itl=0.05))
+    with FakeServerThread(server) as fake:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "homelab_llm", "bench", "depth", "--base-url", fake.url,
+             "--pp", "8", "--tg", "40", "--repetitions", "3", "--no-warmup", "--latency-mode",
+             "none", "--json", str(tmp_path / "partial.json"), "--no-progress"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while len(server.requests) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # well inside the 2 s the second request streams
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for _ in range(100):  # the server notices the hang-up on its next tick
+            if server.aborted:
+                break
+            time.sleep(0.02)
+    assert proc.returncode == 130, err
+    assert "INTERRUPTED" in out and "tg40" in out and "Traceback" not in err
+    data = json.loads((tmp_path / "partial.json").read_text())
+    assert data["interrupted"] is True and data["results"][0]["runs"] == 1
+    assert server.aborted == 1 and len(server.requests) == 2
