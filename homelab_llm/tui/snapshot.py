@@ -79,8 +79,9 @@ class PcieLink:
             return f"Gen{gen if gen is not None else '?'} x{width if width is not None else '?'}"
 
         now = one(self.current_gen, self.current_width)
-        best = one(self.max_gen, self.max_width)
-        return now if now == best else f"{now} (max {best})"
+        if (self.current_gen, self.current_width) == (self.max_gen, self.max_width):
+            return now
+        return f"{now} of {one(self.max_gen, self.max_width)}"
 
     @property
     def degraded(self) -> bool:

@@ -1,0 +1,281 @@
+"""The control app: modes (Dashboard, Presets, Hardware, Logs), the managed service, and the
+pollers that feed the screens.
+
+State lives here in reactive attributes; screens watch them. All I/O runs in thread workers that
+post their result back as a message and re-arm themselves after it lands, so polls never stack
+and the UI thread never waits on a server, a driver or a child process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+from textual.screen import Screen
+
+from homelab_llm.errors import HomelabError
+from homelab_llm.presets import Preset, PresetScan, scan_presets
+from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
+from homelab_llm.tui.probe import Probe
+from homelab_llm.tui.screens.dashboard import DashboardScreen
+from homelab_llm.tui.screens.hardware import HardwareScreen
+from homelab_llm.tui.screens.help import HelpScreen
+from homelab_llm.tui.screens.logs import LogsScreen
+from homelab_llm.tui.screens.presets import PresetsScreen
+from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, ServiceState,
+                                     ServiceStatus, StateChanged)
+from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
+
+HISTORY_POINTS = 120  # one minute of sparkline at 2 Hz
+
+
+class ProbeLike(Protocol):
+    def poll(self) -> ServerSnapshot: ...
+    def close(self) -> None: ...
+
+
+class TelemetryLike(Protocol):
+    def read(self) -> dict[str, GpuTelemetry]: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class ServiceEventMessage(Message):
+    event: ServiceEvent
+
+
+@dataclass
+class SnapshotMessage(Message):
+    url: str | None
+    snapshot: ServerSnapshot
+
+
+@dataclass
+class HardwareMessage(Message):
+    report: HardwareReport
+
+
+@dataclass
+class TelemetryMessage(Message):
+    readings: dict[str, GpuTelemetry]
+
+
+class HomelabApp(App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "homelab-llm"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    MODES = {"dashboard": "dashboard", "presets": "presets", "hardware": "hardware", "logs": "logs"}
+    BINDINGS = [
+        Binding("d", "switch_mode('dashboard')", "Dashboard"),
+        Binding("p", "switch_mode('presets')", "Presets"),
+        Binding("h", "switch_mode('hardware')", "Hardware"),
+        Binding("l", "switch_mode('logs')", "Logs"),
+        Binding("s", "toggle_service", "Start/stop"),
+        Binding("question_mark,f1", "help", "Help", key_display="?/F1"),
+        Binding("ctrl+p", "command_palette", "Commands", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    snapshot: reactive[ServerSnapshot] = reactive(ServerSnapshot, always_update=True)
+    service_status: reactive[ServiceStatus] = reactive(ServiceStatus)
+    hardware: reactive[HardwareReport] = reactive(HardwareReport)
+    telemetry: reactive[dict[str, GpuTelemetry]] = reactive(dict)
+    presets: reactive[list[Preset]] = reactive(list, always_update=True)
+    current_preset: reactive[str] = reactive("smollm2-cpu")
+
+    def __init__(self, *, service: ServiceManager | None = None,
+                 presets_loader: Callable[[], PresetScan] = scan_presets,
+                 probe_factory: Callable[[str], ProbeLike] = Probe,
+                 hardware_source: Callable[[], HardwareReport] = collect_hardware_report,
+                 telemetry: TelemetryLike | None = None,
+                 clock: Callable[[], float] = time.monotonic, poll_interval_s: float = 0.5,
+                 watch_url: str | None = None, api_key: str | None = None,
+                 initial_preset: str = "smollm2-cpu", start_mode: str = "dashboard",
+                 autostart: bool = False, handle_signals: bool = False) -> None:
+        super().__init__()
+        self.service = service or ServiceManager()
+        self.presets_loader = presets_loader
+        self.probe_factory = probe_factory
+        self.hardware_source = hardware_source
+        self.telemetry_reader: TelemetryLike = telemetry or TelemetryReader()
+        self.clock = clock
+        self.poll_interval_s = poll_interval_s
+        self.watch_url = watch_url
+        self.api_key = api_key
+        self.start_mode = start_mode
+        self.autostart = autostart
+        self.handle_signals = handle_signals
+        self.broken_presets: dict[Path, str] = {}
+        self.hardware_pending = True
+        self.prompt_history: deque[float] = deque(maxlen=HISTORY_POINTS)
+        self.generation_history: deque[float] = deque(maxlen=HISTORY_POINTS)
+        self._probes: dict[str, ProbeLike] = {}  # touched only by the (single) poll worker
+        self.set_reactive(HomelabApp.current_preset, initial_preset)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_mount(self) -> None:
+        for name, screen in (("dashboard", DashboardScreen()), ("presets", PresetsScreen()),
+                             ("hardware", HardwareScreen()), ("logs", LogsScreen())):
+            self.install_screen(screen, name)
+        self.service.subscribe(self._on_service_event)
+        self.service_status = self.service.status
+        self.reload_presets()
+        self.switch_mode(self.start_mode)
+        if self.handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                loop.add_signal_handler(sig, self.exit, 128 + sig)
+        self.refresh_hardware()
+        self.poll_server()
+        self.poll_telemetry()
+        if self.autostart:
+            self.action_toggle_service()
+
+    def on_unmount(self) -> None:
+        # The app is going away (quit, signal or exception): the child must not outlive it.
+        self.service.shutdown()
+        self.telemetry_reader.close()
+        for probe in list(self._probes.values()):
+            probe.close()
+
+    # ------------------------------------------------------------------ presets
+
+    def reload_presets(self) -> None:
+        scan = self.presets_loader()
+        self.broken_presets = scan.broken
+        self.presets = scan.presets
+        if scan.broken:
+            self.notify(f"{len(scan.broken)} preset file(s) could not be read; see Presets",
+                        severity="warning")
+
+    def preset_named(self, name: str) -> Preset | None:
+        return next((p for p in self.presets if p.name == name), None)
+
+    # ------------------------------------------------------------------ service
+
+    def _on_service_event(self, event: ServiceEvent) -> None:
+        self.post_message(ServiceEventMessage(event))  # from the manager's threads; thread-safe
+
+    def on_service_event_message(self, message: ServiceEventMessage) -> None:
+        event = message.event
+        if isinstance(event, LogLine):
+            logs = self.get_screen("logs")
+            if isinstance(logs, LogsScreen) and logs.is_mounted:
+                logs.append(event.text)
+        elif isinstance(event, StateChanged):
+            self.service_status = event.status
+
+    def watch_service_status(self, old: ServiceStatus, new: ServiceStatus) -> None:
+        if new.state is ServiceState.STOPPED and self.watch_url:
+            self.sub_title = f"watching {self.watch_url}"
+        else:
+            self.sub_title = f"{new.preset or self.current_preset} · {new.state.value}"
+        if new.state is old.state:
+            return
+        if new.state is ServiceState.HEALTHY:
+            self.notify(new.message, title="service healthy")
+        elif new.state is ServiceState.CRASHED:
+            tail = "\n".join(new.last_lines[-5:])
+            self.notify(f"{new.message}\n{tail}", title="service crashed", severity="error",
+                        timeout=15)
+
+    def action_toggle_service(self) -> None:
+        if self.service.status.running:
+            self._stop_service()
+            return
+        preset = self.preset_named(self.current_preset)
+        if preset is None:
+            self.notify(f"no preset named {self.current_preset!r}", severity="error")
+            return
+        try:
+            self.service.start(preset)
+        except HomelabError as err:
+            self.notify(str(err), title=f"cannot start {preset.name}", severity="error", timeout=10)
+
+    @work(thread=True, exclusive=True, group="service-stop")
+    def _stop_service(self) -> None:
+        self.service.stop()  # blocks up to the grace period, so never on the UI thread
+
+    def chat_url(self) -> str | None:
+        return self.probe_url()
+
+    def probe_url(self) -> str | None:
+        status = self.service_status
+        if status.state is ServiceState.HEALTHY:
+            return status.url
+        return self.watch_url
+
+    # ------------------------------------------------------------------ pollers
+
+    @work(thread=True, exclusive=True, group="probe")
+    def poll_server(self) -> None:
+        url = self.probe_url()
+        if url is None:
+            snap = ServerSnapshot(error=self._idle_message())
+        else:
+            probe = self._probes.get(url)
+            if probe is None:
+                probe = self._probes[url] = self.probe_factory(url)
+            snap = probe.poll()
+        self.post_message(SnapshotMessage(url, snap))
+
+    def _idle_message(self) -> str:
+        state = self.service_status.state
+        if state is ServiceState.STARTING:
+            return "waiting for the service to become healthy…"
+        return "no server: start a preset with s, or run `homelab-llm tui --url URL`"
+
+    def on_snapshot_message(self, message: SnapshotMessage) -> None:
+        snap = message.snapshot
+        if snap.ok:
+            self.prompt_history.append(snap.prompt_tps or 0.0)
+            self.generation_history.append(snap.generation_tps or 0.0)
+        self.snapshot = snap
+        self.set_timer(self.poll_interval_s, self.poll_server)  # re-armed only after it landed
+
+    @work(thread=True, exclusive=True, group="hardware")
+    def refresh_hardware(self) -> None:
+        self.post_message(HardwareMessage(self.hardware_source()))
+
+    def on_hardware_message(self, message: HardwareMessage) -> None:
+        self.hardware_pending = False
+        self.hardware = message.report
+
+    @work(thread=True, exclusive=True, group="telemetry")
+    def poll_telemetry(self) -> None:
+        self.post_message(TelemetryMessage(self.telemetry_reader.read()))
+
+    def on_telemetry_message(self, message: TelemetryMessage) -> None:
+        self.telemetry = message.readings
+        self.set_timer(1.0, self.poll_telemetry)
+
+    # ------------------------------------------------------------------ help, palette
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        self.push_screen(HelpScreen([b for b in self.BINDINGS if isinstance(b, Binding)], self.screen))
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for mode in self.MODES:
+            yield SystemCommand(f"Show {mode.title()}", f"switch to the {mode} screen",
+                                lambda mode=mode: self.switch_mode(mode))
+        verb = "Stop" if self.service.status.running else "Start"
+        yield SystemCommand(f"{verb} the service", f"{verb.lower()} {self.current_preset}",
+                            self.action_toggle_service)
+        for preset in self.presets:
+            yield SystemCommand(f"Select preset {preset.name}", preset.description or preset.backend,
+                                lambda name=preset.name: setattr(self, "current_preset", name))

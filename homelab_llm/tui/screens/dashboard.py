@@ -1,0 +1,96 @@
+"""Dashboard: the service line, per-device VRAM split, engine numbers, tok/s sparklines, chat."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from homelab_llm.tui.snapshot import ServerSnapshot
+from homelab_llm.tui.widgets.chat import ChatBox
+from homelab_llm.tui.widgets.engine_stats import EngineStats
+from homelab_llm.tui.widgets.gpu_panel import GpuPanel
+from homelab_llm.tui.widgets.rate_chart import RateChart
+from homelab_llm.tui.widgets.service_bar import ServiceBar
+
+if TYPE_CHECKING:
+    from homelab_llm.tui.app import HomelabApp
+
+
+class DashboardScreen(Screen[None]):
+    BINDINGS = [("ctrl+l", "clear_chat", "Clear chat"), ("i", "focus_chat", "Chat")]
+
+    app: HomelabApp  # type: ignore[assignment]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield ServiceBar(id="service-bar")
+        with VerticalScroll(id="dash-body"):
+            with Horizontal(id="dash-columns"):
+                with Vertical(id="dash-memory", classes="panel") as memory:
+                    memory.border_title = "Memory"
+                    yield Vertical(id="gpu-panels")
+                    yield Static("", id="server-error")
+                with Vertical(id="dash-engine", classes="panel") as engine:
+                    engine.border_title = "Engine"
+                    yield EngineStats(id="engine-stats")
+                    yield RateChart("prompt", id="prompt-rate")
+                    yield RateChart("gen   ", id="gen-rate")
+            with Vertical(id="dash-chat", classes="panel") as chat:
+                chat.border_title = "Chat"
+                yield ChatBox(self.app.chat_url, api_key=self.app.api_key, clock=self.app.clock,
+                              id="chat")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "snapshot", self._show_snapshot)
+        self.watch(self.app, "service_status", lambda _: self.refresh_service())
+        self.watch(self.app, "hardware", lambda _: self._show_snapshot(self.app.snapshot))
+        self.watch(self.app, "telemetry", lambda _: self._show_snapshot(self.app.snapshot))
+        self.set_interval(0.5, self.refresh_service)  # elapsed time while starting
+
+    def refresh_service(self) -> None:
+        app = self.app
+        self.query_one(ServiceBar).show(app.service_status, app.clock(), app.watch_url or "",
+                                        app.current_preset)
+
+    def _show_snapshot(self, snap: ServerSnapshot) -> None:
+        app = self.app
+        gpus = [g for g in app.hardware.gpus if not g.integrated]
+        count = max(len(snap.devices), len(gpus))
+        panels_box = self.query_one("#gpu-panels", Vertical)
+        panels = list(panels_box.query(GpuPanel))
+        fresh = len(panels) != count
+        if fresh:
+            panels_box.remove_children()
+            panels = [GpuPanel() for _ in range(count)]
+        for index, panel in enumerate(panels):
+            device = snap.devices[index] if index < len(snap.devices) else None
+            gpu = gpus[index] if index < len(gpus) and (device is None or device.name != "cpu") else None
+            sensors = app.telemetry.get(gpu.pci_address) if gpu else None
+            panel.show(index, device, gpu, sensors, snap.kv_usage)
+        if fresh:
+            panels_box.mount_all(panels)
+        error = self.query_one("#server-error", Static)
+        if not snap.ok:
+            message = snap.error or "no server yet"
+        elif not snap.devices:
+            message = ("this server reports no memory split (vLLM, SGLang and llama.cpp expose "
+                       "KV usage only)")
+        else:
+            message = ""
+        error.update(message)
+        error.display = bool(message)
+        self.query_one(EngineStats).show(snap)
+        self.query_one("#prompt-rate", RateChart).show(app.prompt_history, snap.prompt_tps)
+        self.query_one("#gen-rate", RateChart).show(app.generation_history, snap.generation_tps)
+        self.refresh_service()
+
+    def action_clear_chat(self) -> None:
+        self.query_one(ChatBox).clear()
+
+    def action_focus_chat(self) -> None:
+        self.query_one("#chat-input").focus()

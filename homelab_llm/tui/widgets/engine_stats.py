@@ -1,0 +1,43 @@
+"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from homelab_llm.tui.snapshot import ServerSnapshot
+from homelab_llm.tui.widgets.format import NA, percent, seconds, tokens
+
+
+def stats_table(snap: ServerSnapshot) -> Table:
+    grid = Table.grid(padding=(0, 2), expand=True)
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(ratio=1)
+    kv = Text(f"{tokens(snap.kv_tokens_used)} / {tokens(snap.kv_tokens_capacity)} tok")
+    if snap.kv_usage is not None:
+        kv.append(f" ({percent(snap.kv_usage)})", style="green" if snap.kv_usage < 0.9 else "red")
+    if snap.kv_dtype:
+        kv.append(f" {snap.kv_dtype}", style="dim")
+    running = NA if snap.running is None else str(snap.running)
+    waiting = NA if snap.waiting is None else str(snap.waiting)
+    requests = Text(f"{running} running · {waiting} waiting")
+    if snap.preemptions:
+        requests.append(f" · {snap.preemptions} preempted", style="yellow")
+    grid.add_row("KV", kv, "Requests", requests)
+    grid.add_row("Prefix hit", percent(snap.prefix_hit_rate), "TTFT",
+                 f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
+    grid.add_row("TPOT p50", seconds(snap.tpot_p50), "Source", _source(snap))
+    return grid
+
+
+def _source(snap: ServerSnapshot) -> str:
+    return {"status": "/v1/status", "homelab_llm": "/metrics (homelab)", "vllm": "/metrics (vLLM)",
+            "sglang": "/metrics (SGLang)", "llama.cpp": "/metrics (llama.cpp)"}.get(snap.source, NA)
+
+
+class EngineStats(Static):
+    def show(self, snap: ServerSnapshot) -> None:
+        self.update(stats_table(snap))
