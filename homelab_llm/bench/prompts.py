@@ -37,12 +37,13 @@ TokenCount = Callable[[str], Awaitable[int]]
 
 
 def synth_text(n_words: int, seed: int) -> str:
-    rng = random.Random(seed)
-    words = rng.choices(_WORDS, k=max(0, n_words))
-    # Sentences keep tokenizers in their normal regime (no 100K-token run-on line).
+    words = random.Random(seed).choices(_WORDS, k=max(0, n_words))
+    # Sentences keep tokenizers in their normal regime (no 100K-token run-on line). Their
+    # lengths come from a second stream, so more words from one seed extend the same text.
+    breaks = random.Random(f"breaks/{seed}")
     out, start = [], 0
     while start < len(words):
-        end = start + rng.randint(8, 20)
+        end = start + breaks.randint(8, 20)
         sentence = " ".join(words[start:end])
         out.append(sentence[:1].upper() + sentence[1:] + ".")
         start = end
