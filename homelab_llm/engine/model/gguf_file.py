@@ -6,14 +6,17 @@ linear layer came from stay reachable through `GGUFBlocks` without a second copy
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from homelab_llm.engine.model.config import (
     ModelConfig,
@@ -144,6 +147,7 @@ class GGUFFile:
     def weights(self, config: ModelConfig, dtype: torch.dtype
                 ) -> Iterator[tuple[str, torch.Tensor, GGUFBlocks | None]]:
         """(HF name, dequantized tensor in `dtype`, raw blocks record for 4-bit linears)."""
+        import torch
         from gguf import quants
 
         permute = config.extra.get("gguf_architecture", "llama") == "llama"
@@ -160,6 +164,8 @@ class GGUFFile:
                 values = quants.dequantize(t.data, t.tensor_type)
             except Exception as err:
                 raise ModelLoadError(f"{self.path}: cannot dequantize {t.name} ({err})") from None
+            if not values.flags.writeable:  # F32/F16 come back as views of the read-only map
+                values = values.copy()
             tensor = torch.from_numpy(np.ascontiguousarray(values))
             if order is not None:
                 tensor = tensor[torch.from_numpy(order)]
@@ -167,3 +173,20 @@ class GGUFFile:
             if t.tensor_type.name in FOUR_BIT_TYPES and tensor.dim() == 2:
                 blocks = GGUFBlocks(t.name, t.tensor_type.name, tuple(tensor.shape), t.data, order)
             yield name, tensor.to(dtype), blocks
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
+    """A GGUFFile, shared while the file is unchanged: parsing the header (with its ~100K vocab
+    strings) takes seconds, and config, weights and tokenizer each need it."""
+    p = Path(path).resolve()
+    try:
+        st = p.stat()
+    except OSError:
+        raise ModelLoadError(f"{path}: no such GGUF file") from None
+    return _open_cached(p, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _open_cached(path: Path, size: int, mtime_ns: int) -> GGUFFile:
+    del size, mtime_ns  # part of the cache key only
+    return GGUFFile(path)

@@ -79,9 +79,9 @@ def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfi
     p = Path(path)
     fmt = resolve_format(p, load_format)
     if fmt == "gguf":
-        from homelab_llm.engine.model.gguf_file import GGUFFile
+        from homelab_llm.engine.model.gguf_file import open_gguf
 
-        return GGUFFile(p).config()
+        return open_gguf(p).config()
     if p.is_dir():
         return _hf_config(p)
     if p.suffix == ".json":
@@ -111,9 +111,9 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
     if fmt == "dummy":
         fill_dummy_weights(model, seed=0)
     elif fmt == "gguf":
-        from homelab_llm.engine.model.gguf_file import GGUFFile
+        from homelab_llm.engine.model.gguf_file import open_gguf
 
-        gguf = GGUFFile(path)
+        gguf = open_gguf(path)
         gguf.check_tensor_types()
         load_weights(model, gguf.weights(config, dtype), str(path))
     else:
