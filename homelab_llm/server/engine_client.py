@@ -56,6 +56,9 @@ class _Call:
     future: asyncio.Future
 
 
+SHUTDOWN_MESSAGE = "the server is shutting down; the request was aborted"
+
+
 class EngineNotReady(RuntimeError):
     pass
 
@@ -99,12 +102,12 @@ class EngineClient:
         except asyncio.TimeoutError:
             remaining = list(self._sinks)
             for request_id in remaining:
-                self.abort(request_id, reason="abort", notify=True)
+                self.abort(request_id, notify=True, error=SHUTDOWN_MESSAGE)
             return len(remaining)
 
     async def shutdown(self) -> None:
         for request_id in list(self._sinks):
-            self.abort(request_id, reason="abort", notify=True)
+            self.abort(request_id, notify=True, error=SHUTDOWN_MESSAGE)
         with self._cond:
             self._stopping = True
             self._cond.notify()
@@ -140,13 +143,13 @@ class EngineClient:
             self._forget(request_id)
             raise
 
-    def abort(self, request_id: str, reason: str = "abort", notify: bool = False) -> None:
-        """Abort a request (idempotent). With notify, its sink gets a final output first."""
+    def abort(self, request_id: str, notify: bool = False, error: str | None = None) -> None:
+        """Abort a request (idempotent). With notify, its handler gets a final output saying why."""
         sink = self._sinks.get(request_id)
         if sink is None:
             return
-        final = RequestOutput(request_id, [], "", finished=True, finish_reason=reason,
-                              finish_time=time.monotonic())
+        final = RequestOutput(request_id, [], "", finished=True, finish_reason="abort",
+                              finish_time=time.monotonic(), error=error)
         self._observe(final)
         if notify:
             sink.put_nowait(final)

@@ -1,0 +1,22 @@
+"""`python -m tests.server.serve_fake PORT DRAIN_S STEP_DELAY_S`: the real `serve` launcher (signals,
+drain, exit status) over the fake engine, for the shutdown tests to run as a child process."""
+
+from __future__ import annotations
+
+import sys
+
+from homelab_llm.server.app import build_app
+from homelab_llm.server.launch import serve
+from homelab_llm.server.state import ServerConfig
+from tests.server.fake_engine import FakeEngine
+
+
+def main() -> int:
+    port, drain_s, step_delay = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    app = build_app(ServerConfig(("fake",), drain_timeout_s=drain_s),
+                    lambda: FakeEngine(step_delay=step_delay))
+    return serve(app, "127.0.0.1", port, log_level="warning")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
