@@ -292,9 +292,15 @@ def _terminate_group(proc: subprocess.Popen[str], grace_s: float) -> int | None:
         time.sleep(0.05)
     _kill_group(pgid)
     try:
-        return proc.wait(timeout=5.0)
+        code: int | None = proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:  # unkillable (D state); nothing more a user process can do
-        return None
+        code = None
+    # Members die asynchronously after SIGKILL and are reaped by init once orphaned; wait for
+    # that so "stopped" means the group is really gone.
+    deadline = time.monotonic() + 3.0
+    while process_group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return code
 
 
 # Every manager alive in this process. The one piece of module state, because atexit needs to
