@@ -4,10 +4,12 @@ One arithmetic for two users: `homelab-llm plan` (before anything is loaded) and
 (which sizes the KV pool from *measured* free memory but uses `kv_bytes_per_token` for the page
 size, so both agree on what one token costs). Torch-free on purpose: `plan` must not import torch.
 
-Sharding mirrors the engine's tensor parallelism:
-- query heads, the MLP intermediate dim and the vocab are split as evenly as possible; a rank gets
-  `n // tp` plus one of the remainder if `rank < n % tp` (same rule for every split);
-- KV heads are split the same way when `tp <= num_kv_heads`, else each rank holds one replica;
+Sharding mirrors the engine's tensor parallelism (layers/linear.py, layers/embedding.py):
+- KV heads go to ranks in whole groups with their query heads: rank r gets
+  `num_kv // tp + (r < num_kv % tp)` KV heads when tp <= num_kv; with more ranks than KV heads
+  each rank holds one replicated KV head and `num_heads // tp` query heads;
+- the MLP intermediate dim splits evenly (the engine refuses an uneven split, so do we);
+- the vocab splits into ceil(vocab / tp) rows per rank, padded, for embeddings and lm_head;
 - norms are replicated on every rank.
 """
 
@@ -28,8 +30,10 @@ _DTYPE_BYTES: dict[str, int] = {
 }
 # int8 KV stores one fp16 scale per token per KV head, for K and for V (kernels/ref.py).
 INT8_KV_SCALE_BYTES = 2
-# W4A16: 4-bit weights, one fp16 scale and one packed 4-bit zero point per group of input columns.
+# W4A16 as the engine stores it (kernels/w4a16_pack.py): 4-bit weights plus an fp16 scale and an
+# fp16 bias per group of input rows per output column. GGUF Q4 blocks repack into groups of 32.
 W4A16_GROUP_SIZE = 128
+GGUF_GROUP_SIZE = 32
 # Sequence lengths whose concurrency `plan` reports (plus max_model_len).
 CONCURRENCY_LENGTHS = (8192, 32768, 131072)
 
@@ -59,6 +63,28 @@ def kv_heads_per_rank(num_kv_heads: int, tp_size: int, tp_rank: int = 0) -> int:
     if tp_size > num_kv_heads:  # more ranks than KV heads: each rank keeps one replicated head
         return 1
     return shard(num_kv_heads, tp_size, tp_rank)
+
+
+def q_heads_per_rank(config: ModelConfig, tp_size: int, tp_rank: int = 0) -> int:
+    if tp_size > config.num_key_value_heads:
+        return config.num_attention_heads // tp_size
+    group = config.num_attention_heads // config.num_key_value_heads
+    return kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank) * group
+
+
+def check_tp_shapes(config: ModelConfig, tp_size: int) -> None:
+    """The splits the engine accepts; anything else is a user error with the numbers in it."""
+    kv, heads = config.num_key_value_heads, config.num_attention_heads
+    if tp_size > kv and (tp_size % kv or heads % tp_size):
+        raise MemoryPlanError(f"--tensor-parallel-size {tp_size} must divide the {heads} query "
+                              f"heads and be a multiple of the {kv} KV heads when it exceeds them")
+    if config.intermediate_size % tp_size:
+        raise MemoryPlanError(f"the MLP size ({config.intermediate_size}) is not divisible by "
+                              f"--tensor-parallel-size {tp_size}")
+
+
+def vocab_rows_per_rank(vocab_size: int, tp_size: int) -> int:
+    return -(-vocab_size // tp_size)
 
 
 def _check_tp(tp_size: int, tp_rank: int) -> None:
@@ -98,7 +124,12 @@ def quantization_method(config: ModelConfig, quantization: str | None) -> str | 
 
 def _w4a16_group_size(config: ModelConfig) -> int:
     q = config.quantization or {}
-    group = int(q.get("group_size", W4A16_GROUP_SIZE) or W4A16_GROUP_SIZE)
+    if q.get("format") == "gguf":
+        return GGUF_GROUP_SIZE
+    try:
+        group = int(q.get("group_size", W4A16_GROUP_SIZE) or W4A16_GROUP_SIZE)
+    except (TypeError, ValueError):
+        group = W4A16_GROUP_SIZE
     return group if group > 0 else W4A16_GROUP_SIZE  # -1 (one group per column) ~ large groups
 
 
@@ -107,9 +138,8 @@ def _linear_bytes(in_features: int, out_features: int, dtype_size: int, method: 
     if method == "w4a16":
         groups = math.ceil(in_features / group_size)
         packed = in_features * out_features // 2
-        scales = groups * out_features * 2  # fp16
-        zeros = math.ceil(groups * out_features / 2)  # 4-bit, packed
-        return packed + scales + zeros
+        scales_and_biases = groups * out_features * 2 * 2  # fp16 each
+        return packed + scales_and_biases
     return in_features * out_features * dtype_size
 
 
@@ -121,9 +151,10 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     method = quantization_method(config, quantization)
     group = _w4a16_group_size(config)
     h, d = config.hidden_size, config.head_dim
-    q_heads = shard(config.num_attention_heads, tp_size, tp_rank)
+    check_tp_shapes(config, tp_size)
+    q_heads = q_heads_per_rank(config, tp_size, tp_rank)
     kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank)
-    inter = shard(config.intermediate_size, tp_size, tp_rank)
+    inter = config.intermediate_size // tp_size
 
     qkv_out = (q_heads + 2 * kv_heads) * d
     layer = (
@@ -137,10 +168,21 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
         layer += qkv_out * size
     if config.qk_norm:
         layer += 2 * d * size
-    vocab = shard(config.vocab_size, tp_size, tp_rank)
+    vocab = vocab_rows_per_rank(config.vocab_size, tp_size)
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
     return config.num_hidden_layers * layer + embed + lm_head + h * size  # + final norm
+
+
+def rope_table_bytes(config: ModelConfig) -> int:
+    """The RoPE cos/sin table every rank keeps as a float32 buffer (layers/rotary.py): one row of
+    head_dim values per position, longer for YaRN (original length x factor)."""
+    length = config.max_position_embeddings
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") == "yarn":
+        original = scaling.get("original_max_position_embeddings") or length
+        length = max(length, int(int(original) * float(scaling.get("factor", 1.0))))
+    return length * config.head_dim * 4
 
 
 def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: str,
@@ -155,14 +197,14 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     size = dtype_bytes(resolve_model_dtype(config, dtype))
     t = max(int(max_num_batched_tokens), 1)
     h, d = config.hidden_size, config.head_dim
-    q = shard(config.num_attention_heads, tp_size, 0) * d
+    q = q_heads_per_rank(config, tp_size, 0) * d
     kv = kv_heads_per_rank(config.num_key_value_heads, tp_size, 0) * d
-    inter = shard(config.intermediate_size, tp_size, 0)
+    inter = -(-config.intermediate_size // tp_size)
     attention_phase = 2 * h + (q + 2 * kv) + q + h
     mlp_phase = 2 * h + 2 * inter + inter + h
     hidden = t * max(attention_phase, mlp_phase) * size
     rows = min(t, max(int(max_num_seqs), 1))
-    vocab_shard = shard(config.vocab_size, tp_size, 0)
+    vocab_shard = vocab_rows_per_rank(config.vocab_size, tp_size)
     # local shard + gathered logits + one float32 working copy in the sampler (softmax/top-p)
     logits = rows * (vocab_shard + 2 * config.vocab_size) * 4
     return hidden + logits
@@ -201,7 +243,8 @@ class DevicePlan:
     rank: int
     total_bytes: int
     budget_bytes: int  # total * gpu_memory_utilization
-    weights_bytes: int
+    weights_bytes: int  # parameters
+    buffers_bytes: int  # non-parameter tensors loaded with the model (RoPE table)
     activation_bytes: int
     graph_bytes: int
     other_bytes: int
@@ -247,9 +290,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         raise MemoryPlanError("--gpu-memory must be positive, e.g. 24GiB")
     if not 0.0 < gpu_memory_utilization <= 1.0:
         raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if config.num_attention_heads % tp:
-        raise MemoryPlanError(f"--tensor-parallel-size {tp} does not divide the model's "
-                              f"{config.num_attention_heads} attention heads")
+    check_tp_shapes(config, tp)
     dtype = resolve_model_dtype(config, dtype)
     max_len = max_model_len or config.max_position_embeddings
     method = quantization_method(config, quantization)
@@ -257,20 +298,22 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)
     graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager)
     other = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
-    devices: list[DevicePlan] = []
+    buffers = rope_table_bytes(config)
     warnings: list[str] = []
+    weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
+    per_token = [kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank) for rank in range(tp)]
+    # Every rank allocates the same number of pages (a token needs its page on every rank), so
+    # the tightest rank decides; ranks with fewer KV heads then use fewer bytes for them.
+    free = [max(budget - w - buffers - activation - graphs - other, 0) for w in weights]
+    num_pages = min(f // (t * page_size) for f, t in zip(free, per_token))
     for rank in range(tp):
-        weights = weight_bytes(config, dtype, method, tp, rank)
-        per_token = kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank)
-        kv = max(budget - weights - activation - graphs - other, 0)
-        pages = kv // (per_token * page_size)
-        if kv == 0:
-            warnings.append(f"device {rank}: weights ({weights / 1e9:.2f} GB) and working memory do "
-                            f"not fit in the {budget / 1e9:.2f} GB budget; no room for KV cache")
-        devices.append(DevicePlan(rank, gpu_memory_bytes, budget, weights, activation, graphs,
-                                  other, pages * per_token * page_size, per_token, pages,
-                                  pages * page_size))
-    num_pages = min(d.num_pages for d in devices)
+        if free[rank] == 0:
+            warnings.append(f"device {rank}: weights ({weights[rank] / 1e9:.2f} GB) and working "
+                            f"memory do not fit in the {budget / 1e9:.2f} GB budget; no room for "
+                            "KV cache")
+    devices = [DevicePlan(rank, gpu_memory_bytes, budget, weights[rank], buffers, activation,
+                          graphs, other, num_pages * page_size * per_token[rank], per_token[rank],
+                          num_pages, num_pages * page_size) for rank in range(tp)]
     capacity = num_pages * page_size
     if 0 < capacity < max_len:
         warnings.append(f"the KV cache holds {capacity} tokens, less than one "

@@ -48,6 +48,18 @@ def test_kv_heads_split_unevenly_and_replicated_past_num_heads() -> None:
     assert memory.kv_bytes_per_token(SMOLLM2_135M, "bf16", "auto", 9, 8) == 1 * per
 
 
+def test_uneven_kv_split_moves_query_heads_with_their_group() -> None:
+    # SmolLM2, tp=2: rank 0 holds 2 KV heads (6 query heads), rank 1 holds 1 (3 query heads);
+    # the vocab splits into 24576 padded rows each; the MLP splits evenly.
+    h, d, inter, layers = 576, 64, 1536, 30
+    def rank_bytes(q_heads: int, kv_heads: int) -> int:
+        layer = (h * (q_heads + 2 * kv_heads) * d + q_heads * d * h + h * inter + inter // 2 * h
+                 + 2 * h)
+        return 2 * (layers * layer + 24576 * h + h)
+    assert memory.weight_bytes(SMOLLM2_135M, "bf16", None, 2, 0) == rank_bytes(6, 2)
+    assert memory.weight_bytes(SMOLLM2_135M, "bf16", None, 2, 1) == rank_bytes(3, 1)
+
+
 def test_tied_embeddings_counted_once() -> None:
     total = memory.weight_bytes(SMOLLM2_135M, "bfloat16", None, 1)
     # 134,515,008 parameters (SmolLM2-135M) in bf16
@@ -59,8 +71,8 @@ def test_w4a16_shrinks_linears_but_not_embeddings() -> None:
     w4 = memory.weight_bytes(LLAMA_3_1_8B, "bfloat16", "w4a16", 1)
     embed_and_head = 2 * 128256 * 4096 * 2
     linear_params = (bf16 - embed_and_head - (65 * 4096 * 2)) // 2
-    # 0.5 byte per weight + fp16 scale and 4-bit zero per 128-column group = 0.51953125 B/weight
-    expected = embed_and_head + 65 * 4096 * 2 + linear_params * (0.5 + 2.5 / 128)
+    # 0.5 byte per weight + an fp16 scale and an fp16 bias per 128-row group = 0.53125 B/weight
+    expected = embed_and_head + 65 * 4096 * 2 + linear_params * (0.5 + 4 / 128)
     assert w4 == pytest.approx(expected, rel=1e-4)
     gptq = ModelConfig(**{**LLAMA_3_1_8B.__dict__, "quantization": {"quant_method": "gptq", "bits": 4}})
     assert memory.weight_bytes(gptq, "bfloat16", None, 1) == w4
@@ -72,7 +84,9 @@ def test_plan_llama_8b_on_two_24gib_cards() -> None:
                     max_model_len=131072, max_num_seqs=64, page_size=16)
     d0 = p.per_device[0]
     assert p.kv_bytes_per_token == 65536
-    free = d0.budget_bytes - d0.weights_bytes - d0.activation_bytes - d0.graph_bytes - d0.other_bytes
+    free = (d0.budget_bytes - d0.weights_bytes - d0.buffers_bytes - d0.activation_bytes
+            - d0.graph_bytes - d0.other_bytes)
+    assert d0.buffers_bytes == 131072 * 128 * 4  # float32 RoPE table
     assert d0.num_pages == free // (65536 * 16)
     assert p.tokens_capacity == d0.num_pages * 16
     # 23.19 GB budget - 8.03 GB weights - ~1 GB working memory = ~14.1 GB of KV per card;
@@ -99,7 +113,8 @@ def test_plan_too_small_warns_and_has_no_capacity() -> None:
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"tensor_parallel_size": 3}, "does not divide"),
+    ({"tensor_parallel_size": 3}, "not divisible"),  # 14336 MLP rows over 3 ranks
+    ({"tensor_parallel_size": 12}, "multiple of the 8 KV heads"),
     ({"gpu_memory_utilization": 1.5}, "gpu-memory-utilization"),
     ({"dtype": "float64"}, "unknown dtype"),
     ({"quantization": "nf4"}, "not supported"),
@@ -113,3 +128,48 @@ def test_graphs_cost_nothing_when_eager() -> None:
     assert memory.graph_bytes(LLAMA_3_1_8B, 64, "bf16", 2, enforce_eager=True) == 0
     assert memory.graph_capture_sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
     assert memory.graph_bytes(LLAMA_3_1_8B, 64, "bf16", 2) > 8 * memory.GRAPH_OVERHEAD_BYTES
+
+
+# -- plan vs what the engine measures (CPU, dummy weights) ------------------------------------
+ENGINE_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000,
+    "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 3,
+    "num_attention_heads": 6, "num_key_value_heads": 3, "head_dim": 32,
+    "max_position_embeddings": 1024, "tie_word_embeddings": False, "torch_dtype": "float32",
+}
+
+
+@pytest.mark.parametrize("tp, kv_dtype", [(1, "auto"), (2, "int8")])
+def test_plan_agrees_with_the_engine_within_10_percent(tmp_path, tp: int, kv_dtype: str) -> None:
+    """Weights and KV bytes per device from `plan` arithmetic vs engine.status()["devices"].
+
+    TP=2 with 3 KV heads is the uneven case (ranks hold 2 and 1 heads). Budget fixed by
+    --kv-cache-memory-bytes so both sides size the same pool.
+    """
+    import json
+
+    from homelab_llm.engine.llm import LLM
+    from homelab_llm.engine.model.config import config_from_hf
+
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(ENGINE_CONFIG))
+    config = config_from_hf(ENGINE_CONFIG)
+    budget = 1 << 20
+    llm = LLM(str(path), load_format="dummy", device="cpu", dtype="float32", page_size=4,
+              tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=budget)
+    try:
+        status = llm.engine.status()
+    finally:
+        llm.shutdown()
+    devices = status["devices"]
+    assert len(devices) == tp
+    per_token = [memory.kv_bytes_per_token(config, kv_dtype, "float32", tp, r) for r in range(tp)]
+    assert status["kv"]["bytes_per_token"] == per_token[0]  # exact: same layout arithmetic
+    pages = budget // (per_token[0] * 4)
+    for rank, device in enumerate(devices):
+        planned_weights = memory.weight_bytes(config, "float32", None, tp, rank)
+        assert device["weights"] == pytest.approx(planned_weights, rel=0.10)
+        # with the RoPE buffer counted the match is exact
+        assert device["weights"] == planned_weights + memory.rope_table_bytes(config)
+        assert device["kv_cache"] == pytest.approx(pages * 4 * per_token[rank], rel=0.10)
+    assert status["kv"]["tokens_capacity"] == pages * 4
