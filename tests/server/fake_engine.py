@@ -4,7 +4,7 @@ waiting split under max_num_seqs, a token-granular prefix cache, logprobs, stop 
 injected failures, and a check that only one thread ever calls it (the engine is not thread-safe).
 
 Prompt conventions the default script reads:
-  SAY<<text>>   the output is exactly `text`, then EOS
+  SAY[[text]]   the output is exactly `text`, then EOS
   FAIL-STEP     step() raises while this request is running
 otherwise the output is a long deterministic word stream (offset by the seed when sampling)."""
 
@@ -88,7 +88,7 @@ class FakeTokenizer:
 
 def default_script(prompt_text: str, params: SamplingParams) -> tuple[str, bool]:
     """(output text, whether EOS follows it)."""
-    said = re.search(r"SAY<<(.*?)>>", prompt_text, re.S)
+    said = re.search(r"SAY\[\[(.*)\]\]", prompt_text, re.S)
     if said:
         return said.group(1), True
     if params.temperature == 0:

@@ -113,7 +113,7 @@ def test_stop_strings_and_stop_reason(client: openai.OpenAI) -> None:
 
 
 def test_eos_min_tokens_ignore_eos(client: openai.OpenAI) -> None:
-    say = [{"role": "user", "content": "SAY<<hi>>"}]
+    say = [{"role": "user", "content": "SAY[[hi]]"}]
     out = client.chat.completions.create(model="fake", messages=say, max_tokens=10)
     assert out.choices[0].message.content == "hi" and out.choices[0].finish_reason == "stop"
     out = client.chat.completions.create(model="fake", messages=say, max_tokens=10,
