@@ -149,8 +149,9 @@ def from_sysfs(tree: PciTree, d: PciDevice) -> GpuInfo:
 
 
 def merge(gpu: GpuInfo, reading: VendorReading) -> None:
-    """A library's values win over sysfs where it gives one; the sysfs path keeps the link unless
-    the library sees the GPU's own link (NVML), which is the same hop for NVIDIA cards."""
+    """A library's values win over sysfs where it gives one. The link stays the sysfs path's
+    (NVML only sees the GPU's own hop and its own maximum, not the slot's); NVML fills it in only
+    where sysfs shows no link at all (containers with a partial /sys)."""
     gpu.sources.append(reading.source)
     if reading.name:
         gpu.name = reading.name
@@ -159,8 +160,7 @@ def merge(gpu: GpuInfo, reading: VendorReading) -> None:
         if isinstance(value, (int, float)) and value >= 0:
             setattr(gpu, attr, value)
     link = reading.link
-    if link and all(isinstance(link.get(k), int) for k in link) and gpu.link.bottleneck in (
-            None, gpu.pci_address):
+    if link and all(isinstance(link.get(k), int) for k in link) and gpu.link.current_width is None:
         gen, width = link["current_gen"], link["current_width"]
         gpu.link = LinkInfo(gen, width, link["max_gen"], link["max_width"], gpu.link.bottleneck,
                             bandwidth_gbps(gen, width))

@@ -1,0 +1,162 @@
+"""`homelab-llm plan MODEL`: per device weights, activations, graphs and KV cache; tokens of
+context the KV cache holds; how many full-length sequences fit at once.
+
+The arithmetic is engine/memory.py, the same the engine uses for its KV layout, so a plan and a
+running server's /v1/status agree. MODEL is a model_configs name (assets/model_configs/*.json), an
+HF config.json, an HF model folder or a GGUF file. Only a GGUF or a folder imports the engine's
+loader (and torch); a config name or JSON stays torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from homelab_llm.errors import HomelabError
+
+KV_DTYPES = ("auto", "bf16", "fp16", "fp32", "int8")
+
+
+class PlanError(HomelabError, ValueError):
+    """A model that cannot be found or read, or flags that cannot make a plan."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from homelab_llm.engine.args import parse_bytes
+
+    p = subparsers.add_parser(
+        "plan", help="plan memory: weights, KV, context and concurrency",
+        description="Plan memory per GPU before loading anything: weights, activation and graph "
+                    "estimates, KV cache, token capacity and concurrency at 8K/32K/128K.")
+    p.add_argument("model", metavar="MODEL",
+                   help="model_configs name, HF config.json, HF model folder or .gguf file")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_DTYPES)
+    p.add_argument("--gpu-memory", type=parse_bytes, default=None, metavar="BYTES",
+                   help="memory per GPU, e.g. 24GiB (default: the smallest GPU hwcheck finds)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--quantization", default=None, help="w4a16 (detected for GPTQ/AWQ/AutoRound)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--page-size", "--block-size", type=int, default=16, dest="page_size")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
+    p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(run=run)
+    return p
+
+
+def model_configs_dir() -> Path:
+    from homelab_llm.assets import assets_dir
+
+    return assets_dir() / "model_configs"
+
+
+def load_config(model: str, load_format: str = "auto") -> Any:
+    """ModelConfig for MODEL: a path (JSON, folder, GGUF) or a name in assets/model_configs."""
+    from homelab_llm.engine.model.config import config_from_hf
+
+    path = Path(model).expanduser()
+    if path.suffix == ".json" and path.is_file():
+        return config_from_hf(_read_json(path), name=path.stem, where=str(path))
+    if path.is_dir() or (path.suffix == ".gguf" and path.is_file()):
+        from homelab_llm.engine.model.loader import load_model_config  # imports torch
+
+        return load_model_config(path, load_format)
+    if path.exists():
+        raise PlanError(f"{path}: not a .gguf file, an HF model folder or a config .json")
+    known = sorted(model_configs_dir().glob("*.json"))
+    for candidate in known:
+        if candidate.stem.lower() == model.lower().removesuffix(".json"):
+            return config_from_hf(_read_json(candidate), name=candidate.stem, where=str(candidate))
+    names = ", ".join(c.stem for c in known) or "none shipped yet"
+    raise PlanError(f"{model!r} is neither a file nor a folder nor a model_configs name "
+                    f"(known names: {names})")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PlanError(f"{path}: not a readable JSON config ({err})") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{path}: expected a JSON object (an HF config.json)")
+    return data
+
+
+def detected_gpu_memory() -> int | None:
+    """The smallest discrete GPU's VRAM on this machine (tensor parallel fills every GPU alike)."""
+    from homelab_llm.hwcheck.gpus import detect_gpus
+
+    sizes = [g.vram_bytes for g in detect_gpus() if not g.integrated and g.vram_bytes]
+    return min(sizes) if sizes else None
+
+
+def run(args: argparse.Namespace) -> int:
+    from homelab_llm.engine import memory
+
+    for flag, value, low in (("--tensor-parallel-size", args.tensor_parallel_size, 1),
+                             ("--max-num-seqs", args.max_num_seqs, 1),
+                             ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),
+                             ("--page-size", args.page_size, 1)):
+        if value < low:
+            raise PlanError(f"{flag} must be >= {low}, got {value}")
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise PlanError(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    config = load_config(args.model, args.load_format)
+    gpu_memory = args.gpu_memory or detected_gpu_memory()
+    if not gpu_memory:
+        raise PlanError("no GPU found to size against: give --gpu-memory, e.g. 24GiB")
+    plan = memory.plan(
+        config, gpu_memory_bytes=gpu_memory, tensor_parallel_size=args.tensor_parallel_size,
+        kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, quantization=args.quantization,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        page_size=args.page_size, enforce_eager=args.enforce_eager)
+    if args.json:
+        json.dump(plan.to_json(), sys.stdout, indent=2)
+        print()
+    else:
+        print(render_plan(plan, args.max_num_seqs))
+    return 0
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:8.2f}"
+
+
+def _len_label(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def render_plan(plan: Any, max_num_seqs: int | None = None) -> str:
+    kv = plan.kv_cache_dtype if plan.kv_cache_dtype != "auto" else f"auto ({plan.dtype})"
+    d0 = plan.per_device[0]
+    lines = [
+        f"{plan.model or 'model'}: TP={plan.tensor_parallel_size}, {plan.dtype} weights"
+        + (f" ({plan.quantization})" if plan.quantization else "") + f", KV {kv}, page "
+        f"{plan.page_size}, budget {d0.budget_bytes / 1e9:.2f} of {d0.total_bytes / 1e9:.2f} GB "
+        "per device",
+        "",
+        "device   weights  buffers  activations  graphs    other  KV cache   (GB)",
+    ]
+    for d in plan.per_device:
+        lines.append(f"{d.rank:>6} {_gb(d.weights_bytes)} {_gb(d.buffers_bytes)} "
+                     f"{_gb(d.activation_bytes)}    {_gb(d.graph_bytes)} {_gb(d.other_bytes)} "
+                     f"{_gb(d.kv_cache_bytes)}")
+    per_token = ", ".join(f"{d.kv_bytes_per_token:,}" for d in plan.per_device)
+    lines += ["", f"KV bytes per token per device: {per_token}",
+              f"token capacity: {plan.tokens_capacity:,} tokens "
+              f"({plan.per_device[0].num_pages:,} pages of {plan.page_size})"]
+    conc = "  ".join(f"{_len_label(int(n))}: {c}" for n, c in plan.max_concurrency.items())
+    lines.append(f"max concurrent full-length sequences: {conc}")
+    if max_num_seqs is not None and any(c > max_num_seqs for c in plan.max_concurrency.values()):
+        lines.append(f"  (the scheduler also caps running sequences at --max-num-seqs {max_num_seqs})")
+    lines.append("activations and graphs are estimates; the engine measures them at startup")
+    lines += [f"warning: {w}" for w in plan.warnings]
+    return "\n".join(lines)
