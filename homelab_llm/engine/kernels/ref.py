@@ -216,3 +216,46 @@ def w4a16_matmul_ref(x: torch.Tensor, w) -> torch.Tensor:
     if w.perm is not None:
         x = x[..., w.perm]
     return (x.float() @ dequantize_w4_ref(w)).to(x.dtype)
+
+
+# --- sampling -------------------------------------------------------------------------------------
+
+
+def filter_logits_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                      top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Temperature-scaled logits [B, V] float32 with filtered tokens at -inf.
+
+    Order as in layers/sampler.py: top-k (ties at the k-th value stay), then top-p over what is
+    left (keep a token while the mass strictly above it is <= top_p), then min-p (keep
+    p >= min_p * p_max, i.e. scaled logit >= max + log(min_p)). top_k <= 0, top_p >= 1 and
+    min_p <= 0 switch a filter off. Greedy rows (temperature 0) are scaled by 1.
+    """
+    t = torch.where(temperature > 0, temperature.float(), torch.ones_like(temperature, dtype=torch.float32))
+    s = logits.float() / t[:, None]
+    vocab = s.shape[1]
+    out = s.clone()
+    for row in range(s.shape[0]):
+        x = out[row]
+        k = int(top_k[row])
+        if 0 < k < vocab:
+            x.masked_fill_(x < torch.topk(x, k).values[-1], float("-inf"))
+        p = float(top_p[row])
+        if p < 1.0:
+            vals, order = torch.sort(x, descending=True)
+            probs = torch.softmax(vals, dim=-1)
+            above = torch.cumsum(probs, dim=-1) - probs
+            x[order[above > p]] = float("-inf")
+        mp = float(min_p[row])
+        if mp > 0.0:
+            x.masked_fill_(x < x.max() + torch.log(torch.tensor(mp)), float("-inf"))
+    return out
+
+
+def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               min_p: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
+    """Token ids [B] int64. Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) draws token i
+    with probability p_i, and needs no normalization or cumulative sum. Greedy rows: argmax."""
+    s = filter_logits_ref(logits, temperature, top_k, top_p, min_p)
+    race = torch.argmax(s - torch.log(exponentials.float()), dim=-1)
+    greedy = torch.argmax(logits.float(), dim=-1)
+    return torch.where(temperature > 0, race, greedy)
