@@ -1,5 +1,9 @@
 """One door to the kernels: layers call these; each picks the Triton kernel on a GPU and the torch
-reference on the CPU (or when HOMELAB_LLM_KERNELS=ref), so CI runs the same engine code."""
+reference on the CPU (or when HOMELAB_LLM_KERNELS=ref), so CI runs the same engine code.
+
+Triton modules are imported on first GPU use only: a CPU install never needs triton, and importing
+this module stays cheap.
+"""
 
 from __future__ import annotations
 
@@ -15,22 +19,95 @@ def use_triton(t: torch.Tensor) -> bool:
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
+    if use_triton(key):
+        from homelab_llm.engine.kernels import kv_store
+
+        kv_store.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return
     ref.store_kv_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
-                    k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None):
-    return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
-                                   softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host)
+                    k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
+                    decode_only: bool | None = None, num_kv_splits: int | None = None):
+    """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref).
+
+    On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel;
+    anything else the prefill/extend kernel. Which one is known from `decode_only` or the host
+    query lengths; without either we take the extend kernel, which is right for every batch.
+    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits.
+    """
+    if not use_triton(q):
+        return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                                       softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host)
+    if decode_only is None:
+        decode_only = query_lens_host is not None and all(n == 1 for n in query_lens_host)
+    max_seq_len = max(seq_lens_host) if seq_lens_host else None
+    if decode_only:
+        from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+        return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                                      softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
+                                      max_seq_len=max_seq_len)
+    from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
+
+    max_query_len = max(query_lens_host) if query_lens_host else None
+    return paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                                   softmax_scale, k_scale, v_scale, max_query_len=max_query_len)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.rms_norm(x, weight, eps)
     return ref.rms_norm_ref(x, weight, eps)
 
 
 def add_rms_norm(x, residual, weight, eps):
+    if use_triton(x):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.add_rms_norm(x, residual, weight, eps)
     return ref.add_rms_norm_ref(x, residual, weight, eps)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if use_triton(gate_up):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.silu_and_mul(gate_up)
     return ref.silu_and_mul_ref(gate_up)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+    """In place on q [T, Hq, D] and k [T, Hkv, D], neox layout; cache from ref.rope_cos_sin_cache."""
+    if use_triton(q):
+        from homelab_llm.engine.kernels import elementwise
+
+        elementwise.apply_rope(q, k, positions, cos_sin_cache)
+        return
+    ref.apply_rope_ref(q, k, positions, cos_sin_cache)
+
+
+def w4a16_matmul(x: torch.Tensor, weight) -> torch.Tensor:
+    """x [..., K] @ W4Weight -> [..., N] in x's dtype (weight from kernels.w4a16_pack)."""
+    if use_triton(x):
+        from homelab_llm.engine.kernels import w4a16
+
+        return w4a16.w4a16_matmul(x, weight)
+    return ref.w4a16_matmul_ref(x, weight)
+
+
+def sample(logits, temperature, top_k, top_p, min_p, seeds, steps) -> torch.Tensor:
+    """Token ids [B] int64, on the device, no host sync (see kernels/sampling.py). On the CPU the
+    reference draws its exponential noise from torch generators seeded per row and step."""
+    if use_triton(logits):
+        from homelab_llm.engine.kernels import sampling
+
+        return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps)
+    noise = torch.empty(logits.shape, dtype=torch.float32)
+    for row, (seed, step) in enumerate(zip(seeds.tolist(), steps.tolist())):
+        gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) & 0x7FFF_FFFF_FFFF_FFFF)
+        noise[row].exponential_(generator=gen)
+    return ref.sample_ref(logits, temperature, top_k, top_p, min_p, noise.to(logits.device))
