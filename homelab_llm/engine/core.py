@@ -71,6 +71,10 @@ class LLMEngine:
         from homelab_llm.engine.tokenizer import load_tokenizer
 
         args.validate()
+        if args.node_rank > 0:
+            raise EngineArgsError(
+                f"--node-rank {args.node_rank} runs worker ranks only; start it with "
+                f"`homelab-llm serve ... --node-rank {args.node_rank}` (serve_worker_node)")
         self.args = args
         self.model_path = resolve_model_path(args.model)
         self.device = resolve_device(args.device)

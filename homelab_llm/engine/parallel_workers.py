@@ -32,6 +32,7 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel import set_parallel_state
 from homelab_llm.engine.runner import MemorySplit, ModelRunner, StepBatch
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine.parallel")
 
@@ -97,6 +98,10 @@ def _init_group(launch: _Launch, rank: int) -> dist.ProcessGroup:
     set_parallel_state(rank, launch.world_size)
     # The plan always crosses on the CPU, so ranks get host-side lengths without a device sync.
     return dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+
+
+class RankFailedError(HomelabError, RuntimeError):
+    """A tensor-parallel rank died or raised; the message carries that rank's error."""
 
 
 class _Channel:
@@ -190,6 +195,8 @@ def _worker_main(launch: _Launch, rank: int, local_rank: int, errors: "mp.Queue[
         _worker_loop(launch, rank, local_rank)
     except BaseException as exc:  # report every failure to rank 0, then exit non-zero
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        errors.close()
+        errors.join_thread()  # the queue's feeder thread must flush before we exit
         sys.stderr.flush()
         os._exit(1)
 
@@ -215,6 +222,7 @@ class ParallelRunner:
         self._ctx = mp.get_context("spawn")
         self._errors: mp.Queue[str] = self._ctx.Queue()
         self._closing = False
+        self.failure: str | None = None
         per_node = world // args.nnodes
         self.procs = [self._ctx.Process(target=_worker_main, args=(self.launch, r, r, self._errors),
                                         daemon=True) for r in range(1, per_node)]
@@ -246,8 +254,11 @@ class ParallelRunner:
 
     def forward(self, batch: StepBatch) -> torch.Tensor:
         header, payload = _pack(batch)
-        self.channel.send(header, payload)
-        return self.local.forward(batch)
+        try:
+            self.channel.send(header, payload)
+            return self.local.forward(batch)
+        except RuntimeError as exc:  # a peer vanished mid-collective
+            raise self._failed(exc) from exc
 
     def refresh_memory(self) -> None:
         self.channel.send([CMD_MEMORY])
@@ -268,21 +279,36 @@ class ParallelRunner:
         return self._splits or [self.local.memory]
 
     def _watch(self) -> None:
+        """Notice a dead rank, log its error, stop the others. Rank 0's pending collective then
+        fails and raises RankFailedError; if it hangs instead (NCCL can), exit after a grace."""
         while not self._closing:
-            for rank, p in enumerate(self.procs, start=1):
-                if p.exitcode is not None and not self._closing:
-                    try:
-                        detail = self._errors.get(timeout=2.0)
-                    except Exception:
-                        detail = f"rank {rank} exited with code {p.exitcode}"
-                    log.error("tensor-parallel worker failed, stopping: %s", detail)
-                    print(f"homelab-llm: tensor-parallel worker failed: {detail}", file=sys.stderr,
-                          flush=True)
-                    for q in self.procs:
-                        if q.is_alive():
-                            q.kill()
+            dead = [(r, p) for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
+            if dead:
+                rank, proc = dead[0]
+                try:
+                    detail = self._errors.get(timeout=2.0)
+                except Exception:
+                    detail = f"rank {rank} exited with code {proc.exitcode}"
+                self.failure = detail
+                log.error("tensor-parallel worker failed, stopping: %s", detail)
+                print(f"homelab-llm: tensor-parallel worker failed: {detail}", file=sys.stderr,
+                      flush=True)
+                for q in self.procs:
+                    if q.is_alive():
+                        q.kill()
+                deadline = time.monotonic() + 10.0
+                while not self._closing and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if not self._closing:
                     os._exit(1)
+                return
             time.sleep(0.2)
+
+    def _failed(self, exc: BaseException) -> "RankFailedError":
+        deadline = time.monotonic() + 3.0
+        while self.failure is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return RankFailedError(f"tensor parallelism stopped: {self.failure or exc}")
 
     def shutdown(self) -> None:
         if self._closing:
@@ -331,3 +357,17 @@ def run_worker_node(args: EngineArgs, config: ModelConfig, model_path: str,
         except Exception:
             pass
     return code
+
+
+def serve_worker_node(args: EngineArgs) -> int:
+    """Entry for `--node-rank N` (N > 0): resolve the model like node 0 does, then run this
+    node's ranks until node 0 shuts them down. Returns the exit code."""
+    from homelab_llm.engine.core import resolve_device, resolve_dtype, resolve_model_path
+    from homelab_llm.engine.model.loader import load_model_config
+
+    args.validate()
+    model_path = resolve_model_path(args.model)
+    device = resolve_device(args.device)
+    config = load_model_config(model_path, args.load_format)
+    check_tp_size(config, args.tensor_parallel_size)
+    return run_worker_node(args, config, model_path, device.type, resolve_dtype(args.dtype, device))

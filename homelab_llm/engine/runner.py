@@ -22,13 +22,6 @@ _KV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float
               "int8": torch.int8}
 
 
-def kv_heads_on_rank(num_kv_heads: int, tp_size: int, tp_rank: int) -> int:
-    """KV heads split along groups, uneven allowed; beyond num_kv_heads each rank keeps one."""
-    if tp_size > num_kv_heads:
-        return 1
-    return num_kv_heads // tp_size + (1 if tp_rank < num_kv_heads % tp_size else 0)
-
-
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if kv_cache_dtype == "auto" else _KV_DTYPES[kv_cache_dtype]
 
@@ -108,7 +101,7 @@ class ModelRunner:
         c = self.config
         return KVLayout(
             num_layers=c.num_hidden_layers,
-            num_kv_heads=kv_heads_on_rank(c.num_key_value_heads, self.tp_size, self.tp_rank),
+            num_kv_heads=self.model.attention_layers[0].num_kv_heads,  # this rank's share
             head_dim=c.head_dim,
             page_size=self.page_size,
             dtype=resolve_kv_dtype(self.args.kv_cache_dtype, self.dtype),
