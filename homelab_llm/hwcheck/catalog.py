@@ -206,3 +206,14 @@ def load_build(path: str | Path, catalog: Catalog | None = None) -> Build:
     return Build(_resolve("board", data["board"], catalog, origin, "board"),
                  _resolve("case", data["case"], catalog, origin, "case"),
                  _resolve("psu", data["psu"], catalog, origin, "psu"), tuple(placements), cpu)
+
+
+def make_build(catalog: Catalog, board: str, case: str, psu: str,
+               gpus: list[tuple[str, str, bool]], cpu_watts: int = 120) -> Build:
+    """A build from catalog ids, as a step-by-step form collects them: gpus are
+    (gpu id, slot name, on a riser)."""
+    if cpu_watts < 0:
+        raise CatalogError("cpu_watts must be a whole number of watts")
+    return Build(catalog.get("board", board), catalog.get("case", case), catalog.get("psu", psu),
+                 tuple(Placement(catalog.get("gpu", g), slot, riser) for g, slot, riser in gpus),
+                 cpu_watts)

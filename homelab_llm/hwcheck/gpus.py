@@ -33,6 +33,7 @@ KNOWN_NAMES: dict[tuple[int, int, int | None], str] = {
     (0x10DE, 0x2704, None): "GeForce RTX 4080",
     (0x10DE, 0x2B85, None): "GeForce RTX 5090",
     (0x10DE, 0x2C02, None): "GeForce RTX 5080",
+    (0x10DE, 0x2335, None): "H200",
     (0x1002, 0x164E, None): "AMD Radeon Graphics (Ryzen 7000 iGPU)",
     (0x1002, 0x15BF, None): "AMD Radeon 780M (Ryzen 7040 iGPU)",
     (0x8086, 0xA780, None): "Intel UHD Graphics 770",

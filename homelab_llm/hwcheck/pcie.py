@@ -224,18 +224,20 @@ class PciTree:
         for d in chain:
             if (d.vendor_id, d.device_id) in CHIPSET_SWITCH_IDS:
                 return "chipset"
-        root = chain[-1] if chain else self.devices.get(address)
-        if root is None or root.vendor_id is None:
-            return "unknown"
+        if not chain:
+            # On the host bridge itself: an Intel iGPU (00:02.0) is on the CPU die; anything else
+            # there is a virtual machine's passthrough device, whose real slot we cannot see.
+            device = self.devices.get(address)
+            return "cpu" if device is not None and device.vendor_id == INTEL else "unknown"
+        root = chain[-1]
         if root.vendor_id == INTEL and root.bus == 0:
             if root.device_number in INTEL_PCH_ROOT_DEVICES:
                 return "chipset"
-            if root.device_number in INTEL_CPU_ROOT_DEVICES or not chain:
+            if root.device_number in INTEL_CPU_ROOT_DEVICES:
                 return "cpu"
             return "unknown"
-        if root.vendor_id == AMD_HOST or not chain:
-            # AMD root ports all live in the CPU's I/O die; on-package devices are CPU too
-            return "cpu"
+        if root.vendor_id == AMD_HOST:
+            return "cpu"  # AMD root ports all live in the CPU's I/O die
         return "unknown"
 
     def chipset_switch(self, address: str) -> str | None:

@@ -40,6 +40,10 @@ def _link_text(gen: int | None, width: int | None) -> str:
 def link_warnings(tree: PciTree, gpu: GpuInfo) -> list[HwWarning]:
     out: list[HwWarning] = []
     addr = gpu.pci_address
+    if not tree.hops(addr):
+        out.append(HwWarning("info", f"{gpu.name} at {addr} sits on the host bridge with no "
+                             "upstream port (a virtual machine's passthrough GPU?): its link and "
+                             "lanes are as the guest sees them, not the physical slot", addr))
     for hop in tree.hops(addr):
         if hop.current_width is not None and hop.max_width is not None \
                 and hop.current_width < hop.max_width:

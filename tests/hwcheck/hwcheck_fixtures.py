@@ -182,9 +182,17 @@ def nvidia_pair_am5(root: Path) -> None:
         nvidia_gpu(t, ["pci0000:00", port, f"0000:{bus:02x}:00.0"], 0x2684, (gen, 8), (4, 16))
 
 
+def vm_passthrough_h200(root: Path) -> None:
+    """What a cloud VM shows (captured from an H200 guest): the GPU straight on the virtual host
+    bridge, no root port, numa_node -1, a 256 GiB BAR."""
+    t = Tree(root)
+    t.dev(["pci0000:00", "0000:00:06.0"], 0x10DE, 0x2335, VGA, rev=0xA1, cur=(5, 16), max_=(5, 16),
+          driver="nvidia", files={"resource": _resource(256 * GIB), "local_cpulist": "0-15"})
+
+
 BUILDERS = {"am5_x16": am5_x16, "am5_x8x8": am5_x8x8, "am5_chipset_x4": am5_chipset_x4,
             "threadripper_x16x16": threadripper_x16x16, "intel_z790_pch": intel_z790_pch,
-            "nvidia_pair_am5": nvidia_pair_am5}
+            "nvidia_pair_am5": nvidia_pair_am5, "vm_passthrough_h200": vm_passthrough_h200}
 
 
 def build_all(target: Path = FIXTURES) -> None:

@@ -113,3 +113,19 @@ def test_bad_build_files(tmp_path: Path, catalog, body: str, needle: str) -> Non
     with pytest.raises(CatalogError) as err:
         load_build(write_build(tmp_path, body), catalog)
     assert needle in str(err.value)
+
+
+def test_make_build_from_form_choices(catalog) -> None:
+    from homelab_llm.hwcheck.catalog import make_build
+    from homelab_llm.hwcheck.fit import check_build, overall
+
+    build = make_build(catalog, "asus-proart-x670e-creator", "fractal-define-7-xl",
+                       "seasonic-prime-tx-1600-atx3",
+                       [("amd-7900xtx-reference", "PCIEX16_1", False),
+                        ("amd-7900xtx-reference", "PCIEX16_2", False)], cpu_watts=170)
+    verdicts = check_build(build)
+    # 2.5-slot cards at positions 1 and 4 (3 apart): fit; CPU x8/x8; 355+355+170+100 W on 1600 W
+    assert overall(verdicts) == "pass", [v.reason for v in verdicts if v.status != "pass"]
+    with pytest.raises(CatalogError, match="no gpu 'rtx-9090'"):
+        make_build(catalog, "asus-proart-x670e-creator", "fractal-define-7-xl",
+                   "seasonic-prime-tx-1600-atx3", [("rtx-9090", "PCIEX16_1", False)])

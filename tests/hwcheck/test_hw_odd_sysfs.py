@@ -94,3 +94,14 @@ def test_read_int(tmp_path: Path, raw: str, expected) -> None:
                                                ("01:00.0", None), ("", None), ("0000:01:00.9", None)])
 def test_normalize_bdf(address: str, expected) -> None:
     assert sysfs.normalize_bdf(address) == expected
+
+
+def test_gen3_link_warns_even_at_x16(tmp_path: Path) -> None:
+    """A PCIe 3.0 board (e.g. X470): a 3090 trains Gen3 x16, its most: still ~15.8 GB/s."""
+    t = Tree(tmp_path)
+    t.dev(["pci0000:00", "0000:00:03.1"], 0x1022, 0x1453, BRIDGE, cur=(3, 16), max_=(3, 16))
+    t.dev(["pci0000:00", "0000:00:03.1", "0000:09:00.0"], 0x10DE, 0x2204, VGA, cur=(3, 16),
+          max_=(4, 16))
+    r = make_report(tmp_path, amd=None, nvml=None)
+    (w,) = r.warnings
+    assert "Gen3 x16 at best (~15.8 GB/s each way)" in w.message

@@ -143,3 +143,18 @@ def test_empty_root_has_no_gpus_and_says_so(tmp_path: Path) -> None:
     assert r.gpus == [] and PciTree.scan(tmp_path).devices == {}
     assert "No GPUs found" in render_text(r)
     assert any("no discrete GPU" in w.message for w in r.warnings)
+
+
+def test_vm_passthrough_gpu_on_the_host_bridge() -> None:
+    """Captured from a cloud H200 guest: no root port, so lanes are unknown, and we say why."""
+    from tests.hwcheck.hw_fakes import FakeNvml, FakeNvmlGpu
+
+    nvml = FakeNvml([FakeNvmlGpu("00000000:00:06.0", "NVIDIA H200", 150_754_820_096, 644_939_776,
+                                 (5, 16, 5, 16))])
+    r = report("vm_passthrough_h200", nvml=nvml)
+    (g,) = r.gpus
+    assert (g.name, g.attached_to, g.root_port, g.numa_node) == ("NVIDIA H200", "unknown", None, None)
+    assert (g.link.current_gen, g.link.current_width, g.link.gbps) == (5, 16, 63.0)
+    assert g.bar_bytes == 256 << 30
+    (w,) = r.warnings
+    assert w.level == "info" and "passthrough" in w.message
