@@ -189,6 +189,10 @@ def check_lanes(build: Build) -> list[Verdict]:
     if len(known) < 2:
         return [Verdict("lanes", "pass", "one GPU: lanes only affect model loading time")]
     out: list[Verdict] = []
+    free_cpu = [s for s in build.board.slots if s.name not in used and s.lanes == "cpu"
+                and (s.physical_width >= 16 or s.open_ended)]
+    move = (f"move it to {', '.join(s.name for s in free_cpu)} (CPU lanes)" if free_cpu
+            else "use another CPU-lane slot (x8/x8 bifurcation)")
     for p, s in known:
         width = slot_width(build.board, s, used)
         gbps = GBPS_PER_LANE.get(s.gen, 1.0) * width
@@ -202,7 +206,7 @@ def check_lanes(build: Build) -> list[Verdict]:
                 f"moves ~{REF_PREFILL_TOKENS * REF_HIDDEN * 4 * REF_LAYERS / 1e9:.1f} GB: ~{t:.1f} s "
                 f"here vs ~{allreduce_seconds(GBPS_PER_LANE[4] * 8):.1f} s at Gen4 x8"
                 + (", sharing the chipset uplink with USB/SATA/NVMe" if s.lanes == "chipset" else ""),
-                ("use another CPU-lane slot (x8/x8 bifurcation)", "a riser from a CPU slot",
+                (move, "a riser from a CPU slot",
                  "split by layers instead of tensor parallelism")))
     if not out:
         widths = ", ".join(f"{p.slot} x{slot_width(build.board, s, used)}" for p, s in known)
@@ -259,7 +263,8 @@ def _check_connectors(build: Build, cards: list[Card]) -> list[Verdict]:
     text = (f"cards need {need_8} x 8-pin and {need_16} x 12V-2x6; the PSU has {have_8} x 8-pin "
             f"and {have_16} x 12V-2x6")
     if need_8_total > have_8:
-        return [Verdict("power", "fail", f"{text}: {need_8_total} x 8-pin needed with adapters",
+        via = " counting 16-pin adapters" if via_adapter else ""
+        return [Verdict("power", "fail", f"{text}: {need_8_total} x 8-pin needed{via}",
                         ("a PSU with more PCIe cables or native 12V-2x6 connectors",))]
     if via_adapter:
         names = ", ".join(c.name for c in via_adapter)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from homelab_llm.hwcheck.backends import AUTO, NvmlSession
-from homelab_llm.hwcheck.gpus import GpuInfo, detect_gpus
+from homelab_llm.hwcheck.gpus import GpuInfo, detect_gpus, is_display
 from homelab_llm.hwcheck.p2p import Topology, build_topology
 from homelab_llm.hwcheck.pcie import PciTree, bandwidth_gbps
 
@@ -108,7 +108,9 @@ def p2p_warnings(gpus: list[GpuInfo], topology: Topology) -> list[HwWarning]:
 
 def make_report(sysfs_root: str | Path = "/", *, amd: Any = AUTO, nvml: Any = AUTO) -> HwReport:
     tree = PciTree.scan(sysfs_root)
-    session = NvmlSession(nvml) if nvml is not None else None
+    has_nvidia = any(d.vendor_id == 0x10DE and is_display(d) for d in tree.devices.values())
+    # NVML only when there is an NVIDIA GPU: its init costs time and logs on other machines
+    session = NvmlSession(nvml) if nvml is not None and has_nvidia else None
     try:
         gpus = detect_gpus(sysfs_root, amd=amd, nvml=nvml, tree=tree, nvml_session=session)
         # the matrix is about tensor-parallel partners: discrete GPUs only (they sort first)

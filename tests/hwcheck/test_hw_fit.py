@@ -74,6 +74,7 @@ def test_chipset_x4_warns_with_traffic_numbers_and_alternatives() -> None:
     assert "~10.7 GB" in v.reason and "Gen4 x4 (~7.9 GB/s)" in v.reason
     assert "~1.4 s here vs ~0.7 s at Gen4 x8" in v.reason
     assert "chipset uplink" in v.reason
+    assert v.suggestions[0] == "move it to PCIE3, PCIE5 (CPU lanes)"
     assert any("riser" in s for s in v.suggestions) and any("layers" in s for s in v.suggestions)
     assert abs(allreduce_seconds(7.876) - 1.363) < 0.01
 
