@@ -91,6 +91,16 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _rotate_half(base, mask, cos, sin, HALF: tl.constexpr):
+    x1 = tl.load(base, mask=mask, other=0.0)
+    x2 = tl.load(base + HALF, mask=mask, other=0.0)
+    x1f = x1.to(tl.float32)
+    x2f = x2.to(tl.float32)
+    tl.store(base, (x1f * cos - x2f * sin).to(x1.dtype), mask=mask)
+    tl.store(base + HALF, (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, pos_ptr, cache_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
@@ -104,19 +114,10 @@ def _rope_kernel(
     d_mask = offs_d < HALF
     cos = tl.load(cache_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
     sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
-    for which in tl.static_range(2):
-        if which == 0:
-            base = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
-            mask = (offs_h[:, None] < NUM_Q_HEADS) & d_mask[None, :]
-        else:
-            base = k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
-            mask = (offs_h[:, None] < NUM_K_HEADS) & d_mask[None, :]
-        x1 = tl.load(base, mask=mask, other=0.0)
-        x2 = tl.load(base + HALF, mask=mask, other=0.0)
-        x1f = x1.to(tl.float32)
-        x2f = x2.to(tl.float32)
-        tl.store(base, (x1f * cos - x2f * sin).to(x1.dtype), mask=mask)
-        tl.store(base + HALF, (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
+    q_base = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
+    k_base = k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+    _rotate_half(q_base, (offs_h[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
+    _rotate_half(k_base, (offs_h[:, None] < NUM_K_HEADS) & d_mask[None, :], cos, sin, HALF)
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:

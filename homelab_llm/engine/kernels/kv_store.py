@@ -27,6 +27,18 @@ def _round_half_even(y):
 
 
 @triton.jit
+def _quantize_rows_store(x, dst, scale_dst, mask, h_mask, min_amax):
+    """One token's [heads, head_dim] -> int8 rows and one fp16 scale per head."""
+    xf = x.to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(xf), axis=1), min_amax)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16)
+    y = tl.math.div_rn(xf, scale.to(tl.float32)[:, None])
+    q = tl.minimum(tl.maximum(_round_half_even(y), -127.0), 127.0).to(tl.int8)
+    tl.store(dst, q, mask=mask)
+    tl.store(scale_dst, scale, mask=h_mask)
+
+
+@triton.jit
 def _store_kv_kernel(
     key_ptr, value_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr,
     stride_kt, stride_kh_in, stride_vt, stride_vh_in,
@@ -52,18 +64,8 @@ def _store_kv_kernel(
     if INT8_KV:
         s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
         h_mask = offs_h < NUM_HEADS
-        for which in tl.static_range(2):
-            x = (key if which == 0 else value).to(tl.float32)
-            amax = tl.maximum(tl.max(tl.abs(x), axis=1), min_amax)
-            scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16)
-            y = tl.math.div_rn(x, scale.to(tl.float32)[:, None])
-            q = tl.minimum(tl.maximum(_round_half_even(y), -127.0), 127.0).to(tl.int8)
-            if which == 0:
-                tl.store(k_dst, q, mask=mask)
-                tl.store(ks_ptr + s_off, scale, mask=h_mask)
-            else:
-                tl.store(v_dst, q, mask=mask)
-                tl.store(vs_ptr + s_off, scale, mask=h_mask)
+        _quantize_rows_store(key, k_dst, ks_ptr + s_off, mask, h_mask, min_amax)
+        _quantize_rows_store(value, v_dst, vs_ptr + s_off, mask, h_mask, min_amax)
     else:
         tl.store(k_dst, key.to(k_ptr.dtype.element_ty), mask=mask)
         tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=mask)
