@@ -1,0 +1,129 @@
+"""Run tests/engine/kernels without pytest (GPU boxes that lack it).
+
+    python benchmarks/kernels_selftest.py [-k substring]
+
+Installs a small stand-in for the parts of pytest these tests use (parametrize, fixtures by name,
+raises, skip/importorskip), then calls every test function with every parameter combination.
+With pytest available, run `python -m pytest tests/engine/kernels` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import itertools
+import re
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests" / "engine" / "kernels"
+
+
+class Skipped(Exception):
+    pass
+
+
+def _shim() -> types.ModuleType:
+    mod = types.ModuleType("pytest")
+
+    class _Mark:
+        def parametrize(self, names, values):
+            def deco(fn):
+                fn.__dict__.setdefault("_params", []).insert(0, ([n.strip() for n in names.split(",")], values))
+                return fn
+            return deco
+
+        def skipif(self, cond, reason=""):
+            def deco(fn):
+                if cond:
+                    fn._skip = reason
+                return fn
+            return deco
+
+        def __getattr__(self, name):  # slow, gpu, ...: plain labels
+            return lambda fn=None, *a, **k: fn if callable(fn) else (lambda f: f)
+
+    @contextlib.contextmanager
+    def raises(exc, match=None):
+        try:
+            yield
+        except exc as err:
+            if match and not re.search(match, str(err)):
+                raise AssertionError(f"{err!r} does not match {match!r}") from err
+        else:
+            raise AssertionError(f"did not raise {exc}")
+
+    def skip(reason=""):
+        raise Skipped(reason)
+
+    def importorskip(name):
+        try:
+            return __import__(name)
+        except ImportError:
+            raise Skipped(f"no {name}") from None
+
+    mod.mark = _Mark()
+    mod.raises, mod.skip, mod.importorskip = raises, skip, importorskip
+    mod.fixture = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)
+    return mod
+
+
+def _load(path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-k", default="")
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if importlib.util.find_spec("pytest") is None:
+        sys.modules["pytest"] = _shim()
+    conftest = _load(TESTS / "conftest.py")
+    fixtures = {name: getattr(conftest, name) for name in ("device", "full_shapes", "paged_kv")}
+    passed = failed = skipped = 0
+    for path in sorted(TESTS.glob("test_*.py")):
+        module = _load(path)
+        for name, fn in vars(module).items():
+            if not name.startswith("test_") or not callable(fn):
+                continue
+            params = getattr(fn, "_params", [])
+            combos = itertools.product(*[[dict(zip(names, v if len(names) > 1 else (v,))) for v in values]
+                                         for names, values in params]) if params else [()]
+            for combo in combos:
+                kwargs = {k: v for part in combo for k, v in part.items()}
+                test_id = f"{path.name}::{name}[{','.join(str(v) for v in kwargs.values())}]"
+                if args.k not in test_id:
+                    continue
+                if getattr(fn, "_skip", None):
+                    skipped += 1
+                    continue
+                needed = fn.__code__.co_varnames[: fn.__code__.co_argcount]
+                for arg in needed:
+                    if arg not in kwargs:
+                        kwargs[arg] = fixtures[arg]()
+                start = time.perf_counter()
+                try:
+                    fn(**kwargs)
+                    passed += 1
+                    print(f"PASS {test_id} ({time.perf_counter() - start:.2f}s)", flush=True)
+                except Skipped as why:
+                    skipped += 1
+                    print(f"SKIP {test_id}: {why}", flush=True)
+                except Exception:
+                    failed += 1
+                    print(f"FAIL {test_id}\n{traceback.format_exc()}", flush=True)
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
