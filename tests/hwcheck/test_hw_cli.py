@@ -153,3 +153,23 @@ def test_hwcheck_and_plan_do_not_import_torch(llama_json: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_plan_finds_a_model_configs_name(tmp_path: Path, capsys, monkeypatch) -> None:
+    (tmp_path / "Llama-3.1-8B.json").write_text(json.dumps(LLAMA_8B))
+    monkeypatch.setattr(plan_command, "model_configs_dir", lambda: tmp_path)
+    rc, out, _ = run_cli(capsys, "plan", "llama-3.1-8b", "--gpu-memory", "24GiB", "--json")
+    assert rc == 0 and json.loads(out)["model"] == "Llama-3.1-8B"
+    rc, _, err = run_cli(capsys, "plan", "qwen-404", "--gpu-memory", "24GiB")
+    assert rc == 2 and "known names: Llama-3.1-8B" in err
+
+
+def test_plan_shipped_llama_config_by_name(capsys) -> None:
+    if not (plan_command.model_configs_dir() / "Llama-3.1-8B.json").is_file():
+        pytest.skip("assets/model_configs/Llama-3.1-8B.json is not shipped")
+    rc, out, _ = run_cli(capsys, "plan", "Llama-3.1-8B", "-tp", "2", "--gpu-memory", "24GiB",
+                         "--json")
+    data = json.loads(out)
+    # 8,030,261,248 params: all but the 65 norm vectors split in two, norms on both cards
+    assert data["per_device"][0]["weights_bytes"] == (8_030_261_248 - 65 * 4096) + 65 * 4096 * 2
+    assert data["kv_bytes_per_token"] == 65536
