@@ -80,10 +80,11 @@ def replay_table(report: "ReplayReport", markdown: bool = False) -> str:
     headers = ["turn", "prompt", "cached", "new", "out", "ttft (ms)", "tg t/s", "e2el (s)"]
     rows = [[str(t.turn), fmt(t.prompt_tokens), fmt(t.cached_tokens), fmt(t.new_tokens),
              fmt(t.output_tokens), fmt(t.ttft_s, 1, 1e3), fmt(t.tg_tps), fmt(t.e2el_s, 3)]
-            if t.error is None else [str(t.turn), "", "", "", "", "failed: " + t.error[:60], "", ""]
+            if t.error is None else [str(t.turn), "", "", "", "", "failed", "", ""]
             for t in report.turns]
     s = report.summary()
     lines = [render_table(headers, rows, markdown), ""]
+    lines += [f"turn {t.turn} failed: {t.error}" for t in report.turns if t.error is not None]
     for name, label, scale in (("ttft_s", "TTFT (ms)", 1e3), ("tg_tps", "TG t/s", 1.0)):
         m = s[name]
         assert isinstance(m, dict)
