@@ -13,15 +13,22 @@ def _text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.token_text(token_id)
 
 
+def _bytes(tokenizer: Any, token_id: int, text: str) -> list[int]:
+    # A token may hold part of a UTF-8 character: its raw bytes say more than its text (U+FFFD).
+    raw = getattr(tokenizer, "token_bytes", None)
+    return list(raw(token_id)) if raw is not None else list(text.encode())
+
+
 def chat_logprobs(tokenizer: Any, entries: list[TokenLogprob]) -> dict[str, Any]:
     content = []
     for entry in entries:
         text = _text(tokenizer, entry.token_id)
         content.append({
-            "token": text, "logprob": clamp_logprob(entry.logprob), "bytes": list(text.encode()),
+            "token": text, "logprob": clamp_logprob(entry.logprob),
+            "bytes": _bytes(tokenizer, entry.token_id, text),
             "top_logprobs": [
                 {"token": (t := _text(tokenizer, tid)), "logprob": clamp_logprob(lp),
-                 "bytes": list(t.encode())} for tid, lp in entry.top],
+                 "bytes": _bytes(tokenizer, tid, t)} for tid, lp in entry.top],
         })
     return {"content": content}
 

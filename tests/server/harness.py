@@ -42,6 +42,8 @@ def serve_in_thread(app: FastAPI, wait_ready: bool = True, timeout: float = 20.0
             time.sleep(0.01)
         if wait_ready:
             while httpx.get(f"{base}/health").status_code != 200:
+                if app.state.server.client.state == "failed":
+                    raise RuntimeError(f"the engine failed: {app.state.server.client.load_error}")
                 if time.monotonic() > deadline:
                     raise RuntimeError("the engine did not become ready")
                 time.sleep(0.02)
