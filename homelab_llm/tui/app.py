@@ -74,7 +74,7 @@ class TelemetryMessage(Message):
 class HomelabApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "homelab-llm"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # side by side needs ~75 cols each
     MODES = {"dashboard": "dashboard", "presets": "presets", "hardware": "hardware", "logs": "logs"}
     BINDINGS = [
         Binding("d", "switch_mode('dashboard')", "Dashboard"),

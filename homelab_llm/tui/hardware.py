@@ -48,8 +48,8 @@ def parse_hardware_report(data: Mapping[str, Any]) -> HardwareReport:
 
 
 def _describe_topology(topology: Any) -> str:
-    if isinstance(topology, Mapping):
-        return "; ".join(f"{k}: {v}" for k, v in topology.items())
+    if isinstance(topology, Mapping):  # hwcheck's matrices; the per-GPU list is shown as rows
+        return "; ".join(f"{k}: {v}" for k, v in topology.items() if v and k != "gpus")
     if isinstance(topology, list):
         return "; ".join(str(item) for item in topology)
     return "" if topology is None else str(topology)

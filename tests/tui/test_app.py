@@ -49,7 +49,7 @@ async def test_dashboard_shows_recorded_server() -> None:
         await pilot.pause(0.3)
         assert probe.url == "http://recorded:8000" and probe.polls >= 2  # re-armed, >= 2 Hz here
         stats = text_of(app, "#engine-stats")
-        assert "187,392 / 425,984 tok" in stats and "3 running · 1 waiting" in stats
+        assert "187,392/425,984 44.0% int8" in stats and "3 running · 1 waiting" in stats
         assert "p50 412 ms · p95 1.87 s" in stats and "88.0%" not in stats
         headers = [plain(s.content) for s in app.screen.query(".gpu-header").results(Static)]
         assert len(headers) == 2

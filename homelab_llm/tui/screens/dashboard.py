@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 class DashboardScreen(Screen[None]):
-    BINDINGS = [("ctrl+l", "clear_chat", "Clear chat"), ("i", "focus_chat", "Chat")]
+    BINDINGS = [("ctrl+l", "clear_chat", "Clear chat"), ("i", "focus_chat", "Chat"),
+                ("escape", "leave_chat", "Keys")]
 
     app: HomelabApp  # type: ignore[assignment]
 
@@ -94,3 +95,7 @@ class DashboardScreen(Screen[None]):
 
     def action_focus_chat(self) -> None:
         self.query_one("#chat-input").focus()
+
+    def action_leave_chat(self) -> None:
+        """Typing goes to the chat box; Esc gives the single-letter keys back."""
+        self.set_focus(None)

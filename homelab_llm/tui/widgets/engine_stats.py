@@ -16,9 +16,9 @@ def stats_table(snap: ServerSnapshot) -> Table:
     grid.add_column(ratio=1)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(ratio=1)
-    kv = Text(f"{tokens(snap.kv_tokens_used)} / {tokens(snap.kv_tokens_capacity)} tok")
+    kv = Text(f"{tokens(snap.kv_tokens_used)}/{tokens(snap.kv_tokens_capacity)}")
     if snap.kv_usage is not None:
-        kv.append(f" ({percent(snap.kv_usage)})", style="green" if snap.kv_usage < 0.9 else "red")
+        kv.append(f" {percent(snap.kv_usage)}", style="green" if snap.kv_usage < 0.9 else "red")
     if snap.kv_dtype:
         kv.append(f" {snap.kv_dtype}", style="dim")
     running = NA if snap.running is None else str(snap.running)

@@ -49,6 +49,7 @@ class VramBar(Widget):
     def update(self, device: DeviceMemory | None, kv_used_fraction: float | None) -> None:
         self.device = device
         self.kv_used_fraction = kv_used_fraction
+        self.display = device is not None  # the dashboard says once why there is no split
 
     def render(self) -> Text:
         if self.device is None:

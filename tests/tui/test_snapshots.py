@@ -1,0 +1,80 @@
+"""Snapshot tests (pytest-textual-snapshot): each screen at 80x24, the dashboard also at 120x40 and 160x40 (side by side),
+from recorded data, a fixed clock and no live pollers, so the SVGs are identical every run.
+Update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a deliberate change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from homelab_llm.tui.app import HomelabApp
+from homelab_llm.tui.probe import CounterRates, snapshot_from_metrics
+from homelab_llm.tui.prometheus import parse_prometheus
+from homelab_llm.tui.service import ServiceManager
+from tui_fakes import FIXED_TELEMETRY, FIXTURES, FakeProbe, FakeTelemetry, load_hardware, load_status
+
+pytestmark = pytest.mark.timeout(120)
+
+# A fixed minute of history so the sparklines have a shape (tok/s, oldest first).
+PROMPT_HISTORY = [0, 0, 1800, 3900, 4200, 2600, 900, 0, 0, 3100, 4800, 4400, 2874]
+GEN_HISTORY = [0, 12, 48, 90, 101, 99, 97, 60, 31, 70, 96, 97, 96.3]
+
+
+def recorded_app(snapshot=None, **kw) -> HomelabApp:
+    service = ServiceManager()
+    service.logs.extend(["$ python -m homelab_llm serve model.gguf --port 8000",
+                         "INFO loading weights: 8.4 GiB", "INFO KV cache: 425984 tokens (int8)",
+                         "INFO Uvicorn running on http://127.0.0.1:8000"])
+    app = HomelabApp(service=service, probe_factory=FakeProbe([snapshot or load_status()]),
+                     watch_url="http://127.0.0.1:8000", hardware_source=load_hardware,
+                     telemetry=FakeTelemetry(FIXED_TELEMETRY), clock=lambda: 1000.0,
+                     poll_interval_s=3600.0, **kw)  # one poll: nothing changes while drawing
+    app.prompt_history.extend(PROMPT_HISTORY)
+    app.generation_history.extend(GEN_HISTORY)
+    return app
+
+
+async def settle(pilot: Pilot) -> None:
+    app = pilot.app
+    for _ in range(100):
+        if app.snapshot.ok and not app.hardware_pending and app.telemetry:
+            break
+        await pilot.pause(0.02)
+    await pilot.pause(0.1)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 40)])
+def test_dashboard(snap_compare, size: tuple[int, int]) -> None:
+    assert snap_compare(recorded_app(), terminal_size=size, run_before=settle)
+
+
+def test_dashboard_vllm_child(snap_compare) -> None:
+    vllm = snapshot_from_metrics(parse_prometheus((FIXTURES / "vllm_metrics.txt").read_text()),
+                                 CounterRates(), now=1.0)
+    assert snap_compare(recorded_app(vllm), terminal_size=(80, 24), run_before=settle)
+
+
+@pytest.mark.parametrize("mode", ["presets", "hardware", "logs"])
+def test_screens(snap_compare, mode: str) -> None:
+    assert snap_compare(recorded_app(start_mode=mode), terminal_size=(80, 24), run_before=settle)
+
+
+def test_help(snap_compare) -> None:
+    async def run_before(pilot: Pilot) -> None:
+        await settle(pilot)
+        await pilot.press("f1")
+
+    assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=run_before)
+
+
+def test_editor_with_invalid_input(snap_compare, user_presets: Path) -> None:
+    async def run_before(pilot: Pilot) -> None:
+        await settle(pilot)
+        await pilot.press("e")
+        pilot.app.screen.query_one("#f-port").value = "99999"
+        await pilot.pause(0.1)
+
+    assert snap_compare(recorded_app(start_mode="presets"), terminal_size=(80, 24),
+                        run_before=run_before)
