@@ -159,3 +159,20 @@ def test_ctrl_c_cancels_in_flight_and_keeps_partial_results(tmp_path):
     data = json.loads((tmp_path / "partial.json").read_text())
     assert data["interrupted"] is True and data["results"][0]["runs"] == 1
     assert server.aborted == 1 and len(server.requests) == 2
+
+
+def test_token_source_falls_back_to_estimate_without_tokenize(capsys):
+    with FakeServerThread(FakeOpenAI(Script(tokenize=False))) as fake:
+        rc, out, err = run_cli(["bench", "depth", "--base-url", fake.url, "--pp", "16", "--tg", "2",
+                                "--repetitions", "1", "--no-progress"], capsys)
+    assert rc == 0, err
+    assert "prompt tokens: estimate (1 token/word)" in out
+
+
+def test_token_source_local_tokenizer(smollm2_path, capsys):
+    with FakeServerThread(FakeOpenAI(Script(tokenize=False))) as fake:
+        rc, out, err = run_cli(["bench", "depth", "--base-url", fake.url, "--pp", "16", "--tg", "2",
+                                "--repetitions", "1", "--no-progress",
+                                "--tokenizer", str(smollm2_path)], capsys)
+    assert rc == 0, err
+    assert "prompt tokens: local tokenizer" in out
