@@ -113,7 +113,8 @@ class EngineClient:
             self._cond.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 30.0)
-        self.state = "stopped"
+        if self.state != "failed":  # keep the load failure visible to whoever started us
+            self.state = "stopped"
 
     # ---- requests (event loop side) --------------------------------------------------------
     @property
