@@ -91,8 +91,11 @@ class BenchClient:
         samples = []
         for _ in range(probes):
             t0 = self.clock()
-            resp = await self._http.get("/v1/models")
-            await resp.aread()
+            try:
+                resp = await self._http.get("/v1/models")
+                await resp.aread()
+            except httpx.HTTPError as err:
+                raise BenchError(f"cannot reach {self.root}: {err or type(err).__name__}") from err
             samples.append(self.clock() - t0)
         samples.sort()
         return samples[len(samples) // 2]
@@ -108,10 +111,13 @@ class BenchClient:
         except httpx.HTTPError:
             self._has_tokenize = False
             return None
-        if resp.status_code != 200:
+        try:
+            data = resp.json() if resp.status_code == 200 else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
             self._has_tokenize = False
             return None
-        data = resp.json()
         self._has_tokenize = True
         if isinstance(data.get("count"), int):  # vLLM
             return data["count"]
