@@ -138,3 +138,81 @@ def load_ours(path: Path | str, load_format: str = "auto", dtype: torch.dtype = 
 
     config = load_model_config(path, load_format)
     return config, load_model(config, path, load_format, dtype, torch.device("cpu"))
+
+
+# -- GGUF files for tests ----------------------------------------------------------------------
+_GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight",
+               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+def hf_to_gguf(hf_model, path: Path, qtype: str | None = None, arch: str = "llama",
+               raw_override: dict[str, tuple[bytes, str]] | None = None) -> Path:
+    """Write a transformers Llama as a GGUF the way llama.cpp's converter does (Q/K rows
+    permuted for its rope), 2-D weights quantized to `qtype` if given."""
+    import gguf
+    import numpy as np
+
+    cfg = hf_model.config
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_eos_token_id(1)
+
+    def permute(t, heads):
+        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    for name, tensor in hf_model.state_dict().items():
+        t = tensor.float().numpy()
+        if name == "model.embed_tokens.weight":
+            gname = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gname = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            gname = "output.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            gname = f"blk.{layer}.{_GGUF_LAYER[rest]}"
+            if arch == "llama" and rest == "self_attn.q_proj.weight":
+                t = permute(t, cfg.num_attention_heads)
+            elif arch == "llama" and rest == "self_attn.k_proj.weight":
+                t = permute(t, cfg.num_key_value_heads)
+        if raw_override and gname in raw_override:
+            data, type_name = raw_override[gname]
+            qt = gguf.GGMLQuantizationType[type_name]
+            rows = np.frombuffer(data, dtype=np.uint8).reshape(t.shape[0], -1).copy()
+            w.add_tensor(gname, rows, raw_dtype=qt)  # byte shape: the writer derives the rest
+        elif qtype and t.ndim == 2:
+            qt = gguf.GGMLQuantizationType[qtype]
+            w.add_tensor(gname, gguf.quants.quantize(np.ascontiguousarray(t), qt), raw_dtype=qt)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_tiny_config(folder: Path, **overrides: Any) -> Path:
+    """A model_configs-style JSON (HF config.json form) for dummy-weight tests."""
+    import json
+
+    cfg = dict(architectures=["LlamaForCausalLM"], model_type="llama", **TINY)
+    cfg.pop("initializer_range")
+    cfg.update(overrides)
+    path = folder / "tiny-llama.json"
+    path.write_text(json.dumps(cfg))
+    return path
