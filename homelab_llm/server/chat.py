@@ -3,6 +3,7 @@ and answer as one JSON body or as an SSE stream of chunks."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -36,6 +37,11 @@ def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
+def _prepare(tokenizer: Any, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+    text = render_prompt(tokenizer, req)
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
 def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
     if choice.finish_reason == "stop" and router.num_calls:
         return "tool_calls"
@@ -49,8 +55,9 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
     logprobs = req.logprobs_count()
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
-    prompt_text = render_prompt(tokenizer, req)
-    prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+    # Templating and tokenizing a 100K-token agent prompt takes tens of milliseconds: off the
+    # event loop, so other streams keep flowing meanwhile.
+    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)
@@ -60,7 +67,7 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
     batch = Batch(state, new_id("chatcmpl"),
                   [(prompt_ids, req.sampling_params(max_tokens, logprobs, i)) for i in range(req.n)])
     await batch.submit()
-    ctx = _Context(batch.ids[0].rsplit("-", 1)[0], int(time.time()), model, tokenizer, logprobs)
+    ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs)
     if req.stream:
         return SSEResponse(_stream(ctx, batch, routers, req.include_usage), on_close=batch.abort)
     try:

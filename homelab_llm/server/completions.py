@@ -3,6 +3,7 @@ choice index = prompt index * n + choice number, as OpenAI numbers them."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -47,8 +48,8 @@ async def create_completion(state: ServerState, request: Request, body: Any) -> 
     tokenizer = engine.tokenizer
     prompts = req.prompts()
     items, echoes = [], []
-    for prompt in prompts:
-        ids = prompt_ids(tokenizer, prompt)
+    all_ids = await asyncio.to_thread(lambda: [prompt_ids(tokenizer, p) for p in prompts])
+    for prompt, ids in zip(prompts, all_ids):
         max_tokens = check_max_tokens(len(ids), req.requested_max_tokens(), engine.max_model_len)
         echo = "" if not req.echo else (prompt if isinstance(prompt, str) else tokenizer.decode(ids))
         for i in range(req.n):
@@ -56,7 +57,7 @@ async def create_completion(state: ServerState, request: Request, body: Any) -> 
             echoes.append(echo)
     batch = Batch(state, new_id("cmpl"), items)
     await batch.submit()
-    ctx = _Context(batch.ids[0].rsplit("-", 1)[0], int(time.time()), model, tokenizer, logprobs,
+    ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs,
                    echoes, [p * req.n for p in range(len(prompts))])
     if req.stream:
         return SSEResponse(_stream(ctx, batch, req.include_usage), on_close=batch.abort)

@@ -67,6 +67,7 @@ class Batch:
     def __init__(self, state: ServerState, base_id: str,
                  items: list[tuple[list[int], SamplingParams]]) -> None:
         self.state = state
+        self.base_id = base_id  # the id the client sees; engine ids add "-<choice>"
         self.ids = [f"{base_id}-{i}" for i in range(len(items))]
         self.items = items
         self.sink: asyncio.Queue[RequestOutput] = asyncio.Queue()
