@@ -143,6 +143,8 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
         )
+    except HomelabError:
+        raise
     except KeyError as err:
         raise ModelLoadError(f"{where}: required key {err.args[0]!r} is missing") from None
     except (TypeError, ValueError) as err:
