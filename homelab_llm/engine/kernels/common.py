@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from homelab_llm.engine.kernels.tuning import interpreting
 
@@ -41,3 +43,12 @@ def check_int8_scales(cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale
     if k_scale is None or v_scale is None:
         raise ValueError("int8 KV cache needs k_scale and v_scale [num_pages, page_size, heads] float16")
     return True
+
+
+@triton.jit
+def int8_to_fp16(x):
+    """Exact int8 -> fp16 with integer ops only: the bits 0x6480 + x are the fp16 number 1152 + x
+    (1024's exponent, x + 128 in the mantissa). The plain conversion goes through the
+    quarter-rate int-to-float unit and made int8 KV attention slower than bf16 (measured, H200)."""
+    bits = x.to(tl.int16) + 0x6480
+    return bits.to(tl.float16, bitcast=True) - 1152.0

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
-                                               next_pow2, scale_strides)
+                                               int8_to_fp16, next_pow2, scale_strides)
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -53,6 +53,10 @@ def _prefill_kernel(
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
+    elif INT8_KV:
+        # fp16 operands for int8 KV (see int8_to_fp16); folding the softmax scale into q first
+        # keeps a bf16 q well inside fp16 range.
+        q = (q.to(tl.float32) * sm_scale_log2).to(tl.float16)
     q_pos = prefix + offs_m
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -71,14 +75,19 @@ def _prefill_kernel(
                     + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
                     + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        k = k.to(q.dtype)
-        v = v.to(q.dtype)
+        if INT8_KV and not DOT_F32:
+            k = int8_to_fp16(k)
+            v = int8_to_fp16(v)
+        else:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k))
         if INT8_KV:
             k_s = tl.load(ks_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
                           mask=n_mask, other=0.0).to(tl.float32)
             scores = scores * k_s[None, :]
-        scores = scores * sm_scale_log2
+        if not INT8_KV or DOT_F32:
+            scores = scores * sm_scale_log2
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from homelab_llm.engine.kernels.common import int8_to_fp16
 from homelab_llm.engine.kernels.ref import store_kv_ref
 
 
@@ -52,3 +55,18 @@ def test_store_to_strided_cache_view(device: torch.device) -> None:
     flat_k = pool[0].reshape(-1, 2, 32)
     torch.testing.assert_close(flat_k[slots], key, atol=0.0, rtol=0.0)
     assert pool[1].reshape(-1, 2, 32)[slots].equal(value)
+
+
+
+@triton.jit
+def _convert_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, int8_to_fp16(tl.load(x_ptr + offs)))
+
+
+def test_int8_to_fp16_bit_trick_is_exact(device: torch.device) -> None:
+    """The int8 -> fp16 conversion the attention kernels use for int8 KV, over all 256 values."""
+    x = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8).to(device)
+    out = torch.empty(256, dtype=torch.float16, device=device)
+    _convert_kernel[(1,)](x, out, N=256)
+    assert torch.equal(out, x.to(torch.float16))
