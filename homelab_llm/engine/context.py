@@ -24,9 +24,11 @@ class ForwardContext:
     max_seq_len: int
     page_size: int
     decode_only: bool  # every sequence has exactly one new token
-    # Host copies, so the CPU path never syncs to learn lengths.
+    # Host copies, so the CPU path never syncs to learn lengths (None inside a CUDA graph).
     query_lens_host: list[int] | None = None
     seq_lens_host: list[int] | None = None
+    # Fixed split count for the decode kernel when replayed from a graph (lengths vary per replay).
+    num_kv_splits: int | None = None
 
 
 _current: ForwardContext | None = None

@@ -90,6 +90,7 @@ class LLMEngine:
             self.runner = ModelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
         pool = self.runner.allocate_kv(self.runner.kv_budget())
         self.max_model_len = self._resolve_max_model_len(pool.tokens_capacity)
+        self.runner.capture_graphs(self.max_model_len)
         self.kv = KVCacheManager(pool, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)

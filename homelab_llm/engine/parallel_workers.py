@@ -36,7 +36,7 @@ from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine.parallel")
 
-CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN = range(5)
+CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
 HEADER = 10  # cmd, T, B, max_pages, n_logits, decode_only, max_q, max_s, arg, reserved
 _MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
 
@@ -183,6 +183,8 @@ def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
         elif cmd == CMD_MEMORY:
             runner.refresh_memory()
             channel.gather_memory(runner.memory)
+        elif cmd == CMD_GRAPHS:
+            runner.capture_graphs(header[8])
         elif cmd == CMD_SHUTDOWN:
             break
     dist.destroy_process_group()
@@ -248,6 +250,10 @@ class ParallelRunner:
         self.channel.send([CMD_ALLOCATE, 0, 0, 0, 0, 0, 0, 0, pages])
         self.pool = self.local.allocate_pages(pages)
         return self.pool
+
+    def capture_graphs(self, max_model_len: int) -> None:
+        self.channel.send([CMD_GRAPHS, 0, 0, 0, 0, 0, 0, 0, max_model_len])
+        self.local.capture_graphs(max_model_len)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
         return self.local.prepare(scheduled)

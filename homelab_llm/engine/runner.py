@@ -95,6 +95,7 @@ class ModelRunner:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.memory = MemorySplit(name=name, weights=weights)
         self.pool: PagePool | None = None
+        self.graphs = None  # DecodeGraphs once captured
 
     # -- KV sizing ----------------------------------------------------------------------------
     def kv_layout(self) -> KVLayout:
@@ -141,7 +142,7 @@ class ModelRunner:
             if self.args.kv_cache_memory_bytes is not None:
                 return self.args.kv_cache_memory_bytes
             budget = int(total * self.args.gpu_memory_utilization) - (
-                m.weights + m.activations_peak + m.graphs + m.other)
+                m.weights + m.activations_peak + self._graph_reserve() + m.other)
             return max(0, budget)
         total, available = _cpu_memory()
         m.total = total
@@ -155,12 +156,33 @@ class ModelRunner:
     def allocate_kv(self, budget: int) -> PagePool:
         return self.allocate_pages(self.pages_for_budget(budget))
 
+    def _graph_reserve(self) -> int:
+        """Room kept for decode graphs before the KV cache takes the rest (measured after)."""
+        if self.args.enforce_eager:
+            return 0
+        from homelab_llm.engine.memory import graph_bytes
+
+        return graph_bytes(self.config, self.args.max_num_seqs, str(self.dtype).removeprefix("torch."),
+                           self.tp_size)
+
     def allocate_pages(self, num_pages: int) -> PagePool:
         self.pool = PagePool(self.kv_layout(), num_pages, self.device)
         self.bind_kv(self.pool)
         self.memory.kv_cache = self.pool.memory_bytes
         self.refresh_memory()
         return self.pool
+
+    def capture_graphs(self, max_model_len: int) -> None:
+        """Decode graphs for every padded batch size up to max_num_seqs (GPU only)."""
+        if self.device.type != "cuda" or self.args.enforce_eager:
+            return
+        from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, kv_splits_for
+
+        max_pages = -(-max_model_len // self.page_size)
+        self.graphs = DecodeGraphs(self.model, self.device, self.args.max_num_seqs, max_pages,
+                                   self.page_size, kv_splits_for(max_model_len, self.page_size))
+        self.graphs.capture(graph_batch_sizes(self.args.max_num_seqs))
+        self.memory.graphs = self.graphs.memory_bytes
 
     def refresh_memory(self) -> None:
         m = self.memory
@@ -241,6 +263,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits (float32) for the rows that sample this step."""
+        if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
+            return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
             if batch.logits_indices.numel() == 0:

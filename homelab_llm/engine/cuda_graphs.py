@@ -1,0 +1,102 @@
+"""CUDA/HIP graphs for decode steps: one graph per padded batch size, replayed with the step's
+inputs copied into static buffers. Launch overhead is most of a small model's decode step; a graph
+turns hundreds of kernel launches into one."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from homelab_llm.engine.context import ForwardContext, forward_context
+
+log = logging.getLogger("homelab_llm.engine.graphs")
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    sizes = [1, 2, 4, 8] + list(range(16, 257, 16))
+    out = [s for s in sizes if s < max_num_seqs] + [max_num_seqs]
+    return sorted(set(out))
+
+
+def kv_splits_for(max_model_len: int, page_size: int) -> int:
+    """Split count for graph replays: enough parallel work at batch 1 on long contexts, while a
+    split never gets fewer than a few pages."""
+    return max(1, min(32, max_model_len // (8 * page_size)))
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor
+
+
+class DecodeGraphs:
+    def __init__(self, model, device: torch.device, max_num_seqs: int, max_pages: int,
+                 page_size: int, num_kv_splits: int) -> None:
+        self.model = model
+        self.device = device
+        self.max_bs = max_num_seqs
+        self.max_pages = max_pages
+        self.page_size = page_size
+        self.num_kv_splits = num_kv_splits
+        n = max_num_seqs
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.page_table = torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = None
+        self.memory_bytes = 0
+
+    def _context(self, bs: int) -> ForwardContext:
+        return ForwardContext(
+            positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
+            query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
+            page_table=self.page_table[:bs], max_query_len=1,
+            max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
+            decode_only=True, num_kv_splits=self.num_kv_splits)
+
+    @torch.inference_mode()
+    def capture(self, sizes: list[int]) -> None:
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        for bs in sorted(sizes, reverse=True):  # largest first: later graphs reuse its pool
+            ctx = self._context(bs)
+            with forward_context(ctx):
+                for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
+                    hidden = self.model(self.input_ids[:bs], self.positions[:bs])
+                    self.model.compute_logits(hidden)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    hidden = self.model(self.input_ids[:bs], self.positions[:bs])
+                    logits = self.model.compute_logits(hidden)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bs] = _Graph(graph, logits)
+        torch.cuda.synchronize(self.device)
+        self.memory_bytes = max(0, torch.cuda.memory_allocated(self.device) - before)
+        log.info("captured %d decode graphs (batch %s), %.1f MiB", len(sizes), sizes,
+                 self.memory_bytes / 2**20)
+
+    def fits(self, ctx: ForwardContext, num_tokens: int) -> bool:
+        return (ctx.decode_only and num_tokens <= self.max_bs
+                and ctx.page_table.shape[1] <= self.max_pages and bool(self.graphs))
+
+    def run(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:
+        bs = input_ids.shape[0]
+        size = min(s for s in self.graphs if s >= bs)
+        self.input_ids[:bs].copy_(input_ids)
+        self.positions[:bs].copy_(ctx.positions)
+        self.slot_mapping[:bs].copy_(ctx.slot_mapping)
+        self.slot_mapping[bs:size].fill_(-1)  # padding rows write nowhere
+        self.seq_lens[:bs].copy_(ctx.seq_lens)
+        self.seq_lens[bs:size].fill_(1)
+        pages = ctx.page_table.shape[1]
+        self.page_table[:bs, :pages].copy_(ctx.page_table)
+        self.graphs[size].graph.replay()
+        return self.graphs[size].logits[:bs][logits_indices]
