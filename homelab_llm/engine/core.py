@@ -155,9 +155,8 @@ class LLMEngine:
             max_tokens = params.max_tokens
         seq = Sequence(request_id=request_id, prompt_token_ids=prompt_ids, params=params,
                        arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens)
-        seed = params.seed if params.seed is not None else int(
+        seq.seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._seed_rng))
-        seq.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.outputs.start(seq)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)

@@ -34,7 +34,7 @@ class Sequence:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    generator: Any = None  # torch.Generator for this request's random draws
+    seed: int = 0  # keys this request's random draws (with the output position)
     # Output text bookkeeping (detokenizer lives in the engine core).
     detokenizer: Any = None
     output_text: str = ""

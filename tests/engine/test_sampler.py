@@ -18,8 +18,15 @@ EOS = 0
 def seq(params: SamplingParams, prompt=(5, 6, 7), out=(), seed: int = 0) -> Sequence:
     s = Sequence("r", list(prompt), params, 0.0, max_tokens=params.max_tokens or 100)
     s.token_ids.extend(out)
-    s.generator = torch.Generator().manual_seed(seed)
+    s.seed = seed
     return s
+
+
+def draw(sampler: Sampler, logits: torch.Tensor, s: Sequence) -> int:
+    """One sample, then advance the sequence as the engine would (new position, new noise)."""
+    token = sampler(logits, [s]).token_ids[0]
+    s.token_ids.append(token)
+    return token
 
 
 def test_greedy_rows_take_the_argmax() -> None:
@@ -42,7 +49,7 @@ def test_sampling_follows_the_softmax_distribution() -> None:
     n = 4000
     counts = torch.zeros(5)
     for _ in range(n):
-        counts[sampler(logits, [s]).token_ids[0]] += 1
+        counts[draw(sampler, logits, s)] += 1
     freq = counts / n
     # 4000 draws: standard error <= 0.008; allow 4 sigma.
     assert torch.allclose(freq, expected, atol=0.032), (freq, expected)
@@ -52,7 +59,7 @@ def test_same_seed_same_draws_different_seed_different_draws() -> None:
     logits = torch.zeros(1, 1000)
     def draws(seed: int) -> list[int]:
         s = seq(SamplingParams(temperature=1.0, seed=seed), seed=seed)
-        return [Sampler((EOS,))(logits, [s]).token_ids[0] for _ in range(20)]
+        return [draw(Sampler((EOS,)), logits, s) for _ in range(20)]
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
 
@@ -61,7 +68,7 @@ def test_top_p_never_samples_outside_the_nucleus() -> None:
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().unsqueeze(0)
     s = seq(SamplingParams(temperature=1.0, top_p=0.7), seed=4)
-    seen = {Sampler((99,))(logits, [s]).token_ids[0] for _ in range(300)}
+    seen = {draw(Sampler((99,)), logits, s) for _ in range(300)}
     assert seen == {0, 1}  # 0.5 < 0.7 so the token crossing the mass (0.3) stays in
 
 
@@ -69,7 +76,7 @@ def test_min_p_drops_tokens_below_the_fraction_of_the_best() -> None:
     probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
     logits = probs.log().unsqueeze(0)
     s = seq(SamplingParams(temperature=1.0, min_p=0.3), seed=5)
-    seen = {Sampler((99,))(logits, [s]).token_ids[0] for _ in range(300)}
+    seen = {draw(Sampler((99,)), logits, s) for _ in range(300)}
     assert seen == {0, 1}  # 0.3 * 0.6 = 0.18
 
 

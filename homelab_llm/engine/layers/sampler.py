@@ -1,8 +1,9 @@
 """Sampler: logits -> next tokens (+ logprobs), per-request settings, batched where it pays.
 
 Order, as vLLM and HF apply them: min_tokens masks stop tokens; repetition, presence and frequency
-penalties; greedy rows take the argmax; the rest divide by temperature, keep top-k, top-p and
-min-p, and draw with the request's own generator (so a seed gives the same text in any batch).
+penalties; then `dispatch.sample` (a Triton kernel on the GPU, its reference on the CPU): greedy
+rows take the argmax, the rest divide by temperature, keep top-k, top-p and min-p, and draw with
+noise keyed by (request seed, output position), so a seed gives the same text in any batch.
 Logprobs are those of the model's raw distribution, before any of the above.
 """
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.outputs import TokenLogprob
 from homelab_llm.engine.sequence import Sequence
 
@@ -49,24 +51,6 @@ def _mask_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence],
                 logits[row, banned] = float("-inf")
 
 
-def _filter(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """One row: keep top-k, then the smallest top-p mass, then tokens >= min_p * max prob."""
-    if 0 < top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        cum = torch.cumsum(probs, dim=-1)
-        drop = cum - probs > top_p  # keep the token that crosses top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    if min_p > 0.0:
-        probs = torch.softmax(logits, dim=-1)
-        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
-    return logits
-
-
 def _top_logprobs(logprobs_row: torch.Tensor, token: int, n: int) -> TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
     if n > 0:
@@ -88,16 +72,17 @@ class Sampler:
         _mask_stops_before_min_tokens(logits, seqs, self.eos_token_ids)
         _apply_penalties(logits, seqs)
 
-        tokens = logits.argmax(dim=-1).tolist()  # greedy rows are done here
-        for row, seq in enumerate(seqs):
-            p = seq.params
-            if p.greedy:
-                continue
-            row_logits = _filter(logits[row] / p.temperature, p.top_k, p.top_p, p.min_p)
-            probs = torch.softmax(row_logits, dim=-1)
-            # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one draw per row.
-            noise = torch.empty_like(probs).exponential_(generator=seq.generator)
-            tokens[row] = int((probs / noise).argmax())
+        dev = logits.device
+        params = [s.params for s in seqs]
+        tokens = dispatch.sample(
+            logits,
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.top_k for p in params], dtype=torch.int32, device=dev),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev),
+            torch.tensor([s.seed for s in seqs], dtype=torch.int64, device=dev),
+            torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev),
+        ).tolist()  # the step's one host sync: the scheduler needs the tokens
 
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
