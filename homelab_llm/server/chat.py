@@ -17,7 +17,8 @@ from homelab_llm.server.errors import APIError, bad_request
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
 from homelab_llm.server.logprobs import chat_logprobs
-from homelab_llm.server.protocol import ChatCompletionRequest, check_max_tokens, parse_body
+from homelab_llm.server.protocol import (ChatCompletionRequest, check_max_tokens, encode_text,
+                                         parse_body)
 from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
@@ -39,7 +40,7 @@ def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
 
 def _prepare(tokenizer: Any, req: ChatCompletionRequest) -> tuple[str, list[int]]:
     text = render_prompt(tokenizer, req)
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    return text, encode_text(tokenizer, text, False, "messages")
 
 
 def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:

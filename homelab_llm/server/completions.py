@@ -16,7 +16,7 @@ from homelab_llm.server.errors import APIError, bad_request
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
 from homelab_llm.server.logprobs import completion_logprobs
-from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, parse_body
+from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text, parse_body
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 
@@ -31,7 +31,7 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
 
 def prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt, add_special_tokens=True)
+        ids = encode_text(tokenizer, prompt, True, "prompt")
         if not ids:
             raise bad_request("the prompt is empty", "prompt")
         return ids

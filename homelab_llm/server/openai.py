@@ -15,7 +15,7 @@ from homelab_llm.server.chat import create_chat_completion, render_prompt
 from homelab_llm.server.completions import check_token_ids, create_completion
 from homelab_llm.server.errors import bad_request
 from homelab_llm.server.protocol import (ChatCompletionRequest, DetokenizeRequest,
-                                         TokenizeRequest, parse_body)
+                                         TokenizeRequest, encode_text, parse_body)
 from homelab_llm.server.state import ServerState
 
 router = APIRouter()
@@ -66,9 +66,9 @@ async def tokenize(request: Request) -> JSONResponse:
     if req.messages is not None:
         chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
                                      add_generation_prompt=req.add_generation_prompt)
-        tokens = tokenizer.encode(render_prompt(tokenizer, chat), add_special_tokens=False)
+        tokens = encode_text(tokenizer, render_prompt(tokenizer, chat), False, "messages")
     else:
-        tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        tokens = encode_text(tokenizer, req.prompt, req.add_special_tokens, "prompt")
     out: dict[str, Any] = {"count": len(tokens), "max_model_len": engine.max_model_len,
                            "tokens": tokens}
     if req.return_token_strs:

@@ -88,6 +88,9 @@ class SamplingFields(_Body):
     def check_common(self) -> None:
         if not 1 <= self.n <= MAX_N:
             raise bad_request(f"n must be in [1, {MAX_N}], got {self.n}", "n")
+        # Seeds become 64-bit generator seeds, and choice i uses seed + i.
+        if self.seed is not None and not -(2**63) <= self.seed <= 2**63 - 1 - MAX_N:
+            raise bad_request(f"seed must fit in a signed 64-bit integer, got {self.seed}", "seed")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         seed_offset: int = 0) -> SamplingParams:
@@ -234,6 +237,15 @@ def _field_path(loc: tuple[Any, ...]) -> list[str]:
         else:
             break
     return path
+
+
+def encode_text(tokenizer: Any, text: str, add_special_tokens: bool, param: str) -> list[int]:
+    """Tokenize client text; text the tokenizer cannot take (e.g. a lone UTF-16 surrogate, which
+    JSON allows) is the client's problem, not a 500."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    except (TypeError, ValueError, UnicodeError) as err:
+        raise bad_request(f"{param}: the text cannot be tokenized ({err})", param) from err
 
 
 def parse_body(model: type[BaseModel], body: Any) -> Any:

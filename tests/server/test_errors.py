@@ -106,6 +106,11 @@ def test_template_and_token_errors(server) -> None:
     assert_error(post(server, "/detokenize", {"tokens": [-1]}), 400, "-1")
     assert_error(post(server, "/tokenize", {}), 400, "prompt")
     assert_error(post(server, "/v1/chat/completions", {"messages": USER, "stop": [""]}), 400, "stop")
+    assert_error(post(server, "/v1/chat/completions", {"messages": USER, "seed": 2**64}), 400, "seed")
+    lone_surrogate = b'{"prompt": "a\\ud800b", "max_tokens": 2}'  # legal JSON, untokenizable
+    r = httpx.post(f"{server.base_url}/v1/completions", content=lone_surrogate,
+                   headers={"content-type": "application/json"})
+    assert_error(r, 400, "cannot be tokenized", param="prompt")
 
 
 def test_unknown_model_and_route(server, client: openai.OpenAI) -> None:
