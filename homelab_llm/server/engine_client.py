@@ -235,7 +235,13 @@ class EngineClient:
                 if stopping:
                     break
                 if engine.has_unfinished_requests():
-                    self._step(engine, live)
+                    started = time.monotonic()
+                    if not self._step(engine, live) and time.monotonic() - started < 1e-3:
+                        # Work exists but nothing could run (e.g. waiting for pages): back off a
+                        # millisecond instead of spinning, waking early for new commands.
+                        with self._cond:
+                            if not self._inbox:
+                                self._cond.wait(1e-3)
         finally:
             try:
                 engine.shutdown()
@@ -263,7 +269,8 @@ class EngineClient:
             except BaseException as err:  # noqa: BLE001
                 self._resolve(item.future, error=err)
 
-    def _step(self, engine: Engine, live: set[str]) -> None:
+    def _step(self, engine: Engine, live: set[str]) -> bool:
+        """One engine step; returns whether it produced any output."""
         try:
             outputs = engine.step()
         except Exception as err:
@@ -284,6 +291,7 @@ class EngineClient:
         if outputs:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._deliver, outputs)
+        return bool(outputs)
 
     def _fail_inbox(self, message: str) -> None:
         with self._cond:

@@ -1,0 +1,233 @@
+"""What the HTTP layer costs: TTFT, inter-token latency and decode tok/s at 1/4/8 concurrent
+streams, offline (LLMEngine.step in this process) and over HTTP (`homelab-llm serve` in a child
+process, streamed SSE from an async client), in one run on the same machine.
+
+    python benchmarks/server_overhead.py [MODEL] [--device cpu] [--max-tokens 64]
+        [--prompt-words 96] [--streams 1 4 8] [--repeats 2] [--json out.json]
+
+Each request gets a distinct prompt (so the prefix cache does not flatter TTFT), temperature 0
+and ignore_eos, so every stream produces exactly --max-tokens tokens. Decode tok/s = tokens after
+each stream's first / (last token time - first stream's first token time): the rate the batch
+sustains once prefill is done. Offline and HTTP runs alternate and each reports its best of
+--repeats (highest decode tok/s), so a busy shared machine penalises both alike. The table printed
+at the end is Markdown for docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+@dataclass
+class StreamTiming:
+    sent: float
+    token_times: list[float] = field(default_factory=list)  # one entry per token received
+    # (an SSE chunk may carry more than one token; its tokens share the chunk's time)
+
+
+@dataclass
+class RunResult:
+    mode: str  # offline | http
+    streams: int
+    ttft_p50_ms: float
+    ttft_max_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+    decode_tps: float
+    tokens: int
+
+
+def summarize(mode: str, timings: list[StreamTiming]) -> RunResult:
+    ttfts = [t.token_times[0] - t.sent for t in timings]
+    gaps = [b - a for t in timings for a, b in zip(t.token_times, t.token_times[1:]) if b > a]
+    first = min(t.token_times[0] for t in timings)
+    last = max(t.token_times[-1] for t in timings)
+    after_first = sum(len(t.token_times) - 1 for t in timings)
+    q = statistics.quantiles(gaps, n=20) if len(gaps) >= 2 else [0.0] * 19
+    return RunResult(mode, len(timings), 1e3 * statistics.median(ttfts), 1e3 * max(ttfts),
+                     1e3 * statistics.median(gaps) if gaps else 0.0, 1e3 * q[18],
+                     after_first / (last - first) if last > first else 0.0,
+                     sum(len(t.token_times) for t in timings))
+
+
+def prompts(n: int, words: int, salt: str) -> list[str]:
+    base = ("the engine schedules requests in pages and the radix tree shares every token "
+            "of a common prefix between agent turns so that long contexts start fast ").split()
+    return [f"[{salt}-{i}] " + " ".join(base[(i + k) % len(base)] for k in range(words))
+            for i in range(n)]
+
+
+# ---- offline ------------------------------------------------------------------------------------
+
+def run_offline(engine, n: int, max_tokens: int, words: int, salt: str) -> RunResult:
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    timings: dict[str, StreamTiming] = {}
+    for i, text in enumerate(prompts(n, words, salt)):
+        rid = f"{salt}-{i}"
+        timings[rid] = StreamTiming(time.perf_counter())
+        engine.add_request(rid, text, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                     ignore_eos=True))
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            timings[out.request_id].token_times += [now] * len(out.new_token_ids)
+    return summarize("offline", list(timings.values()))
+
+
+# ---- over HTTP ----------------------------------------------------------------------------------
+
+async def one_stream(client, url: str, model: str, text: str, max_tokens: int) -> StreamTiming:
+    body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "logprobs": 0}
+    timing = StreamTiming(time.perf_counter())
+    async with client.stream("POST", url, json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            now = time.perf_counter()
+            for choice in chunk["choices"]:
+                # logprobs=0 gives one entry per token, so tokens are counted exactly.
+                count = len((choice.get("logprobs") or {}).get("tokens") or [])
+                timing.token_times += [now] * count
+    return timing
+
+
+async def run_http_async(base: str, model: str, n: int, max_tokens: int, words: int,
+                         salt: str) -> RunResult:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
+        tasks = [one_stream(client, f"{base}/v1/completions", model, text, max_tokens)
+                 for text in prompts(n, words, salt)]
+        return summarize("http", list(await asyncio.gather(*tasks)))
+
+
+def start_server(model: str, engine_flags: list[str]) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "homelab_llm", "serve", model, "--port", str(port),
+         "--served-model-name", "bench", "--uvicorn-log-level", "warning", *engine_flags],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while True:
+        if child.poll() is not None:
+            raise SystemExit(f"the server exited: {child.stderr.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return child, base
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            child.kill()
+            raise SystemExit("the server did not become ready in 600 s")
+        time.sleep(0.2)
+
+
+def stop_server(child: subprocess.Popen) -> None:
+    child.terminate()
+    try:
+        child.wait(60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+def table(results: list[RunResult]) -> str:
+    rows = ["| streams | mode | TTFT p50 (ms) | TTFT max (ms) | ITL p50 (ms) | ITL p95 (ms) "
+            "| decode tok/s | HTTP cost |", "|---|---|---|---|---|---|---|---|"]
+    offline = {r.streams: r for r in results if r.mode == "offline"}
+    for r in results:
+        base = offline.get(r.streams)
+        cost = (f"{100 * (1 - r.decode_tps / base.decode_tps):+.1f}%"
+                if r.mode == "http" and base and base.decode_tps else "")
+        rows.append(f"| {r.streams} | {r.mode} | {r.ttft_p50_ms:.1f} | {r.ttft_max_ms:.1f} | "
+                    f"{r.itl_p50_ms:.1f} | {r.itl_p95_ms:.1f} | {r.decode_tps:.1f} | {cost} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default="", help="default: the embedded SmolLM2")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--prompt-words", type=int, default=96)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--kv-cache-memory-bytes", default="256MiB")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args()
+
+    from homelab_llm.assets import default_model_path
+    from homelab_llm.engine.args import EngineArgs, parse_bytes
+    from homelab_llm.engine.core import LLMEngine
+
+    model = args.model or str(default_model_path())
+    flags = ["--device", args.device, "--max-model-len", str(args.max_model_len),
+             "--kv-cache-memory-bytes", args.kv_cache_memory_bytes,
+             "--max-num-seqs", str(max(args.streams))]
+    results: list[RunResult] = []
+
+    engine = LLMEngine(EngineArgs(model=model, device=args.device, max_model_len=args.max_model_len,
+                                  kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
+                                  max_num_seqs=max(args.streams)))
+    child, base = start_server(model, flags)  # its engine idles (sleeps) during offline runs
+    try:
+        run_offline(engine, 1, 4, args.prompt_words, "warmup")
+        asyncio.run(run_http_async(base, "bench", 1, 4, args.prompt_words, "warmup"))
+        for n in args.streams:
+            best: dict[str, RunResult] = {}
+            for r in range(args.repeats):
+                for result in (
+                        run_offline(engine, n, args.max_tokens, args.prompt_words, f"off{n}.{r}"),
+                        asyncio.run(run_http_async(base, "bench", n, args.max_tokens,
+                                                   args.prompt_words, f"http{n}.{r}"))):
+                    print(table([result]).splitlines()[-1], flush=True)
+                    if result.mode not in best or result.decode_tps > best[result.mode].decode_tps:
+                        best[result.mode] = result
+            results += best.values()
+    finally:
+        stop_server(child)
+        engine.shutdown()
+
+    results.sort(key=lambda r: (r.streams, r.mode != "offline"))
+    import torch
+
+    print(f"\n{model}, device {args.device}, {args.max_tokens} tokens/stream, "
+          f"~{args.prompt_words}-word prompts, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}\n")
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
