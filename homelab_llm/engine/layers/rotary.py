@@ -1,7 +1,9 @@
 """Rotary position embedding, neox style (rotate the two halves of each head, as HF does).
 
-One table of cos/sin per position is built at load time for every position the model may see;
-the model looks it up once per forward and every layer reuses that lookup.
+One table per position is built at load time for every position the model may see; the model
+looks it up once per forward and every layer reuses that lookup. The table stores cos and a
+signed sin over the full head ([cos, cos] and [-sin, sin]) so a rotation is three ops
+(x * cos + roll(x) * sin) on q and k together: decode on the CPU is bound by per-op overhead.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ class RotaryEmbedding(nn.Module):
         elif rope_type != "default":
             raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported")
         angles = torch.outer(torch.arange(self.length, dtype=torch.float32), inv_freq)
-        return torch.cat((angles.cos(), angles.sin()), dim=-1) * attention_factor
+        cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
+        return torch.cat((cos, cos, -sin, sin), dim=-1)
 
     def set_freq_factors(self, freq_factors: torch.Tensor) -> None:
         """GGUF Llama 3.x: the per-frequency divisors shipped as the rope_freqs tensor."""
@@ -103,12 +106,14 @@ class RotaryEmbedding(nn.Module):
         self.cos_sin.copy_(table)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each [T, 1, head_dim/2] in `dtype`; done once per forward for all layers."""
+        """(cos, signed sin), each [T, 1, head_dim] in `dtype`; once per forward for all layers."""
         cos_sin = self.cos_sin.index_select(0, positions).to(dtype).unsqueeze(1)
         return cos_sin.chunk(2, dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated by (cos, sin) [T, 1, D/2]; a new tensor."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """x [T, H, D] rotated by a lookup() result; a new tensor.
+
+    With x = [x1, x2]: roll gives [x2, x1], so the result is [x1 cos - x2 sin, x2 cos + x1 sin].
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)

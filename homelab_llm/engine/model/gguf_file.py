@@ -1,6 +1,6 @@
 """One GGUF file: checked metadata, HF tensor names, and dequantized weights.
 
-The file stays memory-mapped (numpy memmap inside gguf.GGUFReader), so the raw quantized blocks a
+The file stays memory-mapped (one numpy memmap), so the raw quantized blocks a
 linear layer came from stay reachable through `GGUFBlocks` without a second copy in memory.
 """
 
@@ -24,6 +24,7 @@ from homelab_llm.engine.model.config import (
     UnsupportedModelError,
     config_from_gguf,
 )
+from homelab_llm.engine.model.gguf_reader import GGUFFormatError, read_gguf_header, tensor_data
 
 # Types we dequantize (through gguf.quants). The i-quants and ternary types are left out until a
 # test model covers them.
@@ -93,41 +94,32 @@ def rope_row_order(out_features: int, num_heads: int) -> np.ndarray:
 
 class GGUFFile:
     def __init__(self, path: str | os.PathLike[str]):
-        from gguf import GGUFReader
-
         self.path = Path(path)
         if not self.path.is_file():
             raise ModelLoadError(f"{self.path}: no such GGUF file")
         try:
-            self.reader = GGUFReader(self.path)
-        except Exception as err:  # the reader raises bare ValueError/IndexError/etc. on bad bytes
+            self._meta, tensors, self._mm = read_gguf_header(self.path)
+        except (GGUFFormatError, ValueError, OSError) as err:
             raise ModelLoadError(
-                f"{self.path}: not a readable GGUF file ({type(err).__name__}: {err}); "
-                "is it truncated or still downloading?") from None
+                f"{self.path}: not a readable GGUF file ({err}); is it truncated or still "
+                "downloading?") from None
         size = self.path.stat().st_size
-        for t in self.reader.tensors:
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size or t.data.size * t.data.itemsize < int(t.n_bytes):
+        for t in tensors:
+            if t.offset + t.n_bytes > size:
                 raise ModelLoadError(
-                    f"{self.path}: truncated: tensor {t.name} ends at byte {end} but the file "
-                    f"has {size} bytes")
-        self.tensors = {t.name: t for t in self.reader.tensors}
+                    f"{self.path}: truncated: tensor {t.name} ends at byte "
+                    f"{t.offset + t.n_bytes} but the file has {size} bytes")
+        self.tensors = {t.name: t for t in tensors}
 
     def metadata(self, include_arrays: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, field in self.reader.fields.items():
-            if key in _ARRAY_KEYS and not include_arrays:
-                out[key + ".count"] = len(field.data)
-                continue
-            try:
-                out[key] = field.contents()
-            except Exception as err:
-                raise ModelLoadError(f"{self.path}: metadata key {key} is corrupt ({err})") from None
+        if include_arrays:
+            return dict(self._meta)
+        out = {k: v for k, v in self._meta.items() if k not in _ARRAY_KEYS}
+        out.update({k + ".count": len(self._meta[k]) for k in _ARRAY_KEYS if k in self._meta})
         return out
 
     def array(self, key: str) -> list[Any] | None:
-        field = self.reader.fields.get(key)
-        return None if field is None else field.contents()
+        return self._meta.get(key)
 
     def config(self) -> ModelConfig:
         meta = self.metadata()
@@ -138,30 +130,31 @@ class GGUFFile:
         return cfg
 
     def check_tensor_types(self) -> None:
-        for t in self.reader.tensors:
-            if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+        for t in self.tensors.values():
+            if t.type_name not in SUPPORTED_TENSOR_TYPES:
                 raise UnsupportedModelError(
-                    f"{self.path}: tensor {t.name} has type {t.tensor_type.name}, which is not "
+                    f"{self.path}: tensor {t.name} has type {t.type_name}, which is not "
                     f"supported; supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
 
     def weights(self, config: ModelConfig, dtype: torch.dtype
                 ) -> Iterator[tuple[str, torch.Tensor, GGUFBlocks | None]]:
         """(HF name, dequantized tensor in `dtype`, raw blocks record for 4-bit linears)."""
         import torch
-        from gguf import quants
+        from gguf import GGMLQuantizationType, quants
 
         permute = config.extra.get("gguf_architecture", "llama") == "llama"
-        for t in self.reader.tensors:
+        for t in self.tensors.values():
             name = hf_name(t.name)
             if name is None:
                 continue
+            raw = tensor_data(self._mm, t)
             order = None
             if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
-                order = rope_row_order(t.data.shape[0], config.num_attention_heads)
+                order = rope_row_order(t.shape[0], config.num_attention_heads)
             elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
-                order = rope_row_order(t.data.shape[0], config.num_key_value_heads)
+                order = rope_row_order(t.shape[0], config.num_key_value_heads)
             try:
-                values = quants.dequantize(t.data, t.tensor_type)
+                values = quants.dequantize(raw, GGMLQuantizationType(t.type_id))
             except Exception as err:
                 raise ModelLoadError(f"{self.path}: cannot dequantize {t.name} ({err})") from None
             if not values.flags.writeable:  # F32/F16 come back as views of the read-only map
@@ -170,8 +163,8 @@ class GGUFFile:
             if order is not None:
                 tensor = tensor[torch.from_numpy(order)]
             blocks = None
-            if t.tensor_type.name in FOUR_BIT_TYPES and tensor.dim() == 2:
-                blocks = GGUFBlocks(t.name, t.tensor_type.name, tuple(tensor.shape), t.data, order)
+            if t.type_name in FOUR_BIT_TYPES and tensor.dim() == 2:
+                blocks = GGUFBlocks(t.name, t.type_name, tuple(tensor.shape), raw, order)
             yield name, tensor.to(dtype), blocks
 
 

@@ -51,14 +51,19 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        tokens, d = hidden.shape[0], self.head_dim
+        qkv = self.qkv_proj(hidden)
+        qk_size = self.q_size + self.kv_size
+        v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, d)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q = self.q_norm(qkv[:, : self.q_size].view(tokens, self.num_heads, d))
+            k = self.k_norm(qkv[:, self.q_size : qk_size].view(tokens, self.num_kv_heads, d))
+            qk = torch.cat((q, k), dim=1)
+        else:
+            qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
+        # q and k sit side by side in the fused output: one rotation covers both.
+        qk = apply_rotary(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         return self.o_proj(self.attn(q, k, v))
 
 
