@@ -168,6 +168,15 @@ def hf_to_gguf(hf_model, path: Path, qtype: str | None = None, arch: str = "llam
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_vocab_size(cfg.vocab_size)
     w.add_eos_token_id(1)
+    if cfg.rope_parameters.get("rope_type") == "llama3":
+        # llama.cpp ships Llama 3.1's scaling as per-frequency divisors (rope_freqs.weight);
+        # derive them from transformers' own llama3 frequencies.
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+        dim = scaled.shape[0] * 2
+        base = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim))
+        w.add_tensor("rope_freqs.weight", (base / scaled).numpy().astype(np.float32))
 
     def permute(t, heads):
         return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)

@@ -67,6 +67,16 @@ def test_gguf_f32_undoes_the_rope_permutation(tiny, tmp_path):
                                atol=2e-4, rtol=0)
 
 
+def test_gguf_llama3_rope_freqs_tensor(tmp_path):
+    """Llama 3.1 GGUFs carry the llama3 rope scaling as a rope_freqs tensor, not as metadata."""
+    hf = make_hf_model("llama", tmp_path / "hf")  # llama3 rope scaling
+    config, ours = load_ours(hf_to_gguf(hf, tmp_path / "l3.gguf"))
+    assert config.rope_scaling == {"rope_type": "freq_factors"}
+    prompt = list(range(40, 70))  # long enough for the scaled low frequencies to matter
+    torch.testing.assert_close(PagedHarness(ours).step({"s": prompt}), hf_logits(hf, prompt),
+                               atol=2e-4, rtol=0)
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
 def test_gguf_quantized_weights_are_exact_dequantizations(tiny, tmp_path, qtype):
     import gguf

@@ -117,7 +117,9 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], list[GGUFTensor], np.m
 def tensor_data(mm: np.memmap, t: GGUFTensor) -> np.ndarray:
     """The tensor's bytes as gguf.quants.dequantize expects them: F32/F16 typed with the
     element shape; everything else uint8 with rows of packed blocks."""
-    raw = mm[t.offset : t.offset + t.n_bytes]
+    # A plain ndarray view of the map: slices of an np.memmap each run Python-level bookkeeping,
+    # and dequantizing splits a tensor into thousands of them.
+    raw = mm[t.offset : t.offset + t.n_bytes].view(np.ndarray)
     if t.type_name == "F32":
         return raw.view(np.float32).reshape(t.shape)
     if t.type_name == "F16":
