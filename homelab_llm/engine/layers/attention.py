@@ -35,7 +35,8 @@ class Attention(nn.Module):
                           self.k_scale, self.v_scale)
         out = dispatch.paged_attention(
             q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
-            self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host)
+            self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
+            decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits)
         return out.reshape(q.shape[0], -1)
 
     def _no_cache(self, q, k, v, query_lens: list[int] | None, query_start_loc) -> torch.Tensor:

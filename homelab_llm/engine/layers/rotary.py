@@ -1,20 +1,32 @@
 """Rotary position embedding, neox style (rotate the two halves of each head, as HF does).
 
-One table per position is built at load time for every position the model may see; the model
-looks it up once per forward and every layer reuses that lookup. The table stores cos and a
-signed sin over the full head ([cos, cos] and [-sin, sin]) so a rotation is three ops
-(x * cos + roll(x) * sin) on q and k together: decode on the CPU is bound by per-op overhead.
+One table [positions, cos | sin] is built at load time for every position the model may see.
+On a GPU each layer rotates q and k in place with the Triton kernel (kernels/dispatch.apply_rope)
+reading that table. On the CPU the model gathers cos and a signed sin over the full head once per
+forward ([cos, cos] and [-sin, sin]) so each layer's rotation is three ops on q and k together
+(x * cos + roll(x) * sin): CPU decode is bound by per-op overhead.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.model.config import UnsupportedModelError
+
+
+class RopeTables(NamedTuple):
+    """What every layer of one forward needs: positions and the [positions, cos | sin] table for
+    the kernel path, or cos/signed sin [T, 1, head_dim] for the torch path (else None)."""
+
+    positions: torch.Tensor
+    table: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -97,22 +109,33 @@ class RotaryEmbedding(nn.Module):
         elif rope_type != "default":
             raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported")
         angles = torch.outer(torch.arange(self.length, dtype=torch.float32), inv_freq)
-        cos, sin = angles.cos() * attention_factor, angles.sin() * attention_factor
-        return torch.cat((cos, cos, -sin, sin), dim=-1)
+        # YaRN's attention factor scales cos and sin alike, so it lives in the table.
+        return torch.cat((angles.cos(), angles.sin()), dim=-1) * attention_factor
 
     def set_freq_factors(self, freq_factors: torch.Tensor) -> None:
         """GGUF Llama 3.x: the per-frequency divisors shipped as the rope_freqs tensor."""
         table = self._table(freq_factors).to(self.cos_sin.device, self.cos_sin.dtype)
         self.cos_sin.copy_(table)
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed sin), each [T, 1, head_dim] in `dtype`; once per forward for all layers."""
-        cos_sin = self.cos_sin.index_select(0, positions).to(dtype).unsqueeze(1)
-        return cos_sin.chunk(2, dim=-1)
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        """Once per forward, shared by every layer."""
+        if dispatch.use_triton(self.cos_sin):
+            return RopeTables(positions, self.cos_sin, None, None)
+        cos, sin = self.cos_sin.index_select(0, positions).to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return RopeTables(positions, self.cos_sin, torch.cat((cos, cos), -1),
+                          torch.cat((-sin, sin), -1))
+
+
+def rotate_qk(qk: torch.Tensor, num_q_heads: int, rope: RopeTables) -> torch.Tensor:
+    """qk [T, Hq + Hkv, D] (q heads first) rotated; in place on the kernel path."""
+    if rope.cos is None:
+        dispatch.apply_rope(qk[:, :num_q_heads], qk[:, num_q_heads:], rope.positions, rope.table)
+        return qk
+    return apply_rotary(qk, rope.cos, rope.sin)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated by a lookup() result; a new tensor.
+    """x [T, H, D] rotated by full-width cos and signed sin [T, 1, D]; a new tensor.
 
     With x = [x1, x2]: roll gives [x2, x1], so the result is [x1 cos - x2 sin, x2 cos + x1 sin].
     """

@@ -20,7 +20,7 @@ from homelab_llm.engine.layers.linear import (
     RowParallelLinear,
 )
 from homelab_llm.engine.layers.norm import RMSNorm
-from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
 
 # checkpoint module name -> (our fused module, shard_id)
@@ -50,7 +50,7 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(d, config.rms_norm_eps)
         self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
         tokens, d = hidden.shape[0], self.head_dim
         qkv = self.qkv_proj(hidden)
         qk_size = self.q_size + self.kv_size
@@ -62,7 +62,7 @@ class LlamaAttention(nn.Module):
         else:
             qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
         # q and k sit side by side in the fused output: one rotation covers both.
-        qk = apply_rotary(qk, cos, sin)
+        qk = rotate_qk(qk, self.num_heads, rope)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         return self.o_proj(self.attn(q, k, v))
 
@@ -87,12 +87,12 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, hidden, residual, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, cos, sin)
+        hidden = self.self_attn(hidden, rope)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -101,18 +101,18 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # One table shared by every layer, looked up once per forward.
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.lookup(positions, hidden.dtype)
+        rope = self.rotary.lookup(positions, hidden.dtype)
         residual = None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin)
+            hidden, residual = layer(hidden, residual, rope)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
