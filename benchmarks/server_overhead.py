@@ -93,8 +93,11 @@ def run_offline(engine, n: int, max_tokens: int, words: int, salt: str) -> RunRe
 # ---- over HTTP ----------------------------------------------------------------------------------
 
 async def one_stream(client, url: str, model: str, text: str, max_tokens: int) -> StreamTiming:
+    # continuous_usage_stats puts the running token count in every chunk, so tokens are counted
+    # exactly even when a chunk carries several (or a held-back partial character carries none).
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "logprobs": 0}
+            "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     timing = StreamTiming(time.perf_counter())
     async with client.stream("POST", url, json=body) as response:
         response.raise_for_status()
@@ -105,9 +108,8 @@ async def one_stream(client, url: str, model: str, text: str, max_tokens: int) -
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
             now = time.perf_counter()
-            for choice in chunk["choices"]:
-                # logprobs=0 gives one entry per token, so tokens are counted exactly.
-                count = len((choice.get("logprobs") or {}).get("tokens") or [])
+            if chunk["choices"]:
+                count = chunk["usage"]["completion_tokens"] - len(timing.token_times)
                 timing.token_times += [now] * count
     return timing
 
@@ -176,12 +178,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="", help="default: the embedded SmolLM2")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--load-format", default="auto",
+                        help="dummy + a model_configs JSON: random weights of a model's shape")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-words", type=int, default=96)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-cache-memory-bytes", default="256MiB")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch threads for both engines (leave cores for the HTTP side)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
 
@@ -190,12 +196,19 @@ def main() -> int:
     from homelab_llm.engine.core import LLMEngine
 
     model = args.model or str(default_model_path())
-    flags = ["--device", args.device, "--max-model-len", str(args.max_model_len),
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the server child's torch
+    flags = ["--device", args.device, "--load-format", args.load_format,
+             "--max-model-len", str(args.max_model_len),
              "--kv-cache-memory-bytes", args.kv_cache_memory_bytes,
              "--max-num-seqs", str(max(args.streams))]
     results: list[RunResult] = []
 
-    engine = LLMEngine(EngineArgs(model=model, device=args.device, max_model_len=args.max_model_len,
+    engine = LLMEngine(EngineArgs(model=model, device=args.device, load_format=args.load_format,
+                                  max_model_len=args.max_model_len,
                                   kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
                                   max_num_seqs=max(args.streams)))
     child, base = start_server(model, flags)  # its engine idles (sleeps) during offline runs
@@ -220,7 +233,8 @@ def main() -> int:
     results.sort(key=lambda r: (r.streams, r.mode != "offline"))
     import torch
 
-    print(f"\n{model}, device {args.device}, {args.max_tokens} tokens/stream, "
+    print(f"\n{model} ({args.load_format}), device {args.device}, {args.max_tokens} tokens/stream, "
+          f"torch threads {torch.get_num_threads()}, "
           f"~{args.prompt_words}-word prompts, torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d')}\n")
     print(table(results))

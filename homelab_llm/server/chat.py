@@ -70,7 +70,7 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
     await batch.submit()
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs)
     if req.stream:
-        return SSEResponse(_stream(ctx, batch, routers, req.include_usage), on_close=batch.abort)
+        return SSEResponse(_stream(ctx, batch, routers, req.include_usage, req.continuous_usage), on_close=batch.abort)
     try:
         body_out = await until_disconnect(request, _collect(ctx, batch, routers))
     finally:
@@ -131,9 +131,13 @@ def _delta(choice: ChoiceState, routed: ChatDelta, router: ChatTextRouter,
 
 
 async def _stream(ctx: _Context, batch: Batch, routers: list[ChatTextRouter],
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
     choices = [ChoiceState(i) for i in range(len(routers))]
-    extra = {"usage": None} if include_usage else {}
+
+    def extra() -> dict[str, Any]:
+        if continuous_usage:
+            return {"usage": usage(choices, [0])}
+        return {"usage": None} if include_usage else {}
     try:
         async for index, out in batch.outputs():
             if (err := output_error(out)) is not None:
@@ -159,7 +163,7 @@ async def _stream(ctx: _Context, batch: Batch, routers: list[ChatTextRouter],
                                      "finish_reason": reason}
             if reason is not None:
                 entry["stop_reason"] = choice.stop_reason
-            yield sse(ctx.chunk([entry], **extra))
+            yield sse(ctx.chunk([entry], **extra()))
         if include_usage:
             yield sse(ctx.chunk([], usage=usage(choices, [0])))
         yield DONE

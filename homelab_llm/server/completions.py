@@ -60,7 +60,7 @@ async def create_completion(state: ServerState, request: Request, body: Any) -> 
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs,
                    echoes, [p * req.n for p in range(len(prompts))])
     if req.stream:
-        return SSEResponse(_stream(ctx, batch, req.include_usage), on_close=batch.abort)
+        return SSEResponse(_stream(ctx, batch, req.include_usage, req.continuous_usage), on_close=batch.abort)
     try:
         body_out = await until_disconnect(request, _collect(ctx, batch))
     finally:
@@ -96,9 +96,14 @@ async def _collect(ctx: _Context, batch: Batch) -> dict[str, Any]:
     return {**ctx.chunk(result), "usage": usage(choices, ctx.prompt_starts)}
 
 
-async def _stream(ctx: _Context, batch: Batch, include_usage: bool) -> AsyncIterator[str]:
+async def _stream(ctx: _Context, batch: Batch, include_usage: bool,
+                  continuous_usage: bool) -> AsyncIterator[str]:
     choices = [ChoiceState(i) for i in range(len(ctx.echoes))]
-    extra = {"usage": None} if include_usage else {}
+
+    def extra() -> dict[str, Any]:
+        if continuous_usage:
+            return {"usage": usage(choices, ctx.prompt_starts)}
+        return {"usage": None} if include_usage else {}
     try:
         async for index, out in batch.outputs():
             if (err := output_error(out)) is not None:
@@ -120,7 +125,7 @@ async def _stream(ctx: _Context, batch: Batch, include_usage: bool) -> AsyncIter
                                      "finish_reason": choice.finish_reason if out.finished else None}
             if out.finished:
                 entry["stop_reason"] = choice.stop_reason
-            yield sse(ctx.chunk([entry], **extra))
+            yield sse(ctx.chunk([entry], **extra()))
         if include_usage:
             yield sse(ctx.chunk([], usage=usage(choices, ctx.prompt_starts)))
         yield DONE

@@ -217,3 +217,12 @@ def test_health_and_raw_json_shape(server) -> None:
     assert raw["id"].startswith("chatcmpl-") and raw["model"] == "fake"  # model defaults
     assert isinstance(raw["usage"]["prompt_tokens_details"]["cached_tokens"], int)
     assert set(raw["choices"][0]) == {"index", "message", "logprobs", "finish_reason", "stop_reason"}
+
+
+def test_continuous_usage_stats_count_every_chunk(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(
+        model="fake", prompt="x", max_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == [1, 2, 3, 4, 5, 6]  # one token per chunk, counted as it arrives
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
