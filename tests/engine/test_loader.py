@@ -99,6 +99,42 @@ def test_gguf_quantized_weights_are_exact_dequantizations(tiny, tmp_path, qtype)
     assert (blocks is not None) == (qtype != "Q8_0")  # records only for 4-bit types
 
 
+def test_w4a16_from_gguf_blocks(tiny, tmp_path):
+    """Q4 linears stay 4-bit (no dense weight at all) and compute what the dequantized model
+    computes: the W4A16 reference accumulates in fp32 over the same values, so ~exact."""
+    _, hf = tiny
+    path = hf_to_gguf(hf, tmp_path / "q4.gguf", "Q4_1")
+    config = load_model_config(path)
+    dense = load_model(config, path, "gguf", torch.float32, "cpu")
+    w4 = load_model(config, path, "gguf", torch.float32, "cpu", quantization="w4a16")
+    qkv = w4.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight is None and qkv.w4.out_features == qkv.out_features
+    assert all(not p.is_meta for p in w4.parameters())
+    torch.testing.assert_close(PagedHarness(w4).step({"s": PROMPT}),
+                               PagedHarness(dense).step({"s": PROMPT}), atol=1e-4, rtol=0)
+    with pytest.raises(UnsupportedModelError, match="GGUF"):
+        load_model(load_model_config(tiny[0]), tiny[0], "auto", torch.float32, "cpu",
+                   quantization="w4a16")
+
+
+def test_w4a16_keeps_non_4bit_linears_dense(tiny, tmp_path):
+    """Mixed files (Q4_0 with a Q8_0 part): a fused linear with any non-4-bit part stays dense."""
+    _, hf = tiny
+    q8 = {}
+    import gguf
+
+    down = hf.model.layers[0].mlp.down_proj.weight.detach().numpy()
+    q8["blk.0.ffn_down.weight"] = (gguf.quants.quantize(down, gguf.GGMLQuantizationType.Q8_0)
+                                   .tobytes(), "Q8_0")
+    path = hf_to_gguf(hf, tmp_path / "mixed.gguf", "Q4_0", raw_override=q8)
+    model = load_model(load_model_config(path), path, "gguf", torch.float32, "cpu",
+                       quantization="w4a16")
+    assert model.model.layers[0].mlp.down_proj.w4 is None
+    assert model.model.layers[0].mlp.down_proj.weight is not None
+    assert model.model.layers[1].mlp.down_proj.w4 is not None
+    assert torch.isfinite(PagedHarness(model).step({"s": PROMPT})).all()
+
+
 def test_truncated_gguf_names_the_file(tiny, tmp_path):
     _, hf = tiny
     whole = hf_to_gguf(hf, tmp_path / "whole.gguf").read_bytes()

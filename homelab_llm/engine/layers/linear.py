@@ -7,15 +7,31 @@ nn.Linear. Weights are [out_features, in_features] as in HF checkpoints.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine import parallel
+from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.model.config import UnsupportedModelError
+
+_defer_weights = False
+
+
+@contextmanager
+def deferred_weights() -> Iterator[None]:
+    """Linear weights built inside are placeholders on the meta device (no memory): the loader
+    then either materializes each one or gives it a 4-bit weight instead (W4A16)."""
+    global _defer_weights
+    previous, _defer_weights = _defer_weights, True
+    try:
+        yield
+    finally:
+        _defer_weights = previous
 
 
 def even_shard(total: int, tp_size: int, rank: int, what: str) -> tuple[int, int]:
@@ -59,8 +75,13 @@ class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        device = "meta" if _defer_weights else None
+        self.weight: nn.Parameter | None = nn.Parameter(
+            torch.empty(out_features, in_features, device=device), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        # Set instead of `weight` for W4A16: kernels.w4a16_pack.W4Weight, its tensors registered
+        # as buffers so .to() and memory accounting see them.
+        self.w4: Any = None
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
@@ -71,7 +92,42 @@ class LinearBase(nn.Module):
         self.gguf_blocks: dict[Any, tuple[Any, slice, slice]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.w4 is None:
+            return F.linear(x, self.weight, bias)
+        out = dispatch.w4a16_matmul(x, self.w4)
+        return out if bias is None else out + bias
+
+    def materialize(self, device: torch.device | str, dtype: torch.dtype) -> None:
+        """Give a deferred (meta) weight real storage, to be filled by weight_loader."""
+        if self.weight is not None and self.weight.is_meta:
+            self.weight = nn.Parameter(torch.empty(self.weight.shape, device=device, dtype=dtype),
+                                       requires_grad=False)
+            self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    def set_w4(self, w4: Any) -> None:
+        """Use a 4-bit weight (W4Weight, [in, out] groups) from now on; the dense weight goes."""
+        if (w4.in_features, w4.out_features) != (self.in_features, self.out_features):
+            raise ValueError(f"4-bit weight is {w4.in_features}x{w4.out_features}, this layer "
+                             f"{self.in_features}x{self.out_features}")
+        self.weight = None
+        for name in ("qweight", "scales", "biases", "perm"):
+            self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
+        self.w4 = w4
+
+    def _apply(self, fn, recurse=True):
+        # .to()/.cuda() move the registered buffers; point the W4Weight at the moved ones.
+        module = super()._apply(fn, recurse)
+        if self.w4 is not None:
+            self.w4 = type(self.w4)(self.w4_qweight, self.w4_scales, self.w4_biases,
+                                    self.w4.group_size, self.w4_perm)
+        return module
+
+    def part_ids(self) -> list[Any]:
+        """shard_ids of the checkpoint tensors fused into this weight, in output order."""
+        return [None]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Any = None) -> None:
         rows, cols, dest = self.shard_slices(param, shard_id)
@@ -113,6 +169,9 @@ class MergedColumnParallelLinear(LinearBase):
                       for o in out_features]
         super().__init__(in_features, sum(size for _, size in self.parts), bias)
 
+    def part_ids(self) -> list[Any]:
+        return list(range(len(self.parts)))
+
     def shard_slices(self, param, shard_id):
         offset = sum(size for _, size in self.parts[:shard_id])
         start, size = self.parts[shard_id]
@@ -130,6 +189,9 @@ class QKVParallelLinear(LinearBase):
         self.q_size = self.heads.q_heads * head_dim
         self.kv_size = self.heads.kv_heads * head_dim
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
+
+    def part_ids(self) -> list[Any]:
+        return ["q", "k", "v"]
 
     def shard_slices(self, param, shard_id):
         d, h = self.head_dim, self.heads
@@ -157,8 +219,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
-        bias = self.bias if self.tp_rank == 0 else None
-        out = F.linear(x, self.weight, bias)
+        out = self._matmul(x, self.bias if self.tp_rank == 0 else None)
         return parallel.all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):

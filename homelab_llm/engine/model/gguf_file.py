@@ -136,9 +136,12 @@ class GGUFFile:
                     f"{self.path}: tensor {t.name} has type {t.type_name}, which is not "
                     f"supported; supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
 
-    def weights(self, config: ModelConfig, dtype: torch.dtype
-                ) -> Iterator[tuple[str, torch.Tensor, GGUFBlocks | None]]:
-        """(HF name, dequantized tensor in `dtype`, raw blocks record for 4-bit linears)."""
+    def weights(self, config: ModelConfig, dtype: torch.dtype, keep_quantized: set[str] = frozenset()
+                ) -> Iterator[tuple[str, torch.Tensor | None, GGUFBlocks | None]]:
+        """(HF name, dequantized tensor in `dtype`, raw blocks record for 4-bit linears).
+
+        Tensors named in keep_quantized come without a dense tensor (None): W4A16 repacks them.
+        """
         import torch
         from gguf import GGMLQuantizationType, quants
 
@@ -153,6 +156,9 @@ class GGUFFile:
                 order = rope_row_order(t.shape[0], config.num_attention_heads)
             elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
                 order = rope_row_order(t.shape[0], config.num_key_value_heads)
+            if t.name in keep_quantized:
+                yield name, None, GGUFBlocks(t.name, t.type_name, t.shape, raw, order)
+                continue
             try:
                 values = quants.dequantize(raw, GGMLQuantizationType(t.type_id))
             except Exception as err:

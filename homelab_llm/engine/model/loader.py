@@ -100,12 +100,22 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
-               device: torch.device | str, tp_rank: int = 0, tp_size: int = 1) -> LlamaForCausalLM:
+               device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
+               quantization: str | None = None) -> LlamaForCausalLM:
+    """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit (W4A16 kernel)."""
     fmt = resolve_format(path, load_format)
+    if quantization is not None and quantization.lower() != "w4a16":
+        raise UnsupportedModelError(f"quantization {quantization!r} is not supported; use w4a16")
+    if quantization and fmt != "gguf":
+        raise UnsupportedModelError(
+            "w4a16 loads from GGUF Q4_0/Q4_1/Q4_K files only; this is a "
+            f"{fmt} model (drop --quantization to run it in {dtype})")
     if (parallel.tp_rank(), parallel.tp_size()) != (tp_rank, tp_size):
         # Layers read the rank at construction; keep the process-wide state in step with the call.
         parallel.set_parallel_state(tp_rank, tp_size)
     device = torch.device(device)
+    if quantization:
+        return _load_gguf_w4a16(config, path, dtype, device).eval()
     with _default_dtype(dtype), torch.device(device):
         model = LlamaForCausalLM(config)
     if fmt == "dummy":
@@ -121,6 +131,30 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
 
         load_weights(model, ((n, t, None) for n, t in safetensors_weights(Path(path))), str(path))
     return model.eval()
+
+
+def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
+                     device: torch.device) -> LlamaForCausalLM:
+    """Linear weights start as meta placeholders: 4-bit ones are repacked from the file's blocks
+    straight to W4A16, the rest materialized and dequantized, so no dense copy of a 4-bit
+    weight ever exists on the device."""
+    from homelab_llm.engine.layers.linear import LinearBase, deferred_weights
+    from homelab_llm.engine.model.gguf_file import open_gguf
+    from homelab_llm.engine.model.w4a16 import install_w4, plan_w4a16
+
+    gguf = open_gguf(path)
+    gguf.check_tensor_types()
+    with _default_dtype(dtype), torch.device(device), deferred_weights():
+        model = LlamaForCausalLM(config)
+    plan = plan_w4a16(model, gguf)
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase) and name not in plan:
+            module.materialize(device, dtype)
+    keep = {tensor for tensors in plan.values() for tensor in tensors}
+    load_weights(model, gguf.weights(config, dtype, keep_quantized=keep), str(path))
+    for name in plan:
+        install_w4(model.get_submodule(name), device)
+    return model
 
 
 def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor, Any]],
@@ -142,6 +176,10 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         param = params.get(target)
         if param is None:
             continue  # e.g. rotary inv_freq buffers saved by old transformers versions
+        if tensor is None:  # kept 4-bit (W4A16): only its blocks are recorded
+            model.get_submodule(target.rsplit(".", 1)[0]).record_gguf_blocks(blocks, shard_id)
+            loaded.add((target, shard_id))
+            continue
         loader = getattr(param, "weight_loader", None)
         try:
             if loader is None:
