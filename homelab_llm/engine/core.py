@@ -47,12 +47,18 @@ def resolve_model_path(model: str) -> str:
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineArgsError(f"--device {device}: no CUDA/HIP device is visible; use --device cpu")
     if dev.type not in ("cpu", "cuda"):
         raise EngineArgsError(f"--device {device!r} is not supported; use auto, cpu or cuda[:N]")
+    if dev.type == "cuda":
+        index = 0 if dev.index is None else dev.index
+        if index >= torch.cuda.device_count():
+            raise EngineArgsError(
+                f"--device {device}: only {torch.cuda.device_count()} GPU(s) are visible")
+        dev = torch.device("cuda", index)
     return dev
 
 
