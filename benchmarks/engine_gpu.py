@@ -1,0 +1,234 @@
+"""The engine on one GPU, side by side with its ceilings and with transformers, in one run.
+
+    python benchmarks/engine_gpu.py [--quick] [--json OUT.json]
+
+Sections (each prints a line, a table comes last):
+  ceilings   device copy bandwidth (bytes read + written) and bf16 matmul TFLOP/s, measured here
+  check      engine logits vs transformers for a random-weight Qwen3-8B shape on the same GPU
+  decode     Llama-3.1-8B shape bf16 (dummy weights): batch 1, batch 32 at 512-token contexts
+  prefill    one 2048-token prompt, as a fraction of the measured matmul rate
+  long       decode at 16K context with int8 KV vs the same engine at short context
+  hf         transformers generate, same shape, batch 1
+Needs only torch, triton and transformers (no server packages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from homelab_llm.assets import assets_dir  # noqa: E402
+from homelab_llm.engine.args import EngineArgs  # noqa: E402
+from homelab_llm.engine.core import LLMEngine  # noqa: E402
+from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
+
+CONFIGS = assets_dir() / "model_configs"
+results: dict[str, float] = {}
+
+
+def report(key: str, value: float, unit: str = "") -> None:
+    results[key] = value
+    print(f"{key:48s} {value:12.2f} {unit}", flush=True)
+
+
+def cleanup() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def ceilings() -> None:
+    from triton.testing import do_bench
+
+    n = 1 << 30  # 2 GiB of bf16 each way
+    x = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
+    report("copy_bandwidth_GBps", 2 * n * 2 / ms / 1e6, "GB/s")
+    del x, y
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    ms = do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    report("bf16_matmul_TFLOPs", 2 * 8192**3 / ms / 1e9, "TFLOP/s")
+    cleanup()
+
+
+def make_engine(config: str, **kw) -> LLMEngine:
+    args = dict(model=str(CONFIGS / config), load_format="dummy", device="cuda", dtype="bfloat16",
+                max_num_seqs=32, max_num_batched_tokens=2048, gpu_memory_utilization=0.85)
+    args.update(kw)
+    return LLMEngine(EngineArgs(**args))
+
+
+def random_prompt(n: int, vocab: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(10, vocab - 10) for _ in range(n)]
+
+
+def decode_rate(engine: LLMEngine, batch: int, ctx: int, new_tokens: int) -> float:
+    """Aggregate decode tok/s: time from every request's first token to the last token."""
+    rng = random.Random(batch * 1000 + ctx)
+    vocab = engine.model_config.vocab_size
+    ids = []
+    for i in range(batch):
+        rid = f"d{batch}-{ctx}-{i}-{time.monotonic_ns()}"
+        engine.add_request(rid, random_prompt(ctx, vocab, rng),
+                           SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True))
+        ids.append(rid)
+    produced = dict.fromkeys(ids, 0)
+    while min(produced.values()) < 1:  # prefill everything first
+        for out in engine.step():
+            produced[out.request_id] += len(out.new_token_ids)
+    torch.cuda.synchronize()
+    start, before = time.perf_counter(), sum(produced.values())
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            produced[out.request_id] += len(out.new_token_ids)
+    torch.cuda.synchronize()
+    return (sum(produced.values()) - before) / (time.perf_counter() - start)
+
+
+def prefill_seconds(engine: LLMEngine, n: int) -> float:
+    rng = random.Random(n)
+    vocab = engine.model_config.vocab_size
+    best = float("inf")
+    for rep in range(3):
+        engine.add_request(f"p{n}-{rep}", random_prompt(n, vocab, rng), SamplingParams(max_tokens=1))
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def param_count(config_json: str) -> tuple[int, int]:
+    """(all parameters, parameters in matmuls per token) for FLOP counting."""
+    c = json.loads((CONFIGS / config_json).read_text())
+    h, inter, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    d = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    matmul = layers * per_layer + v * h
+    total = matmul + (0 if c.get("tie_word_embeddings") else v * h)
+    return total, matmul
+
+
+def section_decode(quick: bool) -> None:
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096)
+    weights = engine.status()["devices"][0]["weights"]
+    report("llama8b_weight_bytes_GB", weights / 1e9, "GB")
+    decode_rate(engine, 1, 32, 16)  # warm up
+    r1 = decode_rate(engine, 1, 32, 128 if quick else 256)
+    report("llama8b_bf16_b1_decode_tok_s", r1, "tok/s")
+    report("llama8b_bf16_b1_roofline_tok_s", results["copy_bandwidth_GBps"] * 1e9 / weights, "tok/s")
+    report("llama8b_bf16_b32_ctx512_decode_tok_s", decode_rate(engine, 32, 512, 128), "tok/s")
+    secs = prefill_seconds(engine, 2048)
+    _, matmul_params = param_count("Llama-3.1-8B.json")
+    c = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
+    attn_flops = 2 * 2 * c["num_hidden_layers"] * c["num_attention_heads"] * 128 * 2048 * 2048 / 2
+    flops = 2 * matmul_params * 2048 + attn_flops
+    report("llama8b_prefill2048_ms", secs * 1e3, "ms")
+    report("llama8b_prefill2048_TFLOPs", flops / secs / 1e12, "TFLOP/s")
+    report("llama8b_prefill2048_frac_of_matmul", flops / secs / 1e12 / results["bf16_matmul_TFLOPs"])
+    del engine
+    cleanup()
+
+
+def section_long(quick: bool) -> None:
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=17408, kv_cache_dtype="int8",
+                         max_num_seqs=4)
+    decode_rate(engine, 1, 32, 16)
+    short = decode_rate(engine, 1, 64, 128)
+    long = decode_rate(engine, 1, 16384, 128)
+    report("llama8b_int8kv_ctx64_tok_s", short, "tok/s")
+    report("llama8b_int8kv_ctx16k_tok_s", long, "tok/s")
+    report("llama8b_int8kv_16k_over_short", long / short)
+    del engine
+    cleanup()
+
+
+def section_hf(quick: bool) -> None:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(**json.loads((CONFIGS / "Llama-3.1-8B.json").read_text()))
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ids = torch.randint(10, 1000, (1, 32), device="cuda")
+    new = 64 if quick else 128
+    model.generate(ids, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    torch.cuda.synchronize()
+    report("llama8b_transformers_b1_tok_s", new / (time.perf_counter() - t), "tok/s")
+    del model
+    cleanup()
+
+
+def section_check() -> None:
+    """Our engine vs transformers, same random Qwen3-8B-shaped weights, same GPU, bf16."""
+    import transformers
+
+    from homelab_llm.engine.model.loader import load_weights
+
+    c = json.loads((CONFIGS / "Qwen3-8B.json").read_text())
+    cfg = transformers.AutoConfig.for_model(**c)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    engine = make_engine("Qwen3-8B.json", max_model_len=1024, enforce_eager=True, max_num_seqs=4)
+    load_weights(engine.runner.model, ((n, t, None) for n, t in hf.state_dict().items()), "hf")
+    rng = random.Random(1)
+    prompt = random_prompt(200, c["vocab_size"], rng)
+    with torch.inference_mode():
+        ref = hf(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
+    engine.add_request("check", prompt, SamplingParams(max_tokens=1))
+    plan = engine.scheduler.schedule()
+    ours = engine.runner.forward(engine.runner.prepare(plan.scheduled))[0].float()
+    engine.abort_request("check")
+    rel = ((ours - ref).norm() / ref.norm()).item()
+    report("qwen3_8b_logits_rel_err_vs_transformers", rel)
+    report("qwen3_8b_top1_match", float(int(ours.argmax()) == int(ref.argmax())))
+    top = torch.topk(ref, 10).indices
+    report("qwen3_8b_top10_overlap", len(set(top.tolist()) & set(torch.topk(ours, 10).indices.tolist())) / 10)
+    del engine, hf
+    cleanup()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", default=None)
+    p.add_argument("--sections", default="ceilings,check,decode,long,hf")
+    a = p.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    for name in a.sections.split(","):
+        t = time.time()
+        try:
+            globals()[f"section_{name}" if name != "ceilings" else "ceilings"](
+                *(() if name in ("ceilings", "check") else (a.quick,)))
+        except Exception as exc:  # keep the other sections' numbers
+            import traceback
+            traceback.print_exc()
+            print(f"section {name} failed: {exc}", flush=True)
+        print(f"-- {name} took {time.time() - t:.1f}s", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    print("\nSUMMARY")
+    for k, v in results.items():
+        print(f"{k:48s} {v:12.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
