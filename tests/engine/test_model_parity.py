@@ -15,24 +15,16 @@ ATOL = 2e-4
 PROMPT = [5, 17, 3, 99, 150, 42, 7, 8, 9, 10, 11]
 
 
-_FOLDERS: dict[int, object] = {}
-
-
-def pair_folder(config):
-    return _FOLDERS[id(config)]
-
-
 @pytest.fixture(scope="module", params=KINDS)
 def pair(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = make_hf_model(request.param, folder)
     config, ours = load_ours(folder)
-    _FOLDERS[id(config)] = folder
-    return request.param, hf, config, ours
+    return request.param, hf, config, ours, folder
 
 
 def test_config_flags_follow_the_family(pair):
-    kind, _, config, _ = pair
+    kind, _, config, _, _ = pair
     assert config.architecture == kind
     assert config.attention_bias == (kind == "qwen2")
     assert config.qk_norm == (kind == "qwen3")
@@ -43,7 +35,7 @@ def test_config_flags_follow_the_family(pair):
 
 
 def test_chunked_prefill_then_decode_matches_transformers(pair):
-    _, hf, _, ours = pair
+    _, hf, _, ours, _ = pair
     decode = [60, 61, 62, 63]
     ref = hf_logits(hf, PROMPT + decode)
     harness = PagedHarness(ours, page_size=4)
@@ -55,7 +47,7 @@ def test_chunked_prefill_then_decode_matches_transformers(pair):
 
 def test_batched_sequences_do_not_mix(pair):
     """Two sequences in one step (one decoding, one prefilling) give their solo logits."""
-    _, hf, _, ours = pair
+    _, hf, _, ours, _ = pair
     a, b = PROMPT[:7], [40, 41, 42, 43, 44]
     ref_a, ref_b = hf_logits(hf, a + [70]), hf_logits(hf, b)
     harness = PagedHarness(ours, page_size=4)
@@ -68,7 +60,7 @@ def test_batched_sequences_do_not_mix(pair):
 
 def test_forward_without_bound_cache_is_plain_causal_prefill(pair):
     """The runner's memory-profiling forward runs before caches exist."""
-    _, hf, _, ours = pair
+    _, hf, _, ours, _ = pair
     harness = PagedHarness(ours, page_size=4)
     ids, ctx = harness.build_context({"s": PROMPT})
     saved = [(l.k_cache, l.v_cache) for l in ours.attention_layers]
@@ -88,7 +80,7 @@ def test_forward_without_bound_cache_is_plain_causal_prefill(pair):
 def test_int8_kv_cache_stays_close(pair):
     """int8 KV (per token-head scales) perturbs logits by a few % of their norm on these
     deliberately large random weights (observed <= 3.2%); a broken scale path gives ~100%."""
-    _, hf, _, ours = pair
+    _, hf, _, ours, _ = pair
     ref = hf_logits(hf, PROMPT)
     harness = PagedHarness(ours, page_size=4, kv_dtype=torch.int8)
     got = torch.cat([harness.step({"s": PROMPT[:6]}), harness.step({"s": PROMPT[6:]})])
@@ -97,12 +89,12 @@ def test_int8_kv_cache_stays_close(pair):
 
 
 def test_bfloat16_weights_track_float32(pair):
-    _, _, config, ours32 = pair
+    _, _, config, ours32, folder = pair
     harness32 = PagedHarness(ours32, page_size=4)
     ref = harness32.step({"s": PROMPT})
     from homelab_llm.engine.model.loader import load_model
 
-    ours16 = load_model(config, pair_folder(config), "safetensors", torch.bfloat16,
+    ours16 = load_model(config, folder, "safetensors", torch.bfloat16,
                         torch.device("cpu"))
     got = PagedHarness(ours16, page_size=4).step({"s": PROMPT})
     assert got.dtype == torch.float32  # compute_logits always returns fp32

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from contextlib import contextmanager
@@ -65,14 +66,8 @@ def _hf_config(folder: Path) -> ModelConfig:
         gen_eos = _read_json(gen_path).get("eos_token_id")
         extra = (gen_eos,) if isinstance(gen_eos, int) else tuple(gen_eos or ())
         eos = tuple(dict.fromkeys(cfg.eos_token_ids + tuple(int(e) for e in extra)))
-        cfg = _replace(cfg, eos_token_ids=eos)
+        cfg = dataclasses.replace(cfg, eos_token_ids=eos)
     return cfg
-
-
-def _replace(cfg: ModelConfig, **changes: Any) -> ModelConfig:
-    import dataclasses
-
-    return dataclasses.replace(cfg, **changes)
 
 
 def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfig:
