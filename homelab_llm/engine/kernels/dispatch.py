@@ -106,8 +106,12 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps) -> torch.Tens
         from homelab_llm.engine.kernels import sampling
 
         return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps)
-    noise = torch.empty(logits.shape, dtype=torch.float32)
-    for row, (seed, step) in enumerate(zip(seeds.tolist(), steps.tolist())):
-        gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) & 0x7FFF_FFFF_FFFF_FFFF)
-        noise[row].exponential_(generator=gen)
+    if not bool((temperature > 0).any()):  # all greedy: no noise to draw
+        return torch.argmax(logits.float(), dim=-1)
+    noise = torch.ones(logits.shape, dtype=torch.float32)
+    rows = zip(seeds.tolist(), steps.tolist(), (temperature > 0).tolist())
+    for row, (seed, step, draws) in enumerate(rows):
+        if draws:
+            gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) & 0x7FFF_FFFF_FFFF_FFFF)
+            noise[row].exponential_(generator=gen)
     return ref.sample_ref(logits, temperature, top_k, top_p, min_p, noise.to(logits.device))
