@@ -114,8 +114,7 @@ async def _collect(ctx: _Context, batch: Batch, routers: list[ChatTextRouter]) -
             "choices": result, "usage": usage(choices, [0])}
 
 
-def _delta(choice: ChoiceState, routed: ChatDelta, router: ChatTextRouter,
-           calls_before: int) -> dict[str, Any]:
+def _delta(choice: ChoiceState, routed: ChatDelta, calls_before: int) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     if not choice.started:  # the role travels with the first token, as OpenAI sends it
         delta["role"] = "assistant"
@@ -152,12 +151,13 @@ async def _stream(ctx: _Context, batch: Batch, routers: list[ChatTextRouter],
                 tail = router.flush()
                 routed = ChatDelta(routed.reasoning + tail.reasoning, routed.content + tail.content,
                                    routed.calls + tail.calls)
-            delta = _delta(choice, routed, router, calls_before)
             lp = (chat_logprobs(ctx.tokenizer, out.logprobs)
                   if ctx.logprobs is not None and out.logprobs else None)
             reason = finish_reason(choice, router) if out.finished else None
-            if choice.started and not delta and lp is None and reason is None:
-                continue  # e.g. text held back while a tag may be forming
+            if (not (routed.content or routed.reasoning or routed.calls) and lp is None
+                    and reason is None and not continuous_usage):
+                continue  # no text yet (a partial character, a tag forming): nothing to say
+            delta = _delta(choice, routed, calls_before)
             choice.started = True
             entry: dict[str, Any] = {"index": index, "delta": delta, "logprobs": lp,
                                      "finish_reason": reason}

@@ -118,7 +118,7 @@ async def _stream(ctx: _Context, batch: Batch, include_usage: bool,
                 text = ctx.echoes[index] + text
             lp = (completion_logprobs(ctx.tokenizer, out.logprobs, offset)
                   if ctx.logprobs is not None and out.logprobs else None)
-            if choice.started and not text and lp is None and not out.finished:
+            if not text and lp is None and not out.finished and not continuous_usage:
                 continue
             choice.started = True
             entry: dict[str, Any] = {"index": index, "text": text, "logprobs": lp,

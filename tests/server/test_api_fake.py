@@ -226,3 +226,16 @@ def test_continuous_usage_stats_count_every_chunk(client: openai.OpenAI) -> None
     counts = [c.usage.completion_tokens for c in chunks if c.choices]
     assert counts == [1, 2, 3, 4, 5, 6]  # one token per chunk, counted as it arrives
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+
+
+def test_continuous_usage_reports_tokens_that_add_no_text(client: openai.OpenAI) -> None:
+    # "é" is two byte-tokens in the fake: the first adds no text yet, but still reports its count.
+    say = [{"role": "user", "content": "SAY[[éé]]"}]
+    chunks = list(client.chat.completions.create(
+        model="fake", messages=say, max_tokens=10, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert [c.usage.completion_tokens for c in chunks if c.choices] == [1, 2, 3, 4, 5]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "éé"
+    plain = list(client.chat.completions.create(model="fake", messages=say, max_tokens=10,
+                                                stream=True))
+    assert len([c for c in plain if c.choices]) == 3  # "é", "é", then the finish chunk
