@@ -1,5 +1,5 @@
-"""The control app: modes (Dashboard, Presets, Hardware, Logs), the managed service, and the
-pollers that feed the screens.
+"""The control app: modes (Dashboard, Presets, Hardware, Logs, Bench), the managed service, and
+the pollers that feed the screens.
 
 State lives here in reactive attributes; screens watch them. All I/O runs in thread workers that
 post their result back as a message and re-arm themselves after it lands, so polls never stack
@@ -28,6 +28,7 @@ from homelab_llm.errors import HomelabError
 from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
 from homelab_llm.tui.probe import Probe
+from homelab_llm.tui.screens.bench import BenchScreen
 from homelab_llm.tui.screens.dashboard import DashboardScreen
 from homelab_llm.tui.screens.hardware import HardwareScreen
 from homelab_llm.tui.screens.help import HelpScreen
@@ -75,16 +76,24 @@ class HomelabApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "homelab-llm"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # side by side needs ~75 cols each
-    MODES = {"dashboard": "dashboard", "presets": "presets", "hardware": "hardware", "logs": "logs"}
+    MODES = {"dashboard": "dashboard", "presets": "presets", "hardware": "hardware", "logs": "logs",
+             "bench": "bench"}
     BINDINGS = [
         Binding("d", "switch_mode('dashboard')", "Dashboard"),
         Binding("p", "switch_mode('presets')", "Presets"),
         Binding("h", "switch_mode('hardware')", "Hardware"),
         Binding("l", "switch_mode('logs')", "Logs"),
-        Binding("s", "toggle_service", "Start/stop"),
-        Binding("question_mark,f1", "help", "Help", key_display="?/F1"),
+        Binding("b", "switch_mode('bench')", "Bench"),
+        # The footer has 80 columns for a screen's own keys and these: the screens that act on
+        # the service show `s` themselves; F1, Ctrl+P and quitting are listed in the help.
+        Binding("s", "toggle_service", "Start/stop", show=False),
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("ctrl+p", "command_palette", "Commands", show=False),
-        Binding("q", "quit", "Quit"),
+        Binding("q", "quit", "Quit", show=False),
+        # Textual 8 only hints at Ctrl+Q on Ctrl+C; people press Ctrl+C to leave a terminal app.
+        # Priority: it quits even from a text field (whose own Ctrl+C would copy).
+        Binding("ctrl+c", "quit", "Quit (also from a text field)", key_display="Ctrl+C",
+                show=False, priority=True),
     ]
 
     snapshot: reactive[ServerSnapshot] = reactive(ServerSnapshot, always_update=True)
@@ -127,7 +136,8 @@ class HomelabApp(App[int]):
 
     def on_mount(self) -> None:
         for name, screen in (("dashboard", DashboardScreen()), ("presets", PresetsScreen()),
-                             ("hardware", HardwareScreen()), ("logs", LogsScreen())):
+                             ("hardware", HardwareScreen()), ("logs", LogsScreen()),
+                             ("bench", BenchScreen())):
             self.install_screen(screen, name)
         self.service.subscribe(self._on_service_event)
         self.service_status = self.service.status
@@ -144,7 +154,14 @@ class HomelabApp(App[int]):
             self.action_toggle_service()
 
     def on_unmount(self) -> None:
-        # The app is going away (quit, signal or exception): the child must not outlive it.
+        # The app is going away (quit, signal or exception): the child must not outlive it, and
+        # a running sweep must close its requests so the server stops working for nobody.
+        try:
+            bench = self.get_screen("bench")
+        except KeyError:  # quit before mount finished
+            bench = None
+        if isinstance(bench, BenchScreen):
+            bench.stop_job()
         self.service.shutdown()
         self.telemetry_reader.close()
         for probe in list(self._probes.values()):
@@ -262,6 +279,12 @@ class HomelabApp(App[int]):
         self.set_timer(1.0, self.poll_telemetry)
 
     # ------------------------------------------------------------------ help, palette
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Switching to the mode already shown does nothing: leave it out of the footer.
+        if action == "switch_mode" and parameters and parameters[0] == self.current_mode:
+            return False
+        return True
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="watch a server that is already running, e.g. http://127.0.0.1:8000")
     parser.add_argument("--api-key", default=None, help="bearer token for --url and the chat box")
     parser.add_argument("--mode", default="dashboard",
-                        choices=["dashboard", "presets", "hardware", "logs"], help="first screen")
+                        choices=["dashboard", "presets", "hardware", "logs", "bench"], help="first screen")
     parser.set_defaults(run=run)
 
 

@@ -76,3 +76,22 @@ def crash_preset(port: int) -> Preset:
 
 
 PYTHON = sys.executable
+
+
+def depth_report():
+    """A finished depth sweep with round numbers (2x 7900 XTX-like), for the Bench snapshot."""
+    from homelab_llm.bench.metrics import Stat
+    from homelab_llm.bench.sweep import BenchRow, SweepReport
+
+    report = SweepReport("depth", "qwen3-32b-awq", "http://127.0.0.1:8000",
+                         token_source="server /tokenize", output_token_source="usage",
+                         latency_s=0.0012, date="2025-06-01T12:00:00")
+    for depth, pp, tg, ttft in ((0, 2210.0, 41.8, 0.93), (4096, 1964.0, 38.2, 3.17),
+                                (16384, 1502.5, 33.1, 12.4), (65536, 811.0, 22.7, 83.2)):
+        report.rows.append(BenchRow(
+            mode="cold", depth=depth, pp=2048, tg=128, concurrency=1, runs=3, failed=0,
+            pp_tps=Stat(pp, pp * 0.01, 3), tg_tps=Stat(tg, 0.2, 3), tg_tps_stream=Stat(tg, 0.2, 3),
+            ttfr_s=Stat(ttft - 0.02, 0.01, 3), est_ppt_s=Stat(ttft - 0.03, 0.01, 3),
+            ttft_s=Stat(ttft, 0.01, 3), prompt_tokens=2048 + depth, cached_tokens=0,
+            output_tokens=128))
+    return report

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
@@ -21,8 +22,12 @@ if TYPE_CHECKING:
 
 
 class DashboardScreen(Screen[None]):
-    BINDINGS = [("ctrl+l", "clear_chat", "Clear chat"), ("i", "focus_chat", "Chat"),
-                ("escape", "leave_chat", "Keys")]
+    BINDINGS = [
+        Binding("s", "app.toggle_service", "Start/stop"),
+        Binding("i", "focus_chat", "Chat"),
+        Binding("ctrl+l", "clear_chat", "Clear chat", show=False),
+        Binding("escape", "leave_chat", "Leave the chat box", show=False),
+    ]
 
     app: HomelabApp  # type: ignore[assignment]
 
@@ -44,7 +49,7 @@ class DashboardScreen(Screen[None]):
                 chat.border_title = "Chat"
                 yield ChatBox(self.app.chat_url, api_key=self.app.api_key, clock=self.app.clock,
                               id="chat")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.watch(self.app, "snapshot", self._show_snapshot)

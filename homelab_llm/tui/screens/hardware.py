@@ -32,7 +32,7 @@ class HardwareScreen(Screen[None]):
             table.border_title = "GPUs"
             yield table
             yield Static(id="hw-notes", classes="panel")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns(*COLUMNS)

@@ -20,7 +20,7 @@ class LogsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Log(id="service-log", max_lines=5000, highlight=False)
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         log = self.query_one(Log)

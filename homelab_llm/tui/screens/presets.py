@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from rich.syntax import Syntax
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
@@ -24,12 +25,12 @@ if TYPE_CHECKING:
 
 class PresetsScreen(Screen[None]):
     BINDINGS = [
-        ("s", "app.toggle_service", "Start/stop"),
-        ("e,enter", "edit", "Edit"),
-        ("n", "new", "New"),
-        ("c", "duplicate", "Duplicate"),
-        ("delete,x", "delete", "Delete"),
-        ("r", "reload", "Reload"),
+        Binding("s", "app.toggle_service", "Start/stop"),
+        Binding("e,enter", "edit", "Edit"),
+        Binding("n", "new", "New"),
+        Binding("x,delete", "delete", "Delete"),
+        Binding("c", "duplicate", "Duplicate", show=False),  # in the help; the footer is full
+        Binding("r", "reload", "Reload", show=False),
     ]
 
     app: HomelabApp  # type: ignore[assignment]
@@ -44,7 +45,7 @@ class PresetsScreen(Screen[None]):
                 detail.border_title = "Preset"
                 yield Static(id="preset-toml")
                 yield Static(id="preset-command")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
