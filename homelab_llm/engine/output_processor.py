@@ -40,13 +40,15 @@ class OutputProcessor:
         if stop_token:
             seq.finish_reason = "stop"
             seq.stop_reason = token if token in p.stop_token_ids else None
-            return
-        if seq.detokenizer is not None:
-            seq.output_text += seq.detokenizer.push([token])
-            if p.stop and n_out >= p.min_tokens and self._check_stop_strings(seq):
-                return
-        if n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = "length"
+        else:
+            if seq.detokenizer is not None:
+                seq.output_text += seq.detokenizer.push([token])
+                if p.stop and n_out >= p.min_tokens and self._check_stop_strings(seq):
+                    return
+            if n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                seq.finish_reason = "length"
+        if seq.finish_reason is not None and seq.detokenizer is not None:
+            seq.output_text += seq.detokenizer.flush()  # trailing partial bytes become U+FFFD
 
     def _check_stop_strings(self, seq: Sequence) -> bool:
         text = seq.output_text

@@ -87,7 +87,7 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         self.model = load_model(config, model_path, args.load_format, dtype, device,
-                                tp_rank=tp_rank, tp_size=tp_size)
+                                tp_rank=tp_rank, tp_size=tp_size, quantization=args.quantization)
         weights = sum(t.numel() * t.element_size()
                       for t in list(self.model.parameters()) + list(self.model.buffers()))
         if device.type == "cuda":

@@ -129,6 +129,9 @@ class CharDetok:
     def push(self, ids: list[int]) -> str:
         return "".join(chr(ord("a") + i) for i in ids)
 
+    def flush(self) -> str:
+        return ""
+
 
 def run_tokens(params: SamplingParams, tokens: list[int]) -> tuple[str, Sequence]:
     proc = OutputProcessor(tokenizer=None, eos_token_ids=(25,), max_model_len=100)

@@ -64,14 +64,12 @@ def gather_kv_ref(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     """The first `length` tokens of one sequence's K or V: [length, Hkv, D] in `dtype`."""
-    page_size = cache.shape[1]
-    rows = cache[pages].reshape(-1, *cache.shape[2:])[:length]
+    rows = cache.index_select(0, pages).reshape(-1, *cache.shape[2:])[:length]
     if cache.dtype == torch.int8:
         assert scale is not None
-        s = scale[pages].reshape(-1, scale.shape[-1])[:length]
+        s = scale.index_select(0, pages).reshape(-1, scale.shape[-1])[:length]
         return dequantize_per_token_head(rows, s, dtype)
-    del page_size
-    return rows.to(dtype)
+    return rows if rows.dtype == dtype else rows.to(dtype)
 
 
 def paged_attention_ref(
@@ -110,16 +108,13 @@ def paged_attention_ref(
         v = gather_kv_ref(v_cache, v_scale, pages, kv_len, q.dtype)
         qb = q[start : start + q_len].transpose(0, 1)  # [Hq, q_len, D]
         kb, vb = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, kv_len, D]
-        if num_q_heads != num_kv_heads:
-            group = num_q_heads // num_kv_heads
-            kb = kb.repeat_interleave(group, dim=0)
-            vb = vb.repeat_interleave(group, dim=0)
         mask = None
         if q_len > 1:
             q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device).unsqueeze(1)
             k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
             mask = k_pos <= q_pos
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=softmax_scale)
+        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=softmax_scale,
+                                            enable_gqa=num_q_heads != num_kv_heads)
         out[start : start + q_len] = ob.transpose(0, 1)
         start += q_len
     return out
