@@ -25,6 +25,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 
 from homelab_llm.errors import HomelabError
+from homelab_llm.hwcheck.catalog import Catalog, load_catalog
 from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
 from homelab_llm.tui.probe import Probe
@@ -111,7 +112,8 @@ class HomelabApp(App[int]):
                  clock: Callable[[], float] = time.monotonic, poll_interval_s: float = 0.5,
                  watch_url: str | None = None, api_key: str | None = None,
                  initial_preset: str = "smollm2-cpu", start_mode: str = "dashboard",
-                 autostart: bool = False, handle_signals: bool = False) -> None:
+                 autostart: bool = False, handle_signals: bool = False,
+                 catalog_loader: Callable[[], Catalog] = load_catalog) -> None:
         super().__init__()
         self.service = service or ServiceManager()
         self.presets_loader = presets_loader
@@ -125,6 +127,7 @@ class HomelabApp(App[int]):
         self.start_mode = start_mode
         self.autostart = autostart
         self.handle_signals = handle_signals
+        self.catalog_loader = catalog_loader
         self.broken_presets: dict[Path, str] = {}
         self.hardware_pending = True
         self.prompt_history: deque[float] = deque(maxlen=HISTORY_POINTS)

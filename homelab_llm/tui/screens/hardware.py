@@ -1,5 +1,5 @@
-"""Hardware: GPUs, PCIe links (current vs max, CPU or chipset), NUMA, live sensors, and the
-warnings of the hardware check."""
+"""Hardware: this PC (GPUs, PCIe links current vs max, CPU or chipset, NUMA, live sensors, and
+the warnings of the hardware check), and the build wizard for a PC not bought yet (w switches)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static
+
+from homelab_llm.errors import HomelabError
 
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport
+from homelab_llm.tui.widgets.build_wizard import BuildWizard
 from homelab_llm.tui.widgets.format import gib
 
 if TYPE_CHECKING:
@@ -21,17 +25,28 @@ COLUMNS = ("#", "PCI", "Name", "VRAM", "PCIe link", "Via", "NUMA", "Load Temp Po
 
 
 class HardwareScreen(Screen[None]):
-    BINDINGS = [("r", "rescan", "Rescan")]
+    BINDINGS = [
+        Binding("w", "toggle_view", "PC/wizard"),
+        Binding("r", "rescan", "Rescan"),
+        Binding("ctrl+n", "wizard_step(1)", "Next step"),
+        Binding("ctrl+b", "wizard_step(-1)", "Back"),
+    ]
 
     app: HomelabApp  # type: ignore[assignment]
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Vertical(id="hw-body"):
-            table: DataTable[str | Text] = DataTable(id="hw-gpus", cursor_type="row", zebra_stripes=True)
-            table.border_title = "GPUs"
-            yield table
-            yield Static(id="hw-notes", classes="panel")
+        with ContentSwitcher(initial="hw-body", id="hw-views"):
+            with Vertical(id="hw-body"):
+                table: DataTable[str | Text] = DataTable(id="hw-gpus", cursor_type="row",
+                                                         zebra_stripes=True)
+                table.border_title = "GPUs"
+                yield table
+                yield Static(id="hw-notes", classes="panel")
+            try:
+                yield BuildWizard(self.app.catalog_loader(), id="hw-wizard")
+            except HomelabError as err:  # a broken user catalog file: say which, keep the rest
+                yield Static(Text(f"build wizard unavailable: {err}", style="red"), id="hw-wizard")
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
@@ -67,6 +82,28 @@ class HardwareScreen(Screen[None]):
 
     def action_rescan(self) -> None:
         self.app.refresh_hardware()
+
+    def action_toggle_view(self) -> None:
+        switcher = self.query_one(ContentSwitcher)
+        wizard = switcher.current != "hw-wizard"
+        switcher.current = "hw-wizard" if wizard else "hw-body"
+        self.sub_title = "build wizard" if wizard else ""
+        self.refresh_bindings()
+        if wizard:
+            self.query_one("#w-board").focus()
+        else:
+            self.set_focus(None)
+
+    def action_wizard_step(self, delta: int) -> None:
+        self.query_one(BuildWizard).action_step(delta)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        in_wizard = self.query_one(ContentSwitcher).current == "hw-wizard"
+        if action == "rescan":  # this PC's view only
+            return not in_wizard
+        if action == "wizard_step":
+            return in_wizard and bool(self.query(BuildWizard))
+        return True
 
 
 def _sensors(sensors: GpuTelemetry | None) -> str:
