@@ -85,6 +85,7 @@ class ServerStats:
         self.generation_tokens_total += generated
         if prompt or generated:
             self._window.append((now, prompt, generated))
+            self._prune(now)  # bounded even when nobody reads /v1/status
         if out.finished:
             self._prompt_counted.discard(out.request_id)
             self._finish(out)
@@ -104,10 +105,13 @@ class ServerStats:
         if out.finish_time is not None:
             self.e2e.observe(out.finish_time - out.arrival_time)
 
-    def throughput(self) -> dict[str, float]:
-        now = self.clock()
+    def _prune(self, now: float) -> None:
         while self._window and self._window[0][0] < now - self.window_s:
             self._window.popleft()
+
+    def throughput(self) -> dict[str, float]:
+        now = self.clock()
+        self._prune(now)
         # Early on, divide by the time actually observed rather than the full window.
         span = max(min(self.window_s, now - self.start_time), 1e-3)
         prompt = sum(p for _, p, _ in self._window)

@@ -62,3 +62,12 @@ def test_metrics_escape_label_values() -> None:
     text = render_metrics({}, ServerStats(clock=Clock()), 'we"ird\\name')
     assert 'model_name="we\\"ird\\\\name"' in text
     assert text.endswith("\n")
+
+
+def test_window_stays_bounded_without_readers() -> None:
+    clock = Clock()
+    stats = ServerStats(window_s=1.0, clock=clock)
+    for i in range(1000):
+        clock.now += 0.1
+        stats.observe(out(f"r{i}", 1))
+    assert len(stats._window) <= 11  # 1 s of events at 10 per second
