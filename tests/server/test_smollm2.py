@@ -3,7 +3,6 @@ the module, small max_tokens (a decode step takes ~0.1-2 s on a shared 2-core bo
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
