@@ -77,7 +77,8 @@ async def test_chat_without_server_explains() -> None:
 async def test_modes_help_and_palette() -> None:
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
-        for key, name in (("p", "presets"), ("h", "hardware"), ("l", "logs"), ("d", "dashboard")):
+        for key, name in (("p", "presets"), ("h", "hardware"), ("l", "logs"), ("b", "bench"),
+                          ("d", "dashboard")):
             await pilot.press(key)
             assert app.current_mode == name
         await pilot.press("question_mark")
@@ -204,7 +205,8 @@ async def test_crash_flow_from_the_ui() -> None:
     assert not service.status.running
 
 
-async def test_quitting_stops_the_child(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keys", [("q",), ("i", "ctrl+c")], ids=["q", "ctrl+c-while-typing"])
+async def test_quitting_stops_the_child(tmp_path: Path, keys: tuple[str, ...]) -> None:
     from tui_fakes import tiny_preset
 
     from homelab_llm.tui.service import process_group_alive
@@ -222,5 +224,6 @@ async def test_quitting_stops_the_child(tmp_path: Path) -> None:
         pgid = app.service_status.pid
         await pilot.pause(0.2)
         assert "healthy  tiny" in text_of(app, "#service-bar")
-        await pilot.press("q")
+        await pilot.press(*keys)  # Ctrl+C quits even from the chat box (Textual would only hint)
+        assert app._exit, "the key did not ask the app to exit"
     assert pgid is not None and not process_group_alive(pgid)

@@ -78,3 +78,39 @@ def test_editor_with_invalid_input(snap_compare, user_presets: Path) -> None:
 
     assert snap_compare(recorded_app(start_mode="presets"), terminal_size=(80, 24),
                         run_before=run_before)
+
+
+def test_bench_results(snap_compare) -> None:
+    """A finished depth sweep (recorded numbers): the form, the table and the bars at 80x24."""
+    from tui_fakes import depth_report
+
+    async def run_before(pilot: Pilot) -> None:
+        await settle(pilot)
+        pilot.app.screen.show_report(depth_report())
+        await pilot.pause(0.1)
+
+    assert snap_compare(recorded_app(start_mode="bench"), terminal_size=(80, 24),
+                        run_before=run_before)
+
+
+def test_build_wizard_verdict(snap_compare) -> None:
+    """RTX 5090 + RTX 4090 on an 850 W PSU: the verdict step with every rule's reason."""
+    from homelab_llm.assets import assets_dir
+    from homelab_llm.hwcheck.catalog import load_catalog
+
+    async def run_before(pilot: Pilot) -> None:
+        await settle(pilot)
+        await pilot.press("w")
+        wizard = pilot.app.screen.query_one("#hw-wizard")
+        wizard.query_one("#w-card1-gpu").value = "rtx-5090-fe"
+        wizard.query_one("#w-card2-gpu").value = "rtx-4090-fe"
+        wizard.query_one("#w-psu").value = "corsair-rm850x-2021"
+        await pilot.pause()
+        for _ in range(4):
+            await pilot.press("ctrl+n")
+        pilot.app.set_focus(None)
+        await pilot.pause(0.1)
+
+    app = recorded_app(start_mode="hardware",
+                       catalog_loader=lambda: load_catalog([assets_dir() / "hardware"]))
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

@@ -10,12 +10,17 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Static
 
 ABOUT = ("homelab-llm runs an inference server from a preset as a child process and shows what "
-         "it is doing. Modes: d Dashboard · p Presets · h Hardware · l Logs. "
-         "Ctrl+P opens the command palette.")
+         "it is doing. Modes: d Dashboard · p Presets · h Hardware (w: build wizard) · l Logs · "
+         "b Bench. In a text field letters type; Esc gives the keys back. Ctrl+P opens the "
+         "command palette; q or Ctrl+C quits and stops the service.")
+
+
+KEY_NAMES = {"question_mark": "?", "escape": "esc", "delete": "del"}
 
 
 def _key(binding: Binding) -> str:
-    return binding.key_display or ", ".join(k.strip() for k in binding.key.split(","))
+    """Every key of a binding (the footer shows only the first, to save room)."""
+    return ", ".join(KEY_NAMES.get(k.strip(), k.strip()) for k in binding.key.split(","))
 
 
 def bindings_table(title: str, bindings: list[Binding]) -> Table:
