@@ -109,6 +109,9 @@ async def test_depth_sweep_fills_table_and_chart() -> None:
             assert all(v is not None and v > 0 for g in chart.groups for _, v in g.bars)
             assert status_text(screen) == "done"
             assert screen.query_one("#b-run", Button).disabled is False
+            screen.set_focus(None)
+            await pilot.press("y")  # the CLI's markdown table, ready to paste into an issue
+            assert "| fake-model | pp16 @ d32 |" in app.clipboard and "tg5" in app.clipboard
     # 2 points x 2 repetitions of 5 tokens (plus the 4-token warmup)
     chats = [r for r in server.requests if r["max_tokens"] == 5]
     assert len(chats) == 4 and all(r["stream"] for r in chats)

@@ -94,7 +94,7 @@ class BenchScreen(Screen[None]):
             with Horizontal(classes="form-row"):
                 yield Button("Run", id="b-run", variant="success", compact=True)
                 yield Button("Cancel", id="b-cancel", variant="error", compact=True, disabled=True)
-                yield ProgressBar(id="b-progress", show_eta=False)
+                yield ProgressBar(id="b-progress", show_eta=False, show_percentage=False)
                 yield Static("", id="b-status")
             yield Static("", id="b-issues")
         with VerticalScroll(id="bench-body"):
@@ -108,6 +108,12 @@ class BenchScreen(Screen[None]):
                     yield BarChart(placeholder="bars appear as points finish", id="b-chart")
             yield Static("", id="b-summary")
         yield Footer(compact=True, show_command_palette=False)
+
+    def on_screen_resume(self) -> None:
+        # Say which server an empty target means right now (it follows the service's state).
+        url = self.app.probe_url()
+        self.query_one("#b-target", Input).placeholder = (
+            f"the running service ({url})" if url else "no service running: enter a URL or press s")
 
     def on_mount(self) -> None:
         self._show_kind(self.form.kind)
@@ -210,8 +216,10 @@ class BenchScreen(Screen[None]):
             status.update(Text(update.error, style="red"))
         elif update.cancelled:
             status.update(Text(update.label, style="yellow"))
-        else:
+        elif update.finished:
             status.update(update.label)
+        else:
+            status.update(f"{update.done}/{update.total} · {update.label}")
         self.show_report(update.report)
         if update.finished:
             self._set_running(False)
