@@ -19,7 +19,7 @@ from homelab_llm.bench.client import BenchClient
 from homelab_llm.bench.concurrency import ConcurrencyConfig, run_concurrency
 from homelab_llm.bench.depth import DepthConfig, run_depth
 from homelab_llm.bench.replay import ReplayReport, load_trace, run_replay
-from homelab_llm.bench.sweep import BenchRow, ProgressEvent, SweepReport
+from homelab_llm.bench.sweep import ProgressEvent, SweepReport
 from homelab_llm.errors import HomelabError
 from homelab_llm.tui.bench_form import BenchSpec
 
@@ -128,10 +128,3 @@ class BenchJob:
     def _on_progress(self, event: ProgressEvent) -> None:
         self._progress = event
         self.on_update(JobUpdate(event.done, event.total, event.label, _copy(self.report)))
-
-
-def row_count(report: Report) -> int:
-    return len(report.rows) if isinstance(report, SweepReport) else len(report.turns)
-
-
-__all__ = ["BenchJob", "BenchRow", "JobUpdate", "Report", "empty_report", "row_count"]

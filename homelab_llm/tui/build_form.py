@@ -167,7 +167,7 @@ def resolve(choices: BuildChoices, catalog: Catalog) -> tuple[Build | None, list
         card = resolve_card(choice, index, catalog, issues)
         if board is not None and board.slot(choice.slot) is None:
             issues.append(FieldIssue(f"card{index}-slot", f"pick a slot of {board.name}"))
-        elif choice.slot in used:
+        elif choice.slot and choice.slot in used:
             issues.append(FieldIssue(f"card{index}-slot", f"{choice.slot} already holds a card"))
         used.add(choice.slot)
         if card is not None:
