@@ -324,13 +324,20 @@ class ParallelRunner:
             self.channel.send([CMD_SHUTDOWN])
         except Exception:  # a dead peer: fall through to killing
             pass
+        # Tear the group down together with the workers (they do the same on CMD_SHUTDOWN): NCCL's
+        # teardown can wait on peers, so it must not wait for processes that already left. A
+        # bounded wait, so a stuck teardown never hangs the caller's exit.
+        if dist.is_initialized():
+            teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
+            teardown.start()
+            teardown.join(timeout=15)
+            if teardown.is_alive():
+                log.warning("process group teardown did not finish in 15 s; continuing")
         for p in self.procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
                 p.join()
-        if dist.is_initialized():
-            dist.destroy_process_group()
         set_parallel_state(0, 1)
 
 
