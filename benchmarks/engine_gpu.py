@@ -32,13 +32,10 @@ from homelab_llm.engine.args import EngineArgs  # noqa: E402
 from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_harness import report, results, run_sections  # noqa: E402
+
 CONFIGS = assets_dir() / "model_configs"
-results: dict[str, float] = {}
-
-
-def report(key: str, value: float, unit: str = "") -> None:
-    results[key] = value
-    print(f"{key:48s} {value:12.2f} {unit}", flush=True)
 
 
 def cleanup() -> None:
@@ -212,23 +209,10 @@ def main() -> int:
     p.add_argument("--sections", default="ceilings,check,decode,long,hf")
     a = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    for name in a.sections.split(","):
-        t = time.time()
-        try:
-            globals()[f"section_{name}" if name != "ceilings" else "ceilings"](
-                *(() if name in ("ceilings", "check") else (a.quick,)))
-        except Exception as exc:  # keep the other sections' numbers
-            import traceback
-            traceback.print_exc()
-            print(f"section {name} failed: {exc}", flush=True)
-        print(f"-- {name} took {time.time() - t:.1f}s", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    print("\nSUMMARY")
-    for k, v in results.items():
-        print(f"{k:48s} {v:12.3f}")
-    return 0
-
+    sections = {"ceilings": ceilings, "check": section_check,
+                "decode": lambda: section_decode(a.quick), "long": lambda: section_long(a.quick),
+                "hf": lambda: section_hf(a.quick)}
+    return run_sections(sections, a.sections, a.json)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -24,12 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-results: dict[str, float] = {}
-
-
-def report(key: str, value: float, unit: str = "") -> None:
-    results[key] = value
-    print(f"{key:48s} {value:12.4f} {unit}", flush=True)
+from gpu_harness import report, run_sections  # noqa: E402
 
 
 def equality() -> None:
@@ -142,22 +137,8 @@ def main() -> int:
     p.add_argument("--sections", default="equality,decode,allreduce")
     a = p.parse_args()
     print(f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}", flush=True)
-    for name in a.sections.split(","):
-        t = time.time()
-        try:
-            globals()[name]()
-        except Exception as exc:
-            import traceback
-            traceback.print_exc()
-            print(f"section {name} failed: {exc}", flush=True)
-        print(f"-- {name} took {time.time() - t:.1f}s", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
-    print("\nSUMMARY")
-    for k, v in results.items():
-        print(f"{k:48s} {v:12.4f}")
-    return 0
-
+    return run_sections({"equality": equality, "decode": decode, "allreduce": allreduce},
+                        a.sections, a.json)
 
 if __name__ == "__main__":
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

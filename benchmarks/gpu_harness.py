@@ -1,0 +1,34 @@
+"""What the GPU benchmark scripts share: a results table and a runner for named sections, where a
+failing section prints its traceback and the others still report."""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+results: dict[str, float] = {}
+
+
+def report(key: str, value: float, unit: str = "") -> None:
+    results[key] = value
+    print(f"{key:48s} {value:12.4f} {unit}", flush=True)
+
+
+def run_sections(sections: dict[str, Callable[[], None]], names: str, json_path: str | None) -> int:
+    for name in names.split(","):
+        start = time.time()
+        try:
+            sections[name]()
+        except Exception as exc:  # keep the other sections' numbers
+            traceback.print_exc()
+            print(f"section {name} failed: {exc}", flush=True)
+        print(f"-- {name} took {time.time() - start:.1f}s", flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1))
+    print("\nSUMMARY")
+    for key, value in results.items():
+        print(f"{key:48s} {value:12.4f}")
+    return 0
