@@ -108,6 +108,14 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise HomelabError(f"--port must be in [0, 65535], got {args.port}")
     engine_args = EngineArgs.from_cli(args)  # validates; errors are one-line HomelabErrors
+    if engine_args.node_rank > 0:
+        # Another node of a multi-node TP group: run this node's ranks, no HTTP server.
+        from homelab_llm.engine.parallel_workers import serve_worker_node
+
+        logging.getLogger("homelab_llm.server").info(
+            "node %d of %d: serving ranks for %s:%d", engine_args.node_rank, engine_args.nnodes,
+            engine_args.master_addr, engine_args.master_port)
+        return serve_worker_node(engine_args)
 
     from homelab_llm.server.app import build_app
     from homelab_llm.server.launch import serve
