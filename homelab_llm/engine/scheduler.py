@@ -91,6 +91,7 @@ class Scheduler:
                     self.kv.free(seq, cache=False)
                     break
             self.waiting.popleft()
+            self.kv.record_admission(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))

@@ -30,6 +30,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     cache_node: Any = None  # radix node locked while this sequence relies on its path
     num_preemptions: int = 0
+    admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     first_token_time: float | None = None

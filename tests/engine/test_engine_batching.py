@@ -72,6 +72,8 @@ def test_preemption_with_prefix_cache_on(tmp_path, reference) -> None:
     outs = llm.generate(prompts(8), GREEDY)
     assert [o.token_ids for o in outs] == reference
     assert llm.engine.scheduler.num_preemptions > 0
+    # Each request's prefix lookup counts once: not again on a retried admission or a recompute.
+    assert llm.engine.kv.prefix_query_tokens == sum(len(p) for p in prompts(8))
 
 
 def test_abort_frees_pages_at_once(tmp_path) -> None:

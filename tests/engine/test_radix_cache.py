@@ -110,6 +110,8 @@ def test_match_is_token_granular_and_copies_the_partial_page() -> None:
     kv = make_manager(num_pages=16)
     first = Sequence("a", list(range(1, 12)), SamplingParams(), 0.0, max_tokens=4)  # 11 tokens
     kv.match_prefix(first)
+    kv.record_admission(first)
+    kv.record_admission(first)  # counted once
     assert kv.ensure_pages(first, first.num_tokens)
     write_kv(kv, first, first.num_tokens)
     kv.cache_sequence(first)
@@ -117,6 +119,7 @@ def test_match_is_token_granular_and_copies_the_partial_page() -> None:
     # Shares 10 tokens: pages 0-1 full (8 tokens) + 2 tokens of page 2.
     second = Sequence("b", list(range(1, 11)) + [99, 98], SamplingParams(), 0.0, max_tokens=4)
     kv.match_prefix(second)
+    kv.record_admission(second)
     assert second.num_computed_tokens == 10 and second.num_cached_tokens == 10
     assert second.page_table[:2] == first.page_table[:2], "full pages are shared, not copied"
     assert second.page_table[2] != first.page_table[2], "the partial page is a private copy"

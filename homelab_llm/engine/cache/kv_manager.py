@@ -29,9 +29,6 @@ class KVCacheManager:
         At least one token is always left to compute, so the step that finishes the prompt has
         logits to sample from. Pages fully matched are shared; partial ones are copied."""
         assert not seq.page_table and seq.num_computed_tokens == 0
-        first_admission = seq.num_preemptions == 0
-        if first_admission:
-            self.prefix_query_tokens += seq.num_prompt_tokens
         if self.radix is None:
             return
         match = self.radix.match_prefix(seq.token_ids[:-1])
@@ -66,9 +63,16 @@ class KVCacheManager:
         seq.page_table = page_table
         seq.num_computed_tokens = matched
         seq.cache_node = match.node
-        if first_admission:
-            seq.num_cached_tokens = matched
-            self.prefix_hit_tokens += matched
+
+    def record_admission(self, seq: Sequence) -> None:
+        """Count a request's prefix lookup once, when it is first admitted (not on retries of a
+        failed admission, nor on recompute after preemption)."""
+        if seq.num_preemptions or seq.admitted:
+            return
+        seq.admitted = True
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.prefix_query_tokens += seq.num_prompt_tokens
+        self.prefix_hit_tokens += seq.num_computed_tokens
 
     # -- growth -------------------------------------------------------------------------------
     def pages_needed(self, seq: Sequence, num_tokens: int) -> int:
