@@ -129,3 +129,14 @@ def test_max_tokens_none_runs_to_the_context_limit(tmp_path) -> None:
     llm = tiny_llm(tmp_path, max_model_len=32)
     out = llm.generate([[5] * 20], SamplingParams(max_tokens=None, ignore_eos=True))[0]
     assert len(out.token_ids) == 12 and out.finish_reason == "length"
+
+
+def test_admission_waits_for_pages_and_counts_its_lookup_once(tmp_path) -> None:
+    # 40 pages of 4 tokens: A (100-token prompt) takes 25, B's 70-token prompt needs 18 more,
+    # so B's admission fails, is retried every step, and only succeeds once A is done.
+    llm = tiny_llm(tmp_path, kv_cache_memory_bytes=512 * 160, max_num_seqs=2)
+    a, b = prompts(1, seed=11, lo=100, hi=101)[0], prompts(1, seed=12, lo=70, hi=71)[0]
+    outs = llm.generate([a, b], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [20, 20]
+    assert llm.engine.scheduler.num_preemptions == 0
+    assert llm.engine.kv.prefix_query_tokens == 170
