@@ -14,8 +14,12 @@ import torch
 from homelab_llm.engine.kernels import ref
 
 
+def _kernels_env() -> str:
+    return os.environ.get("HOMELAB_LLM_KERNELS", "triton")
+
+
 def use_triton(t: torch.Tensor) -> bool:
-    return t.is_cuda and os.environ.get("HOMELAB_LLM_KERNELS", "triton") != "ref"
+    return t.is_cuda and _kernels_env() != "ref"
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
@@ -91,11 +95,21 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
 
 
 def w4a16_matmul(x: torch.Tensor, weight) -> torch.Tensor:
-    """x [..., K] @ W4Weight -> [..., N] in x's dtype (weight from kernels.w4a16_pack)."""
+    """x [..., K] @ W4Weight -> [..., N] in x's dtype (weight from kernels.w4a16_pack).
+
+    On the CPU, bf16 activations take torch's int4 kernel (weight.cpu_pack, repacked at load),
+    which computes in bf16. fp32 activations keep the exact reference: a model run in fp32 asked
+    for fp32 numerics (the int4 kernel has no fast fp32 path). HOMELAB_LLM_KERNELS=ref forces it.
+    """
     if use_triton(x):
         from homelab_llm.engine.kernels import w4a16
 
         return w4a16.w4a16_matmul(x, weight)
+    if (weight.cpu_pack is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+            and _kernels_env() != "ref"):
+        from homelab_llm.engine.kernels.w4a16_cpu import w4a16_matmul_cpu
+
+        return w4a16_matmul_cpu(x, weight.cpu_pack)
     return ref.w4a16_matmul_ref(x, weight)
 
 

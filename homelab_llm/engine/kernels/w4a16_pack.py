@@ -15,6 +15,7 @@ stay coalesced. Repacking runs once at load time, in plain torch, on any device.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,9 @@ class W4Weight:
     biases: torch.Tensor
     group_size: int
     perm: torch.Tensor | None = None
+    # The same weight repacked for torch's CPU int4 kernel (kernels/w4a16_cpu.py), set once at
+    # load on the CPU; None elsewhere. Derived data: never narrowed or moved with the rest.
+    cpu_pack: Any = None
 
     @property
     def in_features(self) -> int:

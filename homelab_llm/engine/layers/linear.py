@@ -108,7 +108,8 @@ class LinearBase(nn.Module):
             self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
     def set_w4(self, w4: Any) -> None:
-        """Use a 4-bit weight (W4Weight, [in, out] groups) from now on; the dense weight goes."""
+        """Use a 4-bit weight (W4Weight, [in, out] groups) from now on; the dense weight goes.
+        On the CPU it is also repacked once for torch's int4 kernel (kernels/w4a16_cpu.py)."""
         if (w4.in_features, w4.out_features) != (self.in_features, self.out_features):
             raise ValueError(f"4-bit weight is {w4.in_features}x{w4.out_features}, this layer "
                              f"{self.in_features}x{self.out_features}")
@@ -116,13 +117,26 @@ class LinearBase(nn.Module):
         for name in ("qweight", "scales", "biases", "perm"):
             self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
         self.w4 = w4
+        self._attach_cpu_pack()
+
+    def _attach_cpu_pack(self) -> None:
+        from homelab_llm.engine.kernels import w4a16_cpu
+
+        pack = w4a16_cpu.repack_for_cpu(self.w4) if w4a16_cpu.supports(self.w4) else None
+        self.w4.cpu_pack = pack
+        # Registered so memory accounting counts them (they are as large as qweight).
+        self.register_buffer("w4_cpu_packed", None if pack is None else pack.packed, persistent=False)
+        self.register_buffer("w4_cpu_scales_and_zeros",
+                             None if pack is None else pack.scales_and_zeros, persistent=False)
 
     def _apply(self, fn, recurse=True):
-        # .to()/.cuda() move the registered buffers; point the W4Weight at the moved ones.
+        # .to()/.cuda() move the registered buffers; point the W4Weight at the moved ones and
+        # redo the CPU repack for the new device (a no-op off the CPU).
         module = super()._apply(fn, recurse)
         if self.w4 is not None:
             self.w4 = type(self.w4)(self.w4_qweight, self.w4_scales, self.w4_biases,
                                     self.w4.group_size, self.w4_perm)
+            self._attach_cpu_pack()
         return module
 
     def part_ids(self) -> list[Any]:
