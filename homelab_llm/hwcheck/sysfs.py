@@ -52,8 +52,9 @@ def read_keyvals(path: Path, sep: str = "=") -> dict[str, str]:
 
 
 def list_dir(path: Path) -> list[str]:
+    """Entries of a sysfs folder; dot entries are never sysfs (a fixture's .gitkeep, say)."""
     try:
-        return sorted(os.listdir(path))
+        return sorted(name for name in os.listdir(path) if not name.startswith("."))
     except OSError:
         return []
 

@@ -87,6 +87,8 @@ class Tree:
             (io / "properties").write_text(f"type 2\nnode_from {i}\nnode_to 0\n")
             if p2p is not None:
                 (node / "p2p_links").mkdir(exist_ok=True)
+                # git keeps no empty folders; the reader skips dot entries as sysfs has none.
+                (node / "p2p_links" / ".gitkeep").touch()
         for k, (a, b) in enumerate(p2p or []):
             for src, dst in ((a + 1, b + 1), (b + 1, a + 1)):
                 link = base / str(src) / "p2p_links" / str(k)
