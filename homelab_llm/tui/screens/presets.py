@@ -4,6 +4,7 @@ to start/stop, create, edit, duplicate and delete."""
 from __future__ import annotations
 
 import shlex
+import sys
 from typing import TYPE_CHECKING
 
 from rich.syntax import Syntax
@@ -97,7 +98,10 @@ class PresetsScreen(Screen[None]):
             return
         toml.update(Syntax(dump_preset(preset), "toml", theme="ansi_dark", word_wrap=True,
                            background_color="default"))
-        argv = launch_command(preset, resolve_model=False)
+        # Shown as a person would type it: "python", not this interpreter's install path (which
+        # also keeps the screen identical from one machine to the next).
+        argv = ["python" if arg == sys.executable else arg
+                for arg in launch_command(preset, resolve_model=False)]
         source = "built-in" if preset.builtin else f"user file {preset.source}"
         command.update(Text.assemble(("launches ", "bold"), shlex.join(argv), "\n",
                                      (f"from {source}", "dim")))
