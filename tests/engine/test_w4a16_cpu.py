@@ -55,7 +55,9 @@ def test_linear_on_cpu_takes_the_kernel_for_bf16_only(monkeypatch):
     torch.manual_seed(1)
     layer = ColumnParallelLinear(256, 64)
     w = quantize_rtn(torch.randn(64, 256) * 0.05, 64)
-    layer.set_w4(w)
+    layer.set_w4(w, torch.float32)
+    assert layer.w4.cpu_pack is None  # an fp32 model never takes the kernel: no second copy
+    layer.set_w4(w, torch.bfloat16)
     assert layer.w4.cpu_pack is not None
     # The repacked copy is registered, so memory accounting sees it.
     names = {name for name, _ in layer.named_buffers()}
@@ -76,7 +78,7 @@ def test_shapes_the_kernel_cannot_take_fall_back_to_the_reference():
     w = quantize_rtn(torch.randn(40, 64) * 0.05, 32)  # 40 outputs: not a multiple of 16
     assert not w4a16_cpu.supports(w)
     layer = ColumnParallelLinear(64, 40)
-    layer.set_w4(w)
+    layer.set_w4(w, torch.bfloat16)
     assert layer.w4.cpu_pack is None and layer.w4_cpu_packed is None
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     assert torch.equal(layer(x), w4a16_matmul_ref(x, w))

@@ -61,6 +61,16 @@ class W4Weight:
         return W4Weight(self.qweight[:, sl].contiguous(), self.scales[:, sl].contiguous(),
                         self.biases[:, sl].contiguous(), self.group_size, self.perm)
 
+    def regroup(self, group_size: int) -> "W4Weight":
+        """The same weight in finer groups (group_size divides ours): scales repeat, exactly."""
+        if group_size == self.group_size:
+            return self
+        if self.group_size % group_size:
+            raise QuantFormatError(f"cannot regroup group size {self.group_size} into {group_size}")
+        r = self.group_size // group_size
+        return W4Weight(self.qweight, self.scales.repeat_interleave(r, 0),
+                        self.biases.repeat_interleave(r, 0), group_size, self.perm)
+
     def narrow_in(self, start: int, length: int) -> "W4Weight":
         """Input rows [start, start+length): a row-parallel shard; must cut on group boundaries."""
         if self.perm is not None:
@@ -79,6 +89,24 @@ def _check_group(group_size: int, k: int) -> None:
         raise QuantFormatError(f"group size {group_size} is not supported (have {SUPPORTED_GROUP_SIZES})")
     if k % group_size:
         raise QuantFormatError(f"in_features {k} is not a multiple of group size {group_size}")
+
+
+def checkpoint_group_size(group_size: int, k: int) -> int:
+    """A checkpoint's group size for a weight with k inputs: -1 (one group per output column)
+    becomes k. Any multiple of 32 dividing k is accepted: coarser groups are stored as our
+    finest native size that divides them (from_parts repeats their scales; the same numbers)."""
+    if group_size in (-1, 0):
+        group_size = k
+    if group_size <= 0 or group_size % 32:
+        raise QuantFormatError(f"group size {group_size} is not supported (have "
+                               f"{', '.join(map(str, SUPPORTED_GROUP_SIZES))}, any multiple of 32, or -1)")
+    if k % group_size:
+        raise QuantFormatError(f"in_features {k} is not a multiple of group size {group_size}")
+    return group_size
+
+
+def _native_group(group_size: int) -> int:
+    return next(g for g in sorted(SUPPORTED_GROUP_SIZES, reverse=True) if group_size % g == 0)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -103,11 +131,17 @@ def unpack_int4(packed: torch.Tensor, dim: int = 0) -> torch.Tensor:
 
 def from_parts(q_kn: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | float,
                group_size: int, perm: torch.Tensor | None = None) -> W4Weight:
-    """q [K, N] 0..15, scales [K/G, N], zeros [K/G, N] (or one number) in integer units."""
-    _check_group(group_size, q_kn.shape[0])
+    """q [K, N] 0..15, scales [K/G, N], zeros [K/G, N] (or one number) in integer units.
+    A group size above 128 (a multiple of 32) is re-expressed in native groups."""
+    group_size = checkpoint_group_size(group_size, q_kn.shape[0])
     s = scales.float()
     biases = -torch.as_tensor(zeros, dtype=torch.float32, device=s.device) * s
     biases = biases.expand_as(s)
+    native = _native_group(group_size)
+    if native != group_size:
+        s = s.repeat_interleave(group_size // native, dim=0)
+        biases = biases.repeat_interleave(group_size // native, dim=0)
+        group_size = native
     return W4Weight(pack_int4(q_kn), s.to(torch.float16), biases.to(torch.float16).contiguous(),
                     group_size, perm)
 
@@ -138,9 +172,7 @@ def repack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor | None, scales: torc
     are one less than the real ones (checkpoint_format "gptq"); "gptq_v2" stores them as is.
     g_idx (act-order) becomes a permutation of the input that makes each group contiguous."""
     k, n = qweight.shape[0] * 8, qweight.shape[1]
-    if group_size in (-1, 0):
-        group_size = k  # per-channel: one group; only allowed when it is also a supported size
-    _check_group(group_size, k)
+    group_size = checkpoint_group_size(group_size, k)
     if tuple(scales.shape) != (k // group_size, n):
         raise QuantFormatError(f"GPTQ scales {tuple(scales.shape)} do not match qweight "
                                f"(expected {(k // group_size, n)})")
@@ -176,24 +208,43 @@ def repack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
     return from_parts(columns(qweight), scales, columns(qzeros).float(), group_size)
 
 
-AUTOROUND_GPTQ_PACKINGS = ("auto_round", "auto_round:auto_gptq", "auto_gptq", "auto_round:gptq")
-AUTOROUND_AWQ_PACKINGS = ("auto_round:auto_awq", "auto_awq")
+# AutoRound's packing_format names (older exports: `backend`). All but the AWQ ones use GPTQ's
+# tensor layout; they differ in whether stored zeros are one less than the real ones.
+AUTOROUND_GPTQ_V1_PACKINGS = ("auto_round:auto_gptq", "auto_round:gptq", "auto_gptq", "auto")
+AUTOROUND_NATIVE_PACKINGS = ("auto_round", "auto_round:gptqmodel", "auto_round:triton",
+                             "auto_round:tritonv2", "auto_round:exllamav2", "auto_round:marlin",
+                             "auto_round:torch")
+AUTOROUND_AWQ_PACKINGS = ("auto_round:auto_awq", "auto_round:awq", "auto_awq")
+
+
+def autoround_packing(packing_format: str | None) -> str:
+    """AutoRound packing_format -> "gptq" (zeros stored minus one, as GPTQ v1), "gptq_v2"
+    (zeros as they are: AutoRound's own format) or "awq". auto-round itself exports symmetric
+    models as auto_round:auto_gptq and asymmetric ones as auto_round."""
+    fmt = (packing_format or "auto_round:auto_gptq").lower()
+    # Legacy backend strings name a kernel after the format: auto_round:gptq:exllamav2.
+    if fmt in AUTOROUND_GPTQ_V1_PACKINGS or fmt.startswith(("auto_round:gptq:", "auto_gptq:")):
+        return "gptq"
+    if fmt in AUTOROUND_NATIVE_PACKINGS:
+        return "gptq_v2"
+    if fmt in AUTOROUND_AWQ_PACKINGS or fmt.startswith("auto_round:awq:"):
+        return "awq"
+    raise QuantFormatError(
+        f"AutoRound packing_format {packing_format!r} is not supported (have: "
+        f"{', '.join(AUTOROUND_GPTQ_V1_PACKINGS + AUTOROUND_NATIVE_PACKINGS + AUTOROUND_AWQ_PACKINGS)})")
 
 
 def repack_autoround(qweight: torch.Tensor, qzeros: torch.Tensor | None, scales: torch.Tensor,
                      group_size: int, packing_format: str = "auto_round", sym: bool = True,
                      g_idx: torch.Tensor | None = None) -> W4Weight:
-    """AutoRound exports its int4 weights in GPTQ's layout (zeros stored minus one, as GPTQ v1)
-    or AWQ's, named by quantization_config.packing_format."""
-    fmt = packing_format or "auto_round"
-    if fmt in AUTOROUND_GPTQ_PACKINGS:
-        return repack_gptq(qweight, qzeros, scales, group_size, g_idx, sym, zero_offset=True)
-    if fmt in AUTOROUND_AWQ_PACKINGS:
+    """AutoRound int4 weights, in GPTQ's layout or AWQ's as packing_format says."""
+    packing = autoround_packing(packing_format)
+    if packing == "awq":
         if qzeros is None:
             raise QuantFormatError("AutoRound AWQ packing needs qzeros")
         return repack_awq(qweight, qzeros, scales, group_size)
-    raise QuantFormatError(f"AutoRound packing_format {fmt!r} is not supported (have: "
-                           f"{', '.join(AUTOROUND_GPTQ_PACKINGS + AUTOROUND_AWQ_PACKINGS)})")
+    return repack_gptq(qweight, qzeros, scales, group_size, g_idx, sym,
+                       zero_offset=packing == "gptq")
 
 
 # --- GGUF ------------------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ class LinearBase(nn.Module):
         # Set instead of `weight` for W4A16: kernels.w4a16_pack.W4Weight, its tensors registered
         # as buffers so .to() and memory accounting see them.
         self.w4: Any = None
+        self.w4_activation_dtype: torch.dtype | None = None
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features), requires_grad=False)
             self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
@@ -107,9 +108,10 @@ class LinearBase(nn.Module):
                                        requires_grad=False)
             self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
 
-    def set_w4(self, w4: Any) -> None:
+    def set_w4(self, w4: Any, activation_dtype: torch.dtype | None = None) -> None:
         """Use a 4-bit weight (W4Weight, [in, out] groups) from now on; the dense weight goes.
-        On the CPU it is also repacked once for torch's int4 kernel (kernels/w4a16_cpu.py)."""
+        On the CPU with bf16 activations it is also repacked once for torch's int4 kernel
+        (kernels/w4a16_cpu.py); fp32 activations use the exact reference and need no copy."""
         if (w4.in_features, w4.out_features) != (self.in_features, self.out_features):
             raise ValueError(f"4-bit weight is {w4.in_features}x{w4.out_features}, this layer "
                              f"{self.in_features}x{self.out_features}")
@@ -117,12 +119,14 @@ class LinearBase(nn.Module):
         for name in ("qweight", "scales", "biases", "perm"):
             self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
         self.w4 = w4
+        self.w4_activation_dtype = activation_dtype
         self._attach_cpu_pack()
 
     def _attach_cpu_pack(self) -> None:
         from homelab_llm.engine.kernels import w4a16_cpu
 
-        pack = w4a16_cpu.repack_for_cpu(self.w4) if w4a16_cpu.supports(self.w4) else None
+        wanted = self.w4_activation_dtype == torch.bfloat16 and w4a16_cpu.supports(self.w4)
+        pack = w4a16_cpu.repack_for_cpu(self.w4) if wanted else None
         self.w4.cpu_pack = pack
         # Registered so memory accounting counts them (they are as large as qweight).
         self.register_buffer("w4_cpu_packed", None if pack is None else pack.packed, persistent=False)

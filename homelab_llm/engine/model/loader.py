@@ -24,6 +24,7 @@ from homelab_llm.engine.model.config import (
     config_from_hf,
 )
 from homelab_llm.engine.model.llama import LlamaForCausalLM
+from homelab_llm.engine.model.quant_config import parse_quant_config
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
@@ -57,9 +58,22 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: not valid JSON ({err})") from None
 
 
+# Where older quantizers put quantization_config when config.json does not carry it.
+_QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
+
+
 def _hf_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
-    cfg = config_from_hf(_read_json(config_path), name=folder.name, where=str(config_path))
+    raw = _read_json(config_path)
+    if not raw.get("quantization_config"):
+        for fname in _QUANT_CONFIG_FILES:
+            if (folder / fname).is_file():
+                quant = _read_json(folder / fname)
+                quant.setdefault("quant_method", "gptq")  # AutoGPTQ's file does not say
+                raw["quantization_config"] = quant
+                break
+    cfg = config_from_hf(raw, name=folder.name, where=str(config_path))
+    parse_quant_config(cfg.quantization, str(config_path))  # unsupported settings fail here
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
     gen_path = folder / "generation_config.json"
     if gen_path.is_file():
@@ -80,7 +94,9 @@ def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfi
     if p.is_dir():
         return _hf_config(p)
     if p.suffix == ".json":
-        return config_from_hf(_read_json(p), name=p.stem, where=str(p))
+        cfg = config_from_hf(_read_json(p), name=p.stem, where=str(p))
+        parse_quant_config(cfg.quantization, str(p))
+        return cfg
     raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")
 
 
@@ -94,23 +110,34 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None) -> str | None:
+    """None (dense, the model dtype) or "w4a16". A GPTQ/AutoRound/AWQ checkpoint implies w4a16;
+    GGUF Q4 files are dequantized unless asked (the CPU's exact fp32 path stays the default)."""
+    if quantization is not None and quantization.lower() != "w4a16":
+        raise UnsupportedModelError(f"quantization {quantization!r} is not supported; use w4a16")
+    implied = fmt in ("safetensors", "dummy") and parse_quant_config(config.quantization) is not None
+    if quantization and fmt == "safetensors" and not implied:
+        raise UnsupportedModelError(
+            "w4a16 loads GPTQ / AutoRound / AWQ checkpoints, GGUF Q4_0/Q4_1/Q4_K files and dummy "
+            f"weights; this folder has plain weights (drop --quantization to run it in the model dtype)")
+    return "w4a16" if quantization or implied else None
+
+
 def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
                device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
                quantization: str | None = None) -> LlamaForCausalLM:
-    """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit (W4A16 kernel)."""
+    """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit, dummy weights are
+    random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it."""
     fmt = resolve_format(path, load_format)
-    if quantization is not None and quantization.lower() != "w4a16":
-        raise UnsupportedModelError(f"quantization {quantization!r} is not supported; use w4a16")
-    if quantization and fmt != "gguf":
-        raise UnsupportedModelError(
-            "w4a16 loads from GGUF Q4_0/Q4_1/Q4_K files only; this is a "
-            f"{fmt} model (drop --quantization to run it in {dtype})")
+    method = resolve_quantization(config, fmt, quantization)
     if (parallel.tp_rank(), parallel.tp_size()) != (tp_rank, tp_size):
         # Layers read the rank at construction; keep the process-wide state in step with the call.
         parallel.set_parallel_state(tp_rank, tp_size)
     device = torch.device(device)
-    if quantization:
+    if method == "w4a16" and fmt == "gguf":
         return _load_gguf_w4a16(config, path, dtype, device).eval()
+    if method == "w4a16":
+        return _load_w4a16(config, Path(path), fmt, dtype, device).eval()
     with _default_dtype(dtype), torch.device(device):
         model = LlamaForCausalLM(config)
     if fmt == "dummy":
@@ -126,6 +153,27 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
 
         load_weights(model, ((n, t, None) for n, t in safetensors_weights(Path(path))), str(path))
     return model.eval()
+
+
+def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
+                device: torch.device) -> LlamaForCausalLM:
+    """Dummy or GPTQ/AutoRound/AWQ weights, linears built as meta placeholders so no dense copy
+    of a 4-bit weight is ever allocated."""
+    from homelab_llm.engine.layers.linear import deferred_weights
+
+    with _default_dtype(dtype), torch.device(device), deferred_weights():
+        model = LlamaForCausalLM(config)
+    if fmt == "dummy":
+        from homelab_llm.engine.model.w4a16_dummy import fill_dummy_w4
+
+        fill_dummy_w4(model, device, dtype, seed=0)
+        fill_dummy_weights(model, seed=0)
+        return model
+    from homelab_llm.engine.model.w4a16_checkpoint import load_quantized_checkpoint
+
+    load_weights(model, load_quantized_checkpoint(model, path, config.quantization or {}, device, dtype),
+                 str(path))
+    return model
 
 
 def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
@@ -148,7 +196,7 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
     keep = {tensor for tensors in plan.values() for tensor in tensors}
     load_weights(model, gguf.weights(config, dtype, keep_quantized=keep), str(path))
     for name in plan:
-        install_w4(model.get_submodule(name), device)
+        install_w4(model.get_submodule(name), device, dtype)
     return model
 
 
@@ -188,8 +236,10 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         if blocks is not None:
             model.get_submodule(target.rsplit(".", 1)[0]).record_gguf_blocks(blocks, shard_id)
         loaded.add((target, shard_id))
+    # Looked up afresh: a linear given a 4-bit weight while loading no longer has a dense one.
     missing = [f"{name}[{sid}]" if sid is not None else name
-               for name in params for sid in _parts_of(model, name) if (name, sid) not in loaded]
+               for name, _ in model.named_parameters()
+               for sid in _parts_of(model, name) if (name, sid) not in loaded]
     if missing:
         raise ModelLoadError(
             f"{where}: {len(missing)} weights are missing from the checkpoint "

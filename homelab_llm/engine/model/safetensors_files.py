@@ -43,3 +43,17 @@ def safetensors_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
                     yield name, f.get_tensor(name)
         except SafetensorError as err:
             raise ModelLoadError(f"{path}: corrupt or truncated safetensors file ({err})") from None
+
+
+def safetensors_keys(folder: Path) -> set[str]:
+    """Every tensor name in the folder's files, from their headers only (no tensor is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    names: set[str] = set()
+    for path in safetensors_files(folder):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names.update(f.keys())
+        except SafetensorError as err:
+            raise ModelLoadError(f"{path}: corrupt or truncated safetensors file ({err})") from None
+    return names

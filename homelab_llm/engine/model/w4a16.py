@@ -35,7 +35,8 @@ def plan_w4a16(model: nn.Module, gguf: GGUFFile) -> dict[str, list[str]]:
     return plan
 
 
-def install_w4(module: LinearBase, device: torch.device | str) -> None:
+def install_w4(module: LinearBase, device: torch.device | str,
+               activation_dtype: torch.dtype | None = None) -> None:
     """Repack this rank's shard of each recorded part and fuse them along the outputs."""
     from homelab_llm.engine.kernels.w4a16_pack import W4Weight, repack_gguf
 
@@ -46,8 +47,9 @@ def install_w4(module: LinearBase, device: torch.device | str) -> None:
         parts.append(repack_gguf(raw, blocks.ggml_type, blocks.shape, blocks.row_order,
                                  rows, cols, device))
     if len(parts) == 1:
-        module.set_w4(parts[0])
+        module.set_w4(parts[0], activation_dtype)
         return
     module.set_w4(W4Weight(torch.cat([p.qweight for p in parts], dim=1),
                            torch.cat([p.scales for p in parts], dim=1),
-                           torch.cat([p.biases for p in parts], dim=1), parts[0].group_size))
+                           torch.cat([p.biases for p in parts], dim=1), parts[0].group_size),
+                  activation_dtype)
