@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from homelab_llm.errors import HomelabError
@@ -62,7 +62,6 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.kv_cache_dtype not in ("auto", "bf16", "fp16", "fp32", "int8"):
@@ -123,7 +122,7 @@ class EngineArgs:
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
         names = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in vars(ns).items() if k in names and k != "extra"}
+        values = {k: v for k, v in vars(ns).items() if k in names}
         args = cls(**values)
         args.validate()
         return args

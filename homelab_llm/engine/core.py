@@ -222,7 +222,6 @@ class LLMEngine:
         devices = [m.as_dict() for m in self.runner.memory_splits()] if hasattr(
             self.runner, "memory_splits") else [self.runner.memory.as_dict()]
         args = asdict(self.args)
-        args.pop("extra", None)
         args["model"] = self.model_path
         return {
             "config": {**args, "max_model_len": self.max_model_len, "dtype": str(self.dtype).removeprefix("torch."),
