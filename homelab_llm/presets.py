@@ -146,7 +146,7 @@ def _validate_engine_args(args: dict[str, ArgValue]) -> list[PresetIssue]:
     from homelab_llm.engine.args import EngineArgs, parse_bytes
 
     fields = {f.name: f for f in dataclasses.fields(EngineArgs)}
-    fields.pop("model"), fields.pop("extra")
+    fields.pop("model")
     defaults = EngineArgs()
     values: dict[str, object] = {}
     issues: list[PresetIssue] = []
