@@ -203,7 +203,6 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
 def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor, Any]],
                  where: str) -> None:
     """Route each checkpoint tensor (HF name) to its parameter's weight_loader; all must arrive."""
-    params = dict(model.named_parameters())  # a tied lm_head shares the embedding's entry
     loaded: set[tuple[str, Any]] = set()
     for name, tensor, blocks in weights:
         if name == "rope_freqs":
@@ -216,7 +215,8 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         if len(parts) >= 2 and parts[-2] in model.packed_modules:
             fused, shard_id = model.packed_modules[parts[-2]]
             target = ".".join(parts[:-2] + [fused, parts[-1]])
-        param = params.get(target)
+        # Looked up each time: a W4A16 load may materialize a placeholder while streaming.
+        param = _parameter(model, target)
         if param is None:
             continue  # e.g. rotary inv_freq buffers saved by old transformers versions
         if tensor is None:  # kept 4-bit (W4A16): only its blocks are recorded
@@ -244,6 +244,16 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         raise ModelLoadError(
             f"{where}: {len(missing)} weights are missing from the checkpoint "
             f"(e.g. {', '.join(missing[:5])})")
+
+
+def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
+    module_name, _, leaf = name.rpartition(".")
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        return None
+    param = module._parameters.get(leaf)
+    return param if isinstance(param, nn.Parameter) else None
 
 
 def _parts_of(model: LlamaForCausalLM, param_name: str) -> list[Any]:

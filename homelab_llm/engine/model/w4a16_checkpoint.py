@@ -47,7 +47,7 @@ QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 def quantized_modules(keys: set[str]) -> dict[str, set[str]]:
     """checkpoint module -> the quantized-tensor suffixes it has, for modules with a qweight."""
     found: dict[str, set[str]] = {}
-    for key in keys:
+    for key in sorted(keys):  # sorted: errors name the same module on every run
         prefix, _, suffix = key.rpartition(".")
         if suffix in QUANT_SUFFIXES:
             found.setdefault(prefix, set()).add(suffix)
@@ -83,23 +83,31 @@ def dense_weight(w: W4Weight) -> torch.Tensor:
     return kn.t()
 
 
+def _span(cut: slice, total: int) -> tuple[int, int]:
+    start = cut.start or 0
+    return start, (total if cut.stop is None else cut.stop) - start
+
+
 def shard_for_rank(module: LinearBase, shard_id: Any, w: W4Weight, prefix: str) -> W4Weight:
     """This rank's slice of a full part weight, as the module's weight_loader would cut it."""
     rows, cols, dest = module.shard_slices(module.weight, shard_id)
-    if rows != slice(None):
-        start = rows.start or 0
-        w = w.narrow_out(start, (w.out_features if rows.stop is None else rows.stop) - start)
-    if cols != slice(None):
-        start = cols.start or 0
-        length = (w.in_features if cols.stop is None else cols.stop) - start
-        try:
-            w = w.narrow_in(start, length)
-        except QuantFormatError as err:
+    start, length = _span(rows, w.out_features)
+    if (start, length) != (0, w.out_features):
+        w = w.narrow_out(start, length)
+    start, length = _span(cols, w.in_features)
+    if (start, length) != (0, w.in_features):
+        tp = getattr(module, "tp_size", 1)
+        if w.perm is not None:
             raise UnsupportedModelError(
-                f"{prefix}: --tensor-parallel-size {module.tp_size} gives this rank input "
-                f"features [{start}, {start + length}) of {w.in_features}, which do not fall on its "
-                f"{w.group_size}-wide quantization groups ({err}); choose a size that splits "
-                f"{w.in_features} into multiples of {w.group_size}") from None
+                f"{prefix}: act-order (desc_act) weights cannot be split along their input over "
+                f"--tensor-parallel-size {tp}; use a checkpoint quantized without desc_act")
+        if start % w.group_size or length % w.group_size:
+            raise UnsupportedModelError(
+                f"{prefix}: --tensor-parallel-size {tp} gives this rank input features "
+                f"[{start}, {start + length}) of {w.in_features}, which cut through its "
+                f"quantization groups ({w.in_features} inputs in {w.in_features // w.group_size} "
+                f"groups of {w.group_size}); a row-parallel shard must hold whole groups")
+        w = w.narrow_in(start, length)
     if (w.out_features, w.in_features) != tuple(dest.shape):
         raise ModelLoadError(f"{prefix}: 4-bit weight is {w.out_features}x{w.in_features} "
                              f"(out x in) but this layer's shard is {tuple(dest.shape)}")
@@ -124,30 +132,34 @@ def fuse_parts(parts: list[W4Weight]) -> W4Weight | None:
 
 @dataclass
 class _Assembler:
-    """Collects each 4-bit linear's parts (already this rank's shards) and installs them."""
+    """Collects each 4-bit linear's parts (full weights, as stored) and installs this rank's
+    shard of them once all have arrived."""
 
     model: nn.Module
     device: torch.device
     dtype: torch.dtype
-    pending: dict[str, dict[Any, W4Weight]] = field(default_factory=dict)
+    pending: dict[str, dict[Any, tuple[str, W4Weight]]] = field(default_factory=dict)
 
-    def add(self, module_name: str, shard_id: Any, w: W4Weight, prefix: str) -> None:
+    def add(self, module_name: str, shard_id: Any, w: W4Weight,
+            prefix: str) -> list[tuple[str, torch.Tensor]]:
+        """Record one part; returns dense (checkpoint name, weight) pairs for the ordinary
+        loader when the module has to stay dense after all."""
         module = self.model.get_submodule(module_name)
         parts = self.pending.setdefault(module_name, {})
-        parts[shard_id] = shard_for_rank(module, shard_id, w, prefix)
+        parts[shard_id] = (prefix, w)
         if len(parts) < len(module.part_ids()):
-            return
+            return []
         ordered = [parts[sid] for sid in module.part_ids()]
         del self.pending[module_name]
-        fused = fuse_parts(ordered)
+        shards = [shard_for_rank(module, sid, w, p) for sid, (p, w) in zip(module.part_ids(), ordered)]
+        fused = fuse_parts(shards)
         if fused is not None:
             module.set_w4(fused, self.dtype)
-            return
+            return []
         log.warning("%s: its fused parts have different act-order permutations; loading it "
                     "dequantized to %s", module_name, self.dtype)
         module.materialize(self.device, self.dtype)
-        for sid, part in zip(module.part_ids(), ordered):
-            module.shard_slices(module.weight, sid)[2].copy_(dense_weight(part))
+        return [(f"{p}.weight", dense_weight(w)) for p, w in ordered]
 
 
 def _checkpoint_parts(model: nn.Module, module_name: str, module: LinearBase) -> list[str]:
@@ -167,7 +179,7 @@ def _route(model: nn.Module, prefix: str) -> tuple[str, Any]:
 
 def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict[str, Any],
                               device: torch.device, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor, Any]]:
-    """Prepare `model` (built under deferred_weights) and yield what the ordinary loader should
+    """Prepare `model` (built under deferred_weights) and return what the ordinary loader should
     load: every dense checkpoint tensor, plus dequantized weights for 4-bit modules that stay
     dense. 4-bit linears are repacked and installed as their tensors go by."""
     from homelab_llm.engine.model.safetensors_files import safetensors_keys, safetensors_weights
@@ -200,19 +212,26 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
         raise ModelLoadError(f"{where}: quantization_config is set but no linear layer of the "
                              "model is stored 4-bit (no *.qweight tensors for them)")
     assembler = _Assembler(model, device, dtype)
-    pending: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in safetensors_weights(folder):
-        prefix, _, suffix = name.rpartition(".")
-        if prefix not in quantized or suffix not in QUANT_SUFFIXES:
-            yield name, tensor, None
-            continue
-        got = pending.setdefault(prefix, {})
-        got[suffix] = tensor
-        if len(got) < len(quantized[prefix]):
-            continue
-        w = repack_module(prefix, pending.pop(prefix), layers[prefix], device, where)
-        module_name, shard_id = _route(model, prefix)
-        if module_name in four_bit:
-            assembler.add(module_name, shard_id, w, prefix)
-        else:  # a 4-bit part of a dense layer (or lm_head): dequantize, load as usual
-            yield f"{prefix}.weight", dense_weight(w), None
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor, Any]]:
+        pending: dict[str, dict[str, torch.Tensor]] = {}
+        for name, tensor in safetensors_weights(folder):
+            prefix, _, suffix = name.rpartition(".")
+            if prefix not in quantized or suffix not in QUANT_SUFFIXES:
+                yield name, tensor, None
+                continue
+            got = pending.setdefault(prefix, {})
+            got[suffix] = tensor
+            if len(got) < len(quantized[prefix]):
+                continue
+            w = repack_module(prefix, pending.pop(prefix), layers[prefix], device, where)
+            module_name, shard_id = _route(model, prefix)
+            if module_name in four_bit:
+                for dense_name, dense in assembler.add(module_name, shard_id, w, prefix):
+                    yield dense_name, dense, None
+            else:  # a 4-bit part of a dense layer (or lm_head): dequantize, load as usual
+                yield f"{prefix}.weight", dense_weight(w), None
+
+    # The model is ready (dense placeholders materialized) before the caller looks at its
+    # parameters; the tensors stream when it iterates.
+    return tensors()
