@@ -145,7 +145,12 @@ def from_parts(q_kn: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | f
                group_size: int, perm: torch.Tensor | None = None) -> W4Weight:
     """q [K, N] 0..15, scales [K/G, N], zeros [K/G, N] (or one number) in integer units.
     A group size above 128 (a multiple of 32) is re-expressed in native groups."""
-    group_size = checkpoint_group_size(group_size, q_kn.shape[0])
+    return _from_packed(pack_int4(q_kn), scales, zeros, group_size, perm)
+
+
+def _from_packed(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | float,
+                 group_size: int, perm: torch.Tensor | None) -> W4Weight:
+    group_size = checkpoint_group_size(group_size, qweight.shape[0] * 8)
     s = scales.float()
     biases = -torch.as_tensor(zeros, dtype=torch.float32, device=s.device) * s
     biases = biases.expand_as(s)
@@ -154,7 +159,7 @@ def from_parts(q_kn: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | f
         s = s.repeat_interleave(group_size // native, dim=0)
         biases = biases.repeat_interleave(group_size // native, dim=0)
         group_size = native
-    return W4Weight(pack_int4(q_kn), s.to(torch.float16), exact_biases(biases), group_size, perm)
+    return W4Weight(qweight, s.to(torch.float16), exact_biases(biases), group_size, perm)
 
 
 def quantize_rtn(weight: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> W4Weight:
@@ -187,7 +192,6 @@ def repack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor | None, scales: torc
     if tuple(scales.shape) != (k // group_size, n):
         raise QuantFormatError(f"GPTQ scales {tuple(scales.shape)} do not match qweight "
                                f"(expected {(k // group_size, n)})")
-    q = unpack_int4(qweight, dim=0)  # [K, N]
     if qzeros is None:
         if not sym:
             raise QuantFormatError("asymmetric GPTQ weight without qzeros")
@@ -202,8 +206,9 @@ def repack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor | None, scales: torc
             perm = torch.argsort(g_idx, stable=True)
             if not torch.equal(g_idx[perm], trivial):
                 raise QuantFormatError("GPTQ g_idx does not give every group exactly group_size rows")
-            q = q[perm]
-    return from_parts(q, scales, zeros, group_size, perm)
+            return from_parts(unpack_int4(qweight, dim=0)[perm], scales, zeros, group_size, perm)
+    # Without act-order GPTQ's qweight is our packing already: no unpack (and no 8x-sized copy).
+    return _from_packed(qweight.to(torch.int32).contiguous(), scales, zeros, group_size, None)
 
 
 def repack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> W4Weight:
