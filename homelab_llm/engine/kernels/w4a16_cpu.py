@@ -11,6 +11,14 @@ numbers, repacked once at load. Only bf16 activations take the vectorized path i
 kernel runs in bf16 (scales and zeros too): ~2-3e-3 relative error per matmul against the exact
 fp32 reference. dispatch.w4a16_matmul therefore routes bf16 activations here and keeps fp32 ones
 on the exact reference.
+
+Measured on SmolLM2-135M Q4_1 (GGUF, group 32 with a min), 2 shared Xeon cores, decode tok/s
+best of 3 (2026-11-29): fp32 dense (the CPU default) 23.0 at batch 1 / 72.6 at batch 8; bf16
+W4A16 through this kernel 32.8 / 98.7; fp32 W4A16 on the exact reference 1.8 / 12.6. Logits of
+bf16 W4A16 against the fp32 default: 1.2e-2 to 2.9e-2 relative over five prompts (teacher-forced,
+greedy picks agree on >= 96% of steps); bf16 dense alone is 1.4e-2 to 2.2e-2 off. That is above
+the 1e-2 bar, so GGUF Q4 models stay dense fp32 by default on the CPU; --dtype bfloat16
+--quantization w4a16 is the fast CPU setting.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None
     if quantization and fmt == "safetensors" and not implied:
         raise UnsupportedModelError(
             "w4a16 loads GPTQ / AutoRound / AWQ checkpoints, GGUF Q4_0/Q4_1/Q4_K files and dummy "
-            f"weights; this folder has plain weights (drop --quantization to run it in the model dtype)")
+            "weights; this folder has plain weights (drop --quantization to run it in the model dtype)")
     return "w4a16" if quantization or implied else None
 
 

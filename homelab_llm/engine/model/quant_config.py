@@ -45,7 +45,6 @@ class _Rule:
     exclude: bool
     overrides: Mapping[str, Any]
     search: bool  # AutoRound regex keys search anywhere; GPTQModel patterns match at the start
-    source: str
 
 
 @dataclass(frozen=True)
@@ -144,7 +143,7 @@ def parse_quant_config(raw: Mapping[str, Any] | None, where: str = "config.json"
         for pattern, overrides in (raw.get("dynamic") or {}).items():
             exclude = pattern.startswith("-:")
             body = pattern[2:] if pattern.startswith(("-:", "+:")) else pattern
-            rules.append(_Rule(_compile(body, where), exclude, dict(overrides or {}), False, pattern))
+            rules.append(_Rule(_compile(body, where), exclude, dict(overrides or {}), False))
     elif method == "auto-round":
         data_type = str(raw.get("data_type") or "int")
         if not data_type.startswith("int"):
@@ -159,7 +158,7 @@ def parse_quant_config(raw: Mapping[str, Any] | None, where: str = "config.json"
         for key, overrides in (raw.get("extra_config") or {}).items():
             exact[key] = dict(overrides or {})
             if module_names is not None and key not in module_names:  # a regex key
-                rules.append(_Rule(_compile(key, where), False, exact[key], True, key))
+                rules.append(_Rule(_compile(key, where), False, exact[key], True))
     else:  # awq
         version = str(raw.get("version") or "gemm").lower()
         if version != "gemm":
@@ -172,8 +171,3 @@ def parse_quant_config(raw: Mapping[str, Any] | None, where: str = "config.json"
     default = LayerQuant(bits, group, sym, desc_act, packing)
     check_layer(f"{where}: quantization_config", default)
     return CheckpointQuant(method, default, tuple(rules), exact, skip)
-
-
-def implies_w4a16(raw: Mapping[str, Any] | None) -> bool:
-    """Whether a checkpoint's quantization_config means its linears load as W4A16."""
-    return parse_quant_config(raw) is not None
