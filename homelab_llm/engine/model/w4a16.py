@@ -13,7 +13,7 @@ from homelab_llm.engine.layers.linear import LinearBase
 from homelab_llm.engine.model.gguf_file import FOUR_BIT_TYPES, GGUFFile, hf_name
 
 
-def _checkpoint_names(model: nn.Module, module_name: str, module: LinearBase) -> list[str]:
+def checkpoint_names(model: nn.Module, module_name: str, module: LinearBase) -> list[str]:
     """HF tensor names fused into `module`'s weight, in part order."""
     parent, _, leaf = module_name.rpartition(".")
     by_part = {sid: ckpt for ckpt, (fused, sid) in model.packed_modules.items() if fused == leaf}
@@ -29,7 +29,7 @@ def plan_w4a16(model: nn.Module, gguf: GGUFFile) -> dict[str, list[str]]:
     for name, module in model.named_modules():
         if not isinstance(module, LinearBase):
             continue
-        tensors = [by_hf.get(n) for n in _checkpoint_names(model, name, module)]
+        tensors = [by_hf.get(n) for n in checkpoint_names(model, name, module)]
         if all(t is not None and t.type_name in FOUR_BIT_TYPES for t in tensors):
             plan[name] = [t.name for t in tensors]
     return plan

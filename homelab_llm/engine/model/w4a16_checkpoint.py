@@ -163,9 +163,9 @@ class _Assembler:
 
 
 def _checkpoint_parts(model: nn.Module, module_name: str, module: LinearBase) -> list[str]:
-    from homelab_llm.engine.model.w4a16 import _checkpoint_names
+    from homelab_llm.engine.model.w4a16 import checkpoint_names
 
-    return [n.removesuffix(".weight") for n in _checkpoint_names(model, module_name, module)]
+    return [n.removesuffix(".weight") for n in checkpoint_names(model, module_name, module)]
 
 
 def _route(model: nn.Module, prefix: str) -> tuple[str, Any]:
