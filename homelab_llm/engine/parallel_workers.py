@@ -376,11 +376,15 @@ def serve_worker_node(args: EngineArgs) -> int:
     """Entry for `--node-rank N` (N > 0): resolve the model like node 0 does, then run this
     node's ranks until node 0 shuts them down. Returns the exit code."""
     from homelab_llm.engine.core import resolve_device, resolve_dtype, resolve_model_path
-    from homelab_llm.engine.model.loader import load_model_config
+    from homelab_llm.engine.model.loader import (load_model_config, resolve_format,
+                                                 resolve_quantization)
 
     args.validate()
     model_path = resolve_model_path(args.model)
     device = resolve_device(args.device)
     config = load_model_config(model_path, args.load_format)
     check_tp_size(config, args.tensor_parallel_size)
-    return run_worker_node(args, config, model_path, device.type, resolve_dtype(args.dtype, device))
+    quantization = resolve_quantization(config, resolve_format(model_path, args.load_format),
+                                        args.quantization)
+    dtype = resolve_dtype(args.dtype, device, quantization)
+    return run_worker_node(args, config, model_path, device.type, dtype)
