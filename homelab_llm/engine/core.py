@@ -200,13 +200,10 @@ class LLMEngine:
         if not plan.scheduled:
             return results
         sampling = [item.seq for item in plan.scheduled if item.samples]
+        self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
         batch = self.runner.prepare(plan.scheduled)
         logits = self.runner.forward(batch)
         self.scheduler.advance(plan)
-        self.prompt_tokens_total += sum(
-            max(0, min(item.seq.num_prompt_tokens, item.seq.num_computed_tokens)
-                - (item.seq.num_computed_tokens - item.num_new_tokens))
-            for item in plan.scheduled)
         if sampling:
             sample = self.sampler(logits, sampling)
             for seq, token, lp in zip(sampling, sample.token_ids, sample.logprobs):
@@ -226,8 +223,7 @@ class LLMEngine:
     def status(self) -> dict:
         self.runner.refresh_memory()
         pool = self.kv.pool
-        devices = [m.as_dict() for m in self.runner.memory_splits()] if hasattr(
-            self.runner, "memory_splits") else [self.runner.memory.as_dict()]
+        devices = [m.as_dict() for m in self.runner.memory_splits()]
         args = asdict(self.args)
         args["model"] = self.model_path
         return {

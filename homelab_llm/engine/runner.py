@@ -184,6 +184,9 @@ class ModelRunner:
         self.graphs.capture(graph_batch_sizes(self.args.max_num_seqs))
         self.memory.graphs = self.graphs.memory_bytes
 
+    def memory_splits(self) -> list[MemorySplit]:
+        return [self.memory]
+
     def refresh_memory(self) -> None:
         m = self.memory
         if self.device.type == "cuda":

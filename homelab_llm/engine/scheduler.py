@@ -21,6 +21,12 @@ class ScheduledSeq:
     num_new_tokens: int
 
     @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens this step computes (recomputed output tokens after preemption excluded)."""
+        start = self.seq.num_computed_tokens
+        return max(0, min(self.seq.num_prompt_tokens, start + self.num_new_tokens) - start)
+
+    @property
     def samples(self) -> bool:
         """This step computes the sequence's last known token, so it yields the next one."""
         return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
