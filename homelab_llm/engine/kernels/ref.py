@@ -97,6 +97,9 @@ def paged_attention_ref(
         query_lens_host = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
     if seq_lens_host is None:
         seq_lens_host = seq_lens.tolist()
+    if len(query_lens_host) > 1 and all(n == 1 for n in query_lens_host):
+        return _decode_batched(q, k_cache, v_cache, page_table, seq_lens_host, softmax_scale,
+                               k_scale, v_scale)
     out = torch.empty_like(q)
     start = 0
     for b, (q_len, kv_len) in enumerate(zip(query_lens_host, seq_lens_host)):
@@ -118,6 +121,31 @@ def paged_attention_ref(
         out[start : start + q_len] = ob.transpose(0, 1)
         start += q_len
     return out
+
+
+def _decode_batched(q, k_cache, v_cache, page_table, seq_lens_host, softmax_scale,
+                    k_scale, v_scale) -> torch.Tensor:
+    """Decode (one query per sequence) for the whole batch in one SDPA call: every sequence's pages
+    gathered to the longest length, the padding masked. Same result as the per-sequence loop;
+    ~10 ops per layer instead of ~10 per sequence, which is what batched CPU decode spends."""
+    page_size = k_cache.shape[1]
+    longest = max(seq_lens_host)
+    n_pages = (longest + page_size - 1) // page_size
+    pages = page_table[:, :n_pages].long()  # padding entries point at page 0: masked below
+    lengths = torch.tensor(seq_lens_host, device=q.device)
+
+    def gather(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        rows = cache[pages].flatten(1, 2)  # [B, n_pages * page_size, Hkv, D]
+        if cache.dtype == torch.int8:
+            assert scale is not None
+            rows = dequantize_per_token_head(rows, scale[pages].flatten(1, 2), q.dtype)
+        return rows.to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+
+    k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
+    mask = (torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=softmax_scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.squeeze(2)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
