@@ -92,7 +92,7 @@ def replay_table(report: "ReplayReport", markdown: bool = False) -> str:
                  if m["worst"] is not None else "")
         lines.append(f"{label}: mean {fmt(m['mean'], 1, scale)}, median {fmt(m['median'], 1, scale)}, "
                      f"CV {fmt(m['cv'], 3)}, {worst}")
-    tail = [f"homelab-llm bench replay", f"trace: {report.trace}", f"model: {report.model}",
+    tail = ["homelab-llm bench replay", f"trace: {report.trace}", f"model: {report.model}",
             f"date: {report.date}", f"target: {report.target}"]
     if s["failed"]:
         tail.append(f"failed turns: {s['failed']}")

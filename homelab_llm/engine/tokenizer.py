@@ -9,13 +9,12 @@
 from __future__ import annotations
 
 import codecs
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from homelab_llm.engine.model.chat_template import ChatTemplateError, render_chat_template
-from homelab_llm.engine.model.config import ModelLoadError, UnsupportedModelError
+from homelab_llm.engine.model.config import ModelLoadError, UnsupportedModelError, read_json
 
 __all__ = ["ChatTemplateError", "Tokenizer", "ByteTokenizer", "IncrementalDetokenizer",
            "load_tokenizer"]
@@ -192,20 +191,11 @@ def load_tokenizer(path: str | Path, load_format: str = "auto") -> Tokenizer:
     if p.is_dir() and (p / "tokenizer.json").is_file():
         return _from_hf_folder(p)
     if p.suffix == ".json" and p.is_file() or (p.is_dir() and load_format == "dummy"):
-        config = _read_json(p if p.suffix == ".json" else p / "config.json")
+        config = read_json(p if p.suffix == ".json" else p / "config.json")
         return ByteTokenizer(int(config.get("vocab_size", 258)))
     if p.is_dir():
         raise ModelLoadError(f"{p}: no tokenizer.json in this folder (pass --tokenizer FOLDER)")
     raise ModelLoadError(f"{p}: no such file or folder")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"{path}: not valid JSON ({err})") from None
 
 
 def _token_content(value: Any) -> str | None:
@@ -229,7 +219,7 @@ def _from_hf_folder(folder: Path) -> Tokenizer:
     except Exception as err:  # the Rust side raises a bare Exception on bad JSON
         raise ModelLoadError(f"{folder / 'tokenizer.json'}: cannot load ({err})") from None
     cfg_path = folder / "tokenizer_config.json"
-    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    cfg = read_json(cfg_path) if cfg_path.is_file() else {}
     template = cfg.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
         named = {t.get("name"): t.get("template") for t in template}
@@ -240,7 +230,7 @@ def _from_hf_folder(folder: Path) -> Tokenizer:
     eos_ids = [backend.token_to_id(eos)] if eos and backend.token_to_id(eos) is not None else []
     for name in ("config.json", "generation_config.json"):
         if (folder / name).is_file():
-            eos_ids += _ids(_read_json(folder / name).get("eos_token_id"))
+            eos_ids += _ids(read_json(folder / name).get("eos_token_id"))
     return Tokenizer(backend, bos_token=bos, eos_token=eos,
                      eos_token_ids=tuple(dict.fromkeys(eos_ids)), chat_template=template,
                      name=folder.name)

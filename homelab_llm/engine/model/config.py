@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -221,3 +224,13 @@ def config_from_gguf(meta: Mapping[str, Any], tensor_names: set[str], where: str
         extra={"gguf_architecture": gguf_arch},
     )
     return _check_shapes(cfg, where)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A model folder's JSON file (config, tokenizer config...), or a ModelLoadError naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"{path}: not valid JSON ({err})") from None

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from homelab_llm.engine.model.config import (
     ModelLoadError,
     UnsupportedModelError,
     config_from_hf,
+    read_json,
 )
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
@@ -49,26 +49,17 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
     raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"{path}: not valid JSON ({err})") from None
-
-
 # Where older quantizers put quantization_config when config.json does not carry it.
 _QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
 
 
 def _hf_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = _read_json(config_path)
+    raw = read_json(config_path)
     if not raw.get("quantization_config"):
         for fname in _QUANT_CONFIG_FILES:
             if (folder / fname).is_file():
-                quant = _read_json(folder / fname)
+                quant = read_json(folder / fname)
                 quant.setdefault("quant_method", "gptq")  # AutoGPTQ's file does not say
                 raw["quantization_config"] = quant
                 break
@@ -77,7 +68,7 @@ def _hf_config(folder: Path) -> ModelConfig:
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
     gen_path = folder / "generation_config.json"
     if gen_path.is_file():
-        gen_eos = _read_json(gen_path).get("eos_token_id")
+        gen_eos = read_json(gen_path).get("eos_token_id")
         extra = (gen_eos,) if isinstance(gen_eos, int) else tuple(gen_eos or ())
         eos = tuple(dict.fromkeys(cfg.eos_token_ids + tuple(int(e) for e in extra)))
         cfg = dataclasses.replace(cfg, eos_token_ids=eos)
@@ -94,7 +85,7 @@ def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfi
     if p.is_dir():
         return _hf_config(p)
     if p.suffix == ".json":
-        cfg = config_from_hf(_read_json(p), name=p.stem, where=str(p))
+        cfg = config_from_hf(read_json(p), name=p.stem, where=str(p))
         parse_quant_config(cfg.quantization, str(p))
         return cfg
     raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")
