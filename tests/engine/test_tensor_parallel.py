@@ -4,7 +4,6 @@ and two local processes stand in for two nodes."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
