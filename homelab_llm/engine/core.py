@@ -136,7 +136,8 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None) -> list[int]:
+        """Queue a request; returns its prompt token ids."""
         params.validate()
         if request_id in self._seqs:
             raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
@@ -173,6 +174,7 @@ class LLMEngine:
         self.outputs.start(seq)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+        return prompt_ids
 
     def abort_request(self, request_id: str) -> None:
         seq = self._seqs.pop(request_id, None)

@@ -47,9 +47,8 @@ class LLM:
         order: list[str] = []
         for prompt, p in zip(prompts, params):
             rid = f"offline-{next(self._ids)}"
-            self.engine.add_request(rid, prompt, p)
-            seq = self.engine._seqs[rid]
-            results[rid] = Completion(rid, list(seq.prompt_token_ids))
+            prompt_ids = self.engine.add_request(rid, prompt, p)
+            results[rid] = Completion(rid, prompt_ids)
             order.append(rid)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
