@@ -52,3 +52,34 @@ def int8_to_fp16(x):
     quarter-rate int-to-float unit and made int8 KV attention slower than bf16 (measured, H200)."""
     bits = x.to(tl.int16) + 0x6480
     return bits.to(tl.float16, bitcast=True) - 1152.0
+
+
+@triton.jit
+def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
+                  stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, like,
+                  PAGE_SIZE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+    """One tile of K and V rows (tokens offs_n of one sequence, one KV head) gathered through the
+    page table, in the dtype the dot products take (`like`'s, or fp16 for int8 KV). Returns the
+    tiles and each token's (page, slot) for reading its int8 scales."""
+    page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    page = page.to(tl.int64)
+    slot = offs_n % PAGE_SIZE
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_ks
+                + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
+                + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    if INT8_KV and not DOT_F32:
+        k = int8_to_fp16(k)
+        v = int8_to_fp16(v)
+    else:
+        k = k.to(like.dtype)
+        v = v.to(like.dtype)
+    return k, v, page, slot
+
+
+@triton.jit
+def load_token_scales(s_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask):
+    """The per-token fp16 scales of one KV head for a tile of tokens, as fp32."""
+    return tl.load(s_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
+                   mask=n_mask, other=0.0).to(tl.float32)

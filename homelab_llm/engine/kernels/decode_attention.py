@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
-                                               int8_to_fp16, next_pow2, scale_strides)
+                                               load_paged_kv, load_token_scales, next_pow2,
+                                               scale_strides)
 from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -69,24 +70,14 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        page = tl.load(page_table_ptr + b * stride_pt + offs_n // PAGE_SIZE, mask=n_mask, other=0)
-        page = page.to(tl.int64)
-        slot = offs_n % PAGE_SIZE
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_ks
-                    + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
-                    + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        if INT8_KV and not DOT_F32:
-            k = int8_to_fp16(k)
-            v = int8_to_fp16(v)
-        else:
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
+        k, v, page, slot = load_paged_kv(
+            k_ptr, v_ptr, page_table_ptr, b * stride_pt, offs_n, n_mask, offs_d, d_mask, kv_head,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
+            PAGE_SIZE, INT8_KV, DOT_F32)
         scores = tl.dot(q, tl.trans(k))  # [GROUP_PAD, BLOCK_N]
         if INT8_KV:
-            k_s = tl.load(ks_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
-                          mask=n_mask, other=0.0).to(tl.float32)
+            k_s = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
+                                    n_mask)
             scores = scores * k_s[None, :]
         if not INT8_KV or DOT_F32:
             scores = scores * sm_scale_log2
@@ -96,8 +87,8 @@ def _decode_split_kernel(
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if INT8_KV:
-            v_s = tl.load(vs_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
-                          mask=n_mask, other=0.0).to(tl.float32)
+            v_s = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
+                                    n_mask)
             p = p * v_s[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
