@@ -9,6 +9,8 @@ Sections (each prints a line, a table comes last):
   prefill    one 2048-token prompt, as a fraction of the measured matmul rate
   long       decode at 16K context with int8 KV vs the same engine at short context
   hf         transformers generate, same shape, batch 1
+  w4a16      Llama-3.1-8B shape with W4A16 weights (group 128, dummy), batch-1 decode vs its roofline
+  profile    where one eager batch-1 decode step of the bf16 Llama-3.1-8B shape spends GPU time
 Needs only torch, triton and transformers (no server packages).
 """
 
@@ -154,6 +156,47 @@ def section_long(quick: bool) -> None:
     cleanup()
 
 
+def section_w4a16(quick: bool) -> None:
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, quantization="w4a16", max_num_seqs=8)
+    weights = engine.status()["devices"][0]["weights"]
+    report("llama8b_w4a16_weight_bytes_GB", weights / 1e9, "GB")
+    decode_rate(engine, 1, 32, 16)
+    report("llama8b_w4a16_b1_decode_tok_s", decode_rate(engine, 1, 32, 128 if quick else 256), "tok/s")
+    if "copy_bandwidth_GBps" in results:
+        report("llama8b_w4a16_b1_roofline_tok_s", results["copy_bandwidth_GBps"] * 1e9 / weights, "tok/s")
+    report("llama8b_w4a16_b8_ctx512_decode_tok_s", decode_rate(engine, 8, 512, 64), "tok/s")
+    del engine
+    cleanup()
+
+
+def section_profile(quick: bool) -> None:
+    """GPU time per kernel name over eager decode steps (graphs off, so every launch is visible)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, enforce_eager=True, max_num_seqs=8)
+    engine.add_request("prof", list(range(100, 132)), SamplingParams(max_tokens=40, ignore_eos=True))
+    for _ in range(8):
+        engine.step()
+    torch.cuda.synchronize()
+    steps = 16
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if t and evt.count:
+            totals[evt.key] = [t / steps, evt.count / steps]
+    whole = sum(v[0] for v in totals.values())
+    print(f"GPU kernel time per eager decode step: {whole:.0f} us", flush=True)
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:25]:
+        print(f"  {us:8.1f} us  {count:6.1f}/step  {name[:90]}", flush=True)
+    report("llama8b_eager_step_gpu_kernel_us", whole, "us")
+    del engine
+    cleanup()
+
+
 def section_hf(quick: bool) -> None:
     import transformers
 
@@ -211,7 +254,8 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     sections = {"ceilings": ceilings, "check": section_check,
                 "decode": lambda: section_decode(a.quick), "long": lambda: section_long(a.quick),
-                "hf": lambda: section_hf(a.quick)}
+                "hf": lambda: section_hf(a.quick), "w4a16": lambda: section_w4a16(a.quick),
+                "profile": lambda: section_profile(a.quick)}
     return run_sections(sections, a.sections, a.json)
 
 if __name__ == "__main__":
