@@ -49,7 +49,8 @@ class ArchTiles:
     num_sms: int  # fallback when the device cannot be asked
     decode: AttentionTiles
     prefill: PrefillTiles
-    gemv: GemmTiles  # W4A16 with M <= 16
+    gemv: GemmTiles  # W4A16 with M <= 16 through the GEMM kernel (tl.dot)
+    gemv_rows: GemmTiles  # W4A16 GEMV kernel (M <= 8): block_n columns, block_k = 8 * word rows
     gemm_small: GemmTiles  # M <= 64
     gemm: GemmTiles  # large M (prefill)
     elementwise_warps: int  # norms, rope, silu
@@ -63,6 +64,7 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
         prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+        gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         elementwise_warps=4, max_kv_splits=16),
@@ -72,6 +74,7 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=3),
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
+        gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
         gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
         elementwise_warps=8, max_kv_splits=16),
@@ -81,6 +84,7 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
         prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+        gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         elementwise_warps=4, max_kv_splits=16),
@@ -90,6 +94,7 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=32, num_warps=4, num_stages=1),
         prefill=PrefillTiles(block_m=64, block_n=32, num_warps=4, num_stages=1),
         gemv=GemmTiles(16, 64, 64, num_warps=4, num_stages=2, split_k=4),
+        gemv_rows=GemmTiles(1, 64, 64, num_warps=4, num_stages=1),
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         elementwise_warps=4, max_kv_splits=16),
@@ -99,6 +104,7 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=16, num_warps=1, num_stages=1),
         prefill=PrefillTiles(block_m=16, block_n=16, num_warps=1, num_stages=1),
         gemv=GemmTiles(16, 32, 32, num_warps=1, num_stages=1, split_k=2),
+        gemv_rows=GemmTiles(1, 32, 32, num_warps=1, num_stages=1),
         gemm_small=GemmTiles(16, 32, 32, num_warps=1, num_stages=1, split_k=1),
         gemm=GemmTiles(16, 32, 32, num_warps=1, num_stages=1),
         elementwise_warps=1, max_kv_splits=4),

@@ -1,7 +1,7 @@
 """W4A16 matmul: activations in bf16/fp16, weights in our packed int4 layout (see w4a16_pack.py).
 
-One kernel for decode (GEMV-like, M <= 16) and prefill (GEMM): each program dequantizes a
-[BLOCK_K, BLOCK_N] weight tile in registers and feeds tl.dot. BLOCK_K never exceeds the group
+Up to MAX_ROWS rows go to the GEMV kernel (w4a16_gemv.py). Above that, one GEMM kernel: each
+program dequantizes a [BLOCK_K, BLOCK_N] weight tile in registers and feeds tl.dot. BLOCK_K never exceeds the group
 size, so a tile needs one row of scales/biases. Skinny shapes split K across programs
 (`split_k`) into an fp32 workspace that is summed afterwards: deterministic, unlike atomics.
 Decode at batch 1 is bound by reading the weights, 0.5 byte per parameter plus scales.
@@ -15,6 +15,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32
 from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, gemm_tiles
+from homelab_llm.engine.kernels.w4a16_gemv import MAX_ROWS, w4a16_gemv
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -82,6 +83,8 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out.view(*lead, n)
+    if m <= MAX_ROWS and tiles is None:
+        return w4a16_gemv(x2, w, out, split=split_k).view(*lead, n)
     tiles = tiles or gemm_tiles(m, x.device)
     block_k = min(tiles.block_k, w.group_size)
     split = split_k or _pick_split_k(tiles, m, n, k, block_k, x.device)

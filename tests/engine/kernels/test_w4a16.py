@@ -156,3 +156,25 @@ def test_bad_shapes_are_clear_errors() -> None:
         wp.quantize_rtn(torch.randn(8, 96), group_size=48)
     with pytest.raises(wp.QuantFormatError, match="multiple"):
         wp.quantize_rtn(torch.randn(8, 96), group_size=64)
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_gemv_kernel_rows_splits_and_tickets(group_size: int, device: torch.device, full_shapes: bool) -> None:
+    """The decode GEMV (M <= 8) against the dequantized reference, for every split count, twice in
+    a row (the per-block tickets must reset), and bit-identical across repeated calls."""
+    from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
+
+    gen = torch.Generator().manual_seed(7 + group_size)
+    shapes = [(1, 4096, 6144), (3, 14336, 4096), (8, 4096, 28672)] if full_shapes \
+        else [(1, 256, 96), (3, 128, 40), (8, 256, 64)]
+    for m, k, n in shapes:
+        for symmetric in (True, False):
+            w = wp.quantize_rtn((torch.randn(n, k, generator=gen) * 0.05).to(device), group_size, symmetric)
+            x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+            want = x.float() @ dequantize_w4_ref(w)
+            for split in (1, 2, 4):
+                out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+                first = w4a16_gemv(x, w, out, split=split).clone()
+                second = w4a16_gemv(x, w, out, split=split)
+                assert _rel_err(first, want) < 1e-2, (m, k, n, split)
+                assert torch.equal(first, second), (m, k, n, split)

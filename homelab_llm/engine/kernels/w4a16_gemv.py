@@ -1,0 +1,133 @@
+"""W4A16 for decode (M <= 8 rows): a GEMV that reads each packed word once.
+
+The GEMM kernel (w4a16.py) expands every word to eight K rows before `tl.dot`, which pads M to 16
+and loads each word eight times. At batch 1 the step is bound by reading 0.5 byte per weight, so
+this kernel instead keeps a [ROWS, BLOCK_N] tile of packed words in registers and walks the eight
+nibbles of each word with a static loop:
+
+  nibble -> float without a conversion instruction: (q | 0x4B000000) read as fp32 is 2^23 + q;
+  inner[m, r, n] += q * x[m, 8r + j]              one FMA per nibble and row of x
+  acc += inner * scale[g, n] + sum_j x[m, 8r + j] * bias[g, n]
+
+since W[k, n] = q * scale + bias within a group (BLOCK_K = 8 * ROWS never spans two groups).
+Skinny outputs split K across programs; the last program of each column block to finish (an
+atomic ticket per block) sums the fp32 partials in split order, so the result does not depend on
+scheduling and no second kernel runs. The tickets reset themselves, so the kernel replays inside
+CUDA/HIP graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+MAX_ROWS = 8  # largest M this kernel takes; above it the GEMM kernel is faster
+
+MAX_BLOCKS = 1 << 16  # ticket counters per device: N up to 2M columns at the smallest block_n
+_tickets: dict[torch.device, torch.Tensor] = {}
+
+
+def _ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per column block, shared by every GEMV on the device (calls on
+    one stream never overlap, and each call leaves them at zero). Allocated once and never
+    replaced: captured graphs keep its address."""
+    if n_blocks > MAX_BLOCKS:
+        raise ValueError(f"W4A16 GEMV: {n_blocks} column blocks exceed {MAX_BLOCKS}")
+    buf = _tickets.get(device)
+    if buf is None:
+        buf = _tickets[device] = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=device)
+    return buf
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_qw, stride_sg, stride_om,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    BLOCK_K: tl.constexpr = ROWS * 8
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, ROWS)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    for k0 in range(k_start, k_end, BLOCK_K):
+        word_rows = k0 // 8 + rows
+        packed = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
+                         mask=n_mask[None, :], other=0)
+        group = k0 // GROUP_SIZE
+        s = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        b = tl.load(biases_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        inner = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
+        x_sum = tl.zeros([BLOCK_M, ROWS], tl.float32)
+        for j in tl.static_range(8):
+            xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None], other=0.0)
+            xj = xj.to(tl.float32)
+            q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            inner += q[None, :, :] * xj[:, :, None]
+            x_sum += xj
+        acc += inner * s[None, None, :] + x_sum[:, :, None] * b[None, None, :]
+    part = tl.sum(acc, axis=1)  # [BLOCK_M, BLOCK_N]
+    out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT == 1:
+        tl.store(out_ptr + out_offs, part.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        ws_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(ws_ptr + pid_k * M * N + ws_offs, part, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
+        if ticket == SPLIT - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s_idx in range(SPLIT):
+                total += tl.load(ws_ptr + s_idx * M * N + ws_offs, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(ticket_ptr + pid_n, 0)
+
+
+def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves: int = 4) -> int:
+    """Enough programs to fill the device `waves` times over, never below 4 K-steps per split."""
+    sms = device_sms(device)
+    split = 1
+    while n_blocks * split * 2 <= waves * sms and k // (split * 2) >= 4 * block_k:
+        split *= 2
+    return split
+
+
+def w4a16_gemv(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, block_n: int | None = None,
+               rows: int | None = None, split: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """out[M, N] = x2[M, K] @ W for M <= MAX_ROWS; x2 is already permuted and row-contiguous."""
+    m, k = x2.shape
+    n = w.out_features
+    t = tiles_for(x2.device).gemv_rows
+    block_n = block_n or t.block_n
+    rows = min(rows or t.block_k // 8, w.group_size // 8)
+    block_k = rows * 8
+    n_blocks = triton.cdiv(n, block_n)
+    split = split or pick_split(n_blocks, k, block_k, x2.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    tickets = _ticket_buffer(x2.device, n_blocks)
+    block_m = 1 << max(0, (m - 1).bit_length())
+    _w4a16_gemv_kernel[(n_blocks, split)](
+        x2, w.qweight, w.scales, w.biases, out, ws, tickets,
+        m, n, k, k_per_split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
+        GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, SPLIT=split,
+        num_warps=num_warps or t.num_warps, num_stages=t.num_stages,
+    )
+    return out
