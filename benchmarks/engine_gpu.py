@@ -10,6 +10,7 @@ Sections (each prints a line, a table comes last):
   long       decode at 16K context with int8 KV vs the same engine at short context
   hf         transformers generate, same shape, batch 1
   w4a16      Llama-3.1-8B shape with W4A16 weights (group 128, dummy), batch-1 decode vs its roofline
+  hostprof   batch-1 decode with graphs: step wall time vs graph GPU time, and cProfile of the host
   profile    where one eager batch-1 decode step of the bf16 Llama-3.1-8B shape spends GPU time
 Needs only torch, triton and transformers (no server packages).
 """
@@ -197,6 +198,49 @@ def section_profile(quick: bool) -> None:
     cleanup()
 
 
+def section_hostprof(quick: bool) -> None:
+    """Batch-1 decode with graphs: wall time per step vs the graph replay's GPU time, and the
+    host functions (cProfile) that fill the difference."""
+    import cProfile
+    import pstats
+
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, max_num_seqs=8)
+    graphs = engine.runner.graphs
+    gpu_ms: list[float] = []
+    replay = graphs.run
+
+    def timed_run(*a, **kw):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = replay(*a, **kw)
+        end.record()
+        gpu_ms.append((start, end))
+        return out
+
+    graphs.run = timed_run
+    engine.add_request("hp", list(range(100, 132)), SamplingParams(max_tokens=300, ignore_eos=True))
+    for _ in range(20):
+        engine.step()
+    torch.cuda.synchronize()
+    gpu_ms.clear()
+    steps = 200
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / steps * 1e3
+    gpu = sum(a.elapsed_time(b) for a, b in gpu_ms) / len(gpu_ms)
+    report("llama8b_b1_step_wall_ms_cprofiled", wall, "ms")
+    report("llama8b_b1_graph_gpu_ms", gpu, "ms")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    graphs.run = replay
+    del engine
+    cleanup()
+
+
 def section_hf(quick: bool) -> None:
     import transformers
 
@@ -255,7 +299,7 @@ def main() -> int:
     sections = {"ceilings": ceilings, "check": section_check,
                 "decode": lambda: section_decode(a.quick), "long": lambda: section_long(a.quick),
                 "hf": lambda: section_hf(a.quick), "w4a16": lambda: section_w4a16(a.quick),
-                "profile": lambda: section_profile(a.quick)}
+                "profile": lambda: section_profile(a.quick), "hostprof": lambda: section_hostprof(a.quick)}
     return run_sections(sections, a.sections, a.json)
 
 if __name__ == "__main__":
