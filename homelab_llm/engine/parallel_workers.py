@@ -1,10 +1,13 @@
 """Tensor parallelism: one process per rank; rank 0 schedules and broadcasts each step's plan.
 
 Rank 0 lives in the engine's process and drives ranks 1..N-1 (spawned here, or started on other
-nodes with --node-rank). The plan crosses as two int64 tensors over a gloo group (a fixed header,
-then one flat payload), never pickled; every rank then runs the same forward and its collectives
-(NCCL/RCCL on GPUs, gloo on the CPU). A rank that raises or dies stops the whole service: rank 0
-logs that rank's error and exits non-zero, and workers die with rank 0 (no orphans).
+nodes with --node-rank). The plan is int64 words (a fixed header, then one flat payload built on
+the host), never pickled: on one node it crosses through a shared-memory ring (step_channel.py),
+across nodes as two tensors over a gloo group. Every rank then runs the same forward and its
+collectives (NCCL/RCCL on GPUs, gloo on the CPU). A rank that raises or dies stops the whole
+service: rank 0 logs that rank's error and exits non-zero, and workers die with rank 0 (no orphans).
+Shutdown: every rank finishes its GPU work, meets the others at a barrier, then aborts its NCCL
+communicators locally (nothing left to wait for), so no rank waits on a peer that already left.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,6 +36,7 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel import set_parallel_state
 from homelab_llm.engine.runner import MemorySplit, ModelRunner, StepBatch
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.engine.step_channel import ChannelClosed, ShmRing, shm_available
 from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine.parallel")
@@ -39,6 +44,9 @@ log = logging.getLogger("homelab_llm.engine.parallel")
 CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
 HEADER = 10  # cmd, T, B, max_pages, n_logits, decode_only, max_q, max_s, arg, reserved
 _MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
+# The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
+PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
+SHUTDOWN_WAIT_S = 10.0
 
 
 def valid_tp_sizes(config: ModelConfig) -> list[int]:
@@ -87,6 +95,7 @@ class _Launch:
     dtype: torch.dtype
     world_size: int
     init_method: str
+    plan_ring: str | None = None  # the shared-memory ring's path when the plan crosses through it
 
 
 def _init_group(launch: _Launch, rank: int) -> dist.ProcessGroup:
@@ -97,7 +106,12 @@ def _init_group(launch: _Launch, rank: int) -> dist.ProcessGroup:
                             world_size=launch.world_size, timeout=datetime.timedelta(minutes=10))
     set_parallel_state(rank, launch.world_size)
     # The plan always crosses on the CPU, so ranks get host-side lengths without a device sync.
-    return dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    if backend == "nccl":  # small all-reduces over peer-mapped buffers where P2P works
+        from homelab_llm.engine.comm import setup_all_reduce
+
+        setup_all_reduce(group)
+    return group
 
 
 class RankFailedError(HomelabError, RuntimeError):
@@ -105,10 +119,20 @@ class RankFailedError(HomelabError, RuntimeError):
 
 
 class _Channel:
+    """The plan over gloo broadcasts (works across nodes), plus the rare gloo collectives."""
+
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
 
-    def send(self, header: list[int], payload: torch.Tensor | None = None) -> None:
+    def barrier(self, timeout_s: float) -> None:
+        """Every rank reached this point; raises if one did not within timeout_s."""
+        dist.monitored_barrier(group=self.group, timeout=datetime.timedelta(seconds=timeout_s))
+
+    def close(self) -> None:
+        pass
+
+    def send(self, header: list[int], payload: torch.Tensor | None = None,
+             timeout: float | None = None) -> None:
         h = torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.long)
         dist.broadcast(h, src=0, group=self.group)
         if payload is not None:
@@ -136,6 +160,94 @@ class _Channel:
         return [p.tolist() for p in parts]
 
 
+class _ShmChannel(_Channel):
+    """The plan through a shared-memory ring (one node); gloo still carries the rare collectives.
+    Rank 0 writes; local rank r reads as reader r - 1."""
+
+    def __init__(self, group: dist.ProcessGroup, ring: ShmRing,
+                 peers_alive: Callable[[], bool] | None = None) -> None:
+        super().__init__(group)
+        self.ring = ring
+        self.peers_alive = peers_alive
+        self._payload: torch.Tensor | None = None
+
+    def send(self, header: list[int], payload: torch.Tensor | None = None,
+             timeout: float | None = None) -> None:
+        h = torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.long)
+        words = h if payload is None else torch.cat([h, payload])
+        self.ring.write(words, self.peers_alive, timeout)
+
+    def recv_header(self) -> list[int]:
+        words = self.ring.read()
+        self._payload = words[HEADER:]
+        return words[:HEADER].tolist()
+
+    def recv_payload(self, n: int) -> torch.Tensor:
+        payload, self._payload = self._payload, None
+        assert payload is not None and payload.numel() == n, "plan payload length mismatch"
+        return payload
+
+    def close(self) -> None:
+        self.ring.close()
+
+
+def _plan_transport(args: EngineArgs) -> str:
+    """shm on one node (unless the env asks for gloo), gloo across nodes."""
+    wanted = os.environ.get(PLAN_TRANSPORT_ENV, "shm")
+    if wanted not in ("shm", "gloo"):
+        raise EngineArgsError(f"{PLAN_TRANSPORT_ENV}={wanted!r}: use shm or gloo")
+    return "shm" if wanted == "shm" and args.nnodes == 1 and shm_available() else "gloo"
+
+
+def _close_group(device_type: str) -> None:
+    """Leave the process groups. On GPUs abort the communicators: a local call that waits on no
+    peer (NCCL's graceful destroy can wait for ranks that already left), safe once every rank
+    passed the shutdown barrier with its GPU work finished."""
+    if not dist.is_initialized():
+        return
+    if device_type == "cuda":
+        try:
+            dist.distributed_c10d._abort_process_group()
+            return
+        except Exception as exc:  # an older torch: fall back to the graceful teardown
+            log.warning("process group abort failed (%s); destroying instead", exc)
+    dist.destroy_process_group()
+
+
+def _plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[list[int], torch.Tensor]:
+    """The step plan straight from the schedule, on the host: the same numbers ModelRunner.prepare
+    puts into a StepBatch, as one flat int64 payload (see _unpack for the order)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    lens: list[int] = []
+    rows: list[int] = []
+    for item in scheduled:
+        seq, n = item.seq, item.num_new_tokens
+        start = seq.num_computed_tokens
+        ids.extend(seq.token_ids[start:start + n])
+        pos.extend(range(start, start + n))
+        pt = seq.page_table
+        slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
+        starts.append(starts[-1] + n)
+        lens.append(start + n)
+        if item.samples:
+            rows.append(len(ids) - 1)
+    t, b = len(ids), len(scheduled)
+    max_pages = max(len(item.seq.page_table) for item in scheduled)
+    head = torch.tensor(ids + pos + slots + starts + lens, dtype=torch.long)
+    table = torch.zeros((b, max_pages), dtype=torch.long)
+    for i, item in enumerate(scheduled):
+        pages = item.seq.page_table
+        table[i, :len(pages)] = torch.tensor(pages, dtype=torch.long)
+    payload = torch.cat([head, table.view(-1), torch.tensor(rows, dtype=torch.long)])
+    max_q = max(starts[i + 1] - starts[i] for i in range(b))
+    header = [CMD_STEP, t, b, max_pages, len(rows), int(max_q == 1), max_q, max(lens),
+              payload.numel(), 0]
+    return header, payload
+
+
 def _pack(batch: StepBatch) -> tuple[list[int], torch.Tensor]:
     c = batch.context
     b, max_pages = c.page_table.shape
@@ -150,23 +262,29 @@ def _pack(batch: StepBatch) -> tuple[list[int], torch.Tensor]:
 def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:
     _, t, b, max_pages, n_logits, decode_only, max_q, max_s, _n, _ = header
     sizes = [t, t, t, b + 1, b, b * max_pages, n_logits]
-    ids, pos, slots, qsl, lens, table, logits_idx = torch.split(payload, sizes)
-    dev = runner.device
-    starts = qsl.tolist()
+    _, _, _, qsl_host, lens_host, _, _ = torch.split(payload, sizes)
+    starts = qsl_host.tolist()
+    # One host-to-device copy for the whole plan; the int32 parts are cast on the device.
+    ids, pos, slots, qsl, lens, table, logits_idx = torch.split(payload.to(runner.device), sizes)
     ctx = ForwardContext(
-        positions=pos.to(dev), slot_mapping=slots.to(dev),
-        query_start_loc=qsl.to(dev, torch.int32), seq_lens=lens.to(dev, torch.int32),
-        page_table=table.view(b, max_pages).to(dev, torch.int32),
+        positions=pos, slot_mapping=slots,
+        query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
+        page_table=table.view(b, max_pages).to(torch.int32),
         max_query_len=max_q, max_seq_len=max_s, page_size=runner.page_size,
         decode_only=bool(decode_only),
-        query_lens_host=[starts[i + 1] - starts[i] for i in range(b)], seq_lens_host=lens.tolist())
-    return StepBatch(input_ids=ids.to(dev), positions=ctx.positions,
-                     logits_indices=logits_idx.to(dev), context=ctx, num_tokens=t)
+        query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
+        seq_lens_host=lens_host.tolist())
+    return StepBatch(input_ids=ids, positions=ctx.positions,
+                     logits_indices=logits_idx, context=ctx, num_tokens=t)
 
 
 def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
     group = _init_group(launch, rank)
-    channel = _Channel(group)
+    if launch.plan_ring is not None:
+        channel: _Channel = _ShmChannel(group, ShmRing.attach(launch.plan_ring, local_rank - 1))
+    else:
+        channel = _Channel(group)
+    dist.barrier(group=group)  # every reader mapped the ring: rank 0 may unlink its name
     runner = ModelRunner(launch.args, launch.config, launch.model_path,
                          _device_for(launch.device_type, local_rank), launch.dtype,
                          tp_rank=rank, tp_size=launch.world_size)
@@ -187,7 +305,11 @@ def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
             runner.capture_graphs(header[8])
         elif cmd == CMD_SHUTDOWN:
             break
-    dist.destroy_process_group()
+    if launch.device_type == "cuda":
+        torch.cuda.synchronize()
+    channel.barrier(SHUTDOWN_WAIT_S)  # every rank's GPU work is done: nothing can wait on us
+    _close_group(launch.device_type)
+    channel.close()
 
 
 def _worker_main(launch: _Launch, rank: int, local_rank: int, errors: "mp.Queue[str]") -> None:
@@ -195,6 +317,9 @@ def _worker_main(launch: _Launch, rank: int, local_rank: int, errors: "mp.Queue[
     logging.basicConfig(level=logging.INFO)
     try:
         _worker_loop(launch, rank, local_rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # skip interpreter teardown: graphs and communicators need no destructors
     except BaseException as exc:  # report every failure to rank 0, then exit non-zero
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         errors.close()
@@ -218,22 +343,32 @@ class ParallelRunner:
                 f"--tensor-parallel-size {world} over {args.nnodes} node(s) needs "
                 f"{world // args.nnodes} GPUs here, found {torch.cuda.device_count()}")
         port = args.master_port or _free_port()
+        per_node = world // args.nnodes
+        ring = (ShmRing.create(readers=per_node - 1) if _plan_transport(args) == "shm" else None)
         self.launch = _Launch(args, config, model_path, device.type, dtype, world,
-                              f"tcp://{args.master_addr}:{port}")
+                              f"tcp://{args.master_addr}:{port}", ring.path if ring else None)
         self.page_size = args.page_size
         self._ctx = mp.get_context("spawn")
         self._errors: mp.Queue[str] = self._ctx.Queue()
         self._closing = False
         self.failure: str | None = None
-        per_node = world // args.nnodes
         self.procs = [self._ctx.Process(target=_worker_main, args=(self.launch, r, r, self._errors),
                                         daemon=True) for r in range(1, per_node)]
         for p in self.procs:
             p.start()
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
-        group = _init_group(self.launch, 0)
-        self.channel = _Channel(group)
+        try:
+            group = _init_group(self.launch, 0)
+            if ring is not None:
+                self.channel: _Channel = _ShmChannel(group, ring, self._peers_alive)
+            else:
+                self.channel = _Channel(group)
+            dist.barrier(group=group)
+        finally:
+            if ring is not None:
+                ring.unlink()  # mapped by every rank now (or never will be): no name to leak
+        self._planned: tuple[StepBatch, list[int], torch.Tensor] | None = None
         self.local = ModelRunner(args, config, model_path, device, dtype, tp_rank=0, tp_size=world)
         self.device = self.local.device
         self.pool: PagePool | None = None
@@ -256,10 +391,19 @@ class ParallelRunner:
         self.local.capture_graphs(max_model_len)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
-        return self.local.prepare(scheduled)
+        # Rank 0 builds its batch from the same host-side plan the workers get: no device
+        # round trip to pack it, and every rank's batch comes from the same words.
+        header, payload = _plan(scheduled, self.page_size)
+        batch = _unpack(header, payload, self.local)
+        self._planned = (batch, header, payload)
+        return batch
 
     def forward(self, batch: StepBatch) -> torch.Tensor:
-        header, payload = _pack(batch)
+        planned, self._planned = self._planned, None
+        if planned is not None and planned[0] is batch:
+            header, payload = planned[1], planned[2]
+        else:  # a batch built elsewhere
+            header, payload = _pack(batch)
         try:
             self.channel.send(header, payload)
             return self.local.forward(batch)
@@ -283,6 +427,9 @@ class ParallelRunner:
 
     def memory_splits(self) -> list[MemorySplit]:
         return self._splits or [self.local.memory]
+
+    def _peers_alive(self) -> bool:
+        return self.failure is None and all(p.exitcode is None for p in self.procs)
 
     def _watch(self) -> None:
         """Notice a dead rank, log its error, stop the others. Rank 0's pending collective then
@@ -320,25 +467,38 @@ class ParallelRunner:
         if self._closing:
             return
         self._closing = True
+        start = time.monotonic()
+        # Every rank finishes its GPU work and meets the others at a barrier; after it no
+        # collective is in flight anywhere, so each rank aborts its communicators locally instead
+        # of NCCL's graceful destroy (which waited on peers and hung). A dead or stuck peer skips
+        # the barrier (bounded) and goes straight to killing.
+        clean = self.failure is None
         try:
-            self.channel.send([CMD_SHUTDOWN])
-        except Exception:  # a dead peer: fall through to killing
-            pass
-        # Tear the group down together with the workers (they do the same on CMD_SHUTDOWN): NCCL's
-        # teardown can wait on peers, so it must not wait for processes that already left. A
-        # bounded wait, so a stuck teardown never hangs the caller's exit.
-        if dist.is_initialized():
-            teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
-            teardown.start()
-            teardown.join(timeout=15)
-            if teardown.is_alive():
-                log.warning("process group teardown did not finish in 15 s; continuing")
+            if clean:
+                self.channel.send([CMD_SHUTDOWN], timeout=SHUTDOWN_WAIT_S)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                self.channel.barrier(SHUTDOWN_WAIT_S)
+        except Exception as exc:  # a dead peer: fall through to killing
+            clean = False
+            log.warning("tensor-parallel shutdown barrier failed: %s", exc)
+        if clean:
+            for p in self.procs:
+                p.join(timeout=SHUTDOWN_WAIT_S)
         for p in self.procs:
-            p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-                p.join()
+            p.join()
+        teardown = threading.Thread(target=_close_group, args=(self.device.type,), daemon=True)
+        teardown.start()
+        teardown.join(timeout=SHUTDOWN_WAIT_S)
+        if teardown.is_alive():
+            log.warning("process group teardown did not finish in %.0f s; continuing",
+                        SHUTDOWN_WAIT_S)
+        self.channel.close()
         set_parallel_state(0, 1)
+        self.shutdown_seconds = time.monotonic() - start
+        log.info("tensor parallelism shut down in %.2f s", self.shutdown_seconds)
 
 
 def run_worker_node(args: EngineArgs, config: ModelConfig, model_path: str,
