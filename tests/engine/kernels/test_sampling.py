@@ -91,3 +91,39 @@ def test_top_k_one_is_greedy_and_ties_are_kept(top_k: int, device: torch.device)
     seeds = torch.arange(12, dtype=torch.int64, device=device)
     tokens = set(sample(logits, *params, seeds, seeds).tolist())
     assert tokens <= {1, 2, 4}  # ties at the k-th value stay, as in the reference
+
+
+@pytest.mark.parametrize("batch", [1, 3, 16])
+def test_split_vocab_matches_reference_many_filters(batch: int, device: torch.device) -> None:
+    """Each row is spread over several vocab chunks; random filter mixes, shared noise, exact."""
+    from homelab_llm.engine.kernels.sampling import SampleModes, sample
+
+    gen = torch.Generator().manual_seed(batch)
+    vocab = 1000
+    temperature = torch.rand(batch, generator=gen) * 1.5 + 0.2
+    temperature[::4] = 0.0  # some greedy rows
+    top_k = torch.randint(0, 60, (batch,), generator=gen, dtype=torch.int32)
+    top_p = torch.where(torch.rand(batch, generator=gen) < 0.7, torch.rand(batch, generator=gen), 1.0)
+    min_p = torch.where(torch.rand(batch, generator=gen) < 0.3, 0.05, 0.0)
+    logits = torch.randn(batch, vocab, generator=gen) * 4
+    logits[:, 17] = float("-inf")  # masked tokens (min_tokens) stay masked
+    noise = torch.empty(batch, vocab).exponential_(generator=gen)
+    args = [a.to(device) for a in (temperature, top_k, top_p, min_p)]
+    want = sample_ref(logits, temperature, top_k, top_p, min_p, noise)
+    zeros = torch.zeros(batch, dtype=torch.int64, device=device)
+    modes = SampleModes.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), vocab)
+    got = sample(logits.to(device), *args, zeros, zeros, exponentials=noise.to(device), modes=modes)
+    assert got.cpu().tolist() == want.tolist()
+
+
+def test_greedy_only_batch_and_all_masked_row(device: torch.device) -> None:
+    from homelab_llm.engine.kernels.sampling import sample
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 777, generator=gen)
+    logits[1, 600] = 50.0  # the max sits in a late chunk
+    logits[2] = float("-inf")
+    params = _params(3, device, temperature=0.0)
+    zeros = torch.zeros(3, dtype=torch.int64, device=device)
+    got = sample(logits.to(device), *params, zeros, zeros).cpu()
+    assert got.tolist() == [int(logits[0].argmax()), 600, 0]
