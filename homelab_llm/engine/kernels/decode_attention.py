@@ -28,9 +28,9 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
-    part_out_ptr, part_lse_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr,
     sm_scale_log2,
-    stride_qt, stride_qh,
+    stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_sp, stride_ss, stride_sh,
     stride_pt,
@@ -95,6 +95,10 @@ def _decode_split_kernel(
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
+        tl.store(out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+        return
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
     # partials: [B, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [B, Hq, NUM_SPLITS], contiguous
     row = (b * num_q_heads + heads).to(tl.int64) * NUM_SPLITS + split
@@ -169,8 +173,12 @@ def paged_decode_attention(
     out = torch.empty_like(q) if out is None else out
     if batch == 0:
         return out
-    part_out = torch.empty((batch, num_q_heads, num_splits, d_pad), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    if num_splits == 1:  # the split kernel writes `out` itself
+        part_out = part_lse = out
+    else:
+        part_out = torch.empty((batch, num_q_heads, num_splits, d_pad), dtype=torch.float32,
+                               device=q.device)
+        part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     skp, sks, skh = cache_strides(k_cache)
     svp, svs, svh = cache_strides(v_cache)
     ssp, sss, ssh = scale_strides(k_scale if int8 else None)
@@ -178,15 +186,17 @@ def paged_decode_attention(
         raise ValueError("k_scale and v_scale must share a layout")
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale if int8 else k_cache, v_scale if int8 else v_cache,
-        page_table, seq_lens, query_start_loc, part_out, part_lse,
+        page_table, seq_lens, query_start_loc, part_out, part_lse, out,
         softmax_scale * _LOG2E,
-        q.stride(0), q.stride(1), skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
         page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=tiles.decode.block_n,
         NUM_SPLITS=num_splits, INT8_KV=int8, DOT_F32=dot_in_fp32(),
         num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages,
     )
+    if num_splits == 1:
+        return out
     _decode_reduce_kernel[(batch, num_q_heads)](
         part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits,

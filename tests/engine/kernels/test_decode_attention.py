@@ -46,7 +46,8 @@ def test_decode_matches_reference(kv_dtype: torch.dtype, device: torch.device, f
                                        msg=lambda m: f"{seq_lens=} {hq=} {hkv=} {splits=}: {m}")
 
 
-def test_empty_padded_sequence_gives_zeros(device: torch.device, paged_kv) -> None:
+@pytest.mark.parametrize("splits", [1, 2])
+def test_empty_padded_sequence_gives_zeros(splits: int, device: torch.device, paged_kv) -> None:
     """A CUDA-graph padding row (seq_len 0) must come out as zeros, not NaN."""
     from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
 
@@ -55,7 +56,7 @@ def test_empty_padded_sequence_gives_zeros(device: torch.device, paged_kv) -> No
     q = torch.randn(2, 4, 32, generator=gen).to(device)
     qsl = torch.arange(3, dtype=torch.int32, device=device)
     sl = torch.tensor([9, 0], dtype=torch.int32, device=device)
-    out = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, 0.2, num_splits=2)
+    out = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, 0.2, num_splits=splits)
     assert torch.isfinite(out).all()
     assert out[1].abs().max().item() == 0.0
 
@@ -69,3 +70,12 @@ def test_int8_without_scales_is_rejected(device: torch.device, paged_kv) -> None
     qsl = torch.arange(2, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="k_scale"):
         paged_decode_attention(q, k_cache, v_cache, page_table, qsl, qsl[1:], 0.2)
+
+
+def test_short_context_uses_one_split_long_context_many(device: torch.device) -> None:
+    """Batch 1 at 40 tokens: one split (one kernel, no merge); at 32K: enough splits to fill the GPU."""
+    from homelab_llm.engine.kernels.decode_attention import choose_num_splits
+    from homelab_llm.engine.kernels.tuning import tiles_for
+
+    assert choose_num_splits(1, 8, device, max_seq_len=40) == 1
+    assert choose_num_splits(1, 1, device, max_seq_len=32768) == tiles_for(device).max_kv_splits
