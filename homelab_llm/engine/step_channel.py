@@ -99,7 +99,8 @@ class ShmRing:
         return cls(path, mm, None)
 
     @classmethod
-    def attach(cls, path: str, reader: int) -> "ShmRing":
+    def attach(cls, path: str, reader: int | None) -> "ShmRing":
+        """Map an existing ring as reader `reader` (or, with None, as its one writer)."""
         fd = os.open(path, os.O_RDWR)
         try:
             mm = mmap.mmap(fd, os.fstat(fd).st_size)
