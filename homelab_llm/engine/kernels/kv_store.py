@@ -1,5 +1,7 @@
 """Write new tokens' K/V into the paged cache at `slot_mapping`, quantizing to int8 on the way
-when the cache is int8 (per token, per head, symmetric, fp16 scale).
+when the cache is int8 (per token, per head, symmetric, fp16 scale). `rope_store_kv` also applies
+the rotary embedding first (q in place, k on its way into the cache): one launch per layer
+instead of two, and k is never written back rotated.
 
 Bit-exact with `ref.quantize_per_token_head`: IEEE division (`div_rn`, since Triton's plain `/`
 on fp32 may be approximate), round-half-to-even done by hand (portable to ROCm, no libdevice),
@@ -13,6 +15,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import cache_strides, check_int8_scales, next_pow2, scale_strides
+from homelab_llm.engine.kernels.elementwise import _rotate_half
 from homelab_llm.engine.kernels.ref import _MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
 
@@ -27,14 +30,24 @@ def _round_half_even(y):
 
 
 @triton.jit
+def _head_scale(amax, min_amax):
+    """fp16 scale per head from each head's max |x|, rounded to fp16 as the reference does."""
+    amax = tl.maximum(amax, min_amax)
+    return tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _quantize(xf, scale):
+    y = tl.math.div_rn(xf, scale.to(tl.float32)[:, None])
+    return tl.minimum(tl.maximum(_round_half_even(y), -127.0), 127.0).to(tl.int8)
+
+
+@triton.jit
 def _quantize_rows_store(x, dst, scale_dst, mask, h_mask, min_amax):
     """One token's [heads, head_dim] -> int8 rows and one fp16 scale per head."""
     xf = x.to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(xf), axis=1), min_amax)
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)).to(tl.float16)
-    y = tl.math.div_rn(xf, scale.to(tl.float32)[:, None])
-    q = tl.minimum(tl.maximum(_round_half_even(y), -127.0), 127.0).to(tl.int8)
-    tl.store(dst, q, mask=mask)
+    scale = _head_scale(tl.max(tl.abs(xf), axis=1), min_amax)
+    tl.store(dst, _quantize(xf, scale), mask=mask)
     tl.store(scale_dst, scale, mask=h_mask)
 
 
@@ -97,5 +110,112 @@ def store_kv(
         _MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=int8,
+        num_warps=tiles_for(key.device).elementwise_warps,
+    )
+
+
+@triton.jit
+def _rope_store_kv_kernel(
+    q_ptr, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_c,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_sp, stride_ss, stride_sh,
+    min_amax,
+    PAGE_SIZE: tl.constexpr, NUM_Q_HEADS: tl.constexpr, Q_HEADS_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_d = tl.arange(0, HALF_PAD)
+    d_mask = offs_d < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
+
+    # q: rotated in place, every token (padding included: its output is simply unused).
+    offs_qh = tl.arange(0, Q_HEADS_PAD)
+    q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
+    _rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
+
+    slot = tl.load(slot_ptr + t)
+    if slot < 0:  # padding token: nothing to store
+        return
+    page = slot // PAGE_SIZE
+    offset = slot % PAGE_SIZE
+    offs_h = tl.arange(0, HEADS_PAD)
+    h_mask = offs_h < NUM_HEADS
+    half_mask = h_mask[:, None] & d_mask[None, :]
+    # k in three parts: the two rotated halves and the dims past rotary_dim (partial rotary).
+    k_src = key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in + offs_d[None, :]
+    x1 = tl.load(k_src, mask=half_mask, other=0.0)
+    x2 = tl.load(k_src + HALF, mask=half_mask, other=0.0)
+    x1f = x1.to(tl.float32)
+    x2f = x2.to(tl.float32)
+    # Rounded to k's dtype first: the unfused path stores the rotated k tensor, then quantizes it.
+    r1 = (x1f * cos - x2f * sin).to(x1.dtype).to(tl.float32)
+    r2 = (x2f * cos + x1f * sin).to(x1.dtype).to(tl.float32)
+    offs_r = 2 * HALF + tl.arange(0, TAIL_PAD)
+    tail_mask = h_mask[:, None] & (offs_r[None, :] < HEAD_DIM)
+    tail = tl.load(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in + offs_r[None, :],
+                   mask=tail_mask, other=0.0).to(tl.float32)
+    k_dst = k_ptr + page * stride_kp + offset * stride_ks + offs_h[:, None] * stride_kh
+    offs_v = tl.arange(0, HEAD_DIM_PAD)
+    v_mask = h_mask[:, None] & (offs_v[None, :] < HEAD_DIM)
+    value = tl.load(value_ptr + t * stride_vt + offs_h[:, None] * stride_vh_in + offs_v[None, :],
+                    mask=v_mask, other=0.0)
+    v_dst = v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh + offs_v[None, :]
+    if INT8_KV:
+        amax = tl.maximum(tl.max(tl.abs(r1), axis=1), tl.max(tl.abs(r2), axis=1))
+        amax = tl.maximum(amax, tl.max(tl.abs(tail), axis=1))
+        scale = _head_scale(amax, min_amax)
+        tl.store(k_dst + offs_d[None, :], _quantize(r1, scale), mask=half_mask)
+        tl.store(k_dst + HALF + offs_d[None, :], _quantize(r2, scale), mask=half_mask)
+        tl.store(k_dst + offs_r[None, :], _quantize(tail, scale), mask=tail_mask)
+        s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
+        tl.store(ks_ptr + s_off, scale, mask=h_mask)
+        _quantize_rows_store(value, v_dst, vs_ptr + s_off, v_mask, h_mask, min_amax)
+    else:
+        dtype = k_ptr.dtype.element_ty
+        tl.store(k_dst + offs_d[None, :], r1.to(dtype), mask=half_mask)
+        tl.store(k_dst + HALF + offs_d[None, :], r2.to(dtype), mask=half_mask)
+        tl.store(k_dst + offs_r[None, :], tail.to(dtype), mask=tail_mask)
+        tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=v_mask)
+
+
+def rope_store_kv(
+    q: torch.Tensor,  # [T, Hq, D], rotated in place
+    key: torch.Tensor,  # [T, Hkv, D], not rotated; left as it is
+    value: torch.Tensor,  # [T, Hkv, D]
+    positions: torch.Tensor,  # [T] int64
+    cos_sin_cache: torch.Tensor,  # [max_positions, rotary_dim] float32, cos | sin
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64; negative = skip the store (q is still rotated)
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """`apply_rope(q, key, ...)` then `store_kv(key, value, ...)` in one launch; the same bits."""
+    num_tokens, num_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    if q.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("q/key/value head_dim axis must be contiguous")
+    int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    skp, sks, skh = cache_strides(k_cache)
+    svp, svs, svh = cache_strides(v_cache)
+    ssp, sss, ssh = scale_strides(k_scale if int8 else None)
+    half = cos_sin_cache.shape[1] // 2
+    _rope_store_kv_kernel[(num_tokens,)](
+        q, key, value, positions, cos_sin_cache, k_cache, v_cache,
+        k_scale if int8 else k_cache, v_scale if int8 else v_cache, slot_mapping,
+        q.stride(0), q.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        cos_sin_cache.stride(0),
+        skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        _MIN_AMAX,
+        PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
+        NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
+        TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=int8,
         num_warps=tiles_for(key.device).elementwise_warps,
     )

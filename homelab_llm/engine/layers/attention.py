@@ -3,6 +3,9 @@
 The runner allocates the cache and binds `k_cache`/`v_cache` (and for int8 `k_scale`/`v_scale`)
 on each of these modules. A forward stores the step's new K/V at ctx.slot_mapping, then attends
 each sequence's new queries over its whole page list (cached prefix + new tokens).
+
+Given the rope tables, q and k arrive unrotated and the rotation happens here: on a GPU in the same
+kernel that writes K/V into the cache (kv_store.rope_store_kv), one launch per layer instead of two.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from torch import nn
 
 from homelab_llm.engine.context import get_context
 from homelab_llm.engine.kernels import dispatch
+from homelab_llm.engine.layers.rotary import RopeTables, apply_rotary
 
 
 class Attention(nn.Module):
@@ -26,18 +30,37 @@ class Attention(nn.Module):
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] (rope applied) -> [T, Hq * D]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rope: RopeTables | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]. Without `rope`, q and k are already
+        rotated; with it, they are rotated here (q in place on the kernel path)."""
         ctx = get_context()
-        if self.k_cache is None or self.v_cache is None:
-            return self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
-        dispatch.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping,
-                          self.k_scale, self.v_scale)
+        has_cache = self.k_cache is not None and self.v_cache is not None
+        if rope is not None and rope.in_kernel and has_cache and dispatch.use_triton(q):
+            from homelab_llm.engine.kernels.kv_store import rope_store_kv
+
+            rope_store_kv(q, k, v, rope.positions, rope.table, self.k_cache, self.v_cache,
+                          ctx.slot_mapping, self.k_scale, self.v_scale)
+        else:
+            if rope is not None:
+                q, k = self._rotate(q, k, rope)
+            if not has_cache:
+                return self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
+            dispatch.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping,
+                              self.k_scale, self.v_scale)
         out = dispatch.paged_attention(
             q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits)
         return out.reshape(q.shape[0], -1)
+
+    @staticmethod
+    def _rotate(q: torch.Tensor, k: torch.Tensor, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
+        if rope.in_kernel:
+            dispatch.apply_rope(q, k, rope.positions, rope.table)  # in place
+            return q, k
+        assert rope.cos is not None and rope.sin is not None
+        return apply_rotary(q, rope.cos, rope.sin), apply_rotary(k, rope.cos, rope.sin)
 
     def _no_cache(self, q, k, v, query_lens: list[int] | None, query_start_loc) -> torch.Tensor:
         """Causal attention within each sequence's new tokens only: the runner's memory-profiling

@@ -28,6 +28,12 @@ class RopeTables(NamedTuple):
     cos: torch.Tensor | None
     sin: torch.Tensor | None
 
+    @property
+    def in_kernel(self) -> bool:
+        """The kernel path: rotation reads `table`, and Attention can fuse it with the KV store
+        (pass the tables to Attention instead of calling rotate_qk)."""
+        return self.cos is None
+
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1: long wavelengths slowed by `factor`, short kept, a smooth ramp between."""

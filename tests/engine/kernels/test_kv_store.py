@@ -70,3 +70,55 @@ def test_int8_to_fp16_bit_trick_is_exact(device: torch.device) -> None:
     out = torch.empty(256, dtype=torch.float16, device=device)
     _convert_kernel[(1,)](x, out, N=256)
     assert torch.equal(out, x.to(torch.float16))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("rot_fraction", [1.0, 0.5])
+def test_fused_rope_store_matches_unfused(cache_dtype: torch.dtype, rot_fraction: float,
+                                          device: torch.device, full_shapes: bool) -> None:
+    """rope_store_kv == apply_rope then store_kv: q rotated in place, rotated k (rounded to bf16,
+    then quantized for int8) in the cache, the input k left alone. Bit-exact against the unfused
+    Triton kernels, and within bf16 rounding of the torch reference (int8: one quantization step)."""
+    from homelab_llm.engine.kernels import ref
+    from homelab_llm.engine.kernels.elementwise import apply_rope
+    from homelab_llm.engine.kernels.kv_store import rope_store_kv, store_kv
+
+    gen = torch.Generator().manual_seed(4)
+    tokens, hq, hkv, d, page_size, pages = (256, 32, 8, 128, 16, 40) if full_shapes else (9, 4, 2, 32, 4, 5)
+    rot = int(d * rot_fraction)
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    table = ref.rope_cos_sin_cache(ref.rope_inv_freq(rot, 500000.0, scaling), 4096, device)
+    positions = torch.randint(0, 4096, (tokens,), generator=gen).to(device)
+    qkv = (torch.randn(tokens, hq + 2 * hkv, d, generator=gen) * 2).to(device, torch.bfloat16)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]  # views into one fused output
+    slots = torch.randperm(pages * page_size, generator=gen)[:tokens].to(device)
+    slots[1] = -1  # padding: q still rotated, nothing stored
+
+    got = _caches(pages, page_size, hkv, d, cache_dtype, device)
+    q_fused, k_before = q.clone(), k.clone()
+    rope_store_kv(q_fused, k, v, positions, table, *got[:2], slots, *got[2:])
+    assert torch.equal(k, k_before)
+
+    q_unfused, k_rot = q.clone(), k.clone()
+    apply_rope(q_unfused, k_rot, positions, table)
+    want = _caches(pages, page_size, hkv, d, cache_dtype, device)
+    store_kv(k_rot, v, *want[:2], slots, *want[2:])
+    assert torch.equal(q_fused, q_unfused)
+    for g, w in zip(got, want):
+        if g is not None:
+            assert torch.equal(g, w)
+
+    q_ref, k_ref = q.clone(), k.clone()
+    ref.apply_rope_ref(q_ref, k_ref, positions, table)
+    torch.testing.assert_close(q_fused, q_ref, atol=2e-2, rtol=2e-2)
+    flat = [c.reshape(pages * page_size, *c.shape[2:]) if c is not None else None for c in got]
+    keep = slots >= 0
+    stored_k = flat[0][slots[keep]]
+    if cache_dtype == torch.int8:
+        step = flat[2][slots[keep]].float()
+        stored_k = stored_k.float() * step[..., None]
+        want_k = k_ref[keep].float()  # half a step, plus a bf16 ulp where rotations round apart
+        assert ((stored_k - want_k).abs() <= step[..., None] * 0.5 + 1e-2 * want_k.abs() + 1e-3).all()
+    else:
+        torch.testing.assert_close(stored_k.float(), k_ref[keep].float(), atol=2e-2, rtol=2e-2)
