@@ -166,7 +166,7 @@ def allreduce() -> None:
     for p in procs:
         p.start()
     try:
-        rows = q.get(timeout=150)
+        rows = q.get(timeout=90)
     finally:
         for p in procs:
             p.join(timeout=30)

@@ -77,11 +77,12 @@ class _Runtime:
     class Handle(ctypes.Structure):
         _fields_ = [("reserved", ctypes.c_byte * 64)]  # cudaIpcMemHandle_t / hipIpcMemHandle_t
 
-    def __init__(self) -> None:
+    def __init__(self, device_index: int) -> None:
         self.hip = torch.version.hip is not None
         self.prefix = "hip" if self.hip else "cuda"
         self.lib = ctypes.CDLL(_loaded_library("libamdhip64" if self.hip else "libcudart"))
         p = ctypes.c_void_p
+        self._sig("SetDevice", [ctypes.c_int])
         self._sig("Malloc", [ctypes.POINTER(p), ctypes.c_size_t])
         self._sig("Free", [p])
         self._sig("Memset", [p, ctypes.c_int, ctypes.c_size_t])
@@ -92,6 +93,7 @@ class _Runtime:
         self._sig("GetErrorString", [ctypes.c_int], ctypes.c_char_p)
         if self.hip:
             self._sig("ExtMallocWithFlags", [ctypes.POINTER(p), ctypes.c_size_t, ctypes.c_uint])
+        self.call("SetDevice", device_index)  # in case this is not torch's copy of the runtime
 
     def _sig(self, name: str, args: list, restype=ctypes.c_int) -> None:
         fn = getattr(self.lib, self.prefix + name)
@@ -127,12 +129,13 @@ class _Runtime:
 
 
 def _loaded_library(stem: str) -> str:
+    """The copy torch loaded (same runtime state), else whatever the loader finds."""
     with open("/proc/self/maps") as maps:
         for line in maps:
             path = line.split()[-1]
             if os.path.basename(path).startswith(stem + ".so"):
                 return path
-    raise OSError(f"{stem} is not loaded in this process")
+    return stem + ".so"
 
 
 class PeerAllReduce:
@@ -156,13 +159,30 @@ class PeerAllReduce:
         self._peers: list[int] = []
         if not self._peer_mappable():
             return
-        self._rt = _Runtime()
-        signal_bytes = 8 * signal_words(num_programs, self.world)
-        self._own = self._rt.malloc_zeroed(2 * max_bytes + signal_bytes)
+        # Each step may fail on one rank only (no runtime library, IPC refused): every rank still
+        # joins every collective, and all fall back together.
+        handle = None
+        try:
+            self._rt = _Runtime(self.device.index)
+            self._own = self._rt.malloc_zeroed(2 * max_bytes + 8 * signal_words(num_programs, self.world))
+            handle = self._rt.ipc_handle(self._own)
+        except (OSError, AttributeError, RuntimeError) as exc:
+            log.warning("all-reduce buffer setup failed: %s", exc)
         handles = [None] * self.world
-        dist.all_gather_object(handles, self._rt.ipc_handle(self._own), group=group)
-        bases = [self._own if r == self.rank else self._rt.ipc_open(h) for r, h in enumerate(handles)]
-        self._peers = [b for r, b in enumerate(bases) if r != self.rank]
+        dist.all_gather_object(handles, handle, group=group)
+        opened = all(h is not None for h in handles)
+        if opened:
+            try:
+                bases = [self._own if r == self.rank else self._rt.ipc_open(h)
+                         for r, h in enumerate(handles)]
+                self._peers = [b for r, b in enumerate(bases) if r != self.rank]
+            except RuntimeError as exc:
+                log.warning("opening a peer's all-reduce buffer failed: %s", exc)
+                opened = False
+        if self._agree(float(opened), dist.ReduceOp.MIN) < 1.0:
+            self.reason = "peer buffers could not be mapped (IPC)"
+            self.close()
+            return
         self.data_ptrs = torch.tensor(bases, dtype=torch.int64, device=self.device)
         self.signal_ptrs = torch.tensor([b + 2 * max_bytes for b in bases], dtype=torch.int64,
                                         device=self.device)
@@ -174,6 +194,8 @@ class PeerAllReduce:
         dist.all_gather_object(everyone, facts, group=self.group)
         if self.mode in ("nccl", "none"):
             self.reason = f"{ENV_MODE}={self.mode}"
+        elif self.world == 1:
+            self.reason = "one rank"
         elif len({host for host, _ in everyone}) > 1:
             self.reason = "ranks on several hosts"
         else:
@@ -209,6 +231,7 @@ class PeerAllReduce:
         if not ok:
             self.reason = "self-check against NCCL failed"
         self.table = choose_paths(self.mode, ok, PROBE_SIZES, custom_us, nccl_us)
+        torch.cuda.empty_cache()  # the probe graphs' memory goes back before KV sizing
         if ok:
             rows = ", ".join(
                 f"{s // 1024}KB {'custom' if u else 'nccl'}"
