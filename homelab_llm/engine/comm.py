@@ -33,7 +33,10 @@ log = logging.getLogger("homelab_llm.engine.comm")
 ENV_MODE = "HOMELAB_ALLREDUCE"
 MODES = ("auto", "custom", "nccl", "none")
 MAX_BYTES = 2 << 20  # per data half: a batch-256 decode step of a 4096-wide bf16 model
-NUM_PROGRAMS = 32  # fixed for a buffer's lifetime (see kernels/allreduce.py)
+NUM_PROGRAMS = 32  # fixed for a buffer's lifetime (see kernels/allreduce.py); all stay resident
+# One tile = 16 bytes per thread (bf16) over 512 threads: an 8 KB decode message is one program,
+# 1 MB is 4 tiles per program. Fits RDNA3 (wave32, 1024 threads per workgroup) as well.
+BLOCK, NUM_WARPS = 4096, 16
 PROBE_SIZES = (8 << 10, 32 << 10, 128 << 10, 512 << 10, 1 << 20, 2 << 20)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -218,7 +221,7 @@ class PeerAllReduce:
 
         return one_shot_all_reduce(x, x, self.data_ptrs, self.signal_ptrs,
                                    self.max_bytes // x.element_size(), self.rank, self.world,
-                                   self.num_programs)
+                                   self.num_programs, BLOCK, NUM_WARPS)
 
     def decide(self) -> PathTable:
         """Self-check, then (auto) time both paths per size; sets and returns the path table."""
@@ -259,7 +262,8 @@ class PeerAllReduce:
                 again = self.all_reduce(x.clone())
                 scale = want.float().abs().max().clamp_min(1.0)
                 err = float((got.float() - want.float()).abs().max() / scale)
-                digest = float(got.float().double().mul(torch.arange(n, device=self.device) % 7 + 1).sum())
+                bits = got.view(torch.int16).long()  # an exact integer digest of the bits
+                digest = float((bits * (torch.arange(n, device=self.device) % 7 + 1)).sum())
                 same = self._agree(digest) == -self._agree(-digest)
                 if not (err <= 2.0 ** -7 * self.world and torch.equal(got, again) and same):
                     log.warning("all-reduce self-check failed at %d elements: rel err %.3g, "
