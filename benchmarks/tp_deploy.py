@@ -123,7 +123,8 @@ def main() -> int:
         budget = card - used - reserve
         out["budget"] = {"card": card, "reserve": reserve, "max_rank_model_bytes": used,
                          "kv_budget_per_gpu": budget,
-                         "formula": "card - max_rank(weights + activations_peak + graphs) - reserve"}
+                         "formula": "card - max_rank(weights + activations_peak + graphs)"
+                                    " - reserve"}
         print(f"KV budget per GPU = {a.card_gib:g} GiB card - {used / GiB:.2f} GiB "
               f"(weights + activations + graphs, largest rank) - {a.reserve_gib:g} GiB reserve "
               f"= {budget / GiB:.2f} GiB", flush=True)

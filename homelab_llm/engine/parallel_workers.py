@@ -36,7 +36,7 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel import set_parallel_state
 from homelab_llm.engine.runner import MemorySplit, ModelRunner, StepBatch
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.step_channel import ChannelClosed, ShmRing, shm_available
+from homelab_llm.engine.step_channel import ShmRing, shm_available
 from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine.parallel")
@@ -229,7 +229,8 @@ def _plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[list[int], tor
         ids.extend(seq.token_ids[start:start + n])
         pos.extend(range(start, start + n))
         pt = seq.page_table
-        slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
+        slots.extend(pt[p // page_size] * page_size + p % page_size
+                     for p in range(start, start + n))
         starts.append(starts[-1] + n)
         lens.append(start + n)
         if item.samples:
@@ -463,6 +464,12 @@ class ParallelRunner:
             time.sleep(0.05)
         return RankFailedError(f"tensor parallelism stopped: {self.failure or exc}")
 
+    def _kill_workers(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+
     def shutdown(self) -> None:
         if self._closing:
             return
@@ -482,15 +489,15 @@ class ParallelRunner:
         except Exception as exc:  # a dead peer: fall through to killing
             clean = False
             log.warning("tensor-parallel shutdown barrier failed: %s", exc)
-        if clean:
-            for p in self.procs:
-                p.join(timeout=SHUTDOWN_WAIT_S)
-        for p in self.procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
+        if not clean:
+            self._kill_workers()
+        # Past the barrier every rank leaves its groups at the same moment (should an NCCL
+        # version make abort collective, the peers are there). Bounded, so it never hangs exit.
         teardown = threading.Thread(target=_close_group, args=(self.device.type,), daemon=True)
         teardown.start()
+        for p in self.procs:
+            p.join(timeout=SHUTDOWN_WAIT_S)
+        self._kill_workers()
         teardown.join(timeout=SHUTDOWN_WAIT_S)
         if teardown.is_alive():
             log.warning("process group teardown did not finish in %.0f s; continuing",

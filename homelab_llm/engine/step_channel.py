@@ -71,7 +71,8 @@ class ShmRing:
         base = _LINE * (1 + self.readers)
         stride = _LINE + 8 * self.slot_words
         self._seq = [ctypes.c_int64.from_buffer(mm, base + s * stride) for s in range(self.slots)]
-        self._len = [ctypes.c_int64.from_buffer(mm, base + s * stride + 8) for s in range(self.slots)]
+        self._len = [ctypes.c_int64.from_buffer(mm, base + s * stride + 8)
+                     for s in range(self.slots)]
         self._data = [torch.frombuffer(mm, dtype=torch.int64, count=self.slot_words,
                                        offset=base + s * stride + _LINE) for s in range(self.slots)]
         self.next_seq = 1  # the writer's next sequence number, or the one a reader expects
