@@ -5,8 +5,10 @@ and loads each word eight times. At batch 1 the step is bound by reading 0.5 byt
 this kernel instead keeps a [ROWS, BLOCK_N] tile of packed words in registers and walks the eight
 nibbles of each word with a static loop:
 
-  nibble -> float without a conversion instruction: (q | 0x4B000000) read as fp32 is 2^23 + q;
-  inner[m, r, n] += q * x[m, 8r + j]              one FMA per nibble and row of x
+  nibble -> float without shifts or a conversion instruction: (word & 0xF << 4j) | 0x4B000000
+  read as fp32 is 2^23 + q * 2^4j (exact for j <= 4; nibbles 5..7 after one shift by 20), so a
+  nibble costs one AND-OR, one subtraction and one FMA, with x pre-scaled by 2^-4j (exact);
+  inner[m, r, n] += q * x[m, 8r + j]
   acc += inner * scale[g, n] + sum_j x[m, 8r + j] * bias[g, n]
 
 since W[k, n] = q * scale + bias within a group (BLOCK_K = 8 * ROWS never spans two groups).
@@ -44,6 +46,15 @@ def _ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
 
 
 @triton.jit
+def _nibble(word, j: tl.constexpr):
+    """Nibble j of `word` (already shifted right by 20 for j >= 5) times 2^(4 * (j % 5)), as fp32,
+    with one AND-OR: the nibble lands in the low mantissa bits of 2^23, which is then subtracted."""
+    shift: tl.constexpr = 4 * (j % 5) if j < 5 else 4 * (j - 5)
+    bits = (word & (0xF << shift)) | 0x4B000000
+    return bits.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
     M, N, K, k_per_split,
@@ -61,25 +72,49 @@ def _w4a16_gemv_kernel(
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    acc = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
+    if BLOCK_M == 1:
+        acc1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     for k0 in range(k_start, k_end, BLOCK_K):
         word_rows = k0 // 8 + rows
         packed = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
                          mask=n_mask[None, :], other=0)
+        high = packed >> 20  # nibbles 5..7 moved to where the AND-OR trick can reach them
         group = k0 // GROUP_SIZE
         s = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         b = tl.load(biases_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        inner = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
-        x_sum = tl.zeros([BLOCK_M, ROWS], tl.float32)
+        if BLOCK_M == 1:
+            inner1 = tl.zeros([ROWS, BLOCK_N], tl.float32)
+            x_sum1 = tl.zeros([ROWS], tl.float32)
+        else:
+            inner = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
+            x_sum = tl.zeros([BLOCK_M, ROWS], tl.float32)
         for j in tl.static_range(8):
-            xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None], other=0.0)
-            xj = xj.to(tl.float32)
-            q = (((packed >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            inner += q[None, :, :] * xj[:, :, None]
-            x_sum += xj
-        acc += inner * s[None, None, :] + x_sum[:, :, None] * b[None, None, :]
-    part = tl.sum(acc, axis=1)  # [BLOCK_M, BLOCK_N]
+            if j < 5:
+                w = _nibble(packed, j)
+            else:
+                w = _nibble(high, j)
+            # _nibble returns q * 2^(4 * (j % 5)); an exact power-of-two rescale of x undoes it.
+            unscale: tl.constexpr = 1.0 / (1 << (4 * (j % 5) if j < 5 else 4 * (j - 5)))
+            if BLOCK_M == 1:
+                xj1 = tl.load(x_ptr + word_rows * 8 + j).to(tl.float32)
+                inner1 += w * (xj1 * unscale)[:, None]
+                x_sum1 += xj1
+            else:
+                xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None], other=0.0)
+                xj = xj.to(tl.float32)
+                inner += w[None, :, :] * (xj * unscale)[:, :, None]
+                x_sum += xj
+        if BLOCK_M == 1:
+            acc1 += inner1 * s[None, :] + x_sum1[:, None] * b[None, :]
+        else:
+            acc += inner * s[None, None, :] + x_sum[:, :, None] * b[None, None, :]
+    if BLOCK_M == 1:
+        part = tl.sum(acc1, axis=0)[None, :]
+    else:
+        part = tl.sum(acc, axis=1)  # [BLOCK_M, BLOCK_N]
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out_mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT == 1:
