@@ -189,4 +189,7 @@ def _write(a: argparse.Namespace, out: dict) -> None:
 
 
 if __name__ == "__main__":
+    import os
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (as tp_gpu.py)
     raise SystemExit(main())
