@@ -49,9 +49,14 @@ def _ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
 def _nibble(word, j: tl.constexpr):
     """Nibble j of `word` (already shifted right by 20 for j >= 5) times 2^(4 * (j % 5)), as fp32,
     with one AND-OR: the nibble lands in the low mantissa bits of 2^23, which is then subtracted."""
-    shift: tl.constexpr = 4 * (j % 5) if j < 5 else 4 * (j - 5)
-    bits = (word & (0xF << shift)) | 0x4B000000
+    bits = (word & (0xF << (4 * j if j < 5 else 4 * (j - 5)))) | 0x4B000000
     return bits.to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _unscale(x, j: tl.constexpr):
+    """x * 2^-(4 * (j % 5)): undoes _nibble's power of two, exactly."""
+    return x * (1.0 / (1 << (4 * j if j < 5 else 4 * (j - 5))))
 
 
 @triton.jit
@@ -96,16 +101,14 @@ def _w4a16_gemv_kernel(
                 w = _nibble(packed, j)
             else:
                 w = _nibble(high, j)
-            # _nibble returns q * 2^(4 * (j % 5)); an exact power-of-two rescale of x undoes it.
-            unscale: tl.constexpr = 1.0 / (1 << (4 * (j % 5) if j < 5 else 4 * (j - 5)))
             if BLOCK_M == 1:
                 xj1 = tl.load(x_ptr + word_rows * 8 + j).to(tl.float32)
-                inner1 += w * (xj1 * unscale)[:, None]
+                inner1 += w * _unscale(xj1, j)[:, None]
                 x_sum1 += xj1
             else:
                 xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None], other=0.0)
                 xj = xj.to(tl.float32)
-                inner += w[None, :, :] * (xj * unscale)[:, :, None]
+                inner += w[None, :, :] * _unscale(xj, j)[:, :, None]
                 x_sum += xj
         if BLOCK_M == 1:
             acc1 += inner1 * s[None, :] + x_sum1[:, None] * b[None, :]
