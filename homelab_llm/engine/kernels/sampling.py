@@ -252,7 +252,7 @@ def _race_kernel(
             else:
                 c0 = offs.to(tl.uint32)
                 zero = tl.zeros([BLOCK], tl.uint32)
-                r, _, _, _ = tl.philox(seed, c0, zero + step_lo, zero + step_hi, zero)
+                r, _r1, _r2, _r3 = tl.philox(seed, c0, zero + step_lo, zero + step_hi, zero)
                 u = tl.uint_to_uniform_float(r)
                 e = -tl.log(tl.maximum(u, 1e-20))
             score = tl.where(kept, s - tl.log(e), float("-inf"))
