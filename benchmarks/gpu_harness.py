@@ -17,6 +17,19 @@ def report(key: str, value: float, unit: str = "") -> None:
     print(f"{key:48s} {value:12.4f} {unit}", flush=True)
 
 
+def _release_memory() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
 def run_sections(sections: dict[str, Callable[[], None]], names: str, json_path: str | None) -> int:
     for name in names.split(","):
         start = time.time()
@@ -25,6 +38,7 @@ def run_sections(sections: dict[str, Callable[[], None]], names: str, json_path:
         except Exception as exc:  # keep the other sections' numbers
             traceback.print_exc()
             print(f"section {name} failed: {exc}", flush=True)
+        _release_memory()  # a failed section's engine (often in a reference cycle) must not starve the next
         print(f"-- {name} took {time.time() - start:.1f}s", flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps(results, indent=1))
