@@ -34,7 +34,8 @@ from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.context import ForwardContext
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel import set_parallel_state
-from homelab_llm.engine.runner import MemorySplit, ModelRunner, StepBatch
+from homelab_llm.engine.runner import MemorySplit, ModelRunner
+from homelab_llm.engine.step_plan import StepBatch, build_plan
 from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_channel import ShmRing, shm_available
 from homelab_llm.errors import HomelabError
@@ -215,38 +216,7 @@ def _close_group(device_type: str) -> None:
 
 
 def _plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[list[int], torch.Tensor]:
-    """The step plan straight from the schedule, on the host: the same numbers ModelRunner.prepare
-    puts into a StepBatch, as one flat int64 payload (see _unpack for the order)."""
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    starts = [0]
-    lens: list[int] = []
-    rows: list[int] = []
-    for item in scheduled:
-        seq, n = item.seq, item.num_new_tokens
-        start = seq.num_computed_tokens
-        ids.extend(seq.token_ids[start:start + n])
-        pos.extend(range(start, start + n))
-        pt = seq.page_table
-        slots.extend(pt[p // page_size] * page_size + p % page_size
-                     for p in range(start, start + n))
-        starts.append(starts[-1] + n)
-        lens.append(start + n)
-        if item.samples:
-            rows.append(len(ids) - 1)
-    t, b = len(ids), len(scheduled)
-    max_pages = max(len(item.seq.page_table) for item in scheduled)
-    head = torch.tensor(ids + pos + slots + starts + lens, dtype=torch.long)
-    table = torch.zeros((b, max_pages), dtype=torch.long)
-    for i, item in enumerate(scheduled):
-        pages = item.seq.page_table
-        table[i, :len(pages)] = torch.tensor(pages, dtype=torch.long)
-    payload = torch.cat([head, table.view(-1), torch.tensor(rows, dtype=torch.long)])
-    max_q = max(starts[i + 1] - starts[i] for i in range(b))
-    header = [CMD_STEP, t, b, max_pages, len(rows), int(max_q == 1), max_q, max(lens),
-              payload.numel(), 0]
-    return header, payload
+    return build_plan(scheduled, page_size, CMD_STEP)
 
 
 def _pack(batch: StepBatch) -> tuple[list[int], torch.Tensor]:
@@ -261,22 +231,7 @@ def _pack(batch: StepBatch) -> tuple[list[int], torch.Tensor]:
 
 
 def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:
-    _, t, b, max_pages, n_logits, decode_only, max_q, max_s, _n, _ = header
-    sizes = [t, t, t, b + 1, b, b * max_pages, n_logits]
-    _, _, _, qsl_host, lens_host, _, _ = torch.split(payload, sizes)
-    starts = qsl_host.tolist()
-    # One host-to-device copy for the whole plan; the int32 parts are cast on the device.
-    ids, pos, slots, qsl, lens, table, logits_idx = torch.split(payload.to(runner.device), sizes)
-    ctx = ForwardContext(
-        positions=pos, slot_mapping=slots,
-        query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
-        page_table=table.view(b, max_pages).to(torch.int32),
-        max_query_len=max_q, max_seq_len=max_s, page_size=runner.page_size,
-        decode_only=bool(decode_only),
-        query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
-        seq_lens_host=lens_host.tolist())
-    return StepBatch(input_ids=ids, positions=ctx.positions,
-                     logits_indices=logits_idx, context=ctx, num_tokens=t)
+    return runner.batch_from_plan(header, payload)
 
 
 def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:

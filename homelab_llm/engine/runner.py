@@ -13,6 +13,7 @@ from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.context import ForwardContext, forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.engine.step_plan import HostStager, StepBatch, batch_from_plan, build_plan, plan_from_lists
 
 # Without a flag, the CPU path keeps its KV cache to this (as vLLM's CPU backend does by default):
 # system RAM is shared with everything else on the box and is not ours to take.
@@ -24,15 +25,6 @@ _KV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float
 
 def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if kv_cache_dtype == "auto" else _KV_DTYPES[kv_cache_dtype]
-
-
-@dataclass
-class StepBatch:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    logits_indices: torch.Tensor
-    context: ForwardContext
-    num_tokens: int
 
 
 @dataclass
@@ -96,6 +88,7 @@ class ModelRunner:
         self.memory = MemorySplit(name=name, weights=weights)
         self.pool: PagePool | None = None
         self.graphs = None  # DecodeGraphs once captured
+        self.stager = HostStager(device)
 
     # -- KV sizing ----------------------------------------------------------------------------
     def kv_layout(self) -> KVLayout:
@@ -208,60 +201,16 @@ class ModelRunner:
 
     # -- one step -----------------------------------------------------------------------------
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
-        ps = self.page_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        logits_rows: list[int] = []
-        page_table: list[list[int]] = []
-        for item in scheduled:
-            seq, n = item.seq, item.num_new_tokens
-            start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start:start + n])
-            positions.extend(range(start, start + n))
-            pt = seq.page_table
-            slot_mapping.extend(pt[p // ps] * ps + p % ps for p in range(start, start + n))
-            query_lens.append(n)
-            seq_lens.append(start + n)
-            page_table.append(pt)
-            if item.samples:
-                logits_rows.append(len(input_ids) - 1)
-        return self._build(input_ids, positions, slot_mapping, query_lens, seq_lens,
-                           page_table, logits_rows)
+        return self.batch_from_plan(*build_plan(scheduled, self.page_size))
+
+    def batch_from_plan(self, header: list[int], payload: torch.Tensor) -> StepBatch:
+        return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
 
     def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
                query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                logits_rows: list[int]) -> StepBatch:
-        dev = self.device
-        max_pages = max(len(p) for p in page_table)
-        table = torch.zeros((len(page_table), max_pages), dtype=torch.int32)
-        for i, pages in enumerate(page_table):
-            table[i, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
-
-        def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype).to(dev, non_blocking=True)
-
-        ctx = ForwardContext(
-            positions=t(positions, torch.long),
-            slot_mapping=t(slot_mapping, torch.long),
-            query_start_loc=t(starts, torch.int32),
-            seq_lens=t(seq_lens, torch.int32),
-            page_table=table.to(dev, non_blocking=True),
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            page_size=self.page_size,
-            decode_only=all(q == 1 for q in query_lens),
-            query_lens_host=query_lens,
-            seq_lens_host=seq_lens,
-        )
-        return StepBatch(input_ids=t(input_ids, torch.long), positions=ctx.positions,
-                         logits_indices=t(logits_rows, torch.long), context=ctx,
-                         num_tokens=len(input_ids))
+        return self.batch_from_plan(*plan_from_lists(0, input_ids, positions, slot_mapping, query_lens,
+                                                     seq_lens, page_table, logits_rows))
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:

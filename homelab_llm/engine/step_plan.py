@@ -1,0 +1,124 @@
+"""A step's plan as int64 words, and the batch tensors a rank makes from it.
+
+Rank 0 turns the schedule into one header (a list of ints) and one flat int64 payload on the host;
+every rank (rank 0 included, and each tensor-parallel worker after receiving the same words) turns
+them into device tensors with a single host-to-device copy from pinned memory. Building from the
+same words is what keeps the ranks' batches identical.
+
+Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
+page_table[B * P] logits_rows[R]. Header: CMD, T, B, P, R, decode_only, max_query_len,
+max_seq_len, payload length, spare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from homelab_llm.engine.context import ForwardContext
+
+HEADER_LEN = 10
+
+
+@dataclass
+class StepBatch:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    logits_indices: torch.Tensor
+    context: ForwardContext
+    num_tokens: int
+
+
+def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_mapping: list[int],
+                    query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
+                    logits_rows: list[int]) -> tuple[list[int], torch.Tensor]:
+    b = len(query_lens)
+    max_pages = max((len(p) for p in page_table), default=1) or 1
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    table: list[int] = []
+    for pages in page_table:
+        table.extend(pages)
+        table.extend([0] * (max_pages - len(pages)))
+    words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows
+    payload = torch.tensor(words, dtype=torch.long)
+    header = [cmd, len(input_ids), b, max_pages, len(logits_rows), int(all(q == 1 for q in query_lens)),
+              max(query_lens, default=0), max(seq_lens, default=0), payload.numel(), 0]
+    return header, payload
+
+
+def build_plan(scheduled, page_size: int, cmd: int = 0) -> tuple[list[int], torch.Tensor]:
+    """The plan of a scheduled step (scheduler.ScheduledSeq items)."""
+    ids: list[int] = []
+    pos: list[int] = []
+    slots: list[int] = []
+    qlens: list[int] = []
+    lens: list[int] = []
+    tables: list[list[int]] = []
+    rows: list[int] = []
+    for item in scheduled:
+        seq, n = item.seq, item.num_new_tokens
+        start = seq.num_computed_tokens
+        ids.extend(seq.token_ids[start:start + n])
+        pos.extend(range(start, start + n))
+        pt = seq.page_table
+        slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
+        qlens.append(n)
+        lens.append(start + n)
+        tables.append(pt)
+        if item.samples:
+            rows.append(len(ids) - 1)
+    return plan_from_lists(cmd, ids, pos, slots, qlens, lens, tables, rows)
+
+
+class HostStager:
+    """Pinned host buffers for host-to-device copies that never block the host behind queued GPU
+    work (a pageable copy waits for the stream). Buffers rotate; before one is refilled, the copy
+    that last read it must have finished (an event per buffer, almost always already passed)."""
+
+    def __init__(self, device: torch.device, slots: int = 4) -> None:
+        self.device = device
+        self.pinned = device.type == "cuda"
+        self._bufs: list[torch.Tensor | None] = [None] * slots
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def upload(self, host: torch.Tensor) -> torch.Tensor:
+        """A device copy of a contiguous CPU tensor."""
+        if not self.pinned:
+            return host.to(self.device)
+        i = self._next
+        self._next = (i + 1) % len(self._bufs)
+        nbytes = host.numel() * host.element_size()
+        buf = self._bufs[i]
+        if buf is None or buf.numel() < nbytes:
+            buf = self._bufs[i] = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, pin_memory=True)
+        elif self._events[i] is not None:
+            self._events[i].synchronize()
+        staged = buf[:nbytes].view(host.dtype).view(host.shape)
+        staged.copy_(host)
+        out = staged.to(self.device, non_blocking=True)
+        event = self._events[i] = self._events[i] or torch.cuda.Event()
+        event.record()
+        return out
+
+
+def batch_from_plan(header: list[int], payload: torch.Tensor, device: torch.device, page_size: int,
+                    stager: HostStager | None = None) -> StepBatch:
+    _, t, b, max_pages, n_logits, decode_only, max_q, max_s, _n, _ = header
+    sizes = [t, t, t, b + 1, b, b * max_pages, n_logits]
+    host_parts = torch.split(payload, sizes)
+    starts = host_parts[3].tolist()
+    dev_payload = stager.upload(payload) if stager is not None else payload.to(device)
+    ids, pos, slots, qsl, lens, table, logits_idx = torch.split(dev_payload, sizes)
+    ctx = ForwardContext(
+        positions=pos, slot_mapping=slots,
+        query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
+        page_table=table.view(b, max_pages).to(torch.int32),
+        max_query_len=max_q, max_seq_len=max_s, page_size=page_size,
+        decode_only=bool(decode_only),
+        query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
+        seq_lens_host=host_parts[4].tolist())
+    return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t)
