@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.page_pool import PagePool
-from homelab_llm.engine.context import ForwardContext
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel import set_parallel_state
 from homelab_llm.engine.runner import MemorySplit, ModelRunner

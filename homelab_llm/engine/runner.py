@@ -10,7 +10,7 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs
 from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
-from homelab_llm.engine.context import ForwardContext, forward_context
+from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_plan import HostStager, StepBatch, batch_from_plan, build_plan, plan_from_lists
