@@ -16,6 +16,7 @@ import torch
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.outputs import TokenLogprob
 from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.step_plan import HostStager
 
 
 @dataclass
@@ -62,6 +63,7 @@ def _top_logprobs(logprobs_row: torch.Tensor, token: int, n: int) -> TokenLogpro
 class Sampler:
     def __init__(self, eos_token_ids: tuple[int, ...]) -> None:
         self.eos_token_ids = eos_token_ids
+        self._stagers: dict[torch.device, HostStager] = {}
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
@@ -74,14 +76,19 @@ class Sampler:
 
         dev = logits.device
         params = [s.params for s in seqs]
+        stager = self._stagers.get(dev)
+        if stager is None:
+            stager = self._stagers[dev] = HostStager(dev)
+        # Two pinned uploads instead of one pageable copy per parameter: a pageable copy would
+        # make the host wait here for the forward still running on the device.
+        floats = stager.upload(torch.tensor(
+            [[p.temperature for p in params], [p.top_p for p in params], [p.min_p for p in params]],
+            dtype=torch.float32))
+        ints = stager.upload(torch.tensor(
+            [[p.top_k for p in params], [s.seed for s in seqs], [s.num_output_tokens for s in seqs]],
+            dtype=torch.int64))
         tokens = dispatch.sample(
-            logits,
-            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
-            torch.tensor([p.top_k for p in params], dtype=torch.int32, device=dev),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
-            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev),
-            torch.tensor([s.seed for s in seqs], dtype=torch.int64, device=dev),
-            torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64, device=dev),
+            logits, floats[0], ints[0].to(torch.int32), floats[1], floats[2], ints[1], ints[2],
         ).tolist()  # the step's one host sync: the scheduler needs the tokens
 
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
