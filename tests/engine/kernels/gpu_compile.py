@@ -1,0 +1,424 @@
+"""Compile every Triton kernel for real GPU targets on a machine without a GPU.
+
+The CPU tests run kernels through TRITON_INTERPRET=1, which accepts code the real compiler rejects
+(a reassigned constexpr, a loop-carried variable whose type changes). This module closes that gap
+in two steps, each in its own process because `triton.jit` picks the interpreter at import time:
+
+1. capture (TRITON_INTERPRET=1): call every kernel wrapper at model-like shapes with the tuning
+   table forced to one arch (sm80, sm90, gfx1100) and the interpreter switches off, so tile sizes,
+   num_warps/num_stages and DOT_F32 are what that GPU gets. A patched launch records each launch
+   (kernel, args, options) and skips running it.
+2. compile (no interpreter): rebuild each distinct launch as a signature + constexprs and hand it
+   to `triton.compile` with an explicit GPUTarget; no device needed.
+
+CLI (what the lead runs on a GPU box too):
+    python -m tests.engine.kernels.gpu_compile [--targets sm80,sm90,gfx1100] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+KERNEL_DIR = REPO / "homelab_llm" / "engine" / "kernels"
+# target name -> (backend, arch, warp size, tuning-table entry)
+TARGETS = {
+    "sm80": ("cuda", 80, 32, "sm80"),
+    "sm90": ("cuda", 90, 32, "sm90"),
+    "gfx1100": ("hip", "gfx1100", 32, "gfx1100"),
+}
+# Shared memory one program may use: the sm80 entry also serves sm86/sm89 (99 KB opt-in), sm90
+# 227 KB, RDNA3 64 KB LDS. The compiler does not check this; the launch would fail on the GPU.
+SMEM_LIMIT = {"sm80": 99 * 1024, "sm90": 227 * 1024, "gfx1100": 64 * 1024}
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim")
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int8": "i8",
+           "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
+
+
+def launched_kernels() -> set[str]:
+    """'module:name' of every kernel launched as `name[grid](...)` in the kernels package."""
+    found = set()
+    for path in sorted(KERNEL_DIR.glob("*.py")):
+        for name in re.findall(r"\b(_\w+)\[[^\[\]]*\]\(", path.read_text()):
+            found.add(f"homelab_llm.engine.kernels.{path.stem}:{name}")
+    return found
+
+
+# ----------------------------------------------------------------------------------------------
+# capture (runs under TRITON_INTERPRET=1)
+
+def _describe(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return {"kind": "tensor", "dtype": str(value.dtype).removeprefix("torch."),
+                "aligned": value.data_ptr() % 16 == 0}
+    if isinstance(value, bool):
+        return {"kind": "bool", "value": value}
+    if isinstance(value, int):
+        return {"kind": "int", "value": value}
+    if isinstance(value, float):
+        return {"kind": "float", "value": value}
+    if value is None:
+        return {"kind": "none"}
+    if hasattr(value, "value"):  # tl.constexpr
+        return _describe(value.value)
+    raise TypeError(f"cannot describe a kernel argument of type {type(value).__name__}")
+
+
+def _scenarios():
+    """Wrapper calls at Llama-3.1-8B-like shapes (Hq 32, Hkv 8, D 128, page 16, hidden 4096) that
+    reach every launch and every constexpr branch the engine uses. Kernels never run, so sizes
+    only matter where a wrapper derives tiles or splits from them."""
+    import torch
+
+    from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
+                                            prefill_attention, sampling, w4a16, w4a16_gemv)
+    from homelab_llm.engine.kernels import w4a16_pack as wp
+
+    bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
+    hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
+
+    def caches(dtype, pages=64):
+        shape = (pages, page, hkv, d)
+        if dtype == i8:
+            s = torch.ones((pages, page, hkv), dtype=fp16)
+            return torch.zeros(shape, dtype=i8), torch.zeros(shape, dtype=i8), s, s.clone()
+        return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), None, None
+
+    for dt in (bf16, fp16):
+        x = torch.zeros((4, hidden), dtype=dt)
+        w = torch.ones(hidden, dtype=dt)
+        yield lambda x=x, w=w: elementwise.rms_norm(x, w, 1e-5)
+        yield lambda x=x, w=w: elementwise.add_rms_norm(x, x.clone(), w, 1e-5)
+        yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt))
+    cos_sin = torch.zeros((256, d), dtype=torch.float32)
+    pos = torch.arange(4, dtype=i64)
+    q = torch.zeros((4, hq, d), dtype=bf16)
+    kv = torch.zeros((4, hkv, d), dtype=bf16)
+    yield lambda: elementwise.apply_rope(q, kv, pos, cos_sin)
+    slots = torch.arange(4, dtype=i64)
+    for cdt in (bf16, i8):
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.store_kv(kv, kv, kc, vc, slots, ks, vs)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.rope_store_kv(q, kv, kv, pos, cos_sin, kc, vc, slots, ks, vs)
+
+    batch = 2
+    page_table = torch.arange(batch * 32, dtype=i32).reshape(batch, 32)
+    seq_lens = torch.tensor([300, 500], dtype=i32)
+    qsl_decode = torch.arange(batch + 1, dtype=i32)
+    qd = torch.zeros((batch, hq, d), dtype=bf16)
+    for cdt, splits in ((bf16, 1), (bf16, None), (i8, None)):  # None: the table's max_kv_splits
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
+            qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192)
+    qp = torch.zeros((64, hq, d), dtype=bf16)
+    qsl = torch.tensor([0, 24, 64], dtype=i32)
+    for cdt in (bf16, i8):
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs: prefill_attention.paged_prefill_attention(
+            qp, kc, vc, page_table, qsl, seq_lens, 0.088, ks, vs, max_query_len=40)
+
+    vocab = 128256  # the sampler hands over float32 logits
+    logits = torch.zeros((batch, vocab), dtype=torch.float32)
+    temp, top_p, min_p = torch.tensor([0.0, 0.7]), torch.tensor([1.0, 0.9]), torch.zeros(batch)
+    top_k, seeds = torch.tensor([0, 40], dtype=i32), torch.zeros(batch, dtype=i64)
+    Modes = sampling.SampleModes
+    for m in (Modes(False, False, False), Modes(True, False, False), Modes(True, True, True)):
+        yield lambda m=m: sampling.sample(logits, temp, top_k, top_p, min_p, seeds, seeds, modes=m)
+    yield lambda: sampling.sample(logits, temp, top_k, top_p, min_p, seeds, seeds,
+                                  exponentials=torch.ones((batch, vocab)), modes=Modes(True, True, True))
+
+    k_in, n_out = hidden, 512
+    weights = {g: wp.W4Weight(torch.zeros((k_in // 8, n_out), dtype=i32), torch.ones((k_in // g, n_out), dtype=fp16),
+                              torch.zeros((k_in // g, n_out), dtype=fp16), g) for g in (32, 128)}
+    for m, g, dt in ((1, 128, bf16), (3, 128, bf16), (8, 128, bf16), (1, 32, bf16), (1, 128, fp16),
+                     (16, 128, bf16), (48, 128, bf16), (256, 128, bf16), (256, 128, fp16)):
+        yield lambda m=m, g=g, dt=dt: w4a16.w4a16_matmul(torch.zeros((m, k_in), dtype=dt), weights[g])
+    x1 = torch.zeros((1, k_in), dtype=bf16)
+    # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
+    yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
+
+    from homelab_llm.engine.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
+    assert set(AR_DTYPES) <= {bf16, fp16, torch.float32}, AR_DTYPES
+    for world, dt in ((2, bf16), (8, bf16), (4, fp16), (4, torch.float32)):
+        x = torch.zeros(1 << 16, dtype=dt)
+        ptrs = torch.zeros(world, dtype=i64)
+        yield lambda x=x, ptrs=ptrs, world=world: allreduce.one_shot_all_reduce(
+            x, x, ptrs, ptrs, 1 << 20, world - 1, world, 32, AR_BLOCK, AR_WARPS)
+
+
+def capture(arch: str) -> list[dict]:
+    """Every distinct launch the scenarios make with the tuning table forced to `arch`."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "capture must run under TRITON_INTERPRET=1"
+    import importlib
+    import pkgutil
+
+    from triton.runtime.interpreter import InterpretedFunction
+
+    import homelab_llm.engine.kernels as pkg
+    from homelab_llm.engine.kernels import tuning
+
+    real_interpreting = tuning.interpreting
+    mods = [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    tuning.arch_name = lambda device=None: arch
+    for mod in mods:
+        if getattr(mod, "interpreting", None) is real_interpreting:
+            mod.interpreting = lambda: False
+
+    specs: dict[str, dict] = {}
+
+    def record(self, *args, grid, warmup, **kwargs):
+        options = {k: kwargs.pop(k) for k in _LAUNCH_OPTIONS if k in kwargs}
+        names = self.arg_names
+        if len(args) > len(names):
+            raise TypeError(f"{self.fn.__name__}: too many arguments")
+        bound = dict(zip(names, args))
+        bound.update(kwargs)
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise TypeError(f"{self.fn.__name__}: missing arguments {missing}")
+        spec = {"kernel": f"{self.fn.__module__}:{self.fn.__name__}",
+                "args": {n: _describe(bound[n]) for n in names}, "options": options}
+        key = json.dumps(spec, sort_keys=True)
+        # Values of non-constexpr ints differ between calls without changing the compiled code;
+        # dedupe on the compile-relevant view in the compile step, keep all here (cheap).
+        specs.setdefault(key, spec)
+
+    InterpretedFunction.run = record
+    for call in _scenarios():
+        call()
+    return list(specs.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# compile (runs WITHOUT the interpreter)
+
+def _kernel_fn(qualname: str):
+    import importlib
+
+    mod, name = qualname.split(":")
+    fn = getattr(importlib.import_module(mod), name)
+    if not hasattr(fn, "params"):
+        raise RuntimeError(f"{qualname} is not a JITFunction (is TRITON_INTERPRET set?)")
+    return fn
+
+
+def to_source_args(fn, spec: dict) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for ASTSource, specialised the way the JIT launcher does:
+    constexpr params by value, ints equal to 1 as constexpr, 16-divisible ints and 16-aligned
+    pointers marked tt.divisibility=16 (which is what enables vectorised loads)."""
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        a = spec["args"][p.name]
+        specialize = not getattr(p, "do_not_specialize", False)
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = a.get("value")
+        elif a["kind"] == "tensor":
+            signature[p.name] = "*" + _DTYPES[a["dtype"]]
+            if a["aligned"]:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif a["kind"] == "int":
+            v = a["value"]
+            if v == 1 and specialize:
+                signature[p.name] = "constexpr"
+                constexprs[p.name] = 1
+                continue
+            signature[p.name] = "i32" if -2**31 <= v < 2**31 else ("i64" if v < 2**63 else "u64")
+            if specialize and v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif a["kind"] == "float":
+            signature[p.name] = "fp32"
+        elif a["kind"] == "bool":
+            signature[p.name] = "i1"
+        elif a["kind"] == "none":
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = None
+        else:
+            raise TypeError(f"{p.name}: unknown argument kind {a['kind']}")
+    return signature, constexprs, attrs
+
+
+def _target(name: str):
+    from triton.backends.compiler import GPUTarget
+
+    backend, arch, warp, _ = TARGETS[name]
+    return GPUTarget(backend, arch, warp)
+
+
+def compile_one(spec: dict, target: str) -> str | None:
+    """None when it compiles, else the compiler's message."""
+    import triton
+    from triton.compiler import ASTSource
+
+    try:
+        fn = _kernel_fn(spec["kernel"])
+        signature, constexprs, attrs = to_source_args(fn, spec)
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+        kernel = triton.compile(src, target=_target(target), options=dict(spec["options"]))
+    except Exception as e:  # noqa: BLE001 - every compiler failure is the finding
+        return f"{type(e).__name__}: {e}".strip()
+    shared = getattr(kernel.metadata, "shared", 0) or 0
+    if shared > SMEM_LIMIT[target]:
+        return f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}"
+    return None
+
+
+def toolchain_problem(target: str) -> str | None:
+    """Why this triton install cannot compile for `target` at all (missing backend/assembler)."""
+    import triton
+    import triton.language as tl
+    from triton.backends import backends
+    from triton.compiler import ASTSource
+
+    backend = TARGETS[target][0]
+    key = "nvidia" if backend == "cuda" else "amd"
+    if key not in backends:
+        return f"triton {triton.__version__} has no {key} backend"
+
+    @triton.jit
+    def _probe(x_ptr, BLOCK: tl.constexpr):
+        tl.store(x_ptr + tl.arange(0, BLOCK), 1.0)
+
+    try:
+        triton.compile(ASTSource(fn=_probe, signature={"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                 constexprs={"BLOCK": 64}), target=_target(target), options={"num_warps": 1})
+    except Exception as e:  # noqa: BLE001
+        return f"toolchain for {target} unusable in triton {triton.__version__}: {type(e).__name__}: {e}"[:500]
+    return None
+
+
+def _compile_worker(jobs_file: str, out_file: str) -> None:
+    jobs = json.loads(Path(jobs_file).read_text())
+    results = []
+    for target, spec in jobs:
+        t0 = time.perf_counter()
+        err = compile_one(spec, target)
+        results.append({"target": target, "kernel": spec["kernel"], "options": spec["options"],
+                        "constexprs": {k: v.get("value") for k, v in spec["args"].items()
+                                       if v["kind"] != "tensor"},
+                        "error": err, "seconds": round(time.perf_counter() - t0, 2)})
+    Path(out_file).write_text(json.dumps(results))
+
+
+def _compile_key(fn, spec: dict) -> str:
+    sig, consts, attrs = to_source_args(fn, spec)
+    return json.dumps([spec["kernel"], sig, consts, sorted(map(str, attrs.items())), spec["options"]],
+                      sort_keys=True, default=str)
+
+
+# ----------------------------------------------------------------------------------------------
+# driver
+
+def _env(interpret: bool, cache_dir: str) -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    env["TRITON_CACHE_DIR"] = cache_dir  # fresh per run: nothing cached across runs
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _run(args: list[str], env: dict, timeout: float) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tests.engine.kernels.gpu_compile", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"gpu_compile {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+
+
+def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0) -> dict:
+    """Capture for every target's tuning entry, then compile. Returns
+    {"skipped": {target: reason}, "results": [...], "missing": {target: [kernels never launched]}}."""
+    with tempfile.TemporaryDirectory(prefix="gpu_compile_") as tmp:
+        interp_env, compile_env = _env(True, f"{tmp}/cache_i"), _env(False, f"{tmp}/cache_c")
+        _run(["_capture", ",".join(targets), f"{tmp}/specs.json"], interp_env, timeout)
+        _run(["_plan", ",".join(targets), f"{tmp}/specs.json", f"{tmp}/plan.json", str(jobs)], compile_env, timeout)
+        plan = json.loads(Path(f"{tmp}/plan.json").read_text())
+        procs = []
+        for i, shard in enumerate(plan["shards"]):
+            Path(f"{tmp}/jobs{i}.json").write_text(json.dumps(shard))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tests.engine.kernels.gpu_compile", "_compile", f"{tmp}/jobs{i}.json",
+                 f"{tmp}/out{i}.json"], cwd=REPO, env=compile_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True))
+        results, deadline = [], time.monotonic() + timeout
+        for i, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+            if p.returncode:
+                raise RuntimeError(f"compile worker {i} crashed:\n{out[-3000:]}")
+            results += json.loads(Path(f"{tmp}/out{i}.json").read_text())
+    return {"skipped": plan["skipped"], "results": results, "missing": plan["missing"]}
+
+
+def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "_capture":
+        targets, out = argv[1].split(","), argv[2]
+        Path(out).write_text(json.dumps({t: capture(TARGETS[t][3]) for t in targets}))
+        return 0
+    if argv and argv[0] == "_plan":
+        targets, specs_file, out, jobs = argv[1].split(","), argv[2], argv[3], int(argv[4])
+        specs = json.loads(Path(specs_file).read_text())
+        skipped = {t: r for t in targets if (r := toolchain_problem(t))}
+        work, missing = [], {}
+        expected = launched_kernels()
+        for t in targets:
+            missing[t] = sorted(expected - {s["kernel"] for s in specs[t]})
+            if t in skipped:
+                continue
+            seen = set()
+            for s in specs[t]:
+                key = _compile_key(_kernel_fn(s["kernel"]), s)
+                if key not in seen:
+                    seen.add(key)
+                    work.append((t, s))
+        # Longest first (big dot tiles), dealt round-robin so shards finish together.
+        work.sort(key=lambda ts: ("attention" not in ts[1]["kernel"] and "w4a16" not in ts[1]["kernel"]))
+        shards = [work[i::jobs] for i in range(jobs)]
+        Path(out).write_text(json.dumps({"shards": shards, "skipped": skipped, "missing": missing}))
+        return 0
+    if argv and argv[0] == "_compile":
+        _compile_worker(argv[1], argv[2])
+        return 0
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", default=",".join(TARGETS))
+    ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    report = run_all(a.targets.split(","), a.jobs)
+    bad = [r for r in report["results"] if r["error"]]
+    for t, why in report["skipped"].items():
+        print(f"SKIP {t}: {why}")
+    for t, names in report["missing"].items():
+        if names:
+            print(f"NOT COVERED {t}: {names}")
+    per = {}
+    for r in report["results"]:
+        per.setdefault(r["target"], [0, 0.0])
+        per[r["target"]][0] += 1
+        per[r["target"]][1] += r["seconds"]
+    for t, (n, s) in per.items():
+        print(f"{t}: {n} compiles, {s:.1f} s compiler time")
+    for r in bad:
+        print(f"FAIL {r['kernel']} [{r['target']}] options={r['options']}\n  {r['error'][:1500]}")
+    print(f"{len(report['results'])} compiles, {len(bad)} failures, {time.perf_counter() - t0:.1f} s wall")
+    return 1 if bad or any(report["missing"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
