@@ -47,7 +47,7 @@ def launched_kernels() -> set[str]:
     """'module:name' of every kernel launched as `name[grid](...)` in the kernels package."""
     found = set()
     for path in sorted(KERNEL_DIR.glob("*.py")):
-        for name in re.findall(r"\b(_\w+)\[[^\[\]]*\]\(", path.read_text()):
+        for name in re.findall(r"\b(_\w+)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(", path.read_text()):
             found.add(f"homelab_llm.engine.kernels.{path.stem}:{name}")
     return found
 
@@ -255,8 +255,8 @@ def _target(name: str):
     return GPUTarget(backend, arch, warp)
 
 
-def compile_one(spec: dict, target: str) -> str | None:
-    """None when it compiles, else the compiler's message."""
+def compile_one(spec: dict, target: str) -> tuple[str | None, int]:
+    """(None when it compiles, else the compiler's message; shared memory bytes it uses)."""
     import triton
     from triton.compiler import ASTSource
 
@@ -266,11 +266,11 @@ def compile_one(spec: dict, target: str) -> str | None:
         src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         kernel = triton.compile(src, target=_target(target), options=dict(spec["options"]))
     except Exception as e:  # noqa: BLE001 - every compiler failure is the finding
-        return f"{type(e).__name__}: {e}".strip()
+        return f"{type(e).__name__}: {e}".strip(), 0
     shared = getattr(kernel.metadata, "shared", 0) or 0
     if shared > SMEM_LIMIT[target]:
-        return f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}"
-    return None
+        return f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}", shared
+    return None, shared
 
 
 def toolchain_problem(target: str) -> str | None:
@@ -302,11 +302,11 @@ def _compile_worker(jobs_file: str, out_file: str) -> None:
     results = []
     for target, spec in jobs:
         t0 = time.perf_counter()
-        err = compile_one(spec, target)
+        err, shared = compile_one(spec, target)
         results.append({"target": target, "kernel": spec["kernel"], "options": spec["options"],
                         "constexprs": {k: v.get("value") for k, v in spec["args"].items()
                                        if v["kind"] != "tensor"},
-                        "error": err, "seconds": round(time.perf_counter() - t0, 2)})
+                        "error": err, "shared": shared, "seconds": round(time.perf_counter() - t0, 2)})
     Path(out_file).write_text(json.dumps(results))
 
 
@@ -409,11 +409,13 @@ def _main(argv: list[str]) -> int:
             print(f"NOT COVERED {t}: {names}")
     per = {}
     for r in report["results"]:
-        per.setdefault(r["target"], [0, 0.0])
-        per[r["target"]][0] += 1
-        per[r["target"]][1] += r["seconds"]
-    for t, (n, s) in per.items():
-        print(f"{t}: {n} compiles, {s:.1f} s compiler time")
+        p = per.setdefault(r["target"], [0, 0.0, 0, ""])
+        p[0] += 1
+        p[1] += r["seconds"]
+        if r["shared"] > p[2]:
+            p[2:] = [r["shared"], r["kernel"].split(":")[1]]
+    for t, (n, s, smem, who) in per.items():
+        print(f"{t}: {n} compiles, {s:.1f} s compiler time, max shared {smem} B ({who}) of {SMEM_LIMIT[t]}")
     for r in bad:
         print(f"FAIL {r['kernel']} [{r['target']}] options={r['options']}\n  {r['error'][:1500]}")
     print(f"{len(report['results'])} compiles, {len(bad)} failures, {time.perf_counter() - t0:.1f} s wall")
