@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # legacy_sampling
 
 from homelab_llm.engine.kernels import ref  # noqa: E402
 
@@ -224,10 +225,97 @@ def sampling_cases(rows: list[Row]) -> None:
         rows.append(Row(f"sample[{label}]", f"B={batch} V={vocab}", ms, batch * vocab * 4 / ms / 1e6, 0.0, check))
 
 
+def decode_step_cases(rows: list[Row]) -> None:
+    """The batch-1 decode step's small kernels, old path next to new in the same run (issue #4)."""
+    from legacy_sampling import sample as sample_v0  # the one-program-per-row sampler, for comparison
+
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+    from homelab_llm.engine.kernels.elementwise import apply_rope
+    from homelab_llm.engine.kernels.kv_store import rope_store_kv, store_kv
+    from homelab_llm.engine.kernels.sampling import SampleModes, sample
+
+    vocab = 128256
+    cases = [(1, "greedy", 0.0, 0, 1.0), (1, "temp", 0.8, 0, 1.0), (32, "greedy", 0.0, 0, 1.0),
+             (32, "temp", 0.8, 0, 1.0), (32, "top_k=50,top_p=0.9", 0.8, 50, 0.9),
+             (32, "top_p=0.95", 0.8, 0, 0.95), (32, "top_k=1000", 0.8, 1000, 1.0)]
+    for batch, label, temp, top_k, top_p in cases:
+        logits = torch.randn(batch, vocab, device="cuda") * 3
+        t = torch.full((batch,), temp, device="cuda")
+        k = torch.full((batch,), top_k, dtype=torch.int32, device="cuda")
+        p = torch.full((batch,), top_p, device="cuda")
+        mp = torch.zeros(batch, device="cuda")
+        seeds = torch.arange(batch, device="cuda")
+        noise = torch.empty(batch, vocab, device="cuda").exponential_()
+        modes = SampleModes.of([temp] * batch, [top_k] * batch, [top_p] * batch, vocab)
+        want = ref.sample_ref(logits, t, k, p, mp, noise)
+        got = sample(logits, t, k, p, mp, seeds, seeds, exponentials=noise, modes=modes)
+        check = "exact" if torch.equal(got, want) else f"{(got != want).sum().item()} differ"
+        same = torch.equal(sample(logits, t, k, p, mp, seeds, seeds, modes=modes),
+                           sample_v0(logits, t, k, p, mp, seeds, seeds))
+        check += ", =old" if same else ", OLD DIFFERS"
+        old = bench(lambda: sample_v0(logits, t, k, p, mp, seeds, seeds))
+        new = bench(lambda: sample(logits, t, k, p, mp, seeds, seeds, modes=modes))
+        synced = bench(lambda: sample(logits, t, k, p, mp, seeds, seeds))
+        shape = f"B={batch} V={vocab} old {old:.4f} ms, no-modes {synced:.4f} ms"
+        rows.append(Row(f"sample[{label}]", shape, new, batch * vocab * 4 / new / 1e6, 0.0, check))
+
+    # Decode attention at batch 1: one split writes the output (one kernel) vs split + merge.
+    for ctx in (40, 512, 4096, 32768):
+        kc, vc, ks, vs, table = paged_kv([ctx], torch.bfloat16)
+        q = torch.randn(1, HQ, D, device="cuda", dtype=torch.bfloat16)
+        qsl = torch.arange(2, dtype=torch.int32, device="cuda")
+        sl = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+        want = ref.paged_attention_ref(q.float(), kc.float(), vc.float(), table, qsl, sl, D ** -0.5)
+        timings = []
+        for splits in (1, 2, None):
+            fn = lambda: paged_decode_attention(q, kc, vc, table, qsl, sl, D ** -0.5, num_splits=splits, max_seq_len=ctx)  # noqa: E731
+            err = (fn().float() - want).abs().max().item()
+            timings.append(f"{splits or 'auto'}: {bench(fn) * 1e3:.1f} us ({err:.0e})")
+        auto = bench(lambda: paged_decode_attention(q, kc, vc, table, qsl, sl, D ** -0.5, max_seq_len=ctx))
+        rows.append(Row("decode_attn[splits]", f"B=1 ctx={ctx}", auto, kv_bytes(ctx, torch.bfloat16) / auto / 1e6,
+                        0.0, "; ".join(timings)))
+
+    # RoPE + KV store: two launches (apply_rope, store_kv) vs one (rope_store_kv).
+    table_cs = ref.rope_cos_sin_cache(ref.rope_inv_freq(D, 500000.0, {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}), 131072, torch.device("cuda"))
+    for tokens in (1, 32, 4096):
+        for dtype in (torch.bfloat16, torch.int8):
+            pages = tokens // PAGE + 8
+            caches = [torch.zeros(pages, PAGE, HKV, D, device="cuda", dtype=dtype) for _ in range(4)]
+            scales = [torch.zeros(pages, PAGE, HKV, device="cuda", dtype=torch.float16) if dtype == torch.int8
+                      else None for _ in range(4)]
+            qkv = torch.randn(tokens, HQ + 2 * HKV, D, device="cuda", dtype=torch.bfloat16)
+            pos = torch.randint(0, 131072, (tokens,), device="cuda")
+            slots = torch.randperm(pages * PAGE, device="cuda")[:tokens]
+
+            def unfused(qkv=qkv, pos=pos, slots=slots, c=caches, s=scales):
+                q, k, v = qkv[:, :HQ], qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:]
+                apply_rope(q, k, pos, table_cs)
+                store_kv(k, v, c[0], c[1], slots, s[0], s[1])
+
+            def fused(qkv=qkv, pos=pos, slots=slots, c=caches, s=scales):
+                q, k, v = qkv[:, :HQ], qkv[:, HQ:HQ + HKV], qkv[:, HQ + HKV:]
+                rope_store_kv(q, k, v, pos, table_cs, c[2], c[3], slots, s[2], s[3])
+
+            a, b = qkv.clone(), qkv.clone()
+            unfused(qkv=a)
+            fused(qkv=b)
+            same = torch.equal(a[:, :HQ], b[:, :HQ]) and torch.equal(caches[0], caches[2]) and \
+                torch.equal(caches[1], caches[3])
+            old, new = bench(unfused), bench(fused)
+            tag = "bf16" if dtype == torch.bfloat16 else "int8"
+            nbytes = 2 * qkv.numel() * 2 + kv_bytes(tokens, dtype)
+            rows.append(Row(f"rope_store_kv[{tag}]", f"T={tokens} unfused {old:.4f} ms", new, nbytes / new / 1e6,
+                            0.0, "=unfused" if same else "DIFFERS from unfused"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--only", choices=["attention", "elementwise", "w4a16", "sampling", "step"],
+                        help="one section (step: the decode step's small kernels, old vs new)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernels_bench needs a CUDA/HIP GPU", file=sys.stderr)
@@ -243,12 +331,16 @@ def main() -> int:
           f"{triton.__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
     print(f"# measured: copy {copy_gbps:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
     rows: list[Row] = []
-    for section in (lambda: attention_cases(rows, args.quick), lambda: elementwise_cases(rows),
-                    lambda: w4a16_cases(rows, args.quick), lambda: sampling_cases(rows)):
+    sections = {"attention": lambda: attention_cases(rows, args.quick),
+                "elementwise": lambda: elementwise_cases(rows), "w4a16": lambda: w4a16_cases(rows, args.quick),
+                "sampling": lambda: sampling_cases(rows), "step": lambda: decode_step_cases(rows)}
+    for name, section in sections.items():
+        if args.only and name != args.only:
+            continue
         start = len(rows)
         section()
         for r in rows[start:]:
-            print(f"  {r.kernel:22s} {r.shape:44s} {r.ms:8.4f} ms  {r.check}", flush=True)
+            print(f"  {r.kernel:22s} {r.shape:56s} {r.ms:8.4f} ms  {r.check}", flush=True)
     print()
     print(f"| kernel | shape | ms (median) | GB/s | % copy BW | TFLOP/s | % bf16 mm | check |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
