@@ -1,5 +1,4 @@
-"""Token sampling on the device: temperature, top-k, top-p, min-p and greedy, no sort, no host sync
-beyond learning which filters the batch uses.
+"""Token sampling on the device: temperature, top-k, top-p, min-p and greedy, no sort, no host sync.
 
 Every kernel splits each row's vocab into chunks, one program per (row, chunk), so a single row
 still spreads over the whole GPU (one program per row made a batch-1 greedy step cost 121 us on
@@ -283,14 +282,6 @@ def _final_kernel(temp_ptr, part_max_ptr, part_idx_ptr, part_score_ptr, part_tok
     tl.store(out_ptr + row, token.to(tl.int64))
 
 
-def _modes_from_tensors(temperature, top_k, top_p, vocab: int) -> SampleModes:
-    """One host sync; callers that know their parameters on the host pass `modes` instead."""
-    on = temperature > 0
-    flags = torch.stack((on.any(), (on & (top_k > 0) & (top_k < vocab)).any(), (on & (top_p < 1.0)).any()))
-    a, k, p = flags.tolist()
-    return SampleModes(bool(a), bool(k), bool(p))
-
-
 def _chunks(batch: int, vocab: int, block: int, device: torch.device) -> tuple[int, int]:
     """(chunks per row, chunk length): about four programs per SM over the batch, a power of two
     (the merges load all chunks of a row as one vector), each chunk a whole number of blocks."""
@@ -309,9 +300,11 @@ def sample(
     seeds: torch.Tensor,  # [B] int64, one per request
     steps: torch.Tensor,  # [B] int64, the request's decode step: new noise each token
     exponentials: torch.Tensor | None = None,  # [B, V] Exp(1) noise to use instead (tests)
-    modes: SampleModes | None = None,  # which filters the batch uses; None = ask the tensors
+    modes: SampleModes | None = None,  # which filters the batch uses; None = assume all
 ) -> torch.Tensor:
-    """Token ids [B] int64 on logits' device."""
+    """Token ids [B] int64 on logits' device. Without `modes` every search pass is launched (rows
+    that need none return at once): asking the device which filters are on would make the host
+    wait for the forward. Callers that hold the parameters on the host pass `SampleModes.of`."""
     batch, vocab = logits.shape
     device = logits.device
     out = torch.empty(batch, dtype=torch.int64, device=device)
@@ -321,7 +314,7 @@ def sample(
         logits = logits.contiguous()
     temperature, top_k, top_p = temperature.float(), top_k.to(torch.int32), top_p.float()
     if modes is None:
-        modes = _modes_from_tensors(temperature, top_k, top_p, vocab)
+        modes = SampleModes(True, True, True)
     block = 64 if interpreting() else 1024
     chunks, chunk_len = _chunks(batch, vocab, block, device)
     warps = tiles_for(device).elementwise_warps

@@ -114,6 +114,9 @@ def test_split_vocab_matches_reference_many_filters(batch: int, device: torch.de
     modes = SampleModes.of(temperature.tolist(), top_k.tolist(), top_p.tolist(), vocab)
     got = sample(logits.to(device), *args, zeros, zeros, exponentials=noise.to(device), modes=modes)
     assert got.cpu().tolist() == want.tolist()
+    # Without modes every pass runs; rows that need none must come out the same.
+    every = sample(logits.to(device), *args, zeros, zeros, exponentials=noise.to(device))
+    assert every.cpu().tolist() == want.tolist()
 
 
 def test_greedy_only_batch_and_all_masked_row(device: torch.device) -> None:
