@@ -56,6 +56,9 @@ class EngineArgs:
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
+    # Schedule and launch step k+1 while step k's tokens are still on the device (GPU only;
+    # falls back per step when a request needs the tokens on the host first).
+    async_scheduling: bool = True
     seed: int = 0
     # Multi-node rendezvous (torchrun-compatible env://).
     nnodes: int = 1
@@ -113,6 +116,9 @@ class EngineArgs:
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=d.enable_prefix_caching)
         g.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
+        g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                       default=d.async_scheduling,
+                       help="prepare the next step while the GPU runs this one (default on)")
         g.add_argument("--seed", type=int, default=d.seed)
         g.add_argument("--nnodes", type=int, default=d.nnodes)
         g.add_argument("--node-rank", type=int, default=d.node_rank)

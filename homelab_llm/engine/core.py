@@ -14,6 +14,7 @@ from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
+from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
 from homelab_llm.engine.runner import ModelRunner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import Scheduler
@@ -112,6 +113,11 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
+        # Async scheduling: one step's tokens may still be on the device (see pending.py).
+        # Tensor-parallel ranks would need those tokens too, so TP keeps the synchronous loop.
+        self._async = (args.async_scheduling and self.device.type == "cuda"
+                       and args.tensor_parallel_size == 1)
+        self._pending: PendingTokens | None = None
         self._seed_rng = torch.Generator().manual_seed(args.seed)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -180,13 +186,15 @@ class LLMEngine:
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return
+        if seq.token_ids and seq.token_ids[-1] == PLACEHOLDER:
+            seq.token_ids.pop()  # its token is still on the device: never cache or report it
         self.scheduler.finish(seq)
         seq.finish_reason = "abort"
         seq.finish_time = time.monotonic()
         self._aborted.append(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._seqs) or bool(self._aborted)
+        return bool(self._seqs) or bool(self._aborted) or self._pending is not None
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -196,22 +204,48 @@ class LLMEngine:
             if out is not None:
                 results.append(out)
         self._aborted.clear()
+        if self._pending is not None and not self._can_run_ahead():
+            results.extend(self._finish_pending())
         if not self.scheduler.has_work():
+            results.extend(self._finish_pending())
             return results
         plan = self.scheduler.schedule()
         if not plan.scheduled:
+            results.extend(self._finish_pending())
             return results
-        sampling = [item.seq for item in plan.scheduled if item.samples]
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
+        samplers = [item.seq for item in plan.scheduled if item.samples]  # logits rows, in order
         batch = self.runner.prepare(plan.scheduled)
+        if self._pending is not None:
+            rows = placeholder_rows(plan.scheduled, self._pending)
+            if rows[0]:
+                self._pending.patch(batch.input_ids, *rows, self.runner.stager)
         logits = self.runner.forward(batch)
         self.scheduler.advance(plan)
-        if sampling:
-            sample = self.sampler(logits, sampling)
-            for seq, token, lp in zip(sampling, sample.token_ids, sample.logprobs):
-                self.outputs.append_token(seq, token, lp)
-                self.generation_tokens_total += 1
-        for seq in sampling:
+        # The previous step's tokens: read while this step runs on the device. A sequence they
+        # finish was computed once more in this step; its row is dropped.
+        results.extend(self._finish_pending())
+        keep = [i for i, seq in enumerate(samplers) if not seq.is_finished]
+        sampling = [samplers[i] for i in keep]
+        if not sampling:
+            return results
+        if len(keep) != len(samplers):
+            logits = logits[keep]
+        if self._run_ahead_ok(sampling):
+            self._pending = PendingTokens.launch(sampling, self.sampler.sample_on_device(logits, sampling))
+            return results
+        sample = self.sampler(logits, sampling)
+        results.extend(self._record(sampling, sample.token_ids, sample.logprobs))
+        return results
+
+    def _record(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[RequestOutput]:
+        """Append each sequence's sampled token; finish and report."""
+        results: list[RequestOutput] = []
+        for seq, token, lp in zip(seqs, tokens, logprobs):
+            if seq.is_finished:  # aborted while its token was on the way
+                continue
+            self.outputs.append_token(seq, token, lp)
+            self.generation_tokens_total += 1
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq)
@@ -220,6 +254,35 @@ class LLMEngine:
             if out is not None:
                 results.append(out)
         return results
+
+    def _finish_pending(self) -> list[RequestOutput]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        tokens = pending.read()
+        return self._record(pending.seqs, tokens, [None] * len(tokens))
+
+    def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
+        """May this step's tokens stay on the device while the next step is launched? Only when
+        nothing needs them on the host first (logprobs, penalties, min_tokens masking)."""
+        if not self._async:
+            return False
+        for seq in seqs:
+            p = seq.params
+            if p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
+                return False
+        return True
+
+    def _can_run_ahead(self) -> bool:
+        """The next schedule can proceed with placeholders: no pending sequence is known to end
+        by length with its pending token, and no running sequence can be preempted (every
+        running sequence finds its next page free)."""
+        for seq in self._pending.seqs:
+            if seq.is_finished:
+                continue
+            if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+                return False
+        return self.kv.pool.num_free >= len(self.scheduler.running)
 
     # -- reporting ----------------------------------------------------------------------------
     def status(self) -> dict:

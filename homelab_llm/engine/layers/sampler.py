@@ -66,14 +66,12 @@ class Sampler:
         self._stagers: dict[torch.device, HostStager] = {}
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+    def sample_on_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The sampled token ids as a device tensor, without waiting for them."""
         assert logits.shape[0] == len(seqs)
-        want_logprobs = any(s.params.logprobs is not None for s in seqs)
-        raw_logprobs = torch.log_softmax(logits.float(), dim=-1) if want_logprobs else None
         logits = logits.float().clone()
         _mask_stops_before_min_tokens(logits, seqs, self.eos_token_ids)
         _apply_penalties(logits, seqs)
-
         dev = logits.device
         params = [s.params for s in seqs]
         stager = self._stagers.get(dev)
@@ -87,9 +85,14 @@ class Sampler:
         ints = stager.upload(torch.tensor(
             [[p.top_k for p in params], [s.seed for s in seqs], [s.num_output_tokens for s in seqs]],
             dtype=torch.int64))
-        tokens = dispatch.sample(
-            logits, floats[0], ints[0].to(torch.int32), floats[1], floats[2], ints[1], ints[2],
-        ).tolist()  # the step's one host sync: the scheduler needs the tokens
+        return dispatch.sample(
+            logits, floats[0], ints[0].to(torch.int32), floats[1], floats[2], ints[1], ints[2])
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        raw_logprobs = torch.log_softmax(logits.float(), dim=-1) if want_logprobs else None
+        tokens = self.sample_on_device(logits, seqs).tolist()  # waits: the caller needs the tokens
 
         logprobs: list[TokenLogprob | None] = [None] * len(seqs)
         if raw_logprobs is not None:
