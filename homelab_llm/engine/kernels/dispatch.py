@@ -113,13 +113,14 @@ def w4a16_matmul(x: torch.Tensor, weight) -> torch.Tensor:
     return ref.w4a16_matmul_ref(x, weight)
 
 
-def sample(logits, temperature, top_k, top_p, min_p, seeds, steps) -> torch.Tensor:
-    """Token ids [B] int64, on the device, no host sync (see kernels/sampling.py). On the CPU the
-    reference draws its exponential noise from torch generators seeded per row and step."""
+def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=None) -> torch.Tensor:
+    """Token ids [B] int64, on the device, no host sync (see kernels/sampling.py; `modes` is its
+    SampleModes, known on the host, so only the needed passes launch). On the CPU the reference
+    draws its exponential noise from torch generators seeded per row and step."""
     if use_triton(logits):
         from homelab_llm.engine.kernels import sampling
 
-        return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps)
+        return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=modes)
     if not bool((temperature > 0).any()):  # all greedy: no noise to draw
         return torch.argmax(logits.float(), dim=-1)
     noise = torch.ones(logits.shape, dtype=torch.float32)

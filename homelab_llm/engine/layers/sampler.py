@@ -85,8 +85,14 @@ class Sampler:
         ints = stager.upload(torch.tensor(
             [[p.top_k for p in params], [s.seed for s in seqs], [s.num_output_tokens for s in seqs]],
             dtype=torch.int64))
+        modes = None
+        if logits.is_cuda:  # which search passes the batch needs, from the host's own lists
+            from homelab_llm.engine.kernels.sampling import SampleModes
+
+            modes = SampleModes.of([p.temperature for p in params], [p.top_k for p in params],
+                                   [p.top_p for p in params], logits.shape[-1])
         return dispatch.sample(
-            logits, floats[0], ints[0].to(torch.int32), floats[1], floats[2], ints[1], ints[2])
+            logits, floats[0], ints[0].to(torch.int32), floats[1], floats[2], ints[1], ints[2], modes)
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
