@@ -93,9 +93,10 @@ class DecodeGraphs:
         self.input_ids[:bs].copy_(input_ids)
         self.positions[:bs].copy_(ctx.positions)
         self.slot_mapping[:bs].copy_(ctx.slot_mapping)
-        self.slot_mapping[bs:size].fill_(-1)  # padding rows write nowhere
         self.seq_lens[:bs].copy_(ctx.seq_lens)
-        self.seq_lens[bs:size].fill_(1)
+        if size > bs:
+            self.slot_mapping[bs:size].fill_(-1)  # padding rows write nowhere
+            self.seq_lens[bs:size].fill_(1)
         pages = ctx.page_table.shape[1]
         self.page_table[:bs, :pages].copy_(ctx.page_table)
         self.graphs[size].graph.replay()
