@@ -39,6 +39,14 @@ class Row:
     check: str
 
 
+class PrintedRows(list):
+    """Rows print as they are measured, so a run cut short by a timeout still shows them."""
+
+    def append(self, r: Row) -> None:
+        super().append(r)
+        print(f"  {r.kernel:22s} {r.shape:56s} {r.ms:8.4f} ms  {r.check}", flush=True)
+
+
 def bench(fn: Callable[[], object]) -> float:
     from triton.testing import do_bench
 
@@ -225,13 +233,10 @@ def sampling_cases(rows: list[Row]) -> None:
         rows.append(Row(f"sample[{label}]", f"B={batch} V={vocab}", ms, batch * vocab * 4 / ms / 1e6, 0.0, check))
 
 
-def decode_step_cases(rows: list[Row]) -> None:
-    """The batch-1 decode step's small kernels, old path next to new in the same run (issue #4)."""
-    from legacy_sampling import sample as sample_v0  # the one-program-per-row sampler, for comparison
+def step_sampling_cases(rows: list[Row]) -> None:
+    """The sampler, old (one program per row) next to new, with and without host-known modes."""
+    from legacy_sampling import sample as sample_v0
 
-    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-    from homelab_llm.engine.kernels.elementwise import apply_rope
-    from homelab_llm.engine.kernels.kv_store import rope_store_kv, store_kv
     from homelab_llm.engine.kernels.sampling import SampleModes, sample
 
     vocab = 128256
@@ -259,7 +264,11 @@ def decode_step_cases(rows: list[Row]) -> None:
         shape = f"B={batch} V={vocab} old {old:.4f} ms, no modes {every:.4f} ms"
         rows.append(Row(f"sample[{label}]", shape, new, batch * vocab * 4 / new / 1e6, 0.0, check))
 
-    # Decode attention at batch 1: one split writes the output (one kernel) vs split + merge.
+
+def step_decode_cases(rows: list[Row]) -> None:
+    """Decode attention at batch 1: one split writes the output (one kernel) vs split + merge."""
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
     for ctx in (40, 512, 4096, 32768):
         kc, vc, ks, vs, table = paged_kv([ctx], torch.bfloat16)
         q = torch.randn(1, HQ, D, device="cuda", dtype=torch.bfloat16)
@@ -275,7 +284,12 @@ def decode_step_cases(rows: list[Row]) -> None:
         rows.append(Row("decode_attn[splits]", f"B=1 ctx={ctx}", auto, kv_bytes(ctx, torch.bfloat16) / auto / 1e6,
                         0.0, "; ".join(timings)))
 
-    # RoPE + KV store: two launches (apply_rope, store_kv) vs one (rope_store_kv).
+
+def step_rope_cases(rows: list[Row]) -> None:
+    """RoPE + KV store: two launches (apply_rope, store_kv) vs one (rope_store_kv)."""
+    from homelab_llm.engine.kernels.elementwise import apply_rope
+    from homelab_llm.engine.kernels.kv_store import rope_store_kv, store_kv
+
     table_cs = ref.rope_cos_sin_cache(ref.rope_inv_freq(D, 500000.0, {
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192}), 131072, torch.device("cuda"))
@@ -330,17 +344,17 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} ({arch_name(dev)}), torch {torch.__version__}, triton "
           f"{triton.__version__}, {time.strftime('%Y-%m-%d')}", flush=True)
     print(f"# measured: copy {copy_gbps:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s", flush=True)
-    rows: list[Row] = []
+    rows: list[Row] = PrintedRows()
     sections = {"attention": lambda: attention_cases(rows, args.quick),
                 "elementwise": lambda: elementwise_cases(rows), "w4a16": lambda: w4a16_cases(rows, args.quick),
-                "sampling": lambda: sampling_cases(rows), "step": lambda: decode_step_cases(rows)}
+                "sampling": lambda: sampling_cases(rows),
+                # The decode step's small kernels, old path next to new in the same run (issue #4).
+                "step:rope": lambda: step_rope_cases(rows), "step:decode": lambda: step_decode_cases(rows),
+                "step:sampling": lambda: step_sampling_cases(rows)}
     for name, section in sections.items():
-        if args.only and name != args.only:
+        if args.only and name.split(":")[0] != args.only:
             continue
-        start = len(rows)
         section()
-        for r in rows[start:]:
-            print(f"  {r.kernel:22s} {r.shape:56s} {r.ms:8.4f} ms  {r.check}", flush=True)
     print()
     print(f"| kernel | shape | ms (median) | GB/s | % copy BW | TFLOP/s | % bf16 mm | check |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
