@@ -61,10 +61,12 @@ class LlamaAttention(nn.Module):
             qk = torch.cat((q, k), dim=1)
         else:
             qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        if rope.in_kernel:  # the attention rotates q and k in the kernel that stores K/V
+            return self.o_proj(self.attn(q, k, v, rope))
         # q and k sit side by side in the fused output: one rotation covers both.
         qk = rotate_qk(qk, self.num_heads, rope)
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(qk[:, : self.num_heads], qk[:, self.num_heads :], v))
 
 
 class LlamaMLP(nn.Module):
