@@ -123,8 +123,30 @@ def param_count(config_json: str) -> tuple[int, int]:
     return total, matmul
 
 
+def async_matches_sync(engine: LLMEngine) -> float:
+    """Greedy and seeded tokens of a mixed batch with async scheduling on vs off (same engine)."""
+    rng = random.Random(7)
+    vocab = engine.model_config.vocab_size
+    prompts = [random_prompt(rng.randrange(5, 300), vocab, rng) for _ in range(6)]
+    runs = []
+    for mode in (False, True):
+        engine._async = mode
+        toks: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            params = SamplingParams(max_tokens=12 + 5 * i, temperature=0.0 if i % 2 else 0.8, seed=i,
+                                    ignore_eos=True)
+            engine.add_request(f"am{mode}{i}", prompt, params)
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                toks.setdefault(out.request_id[len(f"am{mode}"):], []).extend(out.new_token_ids)
+        runs.append(toks)
+    engine._async = True
+    return float(runs[0] == runs[1])
+
+
 def section_decode(quick: bool) -> None:
     engine = make_engine("Llama-3.1-8B.json", max_model_len=4096)
+    report("async_scheduling_tokens_equal_sync", async_matches_sync(engine))
     weights = engine.status()["devices"][0]["weights"]
     report("llama8b_weight_bytes_GB", weights / 1e9, "GB")
     decode_rate(engine, 1, 32, 16)  # warm up
@@ -132,6 +154,9 @@ def section_decode(quick: bool) -> None:
     report("llama8b_bf16_b1_decode_tok_s", r1, "tok/s")
     report("llama8b_bf16_b1_roofline_tok_s", results["copy_bandwidth_GBps"] * 1e9 / weights, "tok/s")
     report("llama8b_bf16_b32_ctx512_decode_tok_s", decode_rate(engine, 32, 512, 128), "tok/s")
+    engine._async = False
+    report("llama8b_bf16_b1_decode_sync_sched_tok_s", decode_rate(engine, 1, 32, 128), "tok/s")
+    engine._async = True
     secs = prefill_seconds(engine, 2048)
     _, matmul_params = param_count("Llama-3.1-8B.json")
     c = json.loads((CONFIGS / "Llama-3.1-8B.json").read_text())
