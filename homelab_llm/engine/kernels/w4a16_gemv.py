@@ -145,8 +145,10 @@ def _w4a16_gemv_kernel(
             tl.atomic_xchg(ticket_ptr + pid_n, 0)
 
 
-def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves: int = 4) -> int:
-    """Enough programs to fill the device `waves` times over, never below 4 K-steps per split."""
+def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves: int = 32) -> int:
+    """Split K until there are about `waves` programs per SM (a decode GEMV is bound by bytes in
+    flight: many small programs beat few long ones; measured on an H200, benchmarks/w4a16_sweep),
+    never below 4 K-steps per split."""
     sms = device_sms(device)
     split = 1
     while n_blocks * split * 2 <= waves * sms and k // (split * 2) >= 4 * block_k:
