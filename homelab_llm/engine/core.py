@@ -219,7 +219,7 @@ class LLMEngine:
         if self._pending is not None:
             rows = placeholder_rows(plan.scheduled, self._pending)
             if rows[0]:
-                self._pending.patch(batch.input_ids, *rows, self.runner.stager)
+                self.runner.patch_inputs(batch, *rows, self._pending.device_tokens)
         logits = self.runner.forward(batch)
         self.scheduler.advance(plan)
         # The previous step's tokens: read while this step runs on the device. A sequence they

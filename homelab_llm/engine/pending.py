@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from homelab_llm.engine.sequence import Sequence
-from homelab_llm.engine.step_plan import HostStager
+from homelab_llm.engine.step_plan import HostStager, StepBatch
 
 PLACEHOLDER = -1  # a token id no vocabulary has
 
@@ -48,13 +48,6 @@ class PendingTokens:
                 seq.token_ids.pop()
         return self.host_tokens.tolist()
 
-    def patch(self, input_ids: torch.Tensor, plan_rows: list[int], pending_rows: list[int],
-              stager: HostStager) -> None:
-        """input_ids[plan_rows] = this step's tokens[pending_rows], on the device (the index
-        goes up from pinned memory: a pageable copy would wait for the step still running)."""
-        index = stager.upload(torch.tensor([plan_rows, pending_rows], dtype=torch.long))
-        input_ids[index[0]] = self.device_tokens[index[1]].to(input_ids.dtype)
-
 
 def placeholder_rows(scheduled, pending: PendingTokens) -> tuple[list[int], list[int]]:
     """For each scheduled sequence whose input is a placeholder: (row in this step's input ids,
@@ -71,3 +64,11 @@ def placeholder_rows(scheduled, pending: PendingTokens) -> tuple[list[int], list
             pending_rows.append(where[id(seq)])
         row += n
     return plan_rows, pending_rows
+
+
+def patch_input_ids(batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
+                    tokens: torch.Tensor, stager: HostStager) -> None:
+    """batch.input_ids[plan_rows] = tokens[pending_rows], on the device. The index goes up from
+    pinned memory: a pageable copy would make the host wait for the step still running."""
+    index = stager.upload(torch.tensor([plan_rows, pending_rows], dtype=torch.long))
+    batch.input_ids[index[0]] = tokens[index[1]].to(batch.input_ids.dtype)

@@ -206,6 +206,13 @@ class ModelRunner:
     def batch_from_plan(self, header: list[int], payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
 
+    def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
+                     tokens: torch.Tensor) -> None:
+        """Async scheduling: fill the placeholder input ids from the previous step's tokens."""
+        from homelab_llm.engine.pending import patch_input_ids
+
+        patch_input_ids(batch, plan_rows, pending_rows, tokens, self.stager)
+
     def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
                query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                logits_rows: list[int]) -> StepBatch:
