@@ -287,17 +287,43 @@ class PeerAllReduce:
             nccl.append(self._agree(_graph_us(lambda: dist.all_reduce(x), calls, replays)))
         return custom, nccl
 
-    def close(self) -> None:
+    # Leaving, in the order shutdown needs (parallel_workers._leave): every rank's GPU idle, then
+    # each rank unmaps its peers' buffers, a barrier, then each frees its own. An owner that frees
+    # first would pull memory from under a peer's mapping; one that never frees leaks it into the
+    # next engine of this process. Each step never raises: a peer may be gone already.
+    def release_peers(self) -> None:
+        """Unmap the peers' buffers mapped here (this rank's GPU work is done)."""
+        self.table = PathTable()  # nothing takes the kernel path from here on
         if self._rt is None:
             return
-        try:  # at shutdown the peers may be gone already: release what we can, never raise
+        peers, self._peers = self._peers, []
+        try:
             torch.cuda.synchronize(self.device)
-            for ptr in self._peers:
+            for ptr in peers:
                 self._rt.call("IpcCloseMemHandle", ctypes.c_void_p(ptr))
+        except RuntimeError as exc:
+            log.warning("unmapping peer all-reduce buffers: %s", exc)
+
+    def release_own(self) -> None:
+        """Free this rank's buffer: only once every peer unmapped it (or is gone)."""
+        if self._rt is None:
+            return
+        try:
             if self._own is not None:
                 self._rt.call("Free", ctypes.c_void_p(self._own))
         except RuntimeError as exc:
-            log.warning("releasing all-reduce buffers: %s", exc)
+            log.warning("freeing the all-reduce buffer: %s", exc)
+        self._rt, self._own = None, None
+
+    def close(self) -> None:
+        """Both steps at once: setup fell back to NCCL, or the peers are gone already."""
+        self.release_peers()
+        self.release_own()
+
+    def abandon(self) -> None:
+        """Forget the buffers without a GPU call: a peer died mid-step, so a kernel here may wait
+        on its flags forever and any synchronizing call (free, unmap) would wait with it. The
+        memory goes back when the process exits."""
         self._rt, self._own, self._peers, self.table = None, None, [], PathTable()
 
 

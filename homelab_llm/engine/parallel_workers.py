@@ -6,14 +6,20 @@ the host), never pickled: on one node it crosses through a shared-memory ring (s
 across nodes as two tensors over a gloo group. Every rank then runs the same forward and its
 collectives (NCCL/RCCL on GPUs, gloo on the CPU). A rank that raises or dies stops the whole
 service: rank 0 logs that rank's error and exits non-zero, and workers die with rank 0 (no orphans).
-Shutdown: every rank finishes its GPU work, meets the others at a barrier, then aborts its NCCL
-communicators locally (nothing left to wait for), so no rank waits on a peer that already left.
+Shutdown, in an order where nothing can wait forever (see `_leave`): every rank finishes its GPU
+work and destroys its decode graphs (NCCL's teardown waits until every graph that captured one of
+its collectives is gone), meets the others at a barrier, releases the peer-mapped all-reduce
+buffers (unmap, barrier, free), then waits. Rank 0 aborts its communicators (a local call) and only
+then tells the workers "done" through the rendezvous store; they exit without any teardown of
+their own, so no rank's communicator ever sees a peer vanish while it is still alive.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -23,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+import typing
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +46,9 @@ from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_channel import ShmRing, shm_available
 from homelab_llm.errors import HomelabError
 
+if typing.TYPE_CHECKING:
+    from homelab_llm.engine.comm import PeerAllReduce
+
 log = logging.getLogger("homelab_llm.engine.parallel")
 
 CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
@@ -47,6 +57,7 @@ _MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "ot
 # The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
 PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
 SHUTDOWN_WAIT_S = 10.0
+DONE_KEY = "homelab_llm/tp_shutdown_done"  # rank 0 left its groups: workers may exit
 
 
 def valid_tp_sizes(config: ModelConfig) -> list[int]:
@@ -98,7 +109,8 @@ class _Launch:
     plan_ring: str | None = None  # the shared-memory ring's path when the plan crosses through it
 
 
-def _init_group(launch: _Launch, rank: int) -> dist.ProcessGroup:
+def _init_group(launch: _Launch, rank: int) -> "tuple[dist.ProcessGroup, PeerAllReduce | None]":
+    """The process group, and on GPUs this rank's peer-buffer all-reduce (kept for shutdown)."""
     backend = "nccl" if launch.device_type == "cuda" else "gloo"
     if launch.device_type == "cuda":
         torch.cuda.set_device(_device_for("cuda", rank % max(1, torch.cuda.device_count())))
@@ -107,11 +119,12 @@ def _init_group(launch: _Launch, rank: int) -> dist.ProcessGroup:
     set_parallel_state(rank, launch.world_size)
     # The plan always crosses on the CPU, so ranks get host-side lengths without a device sync.
     group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    comm = None
     if backend == "nccl":  # small all-reduces over peer-mapped buffers where P2P works
         from homelab_llm.engine.comm import setup_all_reduce
 
-        setup_all_reduce(group)
-    return group
+        comm = setup_all_reduce(group)
+    return group, comm
 
 
 class RankFailedError(HomelabError, RuntimeError):
@@ -199,10 +212,62 @@ def _plan_transport(args: EngineArgs) -> str:
     return "shm" if wanted == "shm" and args.nnodes == 1 and shm_available() else "gloo"
 
 
+def _release_graphs(runner: ModelRunner) -> None:
+    """Destroy the runner's decode graphs. NCCL's teardown (abort and destroy alike) polls until
+    every CUDA graph that captured one of its collectives is destroyed, and the decode graphs hold
+    the logits all-gather (and any all-reduce on the NCCL path): left alive they hang it, and
+    when they are finally freed at interpreter exit the woken teardown thread aborts the process.
+    The runner falls back to eager steps (there are none left: the engine is shutting down)."""
+    graphs, runner.graphs = runner.graphs, None
+    if graphs is None:
+        return
+    for g in graphs.graphs.values():
+        g.graph.reset()
+    graphs.graphs.clear()
+
+
+def _leave(channel: "_Channel", runner: ModelRunner, comm: "PeerAllReduce | None",
+           device_type: str, wait_s: float) -> None:
+    """Every rank's way out of a clean shutdown, before any process group is touched:
+    1. this GPU is idle and its graphs destroyed;
+    2. barrier: every rank is there, so no kernel anywhere reads or writes a peer's buffer or
+       waits on a peer's flag any more;
+    3. unmap the peers' buffers, barrier, free our own (only after every importer unmapped it).
+    Barriers are bounded (raise after wait_s): a rank that died turns this into the unclean path."""
+    if device_type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    _release_graphs(runner)
+    if device_type == "cuda":
+        torch.cuda.synchronize(runner.device)
+    channel.barrier(wait_s)
+    if comm is not None:  # every GPU rank has one (maybe closed already), no CPU rank does
+        comm.release_peers()
+        channel.barrier(wait_s)
+        comm.release_own()
+
+
+def _default_store() -> "dist.Store | None":
+    """The rendezvous store (its server lives in rank 0): carries rank 0's final "done"."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def _wait_done(store: "dist.Store | None", timeout_s: float) -> None:
+    """A worker waits until rank 0 left its groups; rank 0 gone or late: leave anyway."""
+    if store is None:
+        return
+    try:
+        store.wait([DONE_KEY], datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:  # the store's server went with rank 0, or a timeout
+        log.warning("no shutdown confirmation from rank 0 (%s); exiting", exc)
+
+
 def _close_group(device_type: str) -> None:
     """Leave the process groups. On GPUs abort the communicators: a local call that waits on no
-    peer (NCCL's graceful destroy can wait for ranks that already left), safe once every rank
-    passed the shutdown barrier with its GPU work finished."""
+    peer (NCCL's graceful destroy is an intra-node collective), and with the graphs destroyed and
+    the GPU idle nothing is left for it to wait on."""
     if not dist.is_initialized():
         return
     if device_type == "cuda":
@@ -234,7 +299,7 @@ def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> St
 
 
 def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
-    group = _init_group(launch, rank)
+    group, comm = _init_group(launch, rank)
     if launch.plan_ring is not None:
         channel: _Channel = _ShmChannel(group, ShmRing.attach(launch.plan_ring, local_rank - 1))
     else:
@@ -260,10 +325,10 @@ def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
             runner.capture_graphs(header[8])
         elif cmd == CMD_SHUTDOWN:
             break
-    if launch.device_type == "cuda":
-        torch.cuda.synchronize()
-    channel.barrier(SHUTDOWN_WAIT_S)  # every rank's GPU work is done: nothing can wait on us
-    _close_group(launch.device_type)
+    _leave(channel, runner, comm, launch.device_type, SHUTDOWN_WAIT_S)
+    # No teardown here: this process's exit releases its communicators. It only has to outlive
+    # rank 0's, so that no live communicator on rank 0 sees this rank vanish.
+    _wait_done(_default_store(), SHUTDOWN_WAIT_S)
     channel.close()
 
 
@@ -274,13 +339,79 @@ def _worker_main(launch: _Launch, rank: int, local_rank: int, errors: "mp.Queue[
         _worker_loop(launch, rank, local_rank)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # skip interpreter teardown: graphs and communicators need no destructors
+        os._exit(0)  # skip interpreter teardown: graphs and communicators go with the process
     except BaseException as exc:  # report every failure to rank 0, then exit non-zero
         errors.put(f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         errors.close()
         errors.join_thread()  # the queue's feeder thread must flush before we exit
         sys.stderr.flush()
         os._exit(1)
+
+
+# A teardown that did not finish in time (a graph this module does not know captured an NCCL
+# collective, or a peer died with a kernel here waiting on it). Should never happen; if it does,
+# exit stays clean and the next engine gets a clear error instead of torch's.
+_stuck_teardowns: list[threading.Thread] = []
+
+
+def _teardown(device_type: str, device: torch.device, runner: ModelRunner | None) -> None:
+    """Rank 0 leaves its groups (in a bounded thread). `runner` on the unclean path only: its
+    graphs go here, since with a peer dead even that can wait on the GPU."""
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    if runner is not None:
+        _release_graphs(runner)
+    _close_group(device_type)
+
+
+def _note_stuck(thread: threading.Thread) -> None:
+    if not _stuck_teardowns:
+        atexit.register(_exit_guard)
+    _stuck_teardowns.append(thread)
+
+
+def _reset_all_graphs() -> None:
+    graph_type = getattr(torch.cuda, "CUDAGraph", None)
+    if graph_type is None:
+        return
+    gc.collect()
+    for obj in gc.get_objects():
+        if isinstance(obj, graph_type):
+            obj.reset()
+
+
+def _exit_guard(wait_s: float = 5.0) -> None:
+    """At interpreter exit with a teardown thread still inside NCCL. Left alone, it wakes when
+    finalization frees the last graphs, returns into a finalizing interpreter and is ended by
+    pthread_exit, whose unwinding through torch's C++ frames aborts the process ("terminate
+    called without an active exception", exit 134). So free every graph now, while Python still
+    runs (atexit comes first), and let the thread finish; if it cannot, leave without
+    finalization and say so (exit 1: the teardown failed)."""
+    alive = [t for t in _stuck_teardowns if t.is_alive()]
+    if not alive:
+        return
+    try:
+        _reset_all_graphs()
+    except Exception as exc:  # at exit: never raise
+        log.warning("releasing CUDA graphs at exit: %s", exc)
+    deadline = time.monotonic() + wait_s
+    for t in alive:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in alive):
+        print("homelab-llm: tensor-parallel teardown (NCCL) still stuck at exit; exiting without "
+              "interpreter teardown", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+
+def _wait_for_stuck_teardown(timeout_s: float) -> None:
+    """A new engine needs the previous one's groups gone (torch allows one default group)."""
+    for t in list(_stuck_teardowns):
+        t.join(timeout_s)
+        if t.is_alive():
+            raise RankFailedError("the previous tensor-parallel engine's NCCL teardown is still "
+                                  "stuck in this process; start a new process")
+        _stuck_teardowns.remove(t)
 
 
 class ParallelRunner:
@@ -297,6 +428,7 @@ class ParallelRunner:
             raise EngineArgsError(
                 f"--tensor-parallel-size {world} over {args.nnodes} node(s) needs "
                 f"{world // args.nnodes} GPUs here, found {torch.cuda.device_count()}")
+        _wait_for_stuck_teardown(SHUTDOWN_WAIT_S)
         port = args.master_port or _free_port()
         per_node = world // args.nnodes
         ring = (ShmRing.create(readers=per_node - 1) if _plan_transport(args) == "shm" else None)
@@ -306,6 +438,9 @@ class ParallelRunner:
         self._ctx = mp.get_context("spawn")
         self._errors: mp.Queue[str] = self._ctx.Queue()
         self._closing = False
+        self._comm: PeerAllReduce | None = None
+        self.shutdown_seconds = 0.0
+        self.shutdown_phases: dict[str, float] = {}
         self.failure: str | None = None
         self.procs = [self._ctx.Process(target=_worker_main, args=(self.launch, r, r, self._errors),
                                         daemon=True) for r in range(1, per_node)]
@@ -314,7 +449,7 @@ class ParallelRunner:
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
         try:
-            group = _init_group(self.launch, 0)
+            group, self._comm = _init_group(self.launch, 0)
             if ring is not None:
                 self.channel: _Channel = _ShmChannel(group, ring, self._peers_alive)
             else:
@@ -425,41 +560,60 @@ class ParallelRunner:
             p.join()
 
     def shutdown(self) -> None:
+        """Returns in a fraction of a second on a clean run (see `_leave` for the order); a dead or
+        stuck peer costs at most a few bounded waits, and never a hang at exit."""
         if self._closing:
             return
         self._closing = True
-        start = time.monotonic()
-        # Every rank finishes its GPU work and meets the others at a barrier; after it no
-        # collective is in flight anywhere, so each rank aborts its communicators locally instead
-        # of NCCL's graceful destroy (which waited on peers and hung). A dead or stuck peer skips
-        # the barrier (bounded) and goes straight to killing.
+        start = mark = time.monotonic()
+        phases: dict[str, float] = {}
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            phases[name], mark = now - mark, now
+
+        store = _default_store()  # held past the teardown: its server is in this process
         clean = self.failure is None
         try:
             if clean:
                 self.channel.send([CMD_SHUTDOWN], timeout=SHUTDOWN_WAIT_S)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
-                self.channel.barrier(SHUTDOWN_WAIT_S)
+                _leave(self.channel, self.local, self._comm, self.device.type, SHUTDOWN_WAIT_S)
         except Exception as exc:  # a dead peer: fall through to killing
             clean = False
             log.warning("tensor-parallel shutdown barrier failed: %s", exc)
+        lap("leave")
         if not clean:
             self._kill_workers()
-        # Past the barrier every rank leaves its groups at the same moment (should an NCCL
-        # version make abort collective, the peers are there). Bounded, so it never hangs exit.
-        teardown = threading.Thread(target=_close_group, args=(self.device.type,), daemon=True)
+            if self._comm is not None:
+                self._comm.abandon()  # a kernel here may wait on the dead peer: no GPU call
+        # A local abort, bounded all the same: should it ever stick, shutdown still returns.
+        teardown = threading.Thread(
+            target=_teardown, name="tp-teardown", daemon=True,
+            args=(self.device.type, self.device, None if clean else self.local))
         teardown.start()
+        teardown.join(SHUTDOWN_WAIT_S)
+        if teardown.is_alive():
+            _note_stuck(teardown)
+            log.warning("process group teardown did not finish in %.0f s; continuing",
+                        SHUTDOWN_WAIT_S)
+        lap("teardown")
+        if store is not None:
+            try:
+                store.set(DONE_KEY, "1")  # workers may exit now
+            except Exception as exc:
+                log.warning("telling the workers to exit: %s", exc)
         for p in self.procs:
             p.join(timeout=SHUTDOWN_WAIT_S)
         self._kill_workers()
-        teardown.join(timeout=SHUTDOWN_WAIT_S)
-        if teardown.is_alive():
-            log.warning("process group teardown did not finish in %.0f s; continuing",
-                        SHUTDOWN_WAIT_S)
+        lap("workers")
+        del store
         self.channel.close()
         set_parallel_state(0, 1)
+        self.shutdown_phases = phases
         self.shutdown_seconds = time.monotonic() - start
-        log.info("tensor parallelism shut down in %.2f s", self.shutdown_seconds)
+        log.info("tensor parallelism shut down in %.2f s (%s)", self.shutdown_seconds,
+                 ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
 def run_worker_node(args: EngineArgs, config: ModelConfig, model_path: str,
