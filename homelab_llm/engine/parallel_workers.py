@@ -29,9 +29,8 @@ import sys
 import threading
 import time
 import traceback
-import typing
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -46,7 +45,7 @@ from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_channel import ShmRing, shm_available
 from homelab_llm.errors import HomelabError
 
-if typing.TYPE_CHECKING:
+if TYPE_CHECKING:
     from homelab_llm.engine.comm import PeerAllReduce
 
 log = logging.getLogger("homelab_llm.engine.parallel")
@@ -109,7 +108,7 @@ class _Launch:
     plan_ring: str | None = None  # the shared-memory ring's path when the plan crosses through it
 
 
-def _init_group(launch: _Launch, rank: int) -> "tuple[dist.ProcessGroup, PeerAllReduce | None]":
+def _init_group(launch: _Launch, rank: int) -> tuple[dist.ProcessGroup, PeerAllReduce | None]:
     """The process group, and on GPUs this rank's peer-buffer all-reduce (kept for shutdown)."""
     backend = "nccl" if launch.device_type == "cuda" else "gloo"
     if launch.device_type == "cuda":
@@ -226,7 +225,7 @@ def _release_graphs(runner: ModelRunner) -> None:
     graphs.graphs.clear()
 
 
-def _leave(channel: "_Channel", runner: ModelRunner, comm: "PeerAllReduce | None",
+def _leave(channel: _Channel, runner: ModelRunner, comm: PeerAllReduce | None,
            device_type: str, wait_s: float) -> None:
     """Every rank's way out of a clean shutdown, before any process group is touched:
     1. this GPU is idle and its graphs destroyed;
@@ -246,7 +245,7 @@ def _leave(channel: "_Channel", runner: ModelRunner, comm: "PeerAllReduce | None
         comm.release_own()
 
 
-def _default_store() -> "dist.Store | None":
+def _default_store() -> dist.Store | None:
     """The rendezvous store (its server lives in rank 0): carries rank 0's final "done"."""
     try:
         return dist.distributed_c10d._get_default_store()
@@ -254,7 +253,7 @@ def _default_store() -> "dist.Store | None":
         return None
 
 
-def _wait_done(store: "dist.Store | None", timeout_s: float) -> None:
+def _wait_done(store: dist.Store | None, timeout_s: float) -> None:
     """A worker waits until rank 0 left its groups; rank 0 gone or late: leave anyway."""
     if store is None:
         return
