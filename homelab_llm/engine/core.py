@@ -113,10 +113,9 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
-        # Async scheduling: one step's tokens may still be on the device (see pending.py).
-        # Tensor-parallel ranks would need those tokens too, so TP keeps the synchronous loop.
-        self._async = (args.async_scheduling and self.device.type == "cuda"
-                       and args.tensor_parallel_size == 1)
+        # Async scheduling: one step's tokens may still be on the device (see pending.py); with
+        # tensor parallelism rank 0 broadcasts them to the other ranks after the next plan.
+        self._async = args.async_scheduling and self.device.type == "cuda"
         self._pending: PendingTokens | None = None
         self._seed_rng = torch.Generator().manual_seed(args.seed)
         self.prompt_tokens_total = 0

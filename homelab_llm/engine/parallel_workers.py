@@ -289,12 +289,26 @@ def _pack(batch: StepBatch) -> tuple[list[int], torch.Tensor]:
              c.page_table.reshape(-1), batch.logits_indices]
     payload = torch.cat([p.to("cpu", torch.long) for p in parts])
     header = [CMD_STEP, batch.num_tokens, b, max_pages, batch.logits_indices.numel(),
-              int(c.decode_only), c.max_query_len, c.max_seq_len, payload.numel()]
+              int(c.decode_only), c.max_query_len, c.max_seq_len, payload.numel(), 0]
     return header, payload
 
 
 def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:
     return runner.batch_from_plan(header, payload)
+
+
+def _patch_section(plan_rows: list[int], pending_rows: list[int], num_tokens: int) -> torch.Tensor:
+    """The payload tail of an async step: how many tokens rank 0 broadcasts after the plan, then
+    which input rows take which of them."""
+    return torch.tensor([num_tokens] + plan_rows + pending_rows, dtype=torch.long)
+
+
+def _receive_patch(section: list[int], batch: StepBatch, runner: ModelRunner) -> None:
+    n, rows = section[0], section[1:]
+    half = len(rows) // 2
+    tokens = torch.empty(n, dtype=torch.long, device=runner.device)
+    dist.broadcast(tokens, src=0)
+    runner.patch_inputs(batch, rows[:half], rows[half:], tokens)
 
 
 def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
@@ -311,7 +325,11 @@ def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
         header = channel.recv_header()
         cmd = header[0]
         if cmd == CMD_STEP:
-            batch = _unpack(header, channel.recv_payload(header[8]), runner)
+            payload = channel.recv_payload(header[8])
+            patch_len = header[9]
+            batch = _unpack(header, payload[:header[8] - patch_len], runner)
+            if patch_len:  # async scheduling: the previous step's tokens, from rank 0
+                _receive_patch(payload[header[8] - patch_len:].tolist(), batch, runner)
             runner.forward(batch)
         elif cmd == CMD_PAGES:
             channel.min_all(runner.pages_for_budget(runner.kv_budget()))
@@ -458,6 +476,7 @@ class ParallelRunner:
             if ring is not None:
                 ring.unlink()  # mapped by every rank now (or never will be): no name to leak
         self._planned: tuple[StepBatch, list[int], torch.Tensor] | None = None
+        self._patch: tuple[list[int], list[int], torch.Tensor] | None = None
         self.local = ModelRunner(args, config, model_path, device, dtype, tp_rank=0, tp_size=world)
         self.device = self.local.device
         self.pool: PagePool | None = None
@@ -487,14 +506,28 @@ class ParallelRunner:
         self._planned = (batch, header, payload)
         return batch
 
+    def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
+                     tokens: torch.Tensor) -> None:
+        """Async scheduling: rank 0 patches its own inputs now; the other ranks get the tokens by
+        a broadcast right after this step's plan (forward), then patch theirs the same way."""
+        self.local.patch_inputs(batch, plan_rows, pending_rows, tokens)
+        self._patch = (plan_rows, pending_rows, tokens)
+
     def forward(self, batch: StepBatch) -> torch.Tensor:
         planned, self._planned = self._planned, None
+        patch, self._patch = self._patch, None
         if planned is not None and planned[0] is batch:
-            header, payload = planned[1], planned[2]
+            header, payload = list(planned[1]), planned[2]
         else:  # a batch built elsewhere
             header, payload = _pack(batch)
+        if patch is not None:
+            section = _patch_section(patch[0], patch[1], patch[2].numel())
+            payload = torch.cat([payload, section])
+            header[8], header[9] = payload.numel(), section.numel()
         try:
             self.channel.send(header, payload)
+            if patch is not None:
+                dist.broadcast(patch[2].contiguous(), src=0)
             return self.local.forward(batch)
         except RuntimeError as exc:  # a peer vanished mid-collective
             raise self._failed(exc) from exc

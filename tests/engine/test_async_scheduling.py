@@ -86,3 +86,23 @@ def test_preemption_under_a_tiny_kv_budget(tmp_path: Path) -> None:
     llm = tiny_llm(tmp_path, kv_cache_memory_bytes=40 * 1024, max_num_seqs=6)
     llm.engine._async = True
     assert _run(llm, ps, params) == want
+
+
+def test_tensor_parallel_ranks_get_the_in_flight_tokens(tmp_path: Path) -> None:
+    """TP=2 with async scheduling: rank 0 sends the previous step's tokens to the other rank
+    (a broadcast after the plan), which patches its own inputs; tokens equal the synchronous run."""
+    ps = prompts(5, seed=6)
+    params = _params()[:5]
+    params[4] = SamplingParams(max_tokens=7, temperature=0.5, seed=2, ignore_eos=True)
+    sync = tiny_llm(tmp_path, max_num_seqs=4, tensor_parallel_size=2)
+    try:
+        want = _run(sync, ps, params)
+    finally:
+        sync.shutdown()
+    llm = tiny_llm(tmp_path, max_num_seqs=4, tensor_parallel_size=2)
+    try:
+        llm.engine._async = True
+        assert _run(llm, ps, params) == want
+        assert llm.engine._pending is None
+    finally:
+        llm.shutdown()
