@@ -83,6 +83,12 @@ class DecodeGraphs:
         log.info("captured %d decode graphs (batch %s), %.1f MiB", len(sizes), sizes,
                  self.memory_bytes / 2**20)
 
+    def release(self) -> None:
+        """Destroy every captured graph (what they captured, collectives included, is let go)."""
+        for g in self.graphs.values():
+            g.graph.reset()
+        self.graphs.clear()
+
     def fits(self, ctx: ForwardContext, num_tokens: int) -> bool:
         return (ctx.decode_only and num_tokens <= self.max_bs
                 and ctx.page_table.shape[1] <= self.max_pages and bool(self.graphs))

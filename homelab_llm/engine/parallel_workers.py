@@ -218,11 +218,8 @@ def _release_graphs(runner: ModelRunner) -> None:
     when they are finally freed at interpreter exit the woken teardown thread aborts the process.
     The runner falls back to eager steps (there are none left: the engine is shutting down)."""
     graphs, runner.graphs = runner.graphs, None
-    if graphs is None:
-        return
-    for g in graphs.graphs.values():
-        g.graph.reset()
-    graphs.graphs.clear()
+    if graphs is not None:
+        graphs.release()
 
 
 def _leave(channel: _Channel, runner: ModelRunner, comm: PeerAllReduce | None,

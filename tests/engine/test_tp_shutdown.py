@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from homelab_llm.engine import parallel_workers as pw
+from homelab_llm.engine.cuda_graphs import DecodeGraphs
 from homelab_llm.engine.llm import LLM
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.model_reference import make_hf_model
@@ -69,6 +70,7 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     for r in range(world):
         graphs = SimpleNamespace(graphs={1: SimpleNamespace(graph=_Graph(log, r)),
                                          8: SimpleNamespace(graph=_Graph(log, r))})
+        graphs.release = lambda g=graphs: DecodeGraphs.release(g)  # the real method on the fakes
         runners.append(SimpleNamespace(graphs=graphs, device=None))
 
     def rank(r: int) -> None:
