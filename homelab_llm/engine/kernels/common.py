@@ -83,3 +83,19 @@ def load_token_scales(s_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_s
     """The per-token fp16 scales of one KV head for a tile of tokens, as fp32."""
     return tl.load(s_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh,
                    mask=n_mask, other=0.0).to(tl.float32)
+
+
+def rotated_int8_attention(attention, q, out, *args, **kwargs) -> torch.Tensor:
+    """Attention over an int8 cache of Hadamard-rotated rows (see ref.quantize_kv): the kernel
+    `attention` runs on q @ H / head_dim (float32) into a float32 output, which is rotated back
+    into `out` (q's dtype). q . k and sum(p v) are unchanged by the rotation, so the kernels
+    themselves need not know. TODO: fuse both rotations into the kernels."""
+    from homelab_llm.engine.kernels.ref import rotate_q, unrotate_kv
+
+    rotated = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    attention(rotate_q(q), *args, out=rotated, q_rotated=True, **kwargs)
+    back = unrotate_kv(rotated)
+    if out is None:
+        return back.to(q.dtype)
+    out.copy_(back)
+    return out

@@ -19,7 +19,8 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
                                                load_paged_kv, load_token_scales, next_pow2,
-                                               scale_strides)
+                                               rotated_int8_attention, scale_strides)
+from homelab_llm.engine.kernels.ref import kv_rotation
 from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -154,6 +155,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    q_rotated: bool = False,
 ) -> torch.Tensor:
     batch = seq_lens.shape[0]
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -163,6 +165,11 @@ def paged_decode_attention(
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    if int8 and not q_rotated and kv_rotation(head_dim, q.device) is not None:
+        # int8 rows are Hadamard-rotated (ref.quantize_kv): rotate q, run, rotate back.
+        return rotated_int8_attention(paged_decode_attention, q, out, k_cache, v_cache, page_table,
+                                      query_start_loc, seq_lens, softmax_scale, k_scale, v_scale,
+                                      num_splits=num_splits, max_seq_len=max_seq_len)
     group = num_q_heads // num_kv_heads
     tiles = tiles_for(q.device)
     if num_splits is None:

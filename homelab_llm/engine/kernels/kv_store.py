@@ -3,7 +3,9 @@ when the cache is int8 (per token, per head, symmetric, fp16 scale). `rope_store
 the rotary embedding first (q in place, k on its way into the cache): one launch per layer
 instead of two, and k is never written back rotated.
 
-Bit-exact with `ref.quantize_per_token_head`: IEEE division (`div_rn`, since Triton's plain `/`
+When head_dim is a power of two the int8 rows are Hadamard-rotated first (`ref.quantize_kv`;
+done in torch before the launch for now, so int8 with rope takes two launches). The kernel is
+bit-exact with `ref.quantize_per_token_head`: IEEE division (`div_rn`, since Triton's plain `/`
 on fp32 may be approximate), round-half-to-even done by hand (portable to ROCm, no libdevice),
 and the fp16 scale is rounded before it divides, like the reference.
 """
@@ -15,8 +17,8 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import cache_strides, check_int8_scales, next_pow2, scale_strides
-from homelab_llm.engine.kernels.elementwise import _rotate_half
-from homelab_llm.engine.kernels.ref import _MIN_AMAX
+from homelab_llm.engine.kernels.elementwise import _rotate_half, apply_rope
+from homelab_llm.engine.kernels.ref import _MIN_AMAX, kv_rotation, rotate_kv
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -99,6 +101,10 @@ def store_kv(
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    if int8 and kv_rotation(head_dim, key.device) is not None:
+        # The int8 cache holds Hadamard-rotated rows (see ref.quantize_kv); the kernel then
+        # quantizes the float32 rotated rows exactly as the reference does.
+        key, value = rotate_kv(key), rotate_kv(value)
     skp, sks, skh = cache_strides(k_cache)
     svp, svs, svh = cache_strides(v_cache)
     ssp, sss, ssh = scale_strides(k_scale if int8 else None)
@@ -202,6 +208,13 @@ def rope_store_kv(
     if q.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("q/key/value head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    if int8 and kv_rotation(head_dim, key.device) is not None:
+        # Rotated int8 rows: rope, then the store that rotates and quantizes (two launches).
+        # TODO: fuse the Hadamard rotation into this kernel.
+        key = key.clone()
+        apply_rope(q, key, positions, cos_sin_cache)
+        store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return
     skp, sks, skh = cache_strides(k_cache)
     svp, svs, svh = cache_strides(v_cache)
     ssp, sss, ssh = scale_strides(k_scale if int8 else None)

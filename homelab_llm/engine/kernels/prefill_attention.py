@@ -16,7 +16,8 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
                                                load_paged_kv, load_token_scales, next_pow2,
-                                               scale_strides)
+                                               rotated_int8_attention, scale_strides)
+from homelab_llm.engine.kernels.ref import kv_rotation
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -111,6 +112,7 @@ def paged_prefill_attention(
     v_scale: torch.Tensor | None = None,
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
+    q_rotated: bool = False,
 ) -> torch.Tensor:
     """max_query_len sizes the grid; without it the grid assumes one sequence could hold every
     token (correct, just more empty programs), so no device-to-host sync is needed."""
@@ -122,6 +124,11 @@ def paged_prefill_attention(
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    if int8 and not q_rotated and kv_rotation(head_dim, q.device) is not None:
+        # int8 rows are Hadamard-rotated (ref.quantize_kv): rotate q, run, rotate back.
+        return rotated_int8_attention(paged_prefill_attention, q, out, k_cache, v_cache, page_table,
+                                      query_start_loc, seq_lens, softmax_scale, k_scale, v_scale,
+                                      max_query_len=max_query_len)
     out = torch.empty_like(q) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out

@@ -15,7 +15,8 @@ def _shapes(full: bool) -> list[tuple[list[int], int, int, int, int]]:
     if full:
         return [([512], 32, 8, 128, 16), ([1, 17, 4096, 16384, 300], 32, 8, 128, 16),
                 ([2048] * 32, 32, 8, 128, 64), ([33, 1000], 28, 4, 128, 1)]
-    return [([1, 7, 40], 4, 2, 32, 4), ([70], 6, 2, 32, 16), ([5, 33], 3, 3, 32, 8)]
+    # head_dim 48: int8 rows stored unrotated (ref.kv_rotation is None)
+    return [([1, 7, 40], 4, 2, 32, 4), ([70], 6, 2, 32, 16), ([5, 33], 3, 3, 32, 8), ([9, 3], 2, 1, 48, 4)]
 
 
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)

@@ -14,7 +14,8 @@ def _cases(full: bool) -> list[tuple[list[int], list[int], int, int, int, int]]:
         return [([512], [512], 32, 8, 128, 16),
                 ([300, 1, 0, 2048], [4396, 17, 40, 2048], 32, 8, 128, 16),
                 ([128] * 8, [16384] * 8, 32, 8, 128, 64)]
-    return [([5, 1, 0, 19], [5, 9, 3, 40], 4, 2, 32, 4), ([17], [30], 3, 1, 32, 8)]
+    # head_dim 48: int8 rows stored unrotated (ref.kv_rotation is None)
+    return [([5, 1, 0, 19], [5, 9, 3, 40], 4, 2, 32, 4), ([17], [30], 3, 1, 32, 8), ([3], [11], 2, 1, 48, 4)]
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16, torch.int8])
