@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from homelab_llm.engine.kernels.ref import INT8_SCALE_DTYPE
+from homelab_llm.engine.kernels.ref import INT8_SCALE_DTYPE, kv_rotation
 from homelab_llm.errors import HomelabError
 
 
@@ -65,6 +65,7 @@ class PagePool:
                              for _ in range(layout.num_layers)]
             self.v_scales = [torch.ones(shape[:3], dtype=INT8_SCALE_DTYPE, device=device)
                              for _ in range(layout.num_layers)]
+            kv_rotation(layout.head_dim, device)  # built now, before any CUDA-graph capture
         self.ref_counts = [0] * num_pages
         self._free: deque[int] = deque(range(num_pages))
 

@@ -44,10 +44,14 @@ def kv_rotation(head_dim: int, device: torch.device) -> torch.Tensor | None:
     key = (head_dim, torch.device(device))
     h = _HADAMARD.get(key)
     if h is None:
-        h = torch.ones(1, 1)
-        while h.shape[0] < head_dim:
-            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-        h = _HADAMARD[key] = h.to(device)
+        # H[i, j] = (-1)^popcount(i & j) (Sylvester), built on the device: no host copy, so a
+        # first call inside CUDA-graph capture would not break it (PagePool builds it up front).
+        i = torch.arange(head_dim, device=device)
+        bits = i[:, None] & i[None, :]
+        parity = torch.zeros_like(bits)
+        for b in range(head_dim.bit_length() - 1):
+            parity ^= (bits >> b) & 1
+        h = _HADAMARD[key] = 1.0 - 2.0 * parity.float()
     return h
 
 
