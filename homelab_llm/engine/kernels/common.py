@@ -85,17 +85,20 @@ def load_token_scales(s_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_s
                    mask=n_mask, other=0.0).to(tl.float32)
 
 
-def rotated_int8_attention(attention, q, out, *args, **kwargs) -> torch.Tensor:
-    """Attention over an int8 cache of Hadamard-rotated rows (see ref.quantize_kv): the kernel
-    `attention` runs on q @ H / head_dim (float32) into a float32 output, which is rotated back
-    into `out` (q's dtype). q . k and sum(p v) are unchanged by the rotation, so the kernels
-    themselves need not know. TODO: fuse both rotations into the kernels."""
-    from homelab_llm.engine.kernels.ref import rotate_q, unrotate_kv
-
-    rotated = torch.empty(q.shape, dtype=torch.float32, device=q.device)
-    attention(rotate_q(q), *args, out=rotated, q_rotated=True, **kwargs)
-    back = unrotate_kv(rotated)
-    if out is None:
-        return back.to(q.dtype)
-    out.copy_(back)
-    return out
+@triton.jit
+def hadamard_dot(x, rows, cols, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr):
+    """x [M, len(rows)] float32 @ H[rows, cols] -> float32, H the +-1 Walsh-Hadamard matrix of
+    size 2**LOG2_D (ref.kv_rotation), built in registers: H[i, j] = (-1)^popcount(i & j).
+    M and len(rows) must be >= 16 (tl.dot). On a GPU x goes in as bf16 high + low halves (+-1
+    is exact in bf16): about 16 bits of x, products exact, sums in fp32."""
+    bits = rows[:, None] & cols[None, :]
+    parity = bits & 0
+    for b in tl.static_range(LOG2_D):
+        parity = parity ^ ((bits >> b) & 1)
+    h = 1.0 - 2.0 * parity.to(tl.float32)
+    if DOT_F32:
+        return tl.dot(x, h)
+    hb = h.to(tl.bfloat16)
+    hi = x.to(tl.bfloat16)
+    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
+    return tl.dot(hi, hb) + tl.dot(lo, hb)

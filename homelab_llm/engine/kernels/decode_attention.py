@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
-                                               load_paged_kv, load_token_scales, next_pow2,
-                                               rotated_int8_attention, scale_strides)
-from homelab_llm.engine.kernels.ref import kv_rotation
+                                               hadamard_dot, load_paged_kv, load_token_scales,
+                                               next_pow2, scale_strides)
+from homelab_llm.engine.kernels.ref import kv_rotated
 from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -38,6 +38,7 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -58,6 +59,8 @@ def _decode_split_kernel(
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if ROTATE:  # int8 rows are Hadamard-rotated (ref.quantize_kv): q @ H / D scores the same
+        q = hadamard_dot(q.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
     if DOT_F32:
         q = q.to(tl.float32)
     elif INT8_KV:
@@ -96,6 +99,8 @@ def _decode_split_kernel(
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if ROTATE:  # back from the rotated rows (linear, so split partials merge the same)
+        out = hadamard_dot(out, offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
     if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
         tl.store(out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
@@ -155,7 +160,6 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
-    q_rotated: bool = False,
 ) -> torch.Tensor:
     batch = seq_lens.shape[0]
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -165,11 +169,7 @@ def paged_decode_attention(
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
-    if int8 and not q_rotated and kv_rotation(head_dim, q.device) is not None:
-        # int8 rows are Hadamard-rotated (ref.quantize_kv): rotate q, run, rotate back.
-        return rotated_int8_attention(paged_decode_attention, q, out, k_cache, v_cache, page_table,
-                                      query_start_loc, seq_lens, softmax_scale, k_scale, v_scale,
-                                      num_splits=num_splits, max_seq_len=max_seq_len)
+    rotate = int8 and kv_rotated(head_dim)
     group = num_q_heads // num_kv_heads
     tiles = tiles_for(q.device)
     if num_splits is None:
@@ -200,6 +200,7 @@ def paged_decode_attention(
         PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=tiles.decode.block_n,
         NUM_SPLITS=num_splits, INT8_KV=int8, DOT_F32=dot_in_fp32(),
+        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1),
         num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages,
     )
     if num_splits == 1:

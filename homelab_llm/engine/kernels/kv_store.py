@@ -3,11 +3,11 @@ when the cache is int8 (per token, per head, symmetric, fp16 scale). `rope_store
 the rotary embedding first (q in place, k on its way into the cache): one launch per layer
 instead of two, and k is never written back rotated.
 
-When head_dim is a power of two the int8 rows are Hadamard-rotated first (`ref.quantize_kv`;
-done in torch before the launch for now, so int8 with rope takes two launches). The kernel is
-bit-exact with `ref.quantize_per_token_head`: IEEE division (`div_rn`, since Triton's plain `/`
-on fp32 may be approximate), round-half-to-even done by hand (portable to ROCm, no libdevice),
-and the fp16 scale is rounded before it divides, like the reference.
+When head_dim is a power of two the int8 rows are Hadamard-rotated first (`ref.quantize_kv`),
+in the kernel with tl.dot; the rotated rows then match the reference's to fp32 rounding, and
+their quantization is bit-exact with `ref.quantize_per_token_head`: IEEE division (`div_rn`,
+since Triton's plain `/` on fp32 may be approximate), round-half-to-even done by hand (portable
+to ROCm, no libdevice), and the fp16 scale is rounded before it divides, like the reference.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import cache_strides, check_int8_scales, next_pow2, scale_strides
+from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
+                                               hadamard_dot, next_pow2, scale_strides)
 from homelab_llm.engine.kernels.elementwise import _rotate_half, apply_rope
-from homelab_llm.engine.kernels.ref import _MIN_AMAX, kv_rotation, rotate_kv
+from homelab_llm.engine.kernels.ref import _MIN_AMAX, kv_rotated
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -62,6 +63,7 @@ def _store_kv_kernel(
     min_amax,
     PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, INT8_KV: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
@@ -79,6 +81,9 @@ def _store_kv_kernel(
     if INT8_KV:
         s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
         h_mask = offs_h < NUM_HEADS
+        if ROTATE:  # rows @ H (ref.quantize_kv); HEADS_PAD >= 16 for the dot
+            key = hadamard_dot(key.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32)
+            value = hadamard_dot(value.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32)
         _quantize_rows_store(key, k_dst, ks_ptr + s_off, mask, h_mask, min_amax)
         _quantize_rows_store(value, v_dst, vs_ptr + s_off, mask, h_mask, min_amax)
     else:
@@ -101,10 +106,7 @@ def store_kv(
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
-    if int8 and kv_rotation(head_dim, key.device) is not None:
-        # The int8 cache holds Hadamard-rotated rows (see ref.quantize_kv); the kernel then
-        # quantizes the float32 rotated rows exactly as the reference does.
-        key, value = rotate_kv(key), rotate_kv(value)
+    rotate = int8 and kv_rotated(head_dim)
     skp, sks, skh = cache_strides(k_cache)
     svp, svs, svh = cache_strides(v_cache)
     ssp, sss, ssh = scale_strides(k_scale if int8 else None)
@@ -114,8 +116,10 @@ def store_kv(
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
         _MIN_AMAX,
-        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
+        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads,
+        HEADS_PAD=max(16, next_pow2(num_heads)) if rotate else next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=int8,
+        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1), DOT_F32=dot_in_fp32(),
         num_warps=tiles_for(key.device).elementwise_warps,
     )
 
@@ -131,6 +135,7 @@ def _rope_store_kv_kernel(
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -171,7 +176,15 @@ def _rope_store_kv_kernel(
     value = tl.load(value_ptr + t * stride_vt + offs_h[:, None] * stride_vh_in + offs_v[None, :],
                     mask=v_mask, other=0.0)
     v_dst = v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh + offs_v[None, :]
-    if INT8_KV:
+    if INT8_KV and ROTATE:
+        # Full rotary here: k @ H = r1 @ H[:HALF] + r2 @ H[HALF:] (ref.quantize_kv).
+        k_rot = hadamard_dot(r1, offs_d, offs_v, LOG2_D, DOT_F32)
+        k_rot += hadamard_dot(r2, HALF + offs_d, offs_v, LOG2_D, DOT_F32)
+        v_rot = hadamard_dot(value.to(tl.float32), offs_v, offs_v, LOG2_D, DOT_F32)
+        s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
+        _quantize_rows_store(k_rot, k_dst + offs_v[None, :], ks_ptr + s_off, v_mask, h_mask, min_amax)
+        _quantize_rows_store(v_rot, v_dst, vs_ptr + s_off, v_mask, h_mask, min_amax)
+    elif INT8_KV:
         amax = tl.maximum(tl.max(tl.abs(r1), axis=1), tl.max(tl.abs(r2), axis=1))
         amax = tl.maximum(amax, tl.max(tl.abs(tail), axis=1))
         scale = _head_scale(amax, min_amax)
@@ -208,9 +221,10 @@ def rope_store_kv(
     if q.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("q/key/value head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
-    if int8 and kv_rotation(head_dim, key.device) is not None:
-        # Rotated int8 rows: rope, then the store that rotates and quantizes (two launches).
-        # TODO: fuse the Hadamard rotation into this kernel.
+    half = cos_sin_cache.shape[1] // 2
+    rotate = int8 and kv_rotated(head_dim)
+    if rotate and not (2 * half == head_dim and half >= 16):
+        # Rotated int8 rows with partial rotary (or a tiny head): rope, then the rotating store.
         key = key.clone()
         apply_rope(q, key, positions, cos_sin_cache)
         store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
@@ -218,7 +232,6 @@ def rope_store_kv(
     skp, sks, skh = cache_strides(k_cache)
     svp, svs, svh = cache_strides(v_cache)
     ssp, sss, ssh = scale_strides(k_scale if int8 else None)
-    half = cos_sin_cache.shape[1] // 2
     _rope_store_kv_kernel[(num_tokens,)](
         q, key, value, positions, cos_sin_cache, k_cache, v_cache,
         k_scale if int8 else k_cache, v_scale if int8 else v_cache, slot_mapping,
@@ -227,8 +240,9 @@ def rope_store_kv(
         skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
         _MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
-        NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
+        NUM_HEADS=num_heads, HEADS_PAD=max(16, next_pow2(num_heads)) if rotate else next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
         TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=int8,
+        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1), DOT_F32=dot_in_fp32(),
         num_warps=tiles_for(key.device).elementwise_warps,
     )

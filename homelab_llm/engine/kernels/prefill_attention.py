@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
-                                               load_paged_kv, load_token_scales, next_pow2,
-                                               rotated_int8_attention, scale_strides)
-from homelab_llm.engine.kernels.ref import kv_rotation
+                                               hadamard_dot, load_paged_kv, load_token_scales,
+                                               next_pow2, scale_strides)
+from homelab_llm.engine.kernels.ref import kv_rotated
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -34,6 +34,7 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -53,6 +54,8 @@ def _prefill_kernel(
     rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    if ROTATE:  # int8 rows are Hadamard-rotated (ref.quantize_kv): q @ H / D scores the same
+        q = hadamard_dot(q.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
     if DOT_F32:
         q = q.to(tl.float32)
     elif INT8_KV:
@@ -96,6 +99,8 @@ def _prefill_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if ROTATE:  # back from the rotated rows
+        out = hadamard_dot(out, offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
     tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -112,7 +117,6 @@ def paged_prefill_attention(
     v_scale: torch.Tensor | None = None,
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
-    q_rotated: bool = False,
 ) -> torch.Tensor:
     """max_query_len sizes the grid; without it the grid assumes one sequence could hold every
     token (correct, just more empty programs), so no device-to-host sync is needed."""
@@ -124,11 +128,7 @@ def paged_prefill_attention(
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     int8 = check_int8_scales(k_cache, k_scale, v_scale)
-    if int8 and not q_rotated and kv_rotation(head_dim, q.device) is not None:
-        # int8 rows are Hadamard-rotated (ref.quantize_kv): rotate q, run, rotate back.
-        return rotated_int8_attention(paged_prefill_attention, q, out, k_cache, v_cache, page_table,
-                                      query_start_loc, seq_lens, softmax_scale, k_scale, v_scale,
-                                      max_query_len=max_query_len)
+    rotate = int8 and kv_rotated(head_dim)
     out = torch.empty_like(q) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
@@ -149,6 +149,7 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         INT8_KV=int8, DOT_F32=dot_in_fp32(),
+        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out

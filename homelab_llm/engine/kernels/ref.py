@@ -3,7 +3,7 @@ is tested against the function of the same job here.
 
 KV cache layout (one layer): k_cache, v_cache [num_pages, page_size, num_kv_heads, head_dim];
 for int8 KV also k_scale, v_scale [num_pages, page_size, num_kv_heads] float16, one scale per
-token per head. When head_dim is a power of two, the int8 cache holds each row rotated by the
+token per head. When head_dim is a power of two >= 16, the int8 cache holds each row rotated by the
 Walsh-Hadamard matrix H (entries +-1, H @ H = head_dim * I): row x is stored as quantize(x @ H),
 and reads back as dequantize(...) @ H / head_dim (`quantize_kv` / `dequantize_kv`). The rotation
 spreads RoPE's outlier channels over the whole row, so the per-row int8 step shrinks (measured on
@@ -36,10 +36,16 @@ def dequantize_per_token_head(q: torch.Tensor, scale: torch.Tensor, dtype: torch
 _HADAMARD: dict[tuple[int, torch.device], torch.Tensor] = {}
 
 
+def kv_rotated(head_dim: int) -> bool:
+    """Whether the int8 cache stores rows Hadamard-rotated: head_dim a power of two, >= 16 (the
+    kernels rotate with tl.dot, whose operands need 16 along each axis)."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
+
+
 def kv_rotation(head_dim: int, device: torch.device) -> torch.Tensor | None:
     """The +-1 Walsh-Hadamard matrix [head_dim, head_dim] (float32, symmetric) the int8 cache's
-    rows are rotated by, or None when head_dim is not a power of two (rows stored as they are)."""
-    if head_dim < 2 or head_dim & (head_dim - 1):
+    rows are rotated by, or None when they are stored as they are (see kv_rotated)."""
+    if not kv_rotated(head_dim):
         return None
     key = (head_dim, torch.device(device))
     h = _HADAMARD.get(key)
@@ -66,12 +72,6 @@ def unrotate_kv(x: torch.Tensor) -> torch.Tensor:
     """The inverse of rotate_kv, float32: x @ H / head_dim (H is symmetric)."""
     h = kv_rotation(x.shape[-1], x.device)
     return x.float() if h is None else (x.float() @ h) * (1.0 / x.shape[-1])
-
-
-def rotate_q(q: torch.Tensor) -> torch.Tensor:
-    """q [..., head_dim] for attention over rotated int8 K, float32: (q @ H / head_dim) . (k @ H)
-    == q . k."""
-    return unrotate_kv(q)
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

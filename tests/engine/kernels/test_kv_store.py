@@ -1,4 +1,5 @@
-"""KV store kernel against store_kv_ref: bit-exact, int8 quantization included."""
+"""KV store kernel against store_kv_ref: bit-exact for float caches; int8 up to the rounding of
+the Hadamard rotation's fp32 sums (the kernel's dot and torch's matmul add in different orders)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,21 @@ def _caches(num_pages: int, page_size: int, heads: int, d: int, dtype: torch.dty
     return k, v, ks, torch.zeros_like(ks)
 
 
+def _assert_same_caches(got, want) -> None:
+    """Float caches bit-exact. int8 (k, v, k_scale, v_scale): the rotated rows may differ by an
+    fp32 ulp, which moves a code across a rounding boundary (by one) or a scale by an fp16 ulp
+    only rarely: at most 1e-4 of codes and 1e-3 of scales differ, and never by more than that."""
+    if got[2] is None:
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        return
+    for g, w in zip(got[:2], want[:2]):
+        diff = (g.int() - w.int()).abs()
+        assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) <= 1e-4
+    for g, w in zip(got[2:], want[2:]):
+        close = (g.float() - w.float()).abs() <= 1e-3 * w.float().abs()
+        assert close.all() and float((g != w).float().mean()) <= 1e-3
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int8])
 def test_store_matches_reference_exactly(cache_dtype: torch.dtype, device: torch.device, full_shapes: bool) -> None:
     from homelab_llm.engine.kernels.kv_store import store_kv
@@ -37,9 +53,7 @@ def test_store_matches_reference_exactly(cache_dtype: torch.dtype, device: torch
     want = _caches(pages, page_size, heads, d, cache_dtype, device)
     store_kv(key, value, got[0], got[1], slots, got[2], got[3])
     store_kv_ref(key, value, want[0], want[1], slots, want[2], want[3])
-    for g, w in zip(got, want):
-        if g is not None:
-            assert torch.equal(g, w)
+    _assert_same_caches(got, want)
 
 
 def test_store_to_strided_cache_view(device: torch.device) -> None:
@@ -78,7 +92,8 @@ def test_fused_rope_store_matches_unfused(cache_dtype: torch.dtype, rot_fraction
                                           device: torch.device, full_shapes: bool) -> None:
     """rope_store_kv == apply_rope then store_kv: q rotated in place, rotated k (rounded to bf16,
     then quantized for int8) in the cache, the input k left alone. Bit-exact against the unfused
-    Triton kernels, and within bf16 rounding of the torch reference (int8: one quantization step)."""
+    Triton kernels (int8: up to rotation rounding, see _assert_same_caches), and within bf16
+    rounding of the torch reference (int8: one quantization step)."""
     from homelab_llm.engine.kernels import ref
     from homelab_llm.engine.kernels.elementwise import apply_rope
     from homelab_llm.engine.kernels.kv_store import rope_store_kv, store_kv
@@ -105,9 +120,7 @@ def test_fused_rope_store_matches_unfused(cache_dtype: torch.dtype, rot_fraction
     want = _caches(pages, page_size, hkv, d, cache_dtype, device)
     store_kv(k_rot, v, *want[:2], slots, *want[2:])
     assert torch.equal(q_fused, q_unfused)
-    for g, w in zip(got, want):
-        if g is not None:
-            assert torch.equal(g, w)
+    _assert_same_caches(got, want)
 
     q_ref, k_ref = q.clone(), k.clone()
     ref.apply_rope_ref(q_ref, k_ref, positions, table)
