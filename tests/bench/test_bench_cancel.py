@@ -43,7 +43,9 @@ async def test_cancelled_serve_run_keeps_finished_requests():
         config = ServeConfig(num_prompts=6, input_len=8, output_len=10, max_concurrency=2)
         report = ServeReport("", url, config)
         task = asyncio.ensure_future(run_serve(client, config, report=report))
-        await _until(lambda: len(report.timings) >= 2)
+        # Cancel with a stream in flight (two done, a third started), or nothing is left to abort.
+        await _until(lambda: len(report.timings) >= 2 and len(server.requests) > len(report.timings))
+        await asyncio.sleep(0.05)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await _until(lambda: server.aborted >= 1)
