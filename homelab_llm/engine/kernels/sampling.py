@@ -66,6 +66,21 @@ def _order_key(s):
 
 
 @triton.jit
+def _keep_best(x, offs, best, best_idx):
+    """Running per-lane maximum and its index (the first index on ties)."""
+    better = x > best
+    return tl.where(better, x, best), tl.where(better, offs, best_idx)
+
+
+@triton.jit
+def _store_chunk_best(best, best_idx, value_ptr, index_ptr, slot):
+    """A chunk's maximum and its lowest index among equal maxima."""
+    top = tl.max(best, axis=0)
+    tl.store(value_ptr + slot, top)
+    tl.store(index_ptr + slot, tl.min(tl.where(best == top, best_idx, 2147483647), axis=0))
+
+
+@triton.jit
 def _row_max(part_max_ptr, row, NUM_CHUNKS: tl.constexpr):
     return tl.max(tl.load(part_max_ptr + row * NUM_CHUNKS + tl.arange(0, NUM_CHUNKS)), axis=0)
 
@@ -83,13 +98,8 @@ def _stats_kernel(logits_ptr, part_max_ptr, part_idx_ptr, V, stride_l, CHUNK,
     for v0 in range(start, end, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         x = tl.load(base + offs, mask=offs < end, other=float("-inf")).to(tl.float32)
-        better = x > best
-        best = tl.where(better, x, best)
-        best_idx = tl.where(better, offs, best_idx)
-    top = tl.max(best, axis=0)
-    tl.store(part_max_ptr + row * NUM_CHUNKS + chunk, top)
-    tl.store(part_idx_ptr + row * NUM_CHUNKS + chunk,
-             tl.min(tl.where(best == top, best_idx, 2147483647), axis=0))
+        best, best_idx = _keep_best(x, offs, best, best_idx)
+    _store_chunk_best(best, best_idx, part_max_ptr, part_idx_ptr, row * NUM_CHUNKS + chunk)
 
 
 _KEY_MIN_I64 = tl.constexpr(-(2**62))
@@ -255,13 +265,8 @@ def _race_kernel(
                 u = tl.uint_to_uniform_float(r)
                 e = -tl.log(tl.maximum(u, 1e-20))
             score = tl.where(kept, s - tl.log(e), float("-inf"))
-            better = score > best
-            best = tl.where(better, score, best)
-            best_idx = tl.where(better, offs, best_idx)
-        top = tl.max(best, axis=0)
-        tl.store(part_score_ptr + row * NUM_CHUNKS + chunk, top)
-        tl.store(part_tok_ptr + row * NUM_CHUNKS + chunk,
-                 tl.min(tl.where(best == top, best_idx, 2147483647), axis=0))
+            best, best_idx = _keep_best(score, offs, best, best_idx)
+        _store_chunk_best(best, best_idx, part_score_ptr, part_tok_ptr, row * NUM_CHUNKS + chunk)
 
 
 @triton.jit
