@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -60,6 +61,9 @@ def equality() -> None:
         toks = [c.token_ids for c in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))]
         out[tp] = (logits, toks, e.status()["devices"])
         llm.shutdown()
+        del e, llm  # the engine (its KV cache) goes before the next one is built
+        gc.collect()
+        torch.cuda.empty_cache()
     (l1, t1, _), (l2, t2, dev2) = out[1], out[2]
     report("tp2_vs_tp1_max_abs_over_max", float((l1 - l2).abs().max() / l1.abs().max()))
     report("tp2_vs_tp1_greedy_identical", float(t1 == t2))
@@ -84,7 +88,12 @@ def decode(modes: str = DECODE_MODES) -> None:
         report(f"llama8b_bf16_b1_{name}_tok_s", rates[mode], "tok/s")
         engine.shutdown()
         del engine
+        # What the shut-down engine left on GPU 0 (rank 0 lives here), before and after the cycle
+        # collector: both should be ~0 (the engine frees by reference counting alone).
+        report(f"{name}_left_gpu0_mib_no_gc", torch.cuda.memory_allocated(0) / 2**20, "MiB")
+        gc.collect()  # all the same: a future cycle must not OOM the next engine
         torch.cuda.empty_cache()
+        report(f"{name}_left_gpu0_mib", torch.cuda.memory_allocated(0) / 2**20, "MiB")
     os.environ.pop("HOMELAB_ALLREDUCE", None)
     if "tp1" in rates and "auto" in rates:
         report("tp2_over_tp1", rates["auto"] / rates["tp1"])

@@ -310,7 +310,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         for rid in list(self._seqs):
             self.abort_request(rid)
-        close = getattr(self.runner, "shutdown", None)
+        close = getattr(self.runner, "shutdown", None) or getattr(self.runner, "release", None)
         if close is not None:
             close()
 

@@ -201,6 +201,7 @@ class _ShmChannel(_Channel):
 
     def close(self) -> None:
         self.ring.close()
+        self.peers_alive = None  # a bound method of the runner that owns this channel: no cycle
 
 
 def _plan_transport(args: EngineArgs) -> str:
@@ -452,6 +453,7 @@ class ParallelRunner:
         self._ctx = mp.get_context("spawn")
         self._errors: mp.Queue[str] = self._ctx.Queue()
         self._closing = False
+        self._stop = threading.Event()  # wakes the monitor at shutdown
         self._comm: PeerAllReduce | None = None
         self.shutdown_seconds = 0.0
         self.shutdown_phases: dict[str, float] = {}
@@ -553,7 +555,7 @@ class ParallelRunner:
     def _watch(self) -> None:
         """Notice a dead rank, log its error, stop the others. Rank 0's pending collective then
         fails and raises RankFailedError; if it hangs instead (NCCL can), exit after a grace."""
-        while not self._closing:
+        while not self._stop.is_set():
             dead = [(r, p) for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
             if dead:
                 rank, proc = dead[0]
@@ -568,13 +570,10 @@ class ParallelRunner:
                 for q in self.procs:
                     if q.is_alive():
                         q.kill()
-                deadline = time.monotonic() + 10.0
-                while not self._closing and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                if not self._closing:
+                if not self._stop.wait(10.0):
                     os._exit(1)
                 return
-            time.sleep(0.2)
+            self._stop.wait(0.2)
 
     def _failed(self, exc: BaseException) -> "RankFailedError":
         deadline = time.monotonic() + 3.0
@@ -588,12 +587,26 @@ class ParallelRunner:
                 p.kill()
             p.join()
 
+    def _release(self, stuck: bool) -> None:
+        """Let go of everything that holds device memory, so that dropping the engine gives it
+        all back without waiting for the cycle collector: the monitor thread (its frame holds
+        this runner) has ended, and the weights, KV cache and peer all-reduce go now. A teardown
+        still stuck may be using rank 0's runner: that one is left to it (the process must be
+        restarted anyway)."""
+        self._monitor.join(SHUTDOWN_WAIT_S)
+        self._planned = self._patch = None
+        self._comm = None
+        self.pool = None
+        if not stuck:
+            self.local.release()
+
     def shutdown(self) -> None:
         """Returns in a fraction of a second on a clean run (see `_leave` for the order); a dead or
         stuck peer costs at most a few bounded waits, and never a hang at exit."""
         if self._closing:
             return
         self._closing = True
+        self._stop.set()
         start = mark = time.monotonic()
         phases: dict[str, float] = {}
 
@@ -639,6 +652,7 @@ class ParallelRunner:
         del store
         self.channel.close()
         set_parallel_state(0, 1)
+        self._release(stuck=teardown.is_alive())
         self.shutdown_phases = phases
         self.shutdown_seconds = time.monotonic() - start
         log.info("tensor parallelism shut down in %.2f s (%s)", self.shutdown_seconds,

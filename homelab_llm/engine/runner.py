@@ -199,6 +199,19 @@ class ModelRunner:
         for attn in self.model.attention_layers:
             attn.k_cache = attn.v_cache = attn.k_scale = attn.v_scale = None
 
+    def release(self) -> None:
+        """Let go of the device memory this runner holds (decode graphs, KV cache, weights,
+        staging buffers) at engine shutdown, so it returns even while something still refers to
+        the runner. The runner cannot step afterwards. Idempotent."""
+        graphs, self.graphs = self.graphs, None
+        if graphs is not None:
+            graphs.release()
+        if getattr(self, "model", None) is not None:
+            self.unbind_kv()
+        self.pool = None
+        self.model = None
+        self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
+
     # -- one step -----------------------------------------------------------------------------
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
         return self.batch_from_plan(*build_plan(scheduled, self.page_size))
