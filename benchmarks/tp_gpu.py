@@ -166,7 +166,7 @@ def _allreduce_worker(rank: int, port: int, q) -> None:
 def allreduce() -> None:
     import torch.multiprocessing as mp
 
-    from homelab_llm.engine.parallel_workers import _free_port
+    from homelab_llm.engine.tp_launch import _free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -26,9 +26,9 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from homelab_llm.engine.parallel_workers import (CMD_STEP, _Channel, _free_port,  # noqa: E402
-                                                 _ShmChannel)
 from homelab_llm.engine.step_channel import ShmRing  # noqa: E402
+from homelab_llm.engine.tp_channel import CMD_STEP, _Channel, _ShmChannel  # noqa: E402
+from homelab_llm.engine.tp_launch import _free_port  # noqa: E402
 
 PLANS = {  # name: (tokens, batch, pages per sequence)
     "decode_b1_ctx32": (1, 1, 2),

@@ -25,7 +25,7 @@ def main() -> int:
     import torch
 
     from engine_gpu import decode_rate, make_engine
-    from homelab_llm.engine import parallel_workers as pw
+    from homelab_llm.engine import tp_shutdown
 
     ok = True
     for mode in ("auto", "nccl"):
@@ -40,7 +40,7 @@ def main() -> int:
         engine.shutdown()
         phases = ", ".join(f"{k} {v:.3f}" for k, v in runner.shutdown_phases.items())
         codes = [p.exitcode for p in runner.procs]
-        stuck = any(t.is_alive() for t in pw._stuck_teardowns)
+        stuck = any(t.is_alive() for t in tp_shutdown._stuck_teardowns)
         good = runner.shutdown_seconds < 2.0 and codes == [0] and not stuck and graphs > 0
         ok = ok and good
         print(f"tp2 {mode}: built {built:.1f} s, decode {rate:.0f} tok/s, {graphs} graphs; "

@@ -170,7 +170,7 @@ def test_a_raising_rank_reports_its_error(tmp_path: Path) -> None:
 
 def test_two_local_processes_as_two_nodes(tmp_path: Path) -> None:
     make_hf_model("llama", tmp_path, num_attention_heads=6, num_key_value_heads=2, **SHAPE)
-    from homelab_llm.engine.parallel_workers import _free_port
+    from homelab_llm.engine.tp_launch import _free_port
 
     port = _free_port()
     common = (f"device='cpu', dtype='float32', tensor_parallel_size=2, page_size=4, "

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from homelab_llm.engine import parallel_workers as pw
+from homelab_llm.engine import tp_shutdown as tsd
 from homelab_llm.engine.cuda_graphs import DecodeGraphs
 from homelab_llm.engine.llm import LLM
 from homelab_llm.engine.sampling_params import SamplingParams
@@ -76,7 +77,7 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     def rank(r: int) -> None:
         if r == 1:
             time.sleep(0.05)  # a slow rank: the others must wait for it at every step
-        pw._leave(_BarrierChannel(barrier, log, r), runners[r], _Comm(log, r), "cpu", 5.0)
+        tsd._leave(_BarrierChannel(barrier, log, r), runners[r], _Comm(log, r), "cpu", 5.0)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     for t in threads:
@@ -97,7 +98,7 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
 def test_leave_on_cpu_ranks_skips_the_buffer_barrier() -> None:
     log = _Log()
     runner = SimpleNamespace(graphs=None, device=None)
-    pw._leave(_BarrierChannel(threading.Barrier(1), log, 0), runner, None, "cpu", 1.0)
+    tsd._leave(_BarrierChannel(threading.Barrier(1), log, 0), runner, None, "cpu", 1.0)
     assert log.events == [("barrier", 0)]
 
 
@@ -110,14 +111,14 @@ def test_workers_outlive_rank0_teardown_and_a_second_engine_works(tmp_path: Path
                                                                   monkeypatch) -> None:
     make_hf_model("llama", tmp_path, **SHAPE)
     seen: dict[str, object] = {}
-    real_close = pw._close_group
+    real_close = tsd._close_group
 
     def watched_close(device_type: str) -> None:
         runner = seen["runner"]
         seen["workers_alive_during_teardown"] = all(p.is_alive() for p in runner.procs)
         real_close(device_type)
 
-    monkeypatch.setattr(pw, "_close_group", watched_close)
+    monkeypatch.setattr(tsd, "_close_group", watched_close)
     tokens = []
     for _ in range(2):  # a second TP engine in the same process after the first one's teardown
         llm = _llm(tmp_path)
@@ -135,15 +136,15 @@ def test_a_stuck_teardown_is_bounded_and_the_next_engine_waits_for_it(tmp_path: 
                                                                       monkeypatch) -> None:
     make_hf_model("llama", tmp_path, **SHAPE)
     release = threading.Event()
-    real_close = pw._close_group
+    real_close = tsd._close_group
 
     def stuck_close(device_type: str) -> None:  # like NCCL waiting on a graph still alive
         release.wait(30)
         real_close(device_type)
 
-    monkeypatch.setattr(pw, "_close_group", stuck_close)
-    monkeypatch.setattr(pw, "SHUTDOWN_WAIT_S", 1.0)
-    monkeypatch.setattr(pw, "_stuck_teardowns", [])
+    monkeypatch.setattr(tsd, "_close_group", stuck_close)
+    monkeypatch.setattr(pw, "SHUTDOWN_WAIT_S", 1.0)  # rank 0's waits: ParallelRunner's name
+    monkeypatch.setattr(tsd, "_stuck_teardowns", [])
     llm = _llm(tmp_path)
     runner = llm.engine.runner
     llm.generate(PROMPTS, GREEDY)
@@ -151,32 +152,32 @@ def test_a_stuck_teardown_is_bounded_and_the_next_engine_waits_for_it(tmp_path: 
     llm.shutdown()
     assert time.monotonic() - start < 5.0  # bounded: 1 s for the teardown, the workers exit
     assert [p.exitcode for p in runner.procs] == [0]
-    assert len(pw._stuck_teardowns) == 1
+    assert len(tsd._stuck_teardowns) == 1
     with pytest.raises(pw.RankFailedError, match="still stuck"):
-        pw._wait_for_stuck_teardown(0.2)
+        tsd._wait_for_stuck_teardown(0.2)
     # At exit the guard frees every graph (which is what unblocks NCCL) and lets the thread end.
-    monkeypatch.setattr(pw, "_reset_all_graphs", release.set)
-    monkeypatch.setattr(pw.os, "_exit", lambda code: pytest.fail("guard left via os._exit"))
-    pw._exit_guard(wait_s=10.0)
-    assert not pw._stuck_teardowns[0].is_alive()
-    monkeypatch.setattr(pw, "_close_group", real_close)
+    monkeypatch.setattr(tsd, "_reset_all_graphs", release.set)
+    monkeypatch.setattr(tsd.os, "_exit", lambda code: pytest.fail("guard left via os._exit"))
+    tsd._exit_guard(wait_s=10.0)
+    assert not tsd._stuck_teardowns[0].is_alive()
+    monkeypatch.setattr(tsd, "_close_group", real_close)
     llm = _llm(tmp_path)  # the finished teardown freed torch's default group for this one
     try:
         assert llm.generate(PROMPTS, GREEDY)
     finally:
         llm.shutdown()
-    assert pw._stuck_teardowns == []
+    assert tsd._stuck_teardowns == []
 
 
 def test_exit_guard_leaves_without_finalization_when_still_stuck(monkeypatch) -> None:
     never = threading.Event()
     t = threading.Thread(target=never.wait, args=(30,), daemon=True)
     t.start()
-    monkeypatch.setattr(pw, "_stuck_teardowns", [t])
-    monkeypatch.setattr(pw, "_reset_all_graphs", lambda: None)
+    monkeypatch.setattr(tsd, "_stuck_teardowns", [t])
+    monkeypatch.setattr(tsd, "_reset_all_graphs", lambda: None)
     codes = []
-    monkeypatch.setattr(pw.os, "_exit", codes.append)
-    pw._exit_guard(wait_s=0.2)
+    monkeypatch.setattr(tsd.os, "_exit", codes.append)
+    tsd._exit_guard(wait_s=0.2)
     never.set()
     t.join(5)
     assert codes == [1]

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from homelab_llm.engine.llm import LLM
-from homelab_llm.engine.parallel_workers import (PLAN_TRANSPORT_ENV, SHUTDOWN_WAIT_S,
-                                                 _ShmChannel, _plan, _unpack)
+from homelab_llm.engine.tp_channel import PLAN_TRANSPORT_ENV, _plan, _ShmChannel, _unpack
+from homelab_llm.engine.tp_shutdown import SHUTDOWN_WAIT_S
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.model_reference import make_hf_model
 
