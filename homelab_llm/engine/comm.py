@@ -287,7 +287,7 @@ class PeerAllReduce:
             nccl.append(self._agree(_graph_us(lambda: dist.all_reduce(x), calls, replays)))
         return custom, nccl
 
-    # Leaving, in the order shutdown needs (parallel_workers._leave): every rank's GPU idle, then
+    # Leaving, in the order shutdown needs (tp_shutdown._leave): every rank's GPU idle, then
     # each rank unmaps its peers' buffers, a barrier, then each frees its own. An owner that frees
     # first would pull memory from under a peer's mapping; one that never frees leaks it into the
     # next engine of this process. Each step never raises: a peer may be gone already.
