@@ -1,11 +1,15 @@
-"""Small helpers the Triton kernel wrappers share: shape checks and interpreter switches."""
+"""Small helpers the Triton kernels and their wrappers share: shape checks, interpreter switches,
+the paged-KV launch arguments, and the tile steps both attention kernels take."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.ref import kv_rotated
 from homelab_llm.engine.kernels.tuning import interpreting
 
 
@@ -43,6 +47,30 @@ def check_int8_scales(cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale
     if k_scale is None or v_scale is None:
         raise ValueError("int8 KV cache needs k_scale and v_scale [num_pages, page_size, heads] float16")
     return True
+
+
+@dataclass(frozen=True)
+class KVCacheArgs:
+    """What every kernel that reads or writes the paged KV cache is launched with."""
+
+    int8: bool
+    rotate: bool  # int8 rows are Hadamard-rotated (ref.kv_rotated)
+    log2_d: int
+    k_scale: torch.Tensor  # the scales, or the cache itself as a placeholder the kernel never reads
+    v_scale: torch.Tensor
+    strides: tuple[int, ...]  # K page/slot/head, V page/slot/head, scale page/slot/head
+
+
+def kv_cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None, head_dim: int) -> KVCacheArgs:
+    int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    s_strides = scale_strides(k_scale if int8 else None)
+    if int8 and scale_strides(v_scale) != s_strides:
+        raise ValueError("k_scale and v_scale must share a layout")
+    return KVCacheArgs(
+        int8=int8, rotate=int8 and kv_rotated(head_dim), log2_d=max(0, head_dim.bit_length() - 1),
+        k_scale=k_scale if int8 else k_cache, v_scale=v_scale if int8 else v_cache,
+        strides=cache_strides(k_cache) + cache_strides(v_cache) + s_strides)
 
 
 @triton.jit
@@ -102,3 +130,52 @@ def hadamard_dot(x, rows, cols, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr):
     hi = x.to(tl.bfloat16)
     lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
     return tl.dot(hi, hb) + tl.dot(lo, hb)
+
+
+# -- the tile steps of both attention kernels (decode: rows are query heads; prefill: tokens) -----
+
+@triton.jit
+def prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr,
+              ROTATE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+    """q in the dtype the score dot takes; against rotated int8 rows, q @ H / D scores the same."""
+    if ROTATE:
+        q = hadamard_dot(q.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    elif INT8_KV:
+        # fp16 operands for int8 KV (see int8_to_fp16); folding the softmax scale into q first
+        # keeps a bf16 q well inside fp16 range.
+        q = (q.to(tl.float32) * sm_scale_log2).to(tl.float16)
+    return q
+
+
+@triton.jit
+def tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask,
+                sm_scale_log2, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+    """q @ k^T in log2 units (the softmax scale applied, int8 K's per-token scales too)."""
+    scores = tl.dot(q, tl.trans(k))
+    if INT8_KV:
+        scores = scores * load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss,
+                                            stride_sh, n_mask)[None, :]
+    if not INT8_KV or DOT_F32:
+        scores = scores * sm_scale_log2
+    return scores
+
+
+@triton.jit
+def accumulate_pv(acc, alpha, p, v, vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
+                  n_mask, INT8_KV: tl.constexpr):
+    """acc * alpha + p @ v (int8 V's per-token scales folded into p)."""
+    if INT8_KV:
+        p = p * load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
+                                  n_mask)[None, :]
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
+def unrotate_out(out, offs_d, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTATE: tl.constexpr,
+                 DOT_F32: tl.constexpr):
+    """Back from rotated rows (linear, so split-KV partials merge the same either way)."""
+    if ROTATE:
+        out = hadamard_dot(out, offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
+    return out

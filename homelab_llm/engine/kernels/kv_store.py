@@ -16,10 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
-                                               hadamard_dot, next_pow2, scale_strides)
+from homelab_llm.engine.kernels.common import dot_in_fp32, hadamard_dot, kv_cache_args, next_pow2
 from homelab_llm.engine.kernels.elementwise import _rotate_half, apply_rope
-from homelab_llm.engine.kernels.ref import _MIN_AMAX, kv_rotated
+from homelab_llm.engine.kernels.ref import _MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -91,6 +90,11 @@ def _store_kv_kernel(
         tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=mask)
 
 
+def _heads_pad(num_heads: int, rotate: bool) -> int:
+    """Heads per program, padded; the in-kernel rotation is a tl.dot, which wants >= 16 rows."""
+    return max(16, next_pow2(num_heads)) if rotate else next_pow2(num_heads)
+
+
 def store_kv(
     key: torch.Tensor,  # [T, Hkv, D]
     value: torch.Tensor,
@@ -105,21 +109,14 @@ def store_kv(
         return
     if key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("key/value head_dim axis must be contiguous")
-    int8 = check_int8_scales(k_cache, k_scale, v_scale)
-    rotate = int8 and kv_rotated(head_dim)
-    skp, sks, skh = cache_strides(k_cache)
-    svp, svs, svh = cache_strides(v_cache)
-    ssp, sss, ssh = scale_strides(k_scale if int8 else None)
+    kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     _store_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, k_scale if int8 else k_cache, v_scale if int8 else v_cache,
-        slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        key, value, k_cache, v_cache, kv.k_scale, kv.v_scale, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1), *kv.strides,
         _MIN_AMAX,
-        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads,
-        HEADS_PAD=max(16, next_pow2(num_heads)) if rotate else next_pow2(num_heads),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=int8,
-        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1), DOT_F32=dot_in_fp32(),
+        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=kv.int8,
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(),
         num_warps=tiles_for(key.device).elementwise_warps,
     )
 
@@ -220,29 +217,24 @@ def rope_store_kv(
         return
     if q.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("q/key/value head_dim axis must be contiguous")
-    int8 = check_int8_scales(k_cache, k_scale, v_scale)
+    kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     half = cos_sin_cache.shape[1] // 2
-    rotate = int8 and kv_rotated(head_dim)
-    if rotate and not (2 * half == head_dim and half >= 16):
+    if kv.rotate and not (2 * half == head_dim and half >= 16):
         # Rotated int8 rows with partial rotary (or a tiny head): rope, then the rotating store.
         key = key.clone()
         apply_rope(q, key, positions, cos_sin_cache)
         store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
-    skp, sks, skh = cache_strides(k_cache)
-    svp, svs, svh = cache_strides(v_cache)
-    ssp, sss, ssh = scale_strides(k_scale if int8 else None)
     _rope_store_kv_kernel[(num_tokens,)](
-        q, key, value, positions, cos_sin_cache, k_cache, v_cache,
-        k_scale if int8 else k_cache, v_scale if int8 else v_cache, slot_mapping,
+        q, key, value, positions, cos_sin_cache, k_cache, v_cache, kv.k_scale, kv.v_scale,
+        slot_mapping,
         q.stride(0), q.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        cos_sin_cache.stride(0),
-        skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        cos_sin_cache.stride(0), *kv.strides,
         _MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
-        NUM_HEADS=num_heads, HEADS_PAD=max(16, next_pow2(num_heads)) if rotate else next_pow2(num_heads),
+        NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
-        TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=int8,
-        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1), DOT_F32=dot_in_fp32(),
+        TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=kv.int8,
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(),
         num_warps=tiles_for(key.device).elementwise_warps,
     )

@@ -14,10 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import (cache_strides, check_int8_scales, dot_in_fp32,
-                                               hadamard_dot, load_paged_kv, load_token_scales,
-                                               next_pow2, scale_strides)
-from homelab_llm.engine.kernels.ref import kv_rotated
+from homelab_llm.engine.kernels.common import (accumulate_pv, dot_in_fp32, kv_cache_args,
+                                               load_paged_kv, next_pow2, prepare_q, tile_scores,
+                                               unrotate_out)
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -54,14 +53,7 @@ def _prefill_kernel(
     rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
                 mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    if ROTATE:  # int8 rows are Hadamard-rotated (ref.quantize_kv): q @ H / D scores the same
-        q = hadamard_dot(q.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
-    if DOT_F32:
-        q = q.to(tl.float32)
-    elif INT8_KV:
-        # fp16 operands for int8 KV (see int8_to_fp16); folding the softmax scale into q first
-        # keeps a bf16 q well inside fp16 range.
-        q = (q.to(tl.float32) * sm_scale_log2).to(tl.float16)
+    q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
     q_pos = prefix + offs_m
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -76,13 +68,8 @@ def _prefill_kernel(
             k_ptr, v_ptr, page_table_ptr, b * stride_pt, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
             PAGE_SIZE, INT8_KV, DOT_F32)
-        scores = tl.dot(q, tl.trans(k))
-        if INT8_KV:
-            k_s = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
-                                    n_mask)
-            scores = scores * k_s[None, :]
-        if not INT8_KV or DOT_F32:
-            scores = scores * sm_scale_log2
+        scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
+                             n_mask, sm_scale_log2, INT8_KV, DOT_F32)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -91,16 +78,12 @@ def _prefill_kernel(
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(scores - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if INT8_KV:
-            v_s = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
-                                    n_mask)
-            p = p * v_s[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = accumulate_pv(acc, alpha, p, v, vs_ptr, page, slot, kv_head, stride_sp, stride_ss,
+                            stride_sh, n_mask, INT8_KV)
         m_i = m_new
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    if ROTATE:  # back from the rotated rows
-        out = hadamard_dot(out, offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
+    out = unrotate_out(out, offs_d, HEAD_DIM, LOG2_D, ROTATE, DOT_F32)
     tl.store(out_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
@@ -127,29 +110,24 @@ def paged_prefill_attention(
         raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} KV heads")
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
-    int8 = check_int8_scales(k_cache, k_scale, v_scale)
-    rotate = int8 and kv_rotated(head_dim)
+    kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     out = torch.empty_like(q) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
     tiles = tiles_for(q.device).prefill
     max_q = num_tokens if max_query_len is None else max_query_len
-    skp, sks, skh = cache_strides(k_cache)
-    svp, svs, svh = cache_strides(v_cache)
-    ssp, sss, ssh = scale_strides(k_scale if int8 else None)
     grid = (triton.cdiv(max_q, tiles.block_m), num_q_heads, batch)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, k_scale if int8 else k_cache, v_scale if int8 else v_cache, out,
+        q, k_cache, v_cache, kv.k_scale, kv.v_scale, out,
         page_table, seq_lens, query_start_loc,
         softmax_scale * _LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        skp, sks, skh, svp, svs, svh, ssp, sss, ssh,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
         page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=num_q_heads // num_kv_heads,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        INT8_KV=int8, DOT_F32=dot_in_fp32(),
-        ROTATE=rotate, LOG2_D=max(0, head_dim.bit_length() - 1),
+        INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out
