@@ -31,7 +31,7 @@ from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_channel import ShmRing
 from homelab_llm.engine.step_plan import StepBatch
 from homelab_llm.engine.tp_channel import (_MEM_FIELDS, CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY,
-                                           CMD_PAGES, CMD_SHUTDOWN, _Channel, _pack,
+                                           CMD_PAGES, CMD_SHUTDOWN, _Channel,
                                            _patch_section, _plan, _plan_transport, _ShmChannel,
                                            _unpack)
 from homelab_llm.engine.tp_launch import (_free_port, _init_group, _Launch, check_tp_size,
@@ -96,8 +96,6 @@ class ParallelRunner:
         finally:
             if ring is not None:
                 ring.unlink()  # mapped by every rank now (or never will be): no name to leak
-        self._planned: tuple[StepBatch, list[int], torch.Tensor] | None = None
-        self._patch: tuple[list[int], list[int], torch.Tensor] | None = None
         self.local = ModelRunner(args, config, model_path, device, dtype, tp_rank=0, tp_size=world)
         self.device = self.local.device
         self.pool: PagePool | None = None
@@ -122,25 +120,20 @@ class ParallelRunner:
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
         # round trip to pack it, and every rank's batch comes from the same words.
-        header, payload = _plan(scheduled, self.page_size)
-        batch = _unpack(header, payload, self.local)
-        self._planned = (batch, header, payload)
-        return batch
+        return _unpack(*_plan(scheduled, self.page_size), self.local)
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None:
         """Async scheduling: rank 0 patches its own inputs now; the other ranks get the tokens by
         a broadcast right after this step's plan (forward), then patch theirs the same way."""
         self.local.patch_inputs(batch, plan_rows, pending_rows, tokens)
-        self._patch = (plan_rows, pending_rows, tokens)
+        batch.patch = (plan_rows, pending_rows, tokens)
 
     def forward(self, batch: StepBatch) -> torch.Tensor:
-        planned, self._planned = self._planned, None
-        patch, self._patch = self._patch, None
-        if planned is not None and planned[0] is batch:
-            header, payload = list(planned[1]), planned[2]
-        else:  # a batch built elsewhere
-            header, payload = _pack(batch)
+        if batch.plan is None:
+            raise ValueError("a tensor-parallel step must come from prepare(): its plan goes to every rank")
+        header, payload = list(batch.plan[0]), batch.plan[1]
+        patch = batch.patch
         if patch is not None:
             section = _patch_section(patch[0], patch[1], patch[2].numel())
             payload = torch.cat([payload, section])
@@ -216,7 +209,6 @@ class ParallelRunner:
         still stuck may be using rank 0's runner: that one is left to it (the process must be
         restarted anyway)."""
         self._monitor.join(SHUTDOWN_WAIT_S)
-        self._planned = self._patch = None
         self._comm = None
         self.pool = None
         if not stuck:

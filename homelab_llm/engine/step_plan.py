@@ -28,6 +28,9 @@ class StepBatch:
     logits_indices: torch.Tensor
     context: ForwardContext
     num_tokens: int
+    plan: tuple[list[int], torch.Tensor] | None = None  # the words it was made from (TP sends them)
+    # Async scheduling under TP: (input rows, pending rows, pending tokens) the other ranks need.
+    patch: tuple[list[int], list[int], torch.Tensor] | None = None
 
 
 def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_mapping: list[int],
@@ -121,4 +124,5 @@ def batch_from_plan(header: list[int], payload: torch.Tensor, device: torch.devi
         decode_only=bool(decode_only),
         query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
         seq_lens_host=host_parts[4].tolist())
-    return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t)
+    return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
+                     plan=(header, payload))

@@ -115,17 +115,6 @@ def _plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[list[int], tor
     return build_plan(scheduled, page_size, CMD_STEP)
 
 
-def _pack(batch: StepBatch) -> tuple[list[int], torch.Tensor]:
-    c = batch.context
-    b, max_pages = c.page_table.shape
-    parts = [batch.input_ids, c.positions, c.slot_mapping, c.query_start_loc, c.seq_lens,
-             c.page_table.reshape(-1), batch.logits_indices]
-    payload = torch.cat([p.to("cpu", torch.long) for p in parts])
-    header = [CMD_STEP, batch.num_tokens, b, max_pages, batch.logits_indices.numel(),
-              int(c.decode_only), c.max_query_len, c.max_seq_len, payload.numel(), 0]
-    return header, payload
-
-
 def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:
     return runner.batch_from_plan(header, payload)
 
