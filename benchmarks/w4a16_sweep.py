@@ -30,9 +30,8 @@ SHAPES = {  # name: (K, N)
     "32b.qkv/2": (5120, 5120), "32b.o/2": (4096, 5120), "32b.gate_up/2": (5120, 25600),
     "32b.down/2": (12800, 5120),
 }
-VARIANTS = [  # (block_n, rows, num_warps, prefetch)
-    (64, 16, 4, False), (64, 16, 4, True), (32, 16, 4, True), (64, 8, 4, True), (64, 16, 8, True),
-    (128, 16, 4, True), (128, 16, 8, True), (256, 16, 8, True),
+VARIANTS = [  # (block_n, rows, num_warps); prefetching the next tile was tried: no gain (2026-11-29)
+    (64, 16, 4), (32, 16, 4), (64, 8, 4), (64, 16, 8), (128, 16, 4), (128, 16, 8), (256, 16, 8),
 ]
 
 
@@ -64,28 +63,27 @@ def main() -> int:
             ms_old = bench(lambda: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))
             out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
             rows = []
-            variants = VARIANTS if not a.lite else [VARIANTS[i] for i in (0, 1, 2, 6)]
-            for bn, r, nw, pf in variants:
+            variants = VARIANTS if not a.lite else [VARIANTS[i] for i in (0, 1, 5)]
+            for bn, r, nw in variants:
                 for split in ((None, 8) if a.lite else (None, 4, 8, 16)):
                     try:
-                        got = w4a16_gemv(x, w, out, block_n=bn, rows=r, split=split, num_warps=nw, prefetch=pf)
+                        got = w4a16_gemv(x, w, out, block_n=bn, rows=r, split=split, num_warps=nw)
                         err = float((got.float() - want).norm() / want.norm())
                         ms = bench(lambda: w4a16_gemv(x, w, out, block_n=bn, rows=r, split=split,
-                                                      num_warps=nw, prefetch=pf))
+                                                      num_warps=nw))
                     except Exception as exc:  # a variant that does not compile is reported, not fatal
                         print(f"  {name} bn={bn} rows={r} warps={nw} split={split}: {exc}", flush=True)
                         continue
-                    rows.append((ms, bn, r, nw, split, err, pf))
+                    rows.append((ms, bn, r, nw, split, err))
             rows.sort()
-            ms, bn, r, nw, split, err, pf = rows[0]
-            auto = [row for row in rows if row[1:5] == (64, 16, 4, None) and row[6]]
+            ms, bn, r, nw, split, err = rows[0]
+            auto = [row for row in rows if row[1:5] == (64, 16, 4, None)]
             auto_ms = auto[0][0] if auto else float("nan")
             print(f"M={m} {name:14s} K={k:5d} N={n:5d}  best {ms * 1e3:6.1f} us "
-                  f"({nbytes / ms / 1e6:5.0f} GB/s) bn={bn} rows={r} warps={nw} split={split} pf={pf} err={err:.1e} | "
+                  f"({nbytes / ms / 1e6:5.0f} GB/s) bn={bn} rows={r} warps={nw} split={split} err={err:.1e} | "
                   f"default {auto_ms * 1e3:6.1f} us | old {ms_old * 1e3:6.1f} us | bf16 {ms_dense * 1e3:6.1f} us "
                   f"({k * n * 2 / ms_dense / 1e6:5.0f} GB/s)", flush=True)
-            top = ", ".join(f"{row[0] * 1e3:.1f}us bn{row[1]} r{row[2]} w{row[3]} s{row[4]} pf{int(row[6])}"
-                            for row in rows[:5])
+            top = ", ".join(f"{row[0] * 1e3:.1f}us bn{row[1]} r{row[2]} w{row[3]} s{row[4]}" for row in rows[:5])
             print(f"    top: {top}", flush=True)
             best_per_shape[(m, name)] = rows[0]
     return 0

@@ -65,7 +65,7 @@ def _w4a16_gemv_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-    SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -83,18 +83,9 @@ def _w4a16_gemv_kernel(
         acc = tl.zeros([BLOCK_M, ROWS, BLOCK_N], tl.float32)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     tile = qw_ptr + rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :]
-    # With PREFETCH the next tile's load is issued before this tile's arithmetic, so two tiles
-    # per program are in flight: decode GEMV is bound by how many bytes wait in the memory system.
-    nxt = tl.load(tile + (k_start // 8) * stride_qw,
-                  mask=((k_start + rows * 8) < k_end)[:, None] & n_mask[None, :], other=0)
     for k0 in range(k_start, k_end, BLOCK_K):
         word_rows = k0 // 8 + rows
-        if PREFETCH:
-            packed = nxt
-            nxt = tl.load(tile + ((k0 + BLOCK_K) // 8) * stride_qw,
-                          mask=((k0 + BLOCK_K + rows * 8) < k_end)[:, None] & n_mask[None, :], other=0)
-        else:
-            packed = tl.load(tile + (k0 // 8) * stride_qw, mask=n_mask[None, :], other=0)
+        packed = tl.load(tile + (k0 // 8) * stride_qw, mask=n_mask[None, :], other=0)
         high = packed >> 20  # nibbles 5..7 moved to where the AND-OR trick can reach them
         group = k0 // GROUP_SIZE
         s = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -157,8 +148,7 @@ def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves:
 
 
 def w4a16_gemv(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, block_n: int | None = None,
-               rows: int | None = None, split: int | None = None, num_warps: int | None = None,
-               prefetch: bool = True) -> torch.Tensor:
+               rows: int | None = None, split: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for M <= MAX_ROWS; x2 is already permuted and row-contiguous."""
     m, k = x2.shape
     n = w.out_features
@@ -177,7 +167,7 @@ def w4a16_gemv(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, block_n: int | 
         x2, w.qweight, w.scales, w.biases, out, ws, tickets,
         m, n, k, k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
-        GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, SPLIT=split, PREFETCH=prefetch,
+        GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, SPLIT=split,
         num_warps=num_warps or t.num_warps, num_stages=t.num_stages,
     )
     return out
