@@ -26,9 +26,9 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from homelab_llm.engine.step_channel import ShmRing  # noqa: E402
-from homelab_llm.engine.tp_channel import CMD_STEP, _Channel, _ShmChannel  # noqa: E402
-from homelab_llm.engine.tp_launch import _free_port  # noqa: E402
+from homelab_llm.engine.parallel.ring import ShmRing  # noqa: E402
+from homelab_llm.engine.parallel.channel import CMD_STEP, PlanChannel, ShmPlanChannel  # noqa: E402
+from homelab_llm.engine.parallel.launch import free_port  # noqa: E402
 
 PLANS = {  # name: (tokens, batch, pages per sequence)
     "decode_b1_ctx32": (1, 1, 2),
@@ -50,8 +50,8 @@ def _group(rank: int, port: int):
 
 def _worker(port: int, ring_to: str, ring_back: str, iters: int) -> None:
     group = _group(1, port)
-    gloo = _Channel(group)
-    shm = _ShmChannel(group, ShmRing.attach(ring_to, 0))
+    gloo = PlanChannel(group)
+    shm = ShmPlanChannel(group, ShmRing.attach(ring_to, 0))
     back_w = ShmRing.attach(ring_back, None)  # the answers go back through a second ring
     one = torch.zeros(1, dtype=torch.long)
     for _name in PLANS:
@@ -72,7 +72,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    port = _free_port()
+    port = free_port()
     ring_to = ShmRing.create(readers=1)
     ring_back = ShmRing.create(readers=1, slots=2, slot_words=8)
     back = ShmRing.attach(ring_back.path, 0)  # rank 0 reads the answers as reader 0
@@ -80,7 +80,7 @@ def main() -> int:
         target=_worker, args=(port, ring_to.path, ring_back.path, a.iters))
     proc.start()
     group = _group(0, port)
-    gloo, shm = _Channel(group), _ShmChannel(group, ring_to, lambda: proc.exitcode is None)
+    gloo, shm = PlanChannel(group), ShmPlanChannel(group, ring_to, lambda: proc.exitcode is None)
     one = torch.zeros(1, dtype=torch.long)
     results: dict[str, float] = {}
     for name, shape in PLANS.items():

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli(args)  # validates; errors are one-line HomelabErrors
     if engine_args.node_rank > 0:
         # Another node of a multi-node TP group: run this node's ranks, no HTTP server.
-        from homelab_llm.engine.parallel_workers import serve_worker_node
+        from homelab_llm.engine.parallel import serve_worker_node
 
         logging.getLogger("homelab_llm.server").info(
             "node %d of %d: serving ranks for %s:%d", engine_args.node_rank, engine_args.nnodes,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.layers.embedding import VocabParallelEmbedding
 from homelab_llm.engine.layers.linear import (
     MergedColumnParallelLinear,

@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 
 from homelab_llm.engine.llm import LLM
-from homelab_llm.engine.tp_channel import PLAN_TRANSPORT_ENV, _plan, _ShmChannel, _unpack
-from homelab_llm.engine.tp_shutdown import SHUTDOWN_WAIT_S
+from homelab_llm.engine.parallel.channel import CMD_STEP, PLAN_TRANSPORT_ENV, ShmPlanChannel
+from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S
 from homelab_llm.engine.sampling_params import SamplingParams
+from homelab_llm.engine.step_plan import build_plan
 from tests.engine.model_reference import make_hf_model
 
 SHAPE = dict(num_attention_heads=6, num_key_value_heads=2, intermediate_size=192, vocab_size=320)
@@ -49,7 +50,7 @@ def test_host_plan_equals_runner_prepare(tmp_path: Path) -> None:
 
         def checked(scheduled):
             batch = prepare(scheduled)
-            _same_batch(_unpack(*_plan(scheduled, e.runner.page_size), e.runner), batch)
+            _same_batch(e.runner.batch_from_plan(*build_plan(scheduled, e.runner.page_size, CMD_STEP)), batch)
             seen.append(batch.context.decode_only)
             return batch
 
@@ -70,7 +71,7 @@ def test_shm_and_gloo_plans_give_the_same_tokens_and_shut_down_clean(tmp_path: P
         monkeypatch.setenv(PLAN_TRANSPORT_ENV, transport)
         llm = _llm(tmp_path, 2)
         runner = llm.engine.runner
-        assert isinstance(runner.channel, _ShmChannel) == (transport == "shm")
+        assert isinstance(runner.channel, ShmPlanChannel) == (transport == "shm")
         tokens[transport] = [c.token_ids for c in llm.generate(PROMPTS, GREEDY)]
         llm.shutdown()
         assert [p.exitcode for p in runner.procs] == [0]  # left through the barrier, not killed

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel.state import all_reduce, tp_rank, tp_size
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.model.config import UnsupportedModelError
 
@@ -168,7 +168,7 @@ ReplicatedLinear = LinearBase
 
 class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.out_start, out_local = even_shard(out_features, self.tp_size, self.tp_rank,
                                                "output features")
         super().__init__(in_features, out_local, bias)
@@ -182,7 +182,7 @@ class MergedColumnParallelLinear(LinearBase):
     """Several column-parallel outputs in one matmul (gate and up). shard_id = index of the part."""
 
     def __init__(self, in_features: int, out_features: list[int], bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.parts = [even_shard(o, self.tp_size, self.tp_rank, "output features")
                       for o in out_features]
         super().__init__(in_features, sum(size for _, size in self.parts), bias)
@@ -201,7 +201,7 @@ class QKVParallelLinear(LinearBase):
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.head_dim = head_dim
         self.heads = head_shard(num_heads, num_kv_heads, self.tp_size, self.tp_rank)
         self.q_size = self.heads.q_heads * head_dim
@@ -230,7 +230,7 @@ class RowParallelLinear(LinearBase):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  input_shard: tuple[int, int] | None = None):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.in_start, in_local = input_shard or even_shard(
             in_features, self.tp_size, self.tp_rank, "input features")
         super().__init__(in_local, out_features, bias)
@@ -238,7 +238,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
         out = self._matmul(x, self.bias if self.tp_rank == 0 else None)
-        return parallel.all_reduce(out) if self.tp_size > 1 else out
+        return all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):
         if param.dim() == 1:  # bias: replicated

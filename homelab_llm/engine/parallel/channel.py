@@ -1,7 +1,7 @@
 """Tensor parallelism: how rank 0's per-step plan reaches the other ranks.
 
 The plan is int64 words (a fixed header, then one flat payload built on the host), never pickled:
-on one node it crosses through a shared-memory ring (step_channel.py), across nodes as two tensors
+on one node it crosses through a shared-memory ring (ring.py), across nodes as two tensors
 over a gloo group. The same channel carries the rare gloo collectives (page count, memory split,
 the shutdown barriers). Under async scheduling the payload ends with a patch section, and the
 previous step's tokens follow the plan as one broadcast.
@@ -17,19 +17,18 @@ import torch
 import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.parallel.ring import ShmRing, shm_available
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
-from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.step_channel import ShmRing, shm_available
-from homelab_llm.engine.step_plan import StepBatch, build_plan
+from homelab_llm.engine.step_plan import StepBatch
 
 CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
 HEADER = 10  # cmd, T, B, max_pages, n_logits, decode_only, max_q, max_s, arg, reserved
-_MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
+MEMORY_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
 # The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
 PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
 
 
-class _Channel:
+class PlanChannel:
     """The plan over gloo broadcasts (works across nodes), plus the rare gloo collectives."""
 
     def __init__(self, group: dist.ProcessGroup) -> None:
@@ -65,13 +64,13 @@ class _Channel:
         return int(t)
 
     def gather_memory(self, m: MemorySplit) -> list[list[int]]:
-        mine = torch.tensor([getattr(m, f) for f in _MEM_FIELDS], dtype=torch.long)
+        mine = torch.tensor([getattr(m, f) for f in MEMORY_FIELDS], dtype=torch.long)
         parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(parts, mine, group=self.group)
         return [p.tolist() for p in parts]
 
 
-class _ShmChannel(_Channel):
+class ShmPlanChannel(PlanChannel):
     """The plan through a shared-memory ring (one node); gloo still carries the rare collectives.
     Rank 0 writes; local rank r reads as reader r - 1."""
 
@@ -103,7 +102,7 @@ class _ShmChannel(_Channel):
         self.peers_alive = None  # a bound method of the runner that owns this channel: no cycle
 
 
-def _plan_transport(args: EngineArgs) -> str:
+def plan_transport(args: EngineArgs) -> str:
     """shm on one node (unless the env asks for gloo), gloo across nodes."""
     wanted = os.environ.get(PLAN_TRANSPORT_ENV, "shm")
     if wanted not in ("shm", "gloo"):
@@ -111,21 +110,13 @@ def _plan_transport(args: EngineArgs) -> str:
     return "shm" if wanted == "shm" and args.nnodes == 1 and shm_available() else "gloo"
 
 
-def _plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[list[int], torch.Tensor]:
-    return build_plan(scheduled, page_size, CMD_STEP)
-
-
-def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:
-    return runner.batch_from_plan(header, payload)
-
-
-def _patch_section(plan_rows: list[int], pending_rows: list[int], num_tokens: int) -> torch.Tensor:
+def patch_section(plan_rows: list[int], pending_rows: list[int], num_tokens: int) -> torch.Tensor:
     """The payload tail of an async step: how many tokens rank 0 broadcasts after the plan, then
     which input rows take which of them."""
     return torch.tensor([num_tokens] + plan_rows + pending_rows, dtype=torch.long)
 
 
-def _receive_patch(section: list[int], batch: StepBatch, runner: ModelRunner) -> None:
+def receive_patch(section: list[int], batch: StepBatch, runner: ModelRunner) -> None:
     n, rows = section[0], section[1:]
     half = len(rows) // 2
     tokens = torch.empty(n, dtype=torch.long, device=runner.device)
