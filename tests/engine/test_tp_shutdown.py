@@ -11,9 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from homelab_llm.engine.parallel import shutdown as tsd
 from homelab_llm.engine.cuda_graphs import DecodeGraphs
 from homelab_llm.engine.llm import LLM
+from homelab_llm.engine.parallel import runner as pw
+from homelab_llm.engine.parallel import shutdown as tsd
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.model_reference import make_hf_model
 

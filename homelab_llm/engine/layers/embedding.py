@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.parallel.state import all_gather_last_dim, all_reduce, tp_rank, tp_size
+from homelab_llm.engine.sharding import padded_shard
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -18,8 +19,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.vocab_size = vocab_size
-        self.shard_size = -(-vocab_size // self.tp_size)
-        self.vocab_start = self.tp_rank * self.shard_size
+        self.vocab_start, self.shard_size = padded_shard(vocab_size, self.tp_size, self.tp_rank)
         self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]

@@ -8,7 +8,6 @@ nn.Linear. Weights are [out_features, in_features] as in HF checkpoints.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -16,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.parallel.state import all_reduce, tp_rank, tp_size
+from homelab_llm.engine.sharding import even_shard, head_shard
 from homelab_llm.engine.kernels import dispatch
-from homelab_llm.engine.model.config import UnsupportedModelError
 
 _defer_weights = False
 
@@ -32,43 +31,6 @@ def deferred_weights() -> Iterator[None]:
         yield
     finally:
         _defer_weights = previous
-
-
-def even_shard(total: int, tp_size: int, rank: int, what: str) -> tuple[int, int]:
-    """(start, size) of an evenly split dimension; uneven splits are an error naming the sizes."""
-    if total % tp_size:
-        raise UnsupportedModelError(
-            f"{what} ({total}) is not divisible by --tensor-parallel-size {tp_size}")
-    size = total // tp_size
-    return rank * size, size
-
-
-@dataclass(frozen=True)
-class HeadShard:
-    """The attention heads one rank owns. KV heads are split in whole groups (each with its query
-    heads); with more ranks than KV heads, each KV head is replicated over tp_size/num_kv ranks."""
-
-    q_start: int
-    q_heads: int
-    kv_start: int
-    kv_heads: int
-
-
-def head_shard(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) -> HeadShard:
-    group = num_heads // num_kv_heads
-    if tp_size <= num_kv_heads:
-        # Ranks get floor or ceil of num_kv/tp groups, larger shares first: 3 kv / 2 ranks = 2 + 1.
-        base, extra = divmod(num_kv_heads, tp_size)
-        kv_heads = base + (rank < extra)
-        kv_start = rank * base + min(rank, extra)
-        return HeadShard(kv_start * group, kv_heads * group, kv_start, kv_heads)
-    if tp_size % num_kv_heads or num_heads % tp_size:
-        raise UnsupportedModelError(
-            f"--tensor-parallel-size {tp_size} must divide the {num_heads} query heads and be a "
-            f"multiple of the {num_kv_heads} KV heads when it exceeds them")
-    replicas = tp_size // num_kv_heads
-    q_heads = num_heads // tp_size
-    return HeadShard(rank * q_heads, q_heads, rank // replicas, 1)
 
 
 class LinearBase(nn.Module):

@@ -1,6 +1,6 @@
-"""Tensor parallelism: which sizes split a model, and what every rank needs to start: the launch
-record a spawned rank receives, its device, its process group (plus, on GPUs, the peer-buffer
-all-reduce), and a worker's tie to the process that started it."""
+"""Tensor parallelism: what every rank needs to start: the size check (sharding.py's rule as a flag
+error), the launch record a spawned rank receives, its device, its process group (plus, on GPUs,
+the peer-buffer all-reduce), and a worker's tie to the process that started it."""
 
 from __future__ import annotations
 
@@ -17,27 +17,18 @@ import torch.distributed as dist
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.state import set_parallel_state
+from homelab_llm.engine.sharding import ShardingError, check_tp_size
 
 if TYPE_CHECKING:
     from homelab_llm.engine.parallel.comm import PeerAllReduce
 
 
-def valid_tp_sizes(config: ModelConfig) -> list[int]:
-    """Sizes that work: any N up to num_kv_heads (uneven splits are fine); above that, N must
-    divide num_attention_heads and be a multiple of num_kv_heads (KV heads are replicated)."""
-    sizes = list(range(1, config.num_key_value_heads + 1))
-    for n in range(config.num_key_value_heads + 1, config.num_attention_heads + 1):
-        if config.num_attention_heads % n == 0 and n % config.num_key_value_heads == 0:
-            sizes.append(n)
-    return sizes
-
-
-def check_tp_size(config: ModelConfig, tp_size: int) -> None:
-    valid = valid_tp_sizes(config)
-    if tp_size not in valid:
-        raise EngineArgsError(
-            f"--tensor-parallel-size {tp_size} cannot split {config.num_attention_heads} query / "
-            f"{config.num_key_value_heads} KV heads; valid sizes: {', '.join(map(str, valid))}")
+def check_tp_flag(config: ModelConfig, tp_size: int) -> None:
+    """sharding.check_tp_size as a flag error (every split the model needs, valid sizes named)."""
+    try:
+        check_tp_size(config, tp_size)
+    except ShardingError as exc:
+        raise EngineArgsError(str(exc)) from None
 
 
 def free_port() -> int:

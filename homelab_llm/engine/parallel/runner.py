@@ -28,7 +28,7 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
                                                  CMD_SHUTDOWN, CMD_STEP, MEMORY_FIELDS, PlanChannel,
                                                  ShmPlanChannel, patch_section, plan_transport)
-from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_size, free_port, init_group
+from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, free_port, init_group
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import (DONE_KEY, SHUTDOWN_WAIT_S, RankFailedError,
                                                   default_store, leave, note_stuck,
@@ -51,7 +51,7 @@ class ParallelRunner:
     def __init__(self, args: EngineArgs, config: ModelConfig, model_path: str,
                  device: torch.device, dtype: torch.dtype) -> None:
         world = args.tensor_parallel_size
-        check_tp_size(config, world)
+        check_tp_flag(config, world)
         if args.nnodes < 1 or world % args.nnodes:
             raise EngineArgsError(
                 f"--tensor-parallel-size {world} must be a multiple of --nnodes {args.nnodes}")

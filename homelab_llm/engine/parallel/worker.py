@@ -20,7 +20,7 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
                                                  CMD_SHUTDOWN, CMD_STEP, PlanChannel,
                                                  ShmPlanChannel, receive_patch)
-from homelab_llm.engine.parallel.launch import (LaunchSpec, check_tp_size, device_for,
+from homelab_llm.engine.parallel.launch import (LaunchSpec, check_tp_flag, device_for,
                                                 die_with_parent, init_group)
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S, default_store, leave, wait_done
@@ -117,5 +117,5 @@ def serve_worker_node(args: EngineArgs) -> int:
     node's ranks until node 0 shuts them down. Returns the exit code."""
     args.validate()
     target = resolve_target(args)
-    check_tp_size(target.config, args.tensor_parallel_size)
+    check_tp_flag(target.config, args.tensor_parallel_size)
     return run_worker_node(args, target.config, target.path, target.device.type, target.dtype)
