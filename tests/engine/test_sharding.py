@@ -38,7 +38,7 @@ def test_check_names_the_failing_split_and_the_valid_sizes() -> None:
 def test_vocab_split_leaves_no_rank_empty() -> None:
     # 5 rows over 4 ranks as padded slices of 2: the last rank would start past the end
     assert valid_tp_sizes(_config(vocab_size=5, num_attention_heads=4, num_key_value_heads=4,
-                                  intermediate_size=8)) == [1, 2, 3]
+                                  intermediate_size=12)) == [1, 2, 3]
     assert padded_shard(320, 3, 2) == (214, 107)
 
 
