@@ -1,6 +1,6 @@
 """Tensor parallelism: how rank 0's per-step plan reaches the other ranks.
 
-The plan is int64 words (a fixed header, then one flat payload built on the host), never pickled:
+The plan is int64 words (a PlanHeader, then one flat payload built on the host), never pickled:
 on one node it crosses through a shared-memory ring (ring.py), across nodes as two tensors
 over a gloo group. The same channel carries the rare gloo collectives (page count, memory split,
 the shutdown barriers). Under async scheduling the payload ends with a patch section, and the
@@ -19,10 +19,8 @@ import torch.distributed as dist
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.parallel.ring import ShmRing, shm_available
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
-from homelab_llm.engine.step_plan import StepBatch
+from homelab_llm.engine.step_plan import HEADER_LEN, PlanHeader, StepBatch
 
-CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
-HEADER = 10  # cmd, T, B, max_pages, n_logits, decode_only, max_q, max_s, arg, reserved
 MEMORY_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
 # The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
 PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
@@ -41,22 +39,21 @@ class PlanChannel:
     def close(self) -> None:
         pass
 
-    def send(self, header: list[int], payload: torch.Tensor | None = None,
+    def send(self, header: PlanHeader, payload: torch.Tensor | None = None,
              timeout: float | None = None) -> None:
-        h = torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.long)
-        dist.broadcast(h, src=0, group=self.group)
-        if payload is not None:
+        """`payload` holds header.payload_len words (none for a command without one)."""
+        dist.broadcast(torch.tensor(header.to_words(), dtype=torch.long), src=0, group=self.group)
+        if header.payload_len:
             dist.broadcast(payload, src=0, group=self.group)
 
-    def recv_header(self) -> list[int]:
-        h = torch.empty(HEADER, dtype=torch.long)
-        dist.broadcast(h, src=0, group=self.group)
-        return h.tolist()
-
-    def recv_payload(self, n: int) -> torch.Tensor:
-        p = torch.empty(n, dtype=torch.long)
-        dist.broadcast(p, src=0, group=self.group)
-        return p
+    def recv(self) -> tuple[PlanHeader, torch.Tensor]:
+        words = torch.empty(HEADER_LEN, dtype=torch.long)
+        dist.broadcast(words, src=0, group=self.group)
+        header = PlanHeader.from_words(words.tolist())
+        payload = torch.empty(header.payload_len, dtype=torch.long)
+        if header.payload_len:
+            dist.broadcast(payload, src=0, group=self.group)
+        return header, payload
 
     def min_all(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.long)
@@ -79,27 +76,26 @@ class ShmPlanChannel(PlanChannel):
         super().__init__(group)
         self.ring = ring
         self.peers_alive = peers_alive
-        self._payload: torch.Tensor | None = None
 
-    def send(self, header: list[int], payload: torch.Tensor | None = None,
+    def send(self, header: PlanHeader, payload: torch.Tensor | None = None,
              timeout: float | None = None) -> None:
-        h = torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.long)
+        h = torch.tensor(header.to_words(), dtype=torch.long)
         words = h if payload is None else torch.cat([h, payload])
         self.ring.write(words, self.peers_alive, timeout)
 
-    def recv_header(self) -> list[int]:
+    def recv(self) -> tuple[PlanHeader, torch.Tensor]:
         words = self.ring.read()
-        self._payload = words[HEADER:]
-        return words[:HEADER].tolist()
-
-    def recv_payload(self, n: int) -> torch.Tensor:
-        payload, self._payload = self._payload, None
-        assert payload is not None and payload.numel() == n, "plan payload length mismatch"
-        return payload
+        return PlanHeader.from_words(words[:HEADER_LEN].tolist()), words[HEADER_LEN:]
 
     def close(self) -> None:
         self.ring.close()
         self.peers_alive = None  # a bound method of the runner that owns this channel: no cycle
+
+
+def open_channel(group: dist.ProcessGroup, ring: ShmRing | None,
+                 peers_alive: Callable[[], bool] | None = None) -> PlanChannel:
+    """The plan through `ring` when there is one, else over gloo."""
+    return PlanChannel(group) if ring is None else ShmPlanChannel(group, ring, peers_alive)
 
 
 def plan_transport(args: EngineArgs) -> str:

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,9 +26,8 @@ import torch.distributed as dist
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.parallel.channel import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
-                                                 CMD_SHUTDOWN, CMD_STEP, MEMORY_FIELDS, PlanChannel,
-                                                 ShmPlanChannel, patch_section, plan_transport)
+from homelab_llm.engine.parallel.channel import (MEMORY_FIELDS, open_channel, patch_section,
+                                                 plan_transport)
 from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, free_port, init_group
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import (DONE_KEY, SHUTDOWN_WAIT_S, RankFailedError,
@@ -37,7 +37,8 @@ from homelab_llm.engine.parallel.state import set_parallel_state
 from homelab_llm.engine.parallel.worker import worker_main
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.step_plan import StepBatch, build_plan
+from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
+                                          CMD_SHUTDOWN, PlanHeader, StepBatch, build_plan)
 
 if TYPE_CHECKING:
     from homelab_llm.engine.parallel.comm import PeerAllReduce
@@ -82,10 +83,7 @@ class ParallelRunner:
         self._monitor.start()
         try:
             group, self._comm = init_group(self.launch, 0)
-            if ring is not None:
-                self.channel: PlanChannel = ShmPlanChannel(group, ring, self._peers_alive)
-            else:
-                self.channel = PlanChannel(group)
+            self.channel = open_channel(group, ring, self._peers_alive)
             dist.barrier(group=group)
         finally:
             if ring is not None:
@@ -97,24 +95,24 @@ class ParallelRunner:
 
     # Every rank must agree on the page count, so rank 0 takes the minimum of what each can hold.
     def kv_budget(self) -> int:
-        self.channel.send([CMD_PAGES])
+        self.channel.send(PlanHeader(CMD_PAGES))
         pages = self.channel.min_all(self.local.pages_for_budget(self.local.kv_budget()))
         return pages * self.local.kv_layout().bytes_per_page()
 
     def allocate_kv(self, budget: int) -> PagePool:
         pages = self.local.pages_for_budget(budget)
-        self.channel.send([CMD_ALLOCATE, 0, 0, 0, 0, 0, 0, 0, pages])
+        self.channel.send(PlanHeader(CMD_ALLOCATE, arg=pages))
         self.pool = self.local.allocate_pages(pages)
         return self.pool
 
     def capture_graphs(self, max_model_len: int) -> None:
-        self.channel.send([CMD_GRAPHS, 0, 0, 0, 0, 0, 0, 0, max_model_len])
+        self.channel.send(PlanHeader(CMD_GRAPHS, arg=max_model_len))
         self.local.capture_graphs(max_model_len)
 
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
         # round trip to pack it, and every rank's batch comes from the same words.
-        return self.local.batch_from_plan(*build_plan(scheduled, self.page_size, CMD_STEP))
+        return self.local.batch_from_plan(*build_plan(scheduled, self.page_size))
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None:
@@ -126,12 +124,12 @@ class ParallelRunner:
     def forward(self, batch: StepBatch) -> torch.Tensor:
         if batch.plan is None:
             raise ValueError("a tensor-parallel step must come from prepare(): its plan goes to every rank")
-        header, payload = list(batch.plan[0]), batch.plan[1]
+        header, payload = batch.plan
         patch = batch.patch
         if patch is not None:
             section = patch_section(patch[0], patch[1], patch[2].numel())
             payload = torch.cat([payload, section])
-            header[8], header[9] = payload.numel(), section.numel()
+            header = replace(header, payload_len=payload.numel(), patch_len=section.numel())
         try:
             self.channel.send(header, payload)
             if patch is not None:
@@ -141,7 +139,7 @@ class ParallelRunner:
             raise self._failed(exc) from exc
 
     def refresh_memory(self) -> None:
-        self.channel.send([CMD_MEMORY])
+        self.channel.send(PlanHeader(CMD_MEMORY))
         self.local.refresh_memory()
         rows = self.channel.gather_memory(self.local.memory)
         splits = []
@@ -227,7 +225,7 @@ class ParallelRunner:
         clean = self.failure is None
         try:
             if clean:
-                self.channel.send([CMD_SHUTDOWN], timeout=SHUTDOWN_WAIT_S)
+                self.channel.send(PlanHeader(CMD_SHUTDOWN), timeout=SHUTDOWN_WAIT_S)
                 leave(self.channel, self.local, self._comm, self.device.type, SHUTDOWN_WAIT_S)
         except Exception as exc:  # a dead peer: fall through to killing
             clean = False

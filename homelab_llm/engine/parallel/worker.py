@@ -17,46 +17,42 @@ import torch.distributed as dist
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.parallel.channel import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
-                                                 CMD_SHUTDOWN, CMD_STEP, PlanChannel,
-                                                 ShmPlanChannel, receive_patch)
+from homelab_llm.engine.parallel.channel import open_channel, receive_patch
 from homelab_llm.engine.parallel.launch import (LaunchSpec, check_tp_flag, device_for,
                                                 die_with_parent, init_group)
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S, default_store, leave, wait_done
 from homelab_llm.engine.runner import ModelRunner
+from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
+                                          CMD_SHUTDOWN, CMD_STEP)
 
 
 def worker_loop(launch: LaunchSpec, rank: int, local_rank: int) -> None:
     group, comm = init_group(launch, rank)
-    if launch.plan_ring is not None:
-        channel: PlanChannel = ShmPlanChannel(group, ShmRing.attach(launch.plan_ring, local_rank - 1))
-    else:
-        channel = PlanChannel(group)
+    ring = None if launch.plan_ring is None else ShmRing.attach(launch.plan_ring, local_rank - 1)
+    channel = open_channel(group, ring)
     dist.barrier(group=group)  # every reader mapped the ring: rank 0 may unlink its name
     runner = ModelRunner(launch.args, launch.config, launch.model_path,
                          device_for(launch.device_type, local_rank), launch.dtype,
                          tp_rank=rank, tp_size=launch.world_size)
     while True:
-        header = channel.recv_header()
-        cmd = header[0]
-        if cmd == CMD_STEP:
-            payload = channel.recv_payload(header[8])
-            patch_len = header[9]
-            batch = runner.batch_from_plan(header, payload[:header[8] - patch_len])
-            if patch_len:  # async scheduling: the previous step's tokens, from rank 0
-                receive_patch(payload[header[8] - patch_len:].tolist(), batch, runner)
+        header, payload = channel.recv()
+        if header.cmd == CMD_STEP:
+            plan_len = header.payload_len - header.patch_len
+            batch = runner.batch_from_plan(header, payload[:plan_len])
+            if header.patch_len:  # async scheduling: the previous step's tokens, from rank 0
+                receive_patch(payload[plan_len:].tolist(), batch, runner)
             runner.forward(batch)
-        elif cmd == CMD_PAGES:
+        elif header.cmd == CMD_PAGES:
             channel.min_all(runner.pages_for_budget(runner.kv_budget()))
-        elif cmd == CMD_ALLOCATE:
-            runner.allocate_pages(header[8])
-        elif cmd == CMD_MEMORY:
+        elif header.cmd == CMD_ALLOCATE:
+            runner.allocate_pages(header.arg)
+        elif header.cmd == CMD_MEMORY:
             runner.refresh_memory()
             channel.gather_memory(runner.memory)
-        elif cmd == CMD_GRAPHS:
-            runner.capture_graphs(header[8])
-        elif cmd == CMD_SHUTDOWN:
+        elif header.cmd == CMD_GRAPHS:
+            runner.capture_graphs(header.arg)
+        elif header.cmd == CMD_SHUTDOWN:
             break
     leave(channel, runner, comm, launch.device_type, SHUTDOWN_WAIT_S)
     # No teardown here: this process's exit releases its communicators. It only has to outlive
