@@ -17,6 +17,7 @@ from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
 from homelab_llm.engine.runner import ModelRunner
+from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import Scheduler
 from homelab_llm.engine.sequence import Sequence
@@ -51,6 +52,7 @@ class LLMEngine:
         self.model_config, self.quantization = target.config, target.quantization
         self.tokenizer = load_tokenizer(args.tokenizer or self.model_path, args.load_format)
         torch.manual_seed(args.seed)
+        self.runner: Runner
         if args.tensor_parallel_size > 1:
             from homelab_llm.engine.parallel import ParallelRunner
 
@@ -265,9 +267,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         for rid in list(self._seqs):
             self.abort_request(rid)
-        close = getattr(self.runner, "shutdown", None) or getattr(self.runner, "release", None)
-        if close is not None:
-            close()
+        self.runner.shutdown()
 
     @property
     def model_name(self) -> str:

@@ -213,6 +213,10 @@ class ModelRunner:
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
+    def shutdown(self) -> None:
+        """The Runner protocol's end (runner_protocol.py): one device has nothing else to stop."""
+        self.release()
+
     # -- one step -----------------------------------------------------------------------------
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
         return self.batch_from_plan(*build_plan(scheduled, self.page_size))

@@ -7,9 +7,12 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homelab_llm.errors import HomelabError
+
+if TYPE_CHECKING:
+    from homelab_llm.server.engine_client import Engine
 
 API_KEY_ENV = "HOMELAB_LLM_API_KEY"
 
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                           api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                           max_queue_len=args.max_queue_len, drain_timeout_s=args.drain_timeout)
 
-    def load_engine() -> Any:
+    def load_engine() -> Engine:
         from homelab_llm.engine.core import LLMEngine
 
         return LLMEngine(engine_args)
