@@ -1,19 +1,21 @@
 """The OpenAI-compatible routes (and vLLM's /tokenize, /detokenize). Bodies are read and decoded
-here, not by FastAPI, so that malformed JSON and wrong types are 400s in OpenAI's error shape
-rather than FastAPI's 422s."""
+by body.py, not by FastAPI, so that malformed JSON and wrong types are 400s in OpenAI's error
+shape rather than FastAPI's 422s (or 500s)."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from homelab_llm.server import body
 from homelab_llm.server.chat import create_chat_completion, render_prompt
 from homelab_llm.server.completions import check_token_ids, create_completion
 from homelab_llm.server.errors import bad_request
+from homelab_llm.server.limits import check_prompt_chars
 from homelab_llm.server.protocol import (ChatCompletionRequest, DetokenizeRequest,
                                          TokenizeRequest, encode_text, parse_body)
 from homelab_llm.server.state import ServerState
@@ -26,11 +28,7 @@ def server_state(request: Request) -> ServerState:
 
 
 async def read_json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise bad_request(f"the request body is not valid JSON: {err}") from err
+    return await body.read_json(request, server_state(request).config.max_request_body_bytes)
 
 
 @router.post("/v1/chat/completions")
@@ -63,17 +61,24 @@ async def tokenize(request: Request) -> JSONResponse:
     tokenizer = engine.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("send exactly one of prompt or messages", "prompt")
-    if req.messages is not None:
-        chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
-                                     add_generation_prompt=req.add_generation_prompt)
-        tokens = encode_text(tokenizer, render_prompt(tokenizer, chat), False, "messages")
-    else:
-        tokens = encode_text(tokenizer, req.prompt, req.add_special_tokens, "prompt")
+    tokens = await asyncio.to_thread(_tokenize, tokenizer, engine.max_model_len, req)
     out: dict[str, Any] = {"count": len(tokens), "max_model_len": engine.max_model_len,
                            "tokens": tokens}
     if req.return_token_strs:
         out["token_strs"] = [tokenizer.token_text(t) for t in tokens]
     return JSONResponse(out)
+
+
+def _tokenize(tokenizer: Any, max_model_len: int, req: TokenizeRequest) -> list[int]:
+    if req.messages is not None:
+        chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
+                                     add_generation_prompt=req.add_generation_prompt)
+        text = render_prompt(tokenizer, chat)
+        check_prompt_chars(tokenizer, max_model_len, len(text), "messages")
+        return encode_text(tokenizer, text, False, "messages")
+    assert req.prompt is not None
+    check_prompt_chars(tokenizer, max_model_len, len(req.prompt), "prompt")
+    return encode_text(tokenizer, req.prompt, req.add_special_tokens, "prompt")
 
 
 @router.post("/detokenize")

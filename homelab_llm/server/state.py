@@ -18,6 +18,10 @@ class ServerConfig:
     api_key: str | None = None
     max_queue_len: int | None = None  # requests waiting for their first token; None: unbounded
     drain_timeout_s: float = 30.0
+    host: str = "127.0.0.1"  # the bound address: a loopback one turns the Host allow-list on
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names to accept; "*" accepts any
+    max_request_body_bytes: int = 32 << 20  # larger bodies get 413 before they are read whole
+    max_seqs_per_request: int = 256  # prompts x n of one request; more is a 400
 
 
 @dataclass

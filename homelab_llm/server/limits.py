@@ -1,0 +1,55 @@
+"""Cheap bounds a request must pass before the expensive work (templating, tokenizing, submitting)
+starts, so one absurd request cannot occupy the server.
+
+The prompt bound needs no tokenizer run: a token stands for at most `max_token_bytes` bytes of
+text (the longest entry of the vocabulary), and a character is at least one byte, so a text of C
+characters has at least C / max_token_bytes tokens. A text longer than
+max_model_len * max_token_bytes * SAFETY characters cannot fit the context whatever it says;
+SAFETY covers normalizers that shrink text (e.g. NFKC folding) before it is split."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from homelab_llm.server.errors import bad_request
+
+SAFETY = 2
+
+
+@functools.lru_cache(maxsize=4)
+def max_token_bytes(tokenizer: Any) -> int:
+    """Bytes of the vocabulary's longest token (computed once per tokenizer, ~0.1 s for 150K)."""
+    return max(1, max(len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)))
+
+
+def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
+    return max_model_len * max_token_bytes(tokenizer) * SAFETY
+
+
+def check_prompt_chars(tokenizer: Any, max_model_len: int, num_chars: int, param: str) -> None:
+    """A 400 for a text that cannot fit the context, decided from its length alone. Call it
+    off the event loop: the first call per tokenizer reads the whole vocabulary."""
+    limit = max_prompt_chars(tokenizer, max_model_len)
+    if num_chars > limit:
+        raise bad_request(f"{param} has {num_chars} characters; no text longer than {limit} "
+                          f"characters fits the model's context limit of {max_model_len} tokens",
+                          param, "context_length_exceeded")
+
+
+def message_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of the text the client sent in chat messages (the template only adds)."""
+    total = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+    return total
+
+
+def check_num_seqs(num_prompts: int, n: int, limit: int) -> None:
+    total = num_prompts * n
+    if total > limit:
+        raise bad_request(f"this request asks for {num_prompts} prompt(s) x n={n} = {total} "
+                          f"sequences, more than this server's limit of {limit} per request "
+                          f"(--max-seqs-per-request)", "n" if num_prompts == 1 else "prompt")
