@@ -19,9 +19,10 @@ from homelab_llm import __version__
 from homelab_llm.server.engine_client import EngineClient, EngineNotReady
 from homelab_llm.server.errors import APIError, bad_request, error_response, unavailable
 from homelab_llm.server.generation import ClientGone
+from homelab_llm.server.hosts import allowed_host_names
 from homelab_llm.server.metrics import CONTENT_TYPE, render_metrics
 from homelab_llm.server.middleware import (APIKeyMiddleware, HostAllowListMiddleware,
-                                           InternalErrorMiddleware, allowed_host_names)
+                                           InternalErrorMiddleware)
 from homelab_llm.server.openai import router, server_state
 from homelab_llm.server.state import ServerConfig, ServerState
 from homelab_llm.server.stats import ServerStats

@@ -13,52 +13,16 @@ All are pure ASGI (not BaseHTTPMiddleware) so streaming and disconnect detection
 from __future__ import annotations
 
 import hmac
-import ipaddress
-from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homelab_llm.server.errors import (APIError, error_response, internal_error,
                                        unauthorized)
+from homelab_llm.server.hosts import host_name
 
 # /health answers load balancers and the TUI before a key is known; /metrics stays open for
 # Prometheus scrapers, as in vLLM. Everything else needs the key when one is set.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether binding `host` keeps the server on this machine (localhost, 127.0.0.0/8, ::1)."""
-    name = host.strip().strip("[]").lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def host_name(header: str) -> str:
-    """The name part of a Host header: 'a.b:8000' -> 'a.b', '[::1]:80' -> '::1'."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:].split("]", 1)[0]
-    if header.count(":") == 1:
-        header = header.split(":", 1)[0]
-    return header.rstrip(".")
-
-
-def allowed_host_names(bind_host: str, extra: Iterable[str]) -> frozenset[str] | None:
-    """Host names to accept, or None for any: a loopback bind gets the loopback names plus the
-    bound host; any bind gets `extra`; '*' in extra turns the check off."""
-    extra = [host_name(h) for h in extra if h.strip()]
-    if "*" in extra or (not extra and not is_loopback_host(bind_host)):
-        return None
-    names = set(extra)
-    if is_loopback_host(bind_host):
-        names.update(LOOPBACK_NAMES)
-        names.add(host_name(bind_host))
-    return frozenset(names)
 
 
 async def _send_error(err: APIError, scope: Scope, receive: Receive, send: Send) -> None:
