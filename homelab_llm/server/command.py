@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from homelab_llm.errors import HomelabError
-
-API_KEY_ENV = "HOMELAB_LLM_API_KEY"
+from homelab_llm.presets import API_KEY_ENV, exposure_warning, load_preset
 
 
 @dataclass(frozen=True)
@@ -84,10 +83,6 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def _preset_values(name: str) -> dict[str, Any]:
-    try:
-        from homelab_llm.presets import load_preset
-    except ImportError as err:
-        raise HomelabError(f"--preset needs homelab_llm.presets, which is not available: {err}") from err
     preset = load_preset(name)
     if preset.backend != "builtin":
         raise HomelabError(f"preset {name!r} runs backend {preset.backend!r}, not homelab-llm; "
@@ -140,16 +135,13 @@ def run(args: argparse.Namespace) -> int:
         return serve_worker_node(engine_args)
 
     from homelab_llm.server.app import build_app
-    from homelab_llm.server.hosts import is_loopback_host
     from homelab_llm.server.launch import bind_socket, serve
     from homelab_llm.server.state import ServerConfig
 
     log = logging.getLogger("homelab_llm.server")
     sock = bind_socket(args.host, args.port)  # before the model: a busy port fails at once
-    if api_key is None and not is_loopback_host(args.host):
-        log.warning("serving on %s, which is not a loopback address, without an API key: anyone "
-                    "who reaches this port can use the model; set $%s or --api-key-file",
-                    args.host, API_KEY_ENV)
+    if (warning := exposure_warning(args.host, api_key is not None)) is not None:
+        log.warning("%s", warning)
     names = tuple(args.served_model_name or [Path(args.model).stem])
     config = ServerConfig(served_model_names=names, model_path=args.model, api_key=api_key,
                           max_queue_len=args.max_queue_len, drain_timeout_s=args.drain_timeout,

@@ -23,7 +23,8 @@ from homelab_llm.server.state import ServerState
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
+        raise bad_request(f"{param} holds token id {bad[0]}, outside the vocabulary [0, {vocab_size})",
+                          param)
 
 
 def prompt_ids(tokenizer: Any, prompt: str | list[int], max_model_len: int) -> list[int]:
