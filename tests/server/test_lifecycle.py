@@ -215,3 +215,42 @@ def test_sigterm_aborts_after_the_drain_timeout_with_an_error_event() -> None:
     wait_for(lambda: lines and lines[-1] == "data: [DONE]", 5, "[DONE]")
     error = json.loads(lines[-2][6:])["error"]
     assert "shutting down" in error["message"] and error["code"] == "service_unavailable"
+
+
+def test_second_sigterm_ends_streams_with_an_error_and_exits_non_zero() -> None:
+    child, base = start_child(drain_s=20, step_delay=0.01)
+    try:
+        started = threading.Event()
+        lines = stream_in_thread(base, 900, started)
+        assert started.wait(10)
+        child.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{base}/health").status_code == 503, 5, "draining")
+        assert lines[-1] != "data: [DONE]"  # the first signal drains: the stream goes on
+        child.send_signal(signal.SIGTERM)
+        assert reap(child) == 128 + signal.SIGTERM
+    finally:
+        reap(child)
+    wait_for(lambda: lines and lines[-1] == "data: [DONE]", 5, "[DONE]")
+    error = json.loads(lines[-2][6:])["error"]
+    assert "shutting down" in error["message"]
+
+
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_busy_port_is_one_line_and_exit_2_before_loading(tp) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        # A model path that does not exist: had the server tried to load it first, the error
+        # would be about the model, not the port.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "homelab_llm", "serve", "/nonexistent/model.gguf", "--host",
+             "127.0.0.1", "--port", str(port), "--tensor-parallel-size", tp, "--device", "cpu"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = child.communicate(timeout=60)
+        finally:
+            reap(child)
+    assert child.returncode == 2
+    assert err.splitlines() == [f"homelab-llm serve: error: port {port} on 127.0.0.1 is in use"]
+    assert out == ""
