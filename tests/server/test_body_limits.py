@@ -10,23 +10,15 @@ import http.client
 import json
 import socket
 import threading
-import time
 
 import httpx
 import pytest
 
 from tests.server.conftest import fake_server
 from tests.server.fake_engine import FakeEngine, FakeTokenizer
+from tests.server.harness import wait_for
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 class GatedTokenizer(FakeTokenizer):
