@@ -15,7 +15,7 @@ from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
 from homelab_llm.server.errors import APIError, bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
-from homelab_llm.server.limits import check_num_seqs, check_prompt_chars, message_chars
+from homelab_llm.server.limits import PromptBound, check_num_seqs, message_chars
 from homelab_llm.server.logprobs import chat_logprobs
 from homelab_llm.server.protocol import (ChatCompletionRequest, check_max_tokens, encode_text,
                                          parse_body)
@@ -35,12 +35,12 @@ def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
-def _prepare(tokenizer: Any, req: ChatCompletionRequest, max_model_len: int) -> tuple[str, list[int]]:
+def _prepare(tokenizer: Any, req: ChatCompletionRequest, bound: PromptBound) -> tuple[str, list[int]]:
     # Both length checks are O(1) per message: an absurd prompt is refused before the template
     # runs, and a template-inflated one before the tokenizer does.
-    check_prompt_chars(tokenizer, max_model_len, message_chars(req.template_messages()), "messages")
+    bound.check(message_chars(req.template_messages()), "messages")
     text = render_prompt(tokenizer, req)
-    check_prompt_chars(tokenizer, max_model_len, len(text), "messages")
+    bound.check(len(text), "messages")
     return text, encode_text(tokenizer, text, False, "messages")
 
 
@@ -61,7 +61,8 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
     check_num_seqs(1, req.n, state.config.max_seqs_per_request)
     # Templating and tokenizing a 100K-token agent prompt takes tens of milliseconds: off the
     # event loop, so other streams keep flowing meanwhile.
-    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req, engine.max_model_len)
+    bound = await state.ready_prompt_bound(engine)
+    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req, bound)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)

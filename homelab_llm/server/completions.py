@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from homelab_llm.server.errors import bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
-from homelab_llm.server.limits import check_num_seqs, check_prompt_chars
+from homelab_llm.server.limits import PromptBound, check_num_seqs
 from homelab_llm.server.logprobs import completion_logprobs
 from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text, parse_body
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
@@ -27,9 +27,9 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
                           param)
 
 
-def prompt_ids(tokenizer: Any, prompt: str | list[int], max_model_len: int) -> list[int]:
+def prompt_ids(tokenizer: Any, prompt: str | list[int], bound: PromptBound) -> list[int]:
     if isinstance(prompt, str):
-        check_prompt_chars(tokenizer, max_model_len, len(prompt), "prompt")
+        bound.check(len(prompt), "prompt")
         ids = encode_text(tokenizer, prompt, True, "prompt")
         if not ids:
             raise bad_request("the prompt is empty", "prompt")
@@ -49,7 +49,8 @@ async def create_completion(state: ServerState, request: Request, body: Any) -> 
     prompts = req.prompts()
     check_num_seqs(len(prompts), req.n, state.config.max_seqs_per_request)
     items, echoes = [], []
-    all_ids = await asyncio.to_thread(lambda: [prompt_ids(tokenizer, p, max_len) for p in prompts])
+    bound = await state.ready_prompt_bound(engine)
+    all_ids = await asyncio.to_thread(lambda: [prompt_ids(tokenizer, p, bound) for p in prompts])
     for prompt, ids in zip(prompts, all_ids):
         max_tokens = check_max_tokens(len(ids), req.requested_max_tokens(), max_len)
         echo = "" if not req.echo else (prompt if isinstance(prompt, str) else tokenizer.decode(ids))

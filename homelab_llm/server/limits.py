@@ -9,7 +9,7 @@ SAFETY covers normalizers that shrink text (e.g. NFKC folding) before it is spli
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 from typing import Any
 
 from homelab_llm.server.errors import bad_request
@@ -17,24 +17,28 @@ from homelab_llm.server.errors import bad_request
 SAFETY = 2
 
 
-@functools.lru_cache(maxsize=4)
 def max_token_bytes(tokenizer: Any) -> int:
-    """Bytes of the vocabulary's longest token (computed once per tokenizer, ~0.1 s for 150K)."""
+    """Bytes of the vocabulary's longest token (~0.1 s for 150K tokens: run it off the loop)."""
     return max(1, max(len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size)))
 
 
-def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
-    return max_model_len * max_token_bytes(tokenizer) * SAFETY
+@dataclass(frozen=True)
+class PromptBound:
+    """The character count beyond which no text fits the context (see the module docstring)."""
 
+    max_chars: int
+    max_model_len: int
 
-def check_prompt_chars(tokenizer: Any, max_model_len: int, num_chars: int, param: str) -> None:
-    """A 400 for a text that cannot fit the context, decided from its length alone. Call it
-    off the event loop: the first call per tokenizer reads the whole vocabulary."""
-    limit = max_prompt_chars(tokenizer, max_model_len)
-    if num_chars > limit:
-        raise bad_request(f"{param} has {num_chars} characters; no text longer than {limit} "
-                          f"characters fits the model's context limit of {max_model_len} tokens",
-                          param, "context_length_exceeded")
+    @classmethod
+    def of(cls, tokenizer: Any, max_model_len: int) -> "PromptBound":
+        return cls(max_model_len * max_token_bytes(tokenizer) * SAFETY, max_model_len)
+
+    def check(self, num_chars: int, param: str) -> None:
+        """A 400 for a text that cannot fit the context, decided from its length alone."""
+        if num_chars > self.max_chars:
+            raise bad_request(f"{param} has {num_chars} characters; no text longer than "
+                              f"{self.max_chars} characters fits the model's context limit of "
+                              f"{self.max_model_len} tokens", param, "context_length_exceeded")
 
 
 def message_chars(messages: list[dict[str, Any]]) -> int:

@@ -15,7 +15,7 @@ from homelab_llm.server import body
 from homelab_llm.server.chat import create_chat_completion, render_prompt
 from homelab_llm.server.completions import check_token_ids, create_completion
 from homelab_llm.server.errors import bad_request
-from homelab_llm.server.limits import check_prompt_chars
+from homelab_llm.server.limits import PromptBound
 from homelab_llm.server.protocol import (ChatCompletionRequest, DetokenizeRequest,
                                          TokenizeRequest, encode_text, parse_body)
 from homelab_llm.server.state import ServerState
@@ -61,7 +61,8 @@ async def tokenize(request: Request) -> JSONResponse:
     tokenizer = engine.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("send exactly one of prompt or messages", "prompt")
-    tokens = await asyncio.to_thread(_tokenize, tokenizer, engine.max_model_len, req)
+    bound = await state.ready_prompt_bound(engine)
+    tokens = await asyncio.to_thread(_tokenize, tokenizer, bound, req)
     out: dict[str, Any] = {"count": len(tokens), "max_model_len": engine.max_model_len,
                            "tokens": tokens}
     if req.return_token_strs:
@@ -69,15 +70,15 @@ async def tokenize(request: Request) -> JSONResponse:
     return JSONResponse(out)
 
 
-def _tokenize(tokenizer: Any, max_model_len: int, req: TokenizeRequest) -> list[int]:
+def _tokenize(tokenizer: Any, bound: PromptBound, req: TokenizeRequest) -> list[int]:
     if req.messages is not None:
         chat = ChatCompletionRequest(messages=req.messages, tools=req.tools,
                                      add_generation_prompt=req.add_generation_prompt)
         text = render_prompt(tokenizer, chat)
-        check_prompt_chars(tokenizer, max_model_len, len(text), "messages")
+        bound.check(len(text), "messages")
         return encode_text(tokenizer, text, False, "messages")
     assert req.prompt is not None
-    check_prompt_chars(tokenizer, max_model_len, len(req.prompt), "prompt")
+    bound.check(len(req.prompt), "prompt")
     return encode_text(tokenizer, req.prompt, req.add_special_tokens, "prompt")
 
 

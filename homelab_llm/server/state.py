@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from homelab_llm.server.engine_client import EngineClient
 from homelab_llm.server.errors import model_not_found, unavailable
+from homelab_llm.server.limits import PromptBound
 from homelab_llm.server.stats import ServerStats
 
 
@@ -31,6 +33,7 @@ class ServerState:
     stats: ServerStats
     draining: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt_bound: PromptBound | None = None  # computed on first use: it reads the vocabulary
 
     @property
     def model_name(self) -> str:
@@ -52,3 +55,9 @@ class ServerState:
         if self.client.state != "ready" or self.client.engine is None:
             raise unavailable("the model is still loading")
         return self.client.engine
+
+    async def ready_prompt_bound(self, engine: Any) -> PromptBound:
+        if self.prompt_bound is None:
+            self.prompt_bound = await asyncio.to_thread(PromptBound.of, engine.tokenizer,
+                                                        engine.max_model_len)
+        return self.prompt_bound

@@ -81,8 +81,23 @@ HOSTILE: list[tuple[str, bytes | str, str, int]] = [
 ]
 
 
+class PausingEngine(FakeEngine):
+    """Stops stepping after a few steps until the test says go, so the stream is certainly
+    mid-flight while the hostile bodies arrive (and none of them needs the engine thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def step(self):
+        if self.steps >= 5:
+            assert self.go.wait(30), "the test never resumed the engine"
+        return super().step()
+
+
 def test_hostile_bodies_next_to_a_live_stream() -> None:
-    with fake_server(lambda: FakeEngine(step_delay=0.01)) as running:
+    engine = PausingEngine()
+    with fake_server(lambda: engine) as running:
         base = running.base_url
         lines: list[str] = []
         first = threading.Event()
@@ -108,6 +123,7 @@ def test_hostile_bodies_next_to_a_live_stream() -> None:
             else:
                 assert "not valid JSON" in err["message"], err
         assert lines[-1] != "data: [DONE]", "the stream must still be running meanwhile"
+        engine.go.set()
         reader.join(30)
         assert not reader.is_alive()
         assert lines[-1] == "data: [DONE]"
