@@ -13,6 +13,8 @@ from homelab_llm.errors import HomelabError
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
+LAYER_FULL = "full_attention"
+LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
 
 # HF architectures[0] -> our architecture name, for configs without a model_type we know.
@@ -55,6 +57,46 @@ class ModelConfig:
     quantization: dict[str, Any] | None = None  # HF quantization_config, or {"format": "gguf"}
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Hybrid (Gated DeltaNet + attention) shape, Qwen3.5/3.6 and Qwen3-Next. layer_types holds one
+    # entry per layer, LAYER_FULL or LAYER_LINEAR; empty means every layer is full attention.
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    partial_rotary_factor: float = 1.0  # share of head_dim that RoPE rotates (0.25 on Qwen3.5)
+    attn_output_gate: bool = False  # sigmoid gate on the attention output (q_proj is twice as wide)
+    state_dtype: str = "float32"  # recurrent-state dtype (HF mamba_ssm_dtype)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return LAYER_LINEAR in self.layer_types
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers that hold KV pages (all of them on a plain transformer)."""
+        if not self.layer_types:
+            return tuple(range(self.num_hidden_layers))
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LAYER_FULL)
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        """Indices of the Gated DeltaNet layers (they hold a conv and a recurrent state)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LAYER_LINEAR)
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the depthwise conv: q, k and v of a Gated DeltaNet layer side by side."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
 
     @property
     def q_size(self) -> int:
