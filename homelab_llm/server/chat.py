@@ -23,6 +23,7 @@ from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 
+
 def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools_enabled else None
     try:

@@ -20,6 +20,7 @@ from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, enc
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 
+
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
