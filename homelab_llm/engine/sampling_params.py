@@ -13,6 +13,9 @@ from homelab_llm.errors import HomelabError
 
 INT32_MAX = 2**31 - 1  # counts (max_tokens, min_tokens, top_k) travel in int32 tensors
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Stop checks run on the engine thread after every token of every sequence in the batch: these
+# bound what one request can add to everyone's step time.
+MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024
 
 
 class SamplingParamsError(HomelabError, ValueError):
@@ -75,6 +78,13 @@ class SamplingParams:
             raise bad("logprobs", f"must be in [0, 20], got {self.logprobs}")
         if self.seed is not None and not INT64_MIN <= self.seed <= INT64_MAX:
             raise bad("seed", f"must fit in a signed 64-bit integer, got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"holds {len(self.stop)} strings; at most {MAX_STOP_STRINGS}")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise bad("stop", f"strings must be at most {MAX_STOP_STRING_CHARS} characters")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad("stop_token_ids", f"holds {len(self.stop_token_ids)} ids; at most "
+                                        f"{MAX_STOP_TOKEN_IDS}")
         id_limit = INT32_MAX + 1 if vocab_size is None else vocab_size
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < id_limit:

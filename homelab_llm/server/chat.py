@@ -17,8 +17,7 @@ from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_er
                                            until_disconnect, usage)
 from homelab_llm.server.limits import PromptBound, check_num_seqs, message_chars
 from homelab_llm.server.logprobs import chat_logprobs
-from homelab_llm.server.protocol import (ChatCompletionRequest, check_max_tokens, encode_text,
-                                         parse_body)
+from homelab_llm.server.protocol import ChatCompletionRequest, check_max_tokens, encode_text
 from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
@@ -51,8 +50,7 @@ def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
     return choice.finish_reason
 
 
-async def create_chat_completion(state: ServerState, request: Request, body: Any) -> Response:
-    req: ChatCompletionRequest = parse_body(ChatCompletionRequest, body)
+async def create_chat_completion(state: ServerState, request: Request, req: ChatCompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
     logprobs = req.logprobs_count()

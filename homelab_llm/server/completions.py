@@ -16,7 +16,7 @@ from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_er
                                            until_disconnect, usage)
 from homelab_llm.server.limits import PromptBound, check_num_seqs
 from homelab_llm.server.logprobs import completion_logprobs
-from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text, parse_body
+from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 
@@ -39,8 +39,7 @@ def prompt_ids(tokenizer: Any, prompt: str | list[int], bound: PromptBound) -> l
     return prompt
 
 
-async def create_completion(state: ServerState, request: Request, body: Any) -> Response:
-    req: CompletionRequest = parse_body(CompletionRequest, body)
+async def create_completion(state: ServerState, request: Request, req: CompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
     logprobs = req.logprobs_count()

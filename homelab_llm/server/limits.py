@@ -1,5 +1,9 @@
-"""Cheap bounds a request must pass before the expensive work (templating, tokenizing, submitting)
-starts, so one absurd request cannot occupy the server.
+"""Cheap bounds a request must pass before the expensive work (validating, templating,
+tokenizing, submitting) starts, so one absurd request cannot occupy the server.
+
+`check_body_shape` runs on the decoded JSON before pydantic: validating half a million messages
+holds the GIL for seconds (no thread helps), while counting them is free, and no request with more
+messages than the context has tokens, or more prompts than a request may run, can succeed.
 
 The prompt bound needs no tokenizer run: a token stands for at most `max_token_bytes` bytes of
 text (the longest entry of the vocabulary), and a character is at least one byte, so a text of C
@@ -57,3 +61,26 @@ def check_num_seqs(num_prompts: int, n: int, limit: int) -> None:
         raise bad_request(f"this request asks for {num_prompts} prompt(s) x n={n} = {total} "
                           f"sequences, more than this server's limit of {limit} per request "
                           f"(--max-seqs-per-request)", "n" if num_prompts == 1 else "prompt")
+
+
+def check_body_shape(body: Any, max_model_len: int, max_seqs: int) -> None:
+    """Counts no valid request can have, checked on the raw decoded body (see the docstring)."""
+    if not isinstance(body, dict):
+        return  # parse_body says what is wrong
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > max_model_len:
+        raise bad_request(f"messages has {len(messages)} entries; each takes at least one token "
+                          f"and the context limit is {max_model_len} tokens", "messages",
+                          "context_length_exceeded")
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return
+    if isinstance(prompt[0], int):  # one prompt of token ids
+        token_lists = [prompt]
+    else:  # a batch: strings or token-id lists
+        check_num_seqs(len(prompt), 1, max_seqs)
+        token_lists = [p for p in prompt if isinstance(p, list)]
+    for ids in token_lists:
+        if len(ids) > max_model_len:
+            raise bad_request(f"a prompt of {len(ids)} token ids exceeds the context limit of "
+                              f"{max_model_len} tokens", "prompt", "context_length_exceeded")

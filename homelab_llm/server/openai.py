@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -15,9 +16,10 @@ from homelab_llm.server import body
 from homelab_llm.server.chat import create_chat_completion, render_prompt
 from homelab_llm.server.completions import check_token_ids, create_completion
 from homelab_llm.server.errors import bad_request
-from homelab_llm.server.limits import PromptBound
-from homelab_llm.server.protocol import (ChatCompletionRequest, DetokenizeRequest,
-                                         TokenizeRequest, encode_text, parse_body)
+from homelab_llm.server.limits import PromptBound, check_body_shape
+from homelab_llm.server.protocol import (ChatCompletionRequest, CompletionRequest,
+                                         DetokenizeRequest, TokenizeRequest, encode_text,
+                                         parse_body)
 from homelab_llm.server.state import ServerState
 
 router = APIRouter()
@@ -27,18 +29,27 @@ def server_state(request: Request) -> ServerState:
     return request.app.state.server
 
 
-async def read_json(request: Request) -> Any:
-    return await body.read_json(request, server_state(request).config.max_request_body_bytes)
+async def read_request(request: Request, model: type[BaseModel]) -> Any:
+    """The body as `model`: read and decoded by body.py, counted by check_body_shape, then
+    validated (a 400 naming the first bad field)."""
+    state = server_state(request)
+    data = await body.read_json(request, state.config.max_request_body_bytes)
+    engine = state.client.engine
+    if engine is not None:  # without one the request is a 503 anyway
+        check_body_shape(data, engine.max_model_len, state.config.max_seqs_per_request)
+    return parse_body(model, data)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    return await create_chat_completion(server_state(request), request, await read_json(request))
+    req = await read_request(request, ChatCompletionRequest)
+    return await create_chat_completion(server_state(request), request, req)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    return await create_completion(server_state(request), request, await read_json(request))
+    req = await read_request(request, CompletionRequest)
+    return await create_completion(server_state(request), request, req)
 
 
 @router.get("/v1/models")
@@ -55,7 +66,7 @@ async def models(request: Request) -> JSONResponse:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> JSONResponse:
     state = server_state(request)
-    req: TokenizeRequest = parse_body(TokenizeRequest, await read_json(request))
+    req: TokenizeRequest = await read_request(request, TokenizeRequest)
     state.resolve_model(req.model)
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
@@ -85,7 +96,7 @@ def _tokenize(tokenizer: Any, bound: PromptBound, req: TokenizeRequest) -> list[
 @router.post("/detokenize")
 async def detokenize(request: Request) -> JSONResponse:
     state = server_state(request)
-    req: DetokenizeRequest = parse_body(DetokenizeRequest, await read_json(request))
+    req: DetokenizeRequest = await read_request(request, DetokenizeRequest)
     state.resolve_model(req.model)
     tokenizer = state.ready_engine().tokenizer
     check_token_ids(req.tokens, tokenizer.vocab_size, "tokens")

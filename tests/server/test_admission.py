@@ -25,7 +25,8 @@ VOCAB = FakeTokenizer.vocab_size  # 259
     ("min_p", math.inf), ("presence_penalty", -math.inf), ("frequency_penalty", math.nan),
     ("repetition_penalty", math.inf), ("top_k", 2**63), ("top_k", VOCAB + 1),
     ("max_tokens", 2**31), ("min_tokens", 2**40), ("seed", 2**63), ("stop_token_ids", [VOCAB]),
-    ("stop_token_ids", [-1]), ("stop_token_ids", [2**63]),
+    ("stop_token_ids", [-1]), ("stop_token_ids", [2**63]), ("stop_token_ids", [5] * 1025),
+    ("stop", ["x"] * 65), ("stop", ["x" * 1025]),
 ])
 def test_sampling_params_validate_against_the_vocabulary(field, value) -> None:
     params = SamplingParams(**{"max_tokens": None, field: value})
@@ -78,6 +79,11 @@ HOSTILE: list[tuple[str, bytes | str, str, int]] = [
     ("/v1/chat/completions", b'{"messages":[{"role":"user","content":"\xff\xfe"}]}', "", 400),
     ("/tokenize", '{"messages":[]}', "messages", 400),
     ("/detokenize", '{"tokens":[9223372036854775808]}', "tokens", 400),
+    # Counted before validation: more messages than the context has tokens, too many prompts.
+    ("/v1/chat/completions", json.dumps({"messages": USER * 1025}), "messages", 400),
+    ("/v1/completions", json.dumps({"prompt": [[5]] * 257}), "prompt", 400),
+    ("/v1/completions", json.dumps({"prompt": [5] * 1025}), "prompt", 400),
+    ("/v1/completions", json.dumps({"prompt": "hi", "stop": ["x"] * 65}), "stop", 400),
 ]
 
 
