@@ -9,7 +9,7 @@
     openai.py         routes: /v1/chat/completions /v1/completions /v1/models /tokenize /detokenize
     body.py           JSON bodies: content type, size cap (413), every decode failure a 400
     protocol.py       request bodies (pydantic) -> SamplingParams; the context-length check
-    limits.py         cheap bounds before expensive work: prompt characters, prompts x n
+    limits.py         cheap bounds before expensive work: body counts, prompt characters, prompts x n
     chat.py           chat: template, tokenize, n choices, JSON or SSE chunks
     completions.py    completions: prompt batches, echo, legacy logprobs
     generation.py     Batch: one HTTP request's engine requests, merged outputs, abort on exit
