@@ -19,8 +19,12 @@ from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_r
 from homelab_llm.engine.runner import ModelRunner
 from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
-from homelab_llm.engine.scheduler import Scheduler
+from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler
 from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.spec.config import parse_speculative_config
+from homelab_llm.engine.spec.drafter import Drafter, make_drafter
+from homelab_llm.engine.spec.stats import SpecDecodeStats
+from homelab_llm.engine.spec.verify import accept, sampler_rows
 from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine")
@@ -75,6 +79,13 @@ class LLMEngine:
         self._async = args.async_scheduling and self.device.type == "cuda"
         self._pending: PendingTokens | None = None
         self._seed_rng = torch.Generator().manual_seed(args.seed)
+        # Speculative decoding: drafts need the sequences' tokens on the host, so while it is on
+        # every step runs synchronously (async scheduling brings nothing a draft would not).
+        spec = parse_speculative_config(args.speculative_config)
+        self.drafter: Drafter | None = make_drafter(spec, self.max_model_len) if spec else None
+        self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec else None
+        if spec is not None:
+            self._async = False
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.started_at = time.monotonic()
@@ -146,6 +157,8 @@ class LLMEngine:
             seq.token_ids.pop()  # its token is still on the device: never cache or report it
         self.scheduler.finish(seq)
         seq.finish_reason = "abort"
+        if self.drafter is not None:
+            self.drafter.forget(seq)
         seq.finish_time = time.monotonic()
         self._aborted.append(seq)
 
@@ -165,12 +178,15 @@ class LLMEngine:
         if not self.scheduler.has_work():
             results.extend(self._finish_pending())
             return results
+        if self.drafter is not None:
+            self.drafter.draft(self.scheduler.running)
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             results.extend(self._finish_pending())
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
-        samplers = [item.seq for item in plan.scheduled if item.samples]  # logits rows, in order
+        sampling_items = [item for item in plan.scheduled if item.samples]  # logits rows, in order
+        samplers = [item.seq for item in sampling_items]
         batch = self.runner.prepare(plan.scheduled)
         if self._pending is not None:
             rows = placeholder_rows(plan.scheduled, self._pending)
@@ -185,6 +201,8 @@ class LLMEngine:
         sampling = [samplers[i] for i in keep]
         if not sampling:
             return results
+        if any(item.spec for item in sampling_items):
+            return results + self._verify(sampling_items, logits)
         if len(keep) != len(samplers):
             logits = logits[keep]
         if self._run_ahead_ok(sampling):
@@ -196,20 +214,49 @@ class LLMEngine:
 
     def _record(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[RequestOutput]:
         """Append each sequence's sampled token; finish and report."""
+        return self._record_many(seqs, [[t] for t in tokens], [[lp] for lp in logprobs])
+
+    def _record_many(self, seqs: list[Sequence], tokens: list[list[int]], logprobs: list[list],
+                     drafts: list[list[int]] | None = None) -> list[RequestOutput]:
+        """Append each sequence's new tokens (one, or the accepted drafts and the token after them)
+        until a stop condition holds; roll back rejected drafts; finish and report."""
         results: list[RequestOutput] = []
-        for seq, token, lp in zip(seqs, tokens, logprobs):
+        for i, (seq, toks, lps) in enumerate(zip(seqs, tokens, logprobs)):
             if seq.is_finished:  # aborted while its token was on the way
                 continue
-            self.outputs.append_token(seq, token, lp)
-            self.generation_tokens_total += 1
+            for token, lp in zip(toks, lps):
+                self.outputs.append_token(seq, token, lp)
+                self.generation_tokens_total += 1
+                if seq.finish_reason is not None:
+                    break
+            if drafts is not None:
+                self.spec_stats.observe(len(drafts[i]), len(toks) - 1)
+                self.scheduler.rollback(seq, len(toks) - 1)
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq)
                 self._seqs.pop(seq.request_id, None)
+                if self.drafter is not None:
+                    self.drafter.forget(seq)
             out = self.outputs.make_output(seq)
             if out is not None:
                 results.append(out)
         return results
+
+    def _verify(self, items: list[ScheduledSeq], logits: torch.Tensor) -> list[RequestOutput]:
+        """A step with drafts (synchronous): sample every row as its own output position, keep
+        the longest agreeing prefix per sequence (spec/verify.py), roll the rest back. `items`
+        are the step's sampling sequences, in logits-row order."""
+        seqs = [item.seq for item in items]
+        drafts = [item.spec for item in items]
+        sample = self.sampler(logits, sampler_rows(seqs, drafts))
+        emitted = accept(sample.token_ids, drafts)
+        logprobs: list[list] = []
+        row = 0
+        for d, toks in zip(drafts, emitted):
+            logprobs.append(sample.logprobs[row:row + len(toks)])
+            row += len(d) + 1
+        return self._record_many(seqs, emitted, logprobs, drafts)
 
     def _finish_pending(self) -> list[RequestOutput]:
         pending, self._pending = self._pending, None
@@ -221,7 +268,7 @@ class LLMEngine:
     def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
         """May this step's tokens stay on the device while the next step is launched? Only when
         nothing needs them on the host first (logprobs, penalties, min_tokens masking)."""
-        if not self._async:
+        if not self._async or self.drafter is not None:  # drafting reads the tokens on the host
             return False
         for seq in seqs:
             p = seq.params
@@ -259,6 +306,7 @@ class LLMEngine:
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
                              "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0},
+            **({"spec_decode": self.spec_stats.as_dict()} if self.spec_stats is not None else {}),
             "counters": {"prompt_tokens": self.prompt_tokens_total,
                          "generation_tokens": self.generation_tokens_total,
                          "num_preemptions": self.scheduler.num_preemptions},

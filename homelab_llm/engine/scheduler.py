@@ -4,12 +4,17 @@ Each step: running decodes first (one token each), then running prefills continu
 waiting requests are admitted, all within max_num_batched_tokens and max_num_seqs. When pages run
 out, the newest running sequence is preempted: its pages go back (its computed tokens stay in the
 prefix cache) and it waits at the front of the queue to be recomputed. Nothing is dropped.
+
+Speculative decoding: a decode whose sequence carries drafts (`seq.spec_token_ids`) is scheduled
+with 1 + K new tokens when the token budget and free pages allow (drafts never evict the prefix
+cache nor preempt anyone: they only take pages that leave one free page per running sequence);
+else it runs as a plain decode. After verification `rollback` drops what was rejected.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.sequence import Sequence, SequenceStatus
@@ -18,7 +23,8 @@ from homelab_llm.engine.sequence import Sequence, SequenceStatus
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # drafts included
+    spec: list[int] = field(default_factory=list)  # draft tokens verified this step
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -29,7 +35,7 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """This step computes the sequence's last known token, so it yields the next one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - len(self.spec) == self.seq.num_tokens
 
 
 @dataclass
@@ -71,6 +77,12 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
+            spec = self._drafts_that_fit(seq, budget)
+            if spec:
+                scheduled.append(ScheduledSeq(seq, 1 + len(spec), spec))
+                taken.add(id(seq))
+                budget -= 1 + len(spec)
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.kv.ensure_pages(seq, seq.num_computed_tokens + n):
                 victim = self._pick_victim(exclude=taken)
@@ -105,6 +117,19 @@ class Scheduler:
             budget -= n
         return SchedulerOutput(scheduled, preempted)
 
+    def _drafts_that_fit(self, seq: Sequence, budget: int) -> list[int]:
+        """The drafts this decode can verify now: within the budget, on free pages only."""
+        drafts = seq.spec_token_ids
+        if not drafts or not seq.is_decoding or budget < 2:
+            return []
+        drafts = drafts[:budget - 1]
+        end = seq.num_computed_tokens + 1 + len(drafts)
+        if self.kv.pool.num_free - self.kv.pages_needed(seq, end) < len(self.running):
+            return []
+        ok = self.kv.ensure_pages(seq, end)
+        assert ok
+        return drafts
+
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
         free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size
         return max(0, min(n, free_tokens - seq.num_computed_tokens))
@@ -130,9 +155,16 @@ class Scheduler:
         for item in out.scheduled:
             seq = item.seq
             before = seq.num_computed_tokens
-            seq.num_computed_tokens += item.num_new_tokens
+            seq.num_computed_tokens += item.num_new_tokens - len(item.spec)  # drafts: rollback()
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self.kv.cache_sequence(seq)
+
+    def rollback(self, seq: Sequence, num_accepted: int) -> None:
+        """After verifying drafts: the accepted ones have KV (clamped to the tokens the sequence
+        kept, should a stop cut them), the rejected ones never existed: their pages beyond the
+        sequence's tokens go back. The radix cache only ever sees tokens below num_computed."""
+        seq.num_computed_tokens = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)
+        self.kv.trim(seq, seq.num_tokens)
 
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out of whichever queue holds it and release its pages."""

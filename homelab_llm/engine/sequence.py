@@ -41,6 +41,8 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     seed: int = 0  # keys this request's random draws (with the output position)
+    # Speculative decoding: draft tokens proposed for the next step (never part of token_ids).
+    spec_token_ids: list[int] = field(default_factory=list)
     # Output text bookkeeping (detokenizer lives in the engine core).
     detokenizer: IncrementalDetokenizer | None = None
     output_text: str = ""

@@ -6,7 +6,8 @@ device tensors with a single host-to-device copy from pinned memory. Building fr
 is what keeps the ranks' batches identical.
 
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
-page_table[B * P] logits_rows[R].
+page_table[B * P] logits_rows[R]. A sequence verifying K drafts has K+1 input rows (its last token,
+then the drafts) and K+1 logits rows; every rank runs the same verify forward from these words.
 """
 
 from __future__ import annotations
@@ -95,9 +96,10 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[PlanHeade
     tables: list[list[int]] = []
     rows: list[int] = []
     for item in scheduled:
-        seq, n = item.seq, item.num_new_tokens
+        seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
         start = seq.num_computed_tokens
-        ids.extend(seq.token_ids[start:start + n])
+        ids.extend(seq.token_ids[start:start + n - k])
+        ids.extend(item.spec)  # drafts: verified in this forward, one logits row each
         pos.extend(range(start, start + n))
         pt = seq.page_table
         slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
@@ -105,7 +107,7 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[PlanHeade
         lens.append(start + n)
         tables.append(pt)
         if item.samples:
-            rows.append(len(ids) - 1)
+            rows.extend(range(len(ids) - 1 - k, len(ids)))
     return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows)
 
 

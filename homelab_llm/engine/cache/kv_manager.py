@@ -93,6 +93,13 @@ class KVCacheManager:
         seq.page_table.extend(self.pool.alloc(need))
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the pages past the first `num_tokens` tokens (rejected draft slots)."""
+        keep = _ceil_div(num_tokens, self.page_size)
+        if len(seq.page_table) > keep:
+            self.pool.decref(seq.page_table[keep:])
+            del seq.page_table[keep:]
+
     def can_fit(self, num_pages: int) -> bool:
         evictable = self.radix.evictable_pages() if self.radix is not None else 0
         return self.pool.num_free + evictable >= num_pages
