@@ -1,4 +1,5 @@
-"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles."""
+"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles, and the
+speculative-decoding acceptance when the server speculates."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def stats_table(snap: ServerSnapshot) -> Table:
     grid.add_row("Prefix hit", percent(snap.prefix_hit_rate), "TTFT",
                  f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
     grid.add_row("TPOT p50", seconds(snap.tpot_p50), "Source", _source(snap))
+    if snap.spec_acceptance_rate is not None:
+        length = snap.spec_mean_accepted_length
+        grid.add_row("Spec accept", percent(snap.spec_acceptance_rate), "Accepted len",
+                     NA if length is None else f"{length:.2f} tok/step")
     return grid
 
 
