@@ -65,7 +65,7 @@ def _step_ms(engine: LLMEngine, batch: int, ctx: int, steps: int) -> float:
     for i in range(batch):
         engine.add_request(f"v{tag}-{i}", [rng.randrange(10, vocab - 10) for _ in range(ctx)],
                            SamplingParams(max_tokens=steps * 8 + 8, temperature=0.0, ignore_eos=True))
-    for _ in range(3):  # prefill, then warm the verify shapes
+    for _ in range(4):  # prefill (chunked), then warm the verify shapes
         engine.step()
     torch.cuda.synchronize()
     times = []
