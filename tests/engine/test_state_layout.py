@@ -55,3 +55,17 @@ def test_incomplete_hybrid_config_is_refused() -> None:
     broken = dataclasses.replace(QWEN36_27B, linear_conv_kernel_dim=0)
     with pytest.raises(MemoryPlanError, match="linear_conv_kernel_dim"):
         StateLayout.for_model(broken, 1, "auto")
+
+
+def test_snapshot_pool_defaults_to_two_per_running_sequence() -> None:
+    layout = StateLayout.for_model(QWEN36_27B, 2, "auto")
+    assert layout.snapshot_count(8) == 16
+    assert layout.snapshot_count(8, max_state_snapshots=0) == 0
+    assert layout.snapshot_count(8, max_state_snapshots=5) == 5
+    assert layout.snapshot_count(8, state_snapshot_memory_bytes=3 * 76_972_032 + 1) == 3
+    assert layout.snapshot_count(8, enable_prefix_caching=False) == 0
+
+
+def test_plain_transformer_keeps_no_snapshots() -> None:
+    plain = StateLayout.for_model(dataclasses.replace(QWEN36_27B, layer_types=()), 1, "auto")
+    assert plain.snapshot_count(8, max_state_snapshots=5) == 0

@@ -10,7 +10,8 @@ A hybrid model (Qwen3.5/3.6) keeps, per sequence and per GDN layer, two tensors 
 Key and value heads split evenly across ranks (with the attention heads); an uneven split is refused.
 The state pool (cache/state_pool.py), the memory plan (engine/memory.py) and `plan` all size states
 from this one layout, so what `plan` promises is what the pool allocates. Torch-free on purpose.
-A model without GDN layers gets an empty layout (no layers, 0 bytes).
+A model without GDN layers gets an empty layout (no layers, 0 bytes). On a device the states take
+(running sequences + snapshot pool) x bytes_per_sequence, reserved before the KV pages.
 """
 
 from __future__ import annotations
@@ -51,6 +52,22 @@ class StateLayout:
     def bytes_per_sequence(self) -> int:
         """Conv plus recurrent state of one sequence over all GDN layers, on one rank."""
         return self.num_layers * (self.conv_bytes_per_layer + self.recurrent_bytes_per_layer)
+
+    def snapshot_count(self, max_num_seqs: int, max_state_snapshots: int | None = None,
+                       state_snapshot_memory_bytes: int | None = None,
+                       enable_prefix_caching: bool = True) -> int:
+        """Slots of the radix cache's snapshot pool (EngineArgs' flags of the same names).
+
+        None/None means two per running sequence (a prompt end and an output end); a byte budget
+        holds as many whole snapshots as fit. No GDN layers or no prefix caching: no snapshots.
+        """
+        if not self.num_layers or not enable_prefix_caching:
+            return 0
+        if max_state_snapshots is not None:
+            return max_state_snapshots
+        if state_snapshot_memory_bytes is not None:
+            return state_snapshot_memory_bytes // self.bytes_per_sequence
+        return 2 * max_num_seqs
 
     @classmethod
     def for_model(cls, config: ModelConfig, tp_size: int, model_dtype: str) -> StateLayout:
