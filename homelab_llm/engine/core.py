@@ -304,7 +304,12 @@ class LLMEngine:
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
-                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0},
+                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0,
+                             # Hybrid models: matches resumed from a GDN state snapshot, and
+                             # snapshots held now (0 on a plain transformer).
+                             "state_snapshot_hits": self.kv.radix.snapshot_hits if self.kv.radix else 0,
+                             "state_snapshots_held": (self.kv.state_slots.snapshots_held
+                                                      if self.kv.state_slots else 0)},
             "counters": {"prompt_tokens": self.prompt_tokens_total,
                          "generation_tokens": self.generation_tokens_total,
                          "num_preemptions": self.scheduler.num_preemptions},
