@@ -264,7 +264,7 @@ def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any
         if name is None:
             continue
         parts = name.split(".")
-        if len(parts) < 2 or parts[-2] not in splits or tensor is None:
+        if "#" in name or len(parts) < 2 or parts[-2] not in splits or tensor is None:
             yield name, tensor, blocks
             continue
         sizes = [size for _, size in splits[parts[-2]][1]]
