@@ -217,7 +217,7 @@ class LLMEngine:
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
         samplers = [item.seq for item in plan.scheduled if item.samples]  # logits rows, in order
-        batch = self.runner.prepare(plan.scheduled, plan.state_copies)
+        batch = self.runner.prepare(plan.scheduled, plan.copies)
         if self._pending is not None:
             rows = placeholder_rows(plan.scheduled, self._pending)
             if rows[0]:

@@ -12,7 +12,8 @@ import torch
 from homelab_llm.engine.args import EngineArgs
 from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.cache.state_layout import StateLayout
-from homelab_llm.engine.cache.state_pool import StateCopies, StatePool
+from homelab_llm.engine.cache.copies import CacheCopies
+from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.scheduler import ScheduledSeq
@@ -245,8 +246,8 @@ class ModelRunner:
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
     # -- one step -----------------------------------------------------------------------------
-    def prepare(self, scheduled: list[ScheduledSeq], state_copies: StateCopies | None = None) -> StepBatch:
-        return self.batch_from_plan(*build_plan(scheduled, self.page_size, state_copies=state_copies))
+    def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
+        return self.batch_from_plan(*build_plan(scheduled, self.page_size, copies=copies))
 
     def batch_from_plan(self, header: list[int], payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
@@ -267,9 +268,12 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits (float32) for the rows that sample this step."""
-        if batch.state_copies[0]:
+        copies = batch.copies
+        if copies.kv:
+            self.pool.copy_slots(copies.kv.src, copies.kv.dst)
+        if copies.state:
             assert self.state_pool is not None, "state copies on a model without GDN layers"
-            self.state_pool.copy(*batch.state_copies)
+            self.state_pool.copy(copies.state.src, copies.state.dst)
         if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
             return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
-from homelab_llm.engine.cache.state_pool import StateCopies
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -37,8 +37,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
-    # Hybrid models: state copies (snapshot saves and restores) to run before this step.
-    state_copies: StateCopies = field(default_factory=StateCopies.empty)
+    # KV rows and (hybrid models) state slots to copy before this step's forward.
+    copies: CacheCopies = field(default_factory=CacheCopies)
 
     @property
     def num_tokens(self) -> int:
@@ -107,7 +107,7 @@ class Scheduler:
             scheduled.append(ScheduledSeq(seq, n))
             taken.add(id(seq))
             budget -= n
-        return SchedulerOutput(scheduled, preempted, self.kv.state_copies.take())
+        return SchedulerOutput(scheduled, preempted, self.kv.copies.take())
 
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
         free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size

@@ -6,18 +6,18 @@ them into device tensors with a single host-to-device copy from pinned memory. B
 same words is what keeps the ranks' batches identical.
 
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
-page_table[B * P] logits_rows[R], then the state section: state_indices[B] has_initial_state[B]
-N copy_src[N] copy_dst[N] (hybrid models' state slots and the state copies to run before the
-forward; -1 slots and N = 0 otherwise). Header: CMD, T, B, P, R, decode_only, max_query_len,
-max_seq_len, payload length, spare.
+page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
+slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
+Header: CMD, T, B, P, R, decode_only, max_query_len, max_seq_len, payload length, spare.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.context import ForwardContext
 
 HEADER_LEN = 10
@@ -31,8 +31,8 @@ class StepBatch:
     context: ForwardContext
     num_tokens: int
     plan: tuple[list[int], torch.Tensor] | None = None  # the words it was made from (TP sends them)
-    # Hybrid models: state slot copies (src, dst) every rank runs, in order, before the forward.
-    state_copies: tuple[list[int], list[int]] = ([], [])
+    # KV rows and state slots every rank copies, in order, before the forward.
+    copies: CacheCopies = field(default_factory=CacheCopies)
     # Async scheduling under TP: (input rows, pending rows, pending tokens) the other ranks need.
     patch: tuple[list[int], list[int], torch.Tensor] | None = None
 
@@ -41,7 +41,7 @@ def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_m
                     query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                     logits_rows: list[int], state_indices: list[int] | None = None,
                     has_initial_state: list[int] | None = None,
-                    state_copies: tuple[list[int], list[int]] = ([], [])) -> tuple[list[int], torch.Tensor]:
+                    copies: CacheCopies | None = None) -> tuple[list[int], torch.Tensor]:
     b = len(query_lens)
     max_pages = max((len(p) for p in page_table), default=1) or 1
     starts = [0]
@@ -53,7 +53,7 @@ def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_m
         table.extend([0] * (max_pages - len(pages)))
     state = (state_indices if state_indices is not None else [-1] * b) + (
         has_initial_state if has_initial_state is not None else [0] * b)
-    state += [len(state_copies[0])] + list(state_copies[0]) + list(state_copies[1])
+    state += (copies or CacheCopies()).words()
     words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows + state
     payload = torch.tensor(words, dtype=torch.long)
     header = [cmd, len(input_ids), b, max_pages, len(logits_rows), int(all(q == 1 for q in query_lens)),
@@ -61,9 +61,9 @@ def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_m
     return header, payload
 
 
-def build_plan(scheduled, page_size: int, cmd: int = 0, state_copies=None) -> tuple[list[int], torch.Tensor]:
-    """The plan of a scheduled step (scheduler.ScheduledSeq items; state_copies a
-    cache.state_pool.StateCopies or None)."""
+def build_plan(scheduled, page_size: int, cmd: int = 0,
+               copies: CacheCopies | None = None) -> tuple[list[int], torch.Tensor]:
+    """The plan of a scheduled step (scheduler.ScheduledSeq items) and its cache copies."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -87,7 +87,6 @@ def build_plan(scheduled, page_size: int, cmd: int = 0, state_copies=None) -> tu
             rows.append(len(ids) - 1)
         state_slots.append(seq.state_slot)
         has_initial.append(int(start > 0))
-    copies = (state_copies.src, state_copies.dst) if state_copies is not None else ([], [])
     return plan_from_lists(cmd, ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial,
                            copies)
 
@@ -127,11 +126,10 @@ class HostStager:
 def batch_from_plan(header: list[int], payload: torch.Tensor, device: torch.device, page_size: int,
                     stager: HostStager | None = None) -> StepBatch:
     _, t, b, max_pages, n_logits, decode_only, max_q, max_s, _n, _ = header
-    n_copies = int(payload[3 * t + 2 * b + 1 + b * max_pages + n_logits + 2 * b])
-    sizes = [t, t, t, b + 1, b, b * max_pages, n_logits, b, b, 1 + 2 * n_copies]
+    sizes = [t, t, t, b + 1, b, b * max_pages, n_logits, b, b]
+    sizes.append(payload.numel() - sum(sizes))  # the cache copies
     host_parts = torch.split(payload, sizes)
     starts = host_parts[3].tolist()
-    copies = host_parts[9].tolist()[1:]
     dev_payload = stager.upload(payload) if stager is not None else payload.to(device)
     ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, _ = torch.split(dev_payload, sizes)
     ctx = ForwardContext(
@@ -144,4 +142,4 @@ def batch_from_plan(header: list[int], payload: torch.Tensor, device: torch.devi
         seq_lens_host=host_parts[4].tolist(),
         state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool))
     return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
-                     plan=(header, payload), state_copies=(copies[:n_copies], copies[n_copies:]))
+                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[9].tolist()))

@@ -111,8 +111,8 @@ def _plan_transport(args: EngineArgs) -> str:
     return "shm" if wanted == "shm" and args.nnodes == 1 and shm_available() else "gloo"
 
 
-def _plan(scheduled: list[ScheduledSeq], page_size: int, state_copies=None) -> tuple[list[int], torch.Tensor]:
-    return build_plan(scheduled, page_size, CMD_STEP, state_copies)
+def _plan(scheduled: list[ScheduledSeq], page_size: int, copies=None) -> tuple[list[int], torch.Tensor]:
+    return build_plan(scheduled, page_size, CMD_STEP, copies)
 
 
 def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:

@@ -36,7 +36,7 @@ def last_logits(llm, prompts: list[list[int]]) -> torch.Tensor:
         e.add_request(f"probe{i}", p, SamplingParams(max_tokens=1))
     plan = e.scheduler.schedule()
     assert len(plan.scheduled) == len(prompts) and all(s.samples for s in plan.scheduled)
-    logits = e.runner.forward(e.runner.prepare(plan.scheduled, plan.state_copies)).clone()
+    logits = e.runner.forward(e.runner.prepare(plan.scheduled, plan.copies)).clone()
     for i in range(len(prompts)):
         e.abort_request(f"probe{i}")
     e.step()

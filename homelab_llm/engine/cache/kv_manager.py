@@ -3,14 +3,16 @@
 The scheduler decides who runs; this decides where their K/V live. On hybrid models (Gated
 DeltaNet layers) it also gives each running sequence a state slot, restores a matched prefix's
 state from the radix cache's snapshot and snapshots the state whenever tokens are cached; those
-state copies queue in `state_copies` for the next step's plan.
+copies (KV rows of a partially matched page, state slots) queue in `copies` for the next step's
+plan (cache/copies.py): every rank runs them before that step's forward.
 """
 
 from __future__ import annotations
 
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.cache.radix import RadixCache
-from homelab_llm.engine.cache.state_pool import StateCopies, StateSlots
+from homelab_llm.engine.cache.copies import CacheCopies
+from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.sequence import Sequence
 
 
@@ -24,7 +26,7 @@ class KVCacheManager:
         self.pool = pool
         self.page_size = pool.page_size
         self.state_slots = state_slots
-        self.state_copies = StateCopies.empty()
+        self.copies = CacheCopies()
         snapshots = state_slots if state_slots is not None and state_slots.num_snapshots else None
         caching = enable_prefix_caching and (state_slots is None or snapshots is not None)
         self.radix = RadixCache(pool, snapshots) if caching else None
@@ -63,7 +65,7 @@ class KVCacheManager:
                 base = len(page_table) * self.page_size
                 dst = [page * self.page_size + (base + i) % self.page_size
                        for i in range(len(entry))]
-                self.pool.copy_slots(entry, dst)
+                self.copies.kv.extend(entry, dst)
                 page_table.append(page)
             else:
                 self.pool.incref([entry])
@@ -79,7 +81,7 @@ class KVCacheManager:
         seq.cache_node = match.node
         if self.state_slots is not None:
             self.assign_state_slot(seq)
-            self.state_copies.add(match.node.snapshot, seq.state_slot)
+            self.copies.state.add(match.node.snapshot, seq.state_slot)
             self.radix.snapshot_hits += 1
 
     def assign_state_slot(self, seq: Sequence) -> None:
@@ -134,7 +136,7 @@ class KVCacheManager:
             node = self.radix.node_at(seq.token_ids[:n])
             snapshot = self.radix.attach_snapshot(node) if node is not None else None
             if snapshot is not None:
-                self.state_copies.add(seq.state_slot, snapshot)
+                self.copies.state.add(seq.state_slot, snapshot)
 
     def free(self, seq: Sequence, cache: bool = True) -> None:
         if cache:

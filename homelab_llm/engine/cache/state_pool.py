@@ -9,15 +9,13 @@ StateSlots (rank 0, host only) hands the slots out: a running slot per admitted 
 state after its first num_computed_tokens tokens), and snapshot slots that the radix cache pins
 at nodes. Running slots are [0, num_running), snapshots [num_running, S): the two never compete.
 
-State moves between slots only by StateCopy pairs that travel in the step plan, so every rank
-applies the same copies, in order, right before the forward that depends on them.
+State moves between slots only by copies that travel in the step plan (cache/copies.py), so
+every rank applies the same copies, in order, right before the forward that depends on them.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-
 import torch
 
 from homelab_llm.engine.cache.state_layout import StateLayout
@@ -93,24 +91,3 @@ class StateSlots:
     def free_snapshot(self, slot: int) -> None:
         assert slot >= self.num_running and slot not in self._snapshots, f"bad free of snapshot {slot}"
         self._snapshots.append(slot)
-
-
-@dataclass
-class StateCopies:
-    """State copies queued on rank 0 for the next step's plan, in the order they must run."""
-
-    src: list[int]
-    dst: list[int]
-
-    @classmethod
-    def empty(cls) -> StateCopies:
-        return cls([], [])
-
-    def add(self, src: int, dst: int) -> None:
-        self.src.append(src)
-        self.dst.append(dst)
-
-    def take(self) -> StateCopies:
-        out = StateCopies(self.src, self.dst)
-        self.src, self.dst = [], []
-        return out
