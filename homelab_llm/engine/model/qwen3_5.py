@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
@@ -30,6 +29,7 @@ from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP
+from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 QWEN3_5_PACKED = {
     **PACKED_MODULES,
@@ -158,7 +158,7 @@ class Qwen3_5ForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         kd, vd = config.linear_key_dim, config.linear_value_dim
         # Checkpoint tensors that hold several parts of one fused weight, split as they load.
         self.split_modules = {"in_proj_qkv": ("in_proj_qkvz", [("q", kd), ("k", kd), ("v", vd)])}
