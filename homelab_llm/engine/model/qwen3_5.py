@@ -28,7 +28,7 @@ from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinea
 from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
-from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP
+from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 QWEN3_5_PACKED = {
@@ -131,7 +131,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class Qwen3_5Model(nn.Module):
+class Qwen3_5Model(PreNormDecoder):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -139,15 +139,6 @@ class Qwen3_5Model(nn.Module):
         self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t, self.rotary)
                                     for t in config.layer_types)
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        cos_sin = self.rotary.lookup(positions, hidden.dtype)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos_sin)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
 
 class Qwen3_5ForCausalLM(nn.Module):
