@@ -1,0 +1,192 @@
+"""Chunked gated delta rule for prefill: varlen batch, per-sequence initial and final state in a
+slot pool (reference: gdn_ref.gated_delta_rule_prefill_ref / chunked_rule, whose docstring has
+the algebra). Two launches:
+
+1. prep, a program per (chunk, value head), all in parallel: L2-normalize k, the in-chunk
+   cumulative log-decay c (stored, fp32), the strictly lower matrix
+   L_ij = beta_i (k_i . k_j) e^(c_i - c_j), its unit-triangular inverse T = (I + L)^-1 by forward
+   substitution in registers (fp32), then w = T (beta e^c k) and u = T (beta v), stored in the
+   activation dtype. With the chunk's start state S0 the token deltas are u - w S0.
+2. fwd, a program per (sequence, value head, block of value columns), walking the sequence's
+   chunks in order with the state tile [Dk, BLOCK_V] fp32 in registers: per chunk
+   v' = u - w S0, o = (e^c q) S0 + (causal e^(c_i - c_j) q k^T) v', S <- e^(c_n) S0 + (e^(c_n - c) k)^T v'.
+   The output is computed there too, so no per-chunk states are written out.
+
+Dot operands take the activation dtype (bf16/fp16; fp32 under TRITON_INTERPRET, whose numpy
+backend has no bf16 matmul), accumulation and the state are fp32. A negative slot is a padding
+row: zeros out, no state read or written.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
+from homelab_llm.engine.kernels.gdn_common import check_rows, l2_normalize_rows, varlen_blocks
+from homelab_llm.engine.kernels.tuning import device_sms, gdn_tiles
+
+
+@triton.jit
+def _mm(a, b, like_ptr, DOT_F32: tl.constexpr):
+    """a @ b with operands in like_ptr's dtype (fp32 in the interpreter), fp32 accumulation."""
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a.to(like_ptr.dtype.element_ty), b.to(like_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _chunk_prep_kernel(
+    k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, c_ptr, cu_ptr, block_seq_ptr, block_idx_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
+    stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
+    DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    seq = tl.load(block_seq_ptr + tl.program_id(0))
+    if seq < 0:
+        return
+    h = tl.program_id(1)
+    t0 = tl.load(cu_ptr + seq) + tl.load(block_idx_ptr + tl.program_id(0)) * BT
+    eos = tl.load(cu_ptr + seq + 1)
+    offs_t = tl.arange(0, BT)
+    t_mask = t0 + offs_t < eos
+    rows = (t0 + offs_t).to(tl.int64)
+    offs_k = tl.arange(0, DK_PAD)
+    km = t_mask[:, None] & (offs_k < DK)[None, :]
+    k = tl.load(k_ptr + rows[:, None] * stride_kt + (h // GROUP) * stride_kh + offs_k[None, :],
+                mask=km, other=0.0).to(tl.float32)
+    k = l2_normalize_rows(k, 1)
+    c = tl.cumsum(tl.load(g_ptr + rows * stride_gt + h, mask=t_mask, other=0.0).to(tl.float32), axis=0)
+    tl.store(c_ptr + rows * stride_ct + h, c, mask=t_mask)
+    beta = tl.load(beta_ptr + rows * stride_bt + h, mask=t_mask, other=0.0).to(tl.float32)
+
+    # lt = L^T: lt[j, i] = L_ij = beta_i (k_i . k_j) e^(c_i - c_j) for i > j. Stored transposed so
+    # that column i (row i of L, indexed by j) comes out of a reduction along the row axis already.
+    r = offs_t[:, None]
+    col = offs_t[None, :]
+    upper = col > r
+    kk = _mm(k, tl.trans(k), w_ptr, DOT_F32)
+    lt = tl.where(upper, beta[None, :] * kk * tl.exp(tl.where(upper, c[None, :] - c[:, None], 0.0)), 0.0)
+    # Forward substitution: row i of T = e_i - sum_{j<i} L_ij T_j, rows j < i already final.
+    t_inv = tl.where(r == col, 1.0, 0.0)
+    for i in range(1, BT):
+        l_i = tl.sum(tl.where(col == i, lt, 0.0), axis=1)
+        t_inv = tl.where(r == i, t_inv - tl.sum(l_i[:, None] * t_inv, axis=0)[None, :], t_inv)
+
+    w = _mm(t_inv, k * (beta * tl.exp(c))[:, None], w_ptr, DOT_F32)
+    tl.store(w_ptr + rows[:, None] * stride_wt + h * stride_wh + offs_k[None, :],
+             w.to(w_ptr.dtype.element_ty), mask=km)
+    offs_v = tl.arange(0, DV_PAD)
+    vm = t_mask[:, None] & (offs_v < DV)[None, :]
+    v = tl.load(v_ptr + rows[:, None] * stride_vt + h * stride_vh + offs_v[None, :], mask=vm, other=0.0)
+    u = _mm(t_inv, v.to(tl.float32) * beta[:, None], w_ptr, DOT_F32)
+    tl.store(u_ptr + rows[:, None] * stride_ut + h * stride_uh + offs_v[None, :],
+             u.to(u_ptr.dtype.element_ty), mask=vm)
+
+
+@triton.jit
+def _chunk_fwd_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, c_ptr, o_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr, scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
+    stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
+    DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr,
+    BT: tl.constexpr, BLOCK_V: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    kh = h // GROUP
+    bos = tl.load(cu_ptr + seq)
+    eos = tl.load(cu_ptr + seq + 1)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, DK_PAD)
+    offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_mask = offs_k < DK
+    v_mask = offs_v < DV
+    if slot < 0:
+        for t0 in range(bos, eos, BT):
+            rows = (t0 + offs_t).to(tl.int64)
+            tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+                     tl.zeros([BT, BLOCK_V], tl.float32).to(o_ptr.dtype.element_ty),
+                     mask=(rows < eos)[:, None] & v_mask[None, :])
+        return
+    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = k_mask[:, None] & v_mask[None, :]
+    # no history: read no rows (an integer bound; the interpreter mistypes scalar-bool masks)
+    init_rows = tl.where(tl.load(init_ptr + seq) != 0, DK, 0)
+    s = tl.load(s_ptrs, mask=s_mask & (offs_k < init_rows)[:, None], other=0.0)
+    causal = offs_t[:, None] >= offs_t[None, :]
+    for t0 in range(bos, eos, BT):
+        t_mask = t0 + offs_t < eos
+        rows = (t0 + offs_t).to(tl.int64)
+        km = t_mask[:, None] & k_mask[None, :]
+        vm = t_mask[:, None] & v_mask[None, :]
+        q = tl.load(q_ptr + rows[:, None] * stride_qt + kh * stride_qh + offs_k[None, :], mask=km, other=0.0)
+        q = l2_normalize_rows(q.to(tl.float32), 1) * scale
+        k = tl.load(k_ptr + rows[:, None] * stride_kt + kh * stride_kh + offs_k[None, :], mask=km, other=0.0)
+        k = l2_normalize_rows(k.to(tl.float32), 1)
+        w = tl.load(w_ptr + rows[:, None] * stride_wt + h * stride_wh + offs_k[None, :], mask=km, other=0.0)
+        u = tl.load(u_ptr + rows[:, None] * stride_ut + h * stride_uh + offs_v[None, :], mask=vm, other=0.0)
+        c = tl.load(c_ptr + rows * stride_ct + h, mask=t_mask, other=0.0)
+        c_last = tl.load(c_ptr + (tl.minimum(t0 + BT, eos) - 1).to(tl.int64) * stride_ct + h)
+
+        v_new = u.to(tl.float32) - _mm(w, s, w_ptr, DOT_F32)
+        p = _mm(q, tl.trans(k), w_ptr, DOT_F32)
+        p = tl.where(causal, p * tl.exp(tl.where(causal, c[:, None] - c[None, :], 0.0)), 0.0)
+        o = _mm(q * tl.exp(c)[:, None], s, w_ptr, DOT_F32) + _mm(p, v_new, w_ptr, DOT_F32)
+        tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=vm)
+        k_tail = k * tl.exp(c_last - c)[:, None]
+        s = s * tl.exp(c_last) + _mm(tl.trans(k_tail), v_new, w_ptr, DOT_F32)
+    tl.store(s_ptrs, s, mask=s_mask)
+
+
+def _block_v(batch: int, hv: int, dv: int, cap: int, sms: int) -> int:
+    """Value columns per fwd program: the table's width, halved while the grid would leave SMs idle
+    (a single long prompt has only Hv * Dv / BLOCK_V sequential programs)."""
+    block = min(cap, next_pow2(dv))
+    while block > 16 and batch * hv * triton.cdiv(dv, block) < sms:
+        block //= 2
+    return block
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                           beta: torch.Tensor, cu_seqlens: torch.Tensor, ssm_state: torch.Tensor,
+                           state_indices: torch.Tensor, has_initial_state: torch.Tensor,
+                           scale: float | None = None, chunk: int | None = None) -> torch.Tensor:
+    """o [T, Hv, Dv]; see gdn.gated_delta_rule_prefill. `chunk` overrides the table (tests)."""
+    check_rows(q, k, v, g, beta, ssm_state)
+    num_tokens, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    batch = state_indices.shape[0]
+    out = torch.empty_like(v)
+    if batch == 0:
+        return out
+    tiles = gdn_tiles(q.device)
+    bt = chunk or tiles.chunk
+    dot_f32 = dot_in_fp32()
+    if num_tokens:
+        blocks = varlen_blocks(cu_seqlens, bt, num_tokens)
+        w = torch.empty((num_tokens, hv, dk), dtype=q.dtype, device=q.device)
+        u = torch.empty((num_tokens, hv, dv), dtype=q.dtype, device=q.device)
+        c = torch.empty((num_tokens, hv), dtype=torch.float32, device=q.device)
+        _chunk_prep_kernel[(blocks.bound, hv)](
+            k, v, g, beta, w, u, c, cu_seqlens, blocks.block_seq, blocks.block_idx,
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), c.stride(0),
+            DK=dk, DV=dv, DK_PAD=next_pow2(dk), DV_PAD=next_pow2(dv), GROUP=hv // hk, BT=bt,
+            DOT_F32=dot_f32, num_warps=tiles.chunk_warps)
+    else:  # nothing to read: the fwd kernel still sets each live slot's state
+        w = u = q
+        c = g
+    block_v = _block_v(batch, hv, dv, tiles.block_v, device_sms(q.device))
+    _chunk_fwd_kernel[(batch, hv, triton.cdiv(dv, block_v))](
+        q, k, w, u, c, out, ssm_state, cu_seqlens, state_indices, has_initial_state,
+        dk ** -0.5 if scale is None else scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+        c.stride(0), out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
+        DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BT=bt, BLOCK_V=block_v, DOT_F32=dot_f32,
+        num_warps=tiles.chunk_warps, num_stages=tiles.chunk_stages)
+    return out
