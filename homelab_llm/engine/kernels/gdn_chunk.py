@@ -24,16 +24,22 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
-from homelab_llm.engine.kernels.gdn_common import check_rows, l2_normalize_rows, varlen_blocks
+from homelab_llm.engine.kernels.gdn_common import check_rows, inv_norm_rows, varlen_blocks
 from homelab_llm.engine.kernels.tuning import device_sms, gdn_tiles
 
 
 @triton.jit
-def _mm(a, b, like_ptr, DOT_F32: tl.constexpr):
-    """a @ b with operands in like_ptr's dtype (fp32 in the interpreter), fp32 accumulation."""
+def _operand(x, like_ptr, DOT_F32: tl.constexpr):
+    """x in the dtype the dot products take: like_ptr's (fp32 in the interpreter)."""
     if DOT_F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    return tl.dot(a.to(like_ptr.dtype.element_ty), b.to(like_ptr.dtype.element_ty))
+        return x.to(tl.float32)
+    return x.to(like_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _mm(a, b, like_ptr, DOT_F32: tl.constexpr):
+    """a @ b with operands cast by _operand, fp32 accumulation."""
+    return tl.dot(_operand(a, like_ptr, DOT_F32), _operand(b, like_ptr, DOT_F32))
 
 
 @triton.jit
@@ -55,9 +61,9 @@ def _chunk_prep_kernel(
     rows = (t0 + offs_t).to(tl.int64)
     offs_k = tl.arange(0, DK_PAD)
     km = t_mask[:, None] & (offs_k < DK)[None, :]
-    k = tl.load(k_ptr + rows[:, None] * stride_kt + (h // GROUP) * stride_kh + offs_k[None, :],
-                mask=km, other=0.0).to(tl.float32)
-    k = l2_normalize_rows(k, 1)
+    k = _operand(tl.load(k_ptr + rows[:, None] * stride_kt + (h // GROUP) * stride_kh + offs_k[None, :],
+                         mask=km, other=0.0), w_ptr, DOT_F32)
+    rk = inv_norm_rows(k)  # the L2 norm, applied to dot results per row (see the fwd kernel)
     c = tl.cumsum(tl.load(g_ptr + rows * stride_gt + h, mask=t_mask, other=0.0).to(tl.float32), axis=0)
     tl.store(c_ptr + rows * stride_ct + h, c, mask=t_mask)
     beta = tl.load(beta_ptr + rows * stride_bt + h, mask=t_mask, other=0.0).to(tl.float32)
@@ -67,7 +73,7 @@ def _chunk_prep_kernel(
     r = offs_t[:, None]
     col = offs_t[None, :]
     upper = col > r
-    kk = _mm(k, tl.trans(k), w_ptr, DOT_F32)
+    kk = tl.dot(k, tl.trans(k)) * (rk[:, None] * rk[None, :])
     lt = tl.where(upper, beta[None, :] * kk * tl.exp(tl.where(upper, c[None, :] - c[:, None], 0.0)), 0.0)
     # Forward substitution: row i of T = e_i - sum_{j<i} L_ij T_j, rows j < i already final.
     t_inv = tl.where(r == col, 1.0, 0.0)
@@ -75,7 +81,7 @@ def _chunk_prep_kernel(
         l_i = tl.sum(tl.where(col == i, lt, 0.0), axis=1)
         t_inv = tl.where(r == i, t_inv - tl.sum(l_i[:, None] * t_inv, axis=0)[None, :], t_inv)
 
-    w = _mm(t_inv, k * (beta * tl.exp(c))[:, None], w_ptr, DOT_F32)
+    w = _mm(t_inv, k.to(tl.float32) * (rk * beta * tl.exp(c))[:, None], w_ptr, DOT_F32)
     tl.store(w_ptr + rows[:, None] * stride_wt + h * stride_wh + offs_k[None, :],
              w.to(w_ptr.dtype.element_ty), mask=km)
     offs_v = tl.arange(0, DV_PAD)
@@ -123,22 +129,28 @@ def _chunk_fwd_kernel(
         rows = (t0 + offs_t).to(tl.int64)
         km = t_mask[:, None] & k_mask[None, :]
         vm = t_mask[:, None] & v_mask[None, :]
-        q = tl.load(q_ptr + rows[:, None] * stride_qt + kh * stride_qh + offs_k[None, :], mask=km, other=0.0)
-        q = l2_normalize_rows(q.to(tl.float32), 1) * scale
-        k = tl.load(k_ptr + rows[:, None] * stride_kt + kh * stride_kh + offs_k[None, :], mask=km, other=0.0)
-        k = l2_normalize_rows(k.to(tl.float32), 1)
-        w = tl.load(w_ptr + rows[:, None] * stride_wt + h * stride_wh + offs_k[None, :], mask=km, other=0.0)
+        # q and k stay as loaded (dot operands); their L2 norms and the decays scale the dot
+        # results per row instead: normalized fp32 copies of [BT, Dk] tiles would spill registers.
+        q = _operand(tl.load(q_ptr + rows[:, None] * stride_qt + kh * stride_qh + offs_k[None, :], mask=km,
+                             other=0.0), w_ptr, DOT_F32)
+        k = _operand(tl.load(k_ptr + rows[:, None] * stride_kt + kh * stride_kh + offs_k[None, :], mask=km,
+                             other=0.0), w_ptr, DOT_F32)
+        rq = inv_norm_rows(q) * scale
+        rk = inv_norm_rows(k)
+        w = _operand(tl.load(w_ptr + rows[:, None] * stride_wt + h * stride_wh + offs_k[None, :], mask=km,
+                             other=0.0), w_ptr, DOT_F32)
         u = tl.load(u_ptr + rows[:, None] * stride_ut + h * stride_uh + offs_v[None, :], mask=vm, other=0.0)
         c = tl.load(c_ptr + rows * stride_ct + h, mask=t_mask, other=0.0)
         c_last = tl.load(c_ptr + (tl.minimum(t0 + BT, eos) - 1).to(tl.int64) * stride_ct + h)
 
-        v_new = u.to(tl.float32) - _mm(w, s, w_ptr, DOT_F32)
-        p = _mm(q, tl.trans(k), w_ptr, DOT_F32)
+        s_op = _operand(s, w_ptr, DOT_F32)
+        v_new = u.to(tl.float32) - tl.dot(w, s_op)
+        p = tl.dot(q, tl.trans(k)) * (rq[:, None] * rk[None, :])
         p = tl.where(causal, p * tl.exp(tl.where(causal, c[:, None] - c[None, :], 0.0)), 0.0)
-        o = _mm(q * tl.exp(c)[:, None], s, w_ptr, DOT_F32) + _mm(p, v_new, w_ptr, DOT_F32)
+        o = tl.dot(q, s_op) * (rq * tl.exp(c))[:, None] + _mm(p, v_new, w_ptr, DOT_F32)
         tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=vm)
-        k_tail = k * tl.exp(c_last - c)[:, None]
+        k_tail = k.to(tl.float32) * (rk * tl.exp(c_last - c))[:, None]
         s = s * tl.exp(c_last) + _mm(tl.trans(k_tail), v_new, w_ptr, DOT_F32)
     tl.store(s_ptrs, s, mask=s_mask)
 

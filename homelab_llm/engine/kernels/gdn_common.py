@@ -50,3 +50,10 @@ def check_rows(*tensors: torch.Tensor) -> None:
 def l2_normalize_rows(x, axis: tl.constexpr):
     """x fp32 with zeros in padded lanes; same eps as gdn_ref.l2_normalize."""
     return x * tl.math.rsqrt(tl.sum(x * x, axis=axis, keep_dims=True) + EPS)
+
+
+@triton.jit
+def inv_norm_rows(x):
+    """1 / L2 norm of each row of a [rows, D] tile (zeros in padded lanes), in fp32."""
+    xf = x.to(tl.float32)
+    return tl.math.rsqrt(tl.sum(xf * xf, axis=1) + EPS)
