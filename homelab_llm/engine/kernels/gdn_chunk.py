@@ -2,16 +2,18 @@
 slot pool (reference: gdn_ref.gated_delta_rule_prefill_ref / chunked_rule, whose docstring has
 the algebra). Two launches:
 
-1. prep, a program per (chunk, value head), all in parallel: L2-normalize k, the in-chunk
-   cumulative log-decay c (stored, fp32), the strictly lower matrix
-   L_ij = beta_i (k_i . k_j) e^(c_i - c_j), its unit-triangular inverse T = (I + L)^-1 by forward
-   substitution in registers (fp32), then w = T (beta e^c k) and u = T (beta v), stored in the
-   activation dtype. With the chunk's start state S0 the token deltas are u - w S0.
+1. prep, a program per (chunk, value head), all in parallel: the in-chunk cumulative log-decay c
+   (stored, fp32); the strictly lower L_ij = beta_i (k_i . k_j) e^(c_i - c_j) and its
+   unit-triangular inverse T = (I + L)^-1 by forward substitution in registers (fp32); then
+   w = T (beta e^c k) and u = T (beta v), and the in-chunk attention P = causal(e^(c_i - c_j) q_i . k_j),
+   all stored in the activation dtype. With the chunk's start state S0 the token deltas are u - w S0.
 2. fwd, a program per (sequence, value head, block of value columns), walking the sequence's
    chunks in order with the state tile [Dk, BLOCK_V] fp32 in registers: per chunk
-   v' = u - w S0, o = (e^c q) S0 + (causal e^(c_i - c_j) q k^T) v', S <- e^(c_n) S0 + (e^(c_n - c) k)^T v'.
+   v' = u - w S0, o = (e^c q) S0 + P v', S <- e^(c_n) S0 + (e^(c_n - c) k)^T v'.
    The output is computed there too, so no per-chunk states are written out.
 
+q and k enter the dots as loaded; their L2 norms (and q's scale) multiply the dot results per
+row, which keeps fp32 copies of [BT, Dk] tiles out of registers (they spilled on sm90).
 Dot operands take the activation dtype (bf16/fp16; fp32 under TRITON_INTERPRET, whose numpy
 backend has no bf16 matmul), accumulation and the state are fp32. A negative slot is a padding
 row: zeros out, no state read or written.
@@ -44,9 +46,9 @@ def _mm(a, b, like_ptr, DOT_F32: tl.constexpr):
 
 @triton.jit
 def _chunk_prep_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, c_ptr, cu_ptr, block_seq_ptr, block_idx_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
-    stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, c_ptr, p_ptr, cu_ptr, block_seq_ptr, block_idx_ptr, scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
+    stride_wt, stride_wh, stride_ut, stride_uh, stride_ct, stride_pt, stride_ph,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     GROUP: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
 ):
@@ -61,9 +63,11 @@ def _chunk_prep_kernel(
     rows = (t0 + offs_t).to(tl.int64)
     offs_k = tl.arange(0, DK_PAD)
     km = t_mask[:, None] & (offs_k < DK)[None, :]
+    # q and k stay as loaded (dot operands); their L2 norms scale the dot results per row instead:
+    # normalized fp32 copies of [BT, Dk] tiles would spill registers.
     k = _operand(tl.load(k_ptr + rows[:, None] * stride_kt + (h // GROUP) * stride_kh + offs_k[None, :],
                          mask=km, other=0.0), w_ptr, DOT_F32)
-    rk = inv_norm_rows(k)  # the L2 norm, applied to dot results per row (see the fwd kernel)
+    rk = inv_norm_rows(k)
     c = tl.cumsum(tl.load(g_ptr + rows * stride_gt + h, mask=t_mask, other=0.0).to(tl.float32), axis=0)
     tl.store(c_ptr + rows * stride_ct + h, c, mask=t_mask)
     beta = tl.load(beta_ptr + rows * stride_bt + h, mask=t_mask, other=0.0).to(tl.float32)
@@ -73,6 +77,13 @@ def _chunk_prep_kernel(
     r = offs_t[:, None]
     col = offs_t[None, :]
     upper = col > r
+    # the in-chunk attention P = causal(e^(c_i - c_j) q_i . k_j), for the fwd kernel's output
+    q = _operand(tl.load(q_ptr + rows[:, None] * stride_qt + (h // GROUP) * stride_qh + offs_k[None, :],
+                         mask=km, other=0.0), w_ptr, DOT_F32)
+    p = tl.dot(q, tl.trans(k)) * ((inv_norm_rows(q) * scale)[:, None] * rk[None, :])
+    p = tl.where(r >= col, p * tl.exp(tl.where(r >= col, c[:, None] - c[None, :], 0.0)), 0.0)
+    tl.store(p_ptr + rows[:, None] * stride_pt + h * stride_ph + col, p.to(p_ptr.dtype.element_ty),
+             mask=t_mask[:, None])
     kk = tl.dot(k, tl.trans(k)) * (rk[:, None] * rk[None, :])
     lt = tl.where(upper, beta[None, :] * kk * tl.exp(tl.where(upper, c[None, :] - c[:, None], 0.0)), 0.0)
     # Forward substitution: row i of T = e_i - sum_{j<i} L_ij T_j, rows j < i already final.
@@ -94,8 +105,9 @@ def _chunk_prep_kernel(
 
 @triton.jit
 def _chunk_fwd_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, c_ptr, o_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr, scale,
+    q_ptr, k_ptr, w_ptr, u_ptr, c_ptr, p_ptr, o_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr, scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
+    stride_pt, stride_ph,
     stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr,
     BT: tl.constexpr, BLOCK_V: tl.constexpr, DOT_F32: tl.constexpr,
@@ -123,14 +135,12 @@ def _chunk_fwd_kernel(
     # no history: read no rows (an integer bound; the interpreter mistypes scalar-bool masks)
     init_rows = tl.where(tl.load(init_ptr + seq) != 0, DK, 0)
     s = tl.load(s_ptrs, mask=s_mask & (offs_k < init_rows)[:, None], other=0.0)
-    causal = offs_t[:, None] >= offs_t[None, :]
     for t0 in range(bos, eos, BT):
         t_mask = t0 + offs_t < eos
         rows = (t0 + offs_t).to(tl.int64)
         km = t_mask[:, None] & k_mask[None, :]
         vm = t_mask[:, None] & v_mask[None, :]
-        # q and k stay as loaded (dot operands); their L2 norms and the decays scale the dot
-        # results per row instead: normalized fp32 copies of [BT, Dk] tiles would spill registers.
+        # q and k as loaded, their L2 norms and decays applied per row (see the prep kernel)
         q = _operand(tl.load(q_ptr + rows[:, None] * stride_qt + kh * stride_qh + offs_k[None, :], mask=km,
                              other=0.0), w_ptr, DOT_F32)
         k = _operand(tl.load(k_ptr + rows[:, None] * stride_kt + kh * stride_kh + offs_k[None, :], mask=km,
@@ -145,8 +155,8 @@ def _chunk_fwd_kernel(
 
         s_op = _operand(s, w_ptr, DOT_F32)
         v_new = u.to(tl.float32) - tl.dot(w, s_op)
-        p = tl.dot(q, tl.trans(k)) * (rq[:, None] * rk[None, :])
-        p = tl.where(causal, p * tl.exp(tl.where(causal, c[:, None] - c[None, :], 0.0)), 0.0)
+        p = _operand(tl.load(p_ptr + rows[:, None] * stride_pt + h * stride_ph + offs_t[None, :],
+                             mask=t_mask[:, None], other=0.0), w_ptr, DOT_F32)
         o = tl.dot(q, s_op) * (rq * tl.exp(c))[:, None] + _mm(p, v_new, w_ptr, DOT_F32)
         tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=vm)
@@ -178,27 +188,28 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         return out
     tiles = gdn_tiles(q.device)
     bt = chunk or tiles.chunk
+    scale = dk ** -0.5 if scale is None else scale
     dot_f32 = dot_in_fp32()
     if num_tokens:
         blocks = varlen_blocks(cu_seqlens, bt, num_tokens)
         w = torch.empty((num_tokens, hv, dk), dtype=q.dtype, device=q.device)
         u = torch.empty((num_tokens, hv, dv), dtype=q.dtype, device=q.device)
         c = torch.empty((num_tokens, hv), dtype=torch.float32, device=q.device)
+        p = torch.empty((num_tokens, hv, bt), dtype=q.dtype, device=q.device)
         _chunk_prep_kernel[(blocks.bound, hv)](
-            k, v, g, beta, w, u, c, cu_seqlens, blocks.block_seq, blocks.block_idx,
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-            w.stride(0), w.stride(1), u.stride(0), u.stride(1), c.stride(0),
+            q, k, v, g, beta, w, u, c, p, cu_seqlens, blocks.block_seq, blocks.block_idx, scale,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+            w.stride(0), w.stride(1), u.stride(0), u.stride(1), c.stride(0), p.stride(0), p.stride(1),
             DK=dk, DV=dv, DK_PAD=next_pow2(dk), DV_PAD=next_pow2(dv), GROUP=hv // hk, BT=bt,
             DOT_F32=dot_f32, num_warps=tiles.chunk_warps)
     else:  # nothing to read: the fwd kernel still sets each live slot's state
-        w = u = q
+        w = u = p = q
         c = g
     block_v = _block_v(batch, hv, dv, tiles.block_v, device_sms(q.device))
     _chunk_fwd_kernel[(batch, hv, triton.cdiv(dv, block_v))](
-        q, k, w, u, c, out, ssm_state, cu_seqlens, state_indices, has_initial_state,
-        dk ** -0.5 if scale is None else scale,
+        q, k, w, u, c, p, out, ssm_state, cu_seqlens, state_indices, has_initial_state, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        c.stride(0), out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
+        c.stride(0), p.stride(0), p.stride(1), out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BT=bt, BLOCK_V=block_v, DOT_F32=dot_f32,
         num_warps=tiles.chunk_warps, num_stages=tiles.chunk_stages)
     return out

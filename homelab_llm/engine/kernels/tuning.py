@@ -181,9 +181,9 @@ class GdnTiles:
 
 
 GDN_TABLE: dict[str, GdnTiles] = {
-    "sm80": GdnTiles(64, 64, 4, 2, 32, 4, 64, 128, 4),
-    "sm90": GdnTiles(64, 64, 8, 1, 32, 4, 64, 128, 4),
-    "sm120": GdnTiles(64, 64, 4, 2, 32, 4, 64, 128, 4),
+    "sm80": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
+    "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
+    "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
     "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4),
     "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1),
