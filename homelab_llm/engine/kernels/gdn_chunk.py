@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
-from homelab_llm.engine.kernels.gdn_common import check_rows, inv_norm_rows, varlen_blocks
+from homelab_llm.engine.kernels.gdn_common import block_grid, check_rows, inv_norm_rows, locate_block
 from homelab_llm.engine.kernels.tuning import device_sms, gdn_tiles
 
 
@@ -46,17 +46,17 @@ def _mm(a, b, like_ptr, DOT_F32: tl.constexpr):
 
 @triton.jit
 def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, c_ptr, p_ptr, cu_ptr, block_seq_ptr, block_idx_ptr, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, c_ptr, p_ptr, cu_ptr, batch, scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_wt, stride_wh, stride_ut, stride_uh, stride_ct, stride_pt, stride_ph,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    GROUP: tl.constexpr, BT: tl.constexpr, DOT_F32: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, B_PAD: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    seq = tl.load(block_seq_ptr + tl.program_id(0))
-    if seq < 0:
+    seq, blk = locate_block(cu_ptr, batch, BT, B_PAD)
+    if seq >= batch:
         return
     h = tl.program_id(1)
-    t0 = tl.load(cu_ptr + seq) + tl.load(block_idx_ptr + tl.program_id(0)) * BT
+    t0 = tl.load(cu_ptr + seq) + blk * BT
     eos = tl.load(cu_ptr + seq + 1)
     offs_t = tl.arange(0, BT)
     t_mask = t0 + offs_t < eos
@@ -191,17 +191,16 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     scale = dk ** -0.5 if scale is None else scale
     dot_f32 = dot_in_fp32()
     if num_tokens:
-        blocks = varlen_blocks(cu_seqlens, bt, num_tokens)
         w = torch.empty((num_tokens, hv, dk), dtype=q.dtype, device=q.device)
         u = torch.empty((num_tokens, hv, dv), dtype=q.dtype, device=q.device)
         c = torch.empty((num_tokens, hv), dtype=torch.float32, device=q.device)
         p = torch.empty((num_tokens, hv, bt), dtype=q.dtype, device=q.device)
-        _chunk_prep_kernel[(blocks.bound, hv)](
-            q, k, v, g, beta, w, u, c, p, cu_seqlens, blocks.block_seq, blocks.block_idx, scale,
+        _chunk_prep_kernel[(block_grid(num_tokens, batch, bt), hv)](
+            q, k, v, g, beta, w, u, c, p, cu_seqlens, batch, scale,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), c.stride(0), p.stride(0), p.stride(1),
             DK=dk, DV=dv, DK_PAD=next_pow2(dk), DV_PAD=next_pow2(dv), GROUP=hv // hk, BT=bt,
-            DOT_F32=dot_f32, num_warps=tiles.chunk_warps)
+            B_PAD=next_pow2(batch), DOT_F32=dot_f32, num_warps=tiles.chunk_warps)
     else:  # nothing to read: the fwd kernel still sets each live slot's state
         w = u = p = q
         c = g

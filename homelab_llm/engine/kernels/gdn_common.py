@@ -1,10 +1,8 @@
-"""What the Gated DeltaNet Triton kernels share: the varlen block table (which sequence and which
-block of it each program owns, built on the device so prefill needs no host sync), the in-kernel
-L2 normalization of q/k rows, and the row-stride checks of their wrappers."""
+"""What the Gated DeltaNet Triton kernels share: which sequence and which block of it a varlen
+program owns (found in the kernel from cu_seqlens, so prefill needs no host sync and no extra
+launch), the in-kernel L2 norms of q/k rows, and the row-stride checks of their wrappers."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -16,27 +14,27 @@ from homelab_llm.engine.kernels.gdn_ref import L2_EPS
 EPS = tl.constexpr(L2_EPS)
 
 
-@dataclass(frozen=True)
-class VarlenBlocks:
-    """Program i of a grid of `bound` programs owns block block_idx[i] (of `block` tokens) of
-    sequence block_seq[i]; block_seq is -1 for the programs past the last block. `bound` is
-    cdiv(T, block) + B, an upper bound known without reading cu_seqlens on the host."""
-
-    block_seq: torch.Tensor  # int32 [bound]
-    block_idx: torch.Tensor  # int32 [bound]
-    bound: int
+def block_grid(num_tokens: int, batch: int, block: int) -> int:
+    """Programs to launch so that every `block`-token block of every sequence has one:
+    cdiv(T, block) + B bounds the block count without reading cu_seqlens on the host."""
+    return triton.cdiv(num_tokens, block) + batch
 
 
-def varlen_blocks(cu_seqlens: torch.Tensor, block: int, num_tokens: int) -> VarlenBlocks:
-    batch = cu_seqlens.shape[0] - 1
-    bound = triton.cdiv(num_tokens, block) + batch
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    ends = torch.cumsum(torch.div(lens + block - 1, block, rounding_mode="floor"), 0)
-    idx = torch.arange(bound, device=cu_seqlens.device)
-    seq = torch.searchsorted(ends, idx, right=True)
-    starts = torch.cat([ends.new_zeros(1), ends])[seq.clamp_max(batch)]
-    block_seq = torch.where(seq < batch, seq, -1).to(torch.int32)
-    return VarlenBlocks(block_seq, (idx - starts).to(torch.int32), bound)
+@triton.jit
+def locate_block(cu_ptr, batch, BLOCK: tl.constexpr, B_PAD: tl.constexpr):
+    """(sequence, block index within it) of this program (axis 0 of a block_grid launch), from
+    cu_seqlens alone; the sequence is >= batch for the programs past the last block. Sequences
+    of length 0 own no block."""
+    i = tl.program_id(0)
+    offs = tl.arange(0, B_PAD)
+    live = offs < batch
+    starts = tl.load(cu_ptr + offs, mask=live, other=0)
+    lens = tl.load(cu_ptr + offs + 1, mask=live, other=0) - starts
+    blocks = (lens + BLOCK - 1) // BLOCK
+    ends = tl.cumsum(blocks, axis=0)  # blocks of sequences 0..s
+    seq = tl.sum(((ends <= i) & live).to(tl.int32), axis=0)
+    first = tl.sum(tl.where(offs < seq, blocks, 0), axis=0)
+    return seq, i - first
 
 
 def check_rows(*tensors: torch.Tensor) -> None:

@@ -15,18 +15,19 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.gdn_common import check_rows, varlen_blocks
+from homelab_llm.engine.kernels.gdn_common import block_grid, check_rows, locate_block
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 
 
 @triton.jit
 def _conv_prefill_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr, block_seq_ptr, block_idx_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, state_ptr, cu_ptr, slots_ptr, init_ptr, batch,
     stride_x, stride_y, stride_wc, stride_ws, stride_w, C,
     WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    B_PAD: tl.constexpr,
 ):
-    seq = tl.load(block_seq_ptr + tl.program_id(0))
-    if seq < 0:
+    seq, blk = locate_block(cu_ptr, batch, BLOCK_T, B_PAD)
+    if seq >= batch:
         return
     bos = tl.load(cu_ptr + seq)
     length = tl.load(cu_ptr + seq + 1) - bos
@@ -34,7 +35,7 @@ def _conv_prefill_kernel(
     # first input position that exists: the saved ones (negative positions) only with a history
     # (an integer bound, not a scalar-bool mask, which the interpreter mistypes)
     first = tl.where(tl.load(init_ptr + seq) != 0, 1 - WIDTH, 0)
-    pos = tl.load(block_idx_ptr + tl.program_id(0)) * BLOCK_T + tl.arange(0, BLOCK_T)
+    pos = blk * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < C
     t_mask = (pos < length)[:, None] & c_mask[None, :]
@@ -133,15 +134,13 @@ def conv1d_prefill(x, weight, bias, cu_seqlens, conv_state, state_indices, has_i
     if num_tokens == 0 or batch == 0:
         return y
     tiles = gdn_tiles(x.device)
-    blocks = varlen_blocks(cu_seqlens, tiles.conv_t, num_tokens)
     n_c = triton.cdiv(channels, tiles.conv_c)
     bias_arg = bias if bias is not None else weight
-    _conv_prefill_kernel[(blocks.bound, n_c)](
-        x, weight, bias_arg, y, conv_state, cu_seqlens, state_indices, has_initial_state,
-        blocks.block_seq, blocks.block_idx,
+    _conv_prefill_kernel[(block_grid(num_tokens, batch, tiles.conv_t), n_c)](
+        x, weight, bias_arg, y, conv_state, cu_seqlens, state_indices, has_initial_state, batch,
         x.stride(0), y.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), channels,
         WIDTH=width, HAS_BIAS=bias is not None, BLOCK_T=tiles.conv_t, BLOCK_C=tiles.conv_c,
-        num_warps=tiles.conv_warps)
+        B_PAD=next_pow2(batch), num_warps=tiles.conv_warps)
     _conv_state_kernel[(batch, n_c)](
         x, conv_state, cu_seqlens, state_indices, has_initial_state,
         x.stride(0), conv_state.stride(0), conv_state.stride(1), channels,
