@@ -47,6 +47,22 @@ def test_chunk_bf16_and_chunk_64(device: torch.device) -> None:
     _check([70, 9], dict(hk=1, hv=2, dk=16, dv=16), gen, device, dtype=torch.bfloat16, chunk=64)
 
 
+def test_chunk_64_correlated_keys(device: torch.device) -> None:
+    """Keys sharing one direction, beta 1, slow decay: the triangular solve's hard case (its inverse
+    has large entries); the blocked solve must stay at fp32 accuracy."""
+    from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, g, beta, cu, state, slots, init = rule_inputs([150, 70], 1, 2, 16, 16, gen, device=device)
+    k = k[:1] * 3 + 0.3 * k
+    beta, g = torch.ones_like(beta), g * 0.01
+    want_state = state.clone()
+    want = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, want_state, slots, init)
+    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=64)
+    bound = _bound(torch.float32, device)
+    assert rel_err(got, want) <= bound and rel_err(state, want_state) <= bound
+
+
 def test_split_prefill_equals_one_shot(device: torch.device) -> None:
     """Chunked prefill: the state after part one is the initial state of part two."""
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
