@@ -131,16 +131,17 @@ def conv1d_prefill(x, weight, bias, cu_seqlens, conv_state, state_indices, has_i
     width = weight.shape[1]
     y = torch.empty_like(x)
     batch = state_indices.shape[0]
-    if num_tokens == 0 or batch == 0:
+    if batch == 0:
         return y
     tiles = gdn_tiles(x.device)
     n_c = triton.cdiv(channels, tiles.conv_c)
     bias_arg = bias if bias is not None else weight
-    _conv_prefill_kernel[(block_grid(num_tokens, batch, tiles.conv_t), n_c)](
-        x, weight, bias_arg, y, conv_state, cu_seqlens, state_indices, has_initial_state, batch,
-        x.stride(0), y.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), channels,
-        WIDTH=width, HAS_BIAS=bias is not None, BLOCK_T=tiles.conv_t, BLOCK_C=tiles.conv_c,
-        B_PAD=next_pow2(batch), num_warps=tiles.conv_warps)
+    if num_tokens:  # (with no tokens the state kernel still resets the slots without history)
+        _conv_prefill_kernel[(block_grid(num_tokens, batch, tiles.conv_t), n_c)](
+            x, weight, bias_arg, y, conv_state, cu_seqlens, state_indices, has_initial_state, batch,
+            x.stride(0), y.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), channels,
+            WIDTH=width, HAS_BIAS=bias is not None, BLOCK_T=tiles.conv_t, BLOCK_C=tiles.conv_c,
+            B_PAD=next_pow2(batch), num_warps=tiles.conv_warps)
     _conv_state_kernel[(batch, n_c)](
         x, conv_state, cu_seqlens, state_indices, has_initial_state,
         x.stride(0), conv_state.stride(0), conv_state.stride(1), channels,

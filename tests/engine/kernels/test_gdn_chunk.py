@@ -36,7 +36,7 @@ def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, **kw) -> No
 @pytest.mark.parametrize("lens,dims,kw", [
     ([1, 37, 20], dict(hk=2, hv=6, dk=16, dv=32), {}),                        # GQA 3, crosses chunks
     ([33, 5], dict(hk=2, hv=2, dk=32, dv=16), dict(weak_decay=True)),        # no GQA, long memory
-    ([19, 3, 12], dict(hk=1, hv=2, dk=24, dv=40), dict(slots=[0, -1, 2])),   # padded dims, padding row
+    ([19, 3, 0, 12], dict(hk=1, hv=2, dk=24, dv=40), dict(slots=[0, -1, 3, 2])),  # padded dims, padding row, empty
 ])
 def test_chunk_matches_reference(lens, dims, kw, device: torch.device) -> None:
     _check(lens, dims, torch.Generator().manual_seed(0), device, **kw)

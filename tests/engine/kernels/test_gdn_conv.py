@@ -2,7 +2,7 @@
 
 Bounds: fp32 1e-5 absolute (W products summed in another order); bf16 one output rounding,
 1e-2 relative. The conv state is copied input values, so it must match exactly. Sequences
-shorter than W-1, a padding row (slot -1) and spare slots that must stay untouched are in every
+shorter than W-1, an empty one, a padding row (slot -1) and spare slots that must stay untouched are in every
 case; the `gpu` test runs Qwen3.6-27B's 10240 channels on CUDA.
 """
 
@@ -48,7 +48,7 @@ def _check(lens, channels, width, gen, dtype, device, with_bias) -> None:
 @pytest.mark.parametrize("dtype,with_bias,width", [(torch.float32, False, 4), (torch.float32, True, 3),
                                                    (torch.bfloat16, False, 4)])
 def test_conv_matches_reference(dtype, with_bias, width, device: torch.device) -> None:
-    _check([1, 2, 7, 40, 3], 48, width, torch.Generator().manual_seed(0), dtype, device, with_bias)
+    _check([1, 2, 0, 7, 40, 3], 48, width, torch.Generator().manual_seed(0), dtype, device, with_bias)
 
 
 def test_split_prefill_equals_one_shot(device: torch.device) -> None:
