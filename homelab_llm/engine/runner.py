@@ -36,6 +36,9 @@ class MemorySplit:
     activations_peak: int = 0
     graphs: int = 0
     kv_cache: int = 0
+    # Hybrid models' sequence states + snapshot pool. The state pool sets it when it allocates,
+    # before kv_budget(), which then leaves that room out of the KV cache. 0 on plain models.
+    state: int = 0
     other: int = 0
     free: int = 0
     notes: list[str] = field(default_factory=list)
@@ -43,7 +46,8 @@ class MemorySplit:
     def as_dict(self) -> dict[str, int | str]:
         return {"name": self.name, "total": self.total, "weights": self.weights,
                 "activations_peak": self.activations_peak, "graphs": self.graphs,
-                "kv_cache": self.kv_cache, "other": self.other, "free": self.free}
+                "kv_cache": self.kv_cache, "state": self.state, "other": self.other,
+                "free": self.free}
 
 
 def _cpu_memory() -> tuple[int, int]:
@@ -135,7 +139,7 @@ class ModelRunner:
             if self.args.kv_cache_memory_bytes is not None:
                 return self.args.kv_cache_memory_bytes
             budget = int(total * self.args.gpu_memory_utilization) - (
-                m.weights + m.activations_peak + self._graph_reserve() + m.other)
+                m.weights + m.activations_peak + self._graph_reserve() + m.state + m.other)
             return max(0, budget)
         total, available = _cpu_memory()
         m.total = total
@@ -188,7 +192,7 @@ class ModelRunner:
         else:
             total, available = _cpu_memory()
             m.total, m.free = total, available
-            m.other = max(0, _rss_peak() - m.weights - m.kv_cache)
+            m.other = max(0, _rss_peak() - m.weights - m.kv_cache - m.state)
 
     def bind_kv(self, pool: PagePool) -> None:
         for i, attn in enumerate(self.model.attention_layers):

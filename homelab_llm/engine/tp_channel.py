@@ -24,7 +24,8 @@ from homelab_llm.engine.step_plan import StepBatch, build_plan
 
 CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
 HEADER = 10  # cmd, T, B, max_pages, n_logits, decode_only, max_q, max_s, arg, reserved
-_MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
+_MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "state", "other",
+               "free")
 # The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
 PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
 
