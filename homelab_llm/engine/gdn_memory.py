@@ -13,7 +13,8 @@ Parameters of one GDN layer (HF names):
 W4A16 assumption (AutoRound/GPTQ builds of this family): in_proj_qkv, in_proj_z and out_proj are
 4-bit; in_proj_b and in_proj_a (a few dozen output columns, too narrow for 4-bit packing to pay
 and kept 16-bit by the published AutoRound recipes), conv1d, A_log, dt_bias and the norms stay in
-the model dtype. All parameters are counted in the model dtype otherwise.
+the model dtype. A_log and dt_bias are float32 (the engine keeps the decay math in fp32); every
+other parameter is in the model dtype.
 
 Working memory of a prefill of T tokens (an estimate; the engine measures the real peak):
 - model-dtype tensors per token: residual and normed input, the qkv projection and its conv
@@ -60,11 +61,12 @@ def gdn_linears(config: ModelConfig, layout: StateLayout) -> list[LinearShape]:
     ]
 
 
-def gdn_small_param_elems(config: ModelConfig, layout: StateLayout) -> int:
-    """conv1d taps, A_log, dt_bias and the gated-norm weight of one GDN layer on one rank."""
+def gdn_small_param_bytes(config: ModelConfig, layout: StateLayout, dtype_size: int) -> int:
+    """conv1d taps and the gated-norm weight (model dtype), A_log and dt_bias (float32) of one
+    GDN layer on one rank."""
     channels = layout.conv_shape[1]
-    return (channels * config.linear_conv_kernel_dim + 2 * layout.value_heads_per_rank
-            + config.linear_value_head_dim)
+    model_dtype = channels * config.linear_conv_kernel_dim + config.linear_value_head_dim
+    return model_dtype * dtype_size + 2 * layout.value_heads_per_rank * FP32_BYTES
 
 
 def gdn_activation_bytes(config: ModelConfig, layout: StateLayout, tokens: int,

@@ -27,7 +27,7 @@ from typing import Any
 
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
-from homelab_llm.engine.gdn_memory import gdn_activation_bytes, gdn_linears, gdn_small_param_elems
+from homelab_llm.engine.gdn_memory import gdn_activation_bytes, gdn_linears, gdn_small_param_bytes
 from homelab_llm.engine.model.config import ModelConfig
 
 # int8 KV stores one fp16 scale per token per KV head, for K and for V (kernels/ref.py).
@@ -160,7 +160,7 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     layout = StateLayout.for_model(config, tp_size, dtype)
     gdn = sum(_linear_bytes(p.in_features, p.out_features, size, method if p.quantized else None,
                             group) for p in gdn_linears(config, layout))
-    gdn += gdn_small_param_elems(config, layout) * size
+    gdn += gdn_small_param_bytes(config, layout, size)
     layers = (len(config.full_attention_layers) * (attention + common)
               + layout.num_layers * (gdn + common))
     vocab = vocab_rows_per_rank(config.vocab_size, tp_size)

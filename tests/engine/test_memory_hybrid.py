@@ -64,7 +64,8 @@ def test_snapshot_pool_size_moves_memory_between_state_and_kv() -> None:
 
 
 def test_qwen36_27b_parameter_count() -> None:
-    """26.9B language-model parameters (the published 27B adds the vision tower), all in bf16."""
+    """26.9B language-model parameters (the published 27B adds the vision tower), in bf16 but
+    A_log and dt_bias (float32)."""
     h, inter, vocab = 5120, 17408, 248320
     attention = h * 24 * 256 * 2 + 2 * h * 4 * 256 + 24 * 256 * h + 2 * 256  # gated q, k, v, o, qk-norms
     gdn = (h * (2 * 16 * 128 + 48 * 128) + h * 48 * 128 + 2 * h * 48      # in_proj_qkv, z, b, a
@@ -72,7 +73,7 @@ def test_qwen36_27b_parameter_count() -> None:
     mlp_and_norms = 3 * h * inter + 2 * h
     params = 16 * (attention + mlp_and_norms) + 48 * (gdn + mlp_and_norms) + 2 * vocab * h + h
     assert params == 26_895_998_464
-    assert memory.weight_bytes(QWEN36_27B, "bfloat16", None, 1) == 2 * params
+    assert memory.weight_bytes(QWEN36_27B, "bfloat16", None, 1) == 2 * params + 48 * 2 * 48 * 2
 
 
 TINY = dataclasses.replace(
@@ -90,7 +91,7 @@ def test_w4a16_quantizes_gdn_qkv_z_out_but_not_b_a_conv_or_norms() -> None:
     attention = q4(h, (2 * 4 + 2 * 2) * 64) + q4(4 * 64, h) + 2 * 64 * 2  # gated q_proj doubles
     gdn = (q4(h, 512) + q4(h, 256) + q4(256, h)           # in_proj_qkv, in_proj_z, out_proj
            + 2 * h * 4 * 2                                # in_proj_b, in_proj_a stay 16-bit
-           + (512 * 4 + 2 * 4 + 64) * 2)                  # conv1d, A_log, dt_bias, norm
+           + (512 * 4 + 64) * 2 + 2 * 4 * 4)              # conv1d, norm; A_log, dt_bias fp32
     embed_head_norm = 2 * 1000 * h * 2 + h * 2
     assert memory.weight_bytes(TINY, "bfloat16", None, 1) == mlp * 2 + attention + gdn + embed_head_norm
 
@@ -119,3 +120,45 @@ def test_plain_models_keep_no_state() -> None:
     p = memory.plan(plain, gpu_memory_bytes=48 << 30, tensor_parallel_size=2)
     assert p.state_bytes_per_sequence == 0 and p.per_device[0].state_bytes == 0
     assert p.kv_bytes_per_token == 64 * 2 * 2 * 256 * 2
+
+
+# -- plan vs what the engine measures (CPU, dummy weights) ------------------------------------
+ENGINE_CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 1000,
+    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "layer_types": ["linear_attention", "full_attention"] * 2, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4, "attn_output_gate": True, "mamba_ssm_dtype": "float32",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 1024, "tie_word_embeddings": False, "dtype": "float32",
+}
+
+
+@pytest.mark.parametrize("tp, snapshots", [(1, None), (2, 3)])
+def test_plan_agrees_with_the_hybrid_engine(tmp_path, tp: int, snapshots: int | None) -> None:
+    """Weights, KV bytes per token and state bytes per device: `plan` arithmetic vs
+    engine.status() on a tiny Qwen3.5-layout hybrid with dummy weights."""
+    import json
+
+    from homelab_llm.engine.llm import LLM
+    from homelab_llm.engine.model.config import config_from_hf
+
+    path = tmp_path / "tiny-hybrid.json"
+    path.write_text(json.dumps(ENGINE_CONFIG))
+    config = config_from_hf(ENGINE_CONFIG)
+    llm = LLM(str(path), load_format="dummy", device="cpu", dtype="float32", page_size=4,
+              tensor_parallel_size=tp, max_num_seqs=4, max_state_snapshots=snapshots,
+              kv_cache_memory_bytes=1 << 20)
+    try:
+        status = llm.engine.status()
+    finally:
+        llm.shutdown()
+    p = memory.plan(config, gpu_memory_bytes=1 << 30, tensor_parallel_size=tp, dtype="float32",
+                    max_num_seqs=4, page_size=4, max_state_snapshots=snapshots)
+    assert status["kv"]["bytes_per_token"] == p.kv_bytes_per_token == 2 * 2 * (2 // tp) * 32 * 4
+    assert p.state_snapshots == (8 if snapshots is None else snapshots)
+    for rank, device in enumerate(status["devices"]):
+        planned = p.per_device[rank]
+        assert device["state"] == planned.state_bytes == (4 + p.state_snapshots) * p.state_bytes_per_sequence
+        assert device["weights"] == planned.weights_bytes + memory.rope_table_bytes(config)
