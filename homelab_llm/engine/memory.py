@@ -187,7 +187,8 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
 
     Counts the live tensors at the widest point of a layer (residual, normed input, qkv, attention
     output, gate_up and its activation; on hybrids also a GDN layer's, see gdn_memory.py) plus
-    float32 logits for the sampled rows, gathered over the vocab. The engine measures the real peak with a profile run; this is for planning.
+    float32 logits for the sampled rows, gathered over the vocab. The engine measures the real
+    peak with a profile run; this is for planning.
     """
     _check_tp(tp_size, 0)
     size = dtype_bytes(resolve_model_dtype(config, dtype))
