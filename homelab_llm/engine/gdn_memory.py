@@ -11,9 +11,10 @@ Parameters of one GDN layer (HF names):
   RMSNorm weight (one value head wide, replicated).
 
 W4A16 assumption (AutoRound/GPTQ builds of this family): in_proj_qkv, in_proj_z and out_proj are
-4-bit; in_proj_b and in_proj_a (a few dozen output columns, too narrow for 4-bit packing to pay
-and kept 16-bit by the published AutoRound recipes), conv1d, A_log, dt_bias and the norms stay in
-the model dtype. A_log and dt_bias are float32 (the engine keeps the decay math in fp32); every
+4-bit; in_proj_b and in_proj_a (one output column per value head: too narrow for 4-bit to pay, so
+assumed left 16-bit by the checkpoint's extra_config/dynamic rules), conv1d, A_log, dt_bias and the
+norms stay dense. A build that quantizes b/a too is ~17 MB per card smaller than planned (27B, TP=2);
+so is `--load-format dummy --quantization w4a16`, which packs every linear. A_log and dt_bias are float32 (the engine keeps the decay math in fp32); every
 other parameter is in the model dtype.
 
 Working memory of a prefill of T tokens (an estimate; the engine measures the real peak):
