@@ -50,70 +50,53 @@ def machine_from_args(gpu_memory: int | None, tp: int | None) -> Any:
     return found
 
 
-def scan_rows(dirs: list[str], only_dirs: bool, machine: Any) -> list[dict[str, Any]]:
-    """One JSON-ready dict per model: its description plus `fit` (None: unsupported or no GPU)."""
+ScanResult = list[tuple[Any, Any]]  # (LocalModel, Fit | None)
+
+
+def scan_with_fits(dirs: list[str], only_dirs: bool, machine: Any) -> ScanResult:
+    """Every model found with its fit (None: unsupported, or no GPU to fit against)."""
     from homelab_llm.models.fit import fit_model
     from homelab_llm.models.scan import default_dirs, find_models
     from homelab_llm.settings import load_settings
 
     roots = list(dirs) if only_dirs else default_dirs([*load_settings().models_dirs, *dirs])
-    rows = []
-    for model in find_models(roots):
-        row = model.to_json()
-        fit = fit_model(model.config, machine) if model.config and machine else None
-        row["fit"] = fit.to_json() if fit else None
-        rows.append(row)
-    return rows
+    return [(m, fit_model(m.config, machine) if m.config and machine else None)
+            for m in find_models(roots)]
 
 
-def _size(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+def to_json(found: ScanResult) -> list[dict[str, Any]]:
+    return [{**m.to_json(), "fit": fit.to_json() if fit else None} for m, fit in found]
 
 
-def _context(n: int) -> str:
-    return f"{n // 1024}K" if n >= 1024 else str(n)
+def render(found: ScanResult, machine: Any) -> str:
+    from homelab_llm.models.format import format_size, params_text, verdict_text, why_not
 
-
-def render(rows: list[dict[str, Any]], machine: Any) -> str:
-    from homelab_llm.models.params import format_params
-
-    if not rows:
+    if not found:
         return "no models found (add folders with --dir or models_dirs in the settings file)"
     table = [("NAME", "FAMILY", "PARAMS", "QUANT", "SIZE", "FIT (int8 KV)", "PATH")]
-    notes = []
-    for r in rows:
-        params = format_params(r["params_total"])
-        if r["params_active"] is not None and r["params_active"] != r["params_total"]:
-            params += f" ({format_params(r['params_active'])} active)"
-        if not r["supported"]:
-            verdict = "unsupported"
-            notes.append(f"{r['name']}: {r['reason']}")
-        elif r["fit"] is None:
-            verdict = "-"
-        elif r["fit"]["fits"]:
-            verdict = f"{_context(r['fit']['max_context'])} ctx, {r['fit']['concurrency_32k']}x32K"
-        else:
-            verdict = "does not fit"
-            notes.append(f"{r['name']}: {r['fit']['reason']}")
-        table.append((r["name"], r["family"], params, r["quantization"], _size(r["size_bytes"]),
-                      verdict, r["path"]))
+    notes = [f"  {m.name}: {why_not(m, fit)}" for m, fit in found if why_not(m, fit)]
+    for m, fit in found:
+        table.append((m.name, m.family, params_text(m), m.quantization, format_size(m.size_bytes),
+                      verdict_text(m, fit), m.path))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in table]
+    lines.append(machine_text(machine))
+    return "\n".join(lines + notes)
+
+
+def machine_text(machine: Any) -> str:
     if machine is None:
-        lines.append("fit: no GPU found; give --gpu-memory (e.g. 24GiB) and -tp")
-    else:
-        lines.append(f"fit: {machine.tensor_parallel_size} x {machine.gpu_memory_bytes / 2**30:.1f} "
-                     f"GiB ({machine.source}), as `homelab-llm plan MODEL --kv-cache-dtype int8`")
-    lines += [f"  {n}" for n in notes]
-    return "\n".join(lines)
+        return "fit: no GPU found; give --gpu-memory (e.g. 24GiB) and -tp"
+    return (f"fit: {machine.tensor_parallel_size} x {machine.gpu_memory_bytes / 2**30:.1f} GiB "
+            f"({machine.source}), as `homelab-llm plan MODEL --kv-cache-dtype int8`")
 
 
 def run(args: argparse.Namespace) -> int:
     machine = machine_from_args(args.gpu_memory, args.tensor_parallel_size)
-    rows = scan_rows(args.dir, args.only_dirs, machine)
+    found = scan_with_fits(args.dir, args.only_dirs, machine)
     if args.json:
-        json.dump(rows, sys.stdout, indent=2)
+        json.dump(to_json(found), sys.stdout, indent=2)
         print()
     else:
-        print(render(rows, machine))
+        print(render(found, machine))
     return 0

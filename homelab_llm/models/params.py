@@ -110,14 +110,3 @@ def gguf_params(tensor_shapes: Iterable[tuple[str, tuple[int, ...]]], meta: Mapp
     arch = meta.get("general.architecture", "")
     share = _routed_share(meta.get(f"{arch}.expert_used_count"), meta.get(f"{arch}.expert_count"))
     return count_tensors(((n, math.prod(s or (1,))) for n, s in tensor_shapes), "_exps", share)
-
-
-def format_params(n: int | None) -> str:
-    """1.2B, 135M, 30.5B: how model cards write it."""
-    if n is None:
-        return "?"
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.1f}{unit}".replace(".0" + unit, unit)
-    return str(n)

@@ -103,3 +103,10 @@ def find_models(dirs: Iterable[str | Path]) -> list[LocalModel]:
             describe = describe_gguf if path.suffix == ".gguf" and path.is_file() else describe_hf
             models.append(describe(path, name))
     return models
+
+
+def scan_configured() -> list[LocalModel]:
+    """What `homelab-llm models` lists without flags: the cache, ~/models, models_dirs."""
+    from homelab_llm.settings import load_settings
+
+    return find_models(default_dirs(load_settings().models_dirs))
