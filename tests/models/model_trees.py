@@ -95,14 +95,6 @@ def moe_hf(folder: Path) -> tuple[Path, int, int]:
     return write_hf(folder, config, tensors), total, dense + expert * TOP_K // NUM_EXPERTS
 
 
-_GGUF_NAMES = {"input_layernorm.weight": "attn_norm.weight",
-               "post_attention_layernorm.weight": "ffn_norm.weight",
-               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-               "mlp.down_proj.weight": "ffn_down.weight"}
-
-
 def write_gguf(path: Path, arch: str = "llama", experts: int = 0) -> Path:
     """A tiny GGUF (F32 tensors); arch other than llama/qwen2/qwen3 is one the engine refuses.
     experts > 0 adds qwen3moe-style stacked expert tensors (ffn_*_exps) with top-2 routing."""
@@ -121,20 +113,12 @@ def write_gguf(path: Path, arch: str = "llama", experts: int = 0) -> Path:
     if experts:
         w.add_expert_count(experts)
         w.add_expert_used_count(TOP_K)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, LAYERS)  # llama.cpp's own mapping
     for name, shape in dense_shapes().items():
-        if name == "model.embed_tokens.weight":
-            gname = "token_embd.weight"
-        elif name == "model.norm.weight":
-            gname = "output_norm.weight"
-        elif name == "lm_head.weight":
-            gname = "output.weight"
-        else:
-            _, _, layer, rest = name.split(".", 3)
-            if experts and rest.startswith("mlp."):
-                gname = f"blk.{layer}.{_GGUF_NAMES[rest].replace('.weight', '_exps.weight')}"
-                shape = (experts, *shape)
-            else:
-                gname = f"blk.{layer}.{_GGUF_NAMES[rest]}"
+        gname = names.get_name(name, try_suffixes=(".weight",))
+        if experts and ".mlp." in name:  # stacked experts: ffn_gate -> ffn_gate_exps
+            gname = gname.replace(".weight", "_exps.weight")
+            shape = (experts, *shape)
         w.add_tensor(gname, np.zeros(shape, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
