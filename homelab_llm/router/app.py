@@ -87,7 +87,7 @@ def build_router_app(pool: Pool, *, default_preset: str = "", keepalive_s: float
         if body.get("stream"):
             await asyncio.wait({acquiring}, timeout=FIRST_WAIT_S)
             if not (acquiring.done() and acquiring.exception()):
-                return stream(request.app.state.client, acquiring, f"/v1/{path}", body)
+                return stream(request.app.state.client, acquiring, name, f"/v1/{path}", body)
         try:
             slot = await acquiring
         except StartError as err:
@@ -109,13 +109,12 @@ def build_router_app(pool: Pool, *, default_preset: str = "", keepalive_s: float
         headers = {k: v for k, v in r.headers.items() if k.lower() not in HOP_HEADERS}
         return Response(r.content, status_code=r.status_code, headers=headers)
 
-    def stream(client: httpx.AsyncClient, acquiring: asyncio.Task[Slot], path: str,
+    def stream(client: httpx.AsyncClient, acquiring: asyncio.Task[Slot], name: str, path: str,
                body: dict[str, Any]) -> SSEResponse:
         async def events() -> AsyncIterator[str | bytes]:
-            while not acquiring.done():
-                done, _ = await asyncio.wait({acquiring}, timeout=keepalive_s)
-                if not done:
-                    yield f": loading {body['model'] if body.get('model') else default_preset}\n\n"
+            while not acquiring.done():  # a comment now, then one per keepalive_s
+                yield f": loading {name}\n\n"
+                await asyncio.wait({acquiring}, timeout=keepalive_s)
             try:
                 slot = acquiring.result()
             except StartError as err:

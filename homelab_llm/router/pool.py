@@ -84,6 +84,8 @@ class Pool:
     # ---------------------------------------------------------------- start / stop
 
     async def _start(self, slot: Slot) -> str:
+        while slot.state is ServiceState.STOPPING:  # a ttl unload in progress: let it finish
+            await asyncio.sleep(POLL_S)
         async with self.swap_lock:
             await self._make_room(slot)
             port = free_port(slot.preset.host if ":" not in slot.preset.host else "127.0.0.1")
