@@ -89,6 +89,11 @@ def pull(repo_id: str, *, include: Iterable[str] = (), revision: str | None = No
     token = token or os.environ.get("HF_TOKEN") or None
     revision = revision or "main"
     repo = list_repo(repo_id, revision, include, token)
+    ggufs = [f.path for f in repo.files if f.path.endswith(".gguf")]
+    if len(ggufs) > 1 and not include:  # a quantization zoo: one file is what a person wants
+        shown = ", ".join(ggufs[:8]) + (", ..." if len(ggufs) > 8 else "")
+        raise PullError(f"{repo_id} holds {len(ggufs)} GGUF files ({shown}); pick one with "
+                        "--include, e.g. --include '*Q4_K_M*'")
     cache = hf_hub_cache()
     headers = build_hf_headers(token=token, library_name="homelab-llm")
     by_path = {f.path: f for f in repo.files}

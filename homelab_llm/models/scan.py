@@ -13,6 +13,7 @@ listed once.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from homelab_llm.models.describe import LocalModel, describe_gguf, describe_hf
 
 MAX_DEPTH = 4
 HUB_PREFIX = "models--"
+# llama.cpp's gguf-split names: model-00001-of-00003.gguf. Parts 2.. are listed with part 1.
+SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
 
 def hf_hub_cache() -> Path:
@@ -100,9 +103,27 @@ def find_models(dirs: Iterable[str | Path]) -> list[LocalModel]:
             if key in seen:
                 continue
             seen.add(key)
-            describe = describe_gguf if path.suffix == ".gguf" and path.is_file() else describe_hf
-            models.append(describe(path, name))
+            if path.suffix == ".gguf" and path.is_file():
+                split = SPLIT_PART.search(path.name)
+                if split and split.group(1) != "00001":
+                    continue
+                models.append(describe_split(path, name, int(split.group(2))) if split
+                              else describe_gguf(path, name))
+            else:
+                models.append(describe_hf(path, name))
     return models
+
+
+def describe_split(first: Path, name: str | None, parts: int) -> LocalModel:
+    """A gguf-split model, listed once: its size is every part's; the engine reads one file."""
+    model = describe_gguf(first, name)
+    for i in range(2, parts + 1):
+        part = first.with_name(SPLIT_PART.sub(f"-{i:05d}-of-{parts:05d}.gguf", first.name))
+        model.size_bytes += part.stat().st_size if part.exists() else 0
+    model.supported, model.config = False, None
+    model.reason = (f"split GGUF ({parts} parts): merge it into one file with "
+                    "`llama-gguf-split --merge`")
+    return model
 
 
 def scan_configured() -> list[LocalModel]:

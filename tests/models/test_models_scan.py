@@ -28,6 +28,8 @@ def tree(tmp_path: Path) -> dict[str, object]:
     (models / "nested" / "deeper").mkdir(parents=True)
     write_gguf(models / "nested" / "deeper" / "tiny-moe.gguf", arch="qwen3moe", experts=4)
     dense_hf(models / "llama-hf")
+    for part in (1, 2):  # a gguf-split pair: listed once, as unsupported, with both sizes
+        write_gguf(models / f"split-{part:05d}-of-00002.gguf")
     gptq_hf(models / "llama-gptq")
     _, moe_total, moe_active = moe_hf(models / "mixtral-hf")
     hub = tmp_path / "hub"
@@ -43,7 +45,10 @@ def by_name(models) -> dict:
 def test_scan_finds_families_params_sizes_and_support(tree) -> None:
     found = by_name(find_models([tree["models"], tree["hub"]]))
     assert set(found) == {"tiny-llama.gguf", "tiny-gemma.gguf", "tiny-moe.gguf", "llama-hf",
-                          "llama-gptq", "mixtral-hf", "acme/tiny-chat"}
+                          "llama-gptq", "mixtral-hf", "acme/tiny-chat", "split-00001-of-00002.gguf"}
+    split = found["split-00001-of-00002.gguf"]
+    assert not split.supported and "llama-gguf-split --merge" in split.reason
+    assert split.size_bytes == 2 * (tree["models"] / "split-00002-of-00002.gguf").stat().st_size
     llama = found["tiny-llama.gguf"]
     assert (llama.kind, llama.family, llama.supported, llama.quantization) == ("gguf", "llama", True, "ALL_F32")
     assert llama.params_total == llama.params_active == DENSE_PARAMS

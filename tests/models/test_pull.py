@@ -91,6 +91,9 @@ def test_checksum_mismatch_is_an_error_and_removes_the_file(hub: FakeHub, capsys
 
 
 def test_include_picks_files_and_a_gguf_is_fitted_after_download(hub: FakeHub, capsys) -> None:
+    assert main(["pull", "acme/tiny-gguf"]) == 2  # several quantizations: pick one
+    assert "holds 2 GGUF files (tiny-gemma.F32.gguf, tiny-llama.F32.gguf); pick one with --include" \
+        in capsys.readouterr().err
     assert main(["pull", "acme/tiny-gguf", "--include", "*llama*", "--gpu-memory", "1GiB"]) == 0
     out, err = capsys.readouterr()
     assert [p.name for p in Path(out.strip()).iterdir()] == ["tiny-llama.F32.gguf"]
