@@ -22,7 +22,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from homelab_llm.router.pool import Pool, Slot, StartError
+from homelab_llm.router.pool import Pool, Slot, StartError, upstream_auth
 from homelab_llm.server.errors import APIError, bad_request, model_not_found, unavailable
 from homelab_llm.server.sse import SSEResponse, sse_error
 
@@ -103,7 +103,8 @@ def build_router_app(pool: Pool, *, default_preset: str = "", keepalive_s: float
     async def forward(client: httpx.AsyncClient, slot: Slot, path: str,
                       body: dict[str, Any]) -> Response:
         try:
-            r = await client.post(slot.url + path, json=upstream_body(slot, body))
+            r = await client.post(slot.url + path, json=upstream_body(slot, body),
+                                  headers=upstream_auth(slot.preset))
         except httpx.HTTPError as err:
             return error(unavailable(f"preset {slot.preset.name!r} did not answer ({err})"))
         headers = {k: v for k, v in r.headers.items() if k.lower() not in HOP_HEADERS}
@@ -121,7 +122,8 @@ def build_router_app(pool: Pool, *, default_preset: str = "", keepalive_s: float
                 yield sse_error(unavailable(str(err)))
                 return
             try:
-                async with client.stream("POST", slot.url + path, json=upstream_body(slot, body)) as r:
+                async with client.stream("POST", slot.url + path, json=upstream_body(slot, body),
+                                         headers=upstream_auth(slot.preset)) as r:
                     if r.status_code != 200:
                         text = (await r.aread()).decode(errors="replace")
                         yield sse_error(APIError(r.status_code, f"preset {slot.preset.name!r}: {text[:500]}",

@@ -25,6 +25,12 @@ POLL_S = 0.05
 SWAP_WAIT_S = 600.0  # how long a request waits for busy presets to finish before a 503
 
 
+def upstream_auth(preset: Preset) -> dict[str, str]:
+    """A preset started with an API key (ours and vLLM spell it api_key) is called with it."""
+    key = preset.args.get("api_key")
+    return {"Authorization": f"Bearer {key}"} if isinstance(key, str) and key else {}
+
+
 class StartError(HomelabError):
     """A preset that cannot be started or never became healthy; names the preset and why."""
 
@@ -106,7 +112,7 @@ class Pool:
     async def _served_model(self, slot: Slot) -> str:
         """The first id in the server's /v1/models (all our backends list what they serve)."""
         try:
-            async with httpx.AsyncClient(timeout=10.0) as client:
+            async with httpx.AsyncClient(timeout=10.0, headers=upstream_auth(slot.preset)) as client:
                 data = (await client.get(slot.url + "/v1/models")).json().get("data") or []
             return str(data[0]["id"]) if data else ""
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):

@@ -11,6 +11,7 @@ import json
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--served", default="fake-upstream")
+parser.add_argument("--key", default="", help="require 'Authorization: Bearer KEY' on POST")
 args = parser.parse_args()
 
 
@@ -33,6 +34,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if args.key and self.headers.get("Authorization") != f"Bearer {args.key}":
+            return self.reply(401, json.dumps({"error": {"message": "bad key"}}).encode())
         if body.get("model") != args.served:
             return self.reply(404, json.dumps({"error": {"message": "wrong model"}}).encode())
         text = f"port {args.port} says hi"

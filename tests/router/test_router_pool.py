@@ -55,15 +55,17 @@ def test_claims_follow_each_backends_memory_setting(tmp_path: Path) -> None:
     assert claim_bytes(Preset("l", backend="llama.cpp", model=str(gguf)), GIB) == 1234
 
 
-def fake(name: str, share: float) -> Preset:
+def fake(name: str, share: float, key: str = "") -> Preset:
     return Preset(name=name, backend="command", startup_timeout=30,
-                  command=("{python}", str(FAKE), "--port", "{port}", "--served", f"up-{name}"),
-                  args={"gpu_memory_utilization": share})
+                  command=("{python}", str(FAKE), "--port", "{port}", "--served", f"up-{name}",
+                           "--key", key),
+                  args={"gpu_memory_utilization": share, **({"api_key": key} if key else {})})
 
 
 @pytest.fixture
 def router():
-    pool = Pool([fake("big1", 0.6), fake("big2", 0.6), fake("small", 0.3)], ttl_s=0,
+    pool = Pool([fake("big1", 0.6), fake("big2", 0.6), fake("small", 0.3), fake("keyed", 0, "sekrit")],
+                ttl_s=0,
                 gpu_memory=10 * GIB, gpu_budget=10 * GIB)
     with serve_in_thread(build_router_app(pool, default_preset="small"), wait_ready=False) as running:
         yield running.base_url, pool
@@ -92,6 +94,8 @@ def test_presets_that_cannot_share_the_gpus_swap(router) -> None:
     # no `model`: the default preset
     r = httpx.post(base + "/v1/chat/completions", json={"messages": []}, timeout=30)
     assert r.status_code == 200 and up() == {"big1", "small"}
+    # a preset served with an API key is called with it
+    assert ask("keyed").endswith("says hi")
     bad = httpx.post(base + "/v1/chat/completions", content=b"[1]", timeout=30)
     assert bad.status_code == 400 and "JSON object" in bad.json()["error"]["message"]
 
