@@ -92,6 +92,11 @@ def machine_text(machine: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    missing = [d for d in args.dir if not Path(d).expanduser().exists()]
+    if missing:
+        raise HomelabError(f"--dir {missing[0]}: no such file or folder")
     machine = machine_from_args(args.gpu_memory, args.tensor_parallel_size)
     found = scan_with_fits(args.dir, args.only_dirs, machine)
     if args.json:

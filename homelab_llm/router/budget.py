@@ -47,13 +47,12 @@ def _plan_claim(preset: Preset, gpu_memory: int, tp: int) -> int | None:
     kv = preset.args.get("kv_cache_memory_bytes")
     if kv is None:
         return None
-    path = Path(preset.resolved_model())
-    model = describe_gguf(path) if path.suffix == ".gguf" else describe_hf(path)
-    if model.config is None:
-        return None
-    try:
-        p = plan(model.config, gpu_memory_bytes=gpu_memory, tensor_parallel_size=tp)
-        d = p.per_device[0]
+    try:  # a model not on disk (yet) falls back to the utilization estimate
+        path = Path(preset.resolved_model())
+        model = describe_gguf(path) if path.suffix == ".gguf" else describe_hf(path)
+        if model.config is None:
+            return None
+        d = plan(model.config, gpu_memory_bytes=gpu_memory, tensor_parallel_size=tp).per_device[0]
         fixed = d.weights_bytes + d.buffers_bytes + d.activation_bytes + d.graph_bytes + d.other_bytes
         return (fixed + int(parse_bytes(kv) or 0)) * tp  # type: ignore[arg-type]
     except (HomelabError, OSError):

@@ -118,6 +118,8 @@ def test_models_cli_table_and_errors(tree, capsys) -> None:
     assert main(["models", "--only-dirs", "--dir", str(tree["models"]), "-tp", "0",
                  "--gpu-memory", "1GiB"]) == 2
     assert "--tensor-parallel-size must be >= 1" in capsys.readouterr().err
+    assert main(["models", "--dir", str(tree["models"] / "nope")]) == 2
+    assert "--dir " in (err := capsys.readouterr().err) and "nope: no such file or folder" in err
 
 
 def test_settings_folders_are_scanned(tree, tmp_path, monkeypatch, capsys) -> None:

@@ -50,6 +50,8 @@ def test_claims_follow_each_backends_memory_setting(tmp_path: Path) -> None:
     d = plan(describe_hf(folder).config, gpu_memory_bytes=10 * GIB).per_device[0]
     fixed = d.weights_bytes + d.buffers_bytes + d.activation_bytes + d.graph_bytes + d.other_bytes
     assert claim_bytes(exact, 10 * GIB) == fixed + GIB
+    absent = exact.with_changes(model=str(tmp_path / "not-yet.gguf"))  # falls back to utilization
+    assert claim_bytes(absent, 10 * GIB) == int(10 * GIB * 0.9)
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"\0" * 1234)
     assert claim_bytes(Preset("l", backend="llama.cpp", model=str(gguf)), GIB) == 1234
