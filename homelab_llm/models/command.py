@@ -14,9 +14,17 @@ from typing import Any
 from homelab_llm.errors import HomelabError
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_machine_args(p: argparse.ArgumentParser) -> None:
+    """--gpu-memory and -tp: the machine a fit verdict is for (models, pull)."""
     from homelab_llm.engine.args import parse_bytes
 
+    p.add_argument("--gpu-memory", type=parse_bytes, default=None, metavar="BYTES",
+                   help="memory per GPU, e.g. 24GiB (default: the GPUs hwcheck finds)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="GPUs per model (default: every GPU found, or 1 with --gpu-memory)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "models", help="list models on disk with fit verdicts",
         description="List GGUF files and HF folders in the Hugging Face cache, ~/models, the "
@@ -24,14 +32,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "size, engine support, and the largest context / 32K concurrency that fits "
                     "at int8 KV.")
     p.add_argument("--dir", action="append", default=[], metavar="DIR",
-                   help="also scan DIR (repeatable); given alone with --only-dirs, only DIR")
+                   help="also scan DIR (repeatable)")
     p.add_argument("--only-dirs", action="store_true",
                    help="scan just the --dir folders (not the cache, ~/models or settings)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--gpu-memory", type=parse_bytes, default=None, metavar="BYTES",
-                   help="memory per GPU, e.g. 24GiB (default: the GPUs hwcheck finds)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
-                   help="GPUs per model (default: every GPU found, or 1 with --gpu-memory)")
+    add_machine_args(p)
     p.set_defaults(run=run)
     return p
 

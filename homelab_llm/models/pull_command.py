@@ -12,7 +12,7 @@ from homelab_llm.models.pull import FitCheck, PullProgress
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from homelab_llm.engine.args import parse_bytes
+    from homelab_llm.models.command import add_machine_args
 
     p = subparsers.add_parser(
         "pull", help="download a model from the Hugging Face Hub",
@@ -24,9 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--include", action="append", default=[], metavar="PATTERN",
                    help="only files matching this glob (repeatable), e.g. '*Q4_K_M.gguf'")
     p.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
-    p.add_argument("--gpu-memory", type=parse_bytes, default=None, metavar="BYTES",
-                   help="memory per GPU for the fit check (default: the GPUs hwcheck finds)")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    add_machine_args(p)
     p.add_argument("--force", action="store_true", help="download even if it does not fit")
     p.set_defaults(run=run)
     return p
