@@ -19,6 +19,8 @@ from homelab_llm.tui.app import HomelabApp
 from homelab_llm.tui.screens.model_dialogs import ModelPicker
 from homelab_llm.tui.screens.models import ModelsScreen
 from homelab_llm.tui.screens.preset_editor import PresetEditor
+from homelab_llm.tui.service import free_port, process_group_alive
+from homelab_llm.tui.widgets.router_panel import RouterPanel
 from model_trees import dense_hf, write_gguf
 from tests.tui.tui_fakes import FIXED_TELEMETRY, FakeProbe, FakeTelemetry, load_hardware, load_status
 
@@ -63,7 +65,7 @@ def scripted_pull(repo_id, *, include, machine, on_fit, on_progress):
 async def test_models_screen_verdicts_make_preset_and_pull(tree: Path) -> None:
     machine = Machine(GIB, 1)
     screen = ModelsScreen(scanner=lambda: find_models([tree]), machine_source=lambda: machine,
-                          puller=scripted_pull)
+                          puller=scripted_pull, router_port=free_port())
     app = make_app()
     async with app.run_test(size=(150, 45)) as pilot:
         await app.push_screen(screen)
@@ -100,6 +102,20 @@ async def test_models_screen_verdicts_make_preset_and_pull(tree: Path) -> None:
         await pilot.press(*"acme/tiny", "enter")
         await wait_until(pilot, lambda: "pulled acme/tiny" in str(
             screen.query_one("#pull-status", Static).content), "the pull")
+
+        # the router as a managed child: on, listing the presets (the one just saved too), off
+        panel = screen.query_one(RouterPanel)
+        await pilot.press("o")
+        for _ in range(600):  # a cold `python -m homelab_llm router` on a loaded 2-core box
+            if "llama-hf: stopped" in str(panel.render()):
+                break
+            await pilot.pause(0.05)
+        text = str(panel.render())
+        assert "router healthy" in text and f":{screen.router_port}/v1" in text, text
+        pgid = panel.manager.status.pid
+        await pilot.press("o")
+        await wait_until(pilot, lambda: not panel.running, "the router to stop")
+        assert pgid is not None and not process_group_alive(pgid)
 
 
 async def test_editor_picks_a_model_from_the_list(tree: Path) -> None:

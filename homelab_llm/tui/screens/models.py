@@ -1,6 +1,6 @@
 """Models: what is on disk (Hub cache, ~/models, the settings file's folders) with fit verdicts
-for this machine's GPUs, a pull from the Hub with live progress, and "make a preset", which opens
-the preset editor filled in from the plan.
+for this machine's GPUs, a pull from the Hub with live progress, "make a preset", which opens
+the preset editor filled in from the plan, and the router (one endpoint for every preset).
 
 Scans and pulls run in thread workers and hand results back with call_from_thread; the UI
 thread never reads a file header or a socket.
@@ -27,7 +27,9 @@ from homelab_llm.models.make_preset import PresetDraftError, draft_preset
 from homelab_llm.models.pull import FitCheck, PullProgress, pull
 from homelab_llm.models.scan import scan_configured
 from homelab_llm.tui.screens.model_dialogs import PullDialog, PullRequest
+from homelab_llm.settings import DEFAULT_ROUTER_PORT, load_settings
 from homelab_llm.tui.screens.preset_editor import PresetEditor, save_edited_preset
+from homelab_llm.tui.widgets.router_panel import RouterPanel
 
 if TYPE_CHECKING:
     from homelab_llm.tui.app import HomelabApp
@@ -42,13 +44,14 @@ class ModelsScreen(Screen[None]):
         Binding("enter,n", "make_preset", "Make preset"),
         Binding("u", "pull", "Pull"),
         Binding("r", "rescan", "Rescan"),
+        Binding("o", "toggle_router", "Router on/off"),
     ]
 
     app: HomelabApp  # type: ignore[assignment]
 
     def __init__(self, *, scanner: Scanner = scan_configured,
                  machine_source: MachineSource = this_machine,
-                 puller: Callable[..., Any] = pull) -> None:
+                 puller: Callable[..., Any] = pull, router_port: int | None = None) -> None:
         super().__init__()
         self.scanner = scanner
         self.machine_source = machine_source
@@ -56,6 +59,12 @@ class ModelsScreen(Screen[None]):
         self.machine: Machine | None = None
         self.found: list[tuple[LocalModel, Fit | None]] = []
         self.pulling = False
+        if router_port is None:
+            try:
+                router_port = load_settings().router_port
+            except HomelabError:
+                router_port = DEFAULT_ROUTER_PORT  # the scan reports the broken file
+        self.router_port = router_port
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -68,6 +77,7 @@ class ModelsScreen(Screen[None]):
                 yield Static(id="model-info")
                 yield Static(id="pull-status")
                 yield ProgressBar(id="pull-progress", show_eta=True)
+                yield RouterPanel(self.router_port, id="router-panel")
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
@@ -156,6 +166,15 @@ class ModelsScreen(Screen[None]):
                                                    if f"{preset.name}-{i}" not in taken))
         self.app.push_screen(PresetEditor(preset, title=f"New preset for {chosen[0].name}"),
                              lambda p: save_edited_preset(self.app, p))
+
+    # ------------------------------------------------------------------ router
+
+    def action_toggle_router(self) -> None:
+        """One endpoint for every preset (`homelab-llm router`), run as a managed child."""
+        try:
+            self.query_one(RouterPanel).toggle()
+        except HomelabError as err:  # its port is taken, ...
+            self.notify(f"router not started: {err}", severity="error")
 
     # ------------------------------------------------------------------ pull
 
