@@ -58,20 +58,29 @@ def dense_hf(folder: Path, **overrides: Any) -> Path:
     return write_hf(folder, llama_config(**overrides), tensors)
 
 
-def gptq_hf(folder: Path) -> Path:
-    """4-bit GPTQ: every linear as int32 qweight [in/8, out] plus scales/qzeros/g_idx."""
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+AWQ = {"quant_method": "awq", "w_bit": 4, "q_group_size": 128, "version": "gemm", "zero_point": True}
+AUTOROUND = {"quant_method": "auto-round", "bits": 4, "group_size": 128, "sym": True,
+             "packing_format": "auto_round:auto_gptq"}
+
+
+def quantized_hf(folder: Path, quant: dict[str, Any] = GPTQ) -> Path:
+    """4-bit: every layer linear as an int32 qweight plus scales/qzeros (GPTQ layout [in/8, out],
+    AWQ [in, out/8]); embeddings, norms and lm_head stay fp16."""
+    awq = quant["quant_method"] == "awq"
     tensors: dict[str, np.ndarray] = {}
     for name, shape in dense_shapes().items():
         module = name.removesuffix(".weight")
         if len(shape) == 2 and "layers" in name:
             out_f, in_f = shape
-            tensors[module + ".qweight"] = np.zeros((in_f // 8, out_f), np.int32)
-            tensors[module + ".scales"] = np.zeros((max(in_f // 128, 1), out_f), np.float16)
-            tensors[module + ".qzeros"] = np.zeros((max(in_f // 128, 1), out_f // 8), np.int32)
-            tensors[module + ".g_idx"] = np.zeros((in_f,), np.int32)
+            groups = max(in_f // 128, 1)
+            tensors[module + ".qweight"] = np.zeros((in_f, out_f // 8) if awq else (in_f // 8, out_f), np.int32)
+            tensors[module + ".scales"] = np.zeros((groups, out_f), np.float16)
+            tensors[module + ".qzeros"] = np.zeros((groups, out_f // 8), np.int32)
+            if not awq:
+                tensors[module + ".g_idx"] = np.zeros((in_f,), np.int32)
         else:
             tensors[name] = np.zeros(shape, np.float16)
-    quant = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
     return write_hf(folder, llama_config(quantization_config=quant), tensors)
 
 

@@ -13,8 +13,8 @@ from homelab_llm.engine.memory import plan
 from homelab_llm.engine.model.config import config_from_hf
 from homelab_llm.models.fit import Machine, fit_model
 from homelab_llm.models.scan import find_models
-from model_trees import (DENSE_PARAMS, HIDDEN, INTER, LAYERS, NUM_EXPERTS, TOP_K, dense_hf,
-                         gptq_hf, hub_cache, llama_config, moe_hf, write_gguf)
+from model_trees import (AUTOROUND, AWQ, DENSE_PARAMS, HIDDEN, INTER, LAYERS, NUM_EXPERTS, TOP_K,
+                         dense_hf, hub_cache, llama_config, moe_hf, quantized_hf, write_gguf)
 
 GIB = 1 << 30
 
@@ -30,7 +30,9 @@ def tree(tmp_path: Path) -> dict[str, object]:
     dense_hf(models / "llama-hf")
     for part in (1, 2):  # a gguf-split pair: listed once, as unsupported, with both sizes
         write_gguf(models / f"split-{part:05d}-of-00002.gguf")
-    gptq_hf(models / "llama-gptq")
+    quantized_hf(models / "llama-gptq")
+    quantized_hf(models / "llama-awq", AWQ)
+    quantized_hf(models / "llama-autoround", AUTOROUND)
     _, moe_total, moe_active = moe_hf(models / "mixtral-hf")
     hub = tmp_path / "hub"
     hub.mkdir()
@@ -45,7 +47,8 @@ def by_name(models) -> dict:
 def test_scan_finds_families_params_sizes_and_support(tree) -> None:
     found = by_name(find_models([tree["models"], tree["hub"]]))
     assert set(found) == {"tiny-llama.gguf", "tiny-gemma.gguf", "tiny-moe.gguf", "llama-hf",
-                          "llama-gptq", "mixtral-hf", "acme/tiny-chat", "split-00001-of-00002.gguf"}
+                          "llama-gptq", "llama-awq", "llama-autoround", "mixtral-hf", "acme/tiny-chat",
+                          "split-00001-of-00002.gguf"}
     split = found["split-00001-of-00002.gguf"]
     assert not split.supported and "llama-gguf-split --merge" in split.reason
     assert split.size_bytes == 2 * (tree["models"] / "split-00002-of-00002.gguf").stat().st_size
@@ -69,6 +72,9 @@ def test_scan_finds_families_params_sizes_and_support(tree) -> None:
     gptq = found["llama-gptq"]
     assert gptq.supported and gptq.quantization == "gptq 4-bit g128"
     assert gptq.params_total == DENSE_PARAMS  # packed int32 values counted as 8 weights each
+    for name, label in (("llama-awq", "awq 4-bit g128"), ("llama-autoround", "auto-round 4-bit g128")):
+        m = found[name]
+        assert (m.supported, m.quantization, m.params_total) == (True, label, DENSE_PARAMS), m
     mixtral = found["mixtral-hf"]
     assert not mixtral.supported and "mixtral" in mixtral.reason
     assert (mixtral.params_total, mixtral.params_active) == tree["moe"]
