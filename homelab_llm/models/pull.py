@@ -47,7 +47,8 @@ ProgressCallback = Callable[[PullProgress], None]
 def check_fit(repo: RemoteRepo, machine: Machine | None,
               fetch: Callable[[str], Path]) -> FitCheck:
     """Fit the model before its weights come down: config.json is small and says enough."""
-    from homelab_llm.engine.model.config import config_from_hf, read_json
+    from homelab_llm.engine.model.config import QUANT_CONFIG_FILES, config_from_hf, read_hf_config
+    from homelab_llm.engine.model.quant_config import parse_quant_config
     from homelab_llm.errors import HomelabError
 
     names = {f.path for f in repo.files}
@@ -56,9 +57,14 @@ def check_fit(repo: RemoteRepo, machine: Machine | None,
             return FitCheck("fit: checked after download (a GGUF carries its shape inside)",
                             None, False)
         return FitCheck("fit: no config.json in the selection; not checked", None, False)
-    local = fetch("config.json")
+    folder = fetch("config.json").parent
+    for side_file in QUANT_CONFIG_FILES:  # older quantizers keep the 4-bit settings beside it
+        if side_file in names:
+            fetch(side_file)
+    where = f"{repo.repo_id}/config.json"
     try:
-        config = config_from_hf(read_json(local), name=repo.repo_id, where=f"{repo.repo_id}/config.json")
+        config = config_from_hf(read_hf_config(folder), name=repo.repo_id, where=where)
+        parse_quant_config(config.quantization, where)
     except HomelabError as err:
         return FitCheck(f"fit: the engine cannot run this model ({err})", None, True)
     return verdict_line(config, machine)
