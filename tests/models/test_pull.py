@@ -119,24 +119,22 @@ def test_unknown_repo_and_revision_are_one_line_errors(hub: FakeHub, capsys) -> 
 
 
 def test_fit_check_reads_the_quantizers_side_file(hub: FakeHub, tmp_path: Path) -> None:
-    import json as _json
-
     from homelab_llm.engine.model.config import config_from_hf
     from homelab_llm.models.fit import Machine, fit_model
     from homelab_llm.models.hub import PullError
     from homelab_llm.models.pull import pull
 
     files = folder_files(quantized_hf(tmp_path / "gptq"))
-    files["config.json"] = _json.dumps(llama_config()).encode()  # no quantization_config here...
+    files["config.json"] = json.dumps(llama_config()).encode()  # no quantization_config here...
     side = {"bits": 4, "group_size": 128, "sym": True, "desc_act": False}
-    files["quantize_config.json"] = _json.dumps(side).encode()  # ...but AutoGPTQ's side file
+    files["quantize_config.json"] = json.dumps(side).encode()  # ...but AutoGPTQ's side file
     hub.repos["acme/old-gptq"] = FakeRepo(files, lfs={"model.safetensors"})
     machine = Machine(1 << 30, 1)
     result = pull("acme/old-gptq", machine=machine)
     expected = fit_model(config_from_hf(llama_config(quantization_config={**side, "quant_method": "gptq"})),
                          machine)
     assert result.fit.fit == expected  # planned as W4A16, not as bf16
-    files["quantize_config.json"] = _json.dumps({**side, "bits": 8}).encode()
+    files["quantize_config.json"] = json.dumps({**side, "bits": 8}).encode()
     hub.repos["acme/gptq-8bit"] = FakeRepo(files, lfs={"model.safetensors"})
     weights_before = len(hub.gets("model.safetensors"))
     with pytest.raises(PullError, match="8-bit weights are not supported"):
