@@ -11,6 +11,7 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.output_processor import OutputProcessor
@@ -66,7 +67,9 @@ class LLMEngine:
         pool = self.runner.allocate_kv(self.runner.kv_budget())
         self.max_model_len = self._resolve_max_model_len(pool.tokens_capacity)
         self.runner.capture_graphs(self.max_model_len)
-        self.kv = KVCacheManager(pool, args.enable_prefix_caching)
+        running_slots, snapshot_slots = self.runner.state_slot_counts()
+        state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
@@ -187,7 +190,7 @@ class LLMEngine:
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
         sampling_items = [item for item in plan.scheduled if item.samples]  # logits rows, in order
         samplers = [item.seq for item in sampling_items]
-        batch = self.runner.prepare(plan.scheduled)
+        batch = self.runner.prepare(plan.scheduled, plan.copies)
         if self._pending is not None:
             rows = placeholder_rows(plan.scheduled, self._pending)
             if rows[0]:
@@ -231,7 +234,7 @@ class LLMEngine:
                     break
             if drafts is not None:
                 self.spec_stats.observe(len(drafts[i]), len(toks) - 1)
-                self.scheduler.rollback(seq, len(toks) - 1)
+                self.scheduler.rollback(seq, len(drafts[i]), len(toks) - 1)
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq)
@@ -305,7 +308,12 @@ class LLMEngine:
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
-                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0},
+                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0,
+                             # Hybrid models: matches resumed from a GDN state snapshot, and
+                             # snapshots held now (0 on a plain transformer).
+                             "state_snapshot_hits": self.kv.radix.snapshot_hits if self.kv.radix else 0,
+                             "state_snapshots_held": (self.kv.state_slots.snapshots_held
+                                                      if self.kv.state_slots else 0)},
             **({"spec_decode": self.spec_stats.as_dict()} if self.spec_stats is not None else {}),
             "counters": {"prompt_tokens": self.prompt_tokens_total,
                          "generation_tokens": self.generation_tokens_total,

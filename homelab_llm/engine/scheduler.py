@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -42,6 +43,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
+    # KV rows and (hybrid models) state slots to copy before this step's forward.
+    copies: CacheCopies = field(default_factory=CacheCopies)
 
     @property
     def num_tokens(self) -> int:
@@ -109,13 +112,14 @@ class Scheduler:
                     self.kv.free(seq, cache=False)
                     break
             self.waiting.popleft()
+            self.kv.assign_state_slot(seq)
             self.kv.record_admission(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))
             taken.add(id(seq))
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, self.kv.copies.take())
 
     def _drafts_that_fit(self, seq: Sequence, budget: int) -> list[int]:
         """The drafts this decode can verify now: within the budget, on free pages only."""
@@ -128,6 +132,7 @@ class Scheduler:
             return []
         ok = self.kv.ensure_pages(seq, end)
         assert ok
+        self.kv.backup_state(seq)
         return drafts
 
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
@@ -159,11 +164,20 @@ class Scheduler:
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self.kv.cache_sequence(seq)
 
-    def rollback(self, seq: Sequence, num_accepted: int) -> None:
+    def rollback(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """After verifying drafts: the accepted ones have KV (clamped to the tokens the sequence
         kept, should a stop cut them), the rejected ones never existed: their pages beyond the
-        sequence's tokens go back. The radix cache only ever sees tokens below num_computed."""
-        seq.num_computed_tokens = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)
+        sequence's tokens go back. The radix cache only ever sees tokens below num_computed.
+
+        Hybrid models: the verify forward moved the recurrent/conv state over all the drafts.
+        Unless the sequence keeps exactly those tokens, the state from before the step comes back
+        and the tokens since are recomputed in the next step (one chunk, in place of a decode),
+        so the state always equals that of a run that never drafted."""
+        computed = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)
+        if seq.spec_backup_slot >= 0 and num_drafted and computed != seq.num_computed_tokens + num_drafted:
+            self.kv.restore_state(seq)
+            computed = seq.num_computed_tokens - 1  # before the verify step
+        seq.num_computed_tokens = computed
         self.kv.trim(seq, seq.num_tokens)
 
     def finish(self, seq: Sequence) -> None:
