@@ -67,12 +67,36 @@ def _assert_no_leak(llm: LLM) -> None:
      "prompt_lookup_min"),
     ('{"method": "mtp", "num_speculative_tokens": 2, "prompt_lookup_max": 2}', "only apply"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}', "unknown key"),
+    ('{"method": "mtp", "num_speculative_tokens": 2}', "not supported by this engine yet"),
 ])
 def test_bad_configs_are_one_line_errors(text: str, needle: str) -> None:
     with pytest.raises(SpeculativeConfigError) as err:
         EngineArgs(model="x", speculative_config=text).validate()
     assert needle in str(err.value) and "--speculative-config" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_metrics_and_status_carry_spec_decode() -> None:
+    from homelab_llm.server.metrics import render_metrics
+    from homelab_llm.server.stats import ServerStats
+    from homelab_llm.server.status import build_status
+    from homelab_llm.engine.spec.stats import SpecDecodeStats
+
+    stats = SpecDecodeStats(3)
+    stats.observe(3, 2)
+    stats.observe(3, 0)
+    stats.observe(0, 0)  # a sequence without drafts in a verify step counts nothing
+    section = stats.as_dict()
+    assert section == {"drafts": 2, "draft_tokens": 6, "accepted_tokens": 2, "acceptance_rate": 0.3333,
+                       "mean_accepted_length": 2.0, "accepted_per_position": [1, 1, 0]}
+    text = render_metrics({"spec_decode": section}, ServerStats(), "m")
+    assert 'homelab_llm:spec_decode_num_drafts_total{model_name="m"} 2' in text
+    assert 'homelab_llm:spec_decode_num_draft_tokens_total{model_name="m"} 6' in text
+    assert 'homelab_llm:spec_decode_num_accepted_tokens_total{model_name="m"} 2' in text
+    assert 'homelab_llm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 1' in text
+    assert build_status({"spec_decode": section}, ServerStats())["spec_decode"] == section
+    assert "spec_decode" not in build_status({}, ServerStats())
+    assert "spec_decode" not in render_metrics({}, ServerStats(), "m")
 
 
 def test_config_defaults_follow_vllm() -> None:
@@ -203,3 +227,21 @@ def test_sampling_distribution_and_seeds(tmp_path: Path) -> None:
     again = [o.token_ids for o in llm.generate([prompt] * n, params)]
     assert again == spec
     _assert_no_leak(llm)
+
+
+def test_presets_take_the_config_as_a_table_or_json_text() -> None:
+    import tomllib
+
+    from homelab_llm.presets import Preset, dump_preset, parse_preset, validate_preset
+
+    table = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    preset = Preset(name="spec", backend="builtin", model="@default", args={"speculative_config": table})
+    assert validate_preset(preset) == []
+    assert preset.flag_args() == ["--speculative-config", json.dumps(table)]
+    parsed, issues = parse_preset(tomllib.loads(dump_preset(preset)), name="spec")
+    assert parsed.args == preset.args and issues == []  # TOML round trip
+    text = preset.with_changes(args={"speculative_config": json.dumps(table)})
+    assert validate_preset(text) == []
+    bad = preset.with_changes(args={"speculative_config": {"method": "ngram"}})
+    (issue,) = validate_preset(bad)
+    assert issue.field == "args.speculative_config" and "num_speculative_tokens" in issue.message
