@@ -245,3 +245,13 @@ def test_presets_take_the_config_as_a_table_or_json_text() -> None:
     bad = preset.with_changes(args={"speculative_config": {"method": "ngram"}})
     (issue,) = validate_preset(bad)
     assert issue.field == "args.speculative_config" and "num_speculative_tokens" in issue.message
+
+
+def test_int8_kv_with_ngram_equals_without(tmp_path: Path) -> None:
+    ps = _copy_heavy(3, seed=7)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = _run(tiny_llm(tmp_path, kv_cache_dtype="int8"), ps, params)
+    llm = tiny_llm(tmp_path, kv_cache_dtype="int8", speculative_config=NGRAM)
+    assert _run(llm, ps, params) == want
+    assert llm.engine.status()["spec_decode"]["accepted_tokens"] > 0
+    _assert_no_leak(llm)
