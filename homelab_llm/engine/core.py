@@ -220,7 +220,7 @@ class LLMEngine:
         return self._record_many(seqs, [[t] for t in tokens], [[lp] for lp in logprobs])
 
     def _record_many(self, seqs: list[Sequence], tokens: list[list[int]], logprobs: list[list],
-                     drafts: list[list[int]] | None = None) -> list[RequestOutput]:
+                     verified: list[ScheduledSeq] | None = None) -> list[RequestOutput]:
         """Append each sequence's new tokens (one, or the accepted drafts and the token after them)
         until a stop condition holds; roll back rejected drafts; finish and report."""
         results: list[RequestOutput] = []
@@ -232,9 +232,9 @@ class LLMEngine:
                 self.generation_tokens_total += 1
                 if seq.finish_reason is not None:
                     break
-            if drafts is not None:
-                self.spec_stats.observe(len(drafts[i]), len(toks) - 1)
-                self.scheduler.rollback(seq, len(drafts[i]), len(toks) - 1)
+            if verified is not None:
+                self.spec_stats.observe(len(verified[i].spec), len(toks) - 1)
+                self.scheduler.rollback(verified[i], len(toks) - 1)
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq)
@@ -259,7 +259,7 @@ class LLMEngine:
         for d, toks in zip(drafts, emitted):
             logprobs.append(sample.logprobs[row:row + len(toks)])
             row += len(d) + 1
-        return self._record_many(seqs, emitted, logprobs, drafts)
+        return self._record_many(seqs, emitted, logprobs, items)
 
     def _finish_pending(self) -> list[RequestOutput]:
         pending, self._pending = self._pending, None

@@ -5,8 +5,9 @@ waiting requests are admitted, all within max_num_batched_tokens and max_num_seq
 out, the newest running sequence is preempted: its pages go back (its computed tokens stay in the
 prefix cache) and it waits at the front of the queue to be recomputed. Nothing is dropped.
 
-Speculative decoding: a decode whose sequence carries drafts (`seq.spec_token_ids`) is scheduled
-with 1 + K new tokens when the token budget and free pages allow (drafts never evict the prefix
+Speculative decoding: a running sequence past its prompt that carries drafts (`seq.spec_token_ids`)
+is scheduled with its uncomputed tokens (one, for a decode) + K drafts when the budget and free
+pages allow (drafts never evict the prefix
 cache nor preempt anyone: they only take pages that leave one free page per running sequence);
 else it runs as a plain decode. After verification `rollback` drops what was rejected.
 """
@@ -82,9 +83,10 @@ class Scheduler:
                 continue  # preempted earlier in this step
             spec = self._drafts_that_fit(seq, budget)
             if spec:
-                scheduled.append(ScheduledSeq(seq, 1 + len(spec), spec))
+                n = seq.num_uncomputed_tokens + len(spec)
+                scheduled.append(ScheduledSeq(seq, n, spec))
                 taken.add(id(seq))
-                budget -= 1 + len(spec)
+                budget -= n
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.kv.ensure_pages(seq, seq.num_computed_tokens + n):
@@ -122,12 +124,14 @@ class Scheduler:
         return SchedulerOutput(scheduled, preempted, self.kv.copies.take())
 
     def _drafts_that_fit(self, seq: Sequence, budget: int) -> list[int]:
-        """The drafts this decode can verify now: within the budget, on free pages only."""
+        """The drafts this sequence can verify now, after all its uncomputed tokens (one for a
+        decode): within the budget, on free pages only."""
         drafts = seq.spec_token_ids
-        if not drafts or not seq.is_decoding or budget < 2:
+        todo = seq.num_uncomputed_tokens
+        if not drafts or seq.num_output_tokens == 0 or todo < 1 or budget <= todo:
             return []
-        drafts = drafts[:budget - 1]
-        end = seq.num_computed_tokens + 1 + len(drafts)
+        drafts = drafts[:budget - todo]
+        end = seq.num_computed_tokens + todo + len(drafts)
         if self.kv.pool.num_free - self.kv.pages_needed(seq, end) < len(self.running):
             return []
         ok = self.kv.ensure_pages(seq, end)
@@ -164,19 +168,21 @@ class Scheduler:
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self.kv.cache_sequence(seq)
 
-    def rollback(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+    def rollback(self, item: ScheduledSeq, num_accepted: int) -> None:
         """After verifying drafts: the accepted ones have KV (clamped to the tokens the sequence
         kept, should a stop cut them), the rejected ones never existed: their pages beyond the
         sequence's tokens go back. The radix cache only ever sees tokens below num_computed.
 
         Hybrid models: the verify forward moved the recurrent/conv state over all the drafts.
         Unless the sequence keeps exactly those tokens, the state from before the step comes back
-        and the tokens since are recomputed in the next step (one chunk, in place of a decode),
-        so the state always equals that of a run that never drafted."""
+        and the tokens since are recomputed in the next step (one chunk, the next drafts after
+        it), so the state always equals that of a run that never drafted. Runs after advance()."""
+        seq, num_drafted = item.seq, len(item.spec)
+        start = seq.num_computed_tokens - (item.num_new_tokens - num_drafted)  # before the step
         computed = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)
         if seq.spec_backup_slot >= 0 and num_drafted and computed != seq.num_computed_tokens + num_drafted:
             self.kv.restore_state(seq)
-            computed = seq.num_computed_tokens - 1  # before the verify step
+            computed = start
         seq.num_computed_tokens = computed
         self.kv.trim(seq, seq.num_tokens)
 

@@ -118,7 +118,7 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
         pos.extend(range(start, start + n))
         pt = seq.page_table
         slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
-        if k and seq.state_slot < 0:
+        if k and n == k + 1 and seq.state_slot < 0:
             # A verify without recurrent state: K+1 decode rows over one page table, row j seeing
             # the first start+j+1 tokens (every row's K/V is stored before any row attends), so
             # the step stays decode-only and can run in a captured decode graph.

@@ -1,4 +1,4 @@
-"""Drafter: before each step, give every decoding sequence the drafts it may verify this step.
+"""Drafter: before each step, give every sequence past its prompt the drafts it may verify this step.
 
 The proposer (n-gram or MTP) guesses; the drafter bounds the guess so that verification can never
 overshoot the request: at most max_tokens - (outputs so far) - 1 drafts (the verify step emits up
@@ -35,7 +35,9 @@ class Drafter:
         """Set seq.spec_token_ids for every running sequence ([] where none applies)."""
         k = self.config.num_speculative_tokens
         for seq in running:
-            room = room_for_drafts(seq, k, self.max_model_len) if seq.is_decoding else 0
+            # Decodes, and outputs being recomputed (after a hybrid rollback or a preemption):
+            # drafts follow the last token either way.
+            room = room_for_drafts(seq, k, self.max_model_len) if seq.num_output_tokens > 0 else 0
             seq.spec_token_ids = self.proposer.propose(seq.request_id, seq.token_ids, room) if room else []
 
     def forget(self, seq: Sequence) -> None:
