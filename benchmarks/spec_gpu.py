@@ -58,8 +58,9 @@ def _spec(k: int) -> str:
                        "prompt_lookup_min": 2})
 
 
-def _step_ms(engine: LLMEngine, batch: int, ctx: int, steps: int) -> float:
-    """Median engine.step() wall time once `batch` requests of `ctx` prompt tokens decode."""
+def _step_ms(engine: LLMEngine, batch: int, ctx: int, steps: int, verify_only: bool) -> float:
+    """Median engine.step() wall time once `batch` requests of `ctx` prompt tokens decode: over
+    the steps that verified drafts (verify_only), or all steps."""
     rng = random.Random(batch + ctx)
     vocab = engine.model_config.vocab_size
     tag = time.monotonic_ns()
@@ -70,11 +71,16 @@ def _step_ms(engine: LLMEngine, batch: int, ctx: int, steps: int) -> float:
         engine.step()
     torch.cuda.synchronize()
     times = []
+    stats = engine.spec_stats
     for _ in range(steps):
+        drafts_before = stats.num_drafts
         t = time.perf_counter()
         engine.step()
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
+        if not verify_only or stats.num_drafts > drafts_before:
+            times.append(time.perf_counter() - t)  # verify steps only (plain ones for K = 0)
+    if not times:
+        return float("nan")
     for i in range(batch):
         engine.abort_request(f"v{tag}-{i}")
     engine.step()
@@ -95,11 +101,11 @@ def verify() -> None:
     steps = 8 if QUICK else 24
     for batch in (1, 8):
         drafts.k = 0
-        base = _step_ms(engine, batch, 512, steps)
+        base = _step_ms(engine, batch, 512, steps, verify_only=False)
         report(f"verify_b{batch}_K0_step_ms", base, "ms (plain decode step)")
         for k in range(1, 5):
             drafts.k = k
-            ms = _step_ms(engine, batch, 512, steps)
+            ms = _step_ms(engine, batch, 512, steps, verify_only=True)
             report(f"verify_b{batch}_K{k}_step_ms", ms, "ms")
             report(f"verify_b{batch}_K{k}_cost_ratio", ms / base, "x plain step")
             for length in (1.5, 2.0, 2.5):
@@ -142,8 +148,7 @@ def ngram() -> None:
         engine = LLMEngine(EngineArgs(**common, speculative_config=spec))
         _decode(engine, prompt[:64], 8)  # warm-up
         if engine.spec_stats is not None:
-            engine.spec_stats.__init__(4)
-        results[name] = _decode(engine, prompt, n)
+            results[name] = _decode(engine, prompt, n)
         if engine.spec_stats is not None:
             s = engine.status()["spec_decode"]
             report("ngram_acceptance_rate", s["acceptance_rate"])
