@@ -22,6 +22,7 @@ from homelab_llm.assets import default_model_path  # noqa: E402
 from homelab_llm.engine.args import EngineArgs  # noqa: E402
 from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
+from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 
 CODE = '''import json
 from pathlib import Path
@@ -76,7 +77,7 @@ def main() -> int:
     spec = LLMEngine(EngineArgs(**common, speculative_config=spec_cfg))
     decode_rate(plain, prompt[:32], 4)  # warm both engines up
     decode_rate(spec, prompt[:32], 4)
-    spec.spec_stats.__init__(args.k)  # count the measured request only
+    spec.spec_stats = SpecDecodeStats(args.k)  # count the measured request only
     base_tps, base_out = decode_rate(plain, prompt, max_tokens)
     spec_tps, spec_out = decode_rate(spec, prompt, max_tokens)
     stats = spec.status()["spec_decode"]

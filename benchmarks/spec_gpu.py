@@ -32,6 +32,7 @@ from homelab_llm.assets import assets_dir  # noqa: E402
 from homelab_llm.engine.args import EngineArgs  # noqa: E402
 from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
+from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
