@@ -149,7 +149,8 @@ def ngram() -> None:
         engine = LLMEngine(EngineArgs(**common, speculative_config=spec))
         _decode(engine, prompt[:64], 8)  # warm-up
         if engine.spec_stats is not None:
-            results[name] = _decode(engine, prompt, n)
+            engine.spec_stats = SpecDecodeStats(4)  # count the measured request only
+        results[name] = _decode(engine, prompt, n)
         if engine.spec_stats is not None:
             s = engine.status()["spec_decode"]
             report("ngram_acceptance_rate", s["acceptance_rate"])
