@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from homelab_llm.engine.llm import LLM
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.model_reference import make_hf_model
@@ -16,7 +18,7 @@ NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_look
                     "prompt_lookup_min": 2})
 NGRAM_ANY = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                         "prompt_lookup_min": 1})  # random weights rarely repeat a 2-gram
-GREEDY = SamplingParams(max_tokens=20, temperature=0.0)
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0)
 TEXT = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 
 
@@ -26,6 +28,7 @@ def _chat(llm: LLM, text: str) -> list[int]:
                                               add_generation_prompt=True))
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_equals_no_speculation(smollm2_path: Path) -> None:
     kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512,
               enable_prefix_caching=True)
@@ -38,7 +41,7 @@ def test_smollm2_greedy_equals_no_speculation(smollm2_path: Path) -> None:
     assert [o.token_ids for o in spec.generate(prompts, GREEDY)] == want  # batched
     assert [o.token_ids for o in spec.generate(prompts[:1], GREEDY)] == want[:1]  # single, cached prefix
     stats = spec.engine.status()["spec_decode"]
-    assert stats["accepted_tokens"] >= 8, stats  # the copy is drafted and accepted
+    assert stats["accepted_tokens"] >= 6, stats  # the copy is drafted and accepted
     pool = spec.engine.kv.pool
     spec.engine.kv.radix.evict(pool.num_pages)
     assert pool.num_free == pool.num_pages
