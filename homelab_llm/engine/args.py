@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from homelab_llm.engine.model.context_limit import parse_hf_overrides
 from homelab_llm.errors import HomelabError
 
 KVCacheDType = Literal["auto", "bf16", "fp16", "fp32", "int8"]
@@ -50,6 +51,9 @@ class EngineArgs:
     kv_cache_dtype: KVCacheDType = "auto"
     page_size: int = 16
     max_model_len: int | None = None
+    # Merged into the HF config before parsing (vLLM's flag), e.g. {"rope_scaling": {...}} to
+    # extend the model's positions; a JSON string is parsed by validate().
+    hf_overrides: dict[str, Any] | str | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     gpu_memory_utilization: float = 0.90
@@ -67,6 +71,7 @@ class EngineArgs:
     master_port: int = 0
 
     def validate(self) -> None:
+        self.hf_overrides = parse_hf_overrides(self.hf_overrides)
         if self.kv_cache_dtype not in ("auto", "bf16", "fp16", "fp32", "int8"):
             raise EngineArgsError(
                 f"--kv-cache-dtype {self.kv_cache_dtype!r} is not supported; use auto, bf16, fp16, fp32 or int8")
@@ -107,7 +112,11 @@ class EngineArgs:
         g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype,
                        choices=["auto", "bf16", "fp16", "fp32", "int8"])
         g.add_argument("--page-size", "--block-size", type=int, default=d.page_size, dest="page_size")
-        g.add_argument("--max-model-len", type=int, default=None)
+        g.add_argument("--max-model-len", type=int, default=None,
+                       help="context limit (default: the model's positions)")
+        g.add_argument("--hf-overrides", default=None, metavar="JSON",
+                       help='merged into the model config, e.g. \'{"rope_scaling": {"rope_type": '
+                            '"yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'')
         g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
         g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
         g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)

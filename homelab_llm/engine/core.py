@@ -12,6 +12,7 @@ import torch
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.layers.sampler import Sampler
+from homelab_llm.engine.model.context_limit import check_max_model_len
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
@@ -90,7 +91,9 @@ class LLMEngine:
         self.args = args
         self.model_path = resolve_model_path(args.model)
         self.device = resolve_device(args.device)
-        self.model_config = load_model_config(self.model_path, args.load_format)
+        self.model_config = load_model_config(self.model_path, args.load_format, args.hf_overrides)
+        # Refused before any weight loads: a position past the RoPE table is a GPU fault.
+        wanted_len = check_max_model_len(args.max_model_len, self.model_config)
         self.quantization = resolve_quantization(
             self.model_config, resolve_format(self.model_path, args.load_format), args.quantization)
         self.dtype = resolve_dtype(args.dtype, self.device, self.quantization)
@@ -103,7 +106,7 @@ class LLMEngine:
         else:
             self.runner = ModelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
         pool = self.runner.allocate_kv(self.runner.kv_budget())
-        self.max_model_len = self._resolve_max_model_len(pool.tokens_capacity)
+        self.max_model_len = self._resolve_max_model_len(wanted_len, pool.tokens_capacity)
         self.runner.capture_graphs(self.max_model_len)
         self.kv = KVCacheManager(pool, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
@@ -125,15 +128,15 @@ class LLMEngine:
                  self.model_config.name or self.model_path, self.device, self.dtype,
                  pool.tokens_capacity, pool.layout.dtype, self.max_model_len)
 
-    def _resolve_max_model_len(self, kv_capacity: int) -> int:
-        native = self.model_config.max_position_embeddings
+    def _resolve_max_model_len(self, wanted: int, kv_capacity: int) -> int:
+        """`wanted`: --max-model-len (checked against the model's positions) or those positions."""
         asked = self.args.max_model_len
         if asked is not None and asked > kv_capacity:
             raise EngineArgsError(
                 f"--max-model-len {asked} needs {asked} tokens of KV cache but it holds "
                 f"{kv_capacity}; raise --kv-cache-memory-bytes/--gpu-memory-utilization or lower "
                 f"--max-model-len")
-        limit = asked if asked is not None else native
+        limit = wanted
         if limit > kv_capacity:
             log.warning("max_model_len lowered from %d to the KV capacity %d", limit, kv_capacity)
             limit = kv_capacity

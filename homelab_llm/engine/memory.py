@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.context_limit import model_max_positions
 from homelab_llm.errors import HomelabError
 
 # Element sizes by every spelling the engine and the CLI use.
@@ -176,12 +177,8 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
 
 def rope_table_bytes(config: ModelConfig) -> int:
     """The RoPE cos/sin table every rank keeps as a float32 buffer (layers/rotary.py): one row of
-    head_dim values per position, longer for YaRN (original length x factor)."""
-    length = config.max_position_embeddings
-    scaling = config.rope_scaling or {}
-    if scaling.get("rope_type") == "yarn":
-        original = scaling.get("original_max_position_embeddings") or length
-        length = max(length, int(int(original) * float(scaling.get("factor", 1.0))))
+    head_dim values per position the model addresses (model/context_limit.py)."""
+    length = max(config.max_position_embeddings, model_max_positions(config))
     return length * config.head_dim * 4
 
 
@@ -292,7 +289,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     check_tp_shapes(config, tp)
     dtype = resolve_model_dtype(config, dtype)
-    max_len = max_model_len or config.max_position_embeddings
+    max_len = max_model_len or model_max_positions(config)
     method = quantization_method(config, quantization)
     budget = int(gpu_memory_bytes * gpu_memory_utilization)
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)

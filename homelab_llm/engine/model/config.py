@@ -15,7 +15,11 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
+# Keys each scaled rope_type must carry (the rotary layer reads them).
+_ROPE_REQUIRED_KEYS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                       "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings")}
 
 # HF architectures[0] -> our architecture name, for configs without a model_type we know.
 _HF_ARCHITECTURES = {
@@ -115,7 +119,7 @@ def _eos_tuple(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
+def normalize_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
     """Normalise HF rope_scaling (old "type" or new "rope_type" key); None for plain RoPE."""
     if not scaling:
         return None
@@ -128,6 +132,12 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
         raise UnsupportedModelError(
             f"{where}: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    missing = [k for k in _ROPE_REQUIRED_KEYS.get(rope_type, ()) if out.get(k) is None]
+    if missing:
+        raise ModelLoadError(f"{where}: rope scaling {rope_type!r} needs {', '.join(missing)}")
+    factor = out.get("factor")
+    if factor is not None and (not isinstance(factor, (int, float)) or not factor >= 1.0):
+        raise ModelLoadError(f"{where}: rope scaling factor must be a number >= 1, got {factor!r}")
     return out
 
 
@@ -175,7 +185,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=_check_rope_scaling(scaling, where),
+            rope_scaling=normalize_rope_scaling(scaling, where),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.

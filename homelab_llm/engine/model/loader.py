@@ -23,6 +23,7 @@ from homelab_llm.engine.model.config import (
     config_from_hf,
     read_json,
 )
+from homelab_llm.engine.model.context_limit import override_config, override_hf_dict
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
 
@@ -53,9 +54,9 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
 _QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
 
 
-def _hf_config(folder: Path) -> ModelConfig:
+def _hf_config(folder: Path, hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = read_json(config_path)
+    raw = override_hf_dict(read_json(config_path), hf_overrides)
     if not raw.get("quantization_config"):
         for fname in _QUANT_CONFIG_FILES:
             if (folder / fname).is_file():
@@ -75,17 +76,19 @@ def _hf_config(folder: Path) -> ModelConfig:
     return cfg
 
 
-def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfig:
+def load_model_config(path: str | Path, load_format: str = "auto",
+                      hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The model's config; `hf_overrides` (--hf-overrides) is merged in before parsing."""
     p = Path(path)
     fmt = resolve_format(p, load_format)
     if fmt == "gguf":
         from homelab_llm.engine.model.gguf_file import open_gguf
 
-        return open_gguf(p).config()
+        return override_config(open_gguf(p).config(), hf_overrides, str(p))
     if p.is_dir():
-        return _hf_config(p)
+        return _hf_config(p, hf_overrides)
     if p.suffix == ".json":
-        cfg = config_from_hf(read_json(p), name=p.stem, where=str(p))
+        cfg = config_from_hf(override_hf_dict(read_json(p), hf_overrides), name=p.stem, where=str(p))
         parse_quant_config(cfg.quantization, str(p))
         return cfg
     raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")
