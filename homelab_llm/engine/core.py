@@ -11,6 +11,8 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.faults import EngineDeadError, FaultKind, classify, describe
+from homelab_llm.engine.isolate import run_isolated
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.model.context_limit import check_max_model_len
 from homelab_llm.engine.output_processor import OutputProcessor
@@ -18,7 +20,7 @@ from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
 from homelab_llm.engine.runner import ModelRunner
 from homelab_llm.engine.sampling_params import SamplingParams
-from homelab_llm.engine.scheduler import Scheduler
+from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.errors import HomelabError
 
@@ -77,6 +79,13 @@ def resolve_dtype(dtype: str, device: torch.device, quantization: str | None = N
     return _DTYPES[dtype]
 
 
+def _largest_prefill(items: list[ScheduledSeq]) -> ScheduledSeq | None:
+    """Out of memory in a forward: the prefill with the most new tokens caused it (a step of
+    decodes only has nothing to give back: that is fatal)."""
+    prefills = [item for item in items if item.num_new_tokens > 1]
+    return max(prefills, key=lambda item: item.num_new_tokens) if prefills else None
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         from homelab_llm.engine.model.loader import (load_model_config, resolve_format,
@@ -115,7 +124,8 @@ class LLMEngine:
         self.sampler = Sampler(eos)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
-        self._aborted: list[Sequence] = []
+        self._aborted: list[Sequence] = []  # ended early (abort or fault): reported next step
+        self._dead_reason: str | None = None
         # Async scheduling: one step's tokens may still be on the device (see pending.py); with
         # tensor parallelism rank 0 broadcasts them to the other ranks after the next plan.
         self._async = args.async_scheduling and self.device.type == "cuda"
@@ -146,6 +156,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> list[int]:
         """Queue a request; returns its prompt token ids."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         params.validate()
         if request_id in self._seqs:
             raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
@@ -185,58 +197,114 @@ class LLMEngine:
         return prompt_ids
 
     def abort_request(self, request_id: str) -> None:
+        self._end(request_id, "abort")
+
+    def _end(self, request_id: str, reason: str, error: str | None = None) -> None:
+        """Finish a request early (abort, or a fault of its own): pages freed at once, its final
+        output reported by the next step. Idempotent."""
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return
         if seq.token_ids and seq.token_ids[-1] == PLACEHOLDER:
             seq.token_ids.pop()  # its token is still on the device: never cache or report it
-        self.scheduler.finish(seq)
-        seq.finish_reason = "abort"
+        # A faulty sequence's KV may be incomplete: only an abort offers it to the prefix cache.
+        self.scheduler.finish(seq, cache=reason == "abort")
+        seq.finish_reason = reason
+        seq.error = error
         seq.finish_time = time.monotonic()
         self._aborted.append(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._seqs) or bool(self._aborted) or self._pending is not None
 
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine cannot serve any more (a device fault, a lost rank), else None."""
+        return self._dead_reason or self.runner.failure
+
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        results: list[RequestOutput] = []
-        for seq in self._aborted:
-            out = self.outputs.make_output(seq)
-            if out is not None:
-                results.append(out)
-        self._aborted.clear()
+        """One step. A fault of one request ends that request (finish_reason "error"); a fatal
+        one (engine/faults.py) raises EngineDeadError now and on every later call."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        try:
+            return self._step()
+        except EngineDeadError:
+            raise
+        except Exception as exc:
+            if classify(exc) is FaultKind.FATAL:
+                raise self._die(exc) from exc
+            raise
+
+    def _die(self, exc: BaseException) -> EngineDeadError:
+        self._dead_reason = describe(exc)
+        log.error("fatal engine error, the engine is dead: %s", self._dead_reason, exc_info=exc)
+        return EngineDeadError(f"the engine is dead: {self._dead_reason}")
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        log.warning("request %s failed alone: %s", seq.request_id, describe(exc), exc_info=exc)
+        if classify(exc) is FaultKind.OOM and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._end(seq.request_id, "error", describe(exc))
+
+    def _take_ended(self) -> list[RequestOutput]:
+        ended, self._aborted = self._aborted, []
+        return [out for seq in ended if (out := self.outputs.make_output(seq)) is not None]
+
+    def _step(self) -> list[RequestOutput]:
+        results = self._take_ended()
         if self._pending is not None and not self._can_run_ahead():
             results.extend(self._finish_pending())
         if not self.scheduler.has_work():
             results.extend(self._finish_pending())
             return results
         plan = self.scheduler.schedule()
-        if not plan.scheduled:
+        ran, logits = run_isolated(
+            plan.scheduled, self._forward, lambda item: item.seq.request_id, _largest_prefill,
+            lambda item, exc: self._fail(item.seq, exc), self._die)
+        results.extend(self._take_ended())  # the requests this forward failed
+        if not ran:
             results.extend(self._finish_pending())
             return results
-        self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
-        samplers = [item.seq for item in plan.scheduled if item.samples]  # logits rows, in order
-        batch = self.runner.prepare(plan.scheduled)
-        if self._pending is not None:
-            rows = placeholder_rows(plan.scheduled, self._pending)
-            if rows[0]:
-                self.runner.patch_inputs(batch, *rows, self._pending.device_tokens)
-        logits = self.runner.forward(batch)
-        self.scheduler.advance(plan)
+        self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
+        samplers = [item.seq for item in ran if item.samples]  # logits rows, in order
+        self.scheduler.advance(SchedulerOutput(ran, plan.preempted))
         # The previous step's tokens: read while this step runs on the device. A sequence they
         # finish was computed once more in this step; its row is dropped.
         results.extend(self._finish_pending())
-        keep = [i for i, seq in enumerate(samplers) if not seq.is_finished]
-        sampling = [samplers[i] for i in keep]
+        rows = [i for i, seq in enumerate(samplers) if not seq.is_finished]
+        if rows:
+            results.extend(self._sample(logits, [(row, samplers[row]) for row in rows]))
+        return results
+
+    def _forward(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
+        batch = self.runner.prepare(scheduled)
+        if self._pending is not None:
+            rows = placeholder_rows(scheduled, self._pending)
+            if rows[0]:
+                self.runner.patch_inputs(batch, *rows, self._pending.device_tokens)
+        return self.runner.forward(batch)
+
+    def _sample(self, logits: torch.Tensor, rows: list[tuple[int, Sequence]]) -> list[RequestOutput]:
+        """Sample each (logits row, sequence); a request whose parameters make the sampler raise
+        fails alone and the others are sampled without it."""
+        ahead = self._run_ahead_ok([seq for _, seq in rows])
+
+        def run(items: list[tuple[int, Sequence]]):
+            picked = logits[[row for row, _ in items]]
+            seqs = [seq for _, seq in items]
+            return self.sampler.sample_on_device(picked, seqs) if ahead else self.sampler(picked, seqs)
+
+        ran, sample = run_isolated(rows, run, lambda item: item[1].request_id, lambda items: None,
+                                   lambda item, exc: self._fail(item[1], exc), self._die)
+        results = self._take_ended()
+        sampling = [seq for _, seq in ran]
         if not sampling:
             return results
-        if len(keep) != len(samplers):
-            logits = logits[keep]
-        if self._run_ahead_ok(sampling):
-            self._pending = PendingTokens.launch(sampling, self.sampler.sample_on_device(logits, sampling))
+        if ahead:
+            self._pending = PendingTokens.launch(sampling, sample)
             return results
-        sample = self.sampler(logits, sampling)
         results.extend(self._record(sampling, sample.token_ids, sample.logprobs))
         return results
 

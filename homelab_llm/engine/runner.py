@@ -4,6 +4,7 @@ turns a scheduled step into batch tensors and a ForwardContext, and runs the for
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -12,7 +13,9 @@ from homelab_llm.engine.args import EngineArgs
 from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.context_limit import model_max_positions
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.engine.step_check import StepBounds, check_plan
 from homelab_llm.engine.step_plan import HostStager, StepBatch, batch_from_plan, build_plan, plan_from_lists
 
 # Without a flag, the CPU path keeps its KV cache to this (as vLLM's CPU backend does by default):
@@ -89,6 +92,12 @@ class ModelRunner:
         self.pool: PagePool | None = None
         self.graphs = None  # DecodeGraphs once captured
         self.stager = HostStager(device)
+        # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
+        self.max_positions = max(config.max_position_embeddings, model_max_positions(config))
+        self.failure: str | None = None  # set by a runner whose ranks died (ParallelRunner)
+        # Tests inject faults here (e.g. a simulated device error): called with each batch
+        # before its forward.
+        self.fault_hook: Callable[[StepBatch], None] | None = None
 
     # -- KV sizing ----------------------------------------------------------------------------
     def kv_layout(self) -> KVLayout:
@@ -213,8 +222,16 @@ class ModelRunner:
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
     # -- one step -----------------------------------------------------------------------------
+    def step_bounds(self) -> StepBounds:
+        assert self.pool is not None, "allocate the KV cache before the first step"
+        return StepBounds(self.max_positions, self.pool.num_pages, self.page_size)
+
     def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
-        return self.batch_from_plan(*build_plan(scheduled, self.page_size))
+        """The step's batch; a sequence whose positions or pages are out of bounds raises
+        SequenceFault here, on the host, before any kernel sees it."""
+        header, payload = build_plan(scheduled, self.page_size)
+        check_plan(header, payload, self.step_bounds(), scheduled)
+        return self.batch_from_plan(header, payload)
 
     def batch_from_plan(self, header: list[int], payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
@@ -235,6 +252,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits (float32) for the rows that sample this step."""
+        if self.fault_hook is not None:
+            self.fault_hook(batch)
         if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
             return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):
