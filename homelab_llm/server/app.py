@@ -104,7 +104,9 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], Any],
     @app.get("/health")
     async def health() -> Response:
         client = state.client
-        if state.draining:
+        if client.state == "dead":  # before draining: the exit that follows is not a drain
+            body, code = {"status": "dead", "reason": client.dead_reason}, 503
+        elif state.draining:
             body, code = {"status": "draining"}, 503
         elif client.state == "ready":
             body, code = {"status": "ok"}, 200
