@@ -80,7 +80,7 @@ class Traffic:
 
     def params(self, room: int) -> SamplingParams:
         rng = self.rng
-        p = SamplingParams(max_tokens=rng.randint(1, max(1, min(room, 200))),
+        p = SamplingParams(max_tokens=rng.randint(1, max(1, min(room, 128))),
                            ignore_eos=rng.random() < 0.7, seed=rng.randrange(1 << 30))
         kind = rng.random()
         if kind < 0.3:

@@ -314,7 +314,11 @@ class LLMEngine:
         for seq, token, lp in zip(seqs, tokens, logprobs):
             if seq.is_finished:  # aborted while its token was on the way
                 continue
-            self.outputs.append_token(seq, token, lp)
+            try:
+                self.outputs.append_token(seq, token, lp)
+            except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer fault: this request only
+                self._fail(seq, exc)
+                continue
             self.generation_tokens_total += 1
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()

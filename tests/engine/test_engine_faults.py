@@ -200,3 +200,20 @@ def test_classify() -> None:
     assert classify(OverflowError("Overflow when unpacking long long")) is FaultKind.OTHER
     assert classify(IndexError("index 99999 is out of bounds")) is FaultKind.OTHER
     assert classify(ValueError("cuda error in a user string")) is FaultKind.OTHER  # not a runtime error
+
+
+def test_an_output_processing_fault_fails_its_request_only(tmp_path: Path, alone) -> None:
+    engine = tiny_llm(tmp_path).engine
+    append = engine.outputs.append_token
+
+    def append_token(seq, token, logprob) -> None:
+        if seq.request_id == "bad":
+            raise KeyError("detokenizer has no such token")
+        append(seq, token, logprob)
+
+    engine.outputs.append_token = append_token
+    got = run(engine, {**healthy(), "bad": (prompts(1, seed=9)[0], GREEDY)})
+    assert got["bad"][1] == "error" and "KeyError" in got["bad"][2]
+    for rid, tokens in alone.items():
+        assert got[rid] == (tokens, "length", None)
+    assert_all_pages_free(engine)
