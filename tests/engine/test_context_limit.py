@@ -155,3 +155,19 @@ def test_rope_table_matches_transformers_init_functions(rope_type, scaling) -> N
     expected = torch.cat((angles.cos(), angles.sin()), dim=-1) * attention
     # fp32 angles up to ~length radians: the error bound is a few ulps of that.
     torch.testing.assert_close(rotary.cos_sin, expected, atol=2e-4 * math.log2(rotary.length), rtol=0)
+
+
+def test_serve_refuses_in_one_line_before_loading() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "homelab_llm", "serve", str(REPO / "assets/model_configs/SmolLM2-135M.json"),
+         "--load-format", "dummy", "--device", "cpu", "--max-model-len", "16384", "--port", "0"],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("homelab-llm serve: error: --max-model-len 16384 is beyond the "
+                               "model's 8192 positions")
+    assert "--hf-overrides" in lines[0]
