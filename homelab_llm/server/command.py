@@ -117,12 +117,15 @@ def run(args: argparse.Namespace) -> int:
             engine_args.master_addr, engine_args.master_port)
         return serve_worker_node(engine_args)
 
-    from homelab_llm.engine.model.context_limit import check_model_len
+    from homelab_llm.engine.model.context_limit import check_max_model_len
+    from homelab_llm.engine.model.loader import load_model_config
     from homelab_llm.server.app import build_app
     from homelab_llm.server.launch import serve
     from homelab_llm.server.state import ServerConfig
 
-    check_model_len(args.model, engine_args)  # one line and exit 2, before anything loads
+    # A context the model cannot address is one line and exit 2, before anything loads.
+    check_max_model_len(engine_args.max_model_len, load_model_config(
+        args.model, engine_args.load_format, engine_args.hf_overrides))
 
     names = tuple(args.served_model_name or [Path(args.model).stem])
     config = ServerConfig(served_model_names=names, model_path=args.model,

@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from homelab_llm.engine.model.config import ModelConfig, normalize_rope_scaling
 from homelab_llm.errors import HomelabError
-
-if TYPE_CHECKING:  # args.py imports this module
-    from homelab_llm.engine.args import EngineArgs
-
 # The keys --hf-overrides may set on a GGUF model (its config is not an HF dict).
 GGUF_OVERRIDE_KEYS = ("rope_scaling", "rope_parameters", "rope_theta", "max_position_embeddings")
 
@@ -126,11 +122,3 @@ def _positions_source(config: ModelConfig) -> str:
     return "max_position_embeddings"
 
 
-
-def check_model_len(model_path: str, args: EngineArgs) -> int:
-    """`check_max_model_len` for EngineArgs, reading only the model's config (a CLI's early
-    check, before weights load)."""
-    from homelab_llm.engine.model.loader import load_model_config  # imports torch
-
-    config = load_model_config(model_path, args.load_format, args.hf_overrides)
-    return check_max_model_len(args.max_model_len, config)
