@@ -120,5 +120,3 @@ def _positions_source(config: ModelConfig) -> str:
         original = s.get("original_max_position_embeddings") or config.max_position_embeddings
         return f"original_max_position_embeddings {original} x yarn factor {s['factor']}"
     return "max_position_embeddings"
-
-
