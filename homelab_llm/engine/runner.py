@@ -16,7 +16,8 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import model_max_positions
 from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_check import StepBounds, check_plan
-from homelab_llm.engine.step_plan import HostStager, StepBatch, batch_from_plan, build_plan, plan_from_lists
+from homelab_llm.engine.step_plan import (HostStager, PlanHeader, StepBatch, batch_from_plan, build_plan,
+                                          plan_from_lists)
 
 # Without a flag, the CPU path keeps its KV cache to this (as vLLM's CPU backend does by default):
 # system RAM is shared with everything else on the box and is not ours to take.
@@ -94,7 +95,7 @@ class ModelRunner:
         self.stager = HostStager(device)
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
         self.max_positions = max(config.max_position_embeddings, model_max_positions(config))
-        self.failure: str | None = None  # set by a runner whose ranks died (ParallelRunner)
+        self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
@@ -221,19 +222,26 @@ class ModelRunner:
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
+    def shutdown(self) -> None:
+        """The Runner protocol's end (runner_protocol.py): one device has nothing else to stop."""
+        self.release()
+
     # -- one step -----------------------------------------------------------------------------
     def step_bounds(self) -> StepBounds:
         assert self.pool is not None, "allocate the KV cache before the first step"
         return StepBounds(self.max_positions, self.pool.num_pages, self.page_size)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
-        """The step's batch; a sequence whose positions or pages are out of bounds raises
-        SequenceFault here, on the host, before any kernel sees it."""
+    def checked_plan(self, scheduled: list[ScheduledSeq]) -> tuple[PlanHeader, torch.Tensor]:
+        """The step's plan; a sequence whose positions or pages are out of bounds raises
+        SequenceFault here, on the host, before any kernel (or another rank) sees it."""
         header, payload = build_plan(scheduled, self.page_size)
         check_plan(header, payload, self.step_bounds(), scheduled)
-        return self.batch_from_plan(header, payload)
+        return header, payload
 
-    def batch_from_plan(self, header: list[int], payload: torch.Tensor) -> StepBatch:
+    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
+        return self.batch_from_plan(*self.checked_plan(scheduled))
+
+    def batch_from_plan(self, header: PlanHeader, payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
@@ -246,7 +254,7 @@ class ModelRunner:
     def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
                query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                logits_rows: list[int]) -> StepBatch:
-        return self.batch_from_plan(*plan_from_lists(0, input_ids, positions, slot_mapping, query_lens,
+        return self.batch_from_plan(*plan_from_lists(input_ids, positions, slot_mapping, query_lens,
                                                      seq_lens, page_table, logits_rows))
 
     @torch.inference_mode()

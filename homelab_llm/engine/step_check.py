@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from homelab_llm.engine.faults import SequenceFault
+from homelab_llm.engine.step_plan import PlanHeader
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,11 @@ class StepBounds:
     page_size: int
 
 
-def check_plan(header: list[int], payload: torch.Tensor, bounds: StepBounds, scheduled) -> None:
+def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, scheduled) -> None:
     """Raise SequenceFault for the first scheduled sequence whose positions or pages fall outside
     `bounds`. `scheduled`: the ScheduledSeq items the plan was built from, in plan order."""
-    t, b, max_pages, max_seq_len = header[1], header[2], header[3], header[7]
+    t, b, max_pages = header.num_tokens, header.num_seqs, header.max_pages
+    max_seq_len = header.max_seq_len
     if t == 0:
         return
     slots = payload[2 * t:3 * t]

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from homelab_llm import __version__
-from homelab_llm.server.engine_client import EngineClient, EngineNotReady
+from homelab_llm.server.engine_client import Engine, EngineClient, EngineNotReady
 from homelab_llm.server.errors import APIError, bad_request, unauthorized, unavailable
 from homelab_llm.server.metrics import CONTENT_TYPE, render_metrics
 from homelab_llm.server.openai import router, server_state
@@ -62,7 +62,7 @@ async def engine_status(state: ServerState) -> dict[str, Any]:
         raise unavailable(str(err)) from err
 
 
-def build_app(config: ServerConfig, engine_factory: Callable[[], Any],
+def build_app(config: ServerConfig, engine_factory: Callable[[], Engine],
               stats: ServerStats | None = None) -> FastAPI:
     stats = stats or ServerStats()
     state = ServerState(config, EngineClient(engine_factory, observer=stats.observe), stats)

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
 from homelab_llm.server.errors import APIError, bad_request
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
@@ -26,7 +27,7 @@ from homelab_llm.server.state import ServerState
 log = logging.getLogger("homelab_llm.server")
 
 
-def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
+def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools_enabled else None
     try:
         return tokenizer.apply_chat_template(
@@ -38,7 +39,7 @@ def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
-def _prepare(tokenizer: Any, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest) -> tuple[str, list[int]]:
     text = render_prompt(tokenizer, req)
     return text, encode_text(tokenizer, text, False, "messages")
 
@@ -81,7 +82,7 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
 
 
 class _Context:
-    def __init__(self, request_id: str, created: int, model: str, tokenizer: Any,
+    def __init__(self, request_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: int | None) -> None:
         self.id, self.created, self.model = request_id, created, model
         self.tokenizer, self.logprobs = tokenizer, logprobs

@@ -7,9 +7,12 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from homelab_llm.errors import HomelabError
+
+if TYPE_CHECKING:
+    from homelab_llm.server.engine_client import Engine
 
 API_KEY_ENV = "HOMELAB_LLM_API_KEY"
 
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     engine_args = EngineArgs.from_cli(args)  # validates; errors are one-line HomelabErrors
     if engine_args.node_rank > 0:
         # Another node of a multi-node TP group: run this node's ranks, no HTTP server.
-        from homelab_llm.engine.parallel_workers import serve_worker_node
+        from homelab_llm.engine.parallel import serve_worker_node
 
         logging.getLogger("homelab_llm.server").info(
             "node %d of %d: serving ranks for %s:%d", engine_args.node_rank, engine_args.nnodes,
@@ -132,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
                           api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                           max_queue_len=args.max_queue_len, drain_timeout_s=args.drain_timeout)
 
-    def load_engine() -> Any:
+    def load_engine() -> Engine:
         from homelab_llm.engine.core import LLMEngine
 
         return LLMEngine(engine_args)

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.errors import APIError, bad_request
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
@@ -29,7 +30,7 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
 
 
-def prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
         ids = encode_text(tokenizer, prompt, True, "prompt")
         if not ids:
@@ -71,7 +72,7 @@ async def create_completion(state: ServerState, request: Request, body: Any) -> 
 
 
 class _Context:
-    def __init__(self, request_id: str, created: int, model: str, tokenizer: Any,
+    def __init__(self, request_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: int | None, echoes: list[str], prompt_starts: list[int]) -> None:
         self.id, self.created, self.model = request_id, created, model
         self.tokenizer, self.logprobs = tokenizer, logprobs

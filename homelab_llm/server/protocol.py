@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from homelab_llm.engine.sampling_params import SamplingParams, SamplingParamsError
+from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.errors import APIError, bad_request
 
 MAX_N = 128  # choices per request: beyond this a single request could starve everyone else
@@ -244,7 +245,7 @@ def _field_path(loc: tuple[Any, ...]) -> list[str]:
     return path
 
 
-def encode_text(tokenizer: Any, text: str, add_special_tokens: bool, param: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
     """Tokenize client text; text the tokenizer cannot take (e.g. a lone UTF-16 surrogate, which
     JSON allows) is the client's problem, not a 500."""
     try:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from homelab_llm.server.engine_client import EngineClient
+from homelab_llm.server.engine_client import Engine, EngineClient
 from homelab_llm.server.errors import model_not_found, unavailable
 from homelab_llm.server.stats import ServerStats
 
@@ -40,7 +39,7 @@ class ServerState:
             raise model_not_found(requested, list(self.config.served_model_names))
         return requested
 
-    def ready_engine(self) -> Any:
+    def ready_engine(self) -> Engine:
         if self.draining:
             raise unavailable("the server is shutting down")
         if self.client.state in ("failed", "dead"):

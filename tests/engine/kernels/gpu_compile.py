@@ -147,7 +147,7 @@ def _scenarios():
     # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
     yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
 
-    from homelab_llm.engine.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
+    from homelab_llm.engine.parallel.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
     assert set(AR_DTYPES) <= {bf16, fp16, torch.float32}, AR_DTYPES
     for world, dt in ((2, bf16), (8, bf16), (4, fp16), (4, torch.float32)):
         x = torch.zeros(1 << 16, dtype=dt)
