@@ -4,6 +4,9 @@
                                    [--async on,off] [--seed S] [--json OUT.json]
     compute-sanitizer --tool memcheck python3 benchmarks/soak_gpu.py --small --minutes 1
     python3 benchmarks/soak_gpu.py --device cpu --quick        # the same loop, tiny, on the CPU
+    python3 benchmarks/soak_gpu.py --large --kv int8 --async on --max-model-len 131072 \
+        --hf-overrides '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                         "original_max_position_embeddings": 32768}}'   # issue 12's crash, fixed
 
 In process, through the engine API (so compute-sanitizer sees every kernel). For each model
 (--large: the Qwen3-8B shape, --small: the SmolLM2-135M shape; both by default; dummy weights)
@@ -175,11 +178,12 @@ def _check_end(engine: LLMEngine, open_ids: set[str], result: SoakResult) -> Non
 
 
 def engine_for(model: str, device: str, kv: str, async_on: bool, max_model_len: int,
-               max_num_seqs: int, layers: int | None, seed: int) -> LLMEngine:
+               max_num_seqs: int, layers: int | None, seed: int,
+               hf_overrides: dict | None = None) -> LLMEngine:
     from homelab_llm.engine.model.loader import load_model_config
     from homelab_llm.engine.memory import kv_bytes_per_token
 
-    overrides = {"num_hidden_layers": layers} if layers else None
+    overrides = {**(hf_overrides or {}), **({"num_hidden_layers": layers} if layers else {})} or None
     config = load_model_config(MODELS[model], "dummy", overrides)
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     per_token = kv_bytes_per_token(config, kv, dtype, 1)
@@ -203,6 +207,8 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=None,
                     help="default: 32768 (large), 8192 (small), 256 with --quick")
     ap.add_argument("--max-num-seqs", type=int, default=None)
+    ap.add_argument("--hf-overrides", default=None, metavar="JSON",
+                    help="e.g. a yarn rope_scaling to soak past the model's native positions")
     ap.add_argument("--quick", action="store_true",
                     help="tiny: the small model with 2 layers, a step budget instead of minutes")
     ap.add_argument("--seed", type=int, default=0)
@@ -221,7 +227,8 @@ def main() -> int:
         name = f"{model} kv={kv} async={'on' if async_on else 'off'}"
         try:
             engine = engine_for(model, args.device, kv, async_on, max_len, max_seqs,
-                                2 if args.quick else None, args.seed + i)
+                                2 if args.quick else None, args.seed + i,
+                                json.loads(args.hf_overrides) if args.hf_overrides else None)
             result = soak(engine, name, seconds, 30 if args.quick else 10**9, args.seed + i)
             engine.shutdown()
         except Exception as exc:  # noqa: BLE001 - a run that cannot start is a failed run
