@@ -140,14 +140,18 @@ def run(args: argparse.Namespace) -> int:
     from homelab_llm.engine.model.context_limit import check_max_model_len
     from homelab_llm.engine.model.loader import load_model_config
     from homelab_llm.server.app import build_app
-    from homelab_llm.server.launch import bind_socket, serve
+    from homelab_llm.server.launch import ServeError, bind_socket, serve
     from homelab_llm.server.state import ServerConfig
 
     log = logging.getLogger("homelab_llm.server")
     sock = bind_socket(args.host, args.port)  # before the model: a busy port fails at once
     # A context the model cannot address is one line and exit 2, before the weights load.
-    check_max_model_len(engine_args.max_model_len, load_model_config(
-        args.model, engine_args.load_format, engine_args.hf_overrides))
+    try:
+        model_config = load_model_config(args.model, engine_args.load_format,
+                                         engine_args.hf_overrides)
+    except HomelabError as err:
+        raise ServeError(f"the model failed to load: {err}") from err
+    check_max_model_len(engine_args.max_model_len, model_config)
     if (warning := exposure_warning(args.host, api_key is not None)) is not None:
         log.warning("%s", warning)
     names = tuple(args.served_model_name or [Path(args.model).stem])
