@@ -20,6 +20,7 @@ from homelab_llm.engine.model.config import (
     ModelLoadError,
     UnsupportedModelError,
     config_from_hf,
+    read_hf_config,
     read_json,
 )
 from homelab_llm.engine.model.context_limit import override_config, override_hf_dict
@@ -50,20 +51,9 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
     raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
 
 
-# Where older quantizers put quantization_config when config.json does not carry it.
-_QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
-
-
 def _hf_config(folder: Path, hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = override_hf_dict(read_json(config_path), hf_overrides)
-    if not raw.get("quantization_config"):
-        for fname in _QUANT_CONFIG_FILES:
-            if (folder / fname).is_file():
-                quant = read_json(folder / fname)
-                quant.setdefault("quant_method", "gptq")  # AutoGPTQ's file does not say
-                raw["quantization_config"] = quant
-                break
+    raw = override_hf_dict(read_hf_config(folder), hf_overrides)
     cfg = config_from_hf(raw, name=folder.name, where=str(config_path))
     parse_quant_config(cfg.quantization, str(config_path))  # unsupported settings fail here
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
