@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.model.context_limit import model_max_positions
+from homelab_llm.engine.model.context_limit import model_max_positions, rope_table_rows
 from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
                                          padded_shard)
 from homelab_llm.errors import HomelabError
@@ -155,7 +155,7 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
 def rope_table_bytes(config: ModelConfig) -> int:
     """The RoPE cos/sin table every rank keeps as a float32 buffer (layers/rotary.py): one row of
     head_dim values per position the model addresses (model/context_limit.py)."""
-    length = max(config.max_position_embeddings, model_max_positions(config))
+    length = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
     return length * config.head_dim * 4
 
 

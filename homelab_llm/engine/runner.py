@@ -13,7 +13,7 @@ from homelab_llm.engine.args import EngineArgs
 from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.model.context_limit import model_max_positions
+from homelab_llm.engine.model.context_limit import rope_table_rows
 from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_check import StepBounds, check_plan
 from homelab_llm.engine.step_plan import (HostStager, PlanHeader, StepBatch, batch_from_plan, build_plan,
@@ -94,7 +94,7 @@ class ModelRunner:
         self.graphs = None  # DecodeGraphs once captured
         self.stager = HostStager(device)
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
-        self.max_positions = max(config.max_position_embeddings, model_max_positions(config))
+        self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
         self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.

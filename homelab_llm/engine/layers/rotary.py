@@ -17,7 +17,7 @@ from torch import nn
 
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.model.config import UnsupportedModelError
-from homelab_llm.engine.model.context_limit import max_positions
+from homelab_llm.engine.model.context_limit import rope_table_rows
 
 
 class RopeTables(NamedTuple):
@@ -98,7 +98,7 @@ class RotaryEmbedding(nn.Module):
         self.base, self.scaling, self.max_position = base, scaling, max_position
         # One row per position the model can address: --max-model-len never exceeds it
         # (model/context_limit.py), so no position of a served request falls outside the table.
-        self.length = max(max_position, max_positions(max_position, scaling))
+        self.length = rope_table_rows(max_position, scaling)
         self.register_buffer("cos_sin", self._table(freq_factors), persistent=False)
 
     def _table(self, freq_factors: torch.Tensor | None) -> torch.Tensor:

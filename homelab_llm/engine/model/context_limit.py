@@ -41,6 +41,12 @@ def model_max_positions(config: ModelConfig) -> int:
     return max_positions(config.max_position_embeddings, config.rope_scaling)
 
 
+def rope_table_rows(max_position_embeddings: int, scaling: Mapping[str, Any] | None) -> int:
+    """Rows of the RoPE table (layers/rotary.py): every position the model addresses, and never
+    fewer than max_position_embeddings (a YaRN config may state more than original x factor)."""
+    return max(max_position_embeddings, max_positions(max_position_embeddings, scaling))
+
+
 def parse_hf_overrides(text: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
     """--hf-overrides: a JSON object (or a dict already); None when not given."""
     if text is None or isinstance(text, Mapping):
