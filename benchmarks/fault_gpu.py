@@ -1,6 +1,6 @@
 """Real device faults on a GPU, classified as the CPU tests simulate them.
 
-    python3 benchmarks/fault_gpu.py
+    python3 benchmarks/fault_gpu.py [--device cpu]   # on the CPU: 2 layers, no device assert
 
 On the SmolLM2-135M shape (dummy weights): (1) a real torch.OutOfMemoryError raised during one
 big prefill fails that request only, the others finish and every KV page comes back; (2) a
@@ -53,14 +53,18 @@ def check(name: str, ok: bool, detail: str = "") -> bool:
 
 
 def main() -> int:
-    engine = LLMEngine(EngineArgs(model=str(MODEL), load_format="dummy", device="cuda",
-                                  max_model_len=4096, max_num_seqs=8,
-                                  kv_cache_memory_bytes=256 << 20))
+    cuda = "--device" not in sys.argv or sys.argv[sys.argv.index("--device") + 1] != "cpu"
+    engine = LLMEngine(EngineArgs(model=str(MODEL), load_format="dummy",
+                                  device="cuda" if cuda else "cpu", max_model_len=4096,
+                                  max_num_seqs=8, kv_cache_memory_bytes=256 << 20,
+                                  hf_overrides=None if cuda else {"num_hidden_layers": 2}))
     small = {f"ok{i}": [3 + (7 * i + j) % 4000 for j in range(40 + i)] for i in range(3)}
     results = []
 
     def oom_on_big_prefill(batch) -> None:
         if batch.context.max_query_len >= 1000:
+            if not cuda:
+                raise torch.OutOfMemoryError("simulated on the CPU")
             torch.empty(1 << 45, dtype=torch.uint8, device="cuda")  # 32 TiB: a real OOM
 
     engine.runner.fault_hook = oom_on_big_prefill
@@ -93,6 +97,9 @@ def main() -> int:
         table[torch.tensor([1 << 30], device="cuda")] = 1.0  # out of bounds on the device
         torch.cuda.synchronize()
 
+    if not cuda:
+        print(f"\nSUMMARY {sum(results)}/{len(results)} checks passed (no device assert on the CPU)")
+        return 0 if all(results) else 1
     engine.runner.fault_hook = device_assert
     engine.add_request("doomed", small["ok0"], GREEDY)
     try:

@@ -12,7 +12,8 @@ import torch
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.device import resolve_target
-from homelab_llm.engine.faults import EngineDeadError, FaultKind, classify, describe
+from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
+                                       describe)
 from homelab_llm.engine.isolate import run_isolated
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.model.context_limit import check_max_model_len
@@ -200,7 +201,9 @@ class LLMEngine:
         return EngineDeadError(f"the engine is dead: {self._dead_reason}")
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
-        log.warning("request %s failed alone: %s", seq.request_id, describe(exc), exc_info=exc)
+        # A host-side check's message says it all; anything else wants its traceback in the log.
+        log.warning("request %s failed alone: %s", seq.request_id, describe(exc),
+                    exc_info=None if isinstance(exc, SequenceFault) else exc)
         if classify(exc) is FaultKind.OOM and self.device.type == "cuda":
             torch.cuda.empty_cache()
         self._end(seq.request_id, "error", describe(exc))
