@@ -10,7 +10,9 @@ from pathlib import Path
 import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
                                        describe)
@@ -75,7 +77,9 @@ class LLMEngine:
         pool = self.runner.allocate_kv(self.runner.kv_budget())
         self.max_model_len = self._resolve_max_model_len(wanted_len, pool.tokens_capacity)
         self.runner.capture_graphs(self.max_model_len)
-        self.kv = KVCacheManager(pool, args.enable_prefix_caching)
+        running_slots, snapshot_slots = self.runner.state_slot_counts()
+        state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
@@ -221,7 +225,8 @@ class LLMEngine:
             return results
         plan = self.scheduler.schedule()
         ran, logits = run_isolated(
-            plan.scheduled, self._forward, lambda item: item.seq.request_id, _largest_prefill,
+            plan.scheduled, lambda items: self._forward(items, plan.copies),
+            lambda item: item.seq.request_id, _largest_prefill,
             lambda item, exc: self._fail(item.seq, exc), self._die)
         results.extend(self._take_ended())  # the requests this forward failed
         if not ran:
@@ -229,7 +234,7 @@ class LLMEngine:
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
         samplers = [item.seq for item in ran if item.samples]  # logits rows, in order
-        self.scheduler.advance(SchedulerOutput(ran, plan.preempted))
+        self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies))
         # The previous step's tokens: read while this step runs on the device. A sequence they
         # finish was computed once more in this step; its row is dropped.
         results.extend(self._finish_pending())
@@ -238,8 +243,10 @@ class LLMEngine:
             results.extend(self._sample(logits, [(row, samplers[row]) for row in rows]))
         return results
 
-    def _forward(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        batch = self.runner.prepare(scheduled)
+    def _forward(self, scheduled: list[ScheduledSeq], copies: CacheCopies) -> torch.Tensor:
+        # Copies are idempotent (same source rows, same targets): a step re-run without a faulty
+        # request may apply them again.
+        batch = self.runner.prepare(scheduled, copies)
         if self._pending is not None:
             rows = placeholder_rows(scheduled, self._pending)
             if rows[0]:
@@ -336,7 +343,12 @@ class LLMEngine:
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
-                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0},
+                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0,
+                             # Hybrid models: matches resumed from a GDN state snapshot, and
+                             # snapshots held now (0 on a plain transformer).
+                             "state_snapshot_hits": self.kv.radix.snapshot_hits if self.kv.radix else 0,
+                             "state_snapshots_held": (self.kv.state_slots.snapshots_held
+                                                      if self.kv.state_slots else 0)},
             "counters": {"prompt_tokens": self.prompt_tokens_total,
                          "generation_tokens": self.generation_tokens_total,
                          "num_preemptions": self.scheduler.num_preemptions},

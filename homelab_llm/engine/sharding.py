@@ -62,11 +62,15 @@ class HeadSplit(Split):
 
 def required_splits(config: ModelConfig) -> list[Split]:
     """Every dimension this model's layers split over the ranks (add a family's splits here)."""
-    return [
+    splits: list[Split] = [
         HeadSplit("attention heads", config.num_attention_heads, config.num_key_value_heads),
         Split("MLP intermediate size", config.intermediate_size),
         PaddedSplit("vocabulary", config.vocab_size),
     ]
+    if config.is_hybrid:  # Gated DeltaNet: heads split evenly, the conv channels (q|k|v) with them
+        splits += [Split("linear-attention key heads", config.linear_num_key_heads),
+                   Split("linear-attention value heads", config.linear_num_value_heads)]
+    return splits
 
 
 def tp_size_problems(config: ModelConfig, tp_size: int) -> list[str]:

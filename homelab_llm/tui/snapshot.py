@@ -19,6 +19,7 @@ class DeviceMemory:
     activations: int = 0
     graphs: int = 0
     kv_cache: int = 0
+    state: int = 0  # hybrid models' recurrent states + snapshots (0 when the server has none)
     other: int = 0
     free: int = 0
 
@@ -27,7 +28,7 @@ class DeviceMemory:
         fraction = min(max(kv_used_fraction or 0.0, 0.0), 1.0)
         kv_used = int(self.kv_cache * fraction)
         return [("weights", self.weights), ("activations", self.activations), ("graphs", self.graphs),
-                ("kv used", kv_used), ("kv free", self.kv_cache - kv_used), ("other", self.other),
+                ("state", self.state), ("kv used", kv_used), ("kv free", self.kv_cache - kv_used), ("other", self.other),
                 ("free", self.free)]
 
 

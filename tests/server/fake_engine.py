@@ -210,7 +210,7 @@ class FakeEngine:
                        "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": 1},
             "devices": [{"name": "cpu", "total": 1 << 30, "weights": 1 << 20,
                          "activations_peak": 1 << 20, "graphs": 0, "kv_cache": 1 << 24,
-                         "other": 0, "free": (1 << 30) - (1 << 24) - (2 << 20)}],
+                         "state": 0, "other": 0, "free": (1 << 30) - (1 << 24) - (2 << 20)}],
             "kv": {"page_size": 16, "dtype": "fp32", "tokens_capacity": 1 << 16, "tokens_used": used},
             "requests": {"running": len(self.running), "waiting": len(self.waiting)},
             "prefix_cache": {"query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens},

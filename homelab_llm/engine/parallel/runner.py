@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import (MEMORY_FIELDS, open_channel, patch_section,
@@ -111,10 +112,14 @@ class ParallelRunner:
         self.channel.send(PlanHeader(CMD_GRAPHS, arg=max_model_len))
         self.local.capture_graphs(max_model_len)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
+    def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
-        # round trip to pack it, and every rank's batch comes from the same words.
-        return self.local.batch_from_plan(*self.local.checked_plan(scheduled))
+        # round trip to pack it, and every rank's batch comes from the same words (the cache
+        # copies included, so every rank copies the same KV rows and state slots).
+        return self.local.batch_from_plan(*self.local.checked_plan(scheduled, copies))
+
+    def state_slot_counts(self) -> tuple[int, int]:
+        return self.local.state_slot_counts()
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None:

@@ -1,5 +1,6 @@
-"""A stacked bar of one device's memory: weights / activations / graphs / KV used / KV free /
-other / free, each segment's width proportional to its bytes, with a legend of sizes."""
+"""A stacked bar of one device's memory: weights / activations / graphs / state (hybrid models'
+recurrent states) / KV used / KV free / other / free, each segment's width proportional to its
+bytes, with a legend of sizes (zero-byte segments other than KV are left out of the legend)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from homelab_llm.tui.widgets.format import gib
 # label -> (style, legend key); colours chosen to stay distinct on dark and light themes.
 SEGMENT_STYLES: dict[str, tuple[str, str]] = {
     "weights": ("#5f87d7", "W"), "activations": ("#d7875f", "A"), "graphs": ("#af87d7", "G"),
-    "kv used": ("#5fd75f", "KV"), "kv free": ("#2e6b2e", "kv"), "other": ("#d7d75f", "O"),
-    "free": ("#4e4e4e", "F"),
+    "state": ("#5fafaf", "S"), "kv used": ("#5fd75f", "KV"), "kv free": ("#2e6b2e", "kv"),
+    "other": ("#d7d75f", "O"), "free": ("#4e4e4e", "F"),
 }
 
 
