@@ -10,7 +10,9 @@ from typing import Any, Mapping
 
 from homelab_llm.errors import HomelabError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+# Families whose MLP is a mixture of experts (model/qwen3_moe.py).
+MOE_ARCHITECTURES = ("qwen3_moe",)
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 LAYER_FULL = "full_attention"
@@ -23,6 +25,7 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 
@@ -68,6 +71,16 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # share of head_dim that RoPE rotates (0.25 on Qwen3.5)
     attn_output_gate: bool = False  # sigmoid gate on the attention output (q_proj is twice as wide)
     state_dtype: str = "float32"  # recurrent-state dtype (HF mamba_ssm_dtype)
+    # Mixture of experts (Qwen3-MoE, Qwen3.5/3.6-MoE, Qwen3-Next). num_experts 0: dense MLPs only.
+    # A layer is sparse when num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in
+    # mlp_only_layers (HF's rule); other layers keep a dense MLP of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's intermediate size
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert; else one, sigmoid-gated
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     @property
     def is_hybrid(self) -> bool:
@@ -97,6 +110,23 @@ class ModelConfig:
     def linear_conv_dim(self) -> int:
         """Channels of the depthwise conv: q, k and v of a Gated DeltaNet layer side by side."""
         return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return ()
+        step = max(self.decoder_sparse_step, 1)
+        return tuple(i for i in range(self.num_hidden_layers)
+                     if (i + 1) % step == 0 and i not in self.mlp_only_layers)
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_expert_intermediate_size > 0
 
     @property
     def q_size(self) -> int:
@@ -131,6 +161,46 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
     return out
 
 
+def _check_moe_shapes(cfg: ModelConfig, where: str) -> None:
+    for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        if getattr(cfg, name) <= 0:
+            raise ModelLoadError(f"{where}: {name} must be positive for a mixture-of-experts model, "
+                                 f"got {getattr(cfg, name)}")
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise ModelLoadError(f"{where}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds "
+                             f"num_experts ({cfg.num_experts})")
+
+
+def moe_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The ModelConfig MoE fields of an HF config dict ({} for a dense family). transformers 5
+    writes num_experts as num_local_experts; Qwen3.5-MoE / Qwen3-Next always renormalise top-k."""
+    experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    if arch not in MOE_ARCHITECTURES or not experts:
+        return {}
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", arch != "qwen3_moe")),
+        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+    )
+
+
+def flatten_text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers 5 multimodal layout: the decoder's keys sit under text_config. Those win over
+    the top level; the top level keeps what only it has (architectures, quantization_config)."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        return dict(raw)
+    merged = {k: v for k, v in raw.items() if k != "text_config"}
+    merged.update({k: v for k, v in text.items() if k != "model_type"})
+    if "model_type" not in raw and text.get("model_type"):
+        merged["model_type"] = str(text["model_type"]).removesuffix("_text")
+    return merged
+
+
 def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
     if cfg.architecture not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -140,6 +210,10 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
                  "num_attention_heads", "num_key_value_heads", "head_dim"):
         if getattr(cfg, name) <= 0:
             raise ModelLoadError(f"{where}: {name} must be positive, got {getattr(cfg, name)}")
+    if cfg.is_moe:
+        _check_moe_shapes(cfg, where)
+    elif cfg.architecture in MOE_ARCHITECTURES:
+        raise ModelLoadError(f"{where}: {cfg.architecture} needs num_experts > 0")
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise ModelLoadError(
             f"{where}: num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
@@ -148,7 +222,8 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
 
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
-    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE)."""
+    raw = flatten_text_config(raw)
     arch = str(raw.get("model_type") or "").lower()
     if arch not in SUPPORTED_ARCHITECTURES:
         archs = raw.get("architectures") or []
@@ -180,13 +255,14 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             quantization=raw.get("quantization_config"),
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
+            **moe_fields(raw, arch),
         )
     except HomelabError:
         raise

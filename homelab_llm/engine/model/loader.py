@@ -25,6 +25,7 @@ from homelab_llm.engine.model.config import (
 )
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
+from homelab_llm.engine.model.registry import model_class
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
@@ -130,7 +131,7 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
     if method == "w4a16":
         return _load_w4a16(config, Path(path), fmt, dtype, device).eval()
     with _default_dtype(dtype), torch.device(device):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if fmt == "dummy":
         fill_dummy_weights(model, seed=0)
     elif fmt == "gguf":
@@ -153,7 +154,7 @@ def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
     from homelab_llm.engine.layers.linear import deferred_weights
 
     with _default_dtype(dtype), torch.device(device), deferred_weights():
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if fmt == "dummy":
         from homelab_llm.engine.model.w4a16_dummy import fill_dummy_w4
 
@@ -179,7 +180,7 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
     gguf = open_gguf(path)
     gguf.check_tensor_types()
     with _default_dtype(dtype), torch.device(device), deferred_weights():
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     plan = plan_w4a16(model, gguf)
     for name, module in model.named_modules():
         if isinstance(module, LinearBase) and name not in plan:
@@ -201,11 +202,7 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # some tied checkpoints still ship the copy
-        target, shard_id = name, None
-        parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in model.packed_modules:
-            fused, shard_id = model.packed_modules[parts[-2]]
-            target = ".".join(parts[:-2] + [fused, parts[-1]])
+        target, shard_id = model.weight_target(name)
         # Looked up each time: a W4A16 load may materialize a placeholder while streaming.
         param = _parameter(model, target)
         if param is None:
@@ -226,11 +223,11 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
             raise ModelLoadError(f"{where}: tensor {name}: {err}") from None
         if blocks is not None:
             model.get_submodule(target.rsplit(".", 1)[0]).record_gguf_blocks(blocks, shard_id)
-        loaded.add((target, shard_id))
+        loaded.update((target, sid) for sid in model.loaded_parts(target, shard_id))
     # Looked up afresh: a linear given a 4-bit weight while loading no longer has a dense one.
     missing = [f"{name}[{sid}]" if sid is not None else name
                for name, _ in model.named_parameters()
-               for sid in _parts_of(model, name) if (name, sid) not in loaded]
+               for sid in model.weight_parts(name) if (name, sid) not in loaded]
     if missing:
         raise ModelLoadError(
             f"{where}: {len(missing)} weights are missing from the checkpoint "
@@ -245,13 +242,6 @@ def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
         return None
     param = module._parameters.get(leaf)
     return param if isinstance(param, nn.Parameter) else None
-
-
-def _parts_of(model: LlamaForCausalLM, param_name: str) -> list[Any]:
-    """The shard ids a parameter is loaded in: [None], or each part of a fused weight."""
-    module = param_name.split(".")[-2] if "." in param_name else ""
-    parts = [sid for fused, sid in model.packed_modules.values() if fused == module]
-    return parts or [None]
 
 
 @torch.no_grad()
