@@ -12,6 +12,7 @@ import torch
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.layers.sampler import Sampler
+from homelab_llm.engine.memory import parameter_fields
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
@@ -293,7 +294,8 @@ class LLMEngine:
         return {
             "config": {**args, "max_model_len": self.max_model_len, "quantization": self.quantization,
                        "dtype": str(self.dtype).removeprefix("torch."),
-                       "device": str(self.device), "architecture": self.model_config.architecture},
+                       "device": str(self.device), "architecture": self.model_config.architecture,
+                       **parameter_fields(self.model_config)},
             "devices": devices,
             "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
                    "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,

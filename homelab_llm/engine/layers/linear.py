@@ -34,6 +34,11 @@ def deferred_weights() -> Iterator[None]:
         _defer_weights = previous
 
 
+def weights_deferred() -> bool:
+    """Inside deferred_weights(): layers with large weights build them on the meta device."""
+    return _defer_weights
+
+
 def even_shard(total: int, tp_size: int, rank: int, what: str) -> tuple[int, int]:
     """(start, size) of an evenly split dimension; uneven splits are an error naming the sizes."""
     if total % tp_size:

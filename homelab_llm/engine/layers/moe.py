@@ -20,7 +20,8 @@ from torch import nn
 from homelab_llm.engine import parallel
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.kernels.moe_ref import MoeW4
-from homelab_llm.engine.layers.linear import ReplicatedLinear, even_shard
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.layers.linear import ReplicatedLinear, even_shard, weights_deferred
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,12 @@ class FusedExperts(nn.Module):
         self.inter_start, inter = even_shard(intermediate_size, self.tp_size, self.tp_rank,
                                              "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_local = num_experts, hidden_size, inter
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, inter), requires_grad=False)
+        # Deferred (W4A16 loads): meta placeholders, so no dense copy of 4-bit experts exists.
+        device = "meta" if weights_deferred() else None
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size, device=device),
+                                requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, inter, device=device),
+                               requires_grad=False)
         self.w13.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.w2.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.w4: MoeW4 | None = None
@@ -108,6 +113,15 @@ class FusedExperts(nn.Module):
             for name in ("qweight", "scales", "biases"):
                 self.register_buffer(f"{which}_{name}", getattr(w, name), persistent=False)
         self.w4 = w4
+
+    def _apply(self, fn, recurse=True):
+        # .to()/.cuda() move the registered buffers: point the MoeW4 at the moved ones.
+        module = super()._apply(fn, recurse)
+        if self.w4 is not None:
+            self.w4 = MoeW4(*(W4Weight(getattr(self, f"{w}_qweight"), getattr(self, f"{w}_scales"),
+                                       getattr(self, f"{w}_biases"), getattr(self.w4, w).group_size)
+                              for w in ("w13", "w2")))
+        return module
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
