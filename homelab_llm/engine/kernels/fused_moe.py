@@ -120,7 +120,12 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
           tiles: GemmTiles):
     """One grouped GEMM launch; weight is a dense [E, N', K] tensor or a stacked W4Weight."""
     w4 = not isinstance(weight, torch.Tensor)
+    block_n = tiles.block_n
     if w4:
+        # A 4-bit tile is loaded as int32 words per k row (4 bytes a weight in shared memory) and
+        # the gated GEMM holds two of them: half the table's width keeps it within the budget
+        # the table's W4A16 GEMM has (sm80's 99 KB at three stages).
+        block_n = block_n // 2 if gated else block_n
         w, s, b = weight.qweight, weight.scales, weight.biases
         strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1))
         group, block_k = weight.group_size, min(tiles.block_k, weight.group_size)
@@ -128,12 +133,12 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         w = s = b = weight
         strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0)
         group, block_k = 0, tiles.block_k
-    grid = (block_expert.numel(), triton.cdiv(n, tiles.block_n))
+    grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _moe_gemm_kernel[grid](
         a, w, s, b, out, sorted_slots, block_expert, num_slots, n, k, top_k,
         a.stride(0), *strides, out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, W4=w4, GROUP_SIZE=group, BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
+        BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
