@@ -76,3 +76,26 @@ def test_w4a16_dummy_experts_run(tmp_path):
     assert model.model.layers[0].mlp.gate.w4 is None  # routers stay dense
     logits = PagedHarness(model, page_size=4).step({"s": [1, 2, 3, 4, 5]})
     assert logits.shape == (5, cfg.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_engine_runs_a_moe_model_and_reports_active_parameters(tmp_path):
+    """Through the whole engine (scheduler, paged KV, batching): batched greedy == one at a time,
+    and the status config carries the parameter counts."""
+    from homelab_llm.engine.llm import LLM
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    path = _tiny_config(tmp_path, vocab_size=320, bos_token_id=1, eos_token_id=2)
+    llm = LLM(str(path), load_format="dummy", device="cpu", dtype="float32", page_size=4,
+              kv_cache_memory_bytes=1 << 20, seed=0)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    batch = [[5, 6, 7, 8], [9, 10, 11], [40, 41, 42, 43, 44, 45]]
+    try:
+        together = [o.token_ids for o in llm.generate(batch, params)]
+        alone = [llm.generate([p], params)[0].token_ids for p in batch]
+        config = llm.engine.status()["config"]
+    finally:
+        llm.shutdown()
+    assert together == alone
+    count = memory.parameter_count(load_model_config(path, "dummy"))
+    assert (config["parameters"], config["active_parameters"]) == (count.total, count.active)
+    assert config["active_parameters"] < config["parameters"]
