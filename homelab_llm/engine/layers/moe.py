@@ -104,6 +104,16 @@ class FusedExperts(nn.Module):
             raise ValueError(f"{part}: shape {tuple(loaded.shape)}, expected {expected}")
         dest.copy_(src)
 
+    def materialize(self, device: torch.device | str, dtype: torch.dtype) -> None:
+        """Give deferred (meta) expert weights real storage, to be filled by weight_loader."""
+        for name in ("w13", "w2"):
+            param = getattr(self, name)
+            if param is not None and param.is_meta:
+                fresh = nn.Parameter(torch.empty(param.shape, device=device, dtype=dtype),
+                                     requires_grad=False)
+                fresh.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+                setattr(self, name, fresh)
+
     def set_w4(self, w4: MoeW4) -> None:
         """4-bit experts from now on (stacked W4Weight layouts); the dense parameters go."""
         self.w13 = None  # type: ignore[assignment]

@@ -161,10 +161,6 @@ def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
         fill_dummy_w4(model, device, dtype, seed=0)
         fill_dummy_weights(model, seed=0)
         return model
-    if config.is_moe:
-        raise UnsupportedModelError(
-            f"{path}: 4-bit (GPTQ / AutoRound / AWQ) mixture-of-experts checkpoints cannot be loaded "
-            "yet; run the bf16 checkpoint, or --load-format dummy --quantization w4a16 to measure")
     from homelab_llm.engine.model.w4a16_checkpoint import load_quantized_checkpoint
 
     load_weights(model, load_quantized_checkpoint(model, path, config.quantization or {}, device, dtype),

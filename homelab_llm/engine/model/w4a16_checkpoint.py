@@ -31,6 +31,7 @@ from homelab_llm.engine.kernels.w4a16_pack import (
     repack_gptq,
 )
 from homelab_llm.engine.layers.linear import LinearBase
+from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts
 from homelab_llm.engine.model.config import ModelLoadError, UnsupportedModelError
 from homelab_llm.engine.model.quant_config import (
     CheckpointQuant,
@@ -38,6 +39,7 @@ from homelab_llm.engine.model.quant_config import (
     check_layer,
     parse_quant_config,
 )
+from homelab_llm.engine.model.w4a16_experts import ExpertAssembler, expert_prefixes
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,12 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
 
     four_bit: set[str] = set()  # our modules whose every part is 4-bit
     for name, module in model.named_modules():
+        if isinstance(module, FusedExperts):  # stacked experts: all 4-bit, or all dense
+            if all(p in quantized for p in expert_prefixes(name, module)):
+                four_bit.add(name)
+            else:
+                module.materialize(device, dtype)
+            continue
         if not isinstance(module, LinearBase):
             continue
         if all(p in quantized for p in _checkpoint_parts(model, name, module)):
@@ -212,6 +220,7 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
         raise ModelLoadError(f"{where}: quantization_config is set but no linear layer of the "
                              "model is stored 4-bit (no *.qweight tensors for them)")
     assembler = _Assembler(model, device, dtype)
+    experts = ExpertAssembler(model)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor, Any]]:
         pending: dict[str, dict[str, torch.Tensor]] = {}
@@ -226,11 +235,17 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
                 continue
             w = repack_module(prefix, pending.pop(prefix), layers[prefix], device, where)
             module_name, shard_id = _route(model, prefix)
-            if module_name in four_bit:
+            target, part = model.weight_target(f"{prefix}.weight")
+            if isinstance(part, ExpertPart):
+                module_name, shard_id = target.rpartition(".")[0], part
+            if isinstance(shard_id, ExpertPart) and module_name in four_bit:
+                experts.add(module_name, shard_id, w, prefix)
+            elif module_name in four_bit:
                 for dense_name, dense in assembler.add(module_name, shard_id, w, prefix):
                     yield dense_name, dense, None
             else:  # a 4-bit part of a dense layer (or lm_head): dequantize, load as usual
                 yield f"{prefix}.weight", dense_weight(w), None
+        experts.check_done(where)
 
     # The model is ready (dense placeholders materialized) before the caller looks at its
     # parameters; the tensors stream when it iterates.
