@@ -19,15 +19,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.errors import HomelabError
 
-# Element sizes by every spelling the engine and the CLI use.
-_DTYPE_BYTES: dict[str, int] = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "int8": 1, "fp8": 1, "float8_e4m3fn": 1,
-}
 # int8 KV stores one fp16 scale per token per KV head, for K and for V (kernels/ref.py).
 INT8_KV_SCALE_BYTES = 2
 # W4A16 as the engine stores it (kernels/w4a16_pack.py): 4-bit weights plus an fp16 scale and an
@@ -36,22 +30,6 @@ W4A16_GROUP_SIZE = 128
 GGUF_GROUP_SIZE = 32
 # Sequence lengths whose concurrency `plan` reports (plus max_model_len).
 CONCURRENCY_LENGTHS = (8192, 32768, 131072)
-
-
-class MemoryPlanError(HomelabError, ValueError):
-    """Inputs that cannot make a plan (unknown dtype, no room for the weights, ...)."""
-
-
-def dtype_bytes(name: str) -> int:
-    key = str(name).lower().removeprefix("torch.")
-    if key not in _DTYPE_BYTES:
-        raise MemoryPlanError(f"unknown dtype {name!r}; use one of bfloat16, float16, float32, int8")
-    return _DTYPE_BYTES[key]
-
-
-def resolve_model_dtype(config: ModelConfig, model_dtype: str) -> str:
-    """`auto` means the checkpoint's dtype; float32 checkpoints still run in float32 (as the engine)."""
-    return config.torch_dtype if model_dtype in ("auto", "", None) else model_dtype
 
 
 def shard(n: int, tp_size: int, tp_rank: int) -> int:

@@ -30,6 +30,7 @@ from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.step_channel import ShmRing
 from homelab_llm.engine.step_plan import StepBatch
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.tp_channel import (_MEM_FIELDS, CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY,
                                            CMD_PAGES, CMD_SHUTDOWN, _Channel,
                                            _patch_section, _plan, _plan_transport, _ShmChannel,
@@ -117,10 +118,14 @@ class ParallelRunner:
         self.channel.send([CMD_GRAPHS, 0, 0, 0, 0, 0, 0, 0, max_model_len])
         self.local.capture_graphs(max_model_len)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
+    def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
-        # round trip to pack it, and every rank's batch comes from the same words.
-        return _unpack(*_plan(scheduled, self.page_size), self.local)
+        # round trip to pack it, and every rank's batch comes from the same words (the cache
+        # copies included, so every rank copies the same KV rows and state slots).
+        return _unpack(*_plan(scheduled, self.page_size, copies), self.local)
+
+    def state_slot_counts(self) -> tuple[int, int]:
+        return self.local.state_slot_counts()
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ from homelab_llm.engine.step_plan import StepBatch, build_plan
 
 CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
 HEADER = 10  # cmd, T, B, max_pages, n_logits, decode_only, max_q, max_s, arg, reserved
-_MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
+_MEM_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "state", "other", "free")
 # The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
 PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
 
@@ -111,8 +111,8 @@ def _plan_transport(args: EngineArgs) -> str:
     return "shm" if wanted == "shm" and args.nnodes == 1 and shm_available() else "gloo"
 
 
-def _plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[list[int], torch.Tensor]:
-    return build_plan(scheduled, page_size, CMD_STEP)
+def _plan(scheduled: list[ScheduledSeq], page_size: int, copies=None) -> tuple[list[int], torch.Tensor]:
+    return build_plan(scheduled, page_size, CMD_STEP, copies)
 
 
 def _unpack(header: list[int], payload: torch.Tensor, runner: ModelRunner) -> StepBatch:

@@ -29,6 +29,9 @@ def valid_tp_sizes(config: ModelConfig) -> list[int]:
     for n in range(config.num_key_value_heads + 1, config.num_attention_heads + 1):
         if config.num_attention_heads % n == 0 and n % config.num_key_value_heads == 0:
             sizes.append(n)
+    if config.is_hybrid:  # Gated DeltaNet key and value heads (and their conv channels) split evenly
+        sizes = [n for n in sizes
+                 if config.linear_num_key_heads % n == 0 and config.linear_num_value_heads % n == 0]
     return sizes
 
 
@@ -37,7 +40,10 @@ def check_tp_size(config: ModelConfig, tp_size: int) -> None:
     if tp_size not in valid:
         raise EngineArgsError(
             f"--tensor-parallel-size {tp_size} cannot split {config.num_attention_heads} query / "
-            f"{config.num_key_value_heads} KV heads; valid sizes: {', '.join(map(str, valid))}")
+            f"{config.num_key_value_heads} KV heads"
+            + (f" and {config.linear_num_key_heads} / {config.linear_num_value_heads} linear-"
+               "attention key / value heads" if config.is_hybrid else "")
+            + f"; valid sizes: {', '.join(map(str, valid))}")
 
 
 def _free_port() -> int:

@@ -43,6 +43,28 @@ class ExpertPart:
         return [ExpertPart(p, e) for e in range(num_experts) for p in projs]
 
 
+# checkpoint leaf under mlp.experts -> (our stacked parameter, its projection)
+_EXPERT_PROJ = {"gate_proj": ("w13", "gate"), "up_proj": ("w13", "up"), "down_proj": ("w2", "down"),
+                "gate_up_proj": ("w13", "gate_up")}
+
+
+def expert_target(name: str) -> tuple[str, ExpertPart] | None:
+    """`...mlp.experts.3.gate_proj.weight` / `...mlp.experts.gate_up_proj` -> (param, part);
+    None for a tensor that is not an expert weight."""
+    parts = name.split(".")
+    if "experts" not in parts:
+        return None
+    at = parts.index("experts")
+    rest = parts[at + 1:]
+    if len(rest) == 3 and rest[0].isdigit() and rest[2] == "weight" and rest[1] in _EXPERT_PROJ:
+        param, proj = _EXPERT_PROJ[rest[1]]
+        return ".".join(parts[:at + 1] + [param]), ExpertPart(proj, int(rest[0]))
+    if len(rest) == 1 and rest[0] in ("gate_up_proj", "down_proj"):
+        param, proj = _EXPERT_PROJ[rest[0]]
+        return ".".join(parts[:at + 1] + [param]), ExpertPart(proj)
+    return None
+
+
 class Router(ReplicatedLinear):
     """hidden -> one logit per expert; a checkpoint of the wrong shape is named precisely."""
 

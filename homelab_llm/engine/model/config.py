@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from homelab_llm.errors import HomelabError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe")
 # Families whose MLP is a mixture of experts (model/qwen3_moe.py).
 MOE_ARCHITECTURES = ("qwen3_moe",)
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
@@ -18,6 +18,9 @@ MOE_ARCHITECTURES = ("qwen3_moe",)
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+# rope_parameters keys that are not part of the scaling dict. Qwen3.5's mrope keys describe the
+# vision positions; text positions are the same on all three axes, which is plain RoPE.
+_ROPE_PARAMS_NOT_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 # HF architectures[0] -> our architecture name, for configs without a model_type we know.
 _HF_ARCHITECTURES = {
@@ -25,8 +28,14 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+# model_type spellings of one family: the multimodal wrapper and its text part.
+_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5"}
+# Wrapper keys that describe the whole checkpoint and win over the text part's copy.
+_WRAPPER_KEYS = ("quantization_config", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
 
 class UnsupportedModelError(HomelabError, ValueError):
@@ -151,6 +160,8 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
         return None
     out = dict(scaling)
     rope_type = out.pop("type", None) or out.get("rope_type") or "default"
+    if rope_type == "mrope":  # text positions are equal on every mrope axis: plain RoPE
+        rope_type = "default"
     out["rope_type"] = rope_type
     if rope_type == "default":
         return None
@@ -188,19 +199,6 @@ def moe_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
     )
 
 
-def flatten_text_config(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """transformers 5 multimodal layout: the decoder's keys sit under text_config. Those win over
-    the top level; the top level keeps what only it has (architectures, quantization_config)."""
-    text = raw.get("text_config")
-    if not isinstance(text, Mapping):
-        return dict(raw)
-    merged = {k: v for k, v in raw.items() if k != "text_config"}
-    merged.update({k: v for k, v in text.items() if k != "model_type"})
-    if "model_type" not in raw and text.get("model_type"):
-        merged["model_type"] = str(text["model_type"]).removesuffix("_text")
-    return merged
-
-
 def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
     if cfg.architecture not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -221,10 +219,58 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
     return cfg
 
 
+def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal wrapper's text_config with the wrapper's checkpoint-wide keys on top (the
+    vision tower is not ours to run); a plain config as it is."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        return raw
+    merged = dict(text)
+    merged.update({k: raw[k] for k in _WRAPPER_KEYS if raw.get(k) is not None})
+    merged.setdefault("model_type", raw.get("model_type"))
+    return merged
+
+
+def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where: str
+                   ) -> dict[str, Any]:
+    """Qwen3.5/3.6: Gated DeltaNet layers among gated full-attention ones, partial rotary."""
+    layers = int(raw["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if not layer_types:
+        interval = int(raw.get("full_attention_interval") or 4)
+        layer_types = [LAYER_LINEAR if (i + 1) % interval else LAYER_FULL for i in range(layers)]
+    bad = sorted({str(t) for t in layer_types} - {LAYER_FULL, LAYER_LINEAR})
+    if bad:
+        raise UnsupportedModelError(
+            f"{where}: layer type {bad[0]!r} is not supported; supported: {LAYER_FULL}, {LAYER_LINEAR}")
+    if len(layer_types) != layers:
+        raise ModelLoadError(f"{where}: layer_types has {len(layer_types)} entries for {layers} layers")
+    if str(raw.get("hidden_act") or "silu") != "silu":
+        raise UnsupportedModelError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported; use silu")
+    partial = raw.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 0.25))
+    key_heads, value_heads = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+    if key_heads <= 0 or value_heads % key_heads:
+        raise ModelLoadError(f"{where}: linear_num_value_heads ({value_heads}) is not a multiple of "
+                             f"linear_num_key_heads ({key_heads})")
+    return dict(
+        layer_types=tuple(str(t) for t in layer_types),
+        linear_num_key_heads=int(raw["linear_num_key_heads"]),
+        linear_num_value_heads=int(raw["linear_num_value_heads"]),
+        linear_key_head_dim=int(raw["linear_key_head_dim"]),
+        linear_value_head_dim=int(raw["linear_value_head_dim"]),
+        linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim") or 4),
+        partial_rotary_factor=float(partial),
+        attn_output_gate=bool(raw.get("attn_output_gate", True)),
+        state_dtype=str(raw.get("mamba_ssm_dtype") or "float32"),
+    )
+
+
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
-    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3-MoE)."""
-    raw = flatten_text_config(raw)
+    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
+    Qwen3-MoE)."""
+    raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
+    arch = _MODEL_TYPE_ALIASES.get(arch, arch)
     if arch not in SUPPORTED_ARCHITECTURES:
         archs = raw.get("architectures") or []
         arch = _HF_ARCHITECTURES.get(archs[0] if archs else "", arch or (archs[0] if archs else "?"))
@@ -238,7 +284,9 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         # transformers >= 5 moves rope_theta and the scaling dict into rope_parameters.
         rope_params = dict(raw.get("rope_parameters") or {})
         rope_theta = float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
-        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items()
+                                              if k not in _ROPE_PARAMS_NOT_SCALING}
+        hybrid = _hybrid_fields(raw, rope_params, where) if arch == "qwen3_5" else {}
         cfg = ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
@@ -255,13 +303,14 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch in ("qwen3", "qwen3_moe"),
+            qk_norm=arch in ("qwen3", "qwen3_5", "qwen3_moe"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             quantization=raw.get("quantization_config"),
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
+            **hybrid,
             **moe_fields(raw, arch),
         )
     except HomelabError:

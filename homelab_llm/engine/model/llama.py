@@ -7,7 +7,7 @@ says how a checkpoint tensor finds its place in a fused weight).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -130,6 +130,12 @@ class LlamaForCausalLM(nn.Module):
     """The CausalLM contract: model(input_ids, positions) -> hidden; compute_logits(hidden)."""
 
     packed_modules = PACKED_MODULES
+    split_modules: dict[str, tuple[str, list[tuple[str, int]]]] = {}  # none: see qwen3_5.py
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        """A checkpoint tensor name in our naming (None: not ours to load)."""
+        return name
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -144,25 +150,6 @@ class LlamaForCausalLM(nn.Module):
     def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
         """The MLP of decoder layer `layer`; families with experts override this."""
         return LlamaMLP(config)
-
-    # -- how checkpoint tensors find their parameters (used by model/loader.py) --
-    def weight_target(self, name: str) -> tuple[str, Any]:
-        """Checkpoint tensor name -> (our parameter name, shard_id within a fused weight)."""
-        parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in self.packed_modules:
-            fused, shard_id = self.packed_modules[parts[-2]]
-            return ".".join(parts[:-2] + [fused, parts[-1]]), shard_id
-        return name, None
-
-    def weight_parts(self, param_name: str) -> list[Any]:
-        """The shard ids a parameter is loaded in: [None], or each part of a fused weight."""
-        module = param_name.split(".")[-2] if "." in param_name else ""
-        parts = [sid for fused, sid in self.packed_modules.values() if fused == module]
-        return parts or [None]
-
-    def loaded_parts(self, param_name: str, shard_id: Any) -> list[Any]:
-        """The shard ids that loading one tensor fills (several for a fused checkpoint tensor)."""
-        return [shard_id]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> hidden [T, hidden_size]; reads the forward context."""
