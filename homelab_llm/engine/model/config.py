@@ -10,9 +10,12 @@ from typing import Any, Mapping
 
 from homelab_llm.errors import HomelabError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe")
-# Families whose MLP is a mixture of experts (model/qwen3_moe.py).
-MOE_ARCHITECTURES = ("qwen3_moe",)
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
+                           "qwen3_5_moe")
+# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 LAYER_FULL = "full_attention"
@@ -31,9 +34,11 @@ _HF_ARCHITECTURES = {
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
 # model_type spellings of one family: the multimodal wrapper and its text part.
-_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5"}
+_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 # Wrapper keys that describe the whole checkpoint and win over the text part's copy.
 _WRAPPER_KEYS = ("quantization_config", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
@@ -286,12 +291,13 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         rope_theta = float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
         scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items()
                                               if k not in _ROPE_PARAMS_NOT_SCALING}
-        hybrid = _hybrid_fields(raw, rope_params, where) if arch == "qwen3_5" else {}
+        hybrid = _hybrid_fields(raw, rope_params, where) if arch in HYBRID_ARCHITECTURES else {}
         cfg = ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
+            # All-MoE families (Qwen3.5-MoE) have no dense MLP size: the experts' stands in.
+            intermediate_size=int(raw.get("intermediate_size") or raw["moe_intermediate_size"]),
             num_hidden_layers=int(raw["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
@@ -303,7 +309,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch in ("qwen3", "qwen3_5", "qwen3_moe"),
+            qk_norm=arch in ("qwen3", "qwen3_moe", *HYBRID_ARCHITECTURES),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
