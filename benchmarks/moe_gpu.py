@@ -12,6 +12,8 @@ Sections (each reports even if another fails):
            grouped-GEMM loop (moe_experts_ref: one matmul per active expert) timed beside it
   prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, and the
            torch loop
+  sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
+           tuning.py entries (fused_moe uses the table's gemv/gemm rows today)
   engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
            batch-1 and batch-8 decode tok/s, and the batch-1 roofline from the bytes one token
            reads (all weights but the 120 unpicked experts per layer and the embedding table)
@@ -197,6 +199,36 @@ def section_engine(quick: bool, copy_gbps: float, quantization: str | None) -> N
     del engine
 
 
+SWEEP_TILES = [  # (block_m, block_n, block_k, num_warps, num_stages)
+    (16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3),
+    (16, 64, 256, 8, 2), (32, 64, 128, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+    (64, 64, 64, 4, 4),
+]
+
+
+def section_sweep(setup: Setup, quick: bool) -> None:
+    from homelab_llm.engine.kernels.tuning import GemmTiles
+
+    for tokens in (1, 8, 2048):
+        x, weights, ids = setup.batch(tokens)
+        for w4 in (False, True):
+            kind = "w4a16" if w4 else "bf16"
+            w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
+            want = fused_moe(x, w13, w2, weights, ids)
+            for bm, bn, bk, warps, stages in SWEEP_TILES:
+                if (tokens < 64) != (bm <= 32):
+                    continue
+                tiles = GemmTiles(bm, bn, bk, warps, stages)
+                try:
+                    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles)
+                    ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
+                except Exception as exc:  # a variant that does not fit is reported, not fatal
+                    print(f"  sweep {kind} t{tokens} {tiles}: {type(exc).__name__}", flush=True)
+                    continue
+                key = f"sweep.{kind}.t{tokens}.m{bm}n{bn}k{bk}w{warps}s{stages}"
+                report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
@@ -213,6 +245,7 @@ def main() -> int:
         "check": lambda: section_check(setup, a.quick),
         "decode": lambda: section_decode(setup, a.quick, copy_gbps),
         "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
+        "sweep": lambda: section_sweep(setup, a.quick),
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),
         "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
     }
