@@ -28,6 +28,7 @@ DEFAULT_MODEL = "@default"  # the embedded SmolLM2 GGUF, resolved at launch (ass
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 FLAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 PRESETS_DIR_ENV = "HOMELAB_LLM_PRESETS_DIR"  # lets tests and `serve --preset` children share a dir
+API_KEY_ENV = "HOMELAB_LLM_API_KEY"  # our server's key; a preset sets it in its env table
 KNOWN_KEYS = frozenset({"name", "description", "backend", "model", "host", "port", "health_path",
                         "startup_timeout", "command", "args", "env"})
 
@@ -97,6 +98,24 @@ class Preset:
 
     def with_changes(self, **changes: object) -> Preset:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+    def exposure_warning(self) -> str | None:
+        """For our own server: a warning when it would listen beyond this machine without a key
+        (the key comes from the env table or the environment the launcher passes on)."""
+        if self.backend != "builtin":
+            return None
+        has_key = bool(self.env.get(API_KEY_ENV) or os.environ.get(API_KEY_ENV))
+        return exposure_warning(self.host, has_key)
+
+
+def exposure_warning(host: str, has_api_key: bool) -> str | None:
+    """The warning for serving on a non-loopback address without an API key; None when fine."""
+    from homelab_llm.server.hosts import is_loopback_host
+
+    if has_api_key or is_loopback_host(host):
+        return None
+    return (f"serving on {host}, which is not a loopback address, without an API key: anyone who "
+            f"reaches this port can use the model; set ${API_KEY_ENV} or --api-key-file")
 
 
 def validate_preset(preset: Preset) -> list[PresetIssue]:

@@ -12,21 +12,20 @@ import torch
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.cache.state_pool import StateSlots
+from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.memory import parameter_fields
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
 from homelab_llm.engine.runner import ModelRunner
+from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import Scheduler
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 class PromptTooLongError(HomelabError, ValueError):
     """Prompt plus requested output exceed the context the engine serves."""
@@ -40,48 +39,8 @@ class DuplicateRequestError(HomelabError, ValueError):
     """A request id that is already in flight."""
 
 
-def resolve_model_path(model: str) -> str:
-    if model:
-        return model
-    from homelab_llm.assets import default_model_path
-
-    return str(default_model_path())
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EngineArgsError(f"--device {device}: no CUDA/HIP device is visible; use --device cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise EngineArgsError(f"--device {device!r} is not supported; use auto, cpu or cuda[:N]")
-    if dev.type == "cuda":
-        index = 0 if dev.index is None else dev.index
-        if index >= torch.cuda.device_count():
-            raise EngineArgsError(
-                f"--device {device}: only {torch.cuda.device_count()} GPU(s) are visible")
-        dev = torch.device("cuda", index)
-    return dev
-
-
-def resolve_dtype(dtype: str, device: torch.device, quantization: str | None = None) -> torch.dtype:
-    if dtype == "auto":
-        # fp32 on the CPU: exact against references and as fast as bf16 there for small dense
-        # models. 4-bit weights on the CPU want bf16: torch's int4 kernel only runs fast with bf16
-        # activations (fp32 falls back to an exact but ~20x slower reference).
-        if device.type == "cuda" or quantization == "w4a16":
-            return torch.bfloat16
-        return torch.float32
-    if dtype not in _DTYPES:
-        raise EngineArgsError(f"--dtype {dtype!r} is not supported; use auto, float32, bfloat16 or float16")
-    return _DTYPES[dtype]
-
-
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
-        from homelab_llm.engine.model.loader import (load_model_config, resolve_format,
-                                                     resolve_quantization)
         from homelab_llm.engine.tokenizer import load_tokenizer
 
         args.validate()
@@ -90,16 +49,14 @@ class LLMEngine:
                 f"--node-rank {args.node_rank} runs worker ranks only; start it with "
                 f"`homelab-llm serve ... --node-rank {args.node_rank}` (serve_worker_node)")
         self.args = args
-        self.model_path = resolve_model_path(args.model)
-        self.device = resolve_device(args.device)
-        self.model_config = load_model_config(self.model_path, args.load_format)
-        self.quantization = resolve_quantization(
-            self.model_config, resolve_format(self.model_path, args.load_format), args.quantization)
-        self.dtype = resolve_dtype(args.dtype, self.device, self.quantization)
+        target = resolve_target(args)
+        self.model_path, self.device, self.dtype = target.path, target.device, target.dtype
+        self.model_config, self.quantization = target.config, target.quantization
         self.tokenizer = load_tokenizer(args.tokenizer or self.model_path, args.load_format)
         torch.manual_seed(args.seed)
+        self.runner: Runner
         if args.tensor_parallel_size > 1:
-            from homelab_llm.engine.parallel_workers import ParallelRunner
+            from homelab_llm.engine.parallel import ParallelRunner
 
             self.runner = ParallelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
         else:
@@ -320,9 +277,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         for rid in list(self._seqs):
             self.abort_request(rid)
-        close = getattr(self.runner, "shutdown", None) or getattr(self.runner, "release", None)
-        if close is not None:
-            close()
+        self.runner.shutdown()
 
     @property
     def model_name(self) -> str:

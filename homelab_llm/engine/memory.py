@@ -4,13 +4,9 @@ One arithmetic for two users: `homelab-llm plan` (before anything is loaded) and
 (which sizes the KV pool from *measured* free memory but uses `kv_bytes_per_token` for the page
 size, so both agree on what one token costs). Torch-free on purpose: `plan` must not import torch.
 
-Sharding mirrors the engine's tensor parallelism (layers/linear.py, layers/embedding.py):
-- KV heads go to ranks in whole groups with their query heads: rank r gets
-  `num_kv // tp + (r < num_kv % tp)` KV heads when tp <= num_kv; with more ranks than KV heads
-  each rank holds one replicated KV head and `num_heads // tp` query heads;
-- the MLP intermediate dim splits evenly (the engine refuses an uneven split, so do we);
-- the vocab splits into ceil(vocab / tp) rows per rank, padded, for embeddings and lm_head;
-- norms are replicated on every rank.
+Sharding uses the engine's own rule and helpers (sharding.py): KV heads go to ranks in whole
+groups with their query heads (replicated when there are more ranks than KV heads), the MLP
+intermediate dim splits evenly, the vocab into padded ceil(vocab / tp) slices; norms are replicated.
 """
 
 from __future__ import annotations
@@ -21,6 +17,8 @@ from typing import Any
 
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
+                                         padded_shard)
 
 # int8 KV stores one fp16 scale per token per KV head, for K and for V (kernels/ref.py).
 INT8_KV_SCALE_BYTES = 2
@@ -32,38 +30,16 @@ GGUF_GROUP_SIZE = 32
 CONCURRENCY_LENGTHS = (8192, 32768, 131072)
 
 
-def shard(n: int, tp_size: int, tp_rank: int) -> int:
-    """Rank `tp_rank`'s share of n items split over tp_size ranks (uneven splits front-loaded)."""
-    return n // tp_size + (1 if tp_rank < n % tp_size else 0)
-
-
-def kv_heads_per_rank(num_kv_heads: int, tp_size: int, tp_rank: int = 0) -> int:
-    if tp_size > num_kv_heads:  # more ranks than KV heads: each rank keeps one replicated head
-        return 1
-    return shard(num_kv_heads, tp_size, tp_rank)
-
-
-def q_heads_per_rank(config: ModelConfig, tp_size: int, tp_rank: int = 0) -> int:
-    if tp_size > config.num_key_value_heads:
-        return config.num_attention_heads // tp_size
-    group = config.num_attention_heads // config.num_key_value_heads
-    return kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank) * group
-
-
 def check_tp_shapes(config: ModelConfig, tp_size: int) -> None:
-    """The splits the engine accepts; anything else is a user error with the numbers in it."""
-    kv, heads = config.num_key_value_heads, config.num_attention_heads
-    if tp_size > kv and (tp_size % kv or heads % tp_size):
-        raise MemoryPlanError(f"--tensor-parallel-size {tp_size} must divide the {heads} query "
-                              f"heads and be a multiple of the {kv} KV heads when it exceeds them")
-    if config.intermediate_size % tp_size:
-        raise MemoryPlanError(f"the MLP size ({config.intermediate_size}) is not divisible by "
-                              f"--tensor-parallel-size {tp_size}")
-    check_moe_tp(config, tp_size)
+    """The splits the engine accepts (sharding.py); anything else is a user error with the numbers."""
+    try:
+        check_tp_size(config, tp_size)
+    except ShardingError as exc:
+        raise MemoryPlanError(str(exc)) from None
 
 
-def vocab_rows_per_rank(vocab_size: int, tp_size: int) -> int:
-    return -(-vocab_size // tp_size)
+def _heads(config: ModelConfig, tp_size: int, tp_rank: int) -> HeadShard:
+    return head_shard(config.num_attention_heads, config.num_key_value_heads, tp_size, tp_rank)
 
 
 def _check_tp(tp_size: int, tp_rank: int) -> None:
@@ -75,7 +51,7 @@ def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: st
                        tp_size: int, tp_rank: int = 0) -> int:
     """Bytes one token's K and V occupy on one device, over all layers."""
     _check_tp(tp_size, tp_rank)
-    heads = kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank)
+    heads = _heads(config, tp_size, tp_rank).kv_heads
     if kv_cache_dtype == "int8":
         per_head = config.head_dim * 1 + INT8_KV_SCALE_BYTES
     else:
@@ -131,8 +107,8 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     group = _w4a16_group_size(config)
     h, d = config.hidden_size, config.head_dim
     check_tp_shapes(config, tp_size)
-    q_heads = q_heads_per_rank(config, tp_size, tp_rank)
-    kv_heads = kv_heads_per_rank(config.num_key_value_heads, tp_size, tp_rank)
+    heads = _heads(config, tp_size, tp_rank)
+    q_heads, kv_heads = heads.q_heads, heads.kv_heads
     inter = config.intermediate_size // tp_size
 
     qkv_out = (q_heads + 2 * kv_heads) * d
@@ -147,23 +123,15 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
         layer += qkv_out * size
     if config.qk_norm:
         layer += 2 * d * size
-    vocab = vocab_rows_per_rank(config.vocab_size, tp_size)
+    vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
     total = config.num_hidden_layers * layer + embed + lm_head + h * size  # + final norm
     return total + moe_weight_delta(config, size, method, group, tp_size)
 
 
-# -- mixture of experts (layers/moe.py): every expert resident, each one's width split over ranks --
-
-def check_moe_tp(config: ModelConfig, tp_size: int) -> None:
-    """Experts split their intermediate dim evenly over ranks (no expert parallelism)."""
-    for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
-        size = getattr(config, name)
-        if config.is_moe and size % tp_size:
-            raise MemoryPlanError(f"{name} ({size}) is not divisible by --tensor-parallel-size "
-                                  f"{tp_size}")
-
+# -- mixture of experts (layers/moe.py): every expert resident, each one's width split over ranks
+# (sharding.required_splits refuses a width the ranks do not divide) --
 
 def _gated_mlp_bytes(hidden: int, inter_local: int, size: int, method: str | None, group: int) -> int:
     return (_linear_bytes(hidden, 2 * inter_local, size, method, group)
@@ -263,14 +231,14 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     size = dtype_bytes(resolve_model_dtype(config, dtype))
     t = max(int(max_num_batched_tokens), 1)
     h, d = config.hidden_size, config.head_dim
-    q = q_heads_per_rank(config, tp_size, 0) * d
-    kv = kv_heads_per_rank(config.num_key_value_heads, tp_size, 0) * d
+    heads = _heads(config, tp_size, 0)
+    q, kv = heads.q_heads * d, heads.kv_heads * d
     inter = -(-config.intermediate_size // tp_size)
     attention_phase = 2 * h + (q + 2 * kv) + q + h
     mlp_phase = 2 * h + 2 * inter + inter + h
     hidden = max(t * max(attention_phase, mlp_phase) * size, moe_activation_bytes(config, t, size, tp_size))
     rows = min(t, max(int(max_num_seqs), 1))
-    vocab_shard = vocab_rows_per_rank(config.vocab_size, tp_size)
+    vocab_shard = padded_shard(config.vocab_size, tp_size, 0)[1]
     # local shard + gathered logits + one float32 working copy in the sampler (softmax/top-p)
     logits = rows * (vocab_shard + 2 * config.vocab_size) * 4
     return hidden + logits

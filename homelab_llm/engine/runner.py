@@ -17,7 +17,8 @@ from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.step_plan import HostStager, StepBatch, batch_from_plan, build_plan, plan_from_lists
+from homelab_llm.engine.step_plan import (HostStager, PlanHeader, StepBatch, batch_from_plan, build_plan,
+                                          plan_from_lists)
 
 # Without a flag, the CPU path keeps its KV cache to this (as vLLM's CPU backend does by default):
 # system RAM is shared with everything else on the box and is not ours to take.
@@ -245,11 +246,15 @@ class ModelRunner:
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
+    def shutdown(self) -> None:
+        """The Runner protocol's end (runner_protocol.py): one device has nothing else to stop."""
+        self.release()
+
     # -- one step -----------------------------------------------------------------------------
     def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
         return self.batch_from_plan(*build_plan(scheduled, self.page_size, copies=copies))
 
-    def batch_from_plan(self, header: list[int], payload: torch.Tensor) -> StepBatch:
+    def batch_from_plan(self, header: PlanHeader, payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
@@ -262,7 +267,7 @@ class ModelRunner:
     def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
                query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                logits_rows: list[int], state_indices: list[int] | None = None) -> StepBatch:
-        return self.batch_from_plan(*plan_from_lists(0, input_ids, positions, slot_mapping, query_lens,
+        return self.batch_from_plan(*plan_from_lists(input_ids, positions, slot_mapping, query_lens,
                                                      seq_lens, page_table, logits_rows, state_indices))
 
     @torch.inference_mode()

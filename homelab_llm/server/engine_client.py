@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.sampling_params import SamplingParams
+from homelab_llm.engine.tokenizer import Tokenizer
 
 log = logging.getLogger("homelab_llm.server")
 
@@ -26,10 +27,10 @@ log = logging.getLogger("homelab_llm.server")
 class Engine(Protocol):
     """The slice of `LLMEngine` (engine/core.py) the server uses."""
 
-    tokenizer: Any
+    tokenizer: Tokenizer
     max_model_len: int
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> None: ...
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> list[int]: ...
     def abort_request(self, request_id: str) -> None: ...
     def step(self) -> list[RequestOutput]: ...
     def has_unfinished_requests(self) -> bool: ...

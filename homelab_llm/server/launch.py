@@ -1,14 +1,20 @@
 """Run the app under uvicorn with our shutdown: the first SIGTERM/SIGINT stops admitting requests
 (503 + /health 'draining'), lets in-flight requests finish for up to the drain timeout, aborts the
-rest (their clients get an error, not a cut connection), then exits 0. A second signal exits at
-once. A model that fails to load stops the server with a one-line error."""
+rest (their clients get an error, not a cut connection), then exits 0. A second signal aborts
+everything at once: streams still get an error event and [DONE], and the exit status is
+128 + the signal number. A model that fails to load stops the server with a one-line error.
+
+The port is bound (`bind_socket`) before the model loads, so a busy port costs a second, not a
+model load."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import socket
+import time
 from types import FrameType
 
 import uvicorn
@@ -30,7 +36,10 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        self._abort_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
+        self._signals = 0  # counted in the handler itself: two quick signals must both count
+        self.exit_code = 0
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -52,15 +61,35 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after exit, and a drained
         # shutdown should end with status 0.
-        if self._drain_task is not None or self._loop is None:
+        self._signals += 1
+        if self._loop is None:
             self.should_exit = True
             self.force_exit = sig == signal.SIGINT
-            return
-        self._loop.call_soon_threadsafe(self._start_drain)
+        elif self._signals == 1:
+            self._loop.call_soon_threadsafe(self._start_drain)
+        else:
+            self.exit_code = 128 + sig
+            self._loop.call_soon_threadsafe(self._start_abort)
 
     def _start_drain(self) -> None:
         if self._drain_task is None:
             self._drain_task = asyncio.ensure_future(self.drain())
+
+    def _start_abort(self) -> None:
+        if self._abort_task is None:
+            self._abort_task = asyncio.ensure_future(self.abort_now())
+
+    async def abort_now(self) -> None:
+        """The second signal: abort every request now, give their handlers a moment to send the
+        error event and [DONE], then stop without waiting for anything else."""
+        self.state.draining = True
+        aborted = await self.state.client.drain(0)
+        log.warning("second signal: aborted %d request(s); exiting now", aborted)
+        deadline = time.monotonic() + 1.0
+        while self.server_state.tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        self.should_exit = True
+        self.force_exit = True
 
     async def drain(self) -> None:
         state = self.state
@@ -75,18 +104,44 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> int:
-    """Serve until a signal; returns the exit status (raises ServeError if the model fails)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (uvicorn listens on it later); a busy port is a one-line
+    ServeError at once."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as err:
+        raise ServeError(f"cannot resolve --host {host!r}: {err.strerror}") from err
+    sock = socket.socket(family, kind, proto)
+    # As uvicorn does: a port left in TIME_WAIT by our previous run is free; a listening one is not.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise ServeError(f"port {port} on {host} is in use") from err
+        raise ServeError(f"cannot listen on {host}:{port}: {err.strerror or err}") from err
+    return sock
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
+          sock: socket.socket | None = None) -> int:
+    """Serve until a signal on `sock` (bound here if not given); returns the exit status (raises
+    ServeError if the port is busy or the model fails to load)."""
     state: ServerState = app.state.server
+    sock = sock or bind_socket(host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=5, access_log=log_level == "debug")
     server = DrainingServer(config, state)
     try:
-        server.run()
+        server.run(sockets=[sock])
     except OSError as err:
         raise ServeError(f"cannot listen on {host}:{port}: {err.strerror or err}") from err
+    finally:
+        sock.close()
     if state.client.state == "failed":
         raise ServeError(f"the model failed to load: {state.client.load_error}")
     if not server.started:
         raise ServeError(f"the server did not start on {host}:{port} (see the log above)")
-    return 0
+    return server.exit_code

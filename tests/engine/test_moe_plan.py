@@ -41,9 +41,13 @@ def test_uneven_expert_split_is_refused():
 
     raw = {"model_type": "qwen3_moe", **{k: v for k, v in TINY_MOE.items() if k != "rope_parameters"}}
     cfg = config_from_hf({**raw, "moe_intermediate_size": 30, "intermediate_size": 96})
-    with pytest.raises(memory.MemoryPlanError, match=r"moe_intermediate_size \(30\) is not divisible"
-                                                      r" by --tensor-parallel-size 4"):
+    with pytest.raises(memory.MemoryPlanError, match=r"expert intermediate size "
+                                                      r"\(moe_intermediate_size\) \(30\) is not divisible by 4; "
+                                                      r"valid sizes: 1, 2\b"):
         memory.check_tp_shapes(cfg, 4)
+    from homelab_llm.engine.sharding import valid_tp_sizes
+
+    assert valid_tp_sizes(cfg) == [1, 2]
 
 
 def _tiny_config(tmp_path, **over):

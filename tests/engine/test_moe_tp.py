@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts
 from homelab_llm.engine.model.config import UnsupportedModelError
 from model_reference import PagedHarness, load_ours
@@ -48,7 +48,7 @@ def test_expert_shards_cover_the_full_tensors():
 
 def test_uneven_expert_split_is_refused():
     with pytest.raises(UnsupportedModelError,
-                       match=r"moe_intermediate_size \(6\) is not divisible by --tensor-parallel-size 4"):
+                       match=r"--tensor-parallel-size 4: the moe_intermediate_size \(6\) is not divisible by 4"):
         _on_rank(0, 4, lambda: FusedExperts(2, 8, 6))
 
 

@@ -121,7 +121,7 @@ def test_act_order_experts_are_refused(hf, tmp_path):
 
 
 def test_tp_shard_must_hold_whole_groups():
-    from homelab_llm.engine import parallel
+    from homelab_llm.engine.parallel import state as parallel
     from homelab_llm.engine.kernels.w4a16_pack import quantize_rtn
     from homelab_llm.engine.model.w4a16_experts import shard_expert
 

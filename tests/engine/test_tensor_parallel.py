@@ -170,16 +170,16 @@ def test_a_raising_rank_reports_its_error(tmp_path: Path) -> None:
 
 def test_two_local_processes_as_two_nodes(tmp_path: Path) -> None:
     make_hf_model("llama", tmp_path, num_attention_heads=6, num_key_value_heads=2, **SHAPE)
-    from homelab_llm.engine.tp_launch import _free_port
+    from homelab_llm.engine.parallel.launch import free_port
 
-    port = _free_port()
+    port = free_port()
     common = (f"device='cpu', dtype='float32', tensor_parallel_size=2, page_size=4, "
               f"kv_cache_memory_bytes=4 << 20, nnodes=2, master_addr='127.0.0.1', "
               f"master_port={port}")
     node1 = _script(tmp_path, f"""
         import sys
         from homelab_llm.engine.args import EngineArgs
-        from homelab_llm.engine.parallel_workers import serve_worker_node
+        from homelab_llm.engine.parallel import serve_worker_node
         if __name__ == "__main__":
             sys.exit(serve_worker_node(EngineArgs(model={str(tmp_path)!r}, node_rank=1, {common})))
     """).rename(tmp_path / "node1.py")

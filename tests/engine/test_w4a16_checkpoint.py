@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.model.config import ModelLoadError, UnsupportedModelError
 from homelab_llm.engine.model.loader import load_model, load_model_config
 from model_reference import PagedHarness, make_hf_model

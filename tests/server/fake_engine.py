@@ -65,6 +65,11 @@ class FakeTokenizer:
         out.append(raw.decode(errors="replace"))
         return "".join(out)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id in SPECIALS:
+            return SPECIALS[token_id].encode()
+        return bytes([token_id - OFFSET])
+
     def token_text(self, token_id: int) -> str:
         if token_id in SPECIALS:
             return SPECIALS[token_id]

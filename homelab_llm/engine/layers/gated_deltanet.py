@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.context import get_context
 from homelab_llm.engine.kernels import gdn
 from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, even_shard
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.parallel import state as parallel
 
 
 def head_split(config: ModelConfig, tp_size: int, rank: int) -> tuple[int, int]:

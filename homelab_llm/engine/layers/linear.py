@@ -8,16 +8,15 @@ nn.Linear. Weights are [out_features, in_features] as in HF checkpoints.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel.state import all_reduce, tp_rank, tp_size
+from homelab_llm.engine.sharding import even_shard, head_shard
 from homelab_llm.engine.kernels import dispatch
-from homelab_llm.engine.model.config import UnsupportedModelError
 
 _defer_weights = False
 
@@ -37,43 +36,6 @@ def deferred_weights() -> Iterator[None]:
 def weights_deferred() -> bool:
     """Inside deferred_weights(): layers with large weights build them on the meta device."""
     return _defer_weights
-
-
-def even_shard(total: int, tp_size: int, rank: int, what: str) -> tuple[int, int]:
-    """(start, size) of an evenly split dimension; uneven splits are an error naming the sizes."""
-    if total % tp_size:
-        raise UnsupportedModelError(
-            f"{what} ({total}) is not divisible by --tensor-parallel-size {tp_size}")
-    size = total // tp_size
-    return rank * size, size
-
-
-@dataclass(frozen=True)
-class HeadShard:
-    """The attention heads one rank owns. KV heads are split in whole groups (each with its query
-    heads); with more ranks than KV heads, each KV head is replicated over tp_size/num_kv ranks."""
-
-    q_start: int
-    q_heads: int
-    kv_start: int
-    kv_heads: int
-
-
-def head_shard(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) -> HeadShard:
-    group = num_heads // num_kv_heads
-    if tp_size <= num_kv_heads:
-        # Ranks get floor or ceil of num_kv/tp groups, larger shares first: 3 kv / 2 ranks = 2 + 1.
-        base, extra = divmod(num_kv_heads, tp_size)
-        kv_heads = base + (rank < extra)
-        kv_start = rank * base + min(rank, extra)
-        return HeadShard(kv_start * group, kv_heads * group, kv_start, kv_heads)
-    if tp_size % num_kv_heads or num_heads % tp_size:
-        raise UnsupportedModelError(
-            f"--tensor-parallel-size {tp_size} must divide the {num_heads} query heads and be a "
-            f"multiple of the {num_kv_heads} KV heads when it exceeds them")
-    replicas = tp_size // num_kv_heads
-    q_heads = num_heads // tp_size
-    return HeadShard(rank * q_heads, q_heads, rank // replicas, 1)
 
 
 class LinearBase(nn.Module):
@@ -173,7 +135,7 @@ ReplicatedLinear = LinearBase
 
 class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.out_start, out_local = even_shard(out_features, self.tp_size, self.tp_rank,
                                                "output features")
         super().__init__(in_features, out_local, bias)
@@ -189,7 +151,7 @@ class MergedColumnParallelLinear(LinearBase):
 
     def __init__(self, in_features: int, out_features: list[int], bias: bool = False,
                  part_names: list[str] | None = None):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.parts = [even_shard(o, self.tp_size, self.tp_rank, "output features")
                       for o in out_features]
         self.part_names = part_names
@@ -210,7 +172,7 @@ class QKVParallelLinear(LinearBase):
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False, q_rows_per_head: int | None = None):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.head_dim = head_dim
         # A query head may carry more rows than head_dim: Qwen3.5's q_proj gives each head its
         # query and its output gate side by side (2 * head_dim rows, split after the matmul).
@@ -243,7 +205,7 @@ class RowParallelLinear(LinearBase):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  input_shard: tuple[int, int] | None = None):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.in_start, in_local = input_shard or even_shard(
             in_features, self.tp_size, self.tp_rank, "input features")
         super().__init__(in_local, out_features, bias)
@@ -251,7 +213,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
         out = self._matmul(x, self.bias if self.tp_rank == 0 else None)
-        return parallel.all_reduce(out) if self.tp_size > 1 else out
+        return all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):
         if param.dim() == 1:  # bias: replicated

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.kernels.moe_ref import MoeW4
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.layers.linear import ReplicatedLinear, even_shard, weights_deferred
+from homelab_llm.engine.layers.linear import ReplicatedLinear, weights_deferred
+from homelab_llm.engine.parallel import state as parallel
+from homelab_llm.engine.sharding import even_shard
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.layers.activation import SiluAndMul
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -24,6 +23,7 @@ from homelab_llm.engine.layers.linear import (
 from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 # checkpoint module name -> (our fused module, shard_id)
 PACKED_MODULES = {
@@ -140,7 +140,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.model = LlamaModel(config, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:

@@ -15,7 +15,6 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts, expert_target
 from homelab_llm.engine.model.config import (
     ModelConfig,
@@ -29,6 +28,7 @@ from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from homelab_llm.engine.model.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
+from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 # config.architecture -> the model class; every other supported architecture is llama.py's.
@@ -133,9 +133,9 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
     random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it."""
     fmt = resolve_format(path, load_format)
     method = resolve_quantization(config, fmt, quantization)
-    if (parallel.tp_rank(), parallel.tp_size()) != (tp_rank, tp_size):
+    if (parallel_state.tp_rank(), parallel_state.tp_size()) != (tp_rank, tp_size):
         # Layers read the rank at construction; keep the process-wide state in step with the call.
-        parallel.set_parallel_state(tp_rank, tp_size)
+        parallel_state.set_parallel_state(tp_rank, tp_size)
     device = torch.device(device)
     if method == "w4a16" and fmt == "gguf":
         return _load_gguf_w4a16(config, path, dtype, device).eval()
@@ -322,5 +322,5 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             param.data.fill_(1.0)
             continue
         gen = torch.Generator(device=param.device)
-        gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel.tp_rank()}".encode()))
+        gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel_state.tp_rank()}".encode()))
         param.data.normal_(0.0, DUMMY_STD, generator=gen)

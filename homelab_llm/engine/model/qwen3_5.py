@@ -23,7 +23,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
@@ -32,6 +31,7 @@ from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP
+from homelab_llm.engine.parallel import state as parallel
 
 QWEN3_5_PACKED = {
     **PACKED_MODULES,

@@ -15,7 +15,7 @@ import zlib
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel.state import tp_rank
 from homelab_llm.engine.kernels.w4a16_pack import SUPPORTED_GROUP_SIZES, W4Weight
 from homelab_llm.engine.kernels.moe_ref import MoeW4
 from homelab_llm.engine.layers.linear import LinearBase
@@ -61,7 +61,7 @@ def fill_dummy_w4(model: nn.Module, device: torch.device, dtype: torch.dtype, se
             module.materialize(device, dtype)
             continue
         gen = torch.Generator(device=device)
-        gen.manual_seed(seed + zlib.crc32(f"{name}.w4@{parallel.tp_rank()}".encode()))
+        gen.manual_seed(seed + zlib.crc32(f"{name}.w4@{tp_rank()}".encode()))
         module.set_w4(random_w4(module.in_features, module.out_features, group, gen, device),
                       dtype)
 
@@ -73,6 +73,6 @@ def _fill_experts(name: str, experts: FusedExperts, device: torch.device, seed: 
     if None in groups:
         raise ValueError(f"{name}: no 4-bit group size divides hidden {h} / expert width {i}")
     gen = torch.Generator(device=device)
-    gen.manual_seed(seed + zlib.crc32(f"{name}.w4@{parallel.tp_rank()}".encode()))
+    gen.manual_seed(seed + zlib.crc32(f"{name}.w4@{tp_rank()}".encode()))
     experts.set_w4(MoeW4(random_w4(h, 2 * i, groups[0], gen, device, lead=(e,)),
                          random_w4(i, h, groups[1], gen, device, lead=(e,))))

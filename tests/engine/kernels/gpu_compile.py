@@ -149,7 +149,7 @@ def _scenarios():
 
     yield from _moe_scenarios()
 
-    from homelab_llm.engine.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
+    from homelab_llm.engine.parallel.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
     assert set(AR_DTYPES) <= {bf16, fp16, torch.float32}, AR_DTYPES
     for world, dt in ((2, bf16), (8, bf16), (4, fp16), (4, torch.float32)):
         x = torch.zeros(1 << 16, dtype=dt)
