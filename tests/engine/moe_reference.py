@@ -41,20 +41,17 @@ def make_hf_qwen3_5_moe(folder: Path, seed: int = 0, **overrides: Any):
     folder, fp32 eval. Norms, decays and routers are randomised so each is exercised."""
     import transformers
 
-    from hybrid_reference import TEXT_SHAPE
+    from hybrid_reference import TEXT_SHAPE, perturb_hybrid
 
     torch.manual_seed(seed)
     shape = {k: v for k, v in TEXT_SHAPE.items() if k != "intermediate_size"}
     shape.update(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
                  num_experts_per_tok=2, initializer_range=0.1, **overrides)
     model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**shape))
+    perturb_hybrid(model)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "dt_bias")):
-                p.normal_(0.0, 0.2)
-            elif name.endswith("A_log"):
-                p.uniform_(-1.0, 1.0)
-            elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+            if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
                 p.normal_(0.0, 0.5)
     model.float().eval()
     model.save_pretrained(folder)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts
 from homelab_llm.engine.model.config import UnsupportedModelError
-from model_reference import PagedHarness, load_ours
+from model_reference import chunked_logits, load_ours, two_rank_logits
 from moe_reference import make_hf_moe
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5]
@@ -52,34 +51,11 @@ def test_uneven_expert_split_is_refused():
         _on_rank(0, 4, lambda: FusedExperts(2, 8, 6))
 
 
-def _rank_main(rank: int, folder: str, init_file: str, out_file: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        from homelab_llm.engine.model.loader import load_model, load_model_config
-
-        config = load_model_config(folder)
-        model = load_model(config, folder, "auto", torch.float32, "cpu", tp_rank=rank, tp_size=2)
-        harness = PagedHarness(model, page_size=4)
-        logits = [harness.step({"s": PROMPT[:5]}), harness.step({"s": PROMPT[5:]})]
-        logits += [harness.step({"s": [t]}) for t in DECODE]
-        if rank == 0:
-            torch.save(torch.cat(logits), out_file)
-    finally:
-        dist.destroy_process_group()
-
-
 def test_two_rank_forward_equals_one_rank(tmp_path):
     folder = tmp_path / "model"
     make_hf_moe(folder)
     _, single = load_ours(folder)
-    harness = PagedHarness(single, page_size=4)
-    expected = [harness.step({"s": PROMPT[:5]}), harness.step({"s": PROMPT[5:]})]
-    expected += [harness.step({"s": [t]}) for t in DECODE]
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_rank_main, args=(str(folder), str(tmp_path / "rendezvous"), str(out)), nprocs=2,
-             join=True)
-    torch.testing.assert_close(torch.load(out), torch.cat(expected), atol=1e-4, rtol=0)
+    expected = chunked_logits(single, PROMPT, DECODE)
+    got = two_rank_logits(folder, tmp_path, PROMPT, DECODE)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
     assert parallel.tp_size() == 1
