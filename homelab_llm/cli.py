@@ -19,11 +19,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hwcheck": ("homelab_llm.hwcheck.command", "detect GPUs, PCIe links and P2P; check a planned build"),
     "plan": ("homelab_llm.hwcheck.plan_command", "plan memory: weights, KV, context and concurrency"),
     "presets": ("homelab_llm.tui.presets_command", "list and show service presets"),
+    "models": ("homelab_llm.models.command", "list models on disk with fit verdicts"),
+    "pull": ("homelab_llm.models.pull_command", "download a model from the Hugging Face Hub"),
+    "router": ("homelab_llm.router.command", "one OpenAI endpoint in front of every preset"),
 }
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="homelab-llm", description=__doc__.splitlines()[0])
+    from homelab_llm.settings import settings_path
+
+    parser = argparse.ArgumentParser(
+        prog="homelab-llm", description=__doc__.splitlines()[0],
+        epilog=f"settings file: {settings_path()} (TOML: models_dirs, default_preset, "
+               "router_port; HOMELAB_LLM_CONFIG names another)")
     parser.add_argument("--version", action="version", version=f"homelab-llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)

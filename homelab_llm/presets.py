@@ -30,7 +30,7 @@ FLAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 PRESETS_DIR_ENV = "HOMELAB_LLM_PRESETS_DIR"  # lets tests and `serve --preset` children share a dir
 API_KEY_ENV = "HOMELAB_LLM_API_KEY"  # our server's key; a preset sets it in its env table
 KNOWN_KEYS = frozenset({"name", "description", "backend", "model", "host", "port", "health_path",
-                        "startup_timeout", "command", "args", "env"})
+                        "startup_timeout", "command", "args", "env", "routable", "ttl"})
 
 
 class PresetError(HomelabError, ValueError):
@@ -59,6 +59,8 @@ class Preset:
     command: tuple[str, ...] = ()  # backend = "command": argv with {python} {port} {host} {model}
     args: dict[str, ArgValue] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    routable: bool = True  # listed by `homelab-llm router` and started there on demand
+    ttl: float = 0.0  # router: seconds idle before unloading; 0 = the router's --ttl
     source: Path | None = field(default=None, compare=False)  # where it was read from
     builtin: bool = field(default=False, compare=False)
 
@@ -143,6 +145,11 @@ def validate_preset(preset: Preset) -> list[PresetIssue]:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
             math.isfinite(timeout) and timeout > 0):
         bad("startup_timeout", f"must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(preset.routable, bool):
+        bad("routable", f"must be true or false, got {preset.routable!r}")
+    ttl = preset.ttl
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (math.isfinite(ttl) and ttl >= 0):
+        bad("ttl", f"must be a number of seconds >= 0 (0: the router's default), got {ttl!r}")
     for key, value in preset.args.items():
         if not FLAG_RE.match(key):
             bad(f"args.{key}", "flag names use letters, digits, '_' and '-'")
@@ -231,7 +238,7 @@ def parse_preset(data: dict[str, object], *, name: str, source: Path | None = No
                 kwargs[key] = data[key]
             else:
                 issues.append(PresetIssue(key, f"must be a string, got {data[key]!r}"))
-    for key in ("port", "startup_timeout"):
+    for key in ("port", "startup_timeout", "routable", "ttl"):
         if key in data:
             kwargs[key] = data[key]  # range and type checked by validate_preset
     for key in ("args", "env"):
@@ -341,6 +348,10 @@ def dump_preset(preset: Preset) -> str:
     lines += [f"host = {_toml_value(preset.host)}", f"port = {preset.port}",
               f"health_path = {_toml_value(preset.health_path)}",
               f"startup_timeout = {_toml_value(preset.startup_timeout)}"]
+    if not preset.routable:
+        lines.append("routable = false")
+    if preset.ttl:
+        lines.append(f"ttl = {_toml_value(preset.ttl)}")
     for table in ("args", "env"):
         entries: dict[str, ArgValue] = getattr(preset, table)
         if entries:

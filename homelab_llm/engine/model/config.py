@@ -407,3 +407,21 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"{path}: not valid JSON ({err})") from None
+
+
+# Where older quantizers put quantization_config when config.json does not carry it.
+QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    """An HF folder's config.json as a dict, with quantization_config filled in from the side
+    file older quantizers write (AutoGPTQ's quantize_config.json does not name its method)."""
+    raw = read_json(folder / "config.json")
+    if not raw.get("quantization_config"):
+        for fname in QUANT_CONFIG_FILES:
+            if (folder / fname).is_file():
+                quant = read_json(folder / fname)
+                quant.setdefault("quant_method", "gptq")
+                raw["quantization_config"] = quant
+                break
+    return raw

@@ -21,6 +21,7 @@ from homelab_llm.engine.model.config import (
     ModelLoadError,
     UnsupportedModelError,
     config_from_hf,
+    read_hf_config,
     read_json,
 )
 from homelab_llm.engine.model.llama import LlamaForCausalLM
@@ -61,20 +62,9 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
     raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
 
 
-# Where older quantizers put quantization_config when config.json does not carry it.
-_QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
-
-
 def _hf_config(folder: Path) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = read_json(config_path)
-    if not raw.get("quantization_config"):
-        for fname in _QUANT_CONFIG_FILES:
-            if (folder / fname).is_file():
-                quant = read_json(folder / fname)
-                quant.setdefault("quant_method", "gptq")  # AutoGPTQ's file does not say
-                raw["quantization_config"] = quant
-                break
+    raw = read_hf_config(folder)
     cfg = config_from_hf(raw, name=folder.name, where=str(config_path))
     parse_quant_config(cfg.quantization, str(config_path))  # unsupported settings fail here
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.

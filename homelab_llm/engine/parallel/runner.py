@@ -48,7 +48,8 @@ log = logging.getLogger("homelab_llm.engine.parallel")
 
 
 class ParallelRunner:
-    """Rank 0's runner: the same interface as ModelRunner, driving every rank in lockstep."""
+    """Rank 0's runner, driving every rank in lockstep. A Runner (runner_protocol.py), as
+    ModelRunner is: the engine loop holds either one."""
 
     def __init__(self, args: EngineArgs, config: ModelConfig, model_path: str,
                  device: torch.device, dtype: torch.dtype) -> None:
