@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import (MEMORY_FIELDS, open_channel, patch_section,
@@ -37,7 +38,6 @@ from homelab_llm.engine.parallel.state import set_parallel_state
 from homelab_llm.engine.parallel.worker import worker_main
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
                                           CMD_SHUTDOWN, PlanHeader, StepBatch, build_plan)
 
