@@ -19,6 +19,7 @@ from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault
 from homelab_llm.engine.isolate import run_isolated
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.model.context_limit import check_max_model_len
+from homelab_llm.engine.memory import parameter_fields
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
@@ -335,7 +336,8 @@ class LLMEngine:
         return {
             "config": {**args, "max_model_len": self.max_model_len, "quantization": self.quantization,
                        "dtype": str(self.dtype).removeprefix("torch."),
-                       "device": str(self.device), "architecture": self.model_config.architecture},
+                       "device": str(self.device), "architecture": self.model_config.architecture,
+                       **parameter_fields(self.model_config)},
             "devices": devices,
             "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
                    "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,

@@ -143,7 +143,86 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
-    return layers + embed + lm_head + h * size  # + final norm
+    total = layers + embed + lm_head + h * size  # + final norm
+    return total + moe_weight_delta(config, size, method, group, tp_size)
+
+
+# -- mixture of experts (layers/moe.py): every expert resident, each one's width split over ranks
+# (sharding.required_splits refuses a width the ranks do not divide) --
+
+def _gated_mlp_bytes(hidden: int, inter_local: int, size: int, method: str | None, group: int) -> int:
+    return (_linear_bytes(hidden, 2 * inter_local, size, method, group)
+            + _linear_bytes(inter_local, hidden, size, method, group))
+
+
+def moe_layer_mlp_bytes(config: ModelConfig, size: int, method: str | None, group: int,
+                        tp_size: int) -> int:
+    """One sparse layer's MLP on one rank: the router (replicated, model dtype), all experts'
+    shards, and the shared expert with its gate."""
+    h = config.hidden_size
+    total = config.num_experts * h * size
+    total += config.num_experts * _gated_mlp_bytes(h, config.moe_intermediate_size // tp_size,
+                                                   size, method, group)
+    if config.has_shared_expert:
+        total += _gated_mlp_bytes(h, config.shared_expert_intermediate_size // tp_size, size,
+                                  method, group) + h * size
+    return total
+
+
+def moe_weight_delta(config: ModelConfig, size: int, method: str | None, group: int,
+                     tp_size: int) -> int:
+    """What the sparse layers add over the dense-MLP count weight_bytes starts from."""
+    if not config.is_moe:
+        return 0
+    dense = _gated_mlp_bytes(config.hidden_size, config.intermediate_size // tp_size, size, method, group)
+    return len(config.moe_layers) * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
+
+
+def moe_activation_bytes(config: ModelConfig, tokens: int, size: int, tp_size: int) -> int:
+    """A sparse MLP's transient peak: per (token, pick) slot the expert activation and output row,
+    fp32 router logits/probabilities, and the sort buffers (kernels/fused_moe.py)."""
+    if not config.is_moe:
+        return 0
+    slots = tokens * config.num_experts_per_tok
+    inter = config.moe_intermediate_size // tp_size
+    return (slots * (inter + config.hidden_size) * size + 2 * tokens * config.num_experts * 4
+            + 3 * (slots + config.num_experts * 64) * 4 + 2 * tokens * config.hidden_size * size)
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    total: int  # every parameter (all experts)
+    active: int  # those one token reads: all but the experts it was not routed to
+
+
+def parameter_count(config: ModelConfig) -> ParameterCount:
+    """Parameters of the whole model and those active per token (k of E experts per layer).
+    Embedding rows count in both (as model cards count them)."""
+    h, d = config.hidden_size, config.head_dim
+    attn = h * (config.num_attention_heads + 2 * config.num_key_value_heads) * d
+    attn += config.num_attention_heads * d * h + 2 * h
+    if config.qk_norm:
+        attn += 2 * d
+    dense_mlp = 3 * h * config.intermediate_size
+    embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
+    total = active = config.num_hidden_layers * attn + embed
+    sparse = set(config.moe_layers)
+    expert = 3 * h * config.moe_intermediate_size
+    shared = (3 * h * config.shared_expert_intermediate_size + h) if config.has_shared_expert else 0
+    for layer in range(config.num_hidden_layers):
+        if layer in sparse:
+            total += config.num_experts * (h + expert) + shared
+            active += config.num_experts * h + config.num_experts_per_tok * expert + shared
+        else:
+            total += dense_mlp
+            active += dense_mlp
+    return ParameterCount(total, active)
+
+
+def parameter_fields(config: ModelConfig) -> dict[str, int]:
+    """/v1/status engine-config keys: parameters and active_parameters (per token)."""
+    count = parameter_count(config)
+    return {"parameters": count.total, "active_parameters": count.active}
 
 
 def rope_table_bytes(config: ModelConfig) -> int:
@@ -173,7 +252,8 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     gate = q if config.attn_output_gate else 0  # the gate rides in q_proj and is applied after
     attention_phase = 2 * h + (q + gate + 2 * kv) + q + gate + h
     mlp_phase = 2 * h + 2 * inter + inter + h
-    hidden = t * max(attention_phase, mlp_phase) * size
+    hidden = max(t * max(attention_phase, mlp_phase) * size,
+                 moe_activation_bytes(config, t, size, tp_size))
     if config.is_hybrid:
         layout = StateLayout.for_model(config, tp_size, dtype)
         hidden = max(hidden, gdn_activation_bytes(config, layout, t, size))
