@@ -16,8 +16,6 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwe
 MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
 # Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
-# rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
-# Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
