@@ -30,6 +30,7 @@ from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
 from homelab_llm.tui.probe import Probe
 from homelab_llm.tui.screens.bench import BenchScreen
+from homelab_llm.tui.screens.confirm import ConfirmScreen
 from homelab_llm.tui.screens.dashboard import DashboardScreen
 from homelab_llm.tui.screens.hardware import HardwareScreen
 from homelab_llm.tui.screens.help import HelpScreen
@@ -37,6 +38,7 @@ from homelab_llm.tui.screens.logs import LogsScreen
 from homelab_llm.tui.screens.presets import PresetsScreen
 from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, ServiceState,
                                      ServiceStatus, StateChanged)
+from homelab_llm.tui.service_control import Verb, decide_toggle
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
 
 HISTORY_POINTS = 120  # one minute of sparkline at 2 Hz
@@ -212,12 +214,36 @@ class HomelabApp(App[int]):
                         timeout=15)
 
     def action_toggle_service(self) -> None:
-        if self.service.status.running:
-            self._stop_service()
+        status = self.service.status
+        in_flight = 0
+        if status.state is ServiceState.HEALTHY and self.snapshot.ok:
+            in_flight = (self.snapshot.running or 0) + (self.snapshot.waiting or 0)
+        decision = decide_toggle(status, self.current_preset, watch_url=self.watch_url,
+                                 in_flight=in_flight)
+        if decision.verb is Verb.NOTHING:
             return
-        preset = self.preset_named(self.current_preset)
+        if not decision.question:
+            self._act(decision.verb)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._act(decision.verb)
+
+        self.push_screen(ConfirmScreen(decision.question), answered)
+
+    def _act(self, verb: Verb) -> None:
+        if verb is Verb.STOP:
+            self._stop_service()
+        elif verb is Verb.SWITCH:
+            self._switch_service(self.current_preset)
+        elif verb is Verb.START:
+            self._start_service(self.current_preset)
+
+    def _start_service(self, name: str) -> None:
+        preset = self.preset_named(name)
         if preset is None:
-            self.notify(f"no preset named {self.current_preset!r}", severity="error")
+            self.notify(f"no preset named {name!r}", severity="error")
             return
         try:
             self.service.start(preset)
@@ -227,6 +253,11 @@ class HomelabApp(App[int]):
     @work(thread=True, exclusive=True, group="service-stop")
     def _stop_service(self) -> None:
         self.service.stop()  # blocks up to the grace period, so never on the UI thread
+
+    @work(thread=True, exclusive=True, group="service-stop")
+    def _switch_service(self, name: str) -> None:
+        self.service.stop()
+        self.call_from_thread(self._start_service, name)
 
     def chat_url(self) -> str | None:
         return self.probe_url()

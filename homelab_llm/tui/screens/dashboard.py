@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Header, Input, Static
 
 from homelab_llm.tui.snapshot import ServerSnapshot
 from homelab_llm.tui.widgets.chat import ChatBox
@@ -26,10 +26,15 @@ class DashboardScreen(Screen[None]):
         Binding("s", "app.toggle_service", "Start/stop"),
         Binding("i", "focus_chat", "Chat"),
         Binding("ctrl+l", "clear_chat", "Clear chat", show=False),
-        Binding("escape", "leave_chat", "Leave the chat box", show=False),
+        Binding("escape", "leave_chat", "Keys"),  # shown only while the chat box has them
     ]
 
     app: HomelabApp  # type: ignore[assignment]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reachable = False  # the last snapshot reached a server: focus moves only on a change
+        self._refocus = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -58,6 +63,27 @@ class DashboardScreen(Screen[None]):
         self.watch(self.app, "telemetry", lambda _: self._show_snapshot(self.app.snapshot))
         self.set_interval(0.5, self.refresh_service)  # elapsed time while starting
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "leave_chat":
+            return isinstance(self.focused, Input)
+        return True
+
+    def on_screen_suspend(self) -> None:
+        # Under a modal Textual restores the focus itself; a mode switch comes back fresh.
+        self._refocus = not isinstance(self.app.screen, ModalScreen)
+
+    def on_screen_resume(self) -> None:
+        if self._refocus and self.app.snapshot.ok:
+            self.action_focus_chat()
+
+    def _follow_reachability(self, snap: ServerSnapshot) -> None:
+        """A server just became reachable: typing now goes to the chat box, so letters never
+        reach the single-key bindings (`s` would stop the service). Esc gives them back, and
+        later polls leave the focus where the user put it."""
+        if snap.ok and not self._reachable and self.is_current:
+            self.action_focus_chat()
+        self._reachable = snap.ok
+
     def refresh_service(self) -> None:
         app = self.app
         self.query_one(ServiceBar).show(app.service_status, app.clock(), app.watch_url or "",
@@ -65,6 +91,7 @@ class DashboardScreen(Screen[None]):
 
     def _show_snapshot(self, snap: ServerSnapshot) -> None:
         app = self.app
+        self._follow_reachability(snap)
         gpus = [g for g in app.hardware.gpus if not g.integrated]
         count = max(len(snap.devices), len(gpus))
         panels_box = self.query_one("#gpu-panels", Vertical)

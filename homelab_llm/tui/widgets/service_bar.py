@@ -24,6 +24,10 @@ def service_line(status: ServiceStatus, now: float, watching: str, preset: str) 
         text.append(status.preset, style="bold")
         text.append(f" · {duration(elapsed)} · waiting for health at {status.url}")
         return text
+    if state is ServiceState.STOPPED and watching:  # nothing of ours runs; we watch theirs
+        text.append("● watching ", style="cyan")
+        text.append(watching, style="bold")
+        return text
     text.append("● ", style=STATE_STYLE[state])
     text.append(state.value, style=STATE_STYLE[state])
     if state is ServiceState.HEALTHY:
@@ -35,8 +39,6 @@ def service_line(status: ServiceStatus, now: float, watching: str, preset: str) 
         text.append(f"  {status.message}  (see Logs)", style="red")
     elif state is ServiceState.STOPPING:
         text.append(f"  {status.preset}")
-    elif watching:
-        text.append(f"  watching {watching}")
     else:
         text.append(f"  press s to start {preset}" if preset else "  pick a preset (p)")
     return text
