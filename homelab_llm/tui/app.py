@@ -209,9 +209,9 @@ class HomelabApp(App[int]):
         if new.state is ServiceState.HEALTHY:
             self.notify(new.message, title="service healthy")
         elif new.state is ServiceState.CRASHED:
-            tail = "\n".join(new.last_lines[-5:])
-            self.notify(f"{new.message}\n{tail}", title="service crashed", severity="error",
-                        timeout=15)
+            reason = new.reason or "(no output; see Logs)"
+            self.notify(f"{reason}\n{new.message} · l shows the log", title="service crashed",
+                        severity="error", timeout=20)
 
     def action_toggle_service(self) -> None:
         status = self.service.status
@@ -258,6 +258,14 @@ class HomelabApp(App[int]):
     def _switch_service(self, name: str) -> None:
         self.service.stop()
         self.call_from_thread(self._start_service, name)
+
+    def max_model_len(self) -> int | None:
+        """The served context limit: the server's own word (/v1/status), else the preset's."""
+        value = self.snapshot.config.get("max_model_len") if self.snapshot.ok else None
+        if value is None and self.service_status.running:
+            preset = self.preset_named(self.service_status.preset)
+            value = preset.args.get("max_model_len") if preset else None
+        return value if isinstance(value, int) and value > 0 else None
 
     def chat_url(self) -> str | None:
         return self.probe_url()

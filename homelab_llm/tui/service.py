@@ -27,10 +27,12 @@ import httpx
 
 from homelab_llm.errors import HomelabError
 from homelab_llm.presets import Preset
+from homelab_llm.tui.failure import first_error_line, this_run
 from homelab_llm.tui.launch import launch_command, launch_env
 
 LOG_LINES_KEPT = 5000
 LAST_LINES_ON_CRASH = 12
+LINES_SEARCHED_FOR_REASON = 400
 
 
 class ServiceError(HomelabError):
@@ -60,6 +62,7 @@ class ServiceStatus:
     exit_code: int | None = None
     message: str = ""
     last_lines: tuple[str, ...] = ()
+    reason: str = ""  # the child's first error line after a crash (failure.first_error_line)
 
     @property
     def running(self) -> bool:
@@ -188,7 +191,7 @@ class ServiceManager:
             self._child = child
             self._set(state=ServiceState.STARTING, preset=preset.name, pid=proc.pid, url=child.url,
                       started_at=child.started_at, ready_after_s=None, exit_code=None,
-                      message=f"starting {preset.name}", last_lines=())
+                      message=f"starting {preset.name}", last_lines=(), reason="")
         reader = threading.Thread(target=self._read_output, args=(child,), name="service-output",
                                   daemon=True)
         reader.start()
@@ -220,6 +223,10 @@ class ServiceManager:
         """Used when the app ends: a short grace, never an orphan."""
         self.stop(grace_s=min(self.grace_s, 3.0))
 
+    def _crash_lines(self) -> dict[str, object]:
+        lines = this_run(list(self.logs)[-LINES_SEARCHED_FOR_REASON:])
+        return {"last_lines": tuple(lines[-LAST_LINES_ON_CRASH:]), "reason": first_error_line(lines)}
+
     # ---------------------------------------------------------------- threads
 
     def _read_output(self, child: _Child) -> None:
@@ -239,8 +246,7 @@ class ServiceManager:
             self._child = None
         _kill_group(child.proc.pid)  # the leader died; take any workers it left with it
         reader.join(timeout=2.0)  # so the last lines shown include the child's final words
-        last = tuple(list(self.logs)[-LAST_LINES_ON_CRASH:])
-        self._set(state=ServiceState.CRASHED, pid=None, exit_code=code, last_lines=last,
+        self._set(state=ServiceState.CRASHED, pid=None, exit_code=code, **self._crash_lines(),
                   message=f"{child.preset.name} exited with code {code}")
 
     def _wait_healthy(self, child: _Child) -> None:
@@ -263,8 +269,7 @@ class ServiceManager:
                               f"{child.preset.startup_timeout:g} s; stopping")
                     self.stop()
                     self._set(state=ServiceState.CRASHED, exit_code=child.proc.returncode,
-                              last_lines=tuple(list(self.logs)[-LAST_LINES_ON_CRASH:]),
-                              message=f"{child.preset.name} not healthy after "
+                              **self._crash_lines(), message=f"{child.preset.name} not healthy after "
                                       f"{child.preset.startup_timeout:g} s")
                     return
                 time.sleep(self.health_interval_s)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from textual.widgets import DataTable, Input, Log, Static
+from textual.widgets import DataTable, Input, RichLog, Static
 
 from homelab_llm.presets import load_preset, save_preset
 from homelab_llm.tui.app import HomelabApp
@@ -192,6 +192,9 @@ async def test_crash_flow_from_the_ui() -> None:
     service = ServiceManager(grace_s=1.0)
     app = make_app(service=service, watch_url=None, clock=time.monotonic,
                    initial_preset="crasher")
+    toasts: list[str] = []
+    notify = app.notify
+    app.notify = lambda message, **kw: (toasts.append(message), notify(message, **kw))[1]
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("s")
         for _ in range(100):
@@ -200,11 +203,13 @@ async def test_crash_flow_from_the_ui() -> None:
                 break
         assert app.service_status.exit_code == 1
         await pilot.pause(0.05)
-        assert "crasher exited with code 1" in text_of(app, "#service-bar")
+        assert "fatal: out of memory" in text_of(app, "#service-bar")  # the reason, not noise
+        assert toasts and toasts[-1].splitlines()[0] == "fatal: out of memory"
+        assert "crasher exited with code 1" in toasts[-1]
         await pilot.press("l")
         await pilot.pause(0.05)
-        lines = app.screen.query_one(Log).lines
-        assert lines[-1] == "fatal: out of memory"
+        lines = [strip.text.rstrip() for strip in app.screen.query_one(RichLog).lines]
+        assert "fatal: out of memory" in lines
     assert not service.status.running
 
 

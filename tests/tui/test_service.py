@@ -83,7 +83,8 @@ def test_crash_shows_exit_code_and_last_lines(manager: ServiceManager) -> None:
     wait_for(lambda: manager.status.state is ServiceState.CRASHED, what="crash")
     status = manager.status
     assert status.exit_code == 1 and "exited with code 1" in status.message
-    assert status.last_lines[-1] == "fatal: out of memory"
+    assert status.last_lines[-1] == "INFO:     Finished server process [4242]"
+    assert status.reason == "fatal: out of memory"
     assert not status.running
 
 

@@ -71,7 +71,10 @@ def tiny_preset(name: str, port: int, *extra: str, pidfile: Path | None = None,
 
 
 def crash_preset(port: int) -> Preset:
-    code = "print('loading model...'); print('fatal: out of memory', flush=True); raise SystemExit(1)"
+    # The reason first, then the shutdown noise a server prints on its way out (as uvicorn does).
+    code = ("print('loading model...'); print('fatal: out of memory'); "
+            "print('INFO:     Waiting for application shutdown.'); "
+            "print('INFO:     Finished server process [4242]', flush=True); raise SystemExit(1)")
     return Preset(name="crasher", backend="command", command=("{python}", "-c", code), port=port)
 
 

@@ -36,7 +36,8 @@ def service_line(status: ServiceStatus, now: float, watching: str, preset: str) 
         if status.ready_after_s is not None:
             text.append(f"  ready in {status.ready_after_s:.1f} s", style="dim")
     elif state is ServiceState.CRASHED:
-        text.append(f"  {status.message}  (see Logs)", style="red")
+        text.append(f"  {status.reason or status.message}", style="red")
+        text.append("  (l: Logs)", style="dim")
     elif state is ServiceState.STOPPING:
         text.append(f"  {status.preset}")
     else:
