@@ -9,6 +9,7 @@ import sys
 
 from homelab_llm import __version__
 from homelab_llm.errors import HomelabError
+from homelab_llm.parent_watch import start_from_env
 
 # name -> (module with add_parser(subparsers) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,6 +37,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    start_from_env()  # launched by the control app: end when it ends (no orphans)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["tui", *argv]

@@ -9,7 +9,6 @@ and the UI thread never waits on a server, a driver or a child process.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -28,7 +27,10 @@ from homelab_llm.errors import HomelabError
 from homelab_llm.hwcheck.catalog import Catalog, load_catalog
 from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
+from homelab_llm.tui.exit_guard import ExitGuard
+from homelab_llm.tui.pidfiles import ServiceRecord
 from homelab_llm.tui.probe import Probe
+from homelab_llm.tui.screens.adopt import ADOPT, STOP, AdoptScreen
 from homelab_llm.tui.screens.bench import BenchScreen
 from homelab_llm.tui.screens.confirm import ConfirmScreen
 from homelab_llm.tui.screens.dashboard import DashboardScreen
@@ -37,7 +39,7 @@ from homelab_llm.tui.screens.help import HelpScreen
 from homelab_llm.tui.screens.logs import LogsScreen
 from homelab_llm.tui.screens.presets import PresetsScreen
 from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, ServiceState,
-                                     ServiceStatus, StateChanged)
+                                     ServiceStatus, StateChanged, kill_all_now, stop_orphan)
 from homelab_llm.tui.service_control import Verb, decide_toggle
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
 
@@ -63,6 +65,11 @@ class ServiceEventMessage(Message):
 class SnapshotMessage(Message):
     url: str | None
     snapshot: ServerSnapshot
+
+
+@dataclass
+class OrphanMessage(Message):
+    record: ServiceRecord
 
 
 @dataclass
@@ -134,6 +141,7 @@ class HomelabApp(App[int]):
         self.hardware_pending = True
         self.prompt_history: deque[float] = deque(maxlen=HISTORY_POINTS)
         self.generation_history: deque[float] = deque(maxlen=HISTORY_POINTS)
+        self.exit_guard: ExitGuard | None = None
         self._probes: dict[str, ProbeLike] = {}  # touched only by the (single) poll worker
         self.set_reactive(HomelabApp.current_preset, initial_preset)
 
@@ -150,8 +158,10 @@ class HomelabApp(App[int]):
         self.switch_mode(self.start_mode)
         if self.handle_signals:
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-                loop.add_signal_handler(sig, self.exit, 128 + sig)
+            self.exit_guard = ExitGuard(lambda code: loop.call_soon_threadsafe(self.exit, code),
+                                        kill_all_now)
+            self.exit_guard.install()
+        self.find_orphans()
         self.refresh_hardware()
         self.poll_server()
         self.poll_telemetry()
@@ -275,6 +285,43 @@ class HomelabApp(App[int]):
         if status.state is ServiceState.HEALTHY:
             return status.url
         return self.watch_url
+
+    # ------------------------------------------------------------------ orphans
+
+    @work(thread=True, exclusive=True, group="orphans")
+    def find_orphans(self) -> None:
+        for record in self.service.pidfiles.orphans():
+            self.post_message(OrphanMessage(record))
+
+    def on_orphan_message(self, message: OrphanMessage) -> None:
+        record = message.record
+
+        def answered(answer: str | None) -> None:
+            if answer == ADOPT:
+                self._adopt(record)
+            elif answer == STOP:
+                self._stop_orphan(record)
+
+        self.push_screen(AdoptScreen(record), answered)
+
+    def _adopt(self, record: ServiceRecord) -> None:
+        preset = self.preset_named(record.preset)
+        if preset is None:
+            self.notify(f"no preset named {record.preset!r} any more; stop it instead (x)",
+                        severity="error")
+            return
+        try:
+            self.service.adopt(record, preset)
+        except HomelabError as err:
+            self.notify(str(err), title=f"cannot adopt {record.preset}", severity="error")
+            return
+        self.current_preset = record.preset
+
+    @work(thread=True, group="orphans-stop")
+    def _stop_orphan(self, record: ServiceRecord) -> None:
+        code = stop_orphan(record, self.service.grace_s, self.service.pidfiles)
+        self.call_from_thread(self.notify, f"stopped {record.preset} (pid {record.pid}, "
+                                           f"exit code {code})")
 
     # ------------------------------------------------------------------ pollers
 

@@ -24,9 +24,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from homelab_llm.presets import load_preset
     from homelab_llm.tui.app import HomelabApp
+    from homelab_llm.tui.pidfiles import PidFiles
+    from homelab_llm.tui.service import ServiceManager
 
     if args.start:
         load_preset(args.preset)  # a typo is a one-line error here, not a notification later
-    app = HomelabApp(initial_preset=args.preset, autostart=args.start, watch_url=args.url,
-                     api_key=args.api_key, start_mode=args.mode, handle_signals=True)
-    return int(app.run() or 0)
+    app = HomelabApp(service=ServiceManager(pidfiles=PidFiles()), initial_preset=args.preset,
+                     autostart=args.start, watch_url=args.url, api_key=args.api_key,
+                     start_mode=args.mode, handle_signals=True)
+    code = int(app.run() or 0)
+    if app.exit_guard is not None:
+        app.exit_guard.arm(code)  # a thread that will not end must not keep the process alive
+    return code
