@@ -1,4 +1,4 @@
-"""Snapshot tests (pytest-textual-snapshot): each screen at 80x24, the dashboard also at 120x40 and 160x40 (side by side),
+"""Snapshot tests (pytest-textual-snapshot): each screen at 80x24, the dashboard also at 120x40 and 160x48 (side by side),
 from recorded data, a fixed clock and no live pollers, so the SVGs are identical every run.
 Update them with `pytest tests/tui/test_snapshots.py --snapshot-update` after a deliberate change."""
 
@@ -17,9 +17,25 @@ from tui_fakes import FIXED_TELEMETRY, FIXTURES, FakeProbe, FakeTelemetry, load_
 
 pytestmark = pytest.mark.timeout(120)
 
-# A fixed minute of history so the sparklines have a shape (tok/s, oldest first).
-PROMPT_HISTORY = [0, 0, 1800, 3900, 4200, 2600, 900, 0, 0, 3100, 4800, 4400, 2874]
-GEN_HISTORY = [0, 12, 48, 90, 101, 99, 97, 60, 31, 70, 96, 97, 96.3]
+# A fixed minute of history so the charts have a shape (tok/s, oldest first, 2 samples a
+# second): bursts of prompt processing while generation runs near a steady rate.
+KEY_PROMPT = [0, 0, 1800, 3900, 4200, 2600, 900, 0, 0, 3100, 4800, 4400, 2874]
+KEY_GEN = [0, 12, 48, 90, 101, 99, 97, 60, 31, 70, 96, 97, 96.3]
+
+
+def stretched(points: list[float], n: int = 120) -> list[float]:
+    """Linear interpolation of the key points to n samples (the app keeps 120)."""
+    out = []
+    for i in range(n):
+        x = i * (len(points) - 1) / (n - 1)
+        lo = int(x)
+        hi = min(lo + 1, len(points) - 1)
+        out.append(round(points[lo] + (points[hi] - points[lo]) * (x - lo), 1))
+    return out
+
+
+PROMPT_HISTORY = stretched(KEY_PROMPT)
+GEN_HISTORY = stretched(KEY_GEN)
 
 
 def recorded_app(snapshot=None, **kw) -> HomelabApp:
@@ -45,7 +61,7 @@ async def settle(pilot: Pilot) -> None:
     await pilot.pause(0.1)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 40)])
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48)])
 def test_dashboard(snap_compare, size: tuple[int, int]) -> None:
     assert snap_compare(recorded_app(), terminal_size=size, run_before=settle)
 

@@ -1,4 +1,7 @@
-"""Dashboard: the service line, per-device VRAM split, engine numbers, tok/s sparklines, chat."""
+"""Dashboard: the service line, per-device VRAM split, engine numbers, tok/s charts, chat.
+
+The chat box sits below a scrolling body, so at 80x24 it is always on screen; at 160x48 the
+memory and engine panels sit side by side and the charts take the rest of the height."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ from homelab_llm.tui.snapshot import ServerSnapshot
 from homelab_llm.tui.widgets.chat import ChatBox
 from homelab_llm.tui.widgets.engine_stats import EngineStats
 from homelab_llm.tui.widgets.gpu_panel import GpuPanel
-from homelab_llm.tui.widgets.rate_chart import RateChart
+from homelab_llm.tui.widgets.format import rate
+from homelab_llm.tui.widgets.history_chart import HistoryChart
 from homelab_llm.tui.widgets.service_bar import ServiceBar
 
 if TYPE_CHECKING:
@@ -48,12 +52,16 @@ class DashboardScreen(Screen[None]):
                 with Vertical(id="dash-engine", classes="panel") as engine:
                     engine.border_title = "Engine"
                     yield EngineStats(id="engine-stats")
-                    yield RateChart("prompt", id="prompt-rate")
-                    yield RateChart("gen   ", id="gen-rate")
-            with Vertical(id="dash-chat", classes="panel") as chat:
-                chat.border_title = "Chat"
-                yield ChatBox(self.app.chat_url, api_key=self.app.api_key, clock=self.app.clock,
-                              id="chat")
+            with Horizontal(id="dash-charts", classes="panel") as charts:
+                charts.border_title = "Throughput, last minute"
+                yield HistoryChart("prompt", unit="tok/s", style="magenta", fmt=rate,
+                                   id="prompt-rate")
+                yield HistoryChart("generation", unit="tok/s", style="green", fmt=rate,
+                                   id="gen-rate")
+        with Vertical(id="dash-chat", classes="panel") as chat:
+            chat.border_title = "Chat"
+            yield ChatBox(self.app.chat_url, api_key=self.app.api_key, clock=self.app.clock,
+                          id="chat")
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
@@ -118,8 +126,8 @@ class DashboardScreen(Screen[None]):
         error.update(message)
         error.display = bool(message)
         self.query_one(EngineStats).show(snap)
-        self.query_one("#prompt-rate", RateChart).show(app.prompt_history, snap.prompt_tps)
-        self.query_one("#gen-rate", RateChart).show(app.generation_history, snap.generation_tps)
+        self.query_one("#prompt-rate", HistoryChart).show(app.prompt_history, snap.prompt_tps)
+        self.query_one("#gen-rate", HistoryChart).show(app.generation_history, snap.generation_tps)
         self.refresh_service()
 
     def action_clear_chat(self) -> None:

@@ -26,10 +26,11 @@ def stats_table(snap: ServerSnapshot) -> Table:
     requests = Text(f"{running} running · {waiting} waiting")
     if snap.preemptions:
         requests.append(f" · {snap.preemptions} preempted", style="yellow")
-    grid.add_row("KV", kv, "Requests", requests)
+    grid.add_row("KV tokens", kv, "Requests", requests)
     grid.add_row("Prefix hit", percent(snap.prefix_hit_rate), "TTFT",
                  f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
-    grid.add_row("TPOT p50", seconds(snap.tpot_p50), "Source", _source(snap))
+    grid.add_row("Source", _source(snap), "TPOT",
+                 f"p50 {seconds(snap.tpot_p50)} · p95 {seconds(snap.tpot_p95)}")
     return grid
 
 
