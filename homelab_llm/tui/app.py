@@ -27,6 +27,8 @@ from homelab_llm.errors import HomelabError
 from homelab_llm.hwcheck.catalog import Catalog, load_catalog
 from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
+from homelab_llm.tui.history import HISTORY_POINTS, History
+from homelab_llm.tui.host import HostReader, HostReading
 from homelab_llm.tui.exit_guard import ExitGuard
 from homelab_llm.tui.pidfiles import ServiceRecord
 from homelab_llm.tui.probe import Probe
@@ -43,7 +45,6 @@ from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, Serv
 from homelab_llm.tui.service_control import Verb, decide_toggle
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
 
-HISTORY_POINTS = 120  # one minute of sparkline at 2 Hz
 
 
 class ProbeLike(Protocol):
@@ -80,6 +81,11 @@ class HardwareMessage(Message):
 @dataclass
 class TelemetryMessage(Message):
     readings: dict[str, GpuTelemetry]
+    host: HostReading
+
+
+class HostLike(Protocol):
+    def read(self, child_pid: int | None) -> HostReading: ...
 
 
 class HomelabApp(App[int]):
@@ -117,7 +123,7 @@ class HomelabApp(App[int]):
                  presets_loader: Callable[[], PresetScan] = scan_presets,
                  probe_factory: Callable[[str], ProbeLike] = Probe,
                  hardware_source: Callable[[], HardwareReport] = collect_hardware_report,
-                 telemetry: TelemetryLike | None = None,
+                 telemetry: TelemetryLike | None = None, host: HostLike | None = None,
                  clock: Callable[[], float] = time.monotonic, poll_interval_s: float = 0.5,
                  watch_url: str | None = None, api_key: str | None = None,
                  initial_preset: str = "smollm2-cpu", start_mode: str = "dashboard",
@@ -129,6 +135,9 @@ class HomelabApp(App[int]):
         self.probe_factory = probe_factory
         self.hardware_source = hardware_source
         self.telemetry_reader: TelemetryLike = telemetry or TelemetryReader()
+        self.host_reader: HostLike = host or HostReader()
+        self.host_reading = HostReading()
+        self.history = History()  # per-GPU sensors and host figures, for the Hardware charts
         self.clock = clock
         self.poll_interval_s = poll_interval_s
         self.watch_url = watch_url
@@ -361,9 +370,18 @@ class HomelabApp(App[int]):
 
     @work(thread=True, exclusive=True, group="telemetry")
     def poll_telemetry(self) -> None:
-        self.post_message(TelemetryMessage(self.telemetry_reader.read()))
+        self.post_message(TelemetryMessage(self.telemetry_reader.read(),
+                                           self.host_reader.read(self.service.status.pid)))
 
     def on_telemetry_message(self, message: TelemetryMessage) -> None:
+        for address, r in message.readings.items():
+            for key, value in (("load", r.load_pct), ("temp", r.temp_c), ("power", r.power_w),
+                               ("vram", r.vram_used_bytes)):
+                self.history.add(f"gpu/{address}/{key}", value)
+        host = self.host_reading = message.host
+        for key, value in (("cpu", host.cpu_pct), ("ram", host.ram_used),
+                           ("child_cpu", host.child_cpu_pct), ("child_rss", host.child_rss)):
+            self.history.add(f"host/{key}", value)
         self.telemetry = message.readings
         self.set_timer(1.0, self.poll_telemetry)
 

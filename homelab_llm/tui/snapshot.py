@@ -67,6 +67,7 @@ class GpuTelemetry:
     temp_c: float | None = None
     power_w: float | None = None
     power_cap_w: float | None = None
+    vram_used_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class GpuInfo:
 @dataclass(frozen=True)
 class HardwareReport:
     gpus: tuple[GpuInfo, ...] = ()
-    topology: str = ""
+    topology: str = ""  # the matrix and its legend, as `hwcheck` prints them
+    tree: str = ""  # root ports -> switches -> GPUs with the link of every hop
     warnings: tuple[str, ...] = ()
     error: str = ""  # why the probe could not run; the screen shows it instead of a traceback

@@ -16,7 +16,7 @@ from homelab_llm.tui.screens.help import HelpScreen
 from homelab_llm.tui.screens.preset_editor import PresetEditor
 from homelab_llm.tui.service import ServiceManager, ServiceState, free_port
 from homelab_llm.tui.snapshot import HardwareReport
-from tui_fakes import FIXED_TELEMETRY, FakeProbe, FakeTelemetry, crash_preset, load_hardware, load_status
+from tui_fakes import FIXED_TELEMETRY, FakeHost, FakeProbe, FakeTelemetry, crash_preset, load_hardware, load_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 def make_app(**kw) -> HomelabApp:
     defaults = dict(probe_factory=FakeProbe([load_status()]), watch_url="http://recorded:8000",
                     hardware_source=load_hardware, telemetry=FakeTelemetry(FIXED_TELEMETRY),
-                    clock=lambda: 1000.0, poll_interval_s=0.05)
+                    clock=lambda: 1000.0, poll_interval_s=0.05, host=FakeHost())
     defaults.update(kw)
     return HomelabApp(**defaults)
 
@@ -235,3 +235,29 @@ async def test_quitting_stops_the_child(tmp_path: Path, keys: tuple[str, ...]) -
         await pilot.press(*keys)  # Ctrl+C quits even from the chat box (Textual would only hint)
         assert app._exit, "the key did not ask the app to exit"
     assert pgid is not None and not process_group_alive(pgid)
+
+
+async def test_hardware_screen_on_a_recorded_sysfs_tree() -> None:
+    """The app's --sysfs-root path: hwcheck's own matrix and tree, the chipset warning, charts."""
+    from homelab_llm.tui.hardware import NoTelemetry, collect_hardware_report
+
+    root = str(Path(__file__).parents[1] / "hwcheck" / "fixtures" / "am5_chipset_x4")
+    app = make_app(start_mode="hardware", hardware_source=lambda: collect_hardware_report(root),
+                   telemetry=NoTelemetry())
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(200):
+            await pilot.pause(0.05)
+            if not app.hardware_pending:
+                break
+        await pilot.pause(0.1)
+        topology = text_of(app, "#hw-topology")
+        assert "GPU0  X     PHB" in topology and "GPU1  PHB   X" in topology
+        assert "PIX one PCIe bridge" in topology and "NS" in topology  # the legend, as hwcheck
+        assert "0000:00:02.1 root port" in topology and "[Gen4 x4]" in topology
+        assert "0000:0c:00.0 GPU1 Radeon RX 7900 XTX · chipset lanes" in topology
+        assert "is on chipset lanes" in text_of(app, "#hw-notes")
+        labels = [plain(s.content) for s in app.screen.query(".chart-label").results(Static)]
+        assert labels[:2] == ["GPU0 0000:03:00.0", "GPU1 0000:0c:00.0"]
+        assert "Host and service" in labels
+        cpu = app.screen.query_one("#hw-host-charts .-cpu")
+        assert cpu.latest == 23.0 and cpu.values  # psutil's figure (faked here), charted

@@ -13,7 +13,7 @@ from homelab_llm.tui.app import HomelabApp
 from homelab_llm.tui.probe import CounterRates, snapshot_from_metrics
 from homelab_llm.tui.prometheus import parse_prometheus
 from homelab_llm.tui.service import ServiceManager
-from tui_fakes import FIXED_TELEMETRY, FIXTURES, FakeProbe, FakeTelemetry, load_hardware, load_status
+from tui_fakes import FIXED_TELEMETRY, FIXTURES, FakeHost, FakeProbe, FakeTelemetry, load_hardware, load_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,10 +43,11 @@ def recorded_app(snapshot=None, **kw) -> HomelabApp:
     service.logs.extend(["$ python -m homelab_llm serve model.gguf --port 8000",
                          "INFO loading weights: 8.4 GiB", "INFO KV cache: 425984 tokens (int8)",
                          "INFO Uvicorn running on http://127.0.0.1:8000"])
-    app = HomelabApp(service=service, probe_factory=FakeProbe([snapshot or load_status()]),
-                     watch_url="http://127.0.0.1:8000", hardware_source=load_hardware,
-                     telemetry=FakeTelemetry(FIXED_TELEMETRY), clock=lambda: 1000.0,
-                     poll_interval_s=3600.0, **kw)  # one poll: nothing changes while drawing
+    options = dict(service=service, probe_factory=FakeProbe([snapshot or load_status()]),
+                   watch_url="http://127.0.0.1:8000", hardware_source=load_hardware,
+                   telemetry=FakeTelemetry(FIXED_TELEMETRY), clock=lambda: 1000.0,
+                   poll_interval_s=3600.0, host=FakeHost())  # one poll: nothing changes while drawing
+    app = HomelabApp(**{**options, **kw})
     app.prompt_history.extend(PROMPT_HISTORY)
     app.generation_history.extend(GEN_HISTORY)
     return app
@@ -130,3 +131,20 @@ def test_build_wizard_verdict(snap_compare) -> None:
     app = recorded_app(start_mode="hardware",
                        catalog_loader=lambda: load_catalog([assets_dir() / "hardware"]))
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_hardware_from_sysfs_fixture(snap_compare) -> None:
+    """`tui --sysfs-root` on the AM5 chipset fixture: hwcheck's matrix and tree, the warnings,
+    and a minute of (recorded) GPU and host history."""
+    from homelab_llm.tui.hardware import collect_hardware_report
+
+    root = str(Path(__file__).parents[1] / "hwcheck" / "fixtures" / "am5_chipset_x4")
+    app = recorded_app(start_mode="hardware", hardware_source=lambda: collect_hardware_report(root))
+    for address, scale in (("0000:03:00.0", 1.0), ("0000:0c:00.0", 0.9)):
+        for key, top in (("load", 100), ("vram", 20 << 30), ("power", 330), ("temp", 75)):
+            for value in stretched([v * top / 101 * scale for v in KEY_GEN]):
+                app.history.add(f"gpu/{address}/{key}", value)
+    for key, top in (("cpu", 60), ("ram", 14 << 30), ("child_cpu", 200), ("child_rss", 3 << 30)):
+        for value in stretched([v * top / 101 for v in KEY_GEN]):
+            app.history.add(f"host/{key}", value)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=settle)

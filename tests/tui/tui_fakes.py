@@ -9,6 +9,7 @@ from pathlib import Path
 
 from homelab_llm.presets import Preset
 from homelab_llm.tui.hardware import parse_hardware_report
+from homelab_llm.tui.host import HostReading
 from homelab_llm.tui.probe import snapshot_from_status
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
 
@@ -53,6 +54,17 @@ class FakeTelemetry:
 
     def close(self) -> None:
         pass
+
+
+class FakeHost:
+    """Fixed CPU/RAM figures, so screens that show them render the same every run."""
+
+    def __init__(self, reading: HostReading | None = None) -> None:
+        self.reading = reading or HostReading(cpu_pct=23.0, ram_used=12 << 30, ram_total=64 << 30,
+                                              child_cpu_pct=180.0, child_rss=3 << 30)
+
+    def read(self, child_pid: int | None) -> HostReading:
+        return self.reading
 
 
 FIXED_TELEMETRY = {

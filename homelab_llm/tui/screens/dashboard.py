@@ -125,7 +125,7 @@ class DashboardScreen(Screen[None]):
             message = ""
         error.update(message)
         error.display = bool(message)
-        self.query_one(EngineStats).show(snap)
+        self.query_one(EngineStats).show(snap, app.host_reading)
         self.query_one("#prompt-rate", HistoryChart).show(app.prompt_history, snap.prompt_tps)
         self.query_one("#gen-rate", HistoryChart).show(app.generation_history, snap.generation_tps)
         self.refresh_service()

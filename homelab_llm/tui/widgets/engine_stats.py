@@ -1,4 +1,5 @@
-"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles."""
+"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles, and the
+host's CPU/RAM with the service's own share (what a CPU run is limited by)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from rich.text import Text
 from textual.widgets import Static
 
 from homelab_llm.tui.snapshot import ServerSnapshot
-from homelab_llm.tui.widgets.format import NA, percent, seconds, tokens
+from homelab_llm.tui.host import HostReading
+from homelab_llm.tui.widgets.format import NA, gib, percent, seconds, tokens
 
 
-def stats_table(snap: ServerSnapshot) -> Table:
+def stats_table(snap: ServerSnapshot, host: HostReading | None = None) -> Table:
     grid = Table.grid(padding=(0, 2), expand=True)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(ratio=1)
@@ -31,6 +33,11 @@ def stats_table(snap: ServerSnapshot) -> Table:
                  f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
     grid.add_row("Source", _source(snap), "TPOT",
                  f"p50 {seconds(snap.tpot_p50)} · p95 {seconds(snap.tpot_p95)}")
+    if host is not None and host.cpu_pct is not None:
+        service = (NA if host.child_cpu_pct is None
+                   else f"CPU {host.child_cpu_pct:.0f}% · RSS {gib(host.child_rss)}")
+        grid.add_row("Host", f"CPU {host.cpu_pct:.0f}% · RAM {gib(host.ram_used)}/"
+                             f"{gib(host.ram_total)}", "Service", service)
     return grid
 
 
@@ -40,5 +47,5 @@ def _source(snap: ServerSnapshot) -> str:
 
 
 class EngineStats(Static):
-    def show(self, snap: ServerSnapshot) -> None:
-        self.update(stats_table(snap))
+    def show(self, snap: ServerSnapshot, host: HostReading | None = None) -> None:
+        self.update(stats_table(snap, host))
