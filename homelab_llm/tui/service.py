@@ -69,6 +69,8 @@ class ServiceStatus:
     message: str = ""
     last_lines: tuple[str, ...] = ()
     reason: str = ""  # the child's first error line after a crash (failure.first_error_line)
+    load_progress: float | None = None  # 0..1 from /health's 503 "loading" answer, if it says
+    load_phase: str = ""
 
     @property
     def running(self) -> bool:
@@ -276,6 +278,20 @@ class ServiceManager:
 
     # ---------------------------------------------------------------- threads
 
+    def _note_loading(self, child: _Child, response: httpx.Response) -> None:
+        """Our server answers 503 {"status": "loading", "progress", "phase"} while it loads."""
+        try:
+            body = response.json()
+            progress = float(body["progress"])
+            phase = str(body.get("phase", "loading"))
+        except (ValueError, KeyError, TypeError):
+            return  # another server, or no progress to tell
+        with self._lock:
+            if self._child is not child or child.stopping.is_set():
+                return
+            if (progress, phase) != (self._status.load_progress, self._status.load_phase):
+                self._set(load_progress=min(max(progress, 0.0), 1.0), load_phase=phase)
+
     def _forget(self, child: _Child) -> None:
         self.pidfiles.remove(child.preset.name, child.proc.pid)
 
@@ -326,7 +342,10 @@ class ServiceManager:
         with httpx.Client(timeout=2.0) as client:
             while child.proc.poll() is None and not child.stopping.is_set():
                 try:
-                    if client.get(url).status_code == 200:
+                    response = client.get(url)
+                    if response.status_code != 200:
+                        self._note_loading(child, response)
+                    if response.status_code == 200:
                         elapsed = self.clock() - child.started_at
                         with self._lock:
                             if self._child is child and not child.stopping.is_set():

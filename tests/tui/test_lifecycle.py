@@ -141,3 +141,27 @@ def test_sighup_ends_a_stuck_app_within_5s(state: PidFiles) -> None:
             app_proc.wait()
     assert took < 5.5, f"the app took {took:.1f} s to exit"
     wait_until(lambda: not process_group_alive(pid), timeout=5)
+
+
+async def test_loading_progress_is_shown_while_starting() -> None:
+    """The child's /health says 503 loading with a phase and progress: the bar shows both."""
+    from textual.widgets import Static
+
+    save_preset(tiny_preset("slow", free_port(), "--health-delay", "4"))
+    service = ServiceManager(grace_s=1.0, health_interval_s=0.05)
+    app = make_app(service=service, watch_url=None, clock=time.monotonic, initial_preset="slow",
+                   autostart=True, probe_factory=FakeProbe([load_status("status_cpu.json")]))
+    async with app.run_test(size=(120, 30)) as pilot:
+        seen: list[float] = []
+        for _ in range(200):
+            await pilot.pause(0.05)
+            status = app.service_status
+            if status.state is ServiceState.HEALTHY:
+                break
+            if status.load_progress is not None:
+                seen.append(status.load_progress)
+                bar = str(app.screen.query_one("#service-bar", Static).render())
+                assert "loading weights" in bar and "%" in bar
+        assert app.service_status.state is ServiceState.HEALTHY
+        assert seen and seen == sorted(seen) and 0.0 <= seen[0] < 1.0
+    assert not service.status.running
