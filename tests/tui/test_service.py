@@ -64,8 +64,9 @@ def test_start_healthy_stop_leaves_no_process(manager: ServiceManager, tmp_path:
     code = manager.stop()
     assert code == -signal.SIGTERM
     assert not process_group_alive(pgid) and not pid_alive(pids["worker"])
-    assert events == [ServiceState.STARTING, ServiceState.HEALTHY, ServiceState.STOPPING,
-                      ServiceState.STOPPED]
+    changes = [s for i, s in enumerate(events) if i == 0 or events[i - 1] is not s]
+    assert changes == [ServiceState.STARTING, ServiceState.HEALTHY, ServiceState.STOPPING,
+                       ServiceState.STOPPED]  # (load progress repeats STARTING with new figures)
 
 
 def test_stop_escalates_to_sigkill(manager: ServiceManager, tmp_path: Path) -> None:
