@@ -23,8 +23,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+DESCRIPTION = """\
+Run LLMs at home: a control app (the default command) that starts presets as a
+child service and shows what they do, its own inference engine behind an
+OpenAI-compatible API, a hardware check, a memory planner and benchmarks."""
+EPILOG = """\
+Run `homelab-llm COMMAND --help` for a command's flags. With no command, or
+only flags, the control app opens: `homelab-llm --url http://127.0.0.1:8000`
+watches a server that is already running."""
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="homelab-llm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="homelab-llm", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"homelab-llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)

@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Static
 
 from homelab_llm.errors import HomelabError
+from homelab_llm.presets import user_presets_dir
 
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport
 from homelab_llm.tui.widgets.build_wizard import BuildWizard
@@ -33,6 +34,7 @@ class HardwareScreen(Screen[None]):
         Binding("r", "rescan", "Rescan"),
         Binding("ctrl+n", "wizard_step(1)", "Next step"),
         Binding("ctrl+b", "wizard_step(-1)", "Back"),
+        Binding("ctrl+s", "save_build", "Save build"),
     ]
 
     app: HomelabApp  # type: ignore[assignment]
@@ -122,6 +124,15 @@ class HardwareScreen(Screen[None]):
         else:
             self.set_focus(None)
 
+    def action_save_build(self) -> None:
+        try:
+            path = self.query_one(BuildWizard).save(user_presets_dir().parent / "builds")
+        except (HomelabError, OSError) as err:
+            self.notify(str(err), title="build not saved", severity="error")
+            return
+        self.notify(f"saved {path}; check it with `homelab-llm hwcheck build {path}`",
+                    title="build saved")
+
     def action_wizard_step(self, delta: int) -> None:
         self.query_one(BuildWizard).action_step(delta)
 
@@ -129,7 +140,7 @@ class HardwareScreen(Screen[None]):
         in_wizard = self.query_one(ContentSwitcher).current == "hw-wizard"
         if action == "rescan":  # this PC's view only
             return not in_wizard
-        if action == "wizard_step":
+        if action in ("wizard_step", "save_build"):
             return in_wizard and bool(self.query(BuildWizard))
         return True
 
