@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from homelab_llm.tui.app import HomelabApp
 from homelab_llm.tui.probe import CounterRates, snapshot_from_metrics
@@ -59,6 +60,8 @@ async def settle(pilot: Pilot) -> None:
         if app.snapshot.ok and not app.hardware_pending and app.telemetry:
             break
         await pilot.pause(0.02)
+    for box in app.screen.query(Input):  # a focused box's blinking cursor would make shots differ
+        box.cursor_blink = False
     await pilot.pause(0.1)
 
 
