@@ -23,28 +23,23 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 
-from homelab_llm.errors import HomelabError
 from homelab_llm.hwcheck.catalog import Catalog, load_catalog
 from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
 from homelab_llm.tui.history import HISTORY_POINTS, History
 from homelab_llm.tui.host import HostReader, HostReading
 from homelab_llm.tui.exit_guard import ExitGuard
-from homelab_llm.tui.pidfiles import ServiceRecord
 from homelab_llm.tui.probe import Probe
-from homelab_llm.tui.screens.adopt import ADOPT, STOP, AdoptScreen
 from homelab_llm.tui.screens.bench import BenchScreen
-from homelab_llm.tui.screens.confirm import ConfirmScreen
 from homelab_llm.tui.screens.dashboard import DashboardScreen
 from homelab_llm.tui.screens.hardware import HardwareScreen
 from homelab_llm.tui.screens.help import HelpScreen
 from homelab_llm.tui.screens.logs import LogsScreen
 from homelab_llm.tui.screens.presets import PresetsScreen
 from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, ServiceState,
-                                     ServiceStatus, StateChanged, kill_all_now, stop_orphan)
-from homelab_llm.tui.service_control import Verb, decide_toggle
+                                     ServiceStatus, StateChanged, kill_all_now)
+from homelab_llm.tui.service_actions import ServiceActions
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
-
 
 
 class ProbeLike(Protocol):
@@ -69,11 +64,6 @@ class SnapshotMessage(Message):
 
 
 @dataclass
-class OrphanMessage(Message):
-    record: ServiceRecord
-
-
-@dataclass
 class HardwareMessage(Message):
     report: HardwareReport
 
@@ -88,7 +78,7 @@ class HostLike(Protocol):
     def read(self, child_pid: int | None) -> HostReading: ...
 
 
-class HomelabApp(App[int]):
+class HomelabApp(ServiceActions, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "homelab-llm"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # side by side needs ~75 cols each
@@ -232,52 +222,6 @@ class HomelabApp(App[int]):
             self.notify(f"{reason}\n{new.message} · l shows the log", title="service crashed",
                         severity="error", timeout=20)
 
-    def action_toggle_service(self) -> None:
-        status = self.service.status
-        in_flight = 0
-        if status.state is ServiceState.HEALTHY and self.snapshot.ok:
-            in_flight = (self.snapshot.running or 0) + (self.snapshot.waiting or 0)
-        decision = decide_toggle(status, self.current_preset, watch_url=self.watch_url,
-                                 in_flight=in_flight)
-        if decision.verb is Verb.NOTHING:
-            return
-        if not decision.question:
-            self._act(decision.verb)
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._act(decision.verb)
-
-        self.push_screen(ConfirmScreen(decision.question), answered)
-
-    def _act(self, verb: Verb) -> None:
-        if verb is Verb.STOP:
-            self._stop_service()
-        elif verb is Verb.SWITCH:
-            self._switch_service(self.current_preset)
-        elif verb is Verb.START:
-            self._start_service(self.current_preset)
-
-    def _start_service(self, name: str) -> None:
-        preset = self.preset_named(name)
-        if preset is None:
-            self.notify(f"no preset named {name!r}", severity="error")
-            return
-        try:
-            self.service.start(preset)
-        except HomelabError as err:
-            self.notify(str(err), title=f"cannot start {preset.name}", severity="error", timeout=10)
-
-    @work(thread=True, exclusive=True, group="service-stop")
-    def _stop_service(self) -> None:
-        self.service.stop()  # blocks up to the grace period, so never on the UI thread
-
-    @work(thread=True, exclusive=True, group="service-stop")
-    def _switch_service(self, name: str) -> None:
-        self.service.stop()
-        self.call_from_thread(self._start_service, name)
-
     def max_model_len(self) -> int | None:
         """The served context limit: the server's own word (/v1/status), else the preset's."""
         value = self.snapshot.config.get("max_model_len") if self.snapshot.ok else None
@@ -294,43 +238,6 @@ class HomelabApp(App[int]):
         if status.state is ServiceState.HEALTHY:
             return status.url
         return self.watch_url
-
-    # ------------------------------------------------------------------ orphans
-
-    @work(thread=True, exclusive=True, group="orphans")
-    def find_orphans(self) -> None:
-        for record in self.service.pidfiles.orphans():
-            self.post_message(OrphanMessage(record))
-
-    def on_orphan_message(self, message: OrphanMessage) -> None:
-        record = message.record
-
-        def answered(answer: str | None) -> None:
-            if answer == ADOPT:
-                self._adopt(record)
-            elif answer == STOP:
-                self._stop_orphan(record)
-
-        self.push_screen(AdoptScreen(record), answered)
-
-    def _adopt(self, record: ServiceRecord) -> None:
-        preset = self.preset_named(record.preset)
-        if preset is None:
-            self.notify(f"no preset named {record.preset!r} any more; stop it instead (x)",
-                        severity="error")
-            return
-        try:
-            self.service.adopt(record, preset)
-        except HomelabError as err:
-            self.notify(str(err), title=f"cannot adopt {record.preset}", severity="error")
-            return
-        self.current_preset = record.preset
-
-    @work(thread=True, group="orphans-stop")
-    def _stop_orphan(self, record: ServiceRecord) -> None:
-        code = stop_orphan(record, self.service.grace_s, self.service.pidfiles)
-        self.call_from_thread(self.notify, f"stopped {record.preset} (pid {record.pid}, "
-                                           f"exit code {code})")
 
     # ------------------------------------------------------------------ pollers
 

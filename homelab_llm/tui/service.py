@@ -14,8 +14,6 @@ import dataclasses
 import enum
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -32,6 +30,7 @@ from homelab_llm.presets import Preset
 from homelab_llm.tui.adopted import AdoptedProcess
 from homelab_llm.tui.failure import first_error_line, this_run
 from homelab_llm.tui.pidfiles import PidFiles, ServiceRecord
+from homelab_llm.tui.process_group import check_port_free, kill_group, terminate_group
 from homelab_llm.tui.launch import launch_command, launch_env
 
 LOG_LINES_KEPT = 5000
@@ -43,10 +42,6 @@ ADOPTED_TAIL_BYTES = 16384
 
 class ServiceError(HomelabError):
     """The service cannot be started as asked (busy port, already running, missing program)."""
-
-
-class PortBusyError(ServiceError):
-    pass
 
 
 class ServiceState(enum.Enum):
@@ -88,39 +83,6 @@ class StateChanged:
 
 
 ServiceEvent = LogLine | StateChanged
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Refuse a port someone already listens on, before starting a child that would fail late.
-
-    SO_REUSEADDR matches what uvicorn and the other servers set, so a port in TIME_WAIT from our
-    own last run is not reported as busy.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as err:
-            raise PortBusyError(
-                f"port {port} on {host} is already in use ({err.strerror}); stop whatever listens "
-                f"there or give the preset another port") from err
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def process_group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else (cannot be ours, but it is alive)
-        return True
-    return True
 
 
 @dataclass
@@ -252,7 +214,7 @@ class ServiceManager:
             child.stopping.set()
             if child.proc.poll() is None:
                 self._set(state=ServiceState.STOPPING, message=f"stopping {child.preset.name}")
-        code = _terminate_group(child.proc, self.grace_s if grace_s is None else grace_s)
+        code = terminate_group(child.proc, self.grace_s if grace_s is None else grace_s)
         self._forget(child)
         with self._lock:
             if self._child is child:
@@ -269,7 +231,7 @@ class ServiceManager:
         """The last resort of a bounded exit: SIGKILL the child's group without waiting."""
         child = self._child
         if child is not None:
-            _kill_group(child.proc.pid)
+            kill_group(child.proc.pid)
             self._forget(child)
 
     def _crash_lines(self) -> dict[str, object]:
@@ -330,7 +292,7 @@ class ServiceManager:
             if self._child is not child:
                 return
             self._child = None
-        _kill_group(child.proc.pid)  # the leader died; take any workers it left with it
+        kill_group(child.proc.pid)  # the leader died; take any workers it left with it
         self._forget(child)
         reader.join(timeout=2.0)  # so the last lines shown include the child's final words
         self._set(state=ServiceState.CRASHED, pid=None, exit_code=code, **self._crash_lines(),
@@ -369,39 +331,6 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _terminate_group(proc: subprocess.Popen[str], grace_s: float) -> int | None:
-    """SIGTERM the group, wait until the leader and every member are gone, SIGKILL stragglers."""
-    pgid = proc.pid  # start_new_session makes the child its group's leader
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader, or it lingers as a zombie member of the group
-        if proc.returncode is not None and not process_group_alive(pgid):
-            return proc.returncode
-        time.sleep(0.05)
-    _kill_group(pgid)
-    try:
-        code: int | None = proc.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:  # unkillable (D state); nothing more a user process can do
-        code = None
-    # Members die asynchronously after SIGKILL and are reaped by init once orphaned; wait for
-    # that so "stopped" means the group is really gone.
-    deadline = time.monotonic() + 3.0
-    while process_group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return code
-
-
 # Every manager alive in this process. The one piece of module state, because atexit needs to
 # find children when the app dies from an exception before its own cleanup runs.
 _LIVE_MANAGERS: weakref.WeakSet[ServiceManager] = weakref.WeakSet()
@@ -410,7 +339,7 @@ _LIVE_MANAGERS: weakref.WeakSet[ServiceManager] = weakref.WeakSet()
 def stop_orphan(record: ServiceRecord, grace_s: float = 10.0,
                 pidfiles: PidFiles | None = None) -> int | None:
     """Stop a service an earlier app left running (SIGTERM its group, SIGKILL after grace_s)."""
-    code = _terminate_group(AdoptedProcess(record.pid), grace_s)  # type: ignore[arg-type]
+    code = terminate_group(AdoptedProcess(record.pid), grace_s)  # type: ignore[arg-type]
     if pidfiles is not None:
         pidfiles.remove(record.preset, record.pid)
     return code

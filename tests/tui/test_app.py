@@ -14,7 +14,8 @@ from homelab_llm.presets import load_preset, save_preset
 from homelab_llm.tui.app import HomelabApp
 from homelab_llm.tui.screens.help import HelpScreen
 from homelab_llm.tui.screens.preset_editor import PresetEditor
-from homelab_llm.tui.service import ServiceManager, ServiceState, free_port
+from homelab_llm.tui.process_group import free_port
+from homelab_llm.tui.service import ServiceManager, ServiceState
 from homelab_llm.tui.snapshot import HardwareReport
 from tui_fakes import FIXED_TELEMETRY, FakeHost, FakeProbe, FakeTelemetry, crash_preset, load_hardware, load_status
 
@@ -217,7 +218,7 @@ async def test_crash_flow_from_the_ui() -> None:
 async def test_quitting_stops_the_child(tmp_path: Path, keys: tuple[str, ...]) -> None:
     from tui_fakes import tiny_preset
 
-    from homelab_llm.tui.service import process_group_alive
+    from homelab_llm.tui.process_group import process_group_alive
 
     save_preset(tiny_preset("tiny", free_port(), pidfile=tmp_path / "pids"))
     service = ServiceManager(grace_s=1.0, health_interval_s=0.05)

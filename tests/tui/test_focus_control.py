@@ -12,7 +12,8 @@ from textual.widgets import Input
 
 from homelab_llm.presets import save_preset
 from homelab_llm.tui.screens.confirm import ConfirmScreen
-from homelab_llm.tui.service import ServiceManager, ServiceState, ServiceStatus, free_port
+from homelab_llm.tui.process_group import free_port
+from homelab_llm.tui.service import ServiceManager, ServiceState, ServiceStatus
 from homelab_llm.tui.service_control import Verb, decide_toggle
 from test_app import make_app
 from tui_fakes import FakeProbe, load_status, tiny_preset

@@ -18,7 +18,8 @@ from homelab_llm.parent_watch import PARENT_PID_ENV
 from homelab_llm.presets import save_preset
 from homelab_llm.tui.pidfiles import STATE_DIR_ENV, PidFiles
 from homelab_llm.tui.screens.adopt import AdoptScreen
-from homelab_llm.tui.service import ServiceManager, ServiceState, free_port, process_group_alive
+from homelab_llm.tui.process_group import free_port, process_group_alive
+from homelab_llm.tui.service import ServiceManager, ServiceState
 from test_app import make_app
 from tui_fakes import FakeProbe, load_status, tiny_preset
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from homelab_llm.tui.service import (PortBusyError, ServiceManager, ServiceState, StateChanged,
-                                     free_port, process_group_alive)
+from homelab_llm.tui.process_group import PortBusyError, free_port, process_group_alive
+from homelab_llm.tui.service import ServiceManager, ServiceState, StateChanged
 from tui_fakes import TINY_SERVER, crash_preset, tiny_preset
 
 pytestmark = pytest.mark.timeout(60)
