@@ -132,7 +132,7 @@ def _time_us(fn, eager_calls: int = 200, graph_calls: int = 50) -> tuple[float, 
 def _allreduce_worker(rank: int, port: int, q) -> None:
     import torch.distributed as dist
 
-    from homelab_llm.engine.comm import PeerAllReduce
+    from homelab_llm.engine.parallel.comm import PeerAllReduce
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -166,11 +166,11 @@ def _allreduce_worker(rank: int, port: int, q) -> None:
 def allreduce() -> None:
     import torch.multiprocessing as mp
 
-    from homelab_llm.engine.tp_launch import _free_port
+    from homelab_llm.engine.parallel.launch import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_allreduce_worker, args=(r, port, q), daemon=True) for r in range(2)]
     for p in procs:
         p.start()

@@ -26,9 +26,10 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from homelab_llm.engine.step_channel import ShmRing  # noqa: E402
-from homelab_llm.engine.tp_channel import CMD_STEP, _Channel, _ShmChannel  # noqa: E402
-from homelab_llm.engine.tp_launch import _free_port  # noqa: E402
+from homelab_llm.engine.parallel.channel import PlanChannel, ShmPlanChannel  # noqa: E402
+from homelab_llm.engine.parallel.launch import free_port  # noqa: E402
+from homelab_llm.engine.parallel.ring import ShmRing  # noqa: E402
+from homelab_llm.engine.step_plan import CMD_STEP, HEADER_LEN, PlanHeader  # noqa: E402
 
 PLANS = {  # name: (tokens, batch, pages per sequence)
     "decode_b1_ctx32": (1, 1, 2),
@@ -37,9 +38,9 @@ PLANS = {  # name: (tokens, batch, pages per sequence)
 }
 
 
-def _plan(t: int, b: int, pages: int) -> tuple[list[int], torch.Tensor]:
+def _plan(t: int, b: int, pages: int) -> tuple[PlanHeader, torch.Tensor]:
     n = 3 * t + (b + 1) + b + b * pages + b
-    return [CMD_STEP, t, b, pages, b, int(t == b), 1, 16 * pages, n], torch.arange(n)
+    return PlanHeader(CMD_STEP, t, b, pages, b, t == b, 1, 16 * pages, n), torch.arange(n)
 
 
 def _group(rank: int, port: int):
@@ -50,18 +51,16 @@ def _group(rank: int, port: int):
 
 def _worker(port: int, ring_to: str, ring_back: str, iters: int) -> None:
     group = _group(1, port)
-    gloo = _Channel(group)
-    shm = _ShmChannel(group, ShmRing.attach(ring_to, 0))
+    gloo = PlanChannel(group)
+    shm = ShmPlanChannel(group, ShmRing.attach(ring_to, 0))
     back_w = ShmRing.attach(ring_back, None)  # the answers go back through a second ring
     one = torch.zeros(1, dtype=torch.long)
     for _name in PLANS:
         for _ in range(iters):  # gloo
-            h = gloo.recv_header()
-            gloo.recv_payload(h[8])
+            gloo.recv()
             dist.broadcast(one, src=1, group=group)
         for _ in range(iters):  # shm
-            h = shm.recv_header()
-            shm.recv_payload(h[8])
+            shm.recv()
             back_w.write(one)
     dist.barrier()
     dist.destroy_process_group()
@@ -72,7 +71,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    port = _free_port()
+    port = free_port()
     ring_to = ShmRing.create(readers=1)
     ring_back = ShmRing.create(readers=1, slots=2, slot_words=8)
     back = ShmRing.attach(ring_back.path, 0)  # rank 0 reads the answers as reader 0
@@ -80,7 +79,7 @@ def main() -> int:
         target=_worker, args=(port, ring_to.path, ring_back.path, a.iters))
     proc.start()
     group = _group(0, port)
-    gloo, shm = _Channel(group), _ShmChannel(group, ring_to, lambda: proc.exitcode is None)
+    gloo, shm = PlanChannel(group), ShmPlanChannel(group, ring_to, lambda: proc.exitcode is None)
     one = torch.zeros(1, dtype=torch.long)
     results: dict[str, float] = {}
     for name, shape in PLANS.items():
@@ -100,7 +99,7 @@ def main() -> int:
             us = statistics.median(steady) / 2 * 1e6
             p90 = steady[int(len(steady) * 0.9)] / 2 * 1e6
             results[f"{name}_{transport}_us"] = us
-            print(f"{name:20s} {transport:5s} {payload.numel() + 10:7d} words  "
+            print(f"{name:20s} {transport:5s} {payload.numel() + HEADER_LEN:7d} words  "
                   f"one-way median {us:8.1f} us  p90 {p90:8.1f} us", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -25,7 +25,7 @@ def main() -> int:
     import torch
 
     from engine_gpu import decode_rate, make_engine
-    from homelab_llm.engine import tp_shutdown
+    from homelab_llm.engine.parallel import shutdown as tp_shutdown
 
     ok = True
     for mode in ("auto", "nccl"):

@@ -20,6 +20,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hwcheck": ("homelab_llm.hwcheck.command", "detect GPUs, PCIe links and P2P; check a planned build"),
     "plan": ("homelab_llm.hwcheck.plan_command", "plan memory: weights, KV, context and concurrency"),
     "presets": ("homelab_llm.tui.presets_command", "list and show service presets"),
+    "models": ("homelab_llm.models.command", "list models on disk with fit verdicts"),
+    "pull": ("homelab_llm.models.pull_command", "download a model from the Hugging Face Hub"),
+    "router": ("homelab_llm.router.command", "one OpenAI endpoint in front of every preset"),
 }
 
 
@@ -34,8 +37,13 @@ watches a server that is already running."""
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="homelab-llm", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from homelab_llm.settings import settings_path
+
+    parser = argparse.ArgumentParser(
+        prog="homelab-llm", description=DESCRIPTION,
+        epilog=EPILOG + f"\n\nSettings file: {settings_path()} (TOML: models_dirs, "
+               "default_preset, router_port;\nHOMELAB_LLM_CONFIG names another).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"homelab-llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)

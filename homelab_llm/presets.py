@@ -28,8 +28,9 @@ DEFAULT_MODEL = "@default"  # the embedded SmolLM2 GGUF, resolved at launch (ass
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 FLAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 PRESETS_DIR_ENV = "HOMELAB_LLM_PRESETS_DIR"  # lets tests and `serve --preset` children share a dir
+API_KEY_ENV = "HOMELAB_LLM_API_KEY"  # our server's key; a preset sets it in its env table
 KNOWN_KEYS = frozenset({"name", "description", "backend", "model", "host", "port", "health_path",
-                        "startup_timeout", "command", "args", "env"})
+                        "startup_timeout", "command", "args", "env", "routable", "ttl"})
 
 
 class PresetError(HomelabError, ValueError):
@@ -58,6 +59,8 @@ class Preset:
     command: tuple[str, ...] = ()  # backend = "command": argv with {python} {port} {host} {model}
     args: dict[str, ArgValue] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    routable: bool = True  # listed by `homelab-llm router` and started there on demand
+    ttl: float = 0.0  # router: seconds idle before unloading; 0 = the router's --ttl
     source: Path | None = field(default=None, compare=False)  # where it was read from
     builtin: bool = field(default=False, compare=False)
 
@@ -98,6 +101,24 @@ class Preset:
     def with_changes(self, **changes: object) -> Preset:
         return replace(self, **changes)  # type: ignore[arg-type]
 
+    def exposure_warning(self) -> str | None:
+        """For our own server: a warning when it would listen beyond this machine without a key
+        (the key comes from the env table or the environment the launcher passes on)."""
+        if self.backend != "builtin":
+            return None
+        has_key = bool(self.env.get(API_KEY_ENV) or os.environ.get(API_KEY_ENV))
+        return exposure_warning(self.host, has_key)
+
+
+def exposure_warning(host: str, has_api_key: bool) -> str | None:
+    """The warning for serving on a non-loopback address without an API key; None when fine."""
+    from homelab_llm.server.hosts import is_loopback_host
+
+    if has_api_key or is_loopback_host(host):
+        return None
+    return (f"serving on {host}, which is not a loopback address, without an API key: anyone who "
+            f"reaches this port can use the model; set ${API_KEY_ENV} or --api-key-file")
+
 
 def validate_preset(preset: Preset) -> list[PresetIssue]:
     issues: list[PresetIssue] = []
@@ -124,6 +145,11 @@ def validate_preset(preset: Preset) -> list[PresetIssue]:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not (
             math.isfinite(timeout) and timeout > 0):
         bad("startup_timeout", f"must be a positive number of seconds, got {timeout!r}")
+    if not isinstance(preset.routable, bool):
+        bad("routable", f"must be true or false, got {preset.routable!r}")
+    ttl = preset.ttl
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not (math.isfinite(ttl) and ttl >= 0):
+        bad("ttl", f"must be a number of seconds >= 0 (0: the router's default), got {ttl!r}")
     for key, value in preset.args.items():
         if not FLAG_RE.match(key):
             bad(f"args.{key}", "flag names use letters, digits, '_' and '-'")
@@ -156,8 +182,9 @@ def _validate_engine_args(args: dict[str, ArgValue]) -> list[PresetIssue]:
             issues.append(PresetIssue(f"args.{key}", "not an engine flag (see `homelab-llm serve --help`)"))
             continue
         default = getattr(defaults, name)
-        want = type(default) if default is not None else int if name == "max_model_len" else str
-        if name == "kv_cache_memory_bytes":
+        optional_ints = ("max_model_len", "max_state_snapshots")
+        want = type(default) if default is not None else int if name in optional_ints else str
+        if name in ("kv_cache_memory_bytes", "state_snapshot_memory_bytes"):
             try:
                 values[name] = parse_bytes(value)  # type: ignore[arg-type]
             except HomelabError as err:
@@ -212,7 +239,7 @@ def parse_preset(data: dict[str, object], *, name: str, source: Path | None = No
                 kwargs[key] = data[key]
             else:
                 issues.append(PresetIssue(key, f"must be a string, got {data[key]!r}"))
-    for key in ("port", "startup_timeout"):
+    for key in ("port", "startup_timeout", "routable", "ttl"):
         if key in data:
             kwargs[key] = data[key]  # range and type checked by validate_preset
     for key in ("args", "env"):
@@ -322,6 +349,10 @@ def dump_preset(preset: Preset) -> str:
     lines += [f"host = {_toml_value(preset.host)}", f"port = {preset.port}",
               f"health_path = {_toml_value(preset.health_path)}",
               f"startup_timeout = {_toml_value(preset.startup_timeout)}"]
+    if not preset.routable:
+        lines.append("routable = false")
+    if preset.ttl:
+        lines.append(f"ttl = {_toml_value(preset.ttl)}")
     for table in ("args", "env"):
         entries: dict[str, ArgValue] = getattr(preset, table)
         if entries:

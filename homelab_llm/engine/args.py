@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from homelab_llm.engine.model.context_limit import parse_hf_overrides
 from homelab_llm.errors import HomelabError
 
 KVCacheDType = Literal["auto", "bf16", "fp16", "fp32", "int8"]
@@ -50,11 +51,19 @@ class EngineArgs:
     kv_cache_dtype: KVCacheDType = "auto"
     page_size: int = 16
     max_model_len: int | None = None
+    # Merged into the HF config before parsing (vLLM's flag), e.g. {"rope_scaling": {...}} to
+    # extend the model's positions; a JSON string is parsed by validate().
+    hf_overrides: dict[str, Any] | str | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     gpu_memory_utilization: float = 0.90
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # Hybrid (Gated DeltaNet) models: the radix cache keeps state snapshots in a bounded pool.
+    # None = 2 x max_num_seqs (a prompt end and an output end per running sequence); 0 = no prefix
+    # reuse on hybrids. Or a byte budget per device instead. Ignored on plain transformers.
+    max_state_snapshots: int | None = None
+    state_snapshot_memory_bytes: int | None = None
     enforce_eager: bool = False
     # Schedule and launch step k+1 while step k's tokens are still on the device (GPU only;
     # falls back per step when a request needs the tokens on the host first).
@@ -67,6 +76,7 @@ class EngineArgs:
     master_port: int = 0
 
     def validate(self) -> None:
+        self.hf_overrides = parse_hf_overrides(self.hf_overrides)
         if self.kv_cache_dtype not in ("auto", "bf16", "fp16", "fp32", "int8"):
             raise EngineArgsError(
                 f"--kv-cache-dtype {self.kv_cache_dtype!r} is not supported; use auto, bf16, fp16, fp32 or int8")
@@ -86,11 +96,23 @@ class EngineArgs:
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise EngineArgsError(
                 f"--kv-cache-memory-bytes must be positive, got {self.kv_cache_memory_bytes}")
+        self.validate_state_snapshots()
         if self.tensor_parallel_size < 1:
             raise EngineArgsError(
                 f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise EngineArgsError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+
+    def validate_state_snapshots(self) -> None:
+        if self.max_state_snapshots is not None and self.max_state_snapshots < 0:
+            raise EngineArgsError(f"--max-state-snapshots must be >= 0 (0 turns prefix reuse off "
+                                  f"on hybrid models), got {self.max_state_snapshots}")
+        if self.state_snapshot_memory_bytes is not None and self.state_snapshot_memory_bytes < 0:
+            raise EngineArgsError(f"--state-snapshot-memory-bytes must be >= 0, got "
+                                  f"{self.state_snapshot_memory_bytes}")
+        if self.max_state_snapshots is not None and self.state_snapshot_memory_bytes is not None:
+            raise EngineArgsError("--max-state-snapshots and --state-snapshot-memory-bytes both "
+                                  "size the snapshot pool; give only one")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +147,9 @@ class EngineArgs:
         g.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt plus output, in tokens (default: the model's context, "
                             "lowered to what the KV cache holds)")
+        g.add_argument("--hf-overrides", default=None, metavar="JSON",
+                       help='merged into the model config, e.g. \'{"rope_scaling": {"rope_type": '
+                            '"yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'')
         g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
                        help=f"requests decoded together at most (default: {d.max_num_seqs})")
         g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
@@ -140,6 +165,11 @@ class EngineArgs:
                        help="reuse the KV cache of a shared prompt prefix (chat history, system "
                             "prompt) across requests "
                             f"(default: {'on' if d.enable_prefix_caching else 'off'})")
+        g.add_argument("--max-state-snapshots", type=int, default=None,
+                       help="hybrid models: GDN state snapshots the prefix cache keeps per device "
+                            "(default 2 x --max-num-seqs; 0 = no prefix reuse)")
+        g.add_argument("--state-snapshot-memory-bytes", type=parse_bytes, default=None,
+                       help="hybrid models: snapshot pool size per device instead, e.g. 2GiB")
         g.add_argument("--enforce-eager", action="store_true",
                        help="no CUDA/HIP graphs: starts faster and uses less memory, decodes slower")
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,

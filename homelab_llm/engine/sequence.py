@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from homelab_llm.engine.outputs import TokenLogprob
 from homelab_llm.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: a Sequence never needs the cache or tokenizer code loaded
+    from homelab_llm.engine.cache.radix import RadixNode
+    from homelab_llm.engine.tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -28,20 +33,24 @@ class Sequence:
     page_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
-    cache_node: Any = None  # radix node locked while this sequence relies on its path
+    cache_node: RadixNode | None = None  # radix node locked while this sequence relies on its path
+    # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet
+    # state after token_ids[:num_computed_tokens]; -1 while it has none.
+    state_slot: int = -1
     num_preemptions: int = 0
     admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None  # why a request that ended with finish_reason "error" failed
     first_token_time: float | None = None
     finish_time: float | None = None
     seed: int = 0  # keys this request's random draws (with the output position)
     # Output text bookkeeping (detokenizer lives in the engine core).
-    detokenizer: Any = None
+    detokenizer: IncrementalDetokenizer | None = None
     output_text: str = ""
     emitted_text_len: int = 0
     emitted_token_count: int = 0
-    pending_logprobs: list[Any] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

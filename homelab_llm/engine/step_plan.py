@@ -1,24 +1,58 @@
 """A step's plan as int64 words, and the batch tensors a rank makes from it.
 
-Rank 0 turns the schedule into one header (a list of ints) and one flat int64 payload on the host;
-every rank (rank 0 included, and each tensor-parallel worker after receiving the same words) turns
-them into device tensors with a single host-to-device copy from pinned memory. Building from the
-same words is what keeps the ranks' batches identical.
+Rank 0 turns the schedule into one PlanHeader and one flat int64 payload on the host; every rank
+(rank 0 included, and each tensor-parallel worker after receiving the same words) turns them into
+device tensors with a single host-to-device copy from pinned memory. Building from the same words
+is what keeps the ranks' batches identical.
 
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
-page_table[B * P] logits_rows[R]. Header: CMD, T, B, P, R, decode_only, max_query_len,
-max_seq_len, payload length, spare.
+page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
+slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, field, fields, replace
+from typing import TYPE_CHECKING
 
 import torch
 
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.context import ForwardContext
 
-HEADER_LEN = 10
+if TYPE_CHECKING:
+    from homelab_llm.engine.scheduler import ScheduledSeq
+
+# The header's `cmd`: what rank 0 asks of the other ranks (parallel/worker.py carries it out).
+CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
+
+
+@dataclass(frozen=True)
+class PlanHeader:
+    """The fixed words in front of every message rank 0 sends (parallel/channel.py). A step fills
+    the shape fields; any other command (its code in `cmd`) carries at most `arg`."""
+    cmd: int
+    num_tokens: int = 0  # T
+    num_seqs: int = 0  # B
+    max_pages: int = 0  # P: page-table columns
+    num_logits: int = 0  # R: rows that sample
+    decode_only: bool = False
+    max_query_len: int = 0
+    max_seq_len: int = 0
+    payload_len: int = 0  # int64 words after the header, the patch section included
+    patch_len: int = 0  # async scheduling under TP: the payload's tail that is the patch section
+    arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len
+
+    def to_words(self) -> list[int]:
+        return [int(w) for w in astuple(self)]
+
+    @classmethod
+    def from_words(cls, words: list[int]) -> PlanHeader:
+        header = cls(*words)
+        return replace(header, decode_only=bool(header.decode_only))
+
+
+HEADER_LEN = len(fields(PlanHeader))
 
 
 @dataclass
@@ -28,14 +62,18 @@ class StepBatch:
     logits_indices: torch.Tensor
     context: ForwardContext
     num_tokens: int
-    plan: tuple[list[int], torch.Tensor] | None = None  # the words it was made from (TP sends them)
+    plan: tuple[PlanHeader, torch.Tensor] | None = None  # the words it was made from (TP sends them)
+    # KV rows and state slots every rank copies, in order, before the forward.
+    copies: CacheCopies = field(default_factory=CacheCopies)
     # Async scheduling under TP: (input rows, pending rows, pending tokens) the other ranks need.
     patch: tuple[list[int], list[int], torch.Tensor] | None = None
 
 
-def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_mapping: list[int],
+def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: list[int],
                     query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
-                    logits_rows: list[int]) -> tuple[list[int], torch.Tensor]:
+                    logits_rows: list[int], state_indices: list[int] | None = None,
+                    has_initial_state: list[int] | None = None,
+                    copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
     b = len(query_lens)
     max_pages = max((len(p) for p in page_table), default=1) or 1
     starts = [0]
@@ -45,15 +83,20 @@ def plan_from_lists(cmd: int, input_ids: list[int], positions: list[int], slot_m
     for pages in page_table:
         table.extend(pages)
         table.extend([0] * (max_pages - len(pages)))
-    words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows
+    state = (state_indices if state_indices is not None else [-1] * b) + (
+        has_initial_state if has_initial_state is not None else [0] * b)
+    state += (copies or CacheCopies()).words()
+    words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows + state
     payload = torch.tensor(words, dtype=torch.long)
-    header = [cmd, len(input_ids), b, max_pages, len(logits_rows), int(all(q == 1 for q in query_lens)),
-              max(query_lens, default=0), max(seq_lens, default=0), payload.numel(), 0]
+    header = PlanHeader(CMD_STEP, len(input_ids), b, max_pages, len(logits_rows),
+                        all(q == 1 for q in query_lens), max(query_lens, default=0),
+                        max(seq_lens, default=0), payload.numel())
     return header, payload
 
 
-def build_plan(scheduled, page_size: int, cmd: int = 0) -> tuple[list[int], torch.Tensor]:
-    """The plan of a scheduled step (scheduler.ScheduledSeq items)."""
+def build_plan(scheduled: list[ScheduledSeq], page_size: int,
+               copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
+    """The plan of a scheduled step and the cache copies to run before it."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -61,6 +104,8 @@ def build_plan(scheduled, page_size: int, cmd: int = 0) -> tuple[list[int], torc
     lens: list[int] = []
     tables: list[list[int]] = []
     rows: list[int] = []
+    state_slots: list[int] = []
+    has_initial: list[int] = []
     for item in scheduled:
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
@@ -73,7 +118,9 @@ def build_plan(scheduled, page_size: int, cmd: int = 0) -> tuple[list[int], torc
         tables.append(pt)
         if item.samples:
             rows.append(len(ids) - 1)
-    return plan_from_lists(cmd, ids, pos, slots, qlens, lens, tables, rows)
+        state_slots.append(seq.state_slot)
+        has_initial.append(int(start > 0))
+    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial, copies)
 
 
 class HostStager:
@@ -108,21 +155,23 @@ class HostStager:
         return out
 
 
-def batch_from_plan(header: list[int], payload: torch.Tensor, device: torch.device, page_size: int,
+def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.device, page_size: int,
                     stager: HostStager | None = None) -> StepBatch:
-    _, t, b, max_pages, n_logits, decode_only, max_q, max_s, _n, _ = header
-    sizes = [t, t, t, b + 1, b, b * max_pages, n_logits]
+    t, b, max_pages = header.num_tokens, header.num_seqs, header.max_pages
+    sizes = [t, t, t, b + 1, b, b * max_pages, header.num_logits, b, b]
+    sizes.append(payload.numel() - sum(sizes))  # the cache copies
     host_parts = torch.split(payload, sizes)
     starts = host_parts[3].tolist()
     dev_payload = stager.upload(payload) if stager is not None else payload.to(device)
-    ids, pos, slots, qsl, lens, table, logits_idx = torch.split(dev_payload, sizes)
+    ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, _ = torch.split(dev_payload, sizes)
     ctx = ForwardContext(
         positions=pos, slot_mapping=slots,
         query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
         page_table=table.view(b, max_pages).to(torch.int32),
-        max_query_len=max_q, max_seq_len=max_s, page_size=page_size,
-        decode_only=bool(decode_only),
+        max_query_len=header.max_query_len, max_seq_len=header.max_seq_len, page_size=page_size,
+        decode_only=header.decode_only,
         query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
-        seq_lens_host=host_parts[4].tolist())
+        seq_lens_host=host_parts[4].tolist(),
+        state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool))
     return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
-                     plan=(header, payload))
+                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[9].tolist()))

@@ -1,5 +1,5 @@
-"""`homelab-llm plan MODEL`: per device weights, activations, graphs and KV cache; tokens of
-context the KV cache holds; how many full-length sequences fit at once.
+"""`homelab-llm plan MODEL`: per device weights, activations, graphs, sequence state (hybrid
+models) and KV cache; tokens of context the KV cache holds; how many full-length sequences fit.
 
 The arithmetic is engine/memory.py, the same the engine uses for its KV layout, so a plan and a
 running server's /v1/status agree. MODEL is a model_configs name (assets/model_configs/*.json), an
@@ -36,9 +36,15 @@ class Memory:
     unit: str
 
 
+BARE_BYTES_MIN = 1 << 30  # a bare number this large is a byte count (25753026560), not "24"
+
+
 def parse_memory(text: str) -> Memory:
-    """'24GiB', '24 gb', '0.5TiB' -> Memory; a bare number is refused (24 bytes is never meant)."""
+    """'24GiB', '24 gb', '0.5TiB' -> Memory. A bare number is a byte count only when it is at
+    least 1 GiB (then the plan answers in GB); '24' is refused (24 bytes is never meant)."""
     raw = text.strip().replace(" ", "")
+    if raw.isdigit() and int(raw) >= BARE_BYTES_MIN:
+        return Memory(int(raw), "GB")
     for unit, scale in UNITS.items():
         if raw.lower().endswith(unit.lower()):
             try:
@@ -53,6 +59,8 @@ def parse_memory(text: str) -> Memory:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from homelab_llm.engine.args import parse_bytes
+
     p = subparsers.add_parser(
         "plan", help="plan memory: weights, KV, context and concurrency",
         description="Plan memory per GPU before loading anything: weights, activation and graph "
@@ -72,6 +80,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--page-size", "--block-size", type=int, default=16, dest="page_size")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--max-state-snapshots", type=int, default=None,
+                   help="hybrid models: prefix-cache state snapshots (default 2 x --max-num-seqs)")
+    p.add_argument("--state-snapshot-memory-bytes", type=parse_bytes, default=None,
+                   help="hybrid models: snapshot pool bytes per device instead, e.g. 2GiB")
     p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
@@ -126,6 +139,7 @@ def detected_gpu_memory() -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from homelab_llm.engine import memory
+    from homelab_llm.engine.args import EngineArgs
 
     for flag, value, low in (("--tensor-parallel-size", args.tensor_parallel_size, 1),
                              ("--max-num-seqs", args.max_num_seqs, 1),
@@ -135,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag} must be >= {low}, got {value}")
     if args.max_model_len is not None and args.max_model_len < 1:
         raise PlanError(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    EngineArgs(max_state_snapshots=args.max_state_snapshots,
+               state_snapshot_memory_bytes=args.state_snapshot_memory_bytes).validate_state_snapshots()
     config = load_config(args.model, args.load_format)
     given: Memory | None = args.gpu_memory
     if given is None:
@@ -149,7 +165,10 @@ def run(args: argparse.Namespace) -> int:
             kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, quantization=args.quantization,
             gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
             max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-            page_size=args.page_size, enforce_eager=args.enforce_eager)
+            page_size=args.page_size, enforce_eager=args.enforce_eager,
+            enable_prefix_caching=args.enable_prefix_caching,
+            max_state_snapshots=args.max_state_snapshots,
+            state_snapshot_memory_bytes=args.state_snapshot_memory_bytes)
         return memory.plan(config, **{**options, **changes})
 
     plan = make()
@@ -205,16 +224,21 @@ def render_plan(plan: Any, max_num_seqs: int | None = None, unit: str = "GB") ->
         f"{plan.page_size}, budget {d0.budget_bytes / scale:.2f} of {d0.total_bytes / scale:.2f} "
         f"{unit} per device",
         "",
-        f"device   weights  buffers  activations  graphs    other  KV cache   ({unit})",
+        f"device   weights  buffers  activations  graphs    state    other  KV cache   ({unit})",
     ]
     for d in plan.per_device:
         lines.append(f"{d.rank:>6} {_amount(d.weights_bytes, unit)} {_amount(d.buffers_bytes, unit)} "
                      f"{_amount(d.activation_bytes, unit)}    {_amount(d.graph_bytes, unit)} "
-                     f"{_amount(d.other_bytes, unit)} {_amount(d.kv_cache_bytes, unit)}")
+                     f"{_amount(d.state_bytes, unit)} {_amount(d.other_bytes, unit)} "
+                     f"{_amount(d.kv_cache_bytes, unit)}")
     per_token = ", ".join(f"{d.kv_bytes_per_token:,}" for d in plan.per_device)
-    lines += ["", f"KV bytes per token per device: {per_token}",
-              f"token capacity: {plan.tokens_capacity:,} tokens "
-              f"({plan.per_device[0].num_pages:,} pages of {plan.page_size})"]
+    lines += ["", f"KV bytes per token per device: {per_token}"]
+    if plan.state_bytes_per_sequence:  # hybrid: GDN conv + recurrent state instead of KV pages
+        lines.append(f"state per sequence per device: {plan.state_bytes_per_sequence:,} bytes "
+                     f"({plan.state_bytes_per_sequence / 1e6:.1f} MB); running sequences + "
+                     f"{plan.state_snapshots} prefix-cache snapshots: {d0.state_bytes / 1e9:.2f} GB")
+    lines.append(f"token capacity: {plan.tokens_capacity:,} tokens "
+                 f"({plan.per_device[0].num_pages:,} pages of {plan.page_size})")
     conc = "  ".join(f"{_len_label(int(n))}: {c}" for n, c in plan.max_concurrency.items())
     lines.append(f"max concurrent full-length sequences: {conc}")
     if max_num_seqs is not None and any(c > max_num_seqs for c in plan.max_concurrency.values()):

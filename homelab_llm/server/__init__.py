@@ -1,10 +1,15 @@
 """The OpenAI-compatible server (`homelab-llm serve`). Which file owns what, in request order:
 
     command.py        the `serve` subcommand: flags (vLLM spelling), presets as defaults
-    launch.py         uvicorn with our shutdown: drain on SIGTERM, then abort, exit 0
-    app.py            FastAPI app: API-key middleware, error handlers, /health /v1/status /metrics
+    launch.py         bind the port first, uvicorn with our shutdown: drain on SIGTERM, then abort,
+                      exit 0; a second signal aborts at once and exits non-zero
+    app.py            FastAPI app: middleware, error handlers, /health /v1/status /metrics
+    middleware.py     ASGI guards: 500s with error ids, Host allow-list, API key
+    hosts.py          loopback names and the Host allow-list rule (no web imports)
     openai.py         routes: /v1/chat/completions /v1/completions /v1/models /tokenize /detokenize
+    body.py           JSON bodies: content type, size cap (413), every decode failure a 400
     protocol.py       request bodies (pydantic) -> SamplingParams; the context-length check
+    limits.py         cheap bounds before expensive work: body counts, prompt characters, prompts x n
     chat.py           chat: template, tokenize, n choices, JSON or SSE chunks
     completions.py    completions: prompt batches, echo, legacy logprobs
     generation.py     Batch: one HTTP request's engine requests, merged outputs, abort on exit

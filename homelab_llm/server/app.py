@@ -1,11 +1,10 @@
-"""The FastAPI app: the OpenAI routes plus /health, /v1/status and /metrics, API-key checks, and
-error handlers that keep every failure in OpenAI's shape (never a bare 500 for client input)."""
+"""The FastAPI app: the OpenAI routes plus /health, /v1/status and /metrics, the guards of
+middleware.py (error ids for our bugs, Host allow-list, API key), and error handlers that keep
+every failure in OpenAI's shape (never a bare 500 for client input)."""
 
 from __future__ import annotations
 
-import hmac
 import json
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,45 +14,20 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from homelab_llm import __version__
-from homelab_llm.server.engine_client import EngineClient, EngineNotReady
-from homelab_llm.server.errors import APIError, bad_request, unauthorized, unavailable
+from homelab_llm.server.engine_client import Engine, EngineClient, EngineNotReady
+from homelab_llm.server.errors import APIError, bad_request, error_response, unavailable
+from homelab_llm.server.generation import ClientGone
+from homelab_llm.server.hosts import allowed_host_names
 from homelab_llm.server.metrics import CONTENT_TYPE, render_metrics
+from homelab_llm.server.middleware import (APIKeyMiddleware, HostAllowListMiddleware,
+                                           InternalErrorMiddleware)
 from homelab_llm.server.openai import router, server_state
 from homelab_llm.server.state import ServerConfig, ServerState
 from homelab_llm.server.stats import ServerStats
 from homelab_llm.server.status import build_status
 from homelab_llm.load_progress import LOAD
-
-log = logging.getLogger("homelab_llm.server")
-
-# /health answers load balancers and the TUI before a key is known; /metrics stays open for
-# Prometheus scrapers, as in vLLM. Everything else needs the key when one is set.
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-class APIKeyMiddleware:
-    """Pure ASGI (not BaseHTTPMiddleware) so streaming and disconnect detection pass through."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        await error_response(unauthorized())(scope, receive, send)
 
 
 async def engine_status(state: ServerState) -> dict[str, Any]:
@@ -63,7 +37,7 @@ async def engine_status(state: ServerState) -> dict[str, Any]:
         raise unavailable(str(err)) from err
 
 
-def build_app(config: ServerConfig, engine_factory: Callable[[], Any],
+def build_app(config: ServerConfig, engine_factory: Callable[[], Engine],
               stats: ServerStats | None = None) -> FastAPI:
     stats = stats or ServerStats()
     state = ServerState(config, EngineClient(engine_factory, observer=stats.observe), stats)
@@ -78,7 +52,11 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], Any],
                   docs_url=None, redoc_url=None)
     app.state.server = state
     app.include_router(router)
+    # Added innermost first: a request meets the error catcher, then the Host check, then the key.
     app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(HostAllowListMiddleware,
+                       allowed=allowed_host_names(config.host, config.allowed_hosts))
+    app.add_middleware(InternalErrorMiddleware)
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, err: APIError) -> JSONResponse:
@@ -92,20 +70,20 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], Any],
         return error_response(APIError(err.status_code, message, kind, None, None,
                                        dict(err.headers or {})))
 
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, err: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
         return error_response(bad_request(str(err)))
 
-    @app.exception_handler(Exception)
-    async def on_unexpected(request: Request, err: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response(APIError(500, f"internal error: {type(err).__name__}: {err}",
-                                       "server_error", None, "internal_error"))
-
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         client = state.client
-        if state.draining:
+        if client.state == "dead":  # before draining: the exit that follows is not a drain
+            body, code = {"status": "dead", "reason": client.dead_reason}, 503
+        elif state.draining:
             body, code = {"status": "draining"}, 503
         elif client.state == "ready":
             body, code = {"status": "ok"}, 200

@@ -4,7 +4,6 @@ and answer as one JSON body or as an SSE stream of chunks."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,21 +11,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
-from homelab_llm.server.errors import APIError, bad_request
+from homelab_llm.server.errors import APIError, bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
+from homelab_llm.server.limits import PromptBound, check_num_seqs, message_chars
 from homelab_llm.server.logprobs import chat_logprobs
-from homelab_llm.server.protocol import (ChatCompletionRequest, check_max_tokens, encode_text,
-                                         parse_body)
+from homelab_llm.server.protocol import ChatCompletionRequest, check_max_tokens, encode_text
 from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 
-log = logging.getLogger("homelab_llm.server")
 
-
-def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
+def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools_enabled else None
     try:
         return tokenizer.apply_chat_template(
@@ -38,8 +36,12 @@ def render_prompt(tokenizer: Any, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
-def _prepare(tokenizer: Any, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest, bound: PromptBound) -> tuple[str, list[int]]:
+    # Both length checks are O(1) per message: an absurd prompt is refused before the template
+    # runs, and a template-inflated one before the tokenizer does.
+    bound.check(message_chars(req.template_messages()), "messages")
     text = render_prompt(tokenizer, req)
+    bound.check(len(text), "messages")
     return text, encode_text(tokenizer, text, False, "messages")
 
 
@@ -49,16 +51,18 @@ def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
     return choice.finish_reason
 
 
-async def create_chat_completion(state: ServerState, request: Request, body: Any) -> Response:
-    req: ChatCompletionRequest = parse_body(ChatCompletionRequest, body)
+async def create_chat_completion(state: ServerState, request: Request, req: ChatCompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
     logprobs = req.logprobs_count()
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
+    req.check_token_fields(tokenizer.vocab_size)
+    check_num_seqs(1, req.n, state.config.max_seqs_per_request)
     # Templating and tokenizing a 100K-token agent prompt takes tens of milliseconds: off the
     # event loop, so other streams keep flowing meanwhile.
-    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req)
+    bound = await state.ready_prompt_bound(engine)
+    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req, bound)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)
@@ -66,8 +70,10 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
     starts_inside = think and prompt_opens_think(prompt_text)
     routers = [ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
     batch = Batch(state, new_id("chatcmpl"),
-                  [(prompt_ids, req.sampling_params(max_tokens, logprobs, i)) for i in range(req.n)])
-    await batch.submit()
+                  [(prompt_ids, req.sampling_params(max_tokens, logprobs, i,
+                                                    vocab_size=tokenizer.vocab_size))
+                   for i in range(req.n)])
+    await batch.submit(request)
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs)
     if req.stream:
         return SSEResponse(_stream(ctx, batch, routers, req.include_usage, req.continuous_usage), on_close=batch.abort)
@@ -81,7 +87,7 @@ async def create_chat_completion(state: ServerState, request: Request, body: Any
 
 
 class _Context:
-    def __init__(self, request_id: str, created: int, model: str, tokenizer: Any,
+    def __init__(self, request_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: int | None) -> None:
         self.id, self.created, self.model = request_id, created, model
         self.tokenizer, self.logprobs = tokenizer, logprobs
@@ -167,7 +173,6 @@ async def _stream(ctx: _Context, batch: Batch, routers: list[ChatTextRouter],
         if include_usage:
             yield sse(ctx.chunk([], usage=usage(choices, [0])))
         yield DONE
-    except Exception as err:  # a bug of ours mid-stream: tell the client, then end cleanly
-        log.exception("chat stream failed")
-        yield sse_error(APIError(500, f"internal error: {err}", "server_error"))
+    except Exception as err:  # a bug of ours mid-stream: tell the client (an error id), end cleanly
+        yield sse_error(internal_error(err, "chat stream"))
         yield DONE

@@ -1,5 +1,9 @@
 """`homelab-llm serve [MODEL]`: the engine behind an OpenAI-compatible API. Flags are spelled like
-`vllm serve`'s; `--preset NAME` supplies defaults that flags on the command line override."""
+`vllm serve`'s; `--preset NAME` supplies defaults that flags on the command line override.
+
+Order of start-up: check flags, bind the port (a busy one fails in a moment), then load the
+model. The API key comes from --api-key, --api-key-file or $HOMELAB_LLM_API_KEY (the last two keep
+it out of `ps`); a non-loopback bind without one is served, with a warning."""
 
 from __future__ import annotations
 
@@ -7,11 +11,14 @@ import argparse
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from homelab_llm.errors import HomelabError
+from homelab_llm.presets import API_KEY_ENV, exposure_warning, load_preset
 
-API_KEY_ENV = "HOMELAB_LLM_API_KEY"
+if TYPE_CHECKING:
+    from homelab_llm.server.engine_client import Engine
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class _Default:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.args import EngineArgs, parse_bytes
 
     p.add_argument("model", nargs="?", default="",
                    help="GGUF file, HF folder, or model_configs JSON with --load-format dummy "
@@ -30,16 +37,29 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (0.0.0.0 for the LAN; set --api-key then)")
+                   help=f"address to bind (0.0.0.0 for the LAN; set ${API_KEY_ENV} or "
+                        f"--api-key-file then)")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use as `model` (default: the model file's name)")
     g.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set)")
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV} if set; "
+                        f"prefer that or --api-key-file: a flag shows in `ps`)")
+    g.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read the API key from this file (its first line)")
+    g.add_argument("--allowed-hosts", default="", metavar="A,B",
+                   help="extra Host header names to accept (comma-separated; '*' for any). A "
+                        "loopback bind accepts only localhost, 127.0.0.1, ::1 and the bound host "
+                        "otherwise (DNS-rebinding protection)")
+    g.add_argument("--max-request-body-bytes", type=parse_bytes, default=32 << 20, metavar="BYTES",
+                   help="larger request bodies get 413 (default 32MiB; e.g. 64MiB)")
+    g.add_argument("--max-seqs-per-request", type=int, default=256, metavar="N",
+                   help="prompts x n one request may ask for; more is a 400 (default 256)")
     g.add_argument("--max-queue-len", type=int, default=None,
                    help="requests waiting for their first token before new ones get 429")
     g.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests may finish after SIGTERM before being aborted")
+                   help="seconds in-flight requests may finish after SIGTERM before being aborted "
+                        "(a second SIGTERM aborts them at once and exits non-zero)")
     g.add_argument("--preset", default=None, help="start from a saved preset; flags override it")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -67,10 +87,6 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def _preset_values(name: str) -> dict[str, Any]:
-    try:
-        from homelab_llm.presets import load_preset
-    except ImportError as err:
-        raise HomelabError(f"--preset needs homelab_llm.presets, which is not available: {err}") from err
     preset = load_preset(name)
     if preset.backend != "builtin":
         raise HomelabError(f"preset {name!r} runs backend {preset.backend!r}, not homelab-llm; "
@@ -89,8 +105,6 @@ def _preset_values(name: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from homelab_llm.engine.args import EngineArgs
 
     args = resolve_args(args)
@@ -108,29 +122,69 @@ def run(args: argparse.Namespace) -> int:
         raise HomelabError(f"--drain-timeout must be >= 0, got {args.drain_timeout}")
     if not 0 <= args.port <= 65535:
         raise HomelabError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_request_body_bytes is None or args.max_request_body_bytes < 1024:
+        raise HomelabError(f"--max-request-body-bytes must be at least 1024 (e.g. 32MiB), "
+                           f"got {args.max_request_body_bytes}")
+    if args.max_seqs_per_request < 1:
+        raise HomelabError(f"--max-seqs-per-request must be >= 1, got {args.max_seqs_per_request}")
+    api_key = resolve_api_key(args.api_key, args.api_key_file)
     engine_args = EngineArgs.from_cli(args)  # validates; errors are one-line HomelabErrors
     if engine_args.node_rank > 0:
         # Another node of a multi-node TP group: run this node's ranks, no HTTP server.
-        from homelab_llm.engine.parallel_workers import serve_worker_node
+        from homelab_llm.engine.parallel import serve_worker_node
 
         logging.getLogger("homelab_llm.server").info(
             "node %d of %d: serving ranks for %s:%d", engine_args.node_rank, engine_args.nnodes,
             engine_args.master_addr, engine_args.master_port)
         return serve_worker_node(engine_args)
 
+    from homelab_llm.engine.model.context_limit import check_max_model_len
+    from homelab_llm.engine.model.loader import load_model_config
     from homelab_llm.server.app import build_app
-    from homelab_llm.server.launch import serve
+    from homelab_llm.server.launch import ServeError, bind_socket, serve
     from homelab_llm.server.state import ServerConfig
 
+    log = logging.getLogger("homelab_llm.server")
+    sock = bind_socket(args.host, args.port)  # before the model: a busy port fails at once
+    # A context the model cannot address is one line and exit 2, before the weights load.
+    try:
+        model_config = load_model_config(args.model, engine_args.load_format,
+                                         engine_args.hf_overrides)
+    except HomelabError as err:
+        raise ServeError(f"the model failed to load: {err}") from err
+    check_max_model_len(engine_args.max_model_len, model_config)
+    if (warning := exposure_warning(args.host, api_key is not None)) is not None:
+        log.warning("%s", warning)
     names = tuple(args.served_model_name or [Path(args.model).stem])
-    config = ServerConfig(served_model_names=names, model_path=args.model,
-                          api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
-                          max_queue_len=args.max_queue_len, drain_timeout_s=args.drain_timeout)
+    config = ServerConfig(served_model_names=names, model_path=args.model, api_key=api_key,
+                          max_queue_len=args.max_queue_len, drain_timeout_s=args.drain_timeout,
+                          host=args.host,
+                          allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",")
+                                              if h.strip()),
+                          max_request_body_bytes=args.max_request_body_bytes,
+                          max_seqs_per_request=args.max_seqs_per_request)
 
-    def load_engine() -> Any:
+    def load_engine() -> Engine:
         from homelab_llm.engine.core import LLMEngine
 
         return LLMEngine(engine_args)
 
-    logging.getLogger("homelab_llm.server").info("loading %s", args.model)
-    return serve(build_app(config, load_engine), args.host, args.port, args.uvicorn_log_level)
+    log.info("loading %s", args.model)
+    return serve(build_app(config, load_engine), args.host, args.port, args.uvicorn_log_level,
+                 sock=sock)
+
+
+def resolve_api_key(flag: str | None, path: str | None) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $HOMELAB_LLM_API_KEY, else None."""
+    if flag and path:
+        raise HomelabError("give one of --api-key and --api-key-file, not both")
+    if path:
+        try:
+            key = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as err:
+            raise HomelabError(f"--api-key-file {path}: cannot read it ({err})") from err
+        if not key or not key[0].strip():
+            raise HomelabError(f"--api-key-file {path}: the file is empty; write the key on "
+                               f"its first line")
+        return key[0].strip()
+    return flag or os.environ.get(API_KEY_ENV) or None

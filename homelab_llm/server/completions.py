@@ -4,7 +4,6 @@ choice index = prompt index * n + choice number, as OpenAI numbers them."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,25 +11,27 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from homelab_llm.server.errors import APIError, bad_request
+from homelab_llm.engine.tokenizer import Tokenizer
+from homelab_llm.server.errors import bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
+from homelab_llm.server.limits import PromptBound, check_num_seqs
 from homelab_llm.server.logprobs import completion_logprobs
-from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text, parse_body
+from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
-
-log = logging.getLogger("homelab_llm.server")
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
-        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
+        raise bad_request(f"{param} holds token id {bad[0]}, outside the vocabulary [0, {vocab_size})",
+                          param)
 
 
-def prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, prompt: str | list[int], bound: PromptBound) -> list[int]:
     if isinstance(prompt, str):
+        bound.check(len(prompt), "prompt")
         ids = encode_text(tokenizer, prompt, True, "prompt")
         if not ids:
             raise bad_request("the prompt is empty", "prompt")
@@ -39,24 +40,27 @@ def prompt_ids(tokenizer: Any, prompt: str | list[int]) -> list[int]:
     return prompt
 
 
-async def create_completion(state: ServerState, request: Request, body: Any) -> Response:
-    req: CompletionRequest = parse_body(CompletionRequest, body)
+async def create_completion(state: ServerState, request: Request, req: CompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
     logprobs = req.logprobs_count()
     engine = state.ready_engine()
-    tokenizer = engine.tokenizer
+    tokenizer, max_len = engine.tokenizer, engine.max_model_len
+    req.check_token_fields(tokenizer.vocab_size)
     prompts = req.prompts()
+    check_num_seqs(len(prompts), req.n, state.config.max_seqs_per_request)
     items, echoes = [], []
-    all_ids = await asyncio.to_thread(lambda: [prompt_ids(tokenizer, p) for p in prompts])
+    bound = await state.ready_prompt_bound(engine)
+    all_ids = await asyncio.to_thread(lambda: [prompt_ids(tokenizer, p, bound) for p in prompts])
     for prompt, ids in zip(prompts, all_ids):
-        max_tokens = check_max_tokens(len(ids), req.requested_max_tokens(), engine.max_model_len)
+        max_tokens = check_max_tokens(len(ids), req.requested_max_tokens(), max_len)
         echo = "" if not req.echo else (prompt if isinstance(prompt, str) else tokenizer.decode(ids))
         for i in range(req.n):
-            items.append((ids, req.sampling_params(max_tokens, logprobs, i)))
+            items.append((ids, req.sampling_params(max_tokens, logprobs, i,
+                                                   vocab_size=tokenizer.vocab_size)))
             echoes.append(echo)
     batch = Batch(state, new_id("cmpl"), items)
-    await batch.submit()
+    await batch.submit(request)
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs,
                    echoes, [p * req.n for p in range(len(prompts))])
     if req.stream:
@@ -71,7 +75,7 @@ async def create_completion(state: ServerState, request: Request, body: Any) -> 
 
 
 class _Context:
-    def __init__(self, request_id: str, created: int, model: str, tokenizer: Any,
+    def __init__(self, request_id: str, created: int, model: str, tokenizer: Tokenizer,
                  logprobs: int | None, echoes: list[str], prompt_starts: list[int]) -> None:
         self.id, self.created, self.model = request_id, created, model
         self.tokenizer, self.logprobs = tokenizer, logprobs
@@ -129,7 +133,6 @@ async def _stream(ctx: _Context, batch: Batch, include_usage: bool,
         if include_usage:
             yield sse(ctx.chunk([], usage=usage(choices, ctx.prompt_starts)))
         yield DONE
-    except Exception as err:
-        log.exception("completion stream failed")
-        yield sse_error(APIError(500, f"internal error: {err}", "server_error"))
+    except Exception as err:  # a bug of ours mid-stream: tell the client (an error id), end cleanly
+        yield sse_error(internal_error(err, "completion stream"))
         yield DONE

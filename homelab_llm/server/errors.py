@@ -1,10 +1,18 @@
 """OpenAI-shaped HTTP errors: every failure a client can see has one body shape,
-`{"error": {"message", "type", "param", "code"}}`, and a status code that says whose fault it is."""
+`{"error": {"message", "type", "param", "code"}}`, and a status code that says whose fault it is.
+A bug of ours (`internal_error`) shows the client only an error id; the log holds the traceback
+under that id, so exception text never leaks into a response."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from starlette.responses import JSONResponse
+
+log = logging.getLogger("homelab_llm.server")
 
 
 @dataclass
@@ -25,6 +33,10 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code if self.code is not None else self.status}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -56,3 +68,23 @@ def unavailable(message: str, retry_after_s: int = 5) -> APIError:
 def engine_failure(message: str) -> APIError:
     # The engine failed while serving a valid request: our fault, not the client's.
     return APIError(500, f"the engine failed: {message}", "server_error", None, "engine_error")
+
+
+def payload_too_large(size: int, limit: int) -> APIError:
+    return APIError(413, f"the request body has {size} bytes or more, above this server's limit of "
+                         f"{limit} bytes (--max-request-body-bytes)", "invalid_request_error",
+                    None, "request_too_large")
+
+
+def unsupported_media_type(given: str) -> APIError:
+    return APIError(415, f"send the body as JSON with 'Content-Type: application/json' "
+                         f"(got {given or 'no content type'!r})", "invalid_request_error", None,
+                    "unsupported_media_type")
+
+
+def internal_error(err: BaseException, where: str) -> APIError:
+    """Log `err` with its traceback under a fresh id and return the 500 the client sees."""
+    error_id = f"err-{uuid.uuid4().hex[:12]}"
+    log.error("internal error %s on %s", error_id, where, exc_info=err)
+    return APIError(500, f"internal server error (id {error_id}; the server log has the details)",
+                    "server_error", None, "internal_error")

@@ -25,6 +25,10 @@ from homelab_llm.server.state import ServerState
 T = TypeVar("T")
 
 
+class ClientGone(Exception):
+    """The client disconnected before its request was submitted; nobody reads the answer."""
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -74,15 +78,24 @@ class Batch:
         self._index = {rid: i for i, rid in enumerate(self.ids)}
         self._open: set[str] = set()
 
-    async def submit(self) -> None:
+    async def submit(self, request: Request) -> None:
+        """Hand every engine request to the engine. A client that hangs up meanwhile (a batch of
+        hundreds takes a while) cancels the rest, and what was already added is aborted."""
         client = self.state.client
         limit = self.state.config.max_queue_len
         if limit is not None and client.num_waiting >= limit:
             raise queue_full(limit)
+        if not await until_disconnect(request, self._add_all()):
+            self.abort()
+            raise ClientGone()
+
+    async def _add_all(self) -> bool:
+        client = self.state.client
         try:
             for rid, (prompt_ids, params) in zip(self.ids, self.items):
                 self._open.add(rid)
                 await client.add(rid, prompt_ids, params, self.sink)
+            return True
         except EngineNotReady as err:
             self.abort()
             raise unavailable(str(err)) from err

@@ -6,20 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 from homelab_llm.engine.outputs import TokenLogprob
+from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.generation import clamp_logprob
 
 
-def _text(tokenizer: Any, token_id: int) -> str:
+def _text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.token_text(token_id)
 
 
-def _bytes(tokenizer: Any, token_id: int, text: str) -> list[int]:
+def _bytes(tokenizer: Tokenizer, token_id: int, text: str) -> list[int]:
     # A token may hold part of a UTF-8 character: its raw bytes say more than its text (U+FFFD).
     raw = getattr(tokenizer, "token_bytes", None)
     return list(raw(token_id)) if raw is not None else list(text.encode())
 
 
-def chat_logprobs(tokenizer: Any, entries: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]:
     content = []
     for entry in entries:
         text = _text(tokenizer, entry.token_id)
@@ -33,7 +34,7 @@ def chat_logprobs(tokenizer: Any, entries: list[TokenLogprob]) -> dict[str, Any]
     return {"content": content}
 
 
-def completion_logprobs(tokenizer: Any, entries: list[TokenLogprob],
+def completion_logprobs(tokenizer: Tokenizer, entries: list[TokenLogprob],
                         text_offset_start: int) -> dict[str, Any]:
     tokens, token_logprobs, top, offsets = [], [], [], []
     offset = text_offset_start

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from homelab_llm.engine.sampling_params import SamplingParams, SamplingParamsError
+from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.errors import APIError, bad_request
 
 MAX_N = 128  # choices per request: beyond this a single request could starve everyone else
@@ -17,7 +18,8 @@ MAX_LOGPROBS = 20
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN/Infinity never reach the sampler: 1e999 decodes to inf, and pydantic would take it.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -70,6 +72,8 @@ class SamplingFields(_Body):
     repetition_penalty: float | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None  # checked, then refused: the sampler lacks it
+    allowed_token_ids: list[int] | None = None  # vLLM's; the same
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -97,8 +101,31 @@ class SamplingFields(_Body):
         if self.seed is not None and not -(2**63) <= self.seed <= 2**63 - 1 - MAX_N:
             raise bad_request(f"seed must fit in a signed 64-bit integer, got {self.seed}", "seed")
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                        seed_offset: int = 0) -> SamplingParams:
+    def check_token_fields(self, vocab_size: int) -> None:
+        """Token ids the client names must lie in the vocabulary; fields the engine cannot honour
+        are refused (a silently ignored constraint would be a wrong answer)."""
+        for key, bias in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise bad_request(f"logit_bias keys are token ids, got {key[:40]!r}",
+                                  "logit_bias") from None
+            if not 0 <= token < vocab_size:
+                raise bad_request(f"logit_bias names token {token}, outside the vocabulary "
+                                  f"[0, {vocab_size})", "logit_bias")
+            if not -100 <= bias <= 100:
+                raise bad_request(f"logit_bias values must be in [-100, 100], got {bias}",
+                                  "logit_bias")
+        for token in self.allowed_token_ids or []:
+            if not 0 <= token < vocab_size:
+                raise bad_request(f"allowed_token_ids holds {token}, outside the vocabulary "
+                                  f"[0, {vocab_size})", "allowed_token_ids")
+        for name in ("logit_bias", "allowed_token_ids"):
+            if getattr(self, name):
+                raise bad_request(f"{name} is not supported by this server", name, "unsupported")
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, seed_offset: int = 0,
+                        *, vocab_size: int) -> SamplingParams:
         params = SamplingParams(
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -119,7 +146,7 @@ class SamplingFields(_Body):
             skip_special_tokens=self.skip_special_tokens,
         )
         try:
-            params.validate()
+            params.validate(vocab_size)
         except SamplingParamsError as err:
             raise bad_request(str(err), str(err).split(" ", 1)[0]) from err
         return params
@@ -215,7 +242,7 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     return_token_strs: bool = False
@@ -244,7 +271,7 @@ def _field_path(loc: tuple[Any, ...]) -> list[str]:
     return path
 
 
-def encode_text(tokenizer: Any, text: str, add_special_tokens: bool, param: str) -> list[int]:
+def encode_text(tokenizer: Tokenizer, text: str, add_special_tokens: bool, param: str) -> list[int]:
     """Tokenize client text; text the tokenizer cannot take (e.g. a lone UTF-16 surrogate, which
     JSON allows) is the client's problem, not a 500."""
     try:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from homelab_llm.server.engine_client import EngineClient
+from homelab_llm.server.engine_client import Engine, EngineClient
 from homelab_llm.server.errors import model_not_found, unavailable
+from homelab_llm.server.limits import PromptBound
 from homelab_llm.server.stats import ServerStats
 
 
@@ -18,6 +19,10 @@ class ServerConfig:
     api_key: str | None = None
     max_queue_len: int | None = None  # requests waiting for their first token; None: unbounded
     drain_timeout_s: float = 30.0
+    host: str = "127.0.0.1"  # the bound address: a loopback one turns the Host allow-list on
+    allowed_hosts: tuple[str, ...] = ()  # extra Host names to accept; "*" accepts any
+    max_request_body_bytes: int = 32 << 20  # larger bodies get 413 before they are read whole
+    max_seqs_per_request: int = 256  # prompts x n of one request; more is a 400
 
 
 @dataclass
@@ -27,6 +32,7 @@ class ServerState:
     stats: ServerStats
     draining: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt_bound: PromptBound | None = None  # computed on first use: it reads the vocabulary
 
     @property
     def model_name(self) -> str:
@@ -40,11 +46,17 @@ class ServerState:
             raise model_not_found(requested, list(self.config.served_model_names))
         return requested
 
-    def ready_engine(self) -> Any:
+    def ready_engine(self) -> Engine:
         if self.draining:
             raise unavailable("the server is shutting down")
-        if self.client.state == "failed":
-            raise unavailable(f"the engine failed to load: {self.client.load_error}", 60)
+        if self.client.state in ("failed", "dead"):
+            raise unavailable(self.client.unavailable_reason, 60)
         if self.client.state != "ready" or self.client.engine is None:
             raise unavailable("the model is still loading")
         return self.client.engine
+
+    async def ready_prompt_bound(self, engine: Engine) -> PromptBound:
+        if self.prompt_bound is None:
+            self.prompt_bound = await asyncio.to_thread(PromptBound.of, engine.tokenizer,
+                                                        engine.max_model_len)
+        return self.prompt_bound

@@ -35,6 +35,7 @@ from homelab_llm.tui.screens.dashboard import DashboardScreen
 from homelab_llm.tui.screens.hardware import HardwareScreen
 from homelab_llm.tui.screens.help import HelpScreen
 from homelab_llm.tui.screens.logs import LogsScreen
+from homelab_llm.tui.screens.models import ModelsScreen
 from homelab_llm.tui.screens.presets import PresetsScreen
 from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, ServiceState,
                                      ServiceStatus, StateChanged, kill_all_now)
@@ -83,13 +84,14 @@ class HomelabApp(ServiceActions, App[int]):
     TITLE = "homelab-llm"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # side by side needs ~75 cols each
     MODES = {"dashboard": "dashboard", "presets": "presets", "hardware": "hardware", "logs": "logs",
-             "bench": "bench"}
+             "bench": "bench", "models": "models"}
     BINDINGS = [
         Binding("d", "switch_mode('dashboard')", "Dashboard"),
         Binding("p", "switch_mode('presets')", "Presets"),
         Binding("h", "switch_mode('hardware')", "Hardware"),
         Binding("l", "switch_mode('logs')", "Logs"),
         Binding("b", "switch_mode('bench')", "Bench"),
+        Binding("m", "switch_mode('models')", "Models", show=False),  # footer is full; in help
         # The footer has 80 columns for a screen's own keys and these: the screens that act on
         # the service show `s` themselves; F1, Ctrl+P and quitting are listed in the help.
         Binding("s", "toggle_service", "Start/stop", show=False),
@@ -149,7 +151,7 @@ class HomelabApp(ServiceActions, App[int]):
     def on_mount(self) -> None:
         for name, screen in (("dashboard", DashboardScreen()), ("presets", PresetsScreen()),
                              ("hardware", HardwareScreen()), ("logs", LogsScreen()),
-                             ("bench", BenchScreen())):
+                             ("bench", BenchScreen()), ("models", ModelsScreen())):
             self.install_screen(screen, name)
         self.service.subscribe(self._on_service_event)
         self.service_status = self.service.status

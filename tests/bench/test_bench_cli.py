@@ -1,8 +1,7 @@
-"""`homelab-llm bench ...` end to end against the scripted server on a real socket (127.0.0.1,
-ephemeral port): tables, JSON, plots, errors as one line, Ctrl+C keeping partial results.
-
-Real sleeps here, so the speed checks carry tolerances: injected 5 ms per token must read
-200 tok/s within ±35% (a loaded 2-core box can stall a few ms; the exact arithmetic is pinned
+"""`homelab-llm bench ...` end to end: tables, JSON, plots, errors as one line, Ctrl+C keeping
+partial results. Most run against the scripted server on a real socket (127.0.0.1, ephemeral
+port) with real sleeps, so their speed checks carry tolerances; the depth table runs the CLI over
+the virtual-clock transport instead and asserts exact figures (the arithmetic itself is pinned
 in test_bench_timing.py)."""
 
 from __future__ import annotations
@@ -17,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from homelab_llm.bench import command as bench_command
+from homelab_llm.bench.client import BenchClient
 from homelab_llm.cli import main
-from tests.bench.fake_openai import FakeOpenAI, FakeServerThread, Script
+from tests.bench.fake_openai import (FakeOpenAI, FakeServerThread, FakeTransport, Script,
+                                     VirtualClock)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,13 +31,19 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return rc, out, err
 
 
-def test_depth_table_json_markdown_and_plot(tmp_path, capsys):
-    server = FakeOpenAI(Script(prefill_per_token=0.0005, itl=0.005))
-    with FakeServerThread(server) as fake:
-        rc, out, err = run_cli(["bench", "depth", "--base-url", fake.url + "/v1", "--pp", "32",
-                                "--tg", "8", "--depth", "0,128", "--repetitions", "2",
-                                "--json", str(tmp_path / "r.json"), "--markdown",
-                                "--plot", str(tmp_path / "plots"), "--no-progress"], capsys)
+def test_depth_table_json_markdown_and_plot(tmp_path, capsys, monkeypatch):
+    # The CLI's client talks to the scripted server through the virtual-clock transport, so the
+    # figures are exact whatever the machine's load: 1/256 s per token is 256 tok/s.
+    server, clock = FakeOpenAI(Script(prefill_per_token=1 / 2048, itl=1 / 256)), VirtualClock()
+
+    def virtual_client(*args, **kwargs) -> BenchClient:
+        return BenchClient(*args, **kwargs, transport=FakeTransport(server, clock), clock=clock)
+
+    monkeypatch.setattr(bench_command, "BenchClient", virtual_client)
+    rc, out, err = run_cli(["bench", "depth", "--base-url", "http://fake/v1", "--pp", "32",
+                            "--tg", "8", "--depth", "0,128", "--repetitions", "2",
+                            "--json", str(tmp_path / "r.json"), "--markdown",
+                            "--plot", str(tmp_path / "plots"), "--no-progress"], capsys)
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("| model") and "e2e_ttft (ms)" in lines[0]
@@ -48,7 +56,9 @@ def test_depth_table_json_markdown_and_plot(tmp_path, capsys):
     assert [(r["depth"], r["concurrency"], r["mode"]) for r in rows] == [(0, 1, "cold"), (128, 1, "cold")]
     for r in rows:
         assert {"pp_tps", "tg_tps", "ttft_s", "pp_tps_std", "ttfr_s", "est_ppt_s"} <= set(r)
-        assert r["tg_tps"] == pytest.approx(200.0, rel=0.35)
+        assert r["tg_tps"] == pytest.approx(256.0, rel=1e-12) and r["tg_tps_std"] == 0.0
+        assert r["pp_tps"] == pytest.approx(2048.0, rel=1e-12)
+        assert r["ttft_s"] == pytest.approx((32 + r["depth"]) / 2048, rel=1e-12)
         assert r["failed"] == 0 and r["prompt_tokens"] == 32 + r["depth"]
     assert (tmp_path / "plots" / "tps_vs_depth.png").stat().st_size > 1000
 

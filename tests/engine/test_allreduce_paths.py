@@ -1,4 +1,4 @@
-"""Which all-reduce path a message takes (engine/comm.py) and how parallel.all_reduce dispatches.
+"""Which all-reduce path a message takes (engine/parallel/comm.py) and how parallel.all_reduce dispatches.
 The kernel itself is tested in tests/engine/kernels/test_allreduce.py; the real two-GPU run is in
 benchmarks/tp_gpu.py (section allreduce)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from homelab_llm.engine import parallel
-from homelab_llm.engine.comm import PROBE_SIZES, PathTable, choose_paths, read_mode
+from homelab_llm.engine.parallel import state as parallel
+from homelab_llm.engine.parallel.comm import PROBE_SIZES, PathTable, choose_paths, read_mode
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,15 +11,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.layers.embedding import VocabParallelEmbedding
 from homelab_llm.engine.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-    head_shard,
 )
 from homelab_llm.engine.model.config import UnsupportedModelError
+from homelab_llm.engine.sharding import head_shard
 from model_reference import PagedHarness, load_ours, make_hf_model
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5]

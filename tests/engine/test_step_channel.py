@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from homelab_llm.engine import step_channel
-from homelab_llm.engine.step_channel import ChannelClosed, ShmRing
+from homelab_llm.engine.parallel import ring as step_channel
+from homelab_llm.engine.parallel.ring import ChannelClosed, ShmRing
 
 
 def _ring(tmp_path: Path, readers: int = 1, slots: int = 4, slot_words: int = 16):

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from homelab_llm.engine import parallel_workers as pw
-from homelab_llm.engine import tp_shutdown as tsd
 from homelab_llm.engine.cuda_graphs import DecodeGraphs
 from homelab_llm.engine.llm import LLM
+from homelab_llm.engine.parallel import runner as pw
+from homelab_llm.engine.parallel import shutdown as tsd
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.model_reference import make_hf_model
 
@@ -77,7 +77,7 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     def rank(r: int) -> None:
         if r == 1:
             time.sleep(0.05)  # a slow rank: the others must wait for it at every step
-        tsd._leave(_BarrierChannel(barrier, log, r), runners[r], _Comm(log, r), "cpu", 5.0)
+        tsd.leave(_BarrierChannel(barrier, log, r), runners[r], _Comm(log, r), "cpu", 5.0)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     for t in threads:
@@ -98,7 +98,7 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
 def test_leave_on_cpu_ranks_skips_the_buffer_barrier() -> None:
     log = _Log()
     runner = SimpleNamespace(graphs=None, device=None)
-    tsd._leave(_BarrierChannel(threading.Barrier(1), log, 0), runner, None, "cpu", 1.0)
+    tsd.leave(_BarrierChannel(threading.Barrier(1), log, 0), runner, None, "cpu", 1.0)
     assert log.events == [("barrier", 0)]
 
 
@@ -128,7 +128,7 @@ def test_workers_outlive_rank0_teardown_and_a_second_engine_works(tmp_path: Path
         assert seen.pop("workers_alive_during_teardown") is True
         assert [p.exitcode for p in runner.procs] == [0]  # left on rank 0's "done", not killed
         assert set(runner.shutdown_phases) == {"leave", "teardown", "workers"}
-        assert runner.shutdown_seconds < pw.SHUTDOWN_WAIT_S
+        assert runner.shutdown_seconds < tsd.SHUTDOWN_WAIT_S
     assert tokens[0] == tokens[1]
 
 
@@ -153,8 +153,8 @@ def test_a_stuck_teardown_is_bounded_and_the_next_engine_waits_for_it(tmp_path: 
     assert time.monotonic() - start < 5.0  # bounded: 1 s for the teardown, the workers exit
     assert [p.exitcode for p in runner.procs] == [0]
     assert len(tsd._stuck_teardowns) == 1
-    with pytest.raises(pw.RankFailedError, match="still stuck"):
-        tsd._wait_for_stuck_teardown(0.2)
+    with pytest.raises(tsd.RankFailedError, match="still stuck"):
+        tsd.wait_for_stuck_teardown(0.2)
     # At exit the guard frees every graph (which is what unblocks NCCL) and lets the thread end.
     monkeypatch.setattr(tsd, "_reset_all_graphs", release.set)
     monkeypatch.setattr(tsd.os, "_exit", lambda code: pytest.fail("guard left via os._exit"))

@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 
 from homelab_llm.engine.llm import LLM
-from homelab_llm.engine.tp_channel import PLAN_TRANSPORT_ENV, _plan, _ShmChannel, _unpack
-from homelab_llm.engine.tp_shutdown import SHUTDOWN_WAIT_S
+from homelab_llm.engine.parallel.channel import PLAN_TRANSPORT_ENV, ShmPlanChannel
+from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S
 from homelab_llm.engine.sampling_params import SamplingParams
+from homelab_llm.engine.step_plan import CMD_ALLOCATE, HEADER_LEN, PlanHeader, build_plan, plan_from_lists
 from tests.engine.model_reference import make_hf_model
 
 SHAPE = dict(num_attention_heads=6, num_key_value_heads=2, intermediate_size=192, vocab_size=320)
@@ -49,7 +50,7 @@ def test_host_plan_equals_runner_prepare(tmp_path: Path) -> None:
 
         def checked(scheduled):
             batch = prepare(scheduled)
-            _same_batch(_unpack(*_plan(scheduled, e.runner.page_size), e.runner), batch)
+            _same_batch(e.runner.batch_from_plan(*build_plan(scheduled, e.runner.page_size)), batch)
             seen.append(batch.context.decode_only)
             return batch
 
@@ -70,11 +71,23 @@ def test_shm_and_gloo_plans_give_the_same_tokens_and_shut_down_clean(tmp_path: P
         monkeypatch.setenv(PLAN_TRANSPORT_ENV, transport)
         llm = _llm(tmp_path, 2)
         runner = llm.engine.runner
-        assert isinstance(runner.channel, _ShmChannel) == (transport == "shm")
+        assert isinstance(runner.channel, ShmPlanChannel) == (transport == "shm")
         tokens[transport] = [c.token_ids for c in llm.generate(PROMPTS, GREEDY)]
         llm.shutdown()
         assert [p.exitcode for p in runner.procs] == [0]  # left through the barrier, not killed
         assert runner.shutdown_seconds < SHUTDOWN_WAIT_S
     assert tokens["shm"] == tokens["gloo"]
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    assert not [n for n in after - before if n.startswith("homelab-llm-plan")]
+    # Only our rings (rank 0 is this process; other test runs may share /dev/shm meanwhile).
+    assert not [n for n in after - before if n.startswith(f"homelab-llm-plan-{os.getpid()}-")]
+
+
+def test_plan_header_words_round_trip() -> None:
+    header, payload = plan_from_lists([5, 6, 7], [0, 1, 2], [8, 9, 10], [3], [3], [[2]], [2])
+    assert header.payload_len == payload.numel() and header.decode_only is False
+    words = header.to_words()
+    assert len(words) == HEADER_LEN and all(type(w) is int for w in words)
+    assert PlanHeader.from_words(words) == header
+    command = PlanHeader(CMD_ALLOCATE, arg=12)
+    assert PlanHeader.from_words(command.to_words()) == command
+    assert command.to_words() == [CMD_ALLOCATE] + [0] * (HEADER_LEN - 2) + [12]

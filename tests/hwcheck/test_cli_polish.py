@@ -38,7 +38,8 @@ def test_every_serve_flag_explains_itself() -> None:
     missing = [a.option_strings[0] for a in serve._actions
                if a.option_strings and a.dest != "help" and not a.help]
     assert missing == []
-    assert serve.description.endswith("override.")
+    assert serve.description.endswith(".") and "flags on the command line override" in \
+        serve.description  # the whole docstring, not its first line cut mid-sentence
 
 
 def test_hwcheck_build_example_is_a_valid_build(tmp_path: Path, capsys) -> None:
@@ -59,6 +60,7 @@ def test_hwcheck_build_example_is_a_valid_build(tmp_path: Path, capsys) -> None:
 def test_plan_needs_a_unit_and_answers_in_it(capsys) -> None:
     assert parse_memory("24GiB") == Memory(24 << 30, "GiB")
     assert parse_memory("24 gb") == Memory(24 * 10**9, "GB")
+    assert parse_memory("25753026560") == Memory(25753026560, "GB")  # an exact byte count
     for bad in ("24", "lots", "-1GiB", "GiB"):
         with pytest.raises(argparse.ArgumentTypeError, match="needs a unit"):
             parse_memory(bad)

@@ -32,6 +32,16 @@ def test_defaults_and_vllm_spelling() -> None:
     assert parse().max_num_seqs == 64 and parse().model == ""
 
 
+def test_server_limits_and_exposure_flags() -> None:
+    default = parse()
+    assert default.max_request_body_bytes == 32 << 20 and default.max_seqs_per_request == 256
+    assert default.allowed_hosts == "" and default.api_key_file is None
+    args = parse("--max-request-body-bytes", "64MiB", "--max-seqs-per-request", "8",
+                 "--allowed-hosts", "box.lan,nas.lan", "--api-key-file", "/run/key")
+    assert args.max_request_body_bytes == 64 << 20 and args.max_seqs_per_request == 8
+    assert args.allowed_hosts == "box.lan,nas.lan" and args.api_key_file == "/run/key"
+
+
 @pytest.fixture
 def presets_dir(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HOMELAB_LLM_PRESETS_DIR", str(tmp_path))
@@ -69,7 +79,10 @@ def run_cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_bad_flags_are_one_line_errors() -> None:
     for argv, needle in ((["--max-queue-len", "0"], "--max-queue-len"),
                          (["--max-num-seqs", "0"], "--max-num-seqs"),
-                         (["--port", "70000"], "--port")):
+                         (["--port", "70000"], "--port"),
+                         (["--max-seqs-per-request", "0"], "--max-seqs-per-request"),
+                         (["--max-request-body-bytes", "10"], "--max-request-body-bytes"),
+                         (["--api-key-file", "/nonexistent/key"], "--api-key-file")):
         done = run_cli(*argv)
         assert done.returncode == 2
         lines = done.stderr.strip().splitlines()

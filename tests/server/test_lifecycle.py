@@ -16,17 +16,10 @@ import pytest
 
 from tests.server.conftest import fake_server
 from tests.server.fake_engine import FakeEngine
+from tests.server.harness import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 USER = [{"role": "user", "content": "hi"}]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def status(running) -> dict:
@@ -76,7 +69,8 @@ def test_status_contract(slow) -> None:
     assert set(s) == {"config", "devices", "kv", "requests", "prefix_cache", "throughput",
                       "latency", "uptime"}
     assert set(s["devices"][0]) == {"name", "total", "weights", "activations_peak", "graphs",
-                                    "kv_cache", "other", "free"}
+                                    "kv_cache", "state", "other", "free"}
+    assert s["devices"][0]["state"] == 0  # no recurrent state on a plain transformer
     assert set(s["kv"]) >= {"page_size", "dtype", "tokens_capacity", "tokens_used"}
     assert set(s["requests"]) == {"running", "waiting"}
     assert set(s["prefix_cache"]) >= {"query_tokens", "hit_tokens"}
@@ -200,18 +194,63 @@ def test_sigterm_drains_in_flight_requests_and_exits_0() -> None:
     assert sum(len(c["choices"][0]["delta"].get("content", "")) for c in chunks) == 60
 
 
+def running_stream(base: str, max_tokens: int) -> list[str]:
+    started = threading.Event()
+    lines = stream_in_thread(base, max_tokens, started)
+    assert started.wait(10)
+    return lines
+
+
+def final_error(lines: list[str]) -> dict:
+    """The error event just before the stream's [DONE]."""
+    wait_for(lambda: lines and lines[-1] == "data: [DONE]", 5, "[DONE]")
+    return json.loads(lines[-2][6:])["error"]
+
+
 def test_sigterm_aborts_after_the_drain_timeout_with_an_error_event() -> None:
     child, base = start_child(drain_s=0.3, step_delay=0.01)
     try:
-        started = threading.Event()
-        lines = stream_in_thread(base, 900, started)
-        assert started.wait(10)
+        lines = running_stream(base, 900)
         t0 = time.monotonic()
         child.send_signal(signal.SIGTERM)
         assert reap(child) == 0
         assert time.monotonic() - t0 < 5
     finally:
         reap(child)
-    wait_for(lambda: lines and lines[-1] == "data: [DONE]", 5, "[DONE]")
-    error = json.loads(lines[-2][6:])["error"]
+    error = final_error(lines)
     assert "shutting down" in error["message"] and error["code"] == "service_unavailable"
+
+
+def test_second_sigterm_ends_streams_with_an_error_and_exits_non_zero() -> None:
+    child, base = start_child(drain_s=20, step_delay=0.01)
+    try:
+        lines = running_stream(base, 900)
+        child.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{base}/health").status_code == 503, 5, "draining")
+        assert lines[-1] != "data: [DONE]"  # the first signal drains: the stream goes on
+        child.send_signal(signal.SIGTERM)
+        assert reap(child) == 128 + signal.SIGTERM
+    finally:
+        reap(child)
+    assert "shutting down" in final_error(lines)["message"]
+
+
+@pytest.mark.parametrize("tp", ["1", "2"])
+def test_busy_port_is_one_line_and_exit_2_before_loading(tp) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        # A model path that does not exist: had the server tried to load it first, the error
+        # would be about the model, not the port.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "homelab_llm", "serve", "/nonexistent/model.gguf", "--host",
+             "127.0.0.1", "--port", str(port), "--tensor-parallel-size", tp, "--device", "cpu"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = child.communicate(timeout=60)
+        finally:
+            reap(child)
+    assert child.returncode == 2
+    assert err.splitlines() == [f"homelab-llm serve: error: port {port} on 127.0.0.1 is in use"]
+    assert out == ""

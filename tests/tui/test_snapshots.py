@@ -70,6 +70,12 @@ def test_dashboard(snap_compare, size: tuple[int, int]) -> None:
     assert snap_compare(recorded_app(), terminal_size=size, run_before=settle)
 
 
+def test_dashboard_hybrid_model_state_slice(snap_compare) -> None:
+    """A hybrid (Gated DeltaNet) model: the VRAM bars show recurrent state as their own slice."""
+    hybrid = load_status("status_dual_gpu_hybrid.json")
+    assert snap_compare(recorded_app(hybrid), terminal_size=(120, 40), run_before=settle)
+
+
 def test_dashboard_vllm_child(snap_compare) -> None:
     vllm = snapshot_from_metrics(parse_prometheus((FIXTURES / "vllm_metrics.txt").read_text()),
                                  CounterRates(), now=1.0)

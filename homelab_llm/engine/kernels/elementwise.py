@@ -91,7 +91,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rotate_half(base, mask, cos, sin, HALF: tl.constexpr):
+def rotate_half(base, mask, cos, sin, HALF: tl.constexpr):
     x1 = tl.load(base, mask=mask, other=0.0)
     x2 = tl.load(base + HALF, mask=mask, other=0.0)
     x1f = x1.to(tl.float32)
@@ -116,8 +116,8 @@ def _rope_kernel(
     sin = tl.load(cache_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
     q_base = q_ptr + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
     k_base = k_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
-    _rotate_half(q_base, (offs_h[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
-    _rotate_half(k_base, (offs_h[:, None] < NUM_K_HEADS) & d_mask[None, :], cos, sin, HALF)
+    rotate_half(q_base, (offs_h[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
+    rotate_half(k_base, (offs_h[:, None] < NUM_K_HEADS) & d_mask[None, :], cos, sin, HALF)
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, hadamard_dot, kv_cache_args, next_pow2
-from homelab_llm.engine.kernels.elementwise import _rotate_half, apply_rope
-from homelab_llm.engine.kernels.ref import _MIN_AMAX
+from homelab_llm.engine.kernels.elementwise import rotate_half, apply_rope
+from homelab_llm.engine.kernels.ref import MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -113,7 +113,7 @@ def store_kv(
     _store_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, kv.k_scale, kv.v_scale, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1), *kv.strides,
-        _MIN_AMAX,
+        MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=kv.int8,
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(),
@@ -144,7 +144,7 @@ def _rope_store_kv_kernel(
     # q: rotated in place, every token (padding included: its output is simply unused).
     offs_qh = tl.arange(0, Q_HEADS_PAD)
     q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
-    _rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
+    rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
 
     slot = tl.load(slot_ptr + t)
     if slot < 0:  # padding token: nothing to store
@@ -230,7 +230,7 @@ def rope_store_kv(
         slot_mapping,
         q.stride(0), q.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cos_sin_cache.stride(0), *kv.strides,
-        _MIN_AMAX,
+        MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
         NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),

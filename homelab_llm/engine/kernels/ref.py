@@ -18,12 +18,12 @@ import torch.nn.functional as F
 
 INT8_SCALE_DTYPE = torch.float16
 # Below this magnitude a head's values are quantized on a fixed grid: keeps the fp16 scale normal.
-_MIN_AMAX = 1e-3
+MIN_AMAX = 1e-3
 
 
 def quantize_per_token_head(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., head_dim] -> (int8 values, fp16 scales [...]), symmetric, per row."""
-    amax = x.detach().abs().amax(dim=-1).float().clamp_min(_MIN_AMAX)
+    amax = x.detach().abs().amax(dim=-1).float().clamp_min(MIN_AMAX)
     scale = (amax / 127.0).to(INT8_SCALE_DTYPE)
     q = torch.round(x.float() / scale.float().unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
     return q, scale

@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel.state import all_gather_last_dim, all_reduce, tp_rank, tp_size
+from homelab_llm.engine.sharding import padded_shard
 
 
 class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__()
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.vocab_size = vocab_size
-        self.shard_size = -(-vocab_size // self.tp_size)
-        self.vocab_start = self.tp_rank * self.shard_size
+        self.vocab_start, self.shard_size = padded_shard(vocab_size, self.tp_size, self.tp_rank)
         self.vocab_end = min(self.vocab_start + self.shard_size, vocab_size)
         self.weight = nn.Parameter(torch.empty(self.shard_size, hidden_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
@@ -41,7 +41,7 @@ class VocabParallelEmbedding(nn.Module):
         in_shard = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)
         local = torch.where(in_shard, input_ids - self.vocab_start, 0)
         out = F.embedding(local, self.weight) * in_shard.unsqueeze(-1).to(self.weight.dtype)
-        return parallel.all_reduce(out)
+        return all_reduce(out)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
@@ -51,5 +51,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            logits = parallel.all_gather_last_dim(logits)[..., : self.vocab_size]
+            logits = all_gather_last_dim(logits)[..., : self.vocab_size]
         return logits.float()

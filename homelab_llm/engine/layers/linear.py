@@ -8,16 +8,15 @@ nn.Linear. Weights are [out_features, in_features] as in HF checkpoints.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel.state import all_reduce, tp_rank, tp_size
+from homelab_llm.engine.sharding import even_shard, head_shard
 from homelab_llm.engine.kernels import dispatch
-from homelab_llm.engine.model.config import UnsupportedModelError
 
 _defer_weights = False
 
@@ -32,43 +31,6 @@ def deferred_weights() -> Iterator[None]:
         yield
     finally:
         _defer_weights = previous
-
-
-def even_shard(total: int, tp_size: int, rank: int, what: str) -> tuple[int, int]:
-    """(start, size) of an evenly split dimension; uneven splits are an error naming the sizes."""
-    if total % tp_size:
-        raise UnsupportedModelError(
-            f"{what} ({total}) is not divisible by --tensor-parallel-size {tp_size}")
-    size = total // tp_size
-    return rank * size, size
-
-
-@dataclass(frozen=True)
-class HeadShard:
-    """The attention heads one rank owns. KV heads are split in whole groups (each with its query
-    heads); with more ranks than KV heads, each KV head is replicated over tp_size/num_kv ranks."""
-
-    q_start: int
-    q_heads: int
-    kv_start: int
-    kv_heads: int
-
-
-def head_shard(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) -> HeadShard:
-    group = num_heads // num_kv_heads
-    if tp_size <= num_kv_heads:
-        # Ranks get floor or ceil of num_kv/tp groups, larger shares first: 3 kv / 2 ranks = 2 + 1.
-        base, extra = divmod(num_kv_heads, tp_size)
-        kv_heads = base + (rank < extra)
-        kv_start = rank * base + min(rank, extra)
-        return HeadShard(kv_start * group, kv_heads * group, kv_start, kv_heads)
-    if tp_size % num_kv_heads or num_heads % tp_size:
-        raise UnsupportedModelError(
-            f"--tensor-parallel-size {tp_size} must divide the {num_heads} query heads and be a "
-            f"multiple of the {num_kv_heads} KV heads when it exceeds them")
-    replicas = tp_size // num_kv_heads
-    q_heads = num_heads // tp_size
-    return HeadShard(rank * q_heads, q_heads, rank // replicas, 1)
 
 
 class LinearBase(nn.Module):
@@ -168,7 +130,7 @@ ReplicatedLinear = LinearBase
 
 class ColumnParallelLinear(LinearBase):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.out_start, out_local = even_shard(out_features, self.tp_size, self.tp_rank,
                                                "output features")
         super().__init__(in_features, out_local, bias)
@@ -179,20 +141,24 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(LinearBase):
-    """Several column-parallel outputs in one matmul (gate and up). shard_id = index of the part."""
+    """Several column-parallel outputs in one matmul (gate and up). shard_id = index of the part,
+    or its name when `part_names` are given (Gated DeltaNet's q, k, v, z)."""
 
-    def __init__(self, in_features: int, out_features: list[int], bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+    def __init__(self, in_features: int, out_features: list[int], bias: bool = False,
+                 part_names: list[str] | None = None):
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.parts = [even_shard(o, self.tp_size, self.tp_rank, "output features")
                       for o in out_features]
+        self.part_names = part_names
         super().__init__(in_features, sum(size for _, size in self.parts), bias)
 
     def part_ids(self) -> list[Any]:
-        return list(range(len(self.parts)))
+        return list(self.part_names) if self.part_names else list(range(len(self.parts)))
 
     def shard_slices(self, param, shard_id):
-        offset = sum(size for _, size in self.parts[:shard_id])
-        start, size = self.parts[shard_id]
+        index = self.part_names.index(shard_id) if self.part_names else shard_id
+        offset = sum(size for _, size in self.parts[:index])
+        start, size = self.parts[index]
         return slice(start, start + size), slice(None), param.data.narrow(0, offset, size)
 
 
@@ -200,11 +166,14 @@ class QKVParallelLinear(LinearBase):
     """q, k and v projections in one matmul; shard_id is "q", "k" or "v". Output: [q | k | v]."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-                 bias: bool = False):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+                 bias: bool = False, q_rows_per_head: int | None = None):
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.head_dim = head_dim
+        # A query head may carry more rows than head_dim: Qwen3.5's q_proj gives each head its
+        # query and its output gate side by side (2 * head_dim rows, split after the matmul).
+        self.q_rows = q_rows_per_head or head_dim
         self.heads = head_shard(num_heads, num_kv_heads, self.tp_size, self.tp_rank)
-        self.q_size = self.heads.q_heads * head_dim
+        self.q_size = self.heads.q_heads * self.q_rows
         self.kv_size = self.heads.kv_heads * head_dim
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
 
@@ -214,7 +183,8 @@ class QKVParallelLinear(LinearBase):
     def shard_slices(self, param, shard_id):
         d, h = self.head_dim, self.heads
         if shard_id == "q":
-            rows, offset, size = slice(h.q_start * d, (h.q_start + h.q_heads) * d), 0, self.q_size
+            qd = self.q_rows
+            rows, offset, size = slice(h.q_start * qd, (h.q_start + h.q_heads) * qd), 0, self.q_size
         elif shard_id in ("k", "v"):
             rows = slice(h.kv_start * d, (h.kv_start + h.kv_heads) * d)
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
@@ -230,7 +200,7 @@ class RowParallelLinear(LinearBase):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  input_shard: tuple[int, int] | None = None):
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.in_start, in_local = input_shard or even_shard(
             in_features, self.tp_size, self.tp_rank, "input features")
         super().__init__(in_local, out_features, bias)
@@ -238,7 +208,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
         out = self._matmul(x, self.bias if self.tp_rank == 0 else None)
-        return parallel.all_reduce(out) if self.tp_size > 1 else out
+        return all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):
         if param.dim() == 1:  # bias: replicated

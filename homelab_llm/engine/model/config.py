@@ -10,10 +10,19 @@ from typing import Any, Mapping
 
 from homelab_llm.errors import HomelabError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5")
+LAYER_FULL = "full_attention"
+LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
+# Keys each scaled rope_type must carry (the rotary layer reads them).
+_ROPE_REQUIRED_KEYS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                       "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings")}
+# rope_parameters keys that are not part of the scaling dict. Qwen3.5's mrope keys describe the
+# vision positions; text positions are the same on all three axes, which is plain RoPE.
+_ROPE_PARAMS_NOT_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 # HF architectures[0] -> our architecture name, for configs without a model_type we know.
 _HF_ARCHITECTURES = {
@@ -21,7 +30,13 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
 }
+# model_type spellings of one family: the multimodal wrapper and its text part.
+_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5"}
+# Wrapper keys that describe the whole checkpoint and win over the text part's copy.
+_WRAPPER_KEYS = ("quantization_config", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
 
 class UnsupportedModelError(HomelabError, ValueError):
@@ -55,6 +70,46 @@ class ModelConfig:
     quantization: dict[str, Any] | None = None  # HF quantization_config, or {"format": "gguf"}
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Hybrid (Gated DeltaNet + attention) shape, Qwen3.5/3.6 and Qwen3-Next. layer_types holds one
+    # entry per layer, LAYER_FULL or LAYER_LINEAR; empty means every layer is full attention.
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    partial_rotary_factor: float = 1.0  # share of head_dim that RoPE rotates (0.25 on Qwen3.5)
+    attn_output_gate: bool = False  # sigmoid gate on the attention output (q_proj is twice as wide)
+    state_dtype: str = "float32"  # recurrent-state dtype (HF mamba_ssm_dtype)
+
+    @property
+    def is_hybrid(self) -> bool:
+        return LAYER_LINEAR in self.layer_types
+
+    @property
+    def full_attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers that hold KV pages (all of them on a plain transformer)."""
+        if not self.layer_types:
+            return tuple(range(self.num_hidden_layers))
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LAYER_FULL)
+
+    @property
+    def linear_attention_layers(self) -> tuple[int, ...]:
+        """Indices of the Gated DeltaNet layers (they hold a conv and a recurrent state)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LAYER_LINEAR)
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the depthwise conv: q, k and v of a Gated DeltaNet layer side by side."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
 
     @property
     def q_size(self) -> int:
@@ -73,12 +128,14 @@ def _eos_tuple(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
+def normalize_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
     """Normalise HF rope_scaling (old "type" or new "rope_type" key); None for plain RoPE."""
     if not scaling:
         return None
     out = dict(scaling)
     rope_type = out.pop("type", None) or out.get("rope_type") or "default"
+    if rope_type == "mrope":  # text positions are equal on every mrope axis: plain RoPE
+        rope_type = "default"
     out["rope_type"] = rope_type
     if rope_type == "default":
         return None
@@ -86,6 +143,12 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
         raise UnsupportedModelError(
             f"{where}: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    missing = [k for k in _ROPE_REQUIRED_KEYS.get(rope_type, ()) if out.get(k) is None]
+    if missing:
+        raise ModelLoadError(f"{where}: rope scaling {rope_type!r} needs {', '.join(missing)}")
+    factor = out.get("factor")
+    if factor is not None and (not isinstance(factor, (int, float)) or not factor >= 1.0):
+        raise ModelLoadError(f"{where}: rope scaling factor must be a number >= 1, got {factor!r}")
     return out
 
 
@@ -105,9 +168,57 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
     return cfg
 
 
+def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal wrapper's text_config with the wrapper's checkpoint-wide keys on top (the
+    vision tower is not ours to run); a plain config as it is."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        return raw
+    merged = dict(text)
+    merged.update({k: raw[k] for k in _WRAPPER_KEYS if raw.get(k) is not None})
+    merged.setdefault("model_type", raw.get("model_type"))
+    return merged
+
+
+def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where: str
+                   ) -> dict[str, Any]:
+    """Qwen3.5/3.6: Gated DeltaNet layers among gated full-attention ones, partial rotary."""
+    layers = int(raw["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if not layer_types:
+        interval = int(raw.get("full_attention_interval") or 4)
+        layer_types = [LAYER_LINEAR if (i + 1) % interval else LAYER_FULL for i in range(layers)]
+    bad = sorted({str(t) for t in layer_types} - {LAYER_FULL, LAYER_LINEAR})
+    if bad:
+        raise UnsupportedModelError(
+            f"{where}: layer type {bad[0]!r} is not supported; supported: {LAYER_FULL}, {LAYER_LINEAR}")
+    if len(layer_types) != layers:
+        raise ModelLoadError(f"{where}: layer_types has {len(layer_types)} entries for {layers} layers")
+    if str(raw.get("hidden_act") or "silu") != "silu":
+        raise UnsupportedModelError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported; use silu")
+    partial = raw.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 0.25))
+    key_heads, value_heads = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+    if key_heads <= 0 or value_heads % key_heads:
+        raise ModelLoadError(f"{where}: linear_num_value_heads ({value_heads}) is not a multiple of "
+                             f"linear_num_key_heads ({key_heads})")
+    return dict(
+        layer_types=tuple(str(t) for t in layer_types),
+        linear_num_key_heads=int(raw["linear_num_key_heads"]),
+        linear_num_value_heads=int(raw["linear_num_value_heads"]),
+        linear_key_head_dim=int(raw["linear_key_head_dim"]),
+        linear_value_head_dim=int(raw["linear_value_head_dim"]),
+        linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim") or 4),
+        partial_rotary_factor=float(partial),
+        attn_output_gate=bool(raw.get("attn_output_gate", True)),
+        state_dtype=str(raw.get("mamba_ssm_dtype") or "float32"),
+    )
+
+
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
-    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6)."""
+    raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
+    arch = _MODEL_TYPE_ALIASES.get(arch, arch)
     if arch not in SUPPORTED_ARCHITECTURES:
         archs = raw.get("architectures") or []
         arch = _HF_ARCHITECTURES.get(archs[0] if archs else "", arch or (archs[0] if archs else "?"))
@@ -121,7 +232,9 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         # transformers >= 5 moves rope_theta and the scaling dict into rope_parameters.
         rope_params = dict(raw.get("rope_parameters") or {})
         rope_theta = float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
-        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items()
+                                              if k not in _ROPE_PARAMS_NOT_SCALING}
+        hybrid = _hybrid_fields(raw, rope_params, where) if arch == "qwen3_5" else {}
         cfg = ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
@@ -133,18 +246,19 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=_check_rope_scaling(scaling, where),
+            rope_scaling=normalize_rope_scaling(scaling, where),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_5"),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             quantization=raw.get("quantization_config"),
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
+            **hybrid,
         )
     except HomelabError:
         raise
@@ -234,3 +348,21 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelLoadError(f"{path}: not valid JSON ({err})") from None
+
+
+# Where older quantizers put quantization_config when config.json does not carry it.
+QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    """An HF folder's config.json as a dict, with quantization_config filled in from the side
+    file older quantizers write (AutoGPTQ's quantize_config.json does not name its method)."""
+    raw = read_json(folder / "config.json")
+    if not raw.get("quantization_config"):
+        for fname in QUANT_CONFIG_FILES:
+            if (folder / fname).is_file():
+                quant = read_json(folder / fname)
+                quant.setdefault("quant_method", "gptq")
+                raw["quantization_config"] = quant
+                break
+    return raw

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.layers.activation import SiluAndMul
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -22,6 +21,7 @@ from homelab_llm.engine.layers.linear import (
 from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 # checkpoint module name -> (our fused module, shard_id)
 PACKED_MODULES = {
@@ -99,15 +99,15 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        # One table shared by every layer, looked up once per forward.
-        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                      config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+class PreNormDecoder(nn.Module):
+    """The forward every decoder here shares: embed, one rotary lookup for all layers, the
+    pre-norm layers (each adds the residual inside its norms), the final norm. Subclasses build
+    embed_tokens, rotary (anything with lookup(positions, dtype)), layers and norm."""
+
+    embed_tokens: nn.Module
+    rotary: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -119,15 +119,32 @@ class LlamaModel(nn.Module):
         return hidden
 
 
+class LlamaModel(PreNormDecoder):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # One table shared by every layer, looked up once per forward.
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
 class LlamaForCausalLM(nn.Module):
     """The CausalLM contract: model(input_ids, positions) -> hidden; compute_logits(hidden)."""
 
     packed_modules = PACKED_MODULES
+    split_modules: dict[str, tuple[str, list[tuple[str, int]]]] = {}  # none: see qwen3_5.py
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        """A checkpoint tensor name in our naming (None: not ours to load)."""
+        return name
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.model = LlamaModel(config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:

@@ -15,19 +15,30 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
 from homelab_llm.engine.model.config import (
     ModelConfig,
     ModelLoadError,
     UnsupportedModelError,
     config_from_hf,
+    read_hf_config,
     read_json,
 )
+from homelab_llm.engine.model.context_limit import override_config, override_hf_dict
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
+from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
+
+
+# config.architecture -> the model class; every other supported architecture is llama.py's.
+MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM}
+
+
+def model_class(config: ModelConfig) -> type[nn.Module]:
+    return MODEL_CLASSES.get(config.architecture, LlamaForCausalLM)
 
 
 def resolve_format(path: str | Path, load_format: str = "auto") -> str:
@@ -49,20 +60,9 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
     raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
 
 
-# Where older quantizers put quantization_config when config.json does not carry it.
-_QUANT_CONFIG_FILES = ("quantization_config.json", "quantize_config.json")
-
-
-def _hf_config(folder: Path) -> ModelConfig:
+def _hf_config(folder: Path, hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = read_json(config_path)
-    if not raw.get("quantization_config"):
-        for fname in _QUANT_CONFIG_FILES:
-            if (folder / fname).is_file():
-                quant = read_json(folder / fname)
-                quant.setdefault("quant_method", "gptq")  # AutoGPTQ's file does not say
-                raw["quantization_config"] = quant
-                break
+    raw = override_hf_dict(read_hf_config(folder), hf_overrides)
     cfg = config_from_hf(raw, name=folder.name, where=str(config_path))
     parse_quant_config(cfg.quantization, str(config_path))  # unsupported settings fail here
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
@@ -75,17 +75,19 @@ def _hf_config(folder: Path) -> ModelConfig:
     return cfg
 
 
-def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfig:
+def load_model_config(path: str | Path, load_format: str = "auto",
+                      hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The model's config; `hf_overrides` (--hf-overrides) is merged in before parsing."""
     p = Path(path)
     fmt = resolve_format(p, load_format)
     if fmt == "gguf":
         from homelab_llm.engine.model.gguf_file import open_gguf
 
-        return open_gguf(p).config()
+        return override_config(open_gguf(p).config(), hf_overrides, str(p))
     if p.is_dir():
-        return _hf_config(p)
+        return _hf_config(p, hf_overrides)
     if p.suffix == ".json":
-        cfg = config_from_hf(read_json(p), name=p.stem, where=str(p))
+        cfg = config_from_hf(override_hf_dict(read_json(p), hf_overrides), name=p.stem, where=str(p))
         parse_quant_config(cfg.quantization, str(p))
         return cfg
     raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")
@@ -116,21 +118,21 @@ def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None
 
 def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
                device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
-               quantization: str | None = None) -> LlamaForCausalLM:
+               quantization: str | None = None) -> nn.Module:
     """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit, dummy weights are
     random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it."""
     fmt = resolve_format(path, load_format)
     method = resolve_quantization(config, fmt, quantization)
-    if (parallel.tp_rank(), parallel.tp_size()) != (tp_rank, tp_size):
+    if (parallel_state.tp_rank(), parallel_state.tp_size()) != (tp_rank, tp_size):
         # Layers read the rank at construction; keep the process-wide state in step with the call.
-        parallel.set_parallel_state(tp_rank, tp_size)
+        parallel_state.set_parallel_state(tp_rank, tp_size)
     device = torch.device(device)
     if method == "w4a16" and fmt == "gguf":
         return _load_gguf_w4a16(config, path, dtype, device).eval()
     if method == "w4a16":
         return _load_w4a16(config, Path(path), fmt, dtype, device).eval()
     with _default_dtype(dtype), torch.device(device):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if fmt == "dummy":
         fill_dummy_weights(model, seed=0)
     elif fmt == "gguf":
@@ -147,13 +149,13 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
 
 
 def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
-                device: torch.device) -> LlamaForCausalLM:
+                device: torch.device) -> nn.Module:
     """Dummy or GPTQ/AutoRound/AWQ weights, linears built as meta placeholders so no dense copy
     of a 4-bit weight is ever allocated."""
     from homelab_llm.engine.layers.linear import deferred_weights
 
     with _default_dtype(dtype), torch.device(device), deferred_weights():
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if fmt == "dummy":
         from homelab_llm.engine.model.w4a16_dummy import fill_dummy_w4
 
@@ -168,7 +170,7 @@ def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
 
 
 def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
-                     device: torch.device) -> LlamaForCausalLM:
+                     device: torch.device) -> nn.Module:
     """Linear weights start as meta placeholders: 4-bit ones are repacked from the file's blocks
     straight to W4A16, the rest materialized and dequantized, so no dense copy of a 4-bit
     weight ever exists on the device."""
@@ -179,7 +181,7 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
     gguf = open_gguf(path)
     gguf.check_tensor_types()
     with _default_dtype(dtype), torch.device(device), deferred_weights():
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     plan = plan_w4a16(model, gguf)
     for name, module in model.named_modules():
         if isinstance(module, LinearBase) and name not in plan:
@@ -191,21 +193,17 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
     return model
 
 
-def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor, Any]],
+def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any]],
                  where: str) -> None:
     """Route each checkpoint tensor (HF name) to its parameter's weight_loader; all must arrive."""
     loaded: set[tuple[str, Any]] = set()
-    for name, tensor, blocks in weights:
+    for name, tensor, blocks in split_parts(model, weights):
         if name == "rope_freqs":
             model.model.rotary.set_freq_factors(tensor)
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # some tied checkpoints still ship the copy
-        target, shard_id = name, None
-        parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in model.packed_modules:
-            fused, shard_id = model.packed_modules[parts[-2]]
-            target = ".".join(parts[:-2] + [fused, parts[-1]])
+        target, shard_id = route(model, name)
         # Looked up each time: a W4A16 load may materialize a placeholder while streaming.
         param = _parameter(model, target)
         if param is None:
@@ -237,6 +235,40 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
             f"(e.g. {', '.join(missing[:5])})")
 
 
+def route(model: nn.Module, name: str) -> tuple[str, Any]:
+    """A checkpoint tensor name (its part suffix, if split, after '#') -> (our parameter name,
+    shard_id) through the model's fused-module table."""
+    name, _, split_id = name.partition("#")
+    parts = name.split(".")
+    if split_id:
+        fused = model.split_modules[parts[-2]][0]
+        return ".".join(parts[:-2] + [fused, parts[-1]]), split_id
+    if len(parts) >= 2 and parts[-2] in model.packed_modules:
+        fused, shard_id = model.packed_modules[parts[-2]]
+        return ".".join(parts[:-2] + [fused, parts[-1]]), shard_id
+    return name, None
+
+
+def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any]]
+                ) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """Checkpoint tensors in the model's naming (checkpoint_name: None drops one); a tensor that
+    holds several parts of one fused weight (split_modules) comes out as one `name#part` each."""
+    splits = model.split_modules
+    for name, tensor, blocks in weights:
+        name = model.checkpoint_name(name)
+        if name is None:
+            continue
+        parts = name.split(".")
+        if "#" in name or len(parts) < 2 or parts[-2] not in splits or tensor is None:
+            yield name, tensor, blocks
+            continue
+        sizes = [size for _, size in splits[parts[-2]][1]]
+        if tensor.shape[0] != sum(sizes):
+            raise ModelLoadError(f"tensor {name}: {tensor.shape[0]} rows, expected {sum(sizes)}")
+        for (part, _), piece in zip(splits[parts[-2]][1], tensor.split(sizes)):
+            yield f"{name}#{part}", piece, blocks
+
+
 def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
     module_name, _, leaf = name.rpartition(".")
     try:
@@ -247,11 +279,12 @@ def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
     return param if isinstance(param, nn.Parameter) else None
 
 
-def _parts_of(model: LlamaForCausalLM, param_name: str) -> list[Any]:
+def _parts_of(model: nn.Module, param_name: str) -> list[Any]:
     """The shard ids a parameter is loaded in: [None], or each part of a fused weight."""
-    module = param_name.split(".")[-2] if "." in param_name else ""
-    parts = [sid for fused, sid in model.packed_modules.values() if fused == module]
-    return parts or [None]
+    from homelab_llm.engine.layers.linear import LinearBase
+
+    module = model.get_submodule(param_name.rpartition(".")[0]) if "." in param_name else model
+    return module.part_ids() if isinstance(module, LinearBase) else [None]
 
 
 @torch.no_grad()
@@ -266,5 +299,5 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             param.data.fill_(1.0)
             continue
         gen = torch.Generator(device=param.device)
-        gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel.tp_rank()}".encode()))
+        gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel_state.tp_rank()}".encode()))
         param.data.normal_(0.0, DUMMY_STD, generator=gen)

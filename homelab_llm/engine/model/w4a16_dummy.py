@@ -15,7 +15,7 @@ import zlib
 import torch
 from torch import nn
 
-from homelab_llm.engine import parallel
+from homelab_llm.engine.parallel.state import tp_rank
 from homelab_llm.engine.kernels.w4a16_pack import SUPPORTED_GROUP_SIZES, W4Weight
 from homelab_llm.engine.layers.linear import LinearBase
 
@@ -55,6 +55,6 @@ def fill_dummy_w4(model: nn.Module, device: torch.device, dtype: torch.dtype, se
             module.materialize(device, dtype)
             continue
         gen = torch.Generator(device=device)
-        gen.manual_seed(seed + zlib.crc32(f"{name}.w4@{parallel.tp_rank()}".encode()))
+        gen.manual_seed(seed + zlib.crc32(f"{name}.w4@{tp_rank()}".encode()))
         module.set_w4(random_w4(module.in_features, module.out_features, group, gen, device),
                       dtype)

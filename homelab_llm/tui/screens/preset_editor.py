@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import shlex
 import tomllib
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from homelab_llm.presets import BACKENDS, Preset, PresetIssue, dump_preset, parse_preset
+from homelab_llm.presets import (BACKENDS, Preset, PresetError, PresetIssue, dump_preset,
+                                  parse_preset, save_preset)
 
 FIELDS = ("name", "description", "backend", "model", "command", "host", "port", "health_path",
           "startup_timeout", "args", "env")
@@ -22,6 +24,20 @@ def _table_text(entries: dict[str, object]) -> str:
     """args/env as the `key = value` lines a user would write in the TOML file."""
     text = dump_preset(Preset(name="x", args=entries))  # type: ignore[arg-type]
     return text.split("[args]\n", 1)[1] if "[args]\n" in text else ""
+
+
+def save_edited_preset(app: Any, preset: Preset | None) -> None:
+    """The editor's result written as a user preset, selected and shown (None: cancelled)."""
+    if preset is None:
+        return
+    try:
+        path = save_preset(preset)
+    except (PresetError, OSError) as err:
+        app.notify(f"not saved: {err}", severity="error")
+        return
+    app.current_preset = preset.name
+    app.reload_presets()
+    app.notify(f"saved {path}")
 
 
 class PresetEditor(ModalScreen[Preset | None]):
@@ -44,6 +60,7 @@ class PresetEditor(ModalScreen[Preset | None]):
                                                      allow_blank=False, id="f-backend"))
             yield from self._field("model", Input(p.model, placeholder="path, HF name or @default",
                                                   id="f-model"))
+            yield Button("Browse models...", id="pick-model")
             yield from self._field("command", Input(shlex.join(p.command),
                                                     placeholder="{python} server.py --port {port}",
                                                     id="f-command"))
@@ -143,8 +160,21 @@ class PresetEditor(ModalScreen[Preset | None]):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "save":
             self.action_save()
+        elif event.button.id == "pick-model":
+            self.action_pick_model()
         else:
             self.action_cancel()
+
+    def action_pick_model(self) -> None:
+        """The models found on disk, or a file browser; the choice replaces the model field."""
+        from homelab_llm.models.scan import scan_configured
+        from homelab_llm.tui.screens.model_dialogs import ModelPicker
+
+        def picked(path: str | None) -> None:
+            if path:
+                self.query_one("#f-model", Input).value = path
+
+        self.app.push_screen(ModelPicker(scan_configured), picked)
 
     def action_save(self) -> None:
         preset = self.validate_form()

@@ -15,10 +15,10 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from homelab_llm.presets import Preset, PresetError, delete_preset, dump_preset, save_preset
+from homelab_llm.presets import Preset, PresetError, delete_preset, dump_preset
 from homelab_llm.tui.launch import launch_command
 from homelab_llm.tui.screens.confirm import ConfirmScreen
-from homelab_llm.tui.screens.preset_editor import PresetEditor
+from homelab_llm.tui.screens.preset_editor import PresetEditor, save_edited_preset
 
 if TYPE_CHECKING:
     from homelab_llm.tui.app import HomelabApp
@@ -128,16 +128,7 @@ class PresetsScreen(Screen[None]):
             self.app.push_screen(PresetEditor(copy, title=f"Duplicate of {preset.name}"), self._saved)
 
     def _saved(self, preset: Preset | None) -> None:
-        if preset is None:
-            return
-        try:
-            path = save_preset(preset)
-        except (PresetError, OSError) as err:
-            self.notify(f"not saved: {err}", severity="error")
-            return
-        self.app.current_preset = preset.name
-        self.app.reload_presets()
-        self.notify(f"saved {path}")
+        save_edited_preset(self.app, preset)
 
     def action_delete(self) -> None:
         preset = self.selected()

@@ -15,61 +15,57 @@ import torch
 import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.parallel.channel import open_channel, receive_patch
+from homelab_llm.engine.parallel.launch import (LaunchSpec, check_tp_flag, device_for,
+                                                die_with_parent, init_group)
+from homelab_llm.engine.parallel.ring import ShmRing
+from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S, default_store, leave, wait_done
 from homelab_llm.engine.runner import ModelRunner
-from homelab_llm.engine.step_channel import ShmRing
-from homelab_llm.engine.tp_channel import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
-                                           CMD_SHUTDOWN, CMD_STEP, _Channel, _receive_patch,
-                                           _ShmChannel, _unpack)
-from homelab_llm.engine.tp_launch import (_device_for, _die_with_parent, _init_group, _Launch,
-                                          check_tp_size)
-from homelab_llm.engine.tp_shutdown import (SHUTDOWN_WAIT_S, _default_store, _leave,
-                                            _wait_done)
+from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
+                                          CMD_SHUTDOWN, CMD_STEP)
 
 
-def _worker_loop(launch: _Launch, rank: int, local_rank: int) -> None:
-    group, comm = _init_group(launch, rank)
-    if launch.plan_ring is not None:
-        channel: _Channel = _ShmChannel(group, ShmRing.attach(launch.plan_ring, local_rank - 1))
-    else:
-        channel = _Channel(group)
+def worker_loop(launch: LaunchSpec, rank: int, local_rank: int) -> None:
+    group, comm = init_group(launch, rank)
+    ring = None if launch.plan_ring is None else ShmRing.attach(launch.plan_ring, local_rank - 1)
+    channel = open_channel(group, ring)
     dist.barrier(group=group)  # every reader mapped the ring: rank 0 may unlink its name
     runner = ModelRunner(launch.args, launch.config, launch.model_path,
-                         _device_for(launch.device_type, local_rank), launch.dtype,
+                         device_for(launch.device_type, local_rank), launch.dtype,
                          tp_rank=rank, tp_size=launch.world_size)
     while True:
-        header = channel.recv_header()
-        cmd = header[0]
-        if cmd == CMD_STEP:
-            payload = channel.recv_payload(header[8])
-            patch_len = header[9]
-            batch = _unpack(header, payload[:header[8] - patch_len], runner)
-            if patch_len:  # async scheduling: the previous step's tokens, from rank 0
-                _receive_patch(payload[header[8] - patch_len:].tolist(), batch, runner)
+        header, payload = channel.recv()
+        if header.cmd == CMD_STEP:
+            plan_len = header.payload_len - header.patch_len
+            batch = runner.batch_from_plan(header, payload[:plan_len])
+            if header.patch_len:  # async scheduling: the previous step's tokens, from rank 0
+                receive_patch(payload[plan_len:].tolist(), batch, runner)
             runner.forward(batch)
-        elif cmd == CMD_PAGES:
+        elif header.cmd == CMD_PAGES:
             channel.min_all(runner.pages_for_budget(runner.kv_budget()))
-        elif cmd == CMD_ALLOCATE:
-            runner.allocate_pages(header[8])
-        elif cmd == CMD_MEMORY:
+        elif header.cmd == CMD_ALLOCATE:
+            runner.allocate_pages(header.arg)
+        elif header.cmd == CMD_MEMORY:
             runner.refresh_memory()
             channel.gather_memory(runner.memory)
-        elif cmd == CMD_GRAPHS:
-            runner.capture_graphs(header[8])
-        elif cmd == CMD_SHUTDOWN:
+        elif header.cmd == CMD_GRAPHS:
+            runner.capture_graphs(header.arg)
+        elif header.cmd == CMD_SHUTDOWN:
             break
-    _leave(channel, runner, comm, launch.device_type, SHUTDOWN_WAIT_S)
+    leave(channel, runner, comm, launch.device_type, SHUTDOWN_WAIT_S)
     # No teardown here: this process's exit releases its communicators. It only has to outlive
     # rank 0's, so that no live communicator on rank 0 sees this rank vanish.
-    _wait_done(_default_store(), SHUTDOWN_WAIT_S)
+    wait_done(default_store(), SHUTDOWN_WAIT_S)
     channel.close()
 
 
-def _worker_main(launch: _Launch, rank: int, local_rank: int, errors: "mp.Queue[str]") -> None:
-    _die_with_parent()
+def worker_main(launch: LaunchSpec, rank: int, local_rank: int, errors: "mp.Queue[str]") -> None:
+    die_with_parent()
     logging.basicConfig(level=logging.INFO)
     try:
-        _worker_loop(launch, rank, local_rank)
+        worker_loop(launch, rank, local_rank)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # skip interpreter teardown: graphs and communicators go with the process
@@ -91,12 +87,12 @@ def run_worker_node(args: EngineArgs, config: ModelConfig, model_path: str,
     if not args.master_port:
         raise EngineArgsError("--node-rank > 0 needs --master-port (and --master-addr) of node 0")
     per_node = world // args.nnodes
-    launch = _Launch(args, config, model_path, device_type, dtype, world,
+    launch = LaunchSpec(args, config, model_path, device_type, dtype, world,
                      f"tcp://{args.master_addr}:{args.master_port}")
     ctx = mp.get_context("spawn")
     errors: mp.Queue[str] = ctx.Queue()
     first = args.node_rank * per_node
-    procs = [ctx.Process(target=_worker_main, args=(launch, first + i, i, errors), daemon=True)
+    procs = [ctx.Process(target=worker_main, args=(launch, first + i, i, errors), daemon=True)
              for i in range(per_node)]
     for p in procs:
         p.start()
@@ -115,16 +111,7 @@ def run_worker_node(args: EngineArgs, config: ModelConfig, model_path: str,
 def serve_worker_node(args: EngineArgs) -> int:
     """Entry for `--node-rank N` (N > 0): resolve the model like node 0 does, then run this
     node's ranks until node 0 shuts them down. Returns the exit code."""
-    from homelab_llm.engine.core import resolve_device, resolve_dtype, resolve_model_path
-    from homelab_llm.engine.model.loader import (load_model_config, resolve_format,
-                                                 resolve_quantization)
-
     args.validate()
-    model_path = resolve_model_path(args.model)
-    device = resolve_device(args.device)
-    config = load_model_config(model_path, args.load_format)
-    check_tp_size(config, args.tensor_parallel_size)
-    quantization = resolve_quantization(config, resolve_format(model_path, args.load_format),
-                                        args.quantization)
-    dtype = resolve_dtype(args.dtype, device, quantization)
-    return run_worker_node(args, config, model_path, device.type, dtype)
+    target = resolve_target(args)
+    check_tp_flag(target.config, args.tensor_parallel_size)
+    return run_worker_node(args, target.config, target.path, target.device.type, target.dtype)

@@ -1,6 +1,6 @@
-"""Tensor parallelism: which sizes split a model, and what every rank needs to start: the launch
-record a spawned rank receives, its device, its process group (plus, on GPUs, the peer-buffer
-all-reduce), and a worker's tie to the process that started it."""
+"""Tensor parallelism: what every rank needs to start: the size check (sharding.py's rule as a flag
+error), the launch record a spawned rank receives, its device, its process group (plus, on GPUs,
+the peer-buffer all-reduce), and a worker's tie to the process that started it."""
 
 from __future__ import annotations
 
@@ -16,37 +16,28 @@ import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.parallel import set_parallel_state
+from homelab_llm.engine.parallel.state import set_parallel_state
+from homelab_llm.engine.sharding import ShardingError, check_tp_size
 
 if TYPE_CHECKING:
-    from homelab_llm.engine.comm import PeerAllReduce
+    from homelab_llm.engine.parallel.comm import PeerAllReduce
 
 
-def valid_tp_sizes(config: ModelConfig) -> list[int]:
-    """Sizes that work: any N up to num_kv_heads (uneven splits are fine); above that, N must
-    divide num_attention_heads and be a multiple of num_kv_heads (KV heads are replicated)."""
-    sizes = list(range(1, config.num_key_value_heads + 1))
-    for n in range(config.num_key_value_heads + 1, config.num_attention_heads + 1):
-        if config.num_attention_heads % n == 0 and n % config.num_key_value_heads == 0:
-            sizes.append(n)
-    return sizes
+def check_tp_flag(config: ModelConfig, tp_size: int) -> None:
+    """sharding.check_tp_size as a flag error (every split the model needs, valid sizes named)."""
+    try:
+        check_tp_size(config, tp_size)
+    except ShardingError as exc:
+        raise EngineArgsError(str(exc)) from None
 
 
-def check_tp_size(config: ModelConfig, tp_size: int) -> None:
-    valid = valid_tp_sizes(config)
-    if tp_size not in valid:
-        raise EngineArgsError(
-            f"--tensor-parallel-size {tp_size} cannot split {config.num_attention_heads} query / "
-            f"{config.num_key_value_heads} KV heads; valid sizes: {', '.join(map(str, valid))}")
-
-
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: get SIGKILL when the process that started us dies, so no worker is orphaned."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -55,12 +46,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def _device_for(device_type: str, local_rank: int) -> torch.device:
+def device_for(device_type: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
 
 
 @dataclass
-class _Launch:
+class LaunchSpec:
     args: EngineArgs
     config: ModelConfig
     model_path: str
@@ -71,11 +62,11 @@ class _Launch:
     plan_ring: str | None = None  # the shared-memory ring's path when the plan crosses through it
 
 
-def _init_group(launch: _Launch, rank: int) -> tuple[dist.ProcessGroup, PeerAllReduce | None]:
+def init_group(launch: LaunchSpec, rank: int) -> tuple[dist.ProcessGroup, PeerAllReduce | None]:
     """The process group, and on GPUs this rank's peer-buffer all-reduce (kept for shutdown)."""
     backend = "nccl" if launch.device_type == "cuda" else "gloo"
     if launch.device_type == "cuda":
-        torch.cuda.set_device(_device_for("cuda", rank % max(1, torch.cuda.device_count())))
+        torch.cuda.set_device(device_for("cuda", rank % max(1, torch.cuda.device_count())))
     dist.init_process_group(backend, init_method=launch.init_method, rank=rank,
                             world_size=launch.world_size, timeout=datetime.timedelta(minutes=10))
     set_parallel_state(rank, launch.world_size)
@@ -83,7 +74,7 @@ def _init_group(launch: _Launch, rank: int) -> tuple[dist.ProcessGroup, PeerAllR
     group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     comm = None
     if backend == "nccl":  # small all-reduces over peer-mapped buffers where P2P works
-        from homelab_llm.engine.comm import setup_all_reduce
+        from homelab_llm.engine.parallel.comm import setup_all_reduce
 
         comm = setup_all_reduce(group)
     return group, comm

@@ -2,7 +2,7 @@
 
 With one rank every collective is the identity, so single-device code pays nothing. On GPUs of one
 host with P2P, small all-reduces go through the one-shot kernel over peer-mapped buffers
-(engine/comm.py decides per message size); the rest through NCCL/RCCL (or gloo on the CPU).
+(parallel/comm.py decides per message size); the rest through NCCL/RCCL (or gloo on the CPU).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from homelab_llm.engine.comm import PeerAllReduce
+    from homelab_llm.engine.parallel.comm import PeerAllReduce
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Tensor parallelism: shutdown, in an order where nothing can wait forever (see `_leave`).
+"""Tensor parallelism: shutdown, in an order where nothing can wait forever (see `leave`).
 
 Every rank finishes its GPU work and destroys its decode graphs (NCCL's teardown waits until every
 graph that captured one of its collectives is gone), meets the others at a barrier, releases the
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from homelab_llm.engine.faults import FatalEngineError
+from homelab_llm.engine.parallel.channel import PlanChannel
 from homelab_llm.engine.runner import ModelRunner
-from homelab_llm.engine.tp_channel import _Channel
-from homelab_llm.errors import HomelabError
 
 if TYPE_CHECKING:
-    from homelab_llm.engine.comm import PeerAllReduce
+    from homelab_llm.engine.parallel.comm import PeerAllReduce
 
 log = logging.getLogger("homelab_llm.engine.parallel")
 
@@ -37,8 +37,9 @@ SHUTDOWN_WAIT_S = 10.0
 DONE_KEY = "homelab_llm/tp_shutdown_done"  # rank 0 left its groups: workers may exit
 
 
-class RankFailedError(HomelabError, RuntimeError):
-    """A tensor-parallel rank died or raised; the message carries that rank's error."""
+class RankFailedError(FatalEngineError):
+    """A tensor-parallel rank died or raised; the message carries that rank's error. Fatal: the
+    engine is dead (engine/faults.py)."""
 
 
 def _release_graphs(runner: ModelRunner) -> None:
@@ -52,7 +53,7 @@ def _release_graphs(runner: ModelRunner) -> None:
         graphs.release()
 
 
-def _leave(channel: _Channel, runner: ModelRunner, comm: PeerAllReduce | None,
+def leave(channel: PlanChannel, runner: ModelRunner, comm: PeerAllReduce | None,
            device_type: str, wait_s: float) -> None:
     """Every rank's way out of a clean shutdown, before any process group is touched:
     1. this GPU is idle and its graphs destroyed;
@@ -72,7 +73,7 @@ def _leave(channel: _Channel, runner: ModelRunner, comm: PeerAllReduce | None,
         comm.release_own()
 
 
-def _default_store() -> dist.Store | None:
+def default_store() -> dist.Store | None:
     """The rendezvous store (its server lives in rank 0): carries rank 0's final "done"."""
     try:
         return dist.distributed_c10d._get_default_store()
@@ -80,7 +81,7 @@ def _default_store() -> dist.Store | None:
         return None
 
 
-def _wait_done(store: dist.Store | None, timeout_s: float) -> None:
+def wait_done(store: dist.Store | None, timeout_s: float) -> None:
     """A worker waits until rank 0 left its groups; rank 0 gone or late: leave anyway."""
     if store is None:
         return
@@ -111,7 +112,7 @@ def _close_group(device_type: str) -> None:
 _stuck_teardowns: list[threading.Thread] = []
 
 
-def _teardown(device_type: str, device: torch.device, runner: ModelRunner | None) -> None:
+def teardown_groups(device_type: str, device: torch.device, runner: ModelRunner | None) -> None:
     """Rank 0 leaves its groups (in a bounded thread). `runner` on the unclean path only: its
     graphs go here, since with a peer dead even that can wait on the GPU."""
     if device_type == "cuda":
@@ -121,7 +122,7 @@ def _teardown(device_type: str, device: torch.device, runner: ModelRunner | None
     _close_group(device_type)
 
 
-def _note_stuck(thread: threading.Thread) -> None:
+def note_stuck(thread: threading.Thread) -> None:
     if not _stuck_teardowns:
         atexit.register(_exit_guard)
     _stuck_teardowns.append(thread)
@@ -161,7 +162,7 @@ def _exit_guard(wait_s: float = 5.0) -> None:
         os._exit(1)
 
 
-def _wait_for_stuck_teardown(timeout_s: float) -> None:
+def wait_for_stuck_teardown(timeout_s: float) -> None:
     """A new engine needs the previous one's groups gone (torch allows one default group)."""
     for t in list(_stuck_teardowns):
         t.join(timeout_s)

@@ -1,12 +1,12 @@
-"""Tensor parallelism: one process per rank; rank 0 schedules and broadcasts each step's plan.
-
+"""Tensor parallelism: rank 0's runner. One process per rank; rank 0 schedules and broadcasts
+each step's plan.
 
 Rank 0 lives in the engine's process and drives ranks 1..N-1 (spawned here, or started on other
-nodes with --node-rank: tp_worker.py). The plan (tp_channel.py) is int64 words, never pickled: on
+nodes with --node-rank: worker.py). The plan (channel.py) is int64 words, never pickled: on
 one node it crosses through a shared-memory ring, across nodes as two tensors over a gloo group.
 Every rank then runs the same forward and its collectives (NCCL/RCCL on GPUs, gloo on the CPU). A
 rank that raises or dies stops the whole service: rank 0 logs that rank's error and exits
-non-zero, and workers die with rank 0 (no orphans). Shutdown: tp_shutdown.py has the order.
+non-zero, and workers die with rank 0 (no orphans). Shutdown: shutdown.py has the order.
 """
 
 from __future__ import annotations
@@ -17,47 +17,45 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
+from multiprocessing.connection import wait as wait_for_any
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.parallel import set_parallel_state
+from homelab_llm.engine.parallel.channel import (MEMORY_FIELDS, open_channel, patch_section,
+                                                 plan_transport)
+from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, free_port, init_group
+from homelab_llm.engine.parallel.ring import ShmRing
+from homelab_llm.engine.parallel.shutdown import (DONE_KEY, SHUTDOWN_WAIT_S, RankFailedError,
+                                                  default_store, leave, note_stuck,
+                                                  teardown_groups, wait_for_stuck_teardown)
+from homelab_llm.engine.parallel.state import set_parallel_state
+from homelab_llm.engine.parallel.worker import worker_main
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.step_channel import ShmRing
-from homelab_llm.engine.step_plan import StepBatch
-from homelab_llm.engine.tp_channel import (_MEM_FIELDS, CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY,
-                                           CMD_PAGES, CMD_SHUTDOWN, _Channel,
-                                           _patch_section, _plan, _plan_transport, _ShmChannel,
-                                           _unpack)
-from homelab_llm.engine.tp_launch import (_free_port, _init_group, _Launch, check_tp_size,
-                                          valid_tp_sizes)
-from homelab_llm.engine.tp_shutdown import (DONE_KEY, SHUTDOWN_WAIT_S, RankFailedError,
-                                            _default_store, _leave, _note_stuck, _teardown,
-                                            _wait_for_stuck_teardown)
-from homelab_llm.engine.tp_worker import _worker_main, serve_worker_node
+from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
+                                          CMD_SHUTDOWN, PlanHeader, StepBatch)
 
 if TYPE_CHECKING:
-    from homelab_llm.engine.comm import PeerAllReduce
-
-# Where callers import them from (the engine, `serve --node-rank`).
-__all__ = ["ParallelRunner", "RankFailedError", "check_tp_size", "serve_worker_node",
-           "valid_tp_sizes"]
+    from homelab_llm.engine.parallel.comm import PeerAllReduce
 
 log = logging.getLogger("homelab_llm.engine.parallel")
 
 
 class ParallelRunner:
-    """Rank 0's runner: the same interface as ModelRunner, driving every rank in lockstep."""
+    """Rank 0's runner, driving every rank in lockstep. A Runner (runner_protocol.py), as
+    ModelRunner is: the engine loop holds either one."""
 
     def __init__(self, args: EngineArgs, config: ModelConfig, model_path: str,
                  device: torch.device, dtype: torch.dtype) -> None:
         world = args.tensor_parallel_size
-        check_tp_size(config, world)
+        check_tp_flag(config, world)
         if args.nnodes < 1 or world % args.nnodes:
             raise EngineArgsError(
                 f"--tensor-parallel-size {world} must be a multiple of --nnodes {args.nnodes}")
@@ -65,11 +63,11 @@ class ParallelRunner:
             raise EngineArgsError(
                 f"--tensor-parallel-size {world} over {args.nnodes} node(s) needs "
                 f"{world // args.nnodes} GPUs here, found {torch.cuda.device_count()}")
-        _wait_for_stuck_teardown(SHUTDOWN_WAIT_S)
-        port = args.master_port or _free_port()
+        wait_for_stuck_teardown(SHUTDOWN_WAIT_S)
+        port = args.master_port or free_port()
         per_node = world // args.nnodes
-        ring = (ShmRing.create(readers=per_node - 1) if _plan_transport(args) == "shm" else None)
-        self.launch = _Launch(args, config, model_path, device.type, dtype, world,
+        ring = (ShmRing.create(readers=per_node - 1) if plan_transport(args) == "shm" else None)
+        self.launch = LaunchSpec(args, config, model_path, device.type, dtype, world,
                               f"tcp://{args.master_addr}:{port}", ring.path if ring else None)
         self.page_size = args.page_size
         self._ctx = mp.get_context("spawn")
@@ -80,18 +78,15 @@ class ParallelRunner:
         self.shutdown_seconds = 0.0
         self.shutdown_phases: dict[str, float] = {}
         self.failure: str | None = None
-        self.procs = [self._ctx.Process(target=_worker_main, args=(self.launch, r, r, self._errors),
+        self.procs = [self._ctx.Process(target=worker_main, args=(self.launch, r, r, self._errors),
                                         daemon=True) for r in range(1, per_node)]
         for p in self.procs:
             p.start()
         self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
         self._monitor.start()
         try:
-            group, self._comm = _init_group(self.launch, 0)
-            if ring is not None:
-                self.channel: _Channel = _ShmChannel(group, ring, self._peers_alive)
-            else:
-                self.channel = _Channel(group)
+            group, self._comm = init_group(self.launch, 0)
+            self.channel = open_channel(group, ring, self._peers_alive)
             dist.barrier(group=group)
         finally:
             if ring is not None:
@@ -103,24 +98,28 @@ class ParallelRunner:
 
     # Every rank must agree on the page count, so rank 0 takes the minimum of what each can hold.
     def kv_budget(self) -> int:
-        self.channel.send([CMD_PAGES])
+        self.channel.send(PlanHeader(CMD_PAGES))
         pages = self.channel.min_all(self.local.pages_for_budget(self.local.kv_budget()))
         return pages * self.local.kv_layout().bytes_per_page()
 
     def allocate_kv(self, budget: int) -> PagePool:
         pages = self.local.pages_for_budget(budget)
-        self.channel.send([CMD_ALLOCATE, 0, 0, 0, 0, 0, 0, 0, pages])
+        self.channel.send(PlanHeader(CMD_ALLOCATE, arg=pages))
         self.pool = self.local.allocate_pages(pages)
         return self.pool
 
     def capture_graphs(self, max_model_len: int) -> None:
-        self.channel.send([CMD_GRAPHS, 0, 0, 0, 0, 0, 0, 0, max_model_len])
+        self.channel.send(PlanHeader(CMD_GRAPHS, arg=max_model_len))
         self.local.capture_graphs(max_model_len)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
+    def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
-        # round trip to pack it, and every rank's batch comes from the same words.
-        return _unpack(*_plan(scheduled, self.page_size), self.local)
+        # round trip to pack it, and every rank's batch comes from the same words (the cache
+        # copies included, so every rank copies the same KV rows and state slots).
+        return self.local.batch_from_plan(*self.local.checked_plan(scheduled, copies))
+
+    def state_slot_counts(self) -> tuple[int, int]:
+        return self.local.state_slot_counts()
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None:
@@ -132,12 +131,12 @@ class ParallelRunner:
     def forward(self, batch: StepBatch) -> torch.Tensor:
         if batch.plan is None:
             raise ValueError("a tensor-parallel step must come from prepare(): its plan goes to every rank")
-        header, payload = list(batch.plan[0]), batch.plan[1]
+        header, payload = batch.plan
         patch = batch.patch
         if patch is not None:
-            section = _patch_section(patch[0], patch[1], patch[2].numel())
+            section = patch_section(patch[0], patch[1], patch[2].numel())
             payload = torch.cat([payload, section])
-            header[8], header[9] = payload.numel(), section.numel()
+            header = replace(header, payload_len=payload.numel(), patch_len=section.numel())
         try:
             self.channel.send(header, payload)
             if patch is not None:
@@ -147,14 +146,14 @@ class ParallelRunner:
             raise self._failed(exc) from exc
 
     def refresh_memory(self) -> None:
-        self.channel.send([CMD_MEMORY])
+        self.channel.send(PlanHeader(CMD_MEMORY))
         self.local.refresh_memory()
         rows = self.channel.gather_memory(self.local.memory)
         splits = []
         for rank, row in enumerate(rows):
             name = (torch.cuda.get_device_name(rank % torch.cuda.device_count())
                     if self.device.type == "cuda" else "cpu")
-            splits.append(MemorySplit(f"{name} (rank {rank})", **dict(zip(_MEM_FIELDS, row))))
+            splits.append(MemorySplit(f"{name} (rank {rank})", **dict(zip(MEMORY_FIELDS, row))))
         self._splits = splits
 
     @property
@@ -168,14 +167,18 @@ class ParallelRunner:
         return self.failure is None and all(p.exitcode is None for p in self.procs)
 
     def _watch(self) -> None:
-        """Notice a dead rank, log its error, stop the others. Rank 0's pending collective then
-        fails and raises RankFailedError; if it hangs instead (NCCL can), exit after a grace."""
+        """Notice a dead rank the moment its process ends (its sentinel), log its error, stop
+        the others. `failure` makes the engine dead (core.LLMEngine.dead_reason), idle or not;
+        rank 0's pending collective then fails and raises RankFailedError; if it hangs instead
+        (NCCL can), exit after a grace."""
+        sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self.procs, start=1)}
         while not self._stop.is_set():
-            dead = [(r, p) for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
-            if dead:
-                rank, proc = dead[0]
-                try:
-                    detail = self._errors.get(timeout=2.0)
+            ended = wait_for_any(list(sentinels), timeout=0.2)
+            if ended and not self._stop.is_set():
+                rank, proc = sentinels[ended[0]]
+                proc.join(1.0)  # reap it: its exit code is known once the sentinel fired
+                try:  # a rank that raised sent its traceback before exiting
+                    detail = self._errors.get(timeout=0.5)
                 except Exception:
                     detail = f"rank {rank} exited with code {proc.exitcode}"
                 self.failure = detail
@@ -188,7 +191,6 @@ class ParallelRunner:
                 if not self._stop.wait(10.0):
                     os._exit(1)
                 return
-            self._stop.wait(0.2)
 
     def _failed(self, exc: BaseException) -> "RankFailedError":
         deadline = time.monotonic() + 3.0
@@ -215,7 +217,7 @@ class ParallelRunner:
             self.local.release()
 
     def shutdown(self) -> None:
-        """Returns in a fraction of a second on a clean run (see `_leave` for the order); a dead or
+        """Returns in a fraction of a second on a clean run (see `leave` for the order); a dead or
         stuck peer costs at most a few bounded waits, and never a hang at exit."""
         if self._closing:
             return
@@ -229,12 +231,12 @@ class ParallelRunner:
             now = time.monotonic()
             phases[name], mark = now - mark, now
 
-        store = _default_store()  # held past the teardown: its server is in this process
+        store = default_store()  # held past the teardown: its server is in this process
         clean = self.failure is None
         try:
             if clean:
-                self.channel.send([CMD_SHUTDOWN], timeout=SHUTDOWN_WAIT_S)
-                _leave(self.channel, self.local, self._comm, self.device.type, SHUTDOWN_WAIT_S)
+                self.channel.send(PlanHeader(CMD_SHUTDOWN), timeout=SHUTDOWN_WAIT_S)
+                leave(self.channel, self.local, self._comm, self.device.type, SHUTDOWN_WAIT_S)
         except Exception as exc:  # a dead peer: fall through to killing
             clean = False
             log.warning("tensor-parallel shutdown barrier failed: %s", exc)
@@ -245,12 +247,12 @@ class ParallelRunner:
                 self._comm.abandon()  # a kernel here may wait on the dead peer: no GPU call
         # A local abort, bounded all the same: should it ever stick, shutdown still returns.
         teardown = threading.Thread(
-            target=_teardown, name="tp-teardown", daemon=True,
+            target=teardown_groups, name="tp-teardown", daemon=True,
             args=(self.device.type, self.device, None if clean else self.local))
         teardown.start()
         teardown.join(SHUTDOWN_WAIT_S)
         if teardown.is_alive():
-            _note_stuck(teardown)
+            note_stuck(teardown)
             log.warning("process group teardown did not finish in %.0f s; continuing",
                         SHUTDOWN_WAIT_S)
         lap("teardown")

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger("homelab_llm.engine.comm")
+from homelab_llm.engine.parallel.state import set_all_reduce
+
+log = logging.getLogger("homelab_llm.engine.parallel.comm")
 
 ENV_MODE = "HOMELAB_ALLREDUCE"
 MODES = ("auto", "custom", "nccl", "none")
@@ -211,7 +213,7 @@ class PeerAllReduce:
                 self.reason = f"no P2P between GPUs {missing[0][0]} and {missing[0][1]}"
         return not self.reason
 
-    # The hot path: parallel.all_reduce asks `handles` first, so NCCL messages pay one check.
+    # The hot path: state.all_reduce asks `handles` first, so NCCL messages pay one check.
     def handles(self, x: torch.Tensor) -> bool:
         return (self.table.custom_for(x.numel() * x.element_size()) and x.dtype in DTYPES
                 and x.is_contiguous() and x.device == self.device)
@@ -287,7 +289,7 @@ class PeerAllReduce:
             nccl.append(self._agree(_graph_us(lambda: dist.all_reduce(x), calls, replays)))
         return custom, nccl
 
-    # Leaving, in the order shutdown needs (tp_shutdown._leave): every rank's GPU idle, then
+    # Leaving, in the order shutdown needs (shutdown.leave): every rank's GPU idle, then
     # each rank unmaps its peers' buffers, a barrier, then each frees its own. An owner that frees
     # first would pull memory from under a peer's mapping; one that never frees leaks it into the
     # next engine of this process. Each step never raises: a peer may be gone already.
@@ -344,16 +346,14 @@ def _graph_us(fn, calls: int, replays: int) -> float:
 
 
 def setup_all_reduce(group: dist.ProcessGroup) -> PeerAllReduce | None:
-    """After init_process_group on a GPU rank: build, decide, and install into parallel.py.
+    """After init_process_group on a GPU rank: build, decide, and install into parallel/state.py.
     Every rank calls it (it runs collectives on `group`, a gloo group)."""
-    from homelab_llm.engine import parallel
-
     mode = read_mode()
     comm = PeerAllReduce(group, mode)
     comm.decide()
     if comm.reason:
         log.info("all-reduce: NCCL/RCCL only (%s)", comm.reason)
-    parallel.set_all_reduce(comm if any(comm.table.use_custom) else None, skip=mode == "none")
+    set_all_reduce(comm if any(comm.table.use_custom) else None, skip=mode == "none")
     if not any(comm.table.use_custom):
         comm.close()
     return comm

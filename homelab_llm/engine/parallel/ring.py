@@ -2,7 +2,7 @@
 
 One writer (rank 0) and N readers (the local worker ranks). The ring has `slots` fixed-size slots;
 each holds a small header (sequence number, message length in int64 words) and int64 words. A
-message (the 10-int step header plus its flat payload) fills one slot, or several consecutive
+message (the PlanHeader words plus its flat payload) fills one slot, or several consecutive
 slots when it is larger than one. The writer copies the words, then publishes the slot's sequence
 number; a reader waits for the number it expects, copies the words out, then acknowledges. The
 writer reuses a slot only after every reader acknowledged what it held.
