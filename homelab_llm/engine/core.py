@@ -29,6 +29,7 @@ from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.errors import HomelabError
+from homelab_llm.load_progress import LOAD
 
 log = logging.getLogger("homelab_llm.engine")
 
@@ -56,6 +57,7 @@ class LLMEngine:
         from homelab_llm.engine.tokenizer import load_tokenizer
 
         args.validate()
+        LOAD.reset()
         if args.node_rank > 0:
             raise EngineArgsError(
                 f"--node-rank {args.node_rank} runs worker ranks only; start it with "
@@ -75,9 +77,14 @@ class LLMEngine:
             self.runner = ParallelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
         else:
             self.runner = ModelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
+        LOAD.begin("sizing KV cache")
         pool = self.runner.allocate_kv(self.runner.kv_budget())
         self.max_model_len = self._resolve_max_model_len(wanted_len, pool.tokens_capacity)
+        log.info("load: KV cache %d tokens (%s, %.2f GiB), max_model_len %d", pool.tokens_capacity,
+                 pool.layout.dtype, pool.memory_bytes / 2**30, self.max_model_len)
+        LOAD.begin("capturing graphs")
         self.runner.capture_graphs(self.max_model_len)
+        LOAD.begin("ready")
         running_slots, snapshot_slots = self.runner.state_slot_counts()
         state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
         self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)

@@ -27,6 +27,7 @@ from homelab_llm.server.openai import router, server_state
 from homelab_llm.server.state import ServerConfig, ServerState
 from homelab_llm.server.stats import ServerStats
 from homelab_llm.server.status import build_status
+from homelab_llm.load_progress import LOAD
 
 
 async def engine_status(state: ServerState) -> dict[str, Any]:
@@ -89,7 +90,7 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], Engine],
         elif client.state == "failed":
             body, code = {"status": "failed", "error": client.load_error}, 503
         else:
-            body, code = {"status": "loading"}, 503
+            body, code = {"status": "loading", **LOAD.snapshot()}, 503
         return Response(json.dumps(body), status_code=code, media_type="application/json")
 
     @app.get("/v1/status")
