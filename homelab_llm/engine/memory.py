@@ -25,6 +25,7 @@ from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.gdn_memory import gdn_activation_bytes, gdn_linears, gdn_small_param_bytes
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.context_limit import model_max_positions, rope_table_rows
 from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
                                          padded_shard)
 
@@ -142,18 +143,93 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
-    return layers + embed + lm_head + h * size  # + final norm
+    total = layers + embed + lm_head + h * size  # + final norm
+    return total + moe_weight_delta(config, size, method, group, tp_size)
+
+
+# -- mixture of experts (layers/moe.py): every expert resident, each one's width split over ranks
+# (sharding.required_splits refuses a width the ranks do not divide) --
+
+def _gated_mlp_bytes(hidden: int, inter_local: int, size: int, method: str | None, group: int) -> int:
+    return (_linear_bytes(hidden, 2 * inter_local, size, method, group)
+            + _linear_bytes(inter_local, hidden, size, method, group))
+
+
+def moe_layer_mlp_bytes(config: ModelConfig, size: int, method: str | None, group: int,
+                        tp_size: int) -> int:
+    """One sparse layer's MLP on one rank: the router (replicated, model dtype), all experts'
+    shards, and the shared expert with its gate."""
+    h = config.hidden_size
+    total = config.num_experts * h * size
+    total += config.num_experts * _gated_mlp_bytes(h, config.moe_intermediate_size // tp_size,
+                                                   size, method, group)
+    if config.has_shared_expert:
+        total += _gated_mlp_bytes(h, config.shared_expert_intermediate_size // tp_size, size,
+                                  method, group) + h * size
+    return total
+
+
+def moe_weight_delta(config: ModelConfig, size: int, method: str | None, group: int,
+                     tp_size: int) -> int:
+    """What the sparse layers add over the dense-MLP count weight_bytes starts from."""
+    if not config.is_moe:
+        return 0
+    dense = _gated_mlp_bytes(config.hidden_size, config.intermediate_size // tp_size, size, method, group)
+    return len(config.moe_layers) * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
+
+
+def moe_activation_bytes(config: ModelConfig, tokens: int, size: int, tp_size: int) -> int:
+    """A sparse MLP's transient peak: per (token, pick) slot the expert activation and output row,
+    fp32 router logits/probabilities, and the sort buffers (kernels/fused_moe.py)."""
+    if not config.is_moe:
+        return 0
+    slots = tokens * config.num_experts_per_tok
+    inter = config.moe_intermediate_size // tp_size
+    return (slots * (inter + config.hidden_size) * size + 2 * tokens * config.num_experts * 4
+            + 3 * (slots + config.num_experts * 64) * 4 + 2 * tokens * config.hidden_size * size)
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    total: int  # every parameter (all experts)
+    active: int  # those one token reads: all but the experts it was not routed to
+
+
+def parameter_count(config: ModelConfig) -> ParameterCount:
+    """Parameters of the whole model and those active per token (k of E experts per layer).
+    Embedding rows count in both (as model cards count them)."""
+    h, d = config.hidden_size, config.head_dim
+    attn = h * (config.num_attention_heads + 2 * config.num_key_value_heads) * d
+    attn += config.num_attention_heads * d * h + 2 * h
+    if config.qk_norm:
+        attn += 2 * d
+    dense_mlp = 3 * h * config.intermediate_size
+    embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
+    total = active = config.num_hidden_layers * attn + embed
+    sparse = set(config.moe_layers)
+    expert = 3 * h * config.moe_intermediate_size
+    shared = (3 * h * config.shared_expert_intermediate_size + h) if config.has_shared_expert else 0
+    for layer in range(config.num_hidden_layers):
+        if layer in sparse:
+            total += config.num_experts * (h + expert) + shared
+            active += config.num_experts * h + config.num_experts_per_tok * expert + shared
+        else:
+            total += dense_mlp
+            active += dense_mlp
+    return ParameterCount(total, active)
+
+
+def parameter_fields(config: ModelConfig) -> dict[str, int]:
+    """/v1/status engine-config keys: parameters and active_parameters (per token)."""
+    count = parameter_count(config)
+    return {"parameters": count.total, "active_parameters": count.active}
 
 
 def rope_table_bytes(config: ModelConfig) -> int:
     """The RoPE cos/sin table every rank keeps as a float32 buffer (layers/rotary.py): one row of
-    head_dim values per position (the rotated share of it under partial rotary), longer for YaRN
-    (original length x factor)."""
-    length = config.max_position_embeddings
-    scaling = config.rope_scaling or {}
-    if scaling.get("rope_type") == "yarn":
-        original = scaling.get("original_max_position_embeddings") or length
-        length = max(length, int(int(original) * float(scaling.get("factor", 1.0))))
+    head_dim values (the rotated share of it under partial rotary) per position the model
+    addresses (model/context_limit.py)."""
+    length = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
     return length * int(config.head_dim * config.partial_rotary_factor) * 4
 
 
@@ -176,7 +252,8 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     gate = q if config.attn_output_gate else 0  # the gate rides in q_proj and is applied after
     attention_phase = 2 * h + (q + gate + 2 * kv) + q + gate + h
     mlp_phase = 2 * h + 2 * inter + inter + h
-    hidden = t * max(attention_phase, mlp_phase) * size
+    hidden = max(t * max(attention_phase, mlp_phase) * size,
+                 moe_activation_bytes(config, t, size, tp_size))
     if config.is_hybrid:
         layout = StateLayout.for_model(config, tp_size, dtype)
         hidden = max(hidden, gdn_activation_bytes(config, layout, t, size))
@@ -276,7 +353,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     check_tp_shapes(config, tp)
     dtype = resolve_model_dtype(config, dtype)
-    max_len = max_model_len or config.max_position_embeddings
+    max_len = max_model_len or model_max_positions(config)
     method = quantization_method(config, quantization)
     budget = int(gpu_memory_bytes * gpu_memory_utilization)
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 class Runner(Protocol):
     device: torch.device
+    failure: str | None  # why the runner cannot step any more (a rank died), else None
 
     @property
     def memory(self) -> MemorySplit: ...
@@ -33,7 +34,8 @@ class Runner(Protocol):
     def allocate_kv(self, budget: int) -> PagePool: ...
     def capture_graphs(self, max_model_len: int) -> None: ...
 
-    # One step: batch tensors from the schedule, async placeholders filled, logits of sampled rows.
+    # One step: batch tensors from the schedule (and the cache copies every rank runs first),
+    # async placeholders filled, logits of sampled rows.
     def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch: ...
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None: ...

@@ -67,9 +67,15 @@ def required_splits(config: ModelConfig) -> list[Split]:
         Split("MLP intermediate size", config.intermediate_size),
         PaddedSplit("vocabulary", config.vocab_size),
     ]
-    if config.is_hybrid:  # Gated DeltaNet: heads split evenly, the conv channels (q|k|v) with them
+    if config.is_hybrid:  # Gated DeltaNet key and value heads (and their conv channels)
         splits += [Split("linear-attention key heads", config.linear_num_key_heads),
                    Split("linear-attention value heads", config.linear_num_value_heads)]
+    if config.is_moe:  # every expert's intermediate dim (no expert parallelism)
+        splits.append(Split("expert intermediate size (moe_intermediate_size)",
+                            config.moe_intermediate_size))
+        if config.has_shared_expert:
+            splits.append(Split("shared expert intermediate size",
+                                config.shared_expert_intermediate_size))
     return splits
 
 

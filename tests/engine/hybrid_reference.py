@@ -3,7 +3,6 @@ run transformers on it, and run our engine on the same folder."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +22,23 @@ TEXT_SHAPE: dict[str, Any] = dict(
     eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
 
 
+@torch.no_grad()
+def perturb_hybrid(model) -> None:
+    """Norm weights and the decay parameters start at constants: randomise them so the (1 + w)
+    norms and the gating are exercised."""
+    for name, p in model.named_parameters():
+        if name.endswith(("norm.weight", "dt_bias")):
+            p.normal_(0.0, 0.2)
+        elif name.endswith("A_log"):
+            p.uniform_(-1.0, 1.0)
+
+
 def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, **overrides: Any):
     """A random Qwen3_5ForCausalLM (or the ForConditionalGeneration layout) saved to `folder`;
     returns the text model (a CausalLM) in fp32, eval mode. Norm weights and the decay
     parameters are randomised too, so the (1 + w) norms and gating are exercised."""
-    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+    from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+                              Qwen3_5TextConfig)
 
     torch.manual_seed(seed)
     text = Qwen3_5TextConfig(**{**TEXT_SHAPE, **overrides})
@@ -39,12 +50,7 @@ def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, **ov
         model = Qwen3_5ForConditionalGeneration(cfg)
     else:
         model = Qwen3_5ForCausalLM(text)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("norm.weight", "dt_bias")):
-                p.normal_(0.0, 0.2)
-            elif name.endswith("A_log"):
-                p.uniform_(-1.0, 1.0)
+    perturb_hybrid(model)
     model.float().eval()
     model.save_pretrained(folder)
     if conditional:
@@ -77,7 +83,3 @@ def our_llm(folder: Path, **engine_args: Any) -> LLM:
 
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data))

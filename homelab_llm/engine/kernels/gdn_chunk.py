@@ -74,8 +74,8 @@ def _unit_lower_inverse(kk, beta, c, BT: tl.constexpr):
         upd = tl.sum(l_i[:, None] * t_inv, axis=0)
         t_inv = tl.where((r % _SUB == i) & same, t_inv - upd[None, :], t_inv)
     if BT > _SUB:
-        rest = tl.where(lower & (r // _SUB != col // _SUB), beta[:, None] * kk * tl.exp(tl.where(lower, c[:, None] - c[None, :], 0.0)),
-                        0.0)
+        decay = tl.exp(tl.where(lower, c[:, None] - c[None, :], 0.0))
+        rest = tl.where(lower & (r // _SUB != col // _SUB), beta[:, None] * kk * decay, 0.0)
         n = tl.dot(t_inv, rest)
         x = t_inv
         for _ in tl.static_range(BT // _SUB - 1):
@@ -239,7 +239,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     _chunk_fwd_kernel[(batch, hv, triton.cdiv(dv, block_v))](
         q, k, w, u, c, p, out, ssm_state, cu_seqlens, state_indices, has_initial_state, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        c.stride(0), p.stride(0), p.stride(1), out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
+        c.stride(0), p.stride(0), p.stride(1), out.stride(0), out.stride(1),
+        ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BT=bt, BLOCK_V=block_v, DOT_F32=dot_f32,
         num_warps=tiles.chunk_warps, num_stages=tiles.chunk_stages)
     return out

@@ -33,6 +33,11 @@ def deferred_weights() -> Iterator[None]:
         _defer_weights = previous
 
 
+def weights_deferred() -> bool:
+    """Inside deferred_weights(): layers with large weights build them on the meta device."""
+    return _defer_weights
+
+
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()

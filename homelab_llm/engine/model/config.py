@@ -10,12 +10,21 @@ from typing import Any, Mapping
 
 from homelab_llm.errors import HomelabError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5")
-# rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
-# Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
+                           "qwen3_5_moe")
+# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+# rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
+# Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
+# Keys each scaled rope_type must carry (the rotary layer reads them).
+_ROPE_REQUIRED_KEYS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                       "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings")}
 # rope_parameters keys that are not part of the scaling dict. Qwen3.5's mrope keys describe the
 # vision positions; text positions are the same on all three axes, which is plain RoPE.
 _ROPE_PARAMS_NOT_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
@@ -28,9 +37,12 @@ _HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3_5ForCausalLM": "qwen3_5",
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
 # model_type spellings of one family: the multimodal wrapper and its text part.
-_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5"}
+_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 # Wrapper keys that describe the whole checkpoint and win over the text part's copy.
 _WRAPPER_KEYS = ("quantization_config", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
@@ -77,6 +89,16 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # share of head_dim that RoPE rotates (0.25 on Qwen3.5)
     attn_output_gate: bool = False  # sigmoid gate on the attention output (q_proj is twice as wide)
     state_dtype: str = "float32"  # recurrent-state dtype (HF mamba_ssm_dtype)
+    # Mixture of experts (Qwen3-MoE, Qwen3.5/3.6-MoE, Qwen3-Next). num_experts 0: dense MLPs only.
+    # A layer is sparse when num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in
+    # mlp_only_layers (HF's rule); other layers keep a dense MLP of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's intermediate size
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert; else one, sigmoid-gated
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     @property
     def is_hybrid(self) -> bool:
@@ -108,6 +130,23 @@ class ModelConfig:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return ()
+        step = max(self.decoder_sparse_step, 1)
+        return tuple(i for i in range(self.num_hidden_layers)
+                     if (i + 1) % step == 0 and i not in self.mlp_only_layers)
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_expert_intermediate_size > 0
+
+    @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
 
@@ -124,7 +163,7 @@ def _eos_tuple(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
+def normalize_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
     """Normalise HF rope_scaling (old "type" or new "rope_type" key); None for plain RoPE."""
     if not scaling:
         return None
@@ -139,7 +178,40 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
         raise UnsupportedModelError(
             f"{where}: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    missing = [k for k in _ROPE_REQUIRED_KEYS.get(rope_type, ()) if out.get(k) is None]
+    if missing:
+        raise ModelLoadError(f"{where}: rope scaling {rope_type!r} needs {', '.join(missing)}")
+    factor = out.get("factor")
+    if factor is not None and (not isinstance(factor, (int, float)) or not factor >= 1.0):
+        raise ModelLoadError(f"{where}: rope scaling factor must be a number >= 1, got {factor!r}")
     return out
+
+
+def _check_moe_shapes(cfg: ModelConfig, where: str) -> None:
+    for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        if getattr(cfg, name) <= 0:
+            raise ModelLoadError(f"{where}: {name} must be positive for a mixture-of-experts model, "
+                                 f"got {getattr(cfg, name)}")
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise ModelLoadError(f"{where}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds "
+                             f"num_experts ({cfg.num_experts})")
+
+
+def moe_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The ModelConfig MoE fields of an HF config dict ({} for a dense family). transformers 5
+    writes num_experts as num_local_experts; Qwen3.5-MoE / Qwen3-Next always renormalise top-k."""
+    experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    if arch not in MOE_ARCHITECTURES or not experts:
+        return {}
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", arch != "qwen3_moe")),
+        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+    )
 
 
 def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
@@ -151,6 +223,10 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
                  "num_attention_heads", "num_key_value_heads", "head_dim"):
         if getattr(cfg, name) <= 0:
             raise ModelLoadError(f"{where}: {name} must be positive, got {getattr(cfg, name)}")
+    if cfg.is_moe:
+        _check_moe_shapes(cfg, where)
+    elif cfg.architecture in MOE_ARCHITECTURES:
+        raise ModelLoadError(f"{where}: {cfg.architecture} needs num_experts > 0")
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise ModelLoadError(
             f"{where}: num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
@@ -205,7 +281,8 @@ def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where
 
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
-    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6)."""
+    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
+    Qwen3-MoE)."""
     raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
     arch = _MODEL_TYPE_ALIASES.get(arch, arch)
@@ -224,24 +301,25 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         rope_theta = float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
         scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items()
                                               if k not in _ROPE_PARAMS_NOT_SCALING}
-        hybrid = _hybrid_fields(raw, rope_params, where) if arch == "qwen3_5" else {}
+        hybrid = _hybrid_fields(raw, rope_params, where) if arch in HYBRID_ARCHITECTURES else {}
         cfg = ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
+            # All-MoE families (Qwen3.5-MoE) have no dense MLP size: the experts' stands in.
+            intermediate_size=int(raw.get("intermediate_size") or raw["moe_intermediate_size"]),
             num_hidden_layers=int(raw["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=_check_rope_scaling(scaling, where),
+            rope_scaling=normalize_rope_scaling(scaling, where),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch in ("qwen3", "qwen3_5"),
+            qk_norm=arch in ("qwen3", "qwen3_moe", *HYBRID_ARCHITECTURES),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
@@ -249,6 +327,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
             **hybrid,
+            **moe_fields(raw, arch),
         )
     except HomelabError:
         raise

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts, expert_target
 from homelab_llm.engine.model.config import (
     ModelConfig,
     ModelLoadError,
@@ -23,9 +24,12 @@ from homelab_llm.engine.model.config import (
     read_hf_config,
     read_json,
 )
+from homelab_llm.engine.model.context_limit import override_config, override_hf_dict
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from homelab_llm.engine.model.qwen3_5_moe import Qwen3_5MoeForCausalLM
+from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
 from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
@@ -33,7 +37,9 @@ DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
 
 
 # config.architecture -> the model class; every other supported architecture is llama.py's.
-MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM}
+MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
+                                             "qwen3_moe": Qwen3MoeForCausalLM,
+                                             "qwen3_5_moe": Qwen3_5MoeForCausalLM}
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
@@ -59,9 +65,9 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
     raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
 
 
-def _hf_config(folder: Path) -> ModelConfig:
+def _hf_config(folder: Path, hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = read_hf_config(folder)
+    raw = override_hf_dict(read_hf_config(folder), hf_overrides)
     cfg = config_from_hf(raw, name=folder.name, where=str(config_path))
     parse_quant_config(cfg.quantization, str(config_path))  # unsupported settings fail here
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
@@ -74,17 +80,19 @@ def _hf_config(folder: Path) -> ModelConfig:
     return cfg
 
 
-def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfig:
+def load_model_config(path: str | Path, load_format: str = "auto",
+                      hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The model's config; `hf_overrides` (--hf-overrides) is merged in before parsing."""
     p = Path(path)
     fmt = resolve_format(p, load_format)
     if fmt == "gguf":
         from homelab_llm.engine.model.gguf_file import open_gguf
 
-        return open_gguf(p).config()
+        return override_config(open_gguf(p).config(), hf_overrides, str(p))
     if p.is_dir():
-        return _hf_config(p)
+        return _hf_config(p, hf_overrides)
     if p.suffix == ".json":
-        cfg = config_from_hf(read_json(p), name=p.stem, where=str(p))
+        cfg = config_from_hf(override_hf_dict(read_json(p), hf_overrides), name=p.stem, where=str(p))
         parse_quant_config(cfg.quantization, str(p))
         return cfg
     raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")
@@ -221,7 +229,7 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, An
             raise ModelLoadError(f"{where}: tensor {name}: {err}") from None
         if blocks is not None:
             model.get_submodule(target.rsplit(".", 1)[0]).record_gguf_blocks(blocks, shard_id)
-        loaded.add((target, shard_id))
+        loaded.update((target, sid) for sid in _covered_parts(model, target, shard_id))
     # Looked up afresh: a linear given a 4-bit weight while loading no longer has a dense one.
     missing = [f"{name}[{sid}]" if sid is not None else name
                for name, _ in model.named_parameters()
@@ -236,6 +244,9 @@ def route(model: nn.Module, name: str) -> tuple[str, Any]:
     """A checkpoint tensor name (its part suffix, if split, after '#') -> (our parameter name,
     shard_id) through the model's fused-module table."""
     name, _, split_id = name.partition("#")
+    expert = expert_target(name)
+    if expert is not None:  # mlp.experts.<e>.<proj>.weight or the fused experts.gate_up_proj
+        return expert
     parts = name.split(".")
     if split_id:
         fused = model.split_modules[parts[-2]][0]
@@ -280,8 +291,18 @@ def _parts_of(model: nn.Module, param_name: str) -> list[Any]:
     """The shard ids a parameter is loaded in: [None], or each part of a fused weight."""
     from homelab_llm.engine.layers.linear import LinearBase
 
-    module = model.get_submodule(param_name.rpartition(".")[0]) if "." in param_name else model
+    module_name, _, leaf = param_name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    if isinstance(module, FusedExperts):
+        return list(module.part_ids(leaf))
     return module.part_ids() if isinstance(module, LinearBase) else [None]
+
+
+def _covered_parts(model: nn.Module, target: str, shard_id: Any) -> list[Any]:
+    """The shard ids one loaded tensor fills: all experts' for a fused expert tensor."""
+    if isinstance(shard_id, ExpertPart):
+        return shard_id.covers(model.get_submodule(target.rpartition(".")[0]).num_experts)
+    return [shard_id]
 
 
 @torch.no_grad()

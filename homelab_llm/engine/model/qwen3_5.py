@@ -18,6 +18,8 @@ bound to state slots the same way.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -110,7 +112,8 @@ class GatedAttention(nn.Module):
 
 
 class Qwen3_5DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_type: str, rotary: PartialRotary):
+    def __init__(self, config: ModelConfig, layer_type: str, rotary: PartialRotary,
+                 mlp: nn.Module | None = None):
         super().__init__()
         self.is_linear = layer_type == LAYER_LINEAR
         self.input_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -119,7 +122,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(config, rotary)
         self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
     def forward(self, hidden, residual, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -132,12 +135,14 @@ class Qwen3_5DecoderLayer(nn.Module):
 
 
 class Qwen3_5Model(PreNormDecoder):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig,
+                 make_mlp: Callable[[ModelConfig, int], nn.Module] | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary = PartialRotary(config)
-        self.layers = nn.ModuleList(Qwen3_5DecoderLayer(config, t, self.rotary)
-                                    for t in config.layer_types)
+        self.layers = nn.ModuleList(
+            Qwen3_5DecoderLayer(config, t, self.rotary, make_mlp(config, i) if make_mlp else None)
+            for i, t in enumerate(config.layer_types))
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -153,13 +158,17 @@ class Qwen3_5ForCausalLM(nn.Module):
         kd, vd = config.linear_key_dim, config.linear_value_dim
         # Checkpoint tensors that hold several parts of one fused weight, split as they load.
         self.split_modules = {"in_proj_qkv": ("in_proj_qkvz", [("q", kd), ("k", kd), ("v", vd)])}
-        self.model = Qwen3_5Model(config)
+        self.model = Qwen3_5Model(config, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         layers = list(self.model.layers)
         self.attention_layers: list[Attention] = [l.self_attn.attn for l in layers if not l.is_linear]
         self.gdn_layers: list[GatedDeltaNet] = [l.linear_attn for l in layers if l.is_linear]
+
+    def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
+        """The MLP of decoder layer `layer`; the MoE variant (qwen3_5_moe.py) overrides this."""
+        return LlamaMLP(config)
 
     @staticmethod
     def checkpoint_name(name: str) -> str | None:

@@ -31,6 +31,7 @@ from homelab_llm.engine.kernels.w4a16_pack import (
     repack_gptq,
 )
 from homelab_llm.engine.layers.linear import LinearBase
+from homelab_llm.engine.layers.moe import FusedExperts, expert_target
 from homelab_llm.engine.model.config import ModelLoadError, UnsupportedModelError
 from homelab_llm.engine.model.quant_config import (
     CheckpointQuant,
@@ -38,6 +39,7 @@ from homelab_llm.engine.model.quant_config import (
     check_layer,
     parse_quant_config,
 )
+from homelab_llm.engine.model.w4a16_experts import ExpertAssembler, expert_prefixes
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +223,12 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
     ours = {model.checkpoint_name(p): p for p in quantized}
     four_bit: set[str] = set()  # our modules whose every part is 4-bit
     for name, module in model.named_modules():
+        if isinstance(module, FusedExperts):  # stacked experts: all 4-bit, or all dense
+            if all(p in ours for p in expert_prefixes(name, module)):
+                four_bit.add(name)
+            else:
+                module.materialize(device, dtype)
+            continue
         if not isinstance(module, LinearBase):
             continue
         if all(p in ours for p in _checkpoint_parts(model, name, module)):
@@ -231,6 +239,7 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
         raise ModelLoadError(f"{where}: quantization_config is set but no linear layer of the "
                              "model is stored 4-bit (no *.qweight tensors for them)")
     assembler = _Assembler(model, device, dtype)
+    experts = ExpertAssembler(model)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor, Any]]:
         pending: dict[str, dict[str, torch.Tensor]] = {}
@@ -247,6 +256,10 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
             our_prefix = model.checkpoint_name(prefix)
             if our_prefix is None:
                 continue  # not ours to load (a vision tower, an MTP head)
+            expert = expert_target(f"{our_prefix}.weight")
+            if expert is not None and expert[0].rpartition(".")[0] in four_bit:
+                experts.add(expert[0].rpartition(".")[0], expert[1], w, prefix)
+                continue
             routes = _route(model, our_prefix, w)
             if routes[0][0] not in four_bit:
                 # A 4-bit part of a dense layer (or lm_head): dequantize, load as usual.
@@ -256,6 +269,7 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
                 label = f"{prefix}#{shard_id}" if len(routes) > 1 else prefix
                 for dense_name, dense in assembler.add(module_name, shard_id, part, label):
                     yield dense_name, dense, None
+        experts.check_done(where)
 
     # The model is ready (dense placeholders materialized) before the caller looks at its
     # parameters; the tensors stream when it iterates.

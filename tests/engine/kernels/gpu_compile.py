@@ -148,6 +148,7 @@ def _scenarios():
     yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
 
     yield from _gdn_scenarios()
+    yield from _moe_scenarios()
 
     from homelab_llm.engine.parallel.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
     assert set(AR_DTYPES) <= {bf16, fp16, torch.float32}, AR_DTYPES
@@ -158,39 +159,71 @@ def _scenarios():
             x, x, ptrs, ptrs, 1 << 20, world - 1, world, 32, AR_BLOCK, AR_WARPS)
 
 
+def _moe_scenarios():
+    """Fused MoE at the Qwen3-30B-A3B shape (128 experts, top 8, hidden 2048, expert 768; TP=2
+    halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
+    import torch
+
+    from homelab_llm.engine.kernels import fused_moe, moe_align
+    from homelab_llm.engine.kernels.moe_ref import MoeW4
+    from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+    e, top_k, hidden = 128, 8, 2048
+
+    def w4(k, n, g=128):
+        return W4Weight(torch.zeros((e, k // 8, n), dtype=torch.int32),
+                        torch.ones((e, k // g, n), dtype=torch.float16),
+                        torch.zeros((e, k // g, n), dtype=torch.float16), g)
+
+    inter = 384  # per rank at TP=2; the width is a runtime int, so one size covers TP=1 too
+    w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
+    w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
+    quant = MoeW4(w4(hidden, 2 * inter), w4(inter, hidden))
+    for tokens in (1, 2048):  # decode (small-M tiles) and prefill (the large-M entry)
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        ids = torch.zeros((tokens, top_k), dtype=torch.int32)
+        weights = torch.ones((tokens, top_k), dtype=torch.float32)
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids)
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, quant, None, weights, ids)
+    yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
+
+
 def _gdn_scenarios():
     """Gated DeltaNet kernels at Qwen3.6-27B's linear-attention shape (16 key / 48 value heads of
-    128, conv over 10240 channels, width 4): one long sequence (the chunk kernel narrows its value
-    tile to fill the SMs) and a batch of 8, with and without conv bias."""
+    128, conv over 10240 channels, width 4): a batch of 8 in bf16 with and without conv bias, the
+    rule again in fp16 and for one sequence (B_PAD 1). q, k, v are views into the conv output, the
+    way the model splits it."""
     import torch
 
     from homelab_llm.engine.kernels import gdn_chunk, gdn_conv, gdn_norm, gdn_recurrent
 
     bf16, i32 = torch.bfloat16, torch.int32
     hk, hv, d, channels, width, slots = 16, 48, 128, 10240, 4, 16
-    conv_state = torch.zeros((slots, width - 1, channels), dtype=bf16)
     ssm_state = torch.zeros((slots, hv, d, d), dtype=torch.float32)
-    weight = torch.zeros((channels, width), dtype=bf16)
-    for batch, tokens, dt in ((1, 2048, bf16), (8, 4096, bf16), (8, 4096, torch.float16)):
-        cu = torch.linspace(0, tokens, batch + 1).to(i32)
-        idx, init = torch.arange(batch, dtype=i32), torch.ones(batch, dtype=torch.bool)
+
+    def varlen(batch, tokens, dt):
         x = torch.zeros((tokens, channels), dtype=dt)
-        for bias in (None, torch.zeros(channels, dtype=dt)):
-            yield lambda x=x, b=bias, cu=cu, idx=idx, init=init: gdn_conv.conv1d_prefill(
-                x, weight.to(x.dtype), b, cu, conv_state.to(x.dtype), idx, init)
-            yield lambda x=x, b=bias, idx=idx: gdn_conv.conv1d_decode(
-                x[:idx.shape[0]], weight.to(x.dtype), b, conv_state.to(x.dtype), idx)
-        # q, k, v as views into the conv output, the way the model splits it
-        q, k, v = x.view(tokens, channels).split([hk * d, hk * d, hv * d], dim=1)
-        q, k, v = q.view(tokens, hk, d), k.view(tokens, hk, d), v.view(tokens, hv, d)
-        g, beta = torch.zeros((tokens, hv)), torch.zeros((tokens, hv), dtype=dt)
-        yield lambda q=q, k=k, v=v, g=g, beta=beta, cu=cu, idx=idx, init=init: gdn_chunk.chunk_gated_delta_rule(
-            q, k, v, g, beta, cu, ssm_state, idx, init)
-        yield lambda q=q, k=k, v=v, g=g, beta=beta, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
-            q[:idx.shape[0]], k[:idx.shape[0]], v[:idx.shape[0]], g[:idx.shape[0]], beta[:idx.shape[0]],
-            ssm_state, idx)
-        yield lambda v=v: gdn_norm.gated_rms_norm(v.reshape(-1, d), v.reshape(-1, d), torch.ones(d, dtype=dt), 1e-6)
-        yield lambda g=g, beta=beta: gdn_norm.gdn_gating(beta, beta, torch.zeros(hv), torch.zeros(hv))
+        q, k, v = x.split([hk * d, hk * d, hv * d], dim=1)
+        rule = (q.view(tokens, hk, d), k.view(tokens, hk, d), v.view(tokens, hv, d), torch.zeros((tokens, hv)),
+                torch.zeros((tokens, hv), dtype=dt))
+        cu = torch.linspace(0, tokens, batch + 1).to(i32)
+        return x, rule, cu, torch.arange(batch, dtype=i32), torch.ones(batch, dtype=torch.bool)
+
+    x, rule, cu, idx, init = varlen(8, 4096, bf16)
+    conv_state = torch.zeros((slots, width - 1, channels), dtype=bf16)
+    weight = torch.zeros((channels, width), dtype=bf16)
+    for bias in (None, torch.zeros(channels, dtype=bf16)):
+        yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
+        yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
+    yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
+                                          1e-6)
+    yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
+    for batch, tokens, dt in ((8, 4096, bf16), (8, 4096, torch.float16), (1, 2048, bf16)):
+        _, rule, cu, idx, init = varlen(batch, tokens, dt)
+        yield lambda r=rule, cu=cu, idx=idx, init=init: gdn_chunk.chunk_gated_delta_rule(*r, cu, ssm_state, idx, init)
+        if batch > 1:
+            yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:idx.shape[0]] for t in r), ssm_state, idx)
 
 
 def capture(arch: str) -> list[dict]:

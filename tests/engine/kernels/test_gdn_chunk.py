@@ -1,8 +1,9 @@
 """The chunked prefill rule (kernels/gdn_chunk.py) against gdn_ref.gated_delta_rule_prefill_ref.
 
 Bounds, as rel_err (max abs error over max(1, max |want|)): fp32 inputs 1e-4 in the interpreter
-(fp32 dots; only summation order differs) and 5e-3 on a GPU (tf32 dots); bf16 inputs 2e-2 (w, u
-and the state reads are bf16-rounded, as in fla). Small shapes here; the `gpu` test runs
+(fp32 dots; only summation order differs) and 1e-2 on a GPU (fp32 tl.dot runs as tf32 there, 10
+mantissa bits, through the triangular solve too); bf16 inputs 2e-2 (w, u, P and the state reads
+are bf16-rounded, as in fla). Small shapes here; the `gpu` test runs
 Qwen3.6-27B's shape on CUDA.
 """
 
@@ -18,7 +19,7 @@ from tests.engine.kernels.gdn_inputs import FULL_RULE, rule_inputs, rel_err
 def _bound(dtype: torch.dtype, device: torch.device) -> float:
     if dtype != torch.float32:
         return 2e-2
-    return 5e-3 if device.type == "cuda" else 1e-4
+    return 1e-2 if device.type == "cuda" else 1e-4
 
 
 def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, **kw) -> None:
@@ -78,8 +79,9 @@ def test_split_prefill_equals_one_shot(device: torch.device) -> None:
         cu_part = torch.tensor([0, b - a], dtype=torch.int32, device=device)
         parts.append(chunk_gated_delta_rule(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], cu_part, s_two, slots,
                                             torch.tensor([has], device=device)))
-    assert rel_err(torch.cat(parts), whole) <= 1e-4
-    assert rel_err(s_two, s_one) <= 1e-4
+    bound = _bound(torch.float32, device)  # other chunk boundaries, so other rounding
+    assert rel_err(torch.cat(parts), whole) <= bound
+    assert rel_err(s_two, s_one) <= bound
     assert torch.equal(s_two[0], state[0]) and torch.equal(s_two[2:], state[2:])
 
 

@@ -2,8 +2,8 @@
 
 Bounds: fp32 1e-5 absolute (W products summed in another order); bf16 one output rounding,
 1e-2 relative. The conv state is copied input values, so it must match exactly. Sequences
-shorter than W-1, an empty one, a padding row (slot -1) and spare slots that must stay untouched are in every
-case; the `gpu` test runs Qwen3.6-27B's 10240 channels on CUDA.
+shorter than W-1, an empty one, a padding row (slot -1) and spare slots that must stay untouched
+are in every case; the `gpu` test runs Qwen3.6-27B's 10240 channels on CUDA.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def test_split_prefill_equals_one_shot(device: torch.device) -> None:
     x, weight, _, state, _, _ = _inputs([21], 40, 4, gen, torch.float32, device, False)
     slots = torch.tensor([1], dtype=torch.int32, device=device)
     s_one, s_two = state.clone(), state.clone()
-    whole = conv1d_prefill(x, weight, None, cu_seqlens([21], device), s_one, slots, torch.tensor([False], device=device))
+    no_history = torch.tensor([False], device=device)
+    whole = conv1d_prefill(x, weight, None, cu_seqlens([21], device), s_one, slots, no_history)
     parts = [conv1d_prefill(x[a:b], weight, None, cu_seqlens([b - a], device), s_two, slots,
                             torch.tensor([a > 0], device=device)) for a, b in ((0, 2), (2, 3), (3, 21))]
     torch.testing.assert_close(torch.cat(parts), whole, atol=1e-6, rtol=1e-6)

@@ -3,7 +3,7 @@ and N decode steps against one prefill of the same N tokens.
 
 Bounds (rel_err, see gdn_inputs): fp32 1e-5 per step (same fp32 math, different summation
 order); bf16 inputs 1e-2 (output rounding only: the state stays fp32); N steps vs the chunked
-prefill 1e-4 in fp32.
+prefill 1e-4 in fp32 (1e-2 on a GPU, where the chunked kernel's fp32 dots are tf32).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def test_steps_equal_prefill(device: torch.device) -> None:
     want = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens([n], device), s_pre, slots, init)
     got = torch.cat([recurrent_gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1],
                                                 state, slots) for t in range(n)])
-    assert rel_err(got, want) <= 1e-4 and rel_err(state, s_pre) <= 1e-4
+    bound = 1e-2 if device.type == "cuda" else 1e-4  # the chunked prefill's dots are tf32 on a GPU
+    assert rel_err(got, want) <= bound and rel_err(state, s_pre) <= bound
 
 
 @pytest.mark.gpu

@@ -138,7 +138,8 @@ def test_gated_rms_norm_and_gating_match_transformers() -> None:
     g, beta = gdn_ref.gdn_gating_ref(a, b, a_log, dt_bias)
     torch.testing.assert_close(g, -a_log.exp() * torch.nn.functional.softplus(a + dt_bias))
     torch.testing.assert_close(beta, b.sigmoid())
-    assert g.dtype == torch.float32 and gdn_ref.gdn_gating_ref(a, b.bfloat16(), a_log, dt_bias)[1].dtype == torch.bfloat16
+    assert g.dtype == torch.float32
+    assert gdn_ref.gdn_gating_ref(a, b.bfloat16(), a_log, dt_bias)[1].dtype == torch.bfloat16
 
 
 def test_front_runs_the_references_on_cpu() -> None:
