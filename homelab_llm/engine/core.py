@@ -21,6 +21,7 @@ from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import Scheduler
 from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.structured.matcher import GrammarState
 from homelab_llm.errors import HomelabError
 
 log = logging.getLogger("homelab_llm.engine")
@@ -133,6 +134,12 @@ class LLMEngine:
                        arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens)
         seq.seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        if params.grammar is not None:
+            if self.tokenizer is None:
+                raise InvalidPromptError("structured output needs the model's tokenizer")
+            # A lookup when the server compiled it off the loop (engine/structured/matcher.py).
+            seq.grammar = GrammarState.start(self.tokenizer, params.grammar,
+                                             params.grammar_after_think)
         self.outputs.start(seq)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -220,12 +227,13 @@ class LLMEngine:
 
     def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
         """May this step's tokens stay on the device while the next step is launched? Only when
-        nothing needs them on the host first (logprobs, penalties, min_tokens masking)."""
+        nothing needs them on the host first (logprobs, penalties, min_tokens masking, a grammar
+        that must consume the token before it can mask the next one)."""
         if not self._async:
             return False
         for seq in seqs:
             p = seq.params
-            if p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
+            if seq.grammar is not None or p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
                 return False
         return True
 

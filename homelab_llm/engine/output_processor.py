@@ -43,6 +43,8 @@ class OutputProcessor:
         else:
             if seq.detokenizer is not None:
                 seq.output_text += seq.detokenizer.push([token])
+            if seq.grammar is not None:
+                seq.grammar.advance(token, seq.output_text)
                 if p.stop and n_out >= p.min_tokens and self._check_stop_strings(seq):
                     return
             if n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:

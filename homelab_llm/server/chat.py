@@ -22,6 +22,7 @@ from homelab_llm.server.protocol import ChatCompletionRequest, check_max_tokens,
 from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
+from homelab_llm.server.structured import prepare_grammar
 
 
 def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
@@ -36,13 +37,15 @@ def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
-def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest, bound: PromptBound) -> tuple[str, list[int]]:
+def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest,
+             bound: PromptBound) -> tuple[str, list[int], str | None]:
     # Both length checks are O(1) per message: an absurd prompt is refused before the template
     # runs, and a template-inflated one before the tokenizer does.
     bound.check(message_chars(req.template_messages()), "messages")
     text = render_prompt(tokenizer, req)
     bound.check(len(text), "messages")
-    return text, encode_text(tokenizer, text, False, "messages")
+    ids = encode_text(tokenizer, text, False, "messages")
+    return text, ids, prepare_grammar(tokenizer, req.constraint())
 
 
 def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
@@ -62,7 +65,7 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
     # Templating and tokenizing a 100K-token agent prompt takes tens of milliseconds: off the
     # event loop, so other streams keep flowing meanwhile.
     bound = await state.ready_prompt_bound(engine)
-    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req, bound)
+    prompt_text, prompt_ids, grammar = await asyncio.to_thread(_prepare, tokenizer, req, bound)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)
@@ -71,7 +74,8 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
     routers = [ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
     batch = Batch(state, new_id("chatcmpl"),
                   [(prompt_ids, req.sampling_params(max_tokens, logprobs, i,
-                                                    vocab_size=tokenizer.vocab_size))
+                                                    vocab_size=tokenizer.vocab_size, grammar=grammar,
+                                                    grammar_after_think=starts_inside))
                    for i in range(req.n)])
     await batch.submit(request)
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs)
