@@ -11,7 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from homelab_llm.engine.tokenizer import Tokenizer
+from homelab_llm.engine.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
 from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
 from homelab_llm.server.errors import APIError, bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
@@ -23,13 +23,16 @@ from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 from homelab_llm.server.structured import prepare_grammar
+from homelab_llm.server.tool_template import adapt_messages
 
 
 def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools_enabled else None
+    template = tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
+    messages = adapt_messages(template, req.template_messages(), tools)
     try:
         return tokenizer.apply_chat_template(
-            req.template_messages(), tools=tools, add_generation_prompt=req.add_generation_prompt,
+            messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
             **(req.chat_template_kwargs or {}))
     except APIError:
         raise

@@ -43,7 +43,7 @@ class FakeTokenizer:
     vocab_size = 256 + OFFSET
     eos_token_ids = (EOS,)
     bos_token_id = BOS
-    chat_template = "fake-chatml"
+    chat_template = "fake-chatml: renders tools itself; tool_calls as content"
 
     def __init__(self, uses_think_tags: bool = False) -> None:
         self.uses_think_tags = uses_think_tags
