@@ -44,12 +44,13 @@ def _json_grammar(schema: Any, what: str) -> str:
 
 def _lark_grammar(text: str) -> str:
     import llguidance
+    from llguidance.gbnf_to_lark import gbnf_to_lark
 
     text = text.strip()
     if "::=" in text:  # GBNF / EBNF (root ::= ...) as llama.cpp writes it
         try:
-            text = llguidance.gbnf_to_lark(text)
-        except (ValueError, RuntimeError, IndexError, KeyError) as err:
+            text = gbnf_to_lark(text)
+        except Exception as err:  # the converter raises bare Exceptions for user errors
             raise GrammarError(f"the GBNF grammar does not parse: {err}") from None
     try:
         return llguidance.LLMatcher.grammar_from_lark(text)
@@ -77,7 +78,20 @@ def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def to_grammar(spec: GrammarSpec) -> str:
-    """The llguidance grammar for `spec`; GrammarError when it cannot be built."""
+    """The llguidance grammar for `spec`, validated; GrammarError naming the problem."""
+    import llguidance
+
+    grammar = _build(spec)
+    err = llguidance.LLMatcher.validate_grammar(grammar)
+    if err and not err.startswith("WARNING"):
+        what = {"json_schema": "the JSON schema", "json_object": "json_object", "regex": "the regex",
+                "choice": "choice", "grammar": "the grammar",
+                "tool_call": "a tool's parameters schema"}[spec.kind]
+        raise GrammarError(f"{what} is not supported: {err}")
+    return grammar
+
+
+def _build(spec: GrammarSpec) -> str:
     if spec.kind not in KINDS:
         raise GrammarError(f"unknown constraint kind {spec.kind!r}; one of {', '.join(KINDS)}")
     if len(spec.source) > MAX_SOURCE_CHARS:
@@ -108,5 +122,4 @@ def to_grammar(spec: GrammarSpec) -> str:
     if not (isinstance(tools, list) and tools):
         raise GrammarError("a tool-call constraint needs at least one tool")
     schema = json.dumps(tool_call_schema(tools))
-    _json_grammar(json.loads(schema), "a tool's parameters schema")  # names the bad schema
     return _lark_grammar(f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {schema}')
