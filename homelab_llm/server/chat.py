@@ -18,7 +18,8 @@ from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_er
                                            until_disconnect, usage)
 from homelab_llm.server.limits import PromptBound, check_num_seqs, message_chars
 from homelab_llm.server.logprobs import chat_logprobs
-from homelab_llm.server.protocol import ChatCompletionRequest, check_max_tokens, encode_text
+from homelab_llm.server.protocol import (ChatCompletionRequest, check_logprobs_cap, check_max_tokens,
+                                         encode_text)
 from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
@@ -60,7 +61,7 @@ def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
 async def create_chat_completion(state: ServerState, request: Request, req: ChatCompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
-    logprobs = req.logprobs_count()
+    logprobs = check_logprobs_cap(req.logprobs_count(), state.config.max_logprobs)
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
     req.check_token_fields(tokenizer.vocab_size)
@@ -72,7 +73,7 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)
-    think = bool(getattr(tokenizer, "uses_think_tags", False))
+    think = state.config.reasoning_parser is not None or bool(getattr(tokenizer, "uses_think_tags", False))
     starts_inside = think and prompt_opens_think(prompt_text)
     routers = [ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
     batch = Batch(state, new_id("chatcmpl"),

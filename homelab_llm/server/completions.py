@@ -17,7 +17,8 @@ from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_er
                                            until_disconnect, usage)
 from homelab_llm.server.limits import PromptBound, check_num_seqs
 from homelab_llm.server.logprobs import completion_logprobs
-from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text
+from homelab_llm.server.protocol import (CompletionRequest, check_logprobs_cap, check_max_tokens,
+                                         encode_text)
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 from homelab_llm.server.structured import prepare_grammar
@@ -44,7 +45,7 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str | list[int], bound: PromptBound
 async def create_completion(state: ServerState, request: Request, req: CompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
-    logprobs = req.logprobs_count()
+    logprobs = check_logprobs_cap(req.logprobs_count(), state.config.max_logprobs)
     engine = state.ready_engine()
     tokenizer, max_len = engine.tokenizer, engine.max_model_len
     req.check_token_fields(tokenizer.vocab_size)

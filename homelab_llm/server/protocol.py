@@ -336,6 +336,14 @@ def parse_body(model: type[BaseModel], body: Any) -> Any:
         raise bad_request(f"{loc or 'body'}: {first['msg']}", loc or None) from err
 
 
+def check_logprobs_cap(count: int | None, cap: int) -> int | None:
+    """The server's --max-logprobs, as vLLM applies it: more top logprobs is a 400."""
+    if count is not None and count > cap:
+        raise bad_request(f"this server returns at most {cap} top logprobs (--max-logprobs); "
+                          f"the request asks for {count}", "logprobs")
+    return count
+
+
 def check_max_tokens(prompt_len: int, requested: int | None, max_model_len: int,
                      param: str = "max_tokens") -> int | None:
     """The context check done before a request reaches the engine: prompt + max_tokens must fit.
