@@ -20,6 +20,7 @@ from homelab_llm.server.limits import PromptBound, check_body_shape
 from homelab_llm.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                          DetokenizeRequest, TokenizeRequest, encode_text,
                                          parse_body)
+from homelab_llm.server.responses import ResponsesRequest, create_response
 from homelab_llm.server.state import ServerState
 
 router = APIRouter()
@@ -44,6 +45,12 @@ async def read_request(request: Request, model: type[BaseModel]) -> Any:
 async def chat_completions(request: Request) -> Response:
     req = await read_request(request, ChatCompletionRequest)
     return await create_chat_completion(server_state(request), request, req)
+
+
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    req = await read_request(request, ResponsesRequest)
+    return await create_response(server_state(request), request, req)
 
 
 @router.post("/v1/completions")

@@ -93,7 +93,7 @@ class FakeTokenizer:
 
 def default_script(prompt_text: str, params: SamplingParams) -> tuple[str, bool]:
     """(output text, whether EOS follows it)."""
-    said = re.search(r"SAY\[\[(.*)\]\]", prompt_text, re.S)
+    said = re.search(r".*SAY\[\[(.*)\]\]", prompt_text, re.S)  # the last SAY: earlier turns hold theirs
     if said:
         return said.group(1), True
     if params.temperature == 0:

@@ -136,3 +136,45 @@ def test_two_turn_conversation_over_the_sdk(running) -> None:
     out = client.chat.completions.create(model="fake", messages=TURN + [
         {"role": "user", "content": "SAY[[It is 3 degrees.]]"}], tools=TOOLS, max_tokens=20)
     assert out.choices[0].message.content == "It is 3 degrees."
+
+
+RESP_TOOLS = [{"type": "function", "name": "get_weather", "description": "weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+HERMES_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def test_responses_text_and_previous_response_id(running) -> None:
+    client = openai_client(running)
+    first = client.responses.create(model="fake", input="SAY[[Hi there.]]", max_output_tokens=20)
+    assert first.status == "completed" and first.output_text == "Hi there."
+    second = client.responses.create(model="fake", input="SAY[[Again.]]",
+                                     previous_response_id=first.id, max_output_tokens=20)
+    assert second.output_text == "Again." and second.usage.input_tokens > first.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="fake", input="x", previous_response_id="resp_nope")
+
+
+def test_responses_tools_and_the_result_turn(running) -> None:
+    client = openai_client(running)
+    first = client.responses.create(model="fake", input=f"SAY[[{HERMES_CALL}]]", tools=RESP_TOOLS,
+                                    max_output_tokens=200)
+    call = first.output[0]
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "get_weather", {"city": "Oslo"})
+    second = client.responses.create(model="fake", previous_response_id=first.id, tools=RESP_TOOLS, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"temp": 3}'},
+        {"role": "user", "content": "SAY[[3 degrees.]]"}], max_output_tokens=20)
+    assert second.output_text == "3 degrees."
+
+
+def test_responses_stream_events(running) -> None:
+    client = openai_client(running)
+    events = list(client.responses.create(model="fake", input=f"SAY[[Look: {HERMES_CALL}]]",
+                                          tools=RESP_TOOLS, max_output_tokens=200, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta").strip() == "Look:"
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and json.loads(done[0].arguments) == {"city": "Oslo"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert [o.type for o in final.output] == ["message", "function_call"]
