@@ -74,7 +74,9 @@ def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
         options.append({"type": "object", "properties": {
             "name": {"const": fn.get("name", "")}, "arguments": params},
             "required": ["name", "arguments"], "additionalProperties": False})
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    # Compact separators: free whitespace lets a small model pad the call with spaces and newlines.
+    return {**schema, "x-guidance": {"whitespace_flexible": False}}
 
 
 def to_grammar(spec: GrammarSpec) -> str:
