@@ -43,6 +43,7 @@ class FakeTokenizer:
     vocab_size = 256 + OFFSET
     eos_token_ids = (EOS,)
     bos_token_id = BOS
+    special_ids = frozenset(SPECIALS)
     chat_template = "fake-chatml: renders tools itself; tool_calls as content"
 
     def __init__(self, uses_think_tags: bool = False) -> None:
@@ -141,6 +142,7 @@ class FakeEngine:
         self.steps = 0
         self.thread_ids: set[int] = set()
         self.shut_down = False
+        self.last_params: SamplingParams | None = None
 
     def _thread(self) -> None:
         self.thread_ids.add(threading.get_ident())
@@ -150,6 +152,7 @@ class FakeEngine:
         self._thread()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params.validate()
+        self.last_params = params
         if request_id in self.known:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use")
         budget = params.max_tokens or 1

@@ -178,3 +178,41 @@ def test_responses_stream_events(running) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     final = events[-1].response
     assert [o.type for o in final.output] == ["message", "function_call"]
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+@pytest.mark.parametrize("kwargs, grammar_has", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}}, '"n"'),
+    ({"response_format": {"type": "json_object"}}, "object"),
+    ({"extra_body": {"guided_choice": ["yes", "no"]}}, '"yes"'),
+    ({"extra_body": {"structured_outputs": {"regex": "[0-9]+"}}}, "[0-9]"),
+    ({"extra_body": {"guided_grammar": 'root ::= "a" | "b"'}}, '"a"'),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}],
+      "tool_choice": "required"}, "<tool_call>"),
+])
+def test_constraints_reach_the_engine(running, kwargs, grammar_has) -> None:
+    client = openai_client(running)
+    client.chat.completions.create(model="fake", messages=TURN[:1], max_tokens=4, **kwargs)
+    params = running.state.client.engine.last_params
+    assert params.grammar is not None and grammar_has in params.grammar
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
+     "response_format: the JSON schema.*strnig"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
+    ({"extra_body": {"guided_regex": "a(b"}}, "guided_regex: "),
+    ({"extra_body": {"guided_grammar": "root ::= undefined"}}, "guided_grammar: "),
+    ({"extra_body": {"guided_choice": []}}, "non-empty"),
+    ({"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a"}},
+     "one output constraint.*response_format, guided_regex"),
+])
+def test_bad_constraints_are_400s_naming_the_field(running, kwargs, needle) -> None:
+    client = openai_client(running)
+    with pytest.raises(openai.BadRequestError, match=needle):
+        client.chat.completions.create(model="fake", messages=TURN[:1], max_tokens=4, **kwargs)
+    with pytest.raises(openai.BadRequestError):  # completions reads the same fields
+        client.completions.create(model="fake", prompt="x", max_tokens=4,
+                                  extra_body={"guided_regex": "a(b"})
