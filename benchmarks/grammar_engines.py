@@ -60,7 +60,6 @@ def greedy_ids(vocab: list[bytes], text: str) -> list[int]:
 
 def bench_llguidance(vocab: list[bytes], steps: int) -> dict[str, float]:
     import llguidance
-    import torch
     from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
     class _Tok:
@@ -87,7 +86,6 @@ def bench_llguidance(vocab: list[bytes], steps: int) -> dict[str, float]:
             times.append(time.perf_counter() - t0)
             assert matcher.consume_token(token), matcher.get_error()
         out[f"mask_{name}_us"] = statistics.median(times) * 1e6
-    del torch
     return out
 
 
