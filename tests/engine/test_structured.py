@@ -84,6 +84,15 @@ def test_json_schema_mask_follows_the_schema() -> None:
     assert st.finished and allowed(st) == {ByteTokenizer.EOS}
 
 
+def test_padded_logits_rows_mask_the_padding() -> None:
+    st = state(GrammarSpec("choice", json.dumps(["a"])))
+    mask = torch.empty((1, mask_words(TOK.vocab_size + 100)), dtype=torch.int32)
+    st.fill(mask, 0)
+    logits = torch.zeros((1, TOK.vocab_size + 100))
+    ref.apply_token_bitmask_ref(logits, mask, torch.tensor([0]))
+    assert torch.nonzero(logits[0] == 0).flatten().tolist() == [ord("a")]
+
+
 def test_choice_and_regex() -> None:
     st = state(GrammarSpec("choice", json.dumps(["yes", "no"])))
     assert allowed(st) == {ord("y"), ord("n")}

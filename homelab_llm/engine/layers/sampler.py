@@ -60,7 +60,9 @@ def _apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
     if not rows:
         return
-    mask = torch.empty((len(rows), mask_words(logits.shape[-1])), dtype=torch.int32)
+    # As wide as the logits (a padded LM head) or the tokenizer, whichever is wider.
+    words = max([mask_words(logits.shape[-1])] + [seqs[row].grammar.words for row in rows])
+    mask = torch.empty((len(rows), words), dtype=torch.int32)
     for i, row in enumerate(rows):
         seqs[row].grammar.fill(mask, i)
     dispatch.apply_token_bitmask(logits, mask, torch.tensor(rows, dtype=torch.long))

@@ -79,12 +79,13 @@ def mask_words(vocab_size: int) -> int:
 class GrammarState:
     matcher: Any
     eos_token_ids: tuple[int, ...]
+    words: int  # mask words the tokenizer's vocabulary fills; a padded LM head has more
     active: bool = True  # False while a reasoning section is still open
 
     @classmethod
     def start(cls, tokenizer: Any, grammar: str, after_think: bool) -> GrammarState:
         return cls(compile_grammar(tokenizer, grammar).deep_copy(), tuple(tokenizer.eos_token_ids),
-                   active=not after_think)
+                   mask_words(tokenizer.vocab_size), active=not after_think)
 
     def fill(self, mask: torch.Tensor, row: int) -> None:
         """Write this sequence's allowed tokens into `mask[row]` (int32 bits, CPU tensor)."""
@@ -96,7 +97,9 @@ class GrammarState:
             for token in self.eos_token_ids:
                 mask[row, token // 32] |= _bit(token % 32)
             return
-        self.matcher.unsafe_compute_mask_ptr(mask[row].data_ptr(), mask.shape[1] * 4)
+        # Tokens past the tokenizer's vocabulary (LM-head padding) are never allowed.
+        mask[row, self.words:].zero_()
+        self.matcher.unsafe_compute_mask_ptr(mask[row].data_ptr(), self.words * 4)
 
     def advance(self, token: int, output_text: str) -> None:
         """The sequence appended `token` (its text is already in `output_text`)."""
