@@ -128,3 +128,20 @@ def test_grammar_waits_for_the_end_of_reasoning() -> None:
         text += ch
         st.advance(ord(ch), text)
     assert allowed(st) == {ord("o")}
+
+
+def test_sampler_masks_constrained_rows_only() -> None:
+    from homelab_llm.engine.layers.sampler import Sampler
+    from homelab_llm.engine.sampling_params import SamplingParams
+    from homelab_llm.engine.sequence import Sequence
+
+    grammar = to_grammar(GrammarSpec("choice", json.dumps(["q"])))
+    rows = []
+    for i, constrained in enumerate((True, False, True)):
+        params = SamplingParams(temperature=0.0, grammar=grammar if constrained else None)
+        s = Sequence(f"r{i}", [1, 2], params, 0.0, max_tokens=4)
+        s.grammar = GrammarState.start(TOK, grammar, False) if constrained else None
+        rows.append(s)
+    logits = torch.zeros((3, TOK.vocab_size))
+    logits[:, ord("z")] = 10.0  # what the model wants; the grammar allows only "q"
+    assert Sampler(TOK.eos_token_ids)(logits, rows).token_ids == [ord("q"), ord("z"), ord("q")]
