@@ -60,7 +60,7 @@ def chat(client: openai.OpenAI, content: str, **kwargs):
 def test_two_turn_tool_conversation(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME],
-                                           tool_choice="required", max_tokens=60, temperature=0)
+                                           tool_choice="required", max_tokens=40, temperature=0)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
@@ -69,7 +69,7 @@ def test_two_turn_tool_conversation(client: openai.OpenAI) -> None:
                   "tool_calls": [call.model_dump(exclude_none=True)]},
                  {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 18, "sky": "clear"}'}]
     second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME],
-                                            max_tokens=12, temperature=0)
+                                            max_tokens=8, temperature=0)
     assert second.choices[0].message.content.strip()  # a final answer, as text
     assert call.function.name in ("get_weather", "get_time") and args
 
@@ -103,7 +103,7 @@ def test_tool_choice_forces_a_valid_call(client: openai.OpenAI, tool_choice) -> 
     want = None if tool_choice == "required" else "get_time"
     def one(seed: int):
         return chat(client, "Hello there!", tools=[WEATHER, TIME], tool_choice=tool_choice,
-                    temperature=0.7, seed=seed, max_tokens=50).choices[0]
+                    temperature=0.7, seed=seed, max_tokens=40).choices[0]
 
     with ThreadPoolExecutor(2) as pool:
         outs = list(pool.map(one, (5, 6)))
@@ -126,20 +126,26 @@ def test_regex_and_choice(client: openai.OpenAI) -> None:
 
 
 def test_streamed_equals_non_streamed(client: openai.OpenAI) -> None:
-    kwargs = dict(tools=[WEATHER], tool_choice="required", temperature=0.7, seed=9, max_tokens=60)
-    whole = chat(client, "Weather in Oslo?", **kwargs).choices[0]
-    chunks = list(chat(client, "Weather in Oslo?", stream=True, **kwargs))
-    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert [(c.function.name, c.function.arguments) for c in calls] == \
-           [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
-    assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "tool_calls"
+    tool_kw = dict(tools=[WEATHER], tool_choice="required", temperature=0.7, seed=9, max_tokens=40)
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
-    text = chat(client, "A person:", response_format=fmt, seed=4, temperature=0.7,
-                max_tokens=70).choices[0].message.content
-    streamed = "".join(c.choices[0].delta.content or "" for c in chat(
-        client, "A person:", response_format=fmt, seed=4, temperature=0.7, max_tokens=70,
-        stream=True) if c.choices)
-    assert streamed == text
+    json_kw = dict(response_format=fmt, seed=4, temperature=0.7, max_tokens=60)
+    jobs = [("Weather in Oslo?", tool_kw, False), ("Weather in Oslo?", tool_kw, True),
+            ("A person:", json_kw, False), ("A person:", json_kw, True)]
+
+    def one(job):  # all four at once: they share decode steps
+        prompt, kwargs, stream = job
+        if not stream:
+            return chat(client, prompt, **kwargs).choices[0]
+        return list(chat(client, prompt, stream=True, **kwargs))
+
+    with ThreadPoolExecutor(4) as pool:
+        whole_call, call_chunks, whole_json, json_chunks = pool.map(one, jobs)
+    calls = [tc for c in call_chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(c.function.name, c.function.arguments) for c in calls] == \
+           [(c.function.name, c.function.arguments) for c in whole_call.message.tool_calls]
+    assert call_chunks[-1].choices[0].finish_reason == whole_call.finish_reason == "tool_calls"
+    streamed = "".join(c.choices[0].delta.content or "" for c in json_chunks if c.choices)
+    assert streamed == whole_json.message.content
 
 
 @pytest.mark.parametrize("body, needle", [
