@@ -23,12 +23,12 @@ MODEL = "smollm2"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 20},
+        "city": {"type": "string", "maxLength": 12},
         "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"],
         "additionalProperties": False}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Local time in a timezone",
-    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 12}},
+    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 8}},
                    "required": ["tz"], "additionalProperties": False}}}
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "pets", "home"],
           "properties": {
@@ -60,7 +60,7 @@ def chat(client: openai.OpenAI, content: str, **kwargs):
 def test_two_turn_tool_conversation(client: openai.OpenAI) -> None:
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER, TIME],
-                                           tool_choice="required", max_tokens=40, temperature=0)
+                                           tool_choice="required", max_tokens=50, temperature=0)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
@@ -103,7 +103,7 @@ def test_tool_choice_forces_a_valid_call(client: openai.OpenAI, tool_choice) -> 
     want = None if tool_choice == "required" else "get_time"
     def one(seed: int):
         return chat(client, "Hello there!", tools=[WEATHER, TIME], tool_choice=tool_choice,
-                    temperature=0.7, seed=seed, max_tokens=40).choices[0]
+                    temperature=0.7, seed=seed, max_tokens=50).choices[0]
 
     with ThreadPoolExecutor(2) as pool:
         outs = list(pool.map(one, (5, 6)))
@@ -126,7 +126,7 @@ def test_regex_and_choice(client: openai.OpenAI) -> None:
 
 
 def test_streamed_equals_non_streamed(client: openai.OpenAI) -> None:
-    tool_kw = dict(tools=[WEATHER], tool_choice="required", temperature=0.7, seed=9, max_tokens=40)
+    tool_kw = dict(tools=[WEATHER], tool_choice="required", temperature=0.7, seed=9, max_tokens=50)
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
     json_kw = dict(response_format=fmt, seed=4, temperature=0.7, max_tokens=60)
     jobs = [("Weather in Oslo?", tool_kw, False), ("Weather in Oslo?", tool_kw, True),
