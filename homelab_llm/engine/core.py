@@ -32,6 +32,7 @@ from homelab_llm.engine.spec.config import parse_speculative_config
 from homelab_llm.engine.spec.drafter import Drafter, make_drafter
 from homelab_llm.engine.spec.stats import SpecDecodeStats
 from homelab_llm.engine.spec.verify import accept, sampler_rows
+from homelab_llm.engine.structured.matcher import GrammarState
 from homelab_llm.errors import HomelabError
 from homelab_llm.load_progress import LOAD
 
@@ -170,6 +171,12 @@ class LLMEngine:
                        arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens)
         seq.seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        if params.grammar is not None:
+            if self.tokenizer is None:
+                raise InvalidPromptError("structured output needs the model's tokenizer")
+            # A lookup when the server compiled it off the loop (engine/structured/matcher.py).
+            seq.grammar = GrammarState.start(self.tokenizer, params.grammar,
+                                             params.grammar_after_think)
         self.outputs.start(seq)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -358,12 +365,13 @@ class LLMEngine:
 
     def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
         """May this step's tokens stay on the device while the next step is launched? Only when
-        nothing needs them on the host first (logprobs, penalties, min_tokens masking)."""
+        nothing needs them on the host first (logprobs, penalties, min_tokens masking, a grammar
+        that must consume the token before it can mask the next one)."""
         if not self._async or self.drafter is not None:  # drafting reads the tokens on the host
             return False
         for seq in seqs:
             p = seq.params
-            if p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
+            if seq.grammar is not None or p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
                 return False
         return True
 

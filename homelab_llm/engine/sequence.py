@@ -11,6 +11,7 @@ from homelab_llm.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # annotations only: a Sequence never needs the cache or tokenizer code loaded
     from homelab_llm.engine.cache.radix import RadixNode
+    from homelab_llm.engine.structured.matcher import GrammarState
     from homelab_llm.engine.tokenizer import IncrementalDetokenizer
 
 
@@ -56,6 +57,7 @@ class Sequence:
     emitted_text_len: int = 0
     emitted_token_count: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    grammar: GrammarState | None = None  # structured output: what may come next
 
     def __post_init__(self) -> None:
         if not self.token_ids:

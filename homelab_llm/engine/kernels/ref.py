@@ -338,3 +338,18 @@ def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Ten
     race = torch.argmax(s - torch.log(exponentials.float()), dim=-1)
     greedy = torch.argmax(logits.float(), dim=-1)
     return torch.where(temperature > 0, race, greedy)
+
+
+def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor,
+                            rows: torch.Tensor) -> None:
+    """Grammar masking, in place: for each i, tokens whose bit is 0 in `bitmask[i]` (int32 words,
+    bit t % 32 of word t // 32) get -inf in `logits[rows[i]]`. Tokens past the mask's last word
+    (a padded logits row) are masked too."""
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], -1)
+    allowed = torch.zeros((bitmask.shape[0], vocab), dtype=torch.bool, device=logits.device)
+    width = min(vocab, bits.shape[1])
+    allowed[:, :width] = bits[:, :width].to(logits.device, torch.bool)
+    sub = logits[rows]
+    logits[rows] = sub.masked_fill(~allowed, float("-inf"))
