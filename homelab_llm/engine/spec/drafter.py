@@ -38,6 +38,10 @@ class Drafter:
             # Decodes, and outputs being recomputed (after a hybrid rollback or a preemption):
             # drafts follow the last token either way.
             room = room_for_drafts(seq, k, self.max_model_len) if seq.num_output_tokens > 0 else 0
+            if seq.grammar is not None:
+                # Grammar masks exist for the current state only; checking drafts against the
+                # grammar (GrammarState.check_draft) is not wired in, so constrained rows decode plainly.
+                room = 0
             seq.spec_token_ids = self.proposer.propose(seq.request_id, seq.token_ids, room) if room else []
 
     def forget(self, seq: Sequence) -> None:

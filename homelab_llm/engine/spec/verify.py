@@ -44,6 +44,13 @@ class DraftRow:
         return self.seq.seed
 
     @property
+    def grammar(self):
+        """A constrained sequence never drafts (drafter.py), so only its offset-0 row exists and
+        the sequence's own grammar state masks it."""
+        assert self.seq.grammar is None or self.offset == 0, "drafts past a grammar state"
+        return self.seq.grammar
+
+    @property
     def num_output_tokens(self) -> int:
         return self.seq.num_output_tokens + self.offset
 
