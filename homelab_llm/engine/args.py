@@ -55,6 +55,11 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.90
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True
+    # Hybrid (Gated DeltaNet) models: the radix cache keeps state snapshots in a bounded pool.
+    # None = 2 x max_num_seqs (a prompt end and an output end per running sequence); 0 = no prefix
+    # reuse on hybrids. Or a byte budget per device instead. Ignored on plain transformers.
+    max_state_snapshots: int | None = None
+    state_snapshot_memory_bytes: int | None = None
     enforce_eager: bool = False
     # Schedule and launch step k+1 while step k's tokens are still on the device (GPU only;
     # falls back per step when a request needs the tokens on the host first).
@@ -86,11 +91,23 @@ class EngineArgs:
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise EngineArgsError(
                 f"--kv-cache-memory-bytes must be positive, got {self.kv_cache_memory_bytes}")
+        self.validate_state_snapshots()
         if self.tensor_parallel_size < 1:
             raise EngineArgsError(
                 f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise EngineArgsError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+
+    def validate_state_snapshots(self) -> None:
+        if self.max_state_snapshots is not None and self.max_state_snapshots < 0:
+            raise EngineArgsError(f"--max-state-snapshots must be >= 0 (0 turns prefix reuse off "
+                                  f"on hybrid models), got {self.max_state_snapshots}")
+        if self.state_snapshot_memory_bytes is not None and self.state_snapshot_memory_bytes < 0:
+            raise EngineArgsError(f"--state-snapshot-memory-bytes must be >= 0, got "
+                                  f"{self.state_snapshot_memory_bytes}")
+        if self.max_state_snapshots is not None and self.state_snapshot_memory_bytes is not None:
+            raise EngineArgsError("--max-state-snapshots and --state-snapshot-memory-bytes both "
+                                  "size the snapshot pool; give only one")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +132,11 @@ class EngineArgs:
                        help="KV cache budget per device, e.g. 2GiB (overrides --gpu-memory-utilization)")
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=d.enable_prefix_caching)
+        g.add_argument("--max-state-snapshots", type=int, default=None,
+                       help="hybrid models: GDN state snapshots the prefix cache keeps per device "
+                            "(default 2 x --max-num-seqs; 0 = no prefix reuse)")
+        g.add_argument("--state-snapshot-memory-bytes", type=parse_bytes, default=None,
+                       help="hybrid models: snapshot pool size per device instead, e.g. 2GiB")
         g.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                        default=d.async_scheduling,

@@ -29,6 +29,10 @@ class ForwardContext:
     seq_lens_host: list[int] | None = None
     # Fixed split count for the decode kernel when replayed from a graph (lengths vary per replay).
     num_kv_splits: int | None = None
+    # Hybrid models: each sequence's state slot (int32 [B], -1 = padding row) and whether it
+    # resumes from the slot's state (bool [B]: num_computed_tokens > 0) or starts from zeros.
+    state_indices: torch.Tensor | None = None
+    has_initial_state: torch.Tensor | None = None
 
 
 _current: ForwardContext | None = None

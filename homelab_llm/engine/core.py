@@ -11,8 +11,10 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.layers.sampler import Sampler
+from homelab_llm.engine.memory import parameter_fields
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_rows
@@ -62,7 +64,9 @@ class LLMEngine:
         pool = self.runner.allocate_kv(self.runner.kv_budget())
         self.max_model_len = self._resolve_max_model_len(pool.tokens_capacity)
         self.runner.capture_graphs(self.max_model_len)
-        self.kv = KVCacheManager(pool, args.enable_prefix_caching)
+        running_slots, snapshot_slots = self.runner.state_slot_counts()
+        state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
@@ -171,7 +175,7 @@ class LLMEngine:
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
         samplers = [item.seq for item in plan.scheduled if item.samples]  # logits rows, in order
-        batch = self.runner.prepare(plan.scheduled)
+        batch = self.runner.prepare(plan.scheduled, plan.copies)
         if self._pending is not None:
             rows = placeholder_rows(plan.scheduled, self._pending)
             if rows[0]:
@@ -250,7 +254,8 @@ class LLMEngine:
         return {
             "config": {**args, "max_model_len": self.max_model_len, "quantization": self.quantization,
                        "dtype": str(self.dtype).removeprefix("torch."),
-                       "device": str(self.device), "architecture": self.model_config.architecture},
+                       "device": str(self.device), "architecture": self.model_config.architecture,
+                       **parameter_fields(self.model_config)},
             "devices": devices,
             "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
                    "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,
@@ -258,7 +263,12 @@ class LLMEngine:
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
-                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0},
+                             "cached_tokens": self.kv.radix.cached_tokens if self.kv.radix else 0,
+                             # Hybrid models: matches resumed from a GDN state snapshot, and
+                             # snapshots held now (0 on a plain transformer).
+                             "state_snapshot_hits": self.kv.radix.snapshot_hits if self.kv.radix else 0,
+                             "state_snapshots_held": (self.kv.state_slots.snapshots_held
+                                                      if self.kv.state_slots else 0)},
             "counters": {"prompt_tokens": self.prompt_tokens_total,
                          "generation_tokens": self.generation_tokens_total,
                          "num_preemptions": self.scheduler.num_preemptions},

@@ -48,6 +48,9 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.page_table = torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+        # Hybrid models: fixed-size state slots; padding rows are -1 (the GDN kernels skip them).
+        self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
+        self.has_initial_state = torch.ones(n, dtype=torch.bool, device=device)
         self.graphs: dict[int, _Graph] = {}
         self.pool = None
         self.memory_bytes = 0
@@ -58,7 +61,8 @@ class DecodeGraphs:
             query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
-            decode_only=True, num_kv_splits=self.num_kv_splits)
+            decode_only=True, num_kv_splits=self.num_kv_splits,
+            state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs])
 
     @torch.inference_mode()
     def capture(self, sizes: list[int]) -> None:
@@ -100,9 +104,12 @@ class DecodeGraphs:
         self.positions[:bs].copy_(ctx.positions)
         self.slot_mapping[:bs].copy_(ctx.slot_mapping)
         self.seq_lens[:bs].copy_(ctx.seq_lens)
+        if ctx.state_indices is not None:
+            self.state_indices[:bs].copy_(ctx.state_indices)
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)  # padding rows write nowhere
             self.seq_lens[bs:size].fill_(1)
+            self.state_indices[bs:size].fill_(-1)  # nor read or write any state
         pages = ctx.page_table.shape[1]
         self.page_table[:bs, :pages].copy_(ctx.page_table)
         self.graphs[size].graph.replay()

@@ -15,17 +15,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
                                          padded_shard)
-from homelab_llm.errors import HomelabError
 
-# Element sizes by every spelling the engine and the CLI use.
-_DTYPE_BYTES: dict[str, int] = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "int8": 1, "fp8": 1, "float8_e4m3fn": 1,
-}
 # int8 KV stores one fp16 scale per token per KV head, for K and for V (kernels/ref.py).
 INT8_KV_SCALE_BYTES = 2
 # W4A16 as the engine stores it (kernels/w4a16_pack.py): 4-bit weights plus an fp16 scale and an
@@ -34,22 +28,6 @@ W4A16_GROUP_SIZE = 128
 GGUF_GROUP_SIZE = 32
 # Sequence lengths whose concurrency `plan` reports (plus max_model_len).
 CONCURRENCY_LENGTHS = (8192, 32768, 131072)
-
-
-class MemoryPlanError(HomelabError, ValueError):
-    """Inputs that cannot make a plan (unknown dtype, no room for the weights, ...)."""
-
-
-def dtype_bytes(name: str) -> int:
-    key = str(name).lower().removeprefix("torch.")
-    if key not in _DTYPE_BYTES:
-        raise MemoryPlanError(f"unknown dtype {name!r}; use one of bfloat16, float16, float32, int8")
-    return _DTYPE_BYTES[key]
-
-
-def resolve_model_dtype(config: ModelConfig, model_dtype: str) -> str:
-    """`auto` means the checkpoint's dtype; float32 checkpoints still run in float32 (as the engine)."""
-    return config.torch_dtype if model_dtype in ("auto", "", None) else model_dtype
 
 
 def check_tp_shapes(config: ModelConfig, tp_size: int) -> None:
@@ -148,7 +126,86 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
-    return config.num_hidden_layers * layer + embed + lm_head + h * size  # + final norm
+    total = config.num_hidden_layers * layer + embed + lm_head + h * size  # + final norm
+    return total + moe_weight_delta(config, size, method, group, tp_size)
+
+
+# -- mixture of experts (layers/moe.py): every expert resident, each one's width split over ranks
+# (sharding.required_splits refuses a width the ranks do not divide) --
+
+def _gated_mlp_bytes(hidden: int, inter_local: int, size: int, method: str | None, group: int) -> int:
+    return (_linear_bytes(hidden, 2 * inter_local, size, method, group)
+            + _linear_bytes(inter_local, hidden, size, method, group))
+
+
+def moe_layer_mlp_bytes(config: ModelConfig, size: int, method: str | None, group: int,
+                        tp_size: int) -> int:
+    """One sparse layer's MLP on one rank: the router (replicated, model dtype), all experts'
+    shards, and the shared expert with its gate."""
+    h = config.hidden_size
+    total = config.num_experts * h * size
+    total += config.num_experts * _gated_mlp_bytes(h, config.moe_intermediate_size // tp_size,
+                                                   size, method, group)
+    if config.has_shared_expert:
+        total += _gated_mlp_bytes(h, config.shared_expert_intermediate_size // tp_size, size,
+                                  method, group) + h * size
+    return total
+
+
+def moe_weight_delta(config: ModelConfig, size: int, method: str | None, group: int,
+                     tp_size: int) -> int:
+    """What the sparse layers add over the dense-MLP count weight_bytes starts from."""
+    if not config.is_moe:
+        return 0
+    dense = _gated_mlp_bytes(config.hidden_size, config.intermediate_size // tp_size, size, method, group)
+    return len(config.moe_layers) * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
+
+
+def moe_activation_bytes(config: ModelConfig, tokens: int, size: int, tp_size: int) -> int:
+    """A sparse MLP's transient peak: per (token, pick) slot the expert activation and output row,
+    fp32 router logits/probabilities, and the sort buffers (kernels/fused_moe.py)."""
+    if not config.is_moe:
+        return 0
+    slots = tokens * config.num_experts_per_tok
+    inter = config.moe_intermediate_size // tp_size
+    return (slots * (inter + config.hidden_size) * size + 2 * tokens * config.num_experts * 4
+            + 3 * (slots + config.num_experts * 64) * 4 + 2 * tokens * config.hidden_size * size)
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    total: int  # every parameter (all experts)
+    active: int  # those one token reads: all but the experts it was not routed to
+
+
+def parameter_count(config: ModelConfig) -> ParameterCount:
+    """Parameters of the whole model and those active per token (k of E experts per layer).
+    Embedding rows count in both (as model cards count them)."""
+    h, d = config.hidden_size, config.head_dim
+    attn = h * (config.num_attention_heads + 2 * config.num_key_value_heads) * d
+    attn += config.num_attention_heads * d * h + 2 * h
+    if config.qk_norm:
+        attn += 2 * d
+    dense_mlp = 3 * h * config.intermediate_size
+    embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
+    total = active = config.num_hidden_layers * attn + embed
+    sparse = set(config.moe_layers)
+    expert = 3 * h * config.moe_intermediate_size
+    shared = (3 * h * config.shared_expert_intermediate_size + h) if config.has_shared_expert else 0
+    for layer in range(config.num_hidden_layers):
+        if layer in sparse:
+            total += config.num_experts * (h + expert) + shared
+            active += config.num_experts * h + config.num_experts_per_tok * expert + shared
+        else:
+            total += dense_mlp
+            active += dense_mlp
+    return ParameterCount(total, active)
+
+
+def parameter_fields(config: ModelConfig) -> dict[str, int]:
+    """/v1/status engine-config keys: parameters and active_parameters (per token)."""
+    count = parameter_count(config)
+    return {"parameters": count.total, "active_parameters": count.active}
 
 
 def rope_table_bytes(config: ModelConfig) -> int:
@@ -179,7 +236,7 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     inter = -(-config.intermediate_size // tp_size)
     attention_phase = 2 * h + (q + 2 * kv) + q + h
     mlp_phase = 2 * h + 2 * inter + inter + h
-    hidden = t * max(attention_phase, mlp_phase) * size
+    hidden = max(t * max(attention_phase, mlp_phase) * size, moe_activation_bytes(config, t, size, tp_size))
     rows = min(t, max(int(max_num_seqs), 1))
     vocab_shard = padded_shard(config.vocab_size, tp_size, 0)[1]
     # local shard + gathered logits + one float32 working copy in the sampler (softmax/top-p)

@@ -1,5 +1,6 @@
-"""ModelRunner: one per rank. Loads the model, sizes and binds the KV cache from measured memory,
-turns a scheduled step into batch tensors and a ForwardContext, and runs the forward."""
+"""ModelRunner: one per rank. Loads the model, sizes and binds the KV cache from measured memory
+(and, on hybrid models, the Gated DeltaNet state pool before it), turns a scheduled step into batch
+tensors and a ForwardContext, and runs the forward."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs
 from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
+from homelab_llm.engine.cache.state_layout import StateLayout
+from homelab_llm.engine.cache.copies import CacheCopies
+from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.scheduler import ScheduledSeq
@@ -37,6 +41,7 @@ class MemorySplit:
     activations_peak: int = 0
     graphs: int = 0
     kv_cache: int = 0
+    state: int = 0  # hybrid models' running states + prefix snapshots
     other: int = 0
     free: int = 0
     notes: list[str] = field(default_factory=list)
@@ -44,7 +49,8 @@ class MemorySplit:
     def as_dict(self) -> dict[str, int | str]:
         return {"name": self.name, "total": self.total, "weights": self.weights,
                 "activations_peak": self.activations_peak, "graphs": self.graphs,
-                "kv_cache": self.kv_cache, "other": self.other, "free": self.free}
+                "kv_cache": self.kv_cache, "state": self.state, "other": self.other,
+                "free": self.free}
 
 
 def _cpu_memory() -> tuple[int, int]:
@@ -90,12 +96,38 @@ class ModelRunner:
         self.pool: PagePool | None = None
         self.graphs = None  # DecodeGraphs once captured
         self.stager = HostStager(device)
+        self.state_pool = self._allocate_states()
+
+    # -- hybrid state -------------------------------------------------------------------------
+    def state_slot_counts(self) -> tuple[int, int]:
+        """(running slots, snapshot slots) of the state pool; (0, 0) on a plain transformer."""
+        if not self.config.is_hybrid:
+            return 0, 0
+        a = self.args
+        layout = self.state_layout()
+        return a.max_num_seqs, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
+                                                      a.state_snapshot_memory_bytes,
+                                                      a.enable_prefix_caching)
+
+    def state_layout(self) -> StateLayout:
+        return StateLayout.for_model(self.config, self.tp_size, str(self.dtype).removeprefix("torch."))
+
+    def _allocate_states(self) -> StatePool | None:
+        """Hybrid models: the state slots, allocated before the KV cache is sized so the KV
+        budget sees them as used; bound to the model's GDN layers."""
+        if not self.config.is_hybrid:
+            return None
+        pool = StatePool(self.state_layout(), sum(self.state_slot_counts()), self.device, self.dtype)
+        for layer, conv, ssm in zip(self.model.gdn_layers, pool.conv_states, pool.ssm_states):
+            layer.conv_state, layer.ssm_state = conv, ssm
+        self.memory.state = pool.memory_bytes
+        return pool
 
     # -- KV sizing ----------------------------------------------------------------------------
     def kv_layout(self) -> KVLayout:
         c = self.config
         return KVLayout(
-            num_layers=c.num_hidden_layers,
+            num_layers=len(self.model.attention_layers),  # hybrids: full-attention layers only
             num_kv_heads=self.model.attention_layers[0].num_kv_heads,  # this rank's share
             head_dim=c.head_dim,
             page_size=self.page_size,
@@ -112,7 +144,7 @@ class ModelRunner:
         page_table = [list(range(pages))]
         batch = self._build(input_ids=[0] * n, positions=list(range(n)),
                             slot_mapping=list(range(n)), query_lens=[n], seq_lens=[n],
-                            page_table=page_table, logits_rows=[n - 1])
+                            page_table=page_table, logits_rows=[n - 1], state_indices=[0])
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
@@ -136,7 +168,7 @@ class ModelRunner:
             if self.args.kv_cache_memory_bytes is not None:
                 return self.args.kv_cache_memory_bytes
             budget = int(total * self.args.gpu_memory_utilization) - (
-                m.weights + m.activations_peak + self._graph_reserve() + m.other)
+                m.weights + m.state + m.activations_peak + self._graph_reserve() + m.other)
             return max(0, budget)
         total, available = _cpu_memory()
         m.total = total
@@ -189,7 +221,7 @@ class ModelRunner:
         else:
             total, available = _cpu_memory()
             m.total, m.free = total, available
-            m.other = max(0, _rss_peak() - m.weights - m.kv_cache)
+            m.other = max(0, _rss_peak() - m.weights - m.kv_cache - m.state)
 
     def bind_kv(self, pool: PagePool) -> None:
         for i, attn in enumerate(self.model.attention_layers):
@@ -210,6 +242,7 @@ class ModelRunner:
         if getattr(self, "model", None) is not None:
             self.unbind_kv()
         self.pool = None
+        self.state_pool = None
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
@@ -218,8 +251,8 @@ class ModelRunner:
         self.release()
 
     # -- one step -----------------------------------------------------------------------------
-    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
-        return self.batch_from_plan(*build_plan(scheduled, self.page_size))
+    def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
+        return self.batch_from_plan(*build_plan(scheduled, self.page_size, copies=copies))
 
     def batch_from_plan(self, header: PlanHeader, payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
@@ -233,13 +266,19 @@ class ModelRunner:
 
     def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
                query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
-               logits_rows: list[int]) -> StepBatch:
+               logits_rows: list[int], state_indices: list[int] | None = None) -> StepBatch:
         return self.batch_from_plan(*plan_from_lists(input_ids, positions, slot_mapping, query_lens,
-                                                     seq_lens, page_table, logits_rows))
+                                                     seq_lens, page_table, logits_rows, state_indices))
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits (float32) for the rows that sample this step."""
+        copies = batch.copies
+        if copies.kv:
+            self.pool.copy_slots(copies.kv.src, copies.kv.dst)
+        if copies.state:
+            assert self.state_pool is not None, "state copies on a model without GDN layers"
+            self.state_pool.copy(copies.state.src, copies.state.dst)
         if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
             return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):

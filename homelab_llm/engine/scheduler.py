@@ -9,9 +9,10 @@ prefix cache) and it waits at the front of the queue to be recomputed. Nothing i
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.sequence import Sequence, SequenceStatus
 
 
@@ -36,6 +37,8 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
+    # KV rows and (hybrid models) state slots to copy before this step's forward.
+    copies: CacheCopies = field(default_factory=CacheCopies)
 
     @property
     def num_tokens(self) -> int:
@@ -97,13 +100,14 @@ class Scheduler:
                     self.kv.free(seq, cache=False)
                     break
             self.waiting.popleft()
+            self.kv.assign_state_slot(seq)
             self.kv.record_admission(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, n))
             taken.add(id(seq))
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, self.kv.copies.take())
 
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
         free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size

@@ -34,6 +34,9 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     cache_node: RadixNode | None = None  # radix node locked while this sequence relies on its path
+    # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet
+    # state after token_ids[:num_computed_tokens]; -1 while it has none.
+    state_slot: int = -1
     num_preemptions: int = 0
     admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None

@@ -62,11 +62,21 @@ class HeadSplit(Split):
 
 def required_splits(config: ModelConfig) -> list[Split]:
     """Every dimension this model's layers split over the ranks (add a family's splits here)."""
-    return [
+    splits = [
         HeadSplit("attention heads", config.num_attention_heads, config.num_key_value_heads),
         Split("MLP intermediate size", config.intermediate_size),
         PaddedSplit("vocabulary", config.vocab_size),
     ]
+    if config.is_hybrid:  # Gated DeltaNet key and value heads (and their conv channels)
+        splits += [Split("linear-attention key heads", config.linear_num_key_heads),
+                   Split("linear-attention value heads", config.linear_num_value_heads)]
+    if config.is_moe:  # every expert's intermediate dim (no expert parallelism)
+        splits.append(Split("expert intermediate size (moe_intermediate_size)",
+                            config.moe_intermediate_size))
+        if config.has_shared_expert:
+            splits.append(Split("shared expert intermediate size",
+                                config.shared_expert_intermediate_size))
+    return splits
 
 
 def tp_size_problems(config: ModelConfig, tp_size: int) -> list[str]:

@@ -6,16 +6,18 @@ device tensors with a single host-to-device copy from pinned memory. Building fr
 is what keeps the ranks' batches identical.
 
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
-page_table[B * P] logits_rows[R].
+page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
+slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields, replace
+from dataclasses import astuple, dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
 
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.context import ForwardContext
 
 if TYPE_CHECKING:
@@ -61,13 +63,17 @@ class StepBatch:
     context: ForwardContext
     num_tokens: int
     plan: tuple[PlanHeader, torch.Tensor] | None = None  # the words it was made from (TP sends them)
+    # KV rows and state slots every rank copies, in order, before the forward.
+    copies: CacheCopies = field(default_factory=CacheCopies)
     # Async scheduling under TP: (input rows, pending rows, pending tokens) the other ranks need.
     patch: tuple[list[int], list[int], torch.Tensor] | None = None
 
 
 def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: list[int],
                     query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
-                    logits_rows: list[int]) -> tuple[PlanHeader, torch.Tensor]:
+                    logits_rows: list[int], state_indices: list[int] | None = None,
+                    has_initial_state: list[int] | None = None,
+                    copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
     b = len(query_lens)
     max_pages = max((len(p) for p in page_table), default=1) or 1
     starts = [0]
@@ -77,7 +83,10 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
     for pages in page_table:
         table.extend(pages)
         table.extend([0] * (max_pages - len(pages)))
-    words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows
+    state = (state_indices if state_indices is not None else [-1] * b) + (
+        has_initial_state if has_initial_state is not None else [0] * b)
+    state += (copies or CacheCopies()).words()
+    words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows + state
     payload = torch.tensor(words, dtype=torch.long)
     header = PlanHeader(CMD_STEP, len(input_ids), b, max_pages, len(logits_rows),
                         all(q == 1 for q in query_lens), max(query_lens, default=0),
@@ -85,8 +94,9 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
     return header, payload
 
 
-def build_plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[PlanHeader, torch.Tensor]:
-    """The plan of a scheduled step."""
+def build_plan(scheduled: list[ScheduledSeq], page_size: int,
+               copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
+    """The plan of a scheduled step (scheduler.ScheduledSeq items) and its cache copies."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -94,6 +104,8 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[PlanHeade
     lens: list[int] = []
     tables: list[list[int]] = []
     rows: list[int] = []
+    state_slots: list[int] = []
+    has_initial: list[int] = []
     for item in scheduled:
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
@@ -106,7 +118,10 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int) -> tuple[PlanHeade
         tables.append(pt)
         if item.samples:
             rows.append(len(ids) - 1)
-    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows)
+        state_slots.append(seq.state_slot)
+        has_initial.append(int(start > 0))
+    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial,
+                           copies)
 
 
 class HostStager:
@@ -144,11 +159,12 @@ class HostStager:
 def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.device, page_size: int,
                     stager: HostStager | None = None) -> StepBatch:
     t, b, max_pages = header.num_tokens, header.num_seqs, header.max_pages
-    sizes = [t, t, t, b + 1, b, b * max_pages, header.num_logits]
+    sizes = [t, t, t, b + 1, b, b * max_pages, header.num_logits, b, b]
+    sizes.append(payload.numel() - sum(sizes))  # the cache copies
     host_parts = torch.split(payload, sizes)
     starts = host_parts[3].tolist()
     dev_payload = stager.upload(payload) if stager is not None else payload.to(device)
-    ids, pos, slots, qsl, lens, table, logits_idx = torch.split(dev_payload, sizes)
+    ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, _ = torch.split(dev_payload, sizes)
     ctx = ForwardContext(
         positions=pos, slot_mapping=slots,
         query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
@@ -156,6 +172,7 @@ def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.dev
         max_query_len=header.max_query_len, max_seq_len=header.max_seq_len, page_size=page_size,
         decode_only=header.decode_only,
         query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
-        seq_lens_host=host_parts[4].tolist())
+        seq_lens_host=host_parts[4].tolist(),
+        state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool))
     return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
-                     plan=(header, payload))
+                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[9].tolist()))

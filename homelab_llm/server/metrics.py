@@ -67,6 +67,12 @@ def render_metrics(engine_status: dict[str, Any], stats: ServerStats, model_name
              "Prompt tokens looked up in the prefix cache.", prefix.get("query_tokens", 0))
     w.scalar("prefix_cache_hits_total", "counter",
              "Prompt tokens served from the prefix cache.", prefix.get("hit_tokens", 0))
+    w.scalar("prefix_cache_state_snapshot_hits_total", "counter",
+             "Hybrid models: prefix matches resumed from a recurrent-state snapshot.",
+             prefix.get("state_snapshot_hits", 0))
+    w.scalar("prefix_cache_state_snapshots", "gauge",
+             "Hybrid models: recurrent-state snapshots held by the prefix cache.",
+             prefix.get("state_snapshots_held", 0))
     w.scalar("num_preemptions_total", "counter", "Preemptions of running requests.",
              num_preemptions(engine_status))
     w.scalar("prompt_tokens_total", "counter", "Prompt tokens processed.", stats.prompt_tokens_total)

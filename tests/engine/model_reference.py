@@ -140,6 +140,46 @@ def load_ours(path: Path | str, load_format: str = "auto", dtype: torch.dtype = 
     return config, load_model(config, path, load_format, dtype, torch.device("cpu"))
 
 
+
+# -- two-rank (gloo) forwards for the TP tests ---------------------------------------------------
+
+def chunked_logits(model, prompt: list[int], decode: list[int]) -> torch.Tensor:
+    """Logits of a prompt prefilled in two chunks (the second starts mid-page), then decode steps."""
+    harness = PagedHarness(model, page_size=4)
+    logits = [harness.step({"s": prompt[:5]}), harness.step({"s": prompt[5:]})]
+    logits += [harness.step({"s": [t]}) for t in decode]
+    return torch.cat(logits)
+
+
+def gloo_rank_logits(rank: int, folder: str, init_file: str, out_file: str, prompt: list[int],
+                     decode: list[int]) -> None:
+    """mp.spawn target: load `folder` as rank `rank` of 2 and run chunked_logits; rank 0 saves
+    them. Every rank runs the forward: the collectives need both."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        from homelab_llm.engine.model.loader import load_model, load_model_config
+
+        config = load_model_config(folder)
+        model = load_model(config, folder, "auto", torch.float32, "cpu", tp_rank=rank, tp_size=2)
+        logits = chunked_logits(model, prompt, decode)
+        if rank == 0:
+            torch.save(logits, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def two_rank_logits(folder: Path, work: Path, prompt: list[int], decode: list[int]) -> torch.Tensor:
+    """Rank 0's chunked_logits of `folder` loaded over two gloo ranks (spawned and reaped here)."""
+    import torch.multiprocessing as mp
+
+    out = work / "rank0.pt"
+    mp.spawn(gloo_rank_logits, args=(str(folder), str(work / "rendezvous"), str(out), prompt, decode),
+             nprocs=2, join=True)
+    return torch.load(out)
+
 # -- GGUF files for tests ----------------------------------------------------------------------
 _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight",
                "post_attention_layernorm.weight": "ffn_norm.weight",

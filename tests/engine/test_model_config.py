@@ -106,3 +106,37 @@ def test_shipped_model_configs(model_configs_dir, name, shape):
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
             cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size) == shape
     assert json.loads(path.read_text())["model_type"] == cfg.architecture
+
+
+QWEN35_TEXT = dict(model_type="qwen3_5_text", vocab_size=128, hidden_size=64, intermediate_size=96,
+                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                   linear_value_head_dim=8, linear_conv_kernel_dim=4)
+
+
+def test_qwen3_5_transformers5_layout_with_text_config():
+    rope = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10], "mrope_interleaved": True}
+    raw = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+           "tie_word_embeddings": True, "vision_config": {"depth": 2},
+           "text_config": {**QWEN35_TEXT, "rope_parameters": rope, "mamba_ssm_dtype": "float32",
+                           "full_attention_interval": 2, "eos_token_id": 5}}
+    cfg = config_from_hf(raw)
+    assert cfg.architecture == "qwen3_5" and cfg.is_hybrid and cfg.tie_word_embeddings
+    assert cfg.layer_types == ("linear_attention", "full_attention") * 2
+    assert cfg.full_attention_layers == (1, 3) and cfg.linear_attention_layers == (0, 2)
+    assert cfg.rope_theta == 1e7 and cfg.rope_scaling is None and cfg.partial_rotary_factor == 0.25
+    assert cfg.qk_norm and cfg.attn_output_gate and cfg.state_dtype == "float32"
+    assert cfg.linear_conv_dim == 2 * 16 + 32 and cfg.eos_token_ids == (5,)
+
+
+def test_qwen3_5_old_layout_and_bad_layer_type():
+    old = config_from_hf({**QWEN35_TEXT, "rope_theta": 5e6, "partial_rotary_factor": 0.5,
+                          "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]},
+                          "layer_types": ["linear_attention"] * 3 + ["full_attention"]})
+    assert old.rope_theta == 5e6 and old.partial_rotary_factor == 0.5 and old.rope_scaling is None
+    assert old.full_attention_layers == (3,)
+    with pytest.raises(UnsupportedModelError, match="layer type 'sliding_attention'"):
+        config_from_hf({**QWEN35_TEXT, "layer_types": ["sliding_attention"] * 4})
+    with pytest.raises(ModelLoadError, match="linear_num_value_heads"):
+        config_from_hf({**QWEN35_TEXT, "linear_num_value_heads": 3})

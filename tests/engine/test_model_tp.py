@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.layers.embedding import VocabParallelEmbedding
@@ -20,7 +19,7 @@ from homelab_llm.engine.layers.linear import (
 )
 from homelab_llm.engine.model.config import UnsupportedModelError
 from homelab_llm.engine.sharding import head_shard
-from model_reference import PagedHarness, load_ours, make_hf_model
+from model_reference import chunked_logits, load_ours, make_hf_model, two_rank_logits
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5]
 DECODE = [35, 89, 79]
@@ -84,36 +83,13 @@ def test_weight_loaders_split_and_cover_the_full_tensors(two_ranks):
     assert torch.equal(torch.cat(got["vocab"])[:7], vocab) and not got["vocab"][1][3].any()
 
 
-def _rank_main(rank: int, folder: str, init_file: str, out_file: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        from homelab_llm.engine.model.loader import load_model, load_model_config
-
-        config = load_model_config(folder)
-        model = load_model(config, folder, "auto", torch.float32, "cpu", tp_rank=rank, tp_size=2)
-        harness = PagedHarness(model, page_size=4)
-        logits = [harness.step({"s": PROMPT[:5]}), harness.step({"s": PROMPT[5:]})]
-        logits += [harness.step({"s": [t]}) for t in DECODE]
-        if rank == 0:
-            torch.save(torch.cat(logits), out_file)
-    finally:
-        dist.destroy_process_group()
-
-
 def test_two_rank_forward_equals_one_rank(tmp_path):
     folder = tmp_path / "model"
     make_hf_model("llama", folder, num_attention_heads=9, num_key_value_heads=3,
                   hidden_size=144, tie_word_embeddings=True,
                   rope_parameters=dict(rope_type="default", rope_theta=10000.0))
     _, single = load_ours(folder)
-    harness = PagedHarness(single, page_size=4)
-    expected = [harness.step({"s": PROMPT[:5]}), harness.step({"s": PROMPT[5:]})]
-    expected += [harness.step({"s": [t]}) for t in DECODE]
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_rank_main, args=(str(folder), str(tmp_path / "rendezvous"), str(out)), nprocs=2,
-             join=True)
-    torch.testing.assert_close(torch.load(out), torch.cat(expected), atol=1e-4, rtol=0)
+    expected = chunked_logits(single, PROMPT, DECODE)
+    got = two_rank_logits(folder, tmp_path, PROMPT, DECODE)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
     assert parallel.tp_size() == 1  # the parent's state was never touched

@@ -34,6 +34,14 @@ def write_kv(kv: KVCacheManager, seq: Sequence, upto: int) -> None:
     seq.num_computed_tokens = upto
 
 
+def match(kv: KVCacheManager, seq: Sequence) -> None:
+    """Admission's prefix match, then the KV copies it queued (the runner runs them before the
+    next forward)."""
+    kv.match_prefix(seq)
+    copies = kv.copies.take()
+    kv.pool.copy_slots(copies.kv.src, copies.kv.dst)
+
+
 def slot_values(kv: KVCacheManager, slots: list[int]) -> list[int]:
     flat = kv.pool.k_caches[0].view(-1)
     return [int(flat[s]) for s in slots]
@@ -79,7 +87,7 @@ def test_random_operations_keep_counts_consistent(operations) -> None:
     for i, (op, arg) in enumerate(operations):
         if op == "add":
             seq = Sequence(f"r{i}", list(arg), SamplingParams(), 0.0, max_tokens=4)
-            kv.match_prefix(seq)
+            match(kv, seq)
             matched = seq.num_computed_tokens
             assert matched <= len(arg) - 1
             if kv.ensure_pages(seq, len(arg)):
@@ -109,7 +117,7 @@ def test_random_operations_keep_counts_consistent(operations) -> None:
 def test_match_is_token_granular_and_copies_the_partial_page() -> None:
     kv = make_manager(num_pages=16)
     first = Sequence("a", list(range(1, 12)), SamplingParams(), 0.0, max_tokens=4)  # 11 tokens
-    kv.match_prefix(first)
+    match(kv, first)
     kv.record_admission(first)
     kv.record_admission(first)  # counted once
     assert kv.ensure_pages(first, first.num_tokens)
@@ -118,7 +126,7 @@ def test_match_is_token_granular_and_copies_the_partial_page() -> None:
 
     # Shares 10 tokens: pages 0-1 full (8 tokens) + 2 tokens of page 2.
     second = Sequence("b", list(range(1, 11)) + [99, 98], SamplingParams(), 0.0, max_tokens=4)
-    kv.match_prefix(second)
+    match(kv, second)
     kv.record_admission(second)
     assert second.num_computed_tokens == 10 and second.num_cached_tokens == 10
     assert second.page_table[:2] == first.page_table[:2], "full pages are shared, not copied"
@@ -132,12 +140,12 @@ def test_match_is_token_granular_and_copies_the_partial_page() -> None:
 def test_match_leaves_one_token_to_compute() -> None:
     kv = make_manager(num_pages=8)
     seq = Sequence("a", [5, 6, 7, 8], SamplingParams(), 0.0, max_tokens=4)
-    kv.match_prefix(seq)
+    match(kv, seq)
     kv.ensure_pages(seq, 4)
     write_kv(kv, seq, 4)
     kv.free(seq)
     again = Sequence("b", [5, 6, 7, 8], SamplingParams(), 0.0, max_tokens=4)
-    kv.match_prefix(again)
+    match(kv, again)
     assert again.num_computed_tokens == 3
 
 
@@ -145,12 +153,12 @@ def test_eviction_spares_locked_paths_and_pages_in_use() -> None:
     kv = make_manager(num_pages=6)
     radix: RadixCache = kv.radix
     a = Sequence("a", [1, 2, 3, 4, 5, 6, 7, 8, 9], SamplingParams(), 0.0, max_tokens=4)
-    kv.match_prefix(a)
+    match(kv, a)
     kv.ensure_pages(a, a.num_tokens)
     write_kv(kv, a, a.num_tokens)
     kv.free(a)  # cached, unlocked
     b = Sequence("b", [1, 2, 3, 4, 5, 6, 7, 8, 1], SamplingParams(), 0.0, max_tokens=4)
-    kv.match_prefix(b)  # locks the 8-token path
+    match(kv, b)  # locks the 8-token path
     kv.ensure_pages(b, b.num_tokens)
     write_kv(kv, b, b.num_tokens)
     radix.evict(kv.pool.num_pages)  # asks for everything

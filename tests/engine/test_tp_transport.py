@@ -48,9 +48,10 @@ def test_host_plan_equals_runner_prepare(tmp_path: Path) -> None:
             e.add_request(f"r{i}", p, SamplingParams(max_tokens=4, ignore_eos=True))
         prepare, seen = e.runner.prepare, []
 
-        def checked(scheduled):
-            batch = prepare(scheduled)
-            _same_batch(e.runner.batch_from_plan(*build_plan(scheduled, e.runner.page_size)), batch)
+        def checked(scheduled, copies=None):
+            batch = prepare(scheduled, copies)
+            _same_batch(e.runner.batch_from_plan(*build_plan(scheduled, e.runner.page_size, copies)),
+                        batch)
             seen.append(batch.context.decode_only)
             return batch
 

@@ -102,9 +102,11 @@ _SAME_INPUT = {"self_attn.q_proj": "attn", "self_attn.k_proj": "attn", "self_att
 
 def write_checkpoints(hf, root: Path, quant_config: dict[str, Any], packing: str, group: int,
                       sym: bool, dense: set[str] = frozenset(), act_order: str | None = None,
-                      groups_by_module: dict[str, int] | None = None) -> tuple[Path, Path]:
+                      groups_by_module: dict[str, int] | None = None,
+                      linears: tuple[str, ...] = LINEARS) -> tuple[Path, Path]:
     """(quantized folder, reference folder) for `hf`; modules in `dense` stay plain fp32.
-    act_order: None, "shared" (g_idx per input, as GPTQ makes it) or "independent" (per module)."""
+    act_order: None, "shared" (g_idx per input, as GPTQ makes it) or "independent" (per module).
+    linears: the module names (after `model.layers.N.`) that are quantized."""
     from safetensors.torch import save_file
 
     quant_dir, ref_dir = root / "quant", root / "ref"
@@ -116,7 +118,7 @@ def write_checkpoints(hf, root: Path, quant_config: dict[str, Any], packing: str
     quant_state, ref_state = {}, {}
     for name, tensor in state.items():
         module = name.removesuffix(".weight")
-        is_linear = name.endswith(".weight") and module.split(".", 3)[-1] in LINEARS
+        is_linear = name.endswith(".weight") and module.split(".", 3)[-1] in linears
         if not is_linear or module in dense:
             quant_state[name] = ref_state[name] = tensor
             continue

@@ -1,12 +1,18 @@
 """KVCacheManager: gives sequences pages, shares prefixes through the radix cache, takes pages back.
 
-The scheduler decides who runs; this decides where their K/V live.
+The scheduler decides who runs; this decides where their K/V live. On hybrid models (Gated
+DeltaNet layers) it also gives each running sequence a state slot, restores a matched prefix's
+state from the radix cache's snapshot and snapshots the state whenever tokens are cached; those
+copies (KV rows of a partially matched page, state slots) queue in `copies` for the next step's
+plan (cache/copies.py): every rank runs them before that step's forward.
 """
 
 from __future__ import annotations
 
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.cache.radix import RadixCache
+from homelab_llm.engine.cache.copies import CacheCopies
+from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.sequence import Sequence
 
 
@@ -15,10 +21,15 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, pool: PagePool, enable_prefix_caching: bool) -> None:
+    def __init__(self, pool: PagePool, enable_prefix_caching: bool,
+                 state_slots: StateSlots | None = None) -> None:
         self.pool = pool
         self.page_size = pool.page_size
-        self.radix = RadixCache(pool) if enable_prefix_caching else None
+        self.state_slots = state_slots
+        self.copies = CacheCopies()
+        snapshots = state_slots if state_slots is not None and state_slots.num_snapshots else None
+        caching = enable_prefix_caching and (state_slots is None or snapshots is not None)
+        self.radix = RadixCache(pool, snapshots) if caching else None
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
 
@@ -54,15 +65,29 @@ class KVCacheManager:
                 base = len(page_table) * self.page_size
                 dst = [page * self.page_size + (base + i) % self.page_size
                        for i in range(len(entry))]
-                self.pool.copy_slots(entry, dst)
+                self.copies.kv.extend(entry, dst)
                 page_table.append(page)
             else:
                 self.pool.incref([entry])
                 page_table.append(entry)
         matched = min(match.length, len(page_table) * self.page_size)
+        if self.state_slots is not None and matched < match.length:
+            # The state snapshot sits at the match end only: a shorter KV prefix is no use.
+            self.pool.decref(page_table)
+            self.radix.unlock(match.node)
+            return
         seq.page_table = page_table
         seq.num_computed_tokens = matched
         seq.cache_node = match.node
+        if self.state_slots is not None:
+            self.assign_state_slot(seq)
+            self.copies.state.add(match.node.snapshot, seq.state_slot)
+            self.radix.snapshot_hits += 1
+
+    def assign_state_slot(self, seq: Sequence) -> None:
+        """Hybrid models: a running state slot for a sequence about to run (idempotent)."""
+        if self.state_slots is not None and seq.state_slot < 0:
+            seq.state_slot = self.state_slots.alloc_running()
 
     def record_admission(self, seq: Sequence) -> None:
         """Count a request's prefix lookup once, when it is first admitted (not on retries of a
@@ -106,6 +131,12 @@ class KVCacheManager:
         ps = self.page_size
         slots = [seq.page_table[i // ps] * ps + i % ps for i in range(n)]
         self.radix.insert(seq.token_ids[:n], slots)
+        if self.state_slots is not None and seq.state_slot >= 0 and len(seq.token_ids) >= n:
+            # The running slot holds the state after exactly these n tokens: keep a copy there.
+            node = self.radix.node_at(seq.token_ids[:n])
+            snapshot = self.radix.attach_snapshot(node) if node is not None else None
+            if snapshot is not None:
+                self.copies.state.add(seq.state_slot, snapshot)
 
     def free(self, seq: Sequence, cache: bool = True) -> None:
         if cache:
@@ -116,6 +147,9 @@ class KVCacheManager:
         self.pool.decref(seq.page_table)
         seq.page_table = []
         seq.num_computed_tokens = 0
+        if seq.state_slot >= 0 and self.state_slots is not None:
+            self.state_slots.free_running(seq.state_slot)
+            seq.state_slot = -1
 
     @property
     def tokens_used(self) -> int:

@@ -8,6 +8,12 @@ Ownership: a node holds one reference on every distinct page among its slots. Sp
 whose halves share a page adds a reference, so the pool's counts always equal holders. Eviction
 removes unlocked leaves in least-recently-used order; a page still listed by a running sequence
 keeps that sequence's reference and is never freed under it.
+
+Hybrid models (Gated DeltaNet layers) also need the recurrent state at the point a match ends:
+a node may hold a state snapshot slot (cache/state_pool.py) taken after its last token, and a
+hybrid match stops at the deepest node that has one. Snapshots live in a bounded pool: when it is
+full, the least recently used snapshot of an unlocked node goes (the node keeps its KV); a node
+that is evicted frees its snapshot with it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from homelab_llm.engine.cache.page_pool import PagePool
+from homelab_llm.engine.cache.state_pool import StateSlots
 
 
 @dataclass(eq=False)
@@ -26,6 +33,7 @@ class RadixNode:
     children: dict[int, "RadixNode"] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    snapshot: int | None = None  # state slot holding the GDN state after this node's last token
 
 
 @dataclass
@@ -44,8 +52,10 @@ def _common_prefix(a: list[int], b: list[int], start_b: int) -> int:
 
 
 class RadixCache:
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool: PagePool, snapshots: StateSlots | None = None) -> None:
         self.pool = pool
+        self.snapshots = snapshots  # set on hybrid models: matches must end at a snapshot
+        self.snapshot_hits = 0
         self.page_size = pool.page_size
         self.root = RadixNode(key=[], slots=[], parent=None, lock_ref=1)
         self._clock = 0
@@ -74,7 +84,10 @@ class RadixCache:
 
     # -- queries ------------------------------------------------------------------------------
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
+        """The longest cached prefix of `tokens`; with snapshots (hybrid models), the longest one
+        that ends at a node holding a state snapshot."""
         node, i, slots = self.root, 0, []
+        best = PrefixMatch(length=0, slots=[], node=self.root)
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
@@ -85,7 +98,50 @@ class RadixCache:
             self._touch(child)
             slots.extend(child.slots)
             node, i = child, i + k
-        return PrefixMatch(length=i, slots=slots, node=node)
+            if self.snapshots is None or node.snapshot is not None:
+                best = PrefixMatch(length=i, slots=list(slots), node=node)
+        return best
+
+    def node_at(self, tokens: list[int]) -> RadixNode | None:
+        """The node that ends exactly after `tokens` (split to make one), if they are cached."""
+        node, i = self.root, 0
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                return None
+            k = _common_prefix(child.key, tokens, i)
+            if k < len(child.key):
+                if i + k < len(tokens):
+                    return None
+                child = self._split(child, k)
+            node, i = child, i + k
+        return None if node is self.root else node
+
+    # -- state snapshots (hybrid models) ------------------------------------------------------
+    def attach_snapshot(self, node: RadixNode) -> int | None:
+        """A snapshot slot for `node` (None if it has one already or none can be freed); the
+        caller copies the state into it."""
+        assert self.snapshots is not None
+        if node.snapshot is not None:
+            self._touch(node)
+            return None
+        slot = self.snapshots.alloc_snapshot()
+        if slot is None and self._drop_lru_snapshot():
+            slot = self.snapshots.alloc_snapshot()
+        node.snapshot = slot
+        return slot
+
+    def _drop_lru_snapshot(self) -> bool:
+        held = [n for n in self.nodes() if n.snapshot is not None and n.lock_ref == 0]
+        if not held:
+            return False
+        self._free_snapshot(min(held, key=lambda n: n.last_access))
+        return True
+
+    def _free_snapshot(self, node: RadixNode) -> None:
+        if node.snapshot is not None and self.snapshots is not None:
+            self.snapshots.free_snapshot(node.snapshot)
+        node.snapshot = None
 
     def insert(self, tokens: list[int], slots: list[int]) -> int:
         """Store tokens with their slots; the part already present keeps its slots. Returns the
@@ -134,6 +190,7 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.key[0]]
             self.pool.decref(self._pages(leaf.slots))
+            self._free_snapshot(leaf)
             evicted += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))

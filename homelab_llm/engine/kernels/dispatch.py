@@ -117,6 +117,28 @@ def w4a16_matmul(x: torch.Tensor, weight) -> torch.Tensor:
     return ref.w4a16_matmul_ref(x, weight)
 
 
+def route_topk(router_logits: torch.Tensor, top_k: int,
+               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax top-k router: (weights float32 [T, K], expert ids int32 [T, K]). torch's softmax
+    and topk on every device: [T, E] is tiny next to the expert GEMMs."""
+    from homelab_llm.engine.kernels.moe_ref import route_topk_ref
+
+    return route_topk_ref(router_logits, top_k, renormalize)
+
+
+def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """x [T, H] through the picked experts, router-weighted and summed -> [T, H] in x's dtype.
+    w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 and w2 None (4-bit)."""
+    if use_triton(x):
+        from homelab_llm.engine.kernels.fused_moe import fused_moe as fused_moe_triton
+
+        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+    from homelab_llm.engine.kernels.moe_ref import moe_experts_ref
+
+    return moe_experts_ref(x, w13, w2, topk_weights, topk_ids)
+
+
 def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=None) -> torch.Tensor:
     """Token ids [B] int64, on the device, no host sync (see kernels/sampling.py; `modes` is its
     SampleModes, known on the host, so only the needed passes launch). On the CPU the reference

@@ -33,6 +33,11 @@ def deferred_weights() -> Iterator[None]:
         _defer_weights = previous
 
 
+def weights_deferred() -> bool:
+    """Inside deferred_weights(): layers with large weights build them on the meta device."""
+    return _defer_weights
+
+
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -141,20 +146,24 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(LinearBase):
-    """Several column-parallel outputs in one matmul (gate and up). shard_id = index of the part."""
+    """Several column-parallel outputs in one matmul (gate and up). shard_id = index of the part,
+    or its name when `part_names` are given (Gated DeltaNet's q, k, v, z)."""
 
-    def __init__(self, in_features: int, out_features: list[int], bias: bool = False):
+    def __init__(self, in_features: int, out_features: list[int], bias: bool = False,
+                 part_names: list[str] | None = None):
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.parts = [even_shard(o, self.tp_size, self.tp_rank, "output features")
                       for o in out_features]
+        self.part_names = part_names
         super().__init__(in_features, sum(size for _, size in self.parts), bias)
 
     def part_ids(self) -> list[Any]:
-        return list(range(len(self.parts)))
+        return list(self.part_names) if self.part_names else list(range(len(self.parts)))
 
     def shard_slices(self, param, shard_id):
-        offset = sum(size for _, size in self.parts[:shard_id])
-        start, size = self.parts[shard_id]
+        index = self.part_names.index(shard_id) if self.part_names else shard_id
+        offset = sum(size for _, size in self.parts[:index])
+        start, size = self.parts[index]
         return slice(start, start + size), slice(None), param.data.narrow(0, offset, size)
 
 
@@ -162,11 +171,14 @@ class QKVParallelLinear(LinearBase):
     """q, k and v projections in one matmul; shard_id is "q", "k" or "v". Output: [q | k | v]."""
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-                 bias: bool = False):
+                 bias: bool = False, q_rows_per_head: int | None = None):
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
         self.head_dim = head_dim
+        # A query head may carry more rows than head_dim: Qwen3.5's q_proj gives each head its
+        # query and its output gate side by side (2 * head_dim rows, split after the matmul).
+        self.q_rows = q_rows_per_head or head_dim
         self.heads = head_shard(num_heads, num_kv_heads, self.tp_size, self.tp_rank)
-        self.q_size = self.heads.q_heads * head_dim
+        self.q_size = self.heads.q_heads * self.q_rows
         self.kv_size = self.heads.kv_heads * head_dim
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
 
@@ -176,7 +188,8 @@ class QKVParallelLinear(LinearBase):
     def shard_slices(self, param, shard_id):
         d, h = self.head_dim, self.heads
         if shard_id == "q":
-            rows, offset, size = slice(h.q_start * d, (h.q_start + h.q_heads) * d), 0, self.q_size
+            qd = self.q_rows
+            rows, offset, size = slice(h.q_start * qd, (h.q_start + h.q_heads) * qd), 0, self.q_size
         elif shard_id in ("k", "v"):
             rows = slice(h.kv_start * d, (h.kv_start + h.kv_heads) * d)
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)

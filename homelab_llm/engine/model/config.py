@@ -10,12 +10,20 @@ from typing import Any, Mapping
 
 from homelab_llm.errors import HomelabError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
+                           "qwen3_5_moe")
+# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+# rope_parameters keys that are not part of the scaling dict. Qwen3.5's mrope keys describe the
+# vision positions; text positions are the same on all three axes, which is plain RoPE.
+_ROPE_PARAMS_NOT_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 # HF architectures[0] -> our architecture name, for configs without a model_type we know.
 _HF_ARCHITECTURES = {
@@ -23,7 +31,16 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "qwen3_5",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
 }
+# model_type spellings of one family: the multimodal wrapper and its text part.
+_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+# Wrapper keys that describe the whole checkpoint and win over the text part's copy.
+_WRAPPER_KEYS = ("quantization_config", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
 
 class UnsupportedModelError(HomelabError, ValueError):
@@ -68,6 +85,16 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # share of head_dim that RoPE rotates (0.25 on Qwen3.5)
     attn_output_gate: bool = False  # sigmoid gate on the attention output (q_proj is twice as wide)
     state_dtype: str = "float32"  # recurrent-state dtype (HF mamba_ssm_dtype)
+    # Mixture of experts (Qwen3-MoE, Qwen3.5/3.6-MoE, Qwen3-Next). num_experts 0: dense MLPs only.
+    # A layer is sparse when num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in
+    # mlp_only_layers (HF's rule); other layers keep a dense MLP of intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0  # top-k experts per token
+    moe_intermediate_size: int = 0  # each expert's intermediate size
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert; else one, sigmoid-gated
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     @property
     def is_hybrid(self) -> bool:
@@ -99,6 +126,23 @@ class ModelConfig:
         return 2 * self.linear_key_dim + self.linear_value_dim
 
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the layers whose MLP is a mixture of experts."""
+        if not self.is_moe:
+            return ()
+        step = max(self.decoder_sparse_step, 1)
+        return tuple(i for i in range(self.num_hidden_layers)
+                     if (i + 1) % step == 0 and i not in self.mlp_only_layers)
+
+    @property
+    def has_shared_expert(self) -> bool:
+        return self.shared_expert_intermediate_size > 0
+
+    @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim
 
@@ -121,6 +165,8 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
         return None
     out = dict(scaling)
     rope_type = out.pop("type", None) or out.get("rope_type") or "default"
+    if rope_type == "mrope":  # text positions are equal on every mrope axis: plain RoPE
+        rope_type = "default"
     out["rope_type"] = rope_type
     if rope_type == "default":
         return None
@@ -129,6 +175,33 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
             f"{where}: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     return out
+
+
+def _check_moe_shapes(cfg: ModelConfig, where: str) -> None:
+    for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"):
+        if getattr(cfg, name) <= 0:
+            raise ModelLoadError(f"{where}: {name} must be positive for a mixture-of-experts model, "
+                                 f"got {getattr(cfg, name)}")
+    if cfg.num_experts_per_tok > cfg.num_experts:
+        raise ModelLoadError(f"{where}: num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds "
+                             f"num_experts ({cfg.num_experts})")
+
+
+def moe_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """The ModelConfig MoE fields of an HF config dict ({} for a dense family). transformers 5
+    writes num_experts as num_local_experts; Qwen3.5-MoE / Qwen3-Next always renormalise top-k."""
+    experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    if arch not in MOE_ARCHITECTURES or not experts:
+        return {}
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", arch != "qwen3_moe")),
+        shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
+        decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in raw.get("mlp_only_layers") or ()),
+    )
 
 
 def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
@@ -140,6 +213,10 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
                  "num_attention_heads", "num_key_value_heads", "head_dim"):
         if getattr(cfg, name) <= 0:
             raise ModelLoadError(f"{where}: {name} must be positive, got {getattr(cfg, name)}")
+    if cfg.is_moe:
+        _check_moe_shapes(cfg, where)
+    elif cfg.architecture in MOE_ARCHITECTURES:
+        raise ModelLoadError(f"{where}: {cfg.architecture} needs num_experts > 0")
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise ModelLoadError(
             f"{where}: num_attention_heads ({cfg.num_attention_heads}) is not a multiple of "
@@ -147,9 +224,58 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
     return cfg
 
 
+def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal wrapper's text_config with the wrapper's checkpoint-wide keys on top (the
+    vision tower is not ours to run); a plain config as it is."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        return raw
+    merged = dict(text)
+    merged.update({k: raw[k] for k in _WRAPPER_KEYS if raw.get(k) is not None})
+    merged.setdefault("model_type", raw.get("model_type"))
+    return merged
+
+
+def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where: str
+                   ) -> dict[str, Any]:
+    """Qwen3.5/3.6: Gated DeltaNet layers among gated full-attention ones, partial rotary."""
+    layers = int(raw["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if not layer_types:
+        interval = int(raw.get("full_attention_interval") or 4)
+        layer_types = [LAYER_LINEAR if (i + 1) % interval else LAYER_FULL for i in range(layers)]
+    bad = sorted({str(t) for t in layer_types} - {LAYER_FULL, LAYER_LINEAR})
+    if bad:
+        raise UnsupportedModelError(
+            f"{where}: layer type {bad[0]!r} is not supported; supported: {LAYER_FULL}, {LAYER_LINEAR}")
+    if len(layer_types) != layers:
+        raise ModelLoadError(f"{where}: layer_types has {len(layer_types)} entries for {layers} layers")
+    if str(raw.get("hidden_act") or "silu") != "silu":
+        raise UnsupportedModelError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported; use silu")
+    partial = raw.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 0.25))
+    key_heads, value_heads = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+    if key_heads <= 0 or value_heads % key_heads:
+        raise ModelLoadError(f"{where}: linear_num_value_heads ({value_heads}) is not a multiple of "
+                             f"linear_num_key_heads ({key_heads})")
+    return dict(
+        layer_types=tuple(str(t) for t in layer_types),
+        linear_num_key_heads=int(raw["linear_num_key_heads"]),
+        linear_num_value_heads=int(raw["linear_num_value_heads"]),
+        linear_key_head_dim=int(raw["linear_key_head_dim"]),
+        linear_value_head_dim=int(raw["linear_value_head_dim"]),
+        linear_conv_kernel_dim=int(raw.get("linear_conv_kernel_dim") or 4),
+        partial_rotary_factor=float(partial),
+        attn_output_gate=bool(raw.get("attn_output_gate", True)),
+        state_dtype=str(raw.get("mamba_ssm_dtype") or "float32"),
+    )
+
+
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
-    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+    """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
+    Qwen3-MoE)."""
+    raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
+    arch = _MODEL_TYPE_ALIASES.get(arch, arch)
     if arch not in SUPPORTED_ARCHITECTURES:
         archs = raw.get("architectures") or []
         arch = _HF_ARCHITECTURES.get(archs[0] if archs else "", arch or (archs[0] if archs else "?"))
@@ -163,12 +289,15 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         # transformers >= 5 moves rope_theta and the scaling dict into rope_parameters.
         rope_params = dict(raw.get("rope_parameters") or {})
         rope_theta = float(raw.get("rope_theta") or rope_params.get("rope_theta") or 10000.0)
-        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items() if k != "rope_theta"}
+        scaling = raw.get("rope_scaling") or {k: v for k, v in rope_params.items()
+                                              if k not in _ROPE_PARAMS_NOT_SCALING}
+        hybrid = _hybrid_fields(raw, rope_params, where) if arch in HYBRID_ARCHITECTURES else {}
         cfg = ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
+            # All-MoE families (Qwen3.5-MoE) have no dense MLP size: the experts' stands in.
+            intermediate_size=int(raw.get("intermediate_size") or raw["moe_intermediate_size"]),
             num_hidden_layers=int(raw["num_hidden_layers"]),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
@@ -180,13 +309,15 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3_moe", *HYBRID_ARCHITECTURES),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
             quantization=raw.get("quantization_config"),
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
+            **hybrid,
+            **moe_fields(raw, arch),
         )
     except HomelabError:
         raise

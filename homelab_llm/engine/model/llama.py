@@ -7,6 +7,8 @@ says how a checkpoint tensor finds its place in a fused weight).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -70,9 +72,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
-        inter = config.intermediate_size
+        inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
         self.act = SiluAndMul()
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
@@ -82,12 +84,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """Pre-norm attention then MLP; `mlp` is any [T, H] -> [T, H] module (dense or experts)."""
+
+    def __init__(self, config: ModelConfig, mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = LlamaAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -100,13 +104,16 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig,
+                 make_mlp: Callable[[ModelConfig, int], nn.Module] | None = None):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One table shared by every layer, looked up once per forward.
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, make_mlp(config, i) if make_mlp else None)
+            for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -123,16 +130,26 @@ class LlamaForCausalLM(nn.Module):
     """The CausalLM contract: model(input_ids, positions) -> hidden; compute_logits(hidden)."""
 
     packed_modules = PACKED_MODULES
+    split_modules: dict[str, tuple[str, list[tuple[str, int]]]] = {}  # none: see qwen3_5.py
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        """A checkpoint tensor name in our naming (None: not ours to load)."""
+        return name
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.attention_layers: list[Attention] = [layer.self_attn.attn for layer in self.model.layers]
+
+    def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
+        """The MLP of decoder layer `layer`; families with experts override this."""
+        return LlamaMLP(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> hidden [T, hidden_size]; reads the forward context."""

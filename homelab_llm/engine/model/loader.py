@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts, expert_target
 from homelab_llm.engine.model.config import (
     ModelConfig,
     ModelLoadError,
@@ -25,9 +26,20 @@ from homelab_llm.engine.model.config import (
 )
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
+from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
+from homelab_llm.engine.model.qwen3_5_moe import Qwen3_5MoeForCausalLM
+from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
 from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+# config.architecture -> the model class; every other supported architecture is llama.py's.
+MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
+                                             "qwen3_moe": Qwen3MoeForCausalLM,
+                                             "qwen3_5_moe": Qwen3_5MoeForCausalLM}
+
+
+def model_class(config: ModelConfig) -> type[nn.Module]:
+    return MODEL_CLASSES.get(config.architecture, LlamaForCausalLM)
 DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
 
 
@@ -106,7 +118,7 @@ def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None
 
 def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
                device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
-               quantization: str | None = None) -> LlamaForCausalLM:
+               quantization: str | None = None) -> nn.Module:
     """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit, dummy weights are
     random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it."""
     fmt = resolve_format(path, load_format)
@@ -120,7 +132,7 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
     if method == "w4a16":
         return _load_w4a16(config, Path(path), fmt, dtype, device).eval()
     with _default_dtype(dtype), torch.device(device):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if fmt == "dummy":
         fill_dummy_weights(model, seed=0)
     elif fmt == "gguf":
@@ -137,13 +149,13 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
 
 
 def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
-                device: torch.device) -> LlamaForCausalLM:
+                device: torch.device) -> nn.Module:
     """Dummy or GPTQ/AutoRound/AWQ weights, linears built as meta placeholders so no dense copy
     of a 4-bit weight is ever allocated."""
     from homelab_llm.engine.layers.linear import deferred_weights
 
     with _default_dtype(dtype), torch.device(device), deferred_weights():
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     if fmt == "dummy":
         from homelab_llm.engine.model.w4a16_dummy import fill_dummy_w4
 
@@ -158,7 +170,7 @@ def _load_w4a16(config: ModelConfig, path: Path, fmt: str, dtype: torch.dtype,
 
 
 def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
-                     device: torch.device) -> LlamaForCausalLM:
+                     device: torch.device) -> nn.Module:
     """Linear weights start as meta placeholders: 4-bit ones are repacked from the file's blocks
     straight to W4A16, the rest materialized and dequantized, so no dense copy of a 4-bit
     weight ever exists on the device."""
@@ -169,7 +181,7 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
     gguf = open_gguf(path)
     gguf.check_tensor_types()
     with _default_dtype(dtype), torch.device(device), deferred_weights():
-        model = LlamaForCausalLM(config)
+        model = model_class(config)(config)
     plan = plan_w4a16(model, gguf)
     for name, module in model.named_modules():
         if isinstance(module, LinearBase) and name not in plan:
@@ -181,21 +193,17 @@ def _load_gguf_w4a16(config: ModelConfig, path: str | Path, dtype: torch.dtype,
     return model
 
 
-def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Tensor, Any]],
+def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any]],
                  where: str) -> None:
     """Route each checkpoint tensor (HF name) to its parameter's weight_loader; all must arrive."""
     loaded: set[tuple[str, Any]] = set()
-    for name, tensor, blocks in weights:
+    for name, tensor, blocks in split_parts(model, weights):
         if name == "rope_freqs":
             model.model.rotary.set_freq_factors(tensor)
             continue
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue  # some tied checkpoints still ship the copy
-        target, shard_id = name, None
-        parts = name.split(".")
-        if len(parts) >= 2 and parts[-2] in model.packed_modules:
-            fused, shard_id = model.packed_modules[parts[-2]]
-            target = ".".join(parts[:-2] + [fused, parts[-1]])
+        target, shard_id = route(model, name)
         # Looked up each time: a W4A16 load may materialize a placeholder while streaming.
         param = _parameter(model, target)
         if param is None:
@@ -216,7 +224,7 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
             raise ModelLoadError(f"{where}: tensor {name}: {err}") from None
         if blocks is not None:
             model.get_submodule(target.rsplit(".", 1)[0]).record_gguf_blocks(blocks, shard_id)
-        loaded.add((target, shard_id))
+        loaded.update((target, sid) for sid in _covered_parts(model, target, shard_id))
     # Looked up afresh: a linear given a 4-bit weight while loading no longer has a dense one.
     missing = [f"{name}[{sid}]" if sid is not None else name
                for name, _ in model.named_parameters()
@@ -225,6 +233,43 @@ def load_weights(model: LlamaForCausalLM, weights: Iterator[tuple[str, torch.Ten
         raise ModelLoadError(
             f"{where}: {len(missing)} weights are missing from the checkpoint "
             f"(e.g. {', '.join(missing[:5])})")
+
+
+def route(model: nn.Module, name: str) -> tuple[str, Any]:
+    """A checkpoint tensor name (its part suffix, if split, after '#') -> (our parameter name,
+    shard_id) through the model's fused-module table."""
+    name, _, split_id = name.partition("#")
+    expert = expert_target(name)
+    if expert is not None:  # mlp.experts.<e>.<proj>.weight or the fused experts.gate_up_proj
+        return expert
+    parts = name.split(".")
+    if split_id:
+        fused = model.split_modules[parts[-2]][0]
+        return ".".join(parts[:-2] + [fused, parts[-1]]), split_id
+    if len(parts) >= 2 and parts[-2] in model.packed_modules:
+        fused, shard_id = model.packed_modules[parts[-2]]
+        return ".".join(parts[:-2] + [fused, parts[-1]]), shard_id
+    return name, None
+
+
+def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any]]
+                ) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """Checkpoint tensors in the model's naming (checkpoint_name: None drops one); a tensor that
+    holds several parts of one fused weight (split_modules) comes out as one `name#part` each."""
+    splits = model.split_modules
+    for name, tensor, blocks in weights:
+        name = model.checkpoint_name(name)
+        if name is None:
+            continue
+        parts = name.split(".")
+        if "#" in name or len(parts) < 2 or parts[-2] not in splits or tensor is None:
+            yield name, tensor, blocks
+            continue
+        sizes = [size for _, size in splits[parts[-2]][1]]
+        if tensor.shape[0] != sum(sizes):
+            raise ModelLoadError(f"tensor {name}: {tensor.shape[0]} rows, expected {sum(sizes)}")
+        for (part, _), piece in zip(splits[parts[-2]][1], tensor.split(sizes)):
+            yield f"{name}#{part}", piece, blocks
 
 
 def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
@@ -237,11 +282,22 @@ def _parameter(model: nn.Module, name: str) -> nn.Parameter | None:
     return param if isinstance(param, nn.Parameter) else None
 
 
-def _parts_of(model: LlamaForCausalLM, param_name: str) -> list[Any]:
+def _parts_of(model: nn.Module, param_name: str) -> list[Any]:
     """The shard ids a parameter is loaded in: [None], or each part of a fused weight."""
-    module = param_name.split(".")[-2] if "." in param_name else ""
-    parts = [sid for fused, sid in model.packed_modules.values() if fused == module]
-    return parts or [None]
+    from homelab_llm.engine.layers.linear import LinearBase
+
+    module_name, _, leaf = param_name.rpartition(".")
+    module = model.get_submodule(module_name) if module_name else model
+    if isinstance(module, FusedExperts):
+        return list(module.part_ids(leaf))
+    return module.part_ids() if isinstance(module, LinearBase) else [None]
+
+
+def _covered_parts(model: nn.Module, target: str, shard_id: Any) -> list[Any]:
+    """The shard ids one loaded tensor fills: all experts' for a fused expert tensor."""
+    if isinstance(shard_id, ExpertPart):
+        return shard_id.covers(model.get_submodule(target.rpartition(".")[0]).num_experts)
+    return [shard_id]
 
 
 @torch.no_grad()

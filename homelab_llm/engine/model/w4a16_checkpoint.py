@@ -31,6 +31,7 @@ from homelab_llm.engine.kernels.w4a16_pack import (
     repack_gptq,
 )
 from homelab_llm.engine.layers.linear import LinearBase
+from homelab_llm.engine.layers.moe import FusedExperts, expert_target
 from homelab_llm.engine.model.config import ModelLoadError, UnsupportedModelError
 from homelab_llm.engine.model.quant_config import (
     CheckpointQuant,
@@ -38,6 +39,7 @@ from homelab_llm.engine.model.quant_config import (
     check_layer,
     parse_quant_config,
 )
+from homelab_llm.engine.model.w4a16_experts import ExpertAssembler, expert_prefixes
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +161,13 @@ class _Assembler:
         log.warning("%s: its fused parts have different act-order permutations; loading it "
                     "dequantized to %s", module_name, self.dtype)
         module.materialize(self.device, self.dtype)
-        return [(f"{p}.weight", dense_weight(w)) for p, w in ordered]
+        return [(_weight_name(p), dense_weight(w)) for p, w in ordered]
+
+
+def _weight_name(prefix: str) -> str:
+    """`module.weight`, or `module.weight#part` for one part of a split checkpoint tensor."""
+    module, _, part = prefix.partition("#")
+    return f"{module}.weight#{part}" if part else f"{module}.weight"
 
 
 def _checkpoint_parts(model: nn.Module, module_name: str, module: LinearBase) -> list[str]:
@@ -168,13 +176,24 @@ def _checkpoint_parts(model: nn.Module, module_name: str, module: LinearBase) ->
     return [n.removesuffix(".weight") for n in checkpoint_names(model, module_name, module)]
 
 
-def _route(model: nn.Module, prefix: str) -> tuple[str, Any]:
-    """checkpoint module -> (our module, shard_id), through the fused-module table."""
+def _route(model: nn.Module, prefix: str, w: W4Weight) -> list[tuple[str, Any, W4Weight]]:
+    """checkpoint module (our naming) -> [(our module, shard_id, its part of w)], through the
+    fused-module table; a tensor holding several parts (split_modules) gives one per part."""
     parts = prefix.split(".")
+    if parts[-1] in model.split_modules:
+        fused, pieces = model.split_modules[parts[-1]]
+        module, out, start = ".".join(parts[:-1] + [fused]), [], 0
+        if w.out_features != sum(size for _, size in pieces):
+            raise ModelLoadError(f"{prefix}: {w.out_features} outputs, expected "
+                                 f"{sum(size for _, size in pieces)}")
+        for shard_id, size in pieces:
+            out.append((module, shard_id, w.narrow_out(start, size)))
+            start += size
+        return out
     if parts[-1] in model.packed_modules:
         fused, shard_id = model.packed_modules[parts[-1]]
-        return ".".join(parts[:-1] + [fused]), shard_id
-    return prefix, None
+        return [(".".join(parts[:-1] + [fused]), shard_id, w)]
+    return [(prefix, None, w)]
 
 
 def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict[str, Any],
@@ -200,11 +219,19 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
         check_layer(prefix, layer)
         layers[prefix] = layer
 
+    # Checkpoint module names in our naming (e.g. Qwen3.5's model.language_model.* -> model.*).
+    ours = {model.checkpoint_name(p): p for p in quantized}
     four_bit: set[str] = set()  # our modules whose every part is 4-bit
     for name, module in model.named_modules():
+        if isinstance(module, FusedExperts):  # stacked experts: all 4-bit, or all dense
+            if all(p in ours for p in expert_prefixes(name, module)):
+                four_bit.add(name)
+            else:
+                module.materialize(device, dtype)
+            continue
         if not isinstance(module, LinearBase):
             continue
-        if all(p in quantized for p in _checkpoint_parts(model, name, module)):
+        if all(p in ours for p in _checkpoint_parts(model, name, module)):
             four_bit.add(name)
         else:
             module.materialize(device, dtype)
@@ -212,6 +239,7 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
         raise ModelLoadError(f"{where}: quantization_config is set but no linear layer of the "
                              "model is stored 4-bit (no *.qweight tensors for them)")
     assembler = _Assembler(model, device, dtype)
+    experts = ExpertAssembler(model)
 
     def tensors() -> Iterator[tuple[str, torch.Tensor, Any]]:
         pending: dict[str, dict[str, torch.Tensor]] = {}
@@ -225,12 +253,23 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
             if len(got) < len(quantized[prefix]):
                 continue
             w = repack_module(prefix, pending.pop(prefix), layers[prefix], device, where)
-            module_name, shard_id = _route(model, prefix)
-            if module_name in four_bit:
-                for dense_name, dense in assembler.add(module_name, shard_id, w, prefix):
-                    yield dense_name, dense, None
-            else:  # a 4-bit part of a dense layer (or lm_head): dequantize, load as usual
+            our_prefix = model.checkpoint_name(prefix)
+            if our_prefix is None:
+                continue  # not ours to load (a vision tower, an MTP head)
+            expert = expert_target(f"{our_prefix}.weight")
+            if expert is not None and expert[0].rpartition(".")[0] in four_bit:
+                experts.add(expert[0].rpartition(".")[0], expert[1], w, prefix)
+                continue
+            routes = _route(model, our_prefix, w)
+            if routes[0][0] not in four_bit:
+                # A 4-bit part of a dense layer (or lm_head): dequantize, load as usual.
                 yield f"{prefix}.weight", dense_weight(w), None
+                continue
+            for module_name, shard_id, part in routes:
+                label = f"{prefix}#{shard_id}" if len(routes) > 1 else prefix
+                for dense_name, dense in assembler.add(module_name, shard_id, part, label):
+                    yield dense_name, dense, None
+        experts.check_done(where)
 
     # The model is ready (dense placeholders materialized) before the caller looks at its
     # parameters; the tensors stream when it iterates.

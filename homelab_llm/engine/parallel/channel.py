@@ -21,7 +21,7 @@ from homelab_llm.engine.parallel.ring import ShmRing, shm_available
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.step_plan import HEADER_LEN, PlanHeader, StepBatch
 
-MEMORY_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "other", "free")
+MEMORY_FIELDS = ("total", "weights", "activations_peak", "graphs", "kv_cache", "state", "other", "free")
 # The per-step plan's transport on one node: "shm" (default) or "gloo" (always across nodes).
 PLAN_TRANSPORT_ENV = "HOMELAB_LLM_TP_PLAN"
 

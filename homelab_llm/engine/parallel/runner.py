@@ -37,6 +37,7 @@ from homelab_llm.engine.parallel.state import set_parallel_state
 from homelab_llm.engine.parallel.worker import worker_main
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
                                           CMD_SHUTDOWN, PlanHeader, StepBatch, build_plan)
 
@@ -110,10 +111,14 @@ class ParallelRunner:
         self.channel.send(PlanHeader(CMD_GRAPHS, arg=max_model_len))
         self.local.capture_graphs(max_model_len)
 
-    def prepare(self, scheduled: list[ScheduledSeq]) -> StepBatch:
+    def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
-        # round trip to pack it, and every rank's batch comes from the same words.
-        return self.local.batch_from_plan(*build_plan(scheduled, self.page_size))
+        # round trip to pack it, and every rank's batch comes from the same words (the cache
+        # copies included, so every rank copies the same KV rows and state slots).
+        return self.local.batch_from_plan(*build_plan(scheduled, self.page_size, copies))
+
+    def state_slot_counts(self) -> tuple[int, int]:
+        return self.local.state_slot_counts()
 
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None:

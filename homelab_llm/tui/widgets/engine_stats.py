@@ -1,4 +1,5 @@
-"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles."""
+"""The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles, and the
+model's parameters (total and active per token: they differ for mixture-of-experts models)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from homelab_llm.tui.snapshot import ServerSnapshot
-from homelab_llm.tui.widgets.format import NA, percent, seconds, tokens
+from homelab_llm.tui.widgets.format import NA, billions, percent, seconds, tokens
 
 
 def stats_table(snap: ServerSnapshot) -> Table:
@@ -30,7 +31,19 @@ def stats_table(snap: ServerSnapshot) -> Table:
     grid.add_row("Prefix hit", percent(snap.prefix_hit_rate), "TTFT",
                  f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
     grid.add_row("TPOT p50", seconds(snap.tpot_p50), "Source", _source(snap))
+    params = _parameters(snap)
+    if params:  # our /v1/status only
+        grid.add_row("Params", params, "", "")
     return grid
+
+
+def _parameters(snap: ServerSnapshot) -> str:
+    total, active = snap.config.get("parameters"), snap.config.get("active_parameters")
+    if not isinstance(total, int | float):
+        return ""
+    if isinstance(active, int | float) and active < total:
+        return f"{billions(total)} · {billions(active)} active per token"
+    return billions(total)
 
 
 def _source(snap: ServerSnapshot) -> str:

@@ -18,6 +18,11 @@ def tokens(n: int | float | None) -> str:
     return NA if n is None else f"{int(n):,}"
 
 
+def billions(n: int | float | None) -> str:
+    """A parameter count: 30532122624 -> '30.5B', 596049920 -> '0.6B'."""
+    return NA if n is None else f"{n / 1e9:.1f}B"
+
+
 def rate(n: float | None) -> str:
     if n is None:
         return NA

@@ -156,6 +156,8 @@ def _scenarios():
     # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
     yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
 
+    yield from _moe_scenarios()
+
     from homelab_llm.engine.parallel.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
     assert set(AR_DTYPES) <= {bf16, fp16, torch.float32}, AR_DTYPES
     for world, dt in ((2, bf16), (8, bf16), (4, fp16), (4, torch.float32)):
@@ -163,6 +165,35 @@ def _scenarios():
         ptrs = torch.zeros(world, dtype=i64)
         yield lambda x=x, ptrs=ptrs, world=world: allreduce.one_shot_all_reduce(
             x, x, ptrs, ptrs, 1 << 20, world - 1, world, 32, AR_BLOCK, AR_WARPS)
+
+
+def _moe_scenarios():
+    """Fused MoE at the Qwen3-30B-A3B shape (128 experts, top 8, hidden 2048, expert 768; TP=2
+    halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
+    import torch
+
+    from homelab_llm.engine.kernels import fused_moe, moe_align
+    from homelab_llm.engine.kernels.moe_ref import MoeW4
+    from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+    e, top_k, hidden = 128, 8, 2048
+
+    def w4(k, n, g=128):
+        return W4Weight(torch.zeros((e, k // 8, n), dtype=torch.int32),
+                        torch.ones((e, k // g, n), dtype=torch.float16),
+                        torch.zeros((e, k // g, n), dtype=torch.float16), g)
+
+    inter = 384  # per rank at TP=2; the width is a runtime int, so one size covers TP=1 too
+    w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
+    w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
+    quant = MoeW4(w4(hidden, 2 * inter), w4(inter, hidden))
+    for tokens in (1, 2048):  # decode (small-M tiles) and prefill (the large-M entry)
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        ids = torch.zeros((tokens, top_k), dtype=torch.int32)
+        weights = torch.ones((tokens, top_k), dtype=torch.float32)
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids)
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, quant, None, weights, ids)
+    yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
 
 
 def capture(arch: str) -> list[dict]:

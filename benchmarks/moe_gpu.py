@@ -1,0 +1,256 @@
+"""Fused MoE on one GPU at the Qwen3-30B-A3B expert shape (128 experts, top 8, hidden 2048, expert
+width 768; --tp 2 halves the width as one rank of TP=2 holds it).
+
+    python3 benchmarks/moe_gpu.py [--quick] [--tp 2] [--json out.json]
+
+Sections (each reports even if another fails):
+  check    full-shape correctness of moe_align, the bf16 and W4A16 fused paths and the combine
+           against the torch references (kernels/moe_ref.py), relative Frobenius error
+  decode   batch 1 / 8 / 32 of one MoE layer, bf16 and W4A16, timed inside a CUDA graph: the
+           expert bytes the batch's picks imply (each distinct active expert read once) over the
+           time, as a share of the measured copy bandwidth (the roofline); the torch
+           grouped-GEMM loop (moe_experts_ref: one matmul per active expert) timed beside it
+  prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, and the
+           torch loop
+  sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
+           tuning.py entries (fused_moe uses the table's gemv/gemm rows today)
+  engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
+           batch-1 and batch-8 decode tok/s, and the batch-1 roofline from the bytes one token
+           reads (all weights but the 120 unpicked experts per layer and the embedding table)
+Targets (issue 15): decode b1 >= 50% of the active-bytes roofline; prefill >= 50% of the matmul
+rate. Routing is random (softmax of N(0, 1) logits), so experts are spread about evenly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_harness import report, run_sections  # noqa: E402
+from homelab_llm.engine.kernels.fused_moe import fused_moe  # noqa: E402
+from homelab_llm.engine.kernels.moe_align import moe_align  # noqa: E402
+from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
+    MoeW4,
+    moe_align_ref,
+    moe_experts_ref,
+    route_topk_ref,
+)
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight  # noqa: E402
+
+E, TOP_K, HIDDEN, INTER, GROUP = 128, 8, 2048, 768, 128
+DEV = torch.device("cuda")
+
+
+def bench_graph(fn) -> float:
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=50))
+
+
+def bench_eager(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=3, rep=30, return_mode="median"))
+
+
+def peak_copy_gbps() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    y = torch.empty_like(x)
+    return 2 * x.numel() / bench_eager(lambda: y.copy_(x)) / 1e6
+
+
+def peak_matmul_tflops() -> float:
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / bench_eager(lambda: a @ b) / 1e9
+
+
+class Setup:
+    def __init__(self, inter: int):
+        gen = torch.Generator(device=DEV).manual_seed(0)
+        self.inter = inter
+        self.w13 = (torch.randn(E, 2 * inter, HIDDEN, device=DEV, generator=gen) * 0.02).bfloat16()
+        self.w2 = (torch.randn(E, HIDDEN, inter, device=DEV, generator=gen) * 0.02).bfloat16()
+        self.w4 = MoeW4(self._w4(HIDDEN, 2 * inter, gen), self._w4(inter, HIDDEN, gen))
+
+    @staticmethod
+    def _w4(k: int, n: int, gen) -> W4Weight:
+        q = torch.randint(-(2 ** 31), 2 ** 31, (E, k // 8, n), device=DEV, generator=gen,
+                          dtype=torch.int64).to(torch.int32)
+        s = ((torch.rand(E, k // GROUP, n, device=DEV, generator=gen) + 0.5) * 0.005).half()
+        return W4Weight(q, s, (-8.0 * s.float()).half(), GROUP)
+
+    def expert_bytes(self, w4: bool) -> int:
+        return self.expert_bytes_of(self.inter, w4)
+
+    @staticmethod
+    def expert_bytes_of(inter: int, w4: bool) -> int:
+        """Bytes of one expert's gate_up + down weights (4-bit: nibbles + fp16 scales, biases)."""
+        params = 3 * HIDDEN * inter
+        if not w4:
+            return params * 2
+        return params // 2 + (HIDDEN // GROUP * 2 * inter + inter // GROUP * HIDDEN) * 4
+
+    def batch(self, tokens: int, seed: int = 1):
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        x = torch.randn(tokens, HIDDEN, device=DEV, generator=gen).bfloat16()
+        logits = torch.randn(tokens, E, device=DEV, generator=gen)
+        weights, ids = route_topk_ref(logits, TOP_K, renormalize=True)
+        return x, weights, ids
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+def section_check(setup: Setup, quick: bool) -> None:
+    for tokens in (1, 8, 32) if quick else (1, 8, 32, 2048):
+        x, weights, ids = setup.batch(tokens)
+        got_align = moe_align(ids, E, 16)
+        want_align = moe_align_ref(ids, E, 16)
+        report(f"check.align.t{tokens}.exact", float(all(torch.equal(a, b) for a, b in
+                                                         zip(got_align, want_align))))
+        bf16 = rel_err(fused_moe(x, setup.w13, setup.w2, weights, ids),
+                       moe_experts_ref(x, setup.w13, setup.w2, weights, ids))
+        report(f"check.bf16.t{tokens}.rel_err", bf16, "(bound 2e-2)")
+        w4 = rel_err(fused_moe(x, setup.w4, None, weights, ids),
+                     moe_experts_ref(x, setup.w4, None, weights, ids))
+        report(f"check.w4a16.t{tokens}.rel_err", w4, "(bound 2e-2)")
+
+
+def _timings(setup: Setup, tokens: int, w4: bool) -> tuple[float, float]:
+    x, weights, ids = setup.batch(tokens)
+    w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
+    ours = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids))
+    loop = bench_eager(lambda: moe_experts_ref(x, w13, w2, weights, ids))
+    return ours, loop
+
+
+def section_decode(setup: Setup, quick: bool, copy_gbps: float) -> None:
+    for w4 in (False, True):
+        kind = "w4a16" if w4 else "bf16"
+        for tokens in (1, 8) if quick else (1, 8, 32):
+            _, _, ids = setup.batch(tokens)
+            active = len(torch.unique(ids))
+            nbytes = active * setup.expert_bytes(w4)
+            ours, loop = _timings(setup, tokens, w4)
+            roof_ms = nbytes / copy_gbps / 1e6
+            report(f"decode.{kind}.b{tokens}.ms", ours)
+            report(f"decode.{kind}.b{tokens}.active_experts", active)
+            report(f"decode.{kind}.b{tokens}.GBps", nbytes / ours / 1e6, "GB/s of expert weights")
+            report(f"decode.{kind}.b{tokens}.pct_roofline", 100 * roof_ms / ours, "% (target >= 50 at b1)")
+            report(f"decode.{kind}.b{tokens}.layer_tok_s", tokens / ours * 1e3, "tok/s through one layer")
+            report(f"decode.{kind}.b{tokens}.torch_loop_ms", loop)
+
+
+def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
+    tokens = 1024 if quick else 2048
+    flops = 2 * tokens * TOP_K * 3 * HIDDEN * setup.inter
+    for w4 in (False, True):
+        kind = "w4a16" if w4 else "bf16"
+        ours, loop = _timings(setup, tokens, w4)
+        report(f"prefill.{kind}.t{tokens}.ms", ours)
+        report(f"prefill.{kind}.t{tokens}.TFLOPs", flops / ours / 1e9)
+        report(f"prefill.{kind}.t{tokens}.pct_matmul", 100 * flops / ours / 1e9 / mm_tflops,
+               "% of bf16 matmul (target >= 50)")
+        report(f"prefill.{kind}.t{tokens}.torch_loop_ms", loop)
+
+
+def section_engine(quick: bool, copy_gbps: float, quantization: str | None) -> None:
+    import random
+    import time
+
+    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.core import LLMEngine
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    kind = quantization or "bf16"
+    config = Path(__file__).resolve().parents[1] / "assets" / "model_configs" / "Qwen3-30B-A3B.json"
+    engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
+                                  dtype="bfloat16", quantization=quantization, max_model_len=4096,
+                                  max_num_seqs=8, max_num_batched_tokens=2048,
+                                  gpu_memory_utilization=0.85))
+    status = engine.status()
+    weights = status["devices"][0]["weights"]
+    expert = Setup.expert_bytes_of(INTER, quantization == "w4a16")
+    layers = engine.model_config.num_hidden_layers
+    active = weights - layers * (E - TOP_K) * expert - engine.model_config.vocab_size * HIDDEN * 2
+    report(f"engine.{kind}.weights_GB", weights / 1e9)
+    report(f"engine.{kind}.active_params", status["config"]["active_parameters"])
+    report(f"engine.{kind}.b1_roofline_tok_s", copy_gbps * 1e9 / active)
+    rng = random.Random(0)
+    for batch in (1, 8):
+        for i in range(batch):
+            prompt = [rng.randrange(10, 150000) for _ in range(32)]
+            engine.add_request(f"{kind}{batch}-{i}", prompt,
+                               SamplingParams(max_tokens=64 if quick else 128, ignore_eos=True))
+        engine.step()  # prefill
+        torch.cuda.synchronize()
+        start, produced = time.perf_counter(), 0
+        while engine.has_unfinished_requests():
+            produced += sum(len(out.new_token_ids) for out in engine.step())
+        torch.cuda.synchronize()
+        report(f"engine.{kind}.b{batch}_decode_tok_s", produced / (time.perf_counter() - start))
+    del engine
+
+
+SWEEP_TILES = [  # (block_m, block_n, block_k, num_warps, num_stages)
+    (16, 32, 128, 4, 3), (16, 64, 128, 4, 3), (16, 64, 64, 4, 4), (16, 128, 64, 4, 3),
+    (16, 64, 256, 8, 2), (32, 64, 128, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+    (64, 64, 64, 4, 4),
+]
+
+
+def section_sweep(setup: Setup, quick: bool) -> None:
+    from homelab_llm.engine.kernels.tuning import GemmTiles
+
+    for tokens in (1, 8, 2048):
+        x, weights, ids = setup.batch(tokens)
+        for w4 in (False, True):
+            kind = "w4a16" if w4 else "bf16"
+            w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
+            want = fused_moe(x, w13, w2, weights, ids)
+            for bm, bn, bk, warps, stages in SWEEP_TILES:
+                if (tokens < 64) != (bm <= 32):
+                    continue
+                tiles = GemmTiles(bm, bn, bk, warps, stages)
+                try:
+                    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles)
+                    ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
+                except Exception as exc:  # a variant that does not fit is reported, not fatal
+                    print(f"  sweep {kind} t{tokens} {tiles}: {type(exc).__name__}", flush=True)
+                    continue
+                key = f"sweep.{kind}.t{tokens}.m{bm}n{bn}k{bk}w{warps}s{stages}"
+                report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
+    p.add_argument("--sections", default="check,decode,prefill,engine",
+                   help="also: engine_bf16 (the 61 GB bf16 model)")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    setup = Setup(INTER // a.tp)
+    copy_gbps, mm_tflops = peak_copy_gbps(), peak_matmul_tflops()
+    report("peak.copy_GBps", copy_gbps)
+    report("peak.matmul_TFLOPs", mm_tflops)
+    sections = {
+        "check": lambda: section_check(setup, a.quick),
+        "decode": lambda: section_decode(setup, a.quick, copy_gbps),
+        "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
+        "sweep": lambda: section_sweep(setup, a.quick),
+        "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),
+        "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
+    }
+    return run_sections(sections, a.sections, a.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""Fused mixture-of-experts: moe_align, then two grouped GEMMs over the active experts, then the
+top-k weighted combine. Reference: moe_ref.moe_experts_ref.
+
+  1. moe_align (moe_align.py) groups the T*K slots by expert in blocks of BLOCK_M rows.
+  2. gate_up: each program takes one block (one expert) and BLOCK_N intermediate columns, gathers
+     its tokens' rows of x, multiplies by the expert's gate and up columns side by side and
+     writes silu(gate) * up: the [T*K, 2I] gate_up tensor never exists.
+  3. down: the same over the [T*K, I] activations, writing each slot's [H] output row.
+  4. combine: out[t] = sum_k topk_weights[t, k] * y[t*K + k], in fp32.
+Blocks past the used ones (block_expert -1) do no work, so the grid is fixed by the shapes.
+
+Decode (T*K up to 64 slots, T <= 8 at top-8): a token picks an expert at most once, so with
+BLOCK_M >= T every active expert fills exactly one block, and each (expert, column tile) is read
+by exactly one program: each active expert's weights are read once per step. That is the
+"decode path" — the same kernel with the table's small-M tiles and a grid of ~T*K blocks.
+
+Weights: dense w13 [E, 2I, H] / w2 [E, H, I] (HF layout, B tiles read transposed), or 4-bit
+(moe_ref.MoeW4: stacked W4Weight [E, K // 8, N] with per-group scales/biases, dequantized in
+registers as in w4a16.py; BLOCK_K is capped at the group size so a tile needs one group row).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import dot_in_fp32
+from homelab_llm.engine.kernels.moe_align import moe_align
+from homelab_llm.engine.kernels.moe_ref import MoeW4
+from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
+
+
+@triton.jit
+def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
+                 stride_we, stride_wn, stride_wk, stride_se, stride_sg,
+                 W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Expert e's weight tile [BLOCK_K, BLOCK_N] as fp32 (dense: w[e, n, k]; W4: dequantized)."""
+    if W4:
+        shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
+        packed = tl.load(w_ptr + e * stride_we + (offs_k // 8)[:, None] * stride_wk
+                         + offs_n[None, :], mask=n_mask[None, :], other=0)
+        q = ((packed >> shifts) & 0xF).to(tl.float32)
+        group = k0 // GROUP_SIZE
+        s = tl.load(s_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)
+        b = tl.load(b_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)
+        return q * s.to(tl.float32)[None, :] + b.to(tl.float32)[None, :]
+    w = tl.load(w_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+    return w.to(tl.float32)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_slots, N, K, top_k,
+    stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_om,
+    GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    """out[slot, n] for the slots of block pid_m: GATED -> silu(a @ w[:, n]) * (a @ w[:, n + N])."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + pid_m)
+    slots = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = slots < tl.where(e >= 0, num_slots, 0)  # an unused block (e -1) has no rows
+    rows = (slots // top_k) if A_BY_TOKEN else slots
+    rows = tl.where(valid, rows, 0).to(tl.int64)
+    e = tl.maximum(e, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    k_end = tl.where(tl.max(valid.to(tl.int32), axis=0) > 0, K, 0)  # unused block: no loads
+    for k0 in range(0, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
+                    mask=valid[:, None] & k_mask[None, :], other=0.0)
+        w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask, stride_we,
+                         stride_wn, stride_wk, stride_se, stride_sg, W4, GROUP_SIZE, BLOCK_K)
+        if DOT_F32:
+            acc += tl.dot(a.to(tl.float32), w)
+        else:
+            acc += tl.dot(a, w.to(a.dtype))
+        if GATED:
+            w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
+                                stride_we, stride_wn, stride_wk, stride_se, stride_sg, W4,
+                                GROUP_SIZE, BLOCK_K)
+            if DOT_F32:
+                acc_up += tl.dot(a.to(tl.float32), w_up)
+            else:
+                acc_up += tl.dot(a, w_up.to(a.dtype))
+    if GATED:
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    out = out_ptr + tl.where(valid, slots, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _moe_combine_kernel(y_ptr, w_ptr, out_ptr, H, stride_y, stride_o,
+                        TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs < H
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for k in range(TOP_K):
+        weight = tl.load(w_ptr + t * TOP_K + k).to(tl.float32)
+        row = (t * TOP_K + k).to(tl.int64) * stride_y
+        acc += weight * tl.load(y_ptr + row + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t.to(tl.int64) * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def moe_tiles(num_slots: int, num_experts: int, device: torch.device) -> GemmTiles:
+    """Tiles by the rows an expert sees on average: decode shapes get the small-M entry."""
+    return gemm_tiles(max(1, num_slots // num_experts), device)
+
+
+def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
+          tiles: GemmTiles):
+    """One grouped GEMM launch; weight is a dense [E, N', K] tensor or a stacked W4Weight."""
+    w4 = not isinstance(weight, torch.Tensor)
+    block_n = tiles.block_n
+    if w4:
+        # A 4-bit tile is loaded as int32 words per k row (4 bytes a weight in shared memory) and
+        # the gated GEMM holds two of them: half the table's width keeps it within the budget
+        # the table's W4A16 GEMM has (sm80's 99 KB at three stages).
+        block_n = block_n // 2 if gated else block_n
+        w, s, b = weight.qweight, weight.scales, weight.biases
+        strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1))
+        group, block_k = weight.group_size, min(tiles.block_k, weight.group_size)
+    else:
+        w = s = b = weight
+        strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0)
+        group, block_k = 0, tiles.block_k
+    grid = (block_expert.numel(), triton.cdiv(n, block_n))
+    _moe_gemm_kernel[grid](
+        a, w, s, b, out, sorted_slots, block_expert, num_slots, n, k, top_k,
+        a.stride(0), *strides, out.stride(0),
+        GATED=gated, A_BY_TOKEN=by_token, W4=w4, GROUP_SIZE=group, BLOCK_M=tiles.block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def moe_combine(y: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    """y [T*K, H] in slot order -> [T, H]: the router-weighted sum of each token's K rows."""
+    t, top_k = topk_weights.shape
+    h = y.shape[1]
+    out = torch.empty((t, h), dtype=y.dtype, device=y.device)
+    block_h = min(1024, triton.next_power_of_2(h))
+    _moe_combine_kernel[(t, triton.cdiv(h, block_h))](
+        y, topk_weights.float().contiguous(), out, h, y.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_H=block_h, num_warps=tiles_for(y.device).elementwise_warps)
+    return out
+
+
+def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | None,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              tiles: GemmTiles | None = None) -> torch.Tensor:
+    """x [T, H] (bf16/fp16) through the router's picks -> [T, H] (see the module doc)."""
+    t, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    if isinstance(w13, MoeW4):
+        gate_up, down = w13.w13, w13.w2
+        num_experts, inter = gate_up.qweight.shape[0], gate_up.qweight.shape[2] // 2
+    else:
+        gate_up, down = w13, w2
+        num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    num_slots = t * top_k
+    if t == 0:
+        return torch.empty_like(x)
+    tiles = tiles or moe_tiles(num_slots, num_experts, x.device)
+    sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
+    x = x.contiguous()
+    act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
+    _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,
+          gated=True, by_token=True, tiles=tiles)
+    y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
+    _gemm(act, down, y, sorted_slots, block_expert, num_slots, hidden, inter, top_k,
+          gated=False, by_token=False, tiles=tiles)
+    return moe_combine(y, topk_weights)

@@ -1,0 +1,152 @@
+"""One door to the Gated DeltaNet kernels (Qwen3.5/3.6 linear-attention layers). The model calls
+only these; each runs the Triton kernel on a GPU and the torch reference (gdn_ref) on the CPU or
+when HOMELAB_LLM_KERNELS=ref, like dispatch.py.
+
+Contract (all tensors on one device; T tokens of a varlen batch of B sequences; S state slots):
+- cu_seqlens int32 [B+1]; state_indices int32 [B], the state slot of each sequence. A NEGATIVE slot
+  is a padding row (CUDA-graph padding): its outputs are zeros and no state is read or written.
+- has_initial_state bool [B]: False starts the sequence from zero state (the slot's old contents
+  are ignored, then overwritten).
+- conv_state [S, W-1, C] holds the last W-1 conv inputs, oldest first, in the activation dtype;
+  ssm_state [S, Hv, Dk, Dv] is fp32. Prefill writes the state after the sequence's last token;
+  decode advances it by one token in place.
+- q/k are L2-normalized inside the rule and q is scaled by `scale` (default Dk**-0.5). Each q/k
+  head serves Hv/Hk consecutive value heads.
+- The decode functions are CUDA-graph capturable: no host syncs, shapes fixed by B.
+
+Speculative decoding (issue 17), not built yet: a verify of K+1 draft tokens runs the prefill
+rule over those tokens; to roll back to an accepted prefix it needs the state after each token.
+The planned extension is an optional `intermediate_states [B, K+1, Hv, Dk, Dv]` argument to
+gated_delta_rule_prefill (and `intermediate_conv [B, K+1, W-1, C]` to the conv): the chunk kernel
+already holds the state at every chunk start, and within a chunk the state after token i is
+e^(c_i) S0 + sum_{j<=i} e^(c_i-c_j) k_j u_j^T, one extra rank-(i+1) update per position, cheap
+for K+1 <= 16. Until then, the decode kernel called K+1 times keeps a state per position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from homelab_llm.engine.kernels import gdn_ref
+from homelab_llm.engine.kernels.dispatch import use_triton
+
+
+def _check_slots(state_indices: torch.Tensor, batch: int) -> None:
+    if state_indices.dtype != torch.int32 or tuple(state_indices.shape) != (batch,):
+        raise ValueError(f"state_indices must be int32 [{batch}], got {state_indices.dtype} "
+                         f"{tuple(state_indices.shape)}")
+
+
+def _check_varlen(cu_seqlens: torch.Tensor, state_indices: torch.Tensor, has_initial_state: torch.Tensor) -> None:
+    batch = state_indices.shape[0]
+    _check_slots(state_indices, batch)
+    if cu_seqlens.dtype != torch.int32 or tuple(cu_seqlens.shape) != (batch + 1,):
+        raise ValueError(f"cu_seqlens must be int32 [B+1] = [{batch + 1}], got {cu_seqlens.dtype} "
+                         f"{tuple(cu_seqlens.shape)}")
+    if has_initial_state.dtype != torch.bool or tuple(has_initial_state.shape) != (batch,):
+        raise ValueError(f"has_initial_state must be bool [{batch}]")
+
+
+def _check_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                ssm_state: torch.Tensor) -> None:
+    if q.shape != k.shape or q.dim() != 3 or v.dim() != 3 or q.shape[0] != v.shape[0]:
+        raise ValueError(f"q, k must be [T, Hk, Dk] and v [T, Hv, Dv]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    hk, hv = q.shape[1], v.shape[1]
+    if hv % hk:
+        raise ValueError(f"{hv} value heads do not divide into {hk} key heads")
+    if g.shape != v.shape[:2] or beta.shape != v.shape[:2]:
+        raise ValueError(f"g and beta must be [T, Hv] = {tuple(v.shape[:2])}")
+    if ssm_state.dim() != 4 or tuple(ssm_state.shape[1:]) != (hv, q.shape[2], v.shape[2]):
+        raise ValueError(f"ssm_state must be [S, {hv}, {q.shape[2]}, {v.shape[2]}], got {tuple(ssm_state.shape)}")
+    if ssm_state.dtype != torch.float32:
+        raise ValueError("ssm_state must be float32")
+
+
+def _check_conv(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> None:
+    c, w = weight.shape
+    if x.dim() != 2 or x.shape[1] != c:
+        raise ValueError(f"x must be [T, {c}] for a conv weight [{c}, {w}], got {tuple(x.shape)}")
+    if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != (w - 1, c):
+        raise ValueError(f"conv_state must be [S, {w - 1}, {c}], got {tuple(conv_state.shape)}")
+
+
+def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          cu_seqlens: torch.Tensor, conv_state: torch.Tensor, state_indices: torch.Tensor,
+                          has_initial_state: torch.Tensor) -> torch.Tensor:
+    """y [T, C] = silu(causal depthwise conv over (history ++ x_seq)); conv_state[slot] <- the
+    last W-1 inputs of (history ++ x_seq), so a sequence shorter than W-1 keeps older inputs."""
+    _check_conv(x, weight, conv_state)
+    _check_varlen(cu_seqlens, state_indices, has_initial_state)
+    if use_triton(x):
+        from homelab_llm.engine.kernels import gdn_conv
+
+        return gdn_conv.conv1d_prefill(x, weight, bias, cu_seqlens, conv_state, state_indices, has_initial_state)
+    return gdn_ref.causal_conv1d_prefill_ref(x, weight, bias, cu_seqlens, conv_state, state_indices,
+                                             has_initial_state)
+
+
+def causal_conv1d_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         conv_state: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
+    """One new token per sequence, x [B, C] -> y [B, C]; conv_state updated in place."""
+    _check_conv(x, weight, conv_state)
+    _check_slots(state_indices, x.shape[0])
+    if use_triton(x):
+        from homelab_llm.engine.kernels import gdn_conv
+
+        return gdn_conv.conv1d_decode(x, weight, bias, conv_state, state_indices)
+    return gdn_ref.causal_conv1d_decode_ref(x, weight, bias, conv_state, state_indices)
+
+
+def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, cu_seqlens: torch.Tensor, ssm_state: torch.Tensor,
+                             state_indices: torch.Tensor, has_initial_state: torch.Tensor,
+                             scale: float | None = None) -> torch.Tensor:
+    """o [T, Hv, Dv] in v's dtype; each sequence's final state is written to ssm_state[slot]."""
+    _check_rule(q, k, v, g, beta, ssm_state)
+    _check_varlen(cu_seqlens, state_indices, has_initial_state)
+    if use_triton(q):
+        from homelab_llm.engine.kernels import gdn_chunk
+
+        return gdn_chunk.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens, ssm_state, state_indices,
+                                                has_initial_state, scale)
+    return gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu_seqlens, ssm_state, state_indices,
+                                                has_initial_state, scale)
+
+
+def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                            beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
+                            scale: float | None = None) -> torch.Tensor:
+    """One token per sequence: q, k [B, Hk, Dk], v [B, Hv, Dv] -> o [B, Hv, Dv]; state in place."""
+    _check_rule(q, k, v, g, beta, ssm_state)
+    _check_slots(state_indices, q.shape[0])
+    if use_triton(q):
+        from homelab_llm.engine.kernels import gdn_recurrent
+
+        return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale)
+    return gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale)
+
+
+def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """a, b [T, Hv] -> (g fp32 = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) in b's dtype)."""
+    if a.shape != b.shape or a.dim() != 2 or A_log.shape != (a.shape[1],) or dt_bias.shape != (a.shape[1],):
+        raise ValueError(f"a, b must be [T, Hv] and A_log, dt_bias [Hv]; got {tuple(a.shape)}, {tuple(b.shape)}, "
+                         f"{tuple(A_log.shape)}, {tuple(dt_bias.shape)}")
+    if use_triton(a):
+        from homelab_llm.engine.kernels import gdn_norm
+
+        return gdn_norm.gdn_gating(a, b, A_log, dt_bias)
+    return gdn_ref.gdn_gating_ref(a, b, A_log, dt_bias)
+
+
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rmsnorm(x) * weight * silu(z) per row, fp32 math, x's dtype out; x, z [N, D], weight [D]."""
+    if x.shape != z.shape or x.shape[-1] != weight.shape[0]:
+        raise ValueError(f"x and z must share a shape [N, D] with weight [D]; got {tuple(x.shape)}, "
+                         f"{tuple(z.shape)}, {tuple(weight.shape)}")
+    if use_triton(x):
+        from homelab_llm.engine.kernels import gdn_norm
+
+        return gdn_norm.gated_rms_norm(x, z, weight, eps)
+    return gdn_ref.gated_rms_norm_ref(x, z, weight, eps)

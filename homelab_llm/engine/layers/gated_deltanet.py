@@ -1,0 +1,114 @@
+"""Gated DeltaNet token mixer (the linear-attention layers of Qwen3.5/3.6), tensor-parallel.
+
+Per token: in-projections give q, k, v (the conv channels), z (the output gate), b and a; a causal
+depthwise conv1d + SiLU runs over q|k|v; the gated delta rule (decay g = -exp(A_log) *
+softplus(a + dt_bias), beta = sigmoid(b), q and k L2-normalised inside) updates each sequence's
+recurrent state; a gated RMSNorm with z and the out-projection finish.
+
+State: each sequence owns a slot (ForwardContext.state_indices) in this layer's conv state
+[slots, W-1, C_rank] and recurrent state [slots, Hv_rank, Dk, Dv] (fp32), bound by the runner like
+the KV cache. Chunked prefill resumes from the slot when has_initial_state says so.
+
+Tensor parallelism: key heads, value heads and the conv channels split with them: every part of
+q|k|v|z and b|a is sharded by heads, so a rank's conv channels are [its q | its k | its v] and
+out_proj is row-parallel over its value heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from homelab_llm.engine.context import get_context
+from homelab_llm.engine.kernels import gdn
+from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, even_shard
+from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.parallel import state as parallel
+
+
+def head_split(config: ModelConfig, tp_size: int, rank: int) -> tuple[int, int]:
+    """(key heads, value heads) one rank owns; an uneven split is an error naming the sizes."""
+    _, hk = even_shard(config.linear_num_key_heads, tp_size, rank, "linear_num_key_heads")
+    _, hv = even_shard(config.linear_num_value_heads, tp_size, rank, "linear_num_value_heads")
+    return hk, hv
+
+
+def sharded_param(parts: list[int], tail: tuple[int, ...] = (),
+                  dtype: torch.dtype | None = None) -> nn.Parameter:
+    """A per-head (or per-channel) parameter made of contiguous parts, each split evenly across
+    ranks: A_log and dt_bias ([Hv]), and the conv weight ([C, W], parts q|k|v)."""
+    tp_size, rank = parallel.tp_size(), parallel.tp_rank()
+    local = sum(even_shard(p, tp_size, rank, "Gated DeltaNet heads")[1] for p in parts)
+    param = nn.Parameter(torch.empty(local, *tail, dtype=dtype), requires_grad=False)
+
+    def weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if loaded.numel() != sum(parts) * max(1, param[0].numel()):
+            raise ValueError(f"shape {tuple(loaded.shape)} does not fit {sum(parts)} x {tail}")
+        loaded = loaded.reshape(sum(parts), *tail)  # conv1d: [C, 1, W] -> [C, W]
+        pieces, offset = [], 0
+        for total in parts:
+            first, size = even_shard(total, tp_size, rank, "Gated DeltaNet heads")
+            pieces.append(loaded[offset + first:offset + first + size])
+            offset += total
+        param.data.copy_(torch.cat(pieces))
+
+    param.weight_loader = weight_loader  # type: ignore[attr-defined]
+    return param
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        tp, rank = parallel.tp_size(), parallel.tp_rank()
+        self.num_k_heads, self.num_v_heads = head_split(config, tp, rank)
+        self.head_k_dim, self.head_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.eps = config.rms_norm_eps
+        kd, vd, hv = config.linear_key_dim, config.linear_value_dim, config.linear_num_value_heads
+        # Checkpoint in_proj_qkv is split into q, k, v parts as it loads (split_modules).
+        self.in_proj_qkvz = MergedColumnParallelLinear(config.hidden_size, [kd, kd, vd, vd],
+                                                       part_names=["q", "k", "v", "z"])
+        self.in_proj_ba = MergedColumnParallelLinear(config.hidden_size, [hv, hv], part_names=["b", "a"])
+        self.conv1d = nn.Module()  # holds .weight [C_rank, W], the checkpoint's name for it
+        self.conv1d.weight = sharded_param([kd, kd, vd], (config.linear_conv_kernel_dim,))
+        self.A_log = sharded_param([hv], dtype=torch.float32)
+        self.dt_bias = sharded_param([hv], dtype=torch.float32)
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(self.head_v_dim), requires_grad=False)
+        self.out_proj = RowParallelLinear(vd, config.hidden_size)
+        # Bound by the runner (cache/state_pool.py); plain attributes like Attention.k_cache.
+        self.conv_state: torch.Tensor | None = None
+        self.ssm_state: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        if self.conv_state is None or self.ssm_state is None or ctx.state_indices is None:
+            raise RuntimeError("Gated DeltaNet layer has no state slots bound (runner bug)")
+        tokens = hidden.shape[0]
+        qkvz = self.in_proj_qkvz(hidden)
+        mixed, z = qkvz[:, :self.conv_dim], qkvz[:, self.conv_dim:]
+        ba = self.in_proj_ba(hidden)
+        b, a = ba[:, :self.num_v_heads], ba[:, self.num_v_heads:]
+        weight = self.conv1d.weight
+        if ctx.decode_only:
+            mixed = gdn.causal_conv1d_decode(mixed.contiguous(), weight, None, self.conv_state,
+                                             ctx.state_indices)
+        else:
+            mixed = gdn.causal_conv1d_prefill(mixed.contiguous(), weight, None, ctx.query_start_loc,
+                                              self.conv_state, ctx.state_indices,
+                                              ctx.has_initial_state)
+        kd = self.key_dim
+        q = mixed[:, :kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
+        k = mixed[:, kd:2 * kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
+        v = mixed[:, 2 * kd:].reshape(tokens, self.num_v_heads, self.head_v_dim)
+        g, beta = gdn.gdn_gating(a.contiguous(), b.contiguous(), self.A_log, self.dt_bias)
+        if ctx.decode_only:
+            o = gdn.gated_delta_rule_decode(q, k, v, g, beta, self.ssm_state, ctx.state_indices)
+        else:
+            o = gdn.gated_delta_rule_prefill(q, k, v, g, beta, ctx.query_start_loc, self.ssm_state,
+                                             ctx.state_indices, ctx.has_initial_state)
+        o = gdn.gated_rms_norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
+                               self.norm.weight, self.eps)
+        return self.out_proj(o.reshape(tokens, self.value_dim))

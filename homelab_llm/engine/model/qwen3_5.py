@@ -1,0 +1,193 @@
+"""Qwen3.5 / Qwen3.6 hybrid decoder: Gated DeltaNet layers (layers/gated_deltanet.py) with a
+gated full-attention layer every few (config.layer_types), each followed by a SwiGLU MLP.
+
+Differences from llama.py, all from the reference (transformers' modeling_qwen3_5.py):
+- RMSNorm scales by (1 + weight); the loader stores 1 + weight in float32, so the ordinary norm
+  kernels run it (the gated norm inside Gated DeltaNet scales by weight as usual).
+- q_proj gives each head its query and then its output gate (2 * head_dim rows per head); the
+  attention output is multiplied by sigmoid(gate) before o_proj.
+- q/k RMSNorm per head, then RoPE (rotate-half form) on the first partial_rotary_factor of
+  head_dim only.
+- Checkpoints: `model.language_model.*` (ConditionalGeneration) or `model.*` (CausalLM);
+  `model.visual.*` and `mtp.*` are not ours to load.
+
+KV pages exist only for the full-attention layers: `attention_layers` lists them in layer order
+and the runner binds KV layer slot i to the i-th. `gdn_layers` lists the Gated DeltaNet mixers,
+bound to state slots the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from homelab_llm.engine.layers.attention import Attention
+from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
+from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
+from homelab_llm.engine.layers.norm import RMSNorm
+from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
+from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP
+from homelab_llm.engine.parallel import state as parallel
+
+QWEN3_5_PACKED = {
+    **PACKED_MODULES,
+    "in_proj_z": ("in_proj_qkvz", "z"),
+    "in_proj_b": ("in_proj_ba", "b"),
+    "in_proj_a": ("in_proj_ba", "a"),
+}
+# Checkpoint prefixes that hold no text-model weights.
+SKIPPED_PREFIXES = ("model.visual.", "mtp.", "model.mtp.")
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Qwen3.5's norm: x / rms(x) * (1 + w). The float32 weight holds 1 + w once loaded."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__(hidden_size, eps)
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=torch.float32), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+
+    @staticmethod
+    def weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if tuple(loaded.shape) != tuple(param.shape):
+            raise ValueError(f"shape {tuple(loaded.shape)} != {tuple(param.shape)}")
+        param.data.copy_(loaded.float() + 1.0)
+
+
+class PartialRotary(nn.Module):
+    """RoPE over the first rotary_dim features of each head (rotate-half form, as the reference)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.rotary_dim = int(config.head_dim * config.partial_rotary_factor)
+        self.table = RotaryEmbedding(self.rotary_dim, config.max_position_embeddings,
+                                     config.rope_theta, config.rope_scaling)
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Once per forward: full-width cos and signed sin [T, 1, rotary_dim]."""
+        cos, sin = self.table.cos_sin.index_select(0, positions).to(dtype).unsqueeze(1).chunk(2, dim=-1)
+        return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+
+    def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        rd = self.rotary_dim
+        return torch.cat((apply_rotary(x[..., :rd], *cos_sin), x[..., rd:]), dim=-1)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: ModelConfig, rotary: PartialRotary):
+        super().__init__()
+        d = config.head_dim
+        self.gated = config.attn_output_gate
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
+                                          config.num_key_value_heads, bias=config.attention_bias,
+                                          q_rows_per_head=2 * d if self.gated else d)
+        heads = self.qkv_proj.heads
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, d
+        self.q_rows = self.qkv_proj.q_size
+        self.kv_size = heads.kv_heads * d
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=config.attention_bias,
+                                        input_shard=(heads.q_start * d, heads.q_heads * d))
+        self.q_norm = OffsetRMSNorm(d, config.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(d, config.rms_norm_eps)
+        self.rotary = rotary
+        self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
+
+    def forward(self, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        tokens, d = hidden.shape[0], self.head_dim
+        qkv = self.qkv_proj(hidden)
+        q = qkv[:, :self.q_rows].view(tokens, self.num_heads, -1)
+        gate = q[..., d:].reshape(tokens, -1) if self.gated else None
+        q = self.q_norm(q[..., :d].contiguous())
+        k = self.k_norm(qkv[:, self.q_rows:self.q_rows + self.kv_size].view(tokens, self.num_kv_heads, d))
+        v = qkv[:, self.q_rows + self.kv_size:].view(tokens, self.num_kv_heads, d)
+        q, k = self.rotary.rotate(q, cos_sin), self.rotary.rotate(k, cos_sin)
+        out = self.attn(q, k, v.contiguous())
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_type: str, rotary: PartialRotary,
+                 mlp: nn.Module | None = None):
+        super().__init__()
+        self.is_linear = layer_type == LAYER_LINEAR
+        self.input_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = GatedAttention(config, rotary)
+        self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = mlp if mlp is not None else LlamaMLP(config)
+
+    def forward(self, hidden, residual, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.linear_attn(hidden) if self.is_linear else self.self_attn(hidden, cos_sin)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen3_5Model(nn.Module):
+    def __init__(self, config: ModelConfig,
+                 make_mlp: Callable[[ModelConfig, int], nn.Module] | None = None):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary = PartialRotary(config)
+        self.layers = nn.ModuleList(
+            Qwen3_5DecoderLayer(config, t, self.rotary, make_mlp(config, i) if make_mlp else None)
+            for i, t in enumerate(config.layer_types))
+        self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.lookup(positions, hidden.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos_sin)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Qwen3_5ForCausalLM(nn.Module):
+    """The CausalLM contract (see llama.py), plus gdn_layers for the runner's state pool."""
+
+    packed_modules = QWEN3_5_PACKED
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        kd, vd = config.linear_key_dim, config.linear_value_dim
+        # Checkpoint tensors that hold several parts of one fused weight, split as they load.
+        self.split_modules = {"in_proj_qkv": ("in_proj_qkvz", [("q", kd), ("k", kd), ("v", vd)])}
+        self.model = Qwen3_5Model(config, self.make_mlp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        layers = list(self.model.layers)
+        self.attention_layers: list[Attention] = [l.self_attn.attn for l in layers if not l.is_linear]
+        self.gdn_layers: list[GatedDeltaNet] = [l.linear_attn for l in layers if l.is_linear]
+
+    def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
+        """The MLP of decoder layer `layer`; the MoE variant (qwen3_5_moe.py) overrides this."""
+        return LlamaMLP(config)
+
+    @staticmethod
+    def checkpoint_name(name: str) -> str | None:
+        """A checkpoint tensor name in our naming, or None for tensors this model does not use."""
+        if name.startswith(SKIPPED_PREFIXES):
+            return None
+        return name.replace("model.language_model.", "model.", 1)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden)

@@ -1,0 +1,89 @@
+"""Tiny random Qwen3.5 hybrids (transformers 5.x) for the hybrid-model tests: save one to a folder,
+run transformers on it, and run our engine on the same folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from homelab_llm.engine.llm import LLM
+from homelab_llm.engine.sampling_params import SamplingParams
+
+# 2 linear-attention layers then 1 full-attention layer, twice; every split divisible by 2.
+TEXT_SHAPE: dict[str, Any] = dict(
+    vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, max_position_embeddings=512, rms_norm_eps=1e-6,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
+
+
+@torch.no_grad()
+def perturb_hybrid(model) -> None:
+    """Norm weights and the decay parameters start at constants: randomise them so the (1 + w)
+    norms and the gating are exercised."""
+    for name, p in model.named_parameters():
+        if name.endswith(("norm.weight", "dt_bias")):
+            p.normal_(0.0, 0.2)
+        elif name.endswith("A_log"):
+            p.uniform_(-1.0, 1.0)
+
+
+def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, **overrides: Any):
+    """A random Qwen3_5ForCausalLM (or the ForConditionalGeneration layout) saved to `folder`;
+    returns the text model (a CausalLM) in fp32, eval mode. Norm weights and the decay
+    parameters are randomised too, so the (1 + w) norms and gating are exercised."""
+    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    text = Qwen3_5TextConfig(**{**TEXT_SHAPE, **overrides})
+    if conditional:
+        cfg = Qwen3_5Config(text_config=text.to_dict(),
+                            vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 32,
+                                           "num_heads": 2, "out_hidden_size": 64},
+                            tie_word_embeddings=text.tie_word_embeddings)
+        model = Qwen3_5ForConditionalGeneration(cfg)
+    else:
+        model = Qwen3_5ForCausalLM(text)
+    perturb_hybrid(model)
+    model.float().eval()
+    model.save_pretrained(folder)
+    if conditional:
+        causal = Qwen3_5ForCausalLM(text).float().eval()
+        causal.model.load_state_dict(model.model.language_model.state_dict())
+        causal.lm_head.load_state_dict(model.lm_head.state_dict())
+        return causal
+    return model
+
+
+@torch.no_grad()
+def hf_last_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+@torch.no_grad()
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                         pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def our_llm(folder: Path, **engine_args: Any) -> LLM:
+    defaults: dict[str, Any] = dict(device="cpu", dtype="float32", page_size=4,
+                                    kv_cache_memory_bytes=1 << 20, seed=0,
+                                    tokenizer=str(folder / "config.json"))
+    defaults.update(engine_args)
+    return LLM(str(folder), **defaults)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data))
