@@ -24,6 +24,7 @@ from homelab_llm.engine.model.config import (
     read_hf_config,
     read_json,
 )
+from homelab_llm.engine.model.gemma3 import Gemma3ForCausalLM
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
@@ -35,7 +36,8 @@ LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 # config.architecture -> the model class; every other supported architecture is llama.py's.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
                                              "qwen3_moe": Qwen3MoeForCausalLM,
-                                             "qwen3_5_moe": Qwen3_5MoeForCausalLM}
+                                             "qwen3_5_moe": Qwen3_5MoeForCausalLM,
+                                             "gemma3": Gemma3ForCausalLM}
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
