@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
-from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.kv_manager import KVCacheManager, release_window
 from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.layers.sampler import Sampler
@@ -66,7 +66,8 @@ class LLMEngine:
         self.runner.capture_graphs(self.max_model_len)
         running_slots, snapshot_slots = self.runner.state_slot_counts()
         state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
-        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots,
+                                 release_window=release_window(self.model_config, state_slots))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos

@@ -137,6 +137,7 @@ class Scheduler:
             seq.num_computed_tokens += item.num_new_tokens
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self.kv.cache_sequence(seq)
+            self.kv.release_outside_window(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out of whichever queue holds it and release its pages."""
