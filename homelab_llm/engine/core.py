@@ -260,7 +260,12 @@ class LLMEngine:
             "devices": devices,
             "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
                    "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,
-                   "bytes_per_token": pool.layout.bytes_per_token()},
+                   "bytes_per_token": pool.layout.bytes_per_token(),
+                   # sliding-window models: the window, how many layers slide, and the window
+                   # the engine releases pages below (0 when a full-attention layer needs them)
+                   "sliding_window": self.model_config.sliding_window,
+                   "sliding_layers": len(self.model_config.sliding_layers),
+                   "release_window": self.kv.release_window},
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
