@@ -28,6 +28,14 @@ def sliding_hf_config(kind: str, **overrides: Any):
                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
         kw.update(overrides)
         return transformers.Gemma3TextConfig(**kw)
+    if kind == "gpt_oss":
+        kw = dict(TINY, head_dim=16, num_hidden_layers=4, sliding_window=WINDOW, num_local_experts=4,
+                  num_experts_per_tok=2, intermediate_size=64, max_position_embeddings=128,
+                  rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                   "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                   "original_max_position_embeddings": 32})
+        kw.update(overrides)
+        return transformers.GptOssConfig(**kw)
     if kind == "mistral":
         return hf_config("mistral", sliding_window=WINDOW, **overrides)
     if kind == "qwen2":
@@ -46,11 +54,14 @@ def make_sliding_model(kind: str, folder: Path, seed: int = 0, **overrides: Any)
     cfg = sliding_hf_config(kind, **overrides)
     cfg._attn_implementation = "eager"
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    if kind == "gemma3":
+    if kind in ("gemma3", "gpt_oss"):
+        # Gemma's norms start at 0, gpt-oss's sinks and biases too: perturbed so the test sees them
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
+                if name.endswith("norm.weight") or name.endswith("sinks"):
                     p.uniform_(-0.5, 0.5)
+                elif name.endswith("bias"):
+                    p.normal_(0.0, 0.3)
     model.save_pretrained(folder, safe_serialization=True)
     return model
 

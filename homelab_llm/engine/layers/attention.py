@@ -40,6 +40,9 @@ class Attention(nn.Module):
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]. Without `rope`, q and k are already
         rotated; with it, they are rotated here (q in place on the kernel path)."""
         ctx = get_context()
+        sinks = self.sinks
+        if sinks is not None and sinks.dtype != torch.float32:  # a model cast after loading
+            sinks = sinks.float()
         has_cache = self.k_cache is not None and self.v_cache is not None
         if rope is not None and rope.in_kernel and has_cache and dispatch.use_triton(q):
             from homelab_llm.engine.kernels.kv_store import rope_store_kv
@@ -57,7 +60,7 @@ class Attention(nn.Module):
             q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
-            sinks=self.sinks)
+            sinks=sinks)
         return out.reshape(q.shape[0], -1)
 
     @staticmethod

@@ -11,9 +11,9 @@ from typing import Any, Mapping
 from homelab_llm.errors import HomelabError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
-                           "qwen3_5_moe", "gemma3")
+                           "qwen3_5_moe", "gemma3", "gpt_oss")
 # Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
-MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "gpt_oss")
 # Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
@@ -39,6 +39,7 @@ _HF_ARCHITECTURES = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # model_type spellings of one family: the multimodal wrapper and its text part.
 _MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe",
@@ -106,6 +107,11 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # Gemma 3: softmax scale = its ** -0.5 (0: head_dim)
     final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
     hidden_act: str = "silu"  # the gated MLP's activation: silu or gelu_pytorch_tanh
+    # gpt-oss: learned per-head sink logits, o_proj bias, biased experts with a clamped SwiGLU
+    attention_sinks: bool = False
+    o_proj_bias: bool = False
+    swiglu_alpha: float = 0.0  # 0: plain SiLU experts
+    swiglu_limit: float = 0.0
 
     @property
     def is_hybrid(self) -> bool:
@@ -219,7 +225,9 @@ def moe_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return dict(
         num_experts=experts,
         num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+        # gpt-oss: every layer is sparse and intermediate_size is the experts' size
+        moe_intermediate_size=int(raw.get("moe_intermediate_size")
+                                  or (raw.get("intermediate_size") if arch == "gpt_oss" else 0) or 0),
         norm_topk_prob=bool(raw.get("norm_topk_prob", arch != "qwen3_moe")),
         shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
         decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
@@ -288,12 +296,12 @@ def window_fields(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, An
     layers = int(raw["num_hidden_layers"])
     if arch == "qwen2" and not raw.get("use_sliding_window"):
         window = 0
-    if arch not in ("mistral", "qwen2", "gemma3") or window <= 0:
+    if arch not in ("mistral", "qwen2", "gemma3", "gpt_oss") or window <= 0:
         return {}
     types = raw.get("layer_types")
     if not types:
-        if arch == "gemma3":
-            pattern = int(raw.get("sliding_window_pattern") or 6)
+        if arch in ("gemma3", "gpt_oss"):
+            pattern = int(raw.get("sliding_window_pattern") or (6 if arch == "gemma3" else 2))
             types = [LAYER_FULL if (i + 1) % pattern == 0 else LAYER_SLIDING for i in range(layers)]
         else:
             first = int(raw.get("max_window_layers") or 0) if arch == "qwen2" else 0
@@ -315,6 +323,15 @@ def window_fields(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, An
         final_logit_softcapping=float(raw.get("final_logit_softcapping") or 0.0),
         hidden_act=act,
     )
+
+
+def gpt_oss_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """gpt-oss's attention sinks, o_proj bias and clamped-SwiGLU experts ({} for others)."""
+    if arch != "gpt_oss":
+        return {}
+    return dict(attention_sinks=True, o_proj_bias=bool(raw.get("attention_bias", True)),
+                swiglu_alpha=float(raw.get("swiglu_alpha") or 1.702),
+                swiglu_limit=float(raw.get("swiglu_limit") or 7.0))
 
 
 def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -416,6 +433,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             **hybrid,
             **moe_fields(raw, arch),
             **window_fields(raw, arch, where),
+            **gpt_oss_fields(raw, arch),
         )
     except HomelabError:
         raise

@@ -47,7 +47,7 @@ class LlamaAttention(nn.Module):
         heads = self.qkv_proj.heads
         self.num_heads, self.num_kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, d
         self.q_size, self.kv_size = heads.q_heads * d, heads.kv_heads * d
-        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=False,
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=config.o_proj_bias,
                                         input_shard=(heads.q_start * d, self.q_size))
         self.qk_norm = config.qk_norm
         if self.qk_norm:
@@ -55,6 +55,18 @@ class LlamaAttention(nn.Module):
             self.k_norm = norm(d, config.rms_norm_eps)
         scale = (config.query_pre_attn_scalar or d) ** -0.5
         self.attn = Attention(heads.q_heads, heads.kv_heads, d, scale, config.layer_window(layer))
+        if config.attention_sinks:  # gpt-oss: float32 per-head logits, this rank's heads
+            self.sinks = nn.Parameter(torch.zeros(heads.q_heads, dtype=torch.float32), requires_grad=False)
+            q_start = heads.q_start
+
+            def load_sinks(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+                if loaded.dim() != 1 or loaded.shape[0] != config.num_attention_heads:
+                    raise ValueError(f"sinks are {tuple(loaded.shape)}, expected "
+                                     f"({config.num_attention_heads},)")
+                param.data.copy_(loaded[q_start:q_start + param.shape[0]])
+
+            self.sinks.weight_loader = load_sinks  # type: ignore[attr-defined]
+            self.attn.sinks = self.sinks
 
     def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
         tokens, d = hidden.shape[0], self.head_dim

@@ -25,6 +25,7 @@ from homelab_llm.engine.model.config import (
     read_json,
 )
 from homelab_llm.engine.model.gemma3 import Gemma3ForCausalLM
+from homelab_llm.engine.model.gpt_oss import GptOssForCausalLM
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
@@ -37,7 +38,8 @@ LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
                                              "qwen3_moe": Qwen3MoeForCausalLM,
                                              "qwen3_5_moe": Qwen3_5MoeForCausalLM,
-                                             "gemma3": Gemma3ForCausalLM}
+                                             "gemma3": Gemma3ForCausalLM,
+                                             "gpt_oss": GptOssForCausalLM}
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
