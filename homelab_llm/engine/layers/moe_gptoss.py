@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from homelab_llm.engine.kernels.moe_gptoss_ref import gptoss_experts_ref
+from homelab_llm.engine.kernels.moe_gptoss_ref import (gptoss_experts_dense, gptoss_experts_gathered,
+                                                      gptoss_experts_ref)
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.linear import ReplicatedLinear
 from homelab_llm.engine.layers.moe import ExpertPart, FusedExperts, Router
@@ -75,8 +76,12 @@ class GptOssExperts(FusedExperts):
                 topk_ids: torch.Tensor) -> torch.Tensor:
         # The down bias is added once: on rank 0, before the all-reduce.
         b2 = self.down_proj_bias if self.tp_rank == 0 else None
-        return gptoss_experts_ref(x, self.w13, self.gate_up_proj_bias, self.w2, b2,
-                                  topk_weights, topk_ids, self.alpha, self.limit)
+        fn = gptoss_experts_ref
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():  # no host sync in a graph
+            few = x.shape[0] * topk_ids.shape[1] < self.num_experts
+            fn = gptoss_experts_gathered if few else gptoss_experts_dense
+        return fn(x, self.w13, self.gate_up_proj_bias, self.w2, b2, topk_weights, topk_ids,
+                  self.alpha, self.limit)
 
 
 class GptOssMoe(nn.Module):

@@ -73,8 +73,9 @@ class Gemma3Model(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        # Gemma multiplies by the factor in the model dtype (sqrt(5376) is 73.5 in bf16).
-        hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        # Gemma multiplies by the factor rounded to the model dtype (sqrt(5376) is 73.5 in bf16);
+        # a python float of that value keeps the forward free of tensor creation (CUDA graphs).
+        hidden = hidden * float(torch.tensor(self.embed_scale, dtype=hidden.dtype))
         global_ = self.rotary.lookup(positions, hidden.dtype)
         local = self.local_rotary.lookup(positions, hidden.dtype)
         residual = None
