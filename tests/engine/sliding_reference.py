@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from model_reference import TINY, PagedHarness, hf_config
+from model_reference import TINY, PagedHarness, hf_config, hf_logits
 
 WINDOW = 8
 SLIDING_KINDS = ("gemma3", "mistral", "qwen2")
@@ -93,3 +93,15 @@ class WindowedHarness(PagedHarness):
 
     def held_pages(self, seq: str) -> int:
         return len(self.pages[seq]) - self.freed.get(seq, 0)
+
+
+def check_long_prompt_and_decode(hf, ours, prompt: list[int], decode: list[int], atol: float) -> None:
+    """Prefill in two chunks (the second starts mid-page) then decode one token per step, far past
+    the window: logits within atol of transformers' and the same greedy tokens."""
+    ref = hf_logits(hf, prompt + decode)
+    harness = PagedHarness(ours, page_size=4)
+    got = [harness.step({"s": prompt[:13]}), harness.step({"s": prompt[13:]})]
+    got += [harness.step({"s": [t]}) for t in decode]
+    got_all = torch.cat(got)
+    torch.testing.assert_close(got_all, ref, atol=atol, rtol=0)
+    assert torch.equal(got_all.argmax(-1), ref.argmax(-1))

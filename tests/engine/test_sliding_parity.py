@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model_reference import PagedHarness, hf_logits, load_ours
-from sliding_reference import SLIDING_KINDS, WINDOW, WindowedHarness, make_sliding_model
+from sliding_reference import check_long_prompt_and_decode, SLIDING_KINDS, WINDOW, WindowedHarness, make_sliding_model
 
 ATOL = 1e-3
 PROMPT = [(7 * i + 3) % 200 for i in range(37)]  # > 4 windows
@@ -37,13 +37,7 @@ def test_config_reads_the_window(pair):
 
 def test_chunked_prefill_then_decode_past_the_window(pair):
     _, hf, _, ours = pair
-    ref = hf_logits(hf, PROMPT + DECODE)
-    harness = PagedHarness(ours, page_size=4)
-    got = [harness.step({"s": PROMPT[:13]}), harness.step({"s": PROMPT[13:]})]
-    got += [harness.step({"s": [t]}) for t in DECODE]
-    got = torch.cat(got)
-    torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
-    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    check_long_prompt_and_decode(hf, ours, PROMPT, DECODE, ATOL)
 
 
 def test_batched_decode_and_prefill_mix(pair):
