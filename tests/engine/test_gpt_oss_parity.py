@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model_reference import PagedHarness, hf_logits, load_ours
-from sliding_reference import check_long_prompt_and_decode, WINDOW, make_sliding_model
+from sliding_reference import check_long_prompt_and_decode, make_sliding_model
 
 ATOL = 1e-3
 PROMPT = [(7 * i + 3) % 200 for i in range(37)]

@@ -153,7 +153,6 @@ def paged_attention_ref(
     contributes no value.
     """
     page_size = k_cache.shape[1]
-    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if query_lens_host is None:
         starts = query_start_loc.tolist()
         query_lens_host = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
