@@ -15,6 +15,23 @@ from __future__ import annotations
 import torch
 
 
+# The 16 values of an fp4 (e2m1) code, low nibble first in each byte.
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4_ref(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """MXFP4 (OCP microscaling): blocks uint8 [..., G, 16] (32 fp4 codes per group, two per
+    byte, low nibble first), scales uint8 [..., G] (e8m0: 2 ** (s - 127)) -> [..., G * 32]."""
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} "
+                         "do not match ([..., G, 16] and [..., G])")
+    lut = torch.tensor(FP4_VALUES, dtype=torch.float32, device=blocks.device)
+    b = blocks.to(torch.int64)
+    codes = torch.stack((b & 0x0F, b >> 4), dim=-1).flatten(-2)  # [..., G, 32]
+    values = torch.ldexp(lut[codes], scales.to(torch.int32).unsqueeze(-1) - 127)
+    return values.flatten(-2).to(dtype)
+
+
 def clamped_swiglu_ref(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)

@@ -6,7 +6,8 @@ Checkpoint layout (transformers 5, bf16): experts.gate_up_proj [E, H, 2I] with g
 [E, 2I] likewise, down_proj [E, I, H], down_proj_bias [E, H]. Loading de-interleaves and
 transposes into FusedExperts' layout (w13 [E, 2I_local, H] gate rows then up rows, w2
 [E, H, I_local]), so tensor parallelism splits each expert's intermediate dimension as for the
-other MoE families. The published MXFP4 checkpoints (`*_blocks`, `*_scales`) are not read yet.
+other MoE families. The published MXFP4 checkpoints (`*_blocks`, `*_scales`) arrive here already
+dequantized (model/gpt_oss.py combine_checkpoint).
 """
 
 from __future__ import annotations

@@ -325,6 +325,15 @@ def window_fields(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, An
     )
 
 
+def checkpoint_quantization(raw: Mapping[str, Any], arch: str) -> Mapping[str, Any] | None:
+    """The quantization_config the loader acts on: gpt-oss's published MXFP4 experts are
+    dequantized at load (model/gpt_oss.py), so for them there is none."""
+    quant = raw.get("quantization_config")
+    if arch == "gpt_oss" and isinstance(quant, Mapping) and str(quant.get("quant_method")).lower() == "mxfp4":
+        return None
+    return quant
+
+
 def gpt_oss_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """gpt-oss's attention sinks, o_proj bias and clamped-SwiGLU experts ({} for others)."""
     if arch != "gpt_oss":
@@ -427,7 +436,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
-            quantization=raw.get("quantization_config"),
+            quantization=checkpoint_quantization(raw, arch),
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
             **hybrid,

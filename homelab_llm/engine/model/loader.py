@@ -259,8 +259,12 @@ def route(model: nn.Module, name: str) -> tuple[str, Any]:
 def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any]]
                 ) -> Iterator[tuple[str, torch.Tensor, Any]]:
     """Checkpoint tensors in the model's naming (checkpoint_name: None drops one); a tensor that
-    holds several parts of one fused weight (split_modules) comes out as one `name#part` each."""
+    holds several parts of one fused weight (split_modules) comes out as one `name#part` each.
+    A model with `combine_checkpoint` (gpt-oss's MXFP4 experts) first rewrites the stream."""
     splits = model.split_modules
+    combine = getattr(model, "combine_checkpoint", None)
+    if combine is not None:
+        weights = combine(weights)
     for name, tensor, blocks in weights:
         name = model.checkpoint_name(name)
         if name is None:
