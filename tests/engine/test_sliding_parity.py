@@ -65,3 +65,4 @@ def test_all_sliding_model_runs_on_freed_pages(pair):
     got += [harness.step({"s": [t]}) for t in DECODE]
     torch.testing.assert_close(torch.cat(got), ref, atol=ATOL, rtol=0)
     assert harness.held_pages("s") <= WINDOW // 4 + 1
+
