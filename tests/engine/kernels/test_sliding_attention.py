@@ -47,8 +47,8 @@ def test_reference_matches_dense_formula(window: int, with_sinks: bool, paged_kv
 
 
 def _poison_outside_window(k_cache, v_cache, page_table, seq_lens, q_lens, window, page_size):
-    """NaN in every page wholly below each sequence's oldest visible key: a kernel that reads a
-    page it may not (a freed page) turns its output NaN."""
+    """NaN in every page wholly below each sequence's oldest visible key (in the int8 cache's
+    scales): a kernel that reads a page it may not (a freed page) turns its output NaN."""
     for b, (sl, ql) in enumerate(zip(seq_lens, q_lens)):
         oldest = max(0, sl - ql - window + 1)
         for p in range(oldest // page_size):
@@ -56,27 +56,35 @@ def _poison_outside_window(k_cache, v_cache, page_table, seq_lens, q_lens, windo
             v_cache[int(page_table[b, p])] = float("nan")
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("window,with_sinks", [(6, False), (0, True), (9, True)])
+def _ref_view(cache: torch.Tensor) -> torch.Tensor:
+    return cache if cache.dtype == torch.int8 else cache.float()
+
+
+@pytest.mark.parametrize("kv_dtype,window,with_sinks", [
+    (torch.bfloat16, 6, False), (torch.bfloat16, 0, True), (torch.bfloat16, 9, True),
+    (torch.float32, 6, False), (torch.float32, 9, True), (torch.int8, 9, True)])
 def test_decode_window_and_sinks(kv_dtype, window, with_sinks, device, paged_kv) -> None:
     from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
 
     gen = torch.Generator().manual_seed(5)
     seq_lens, hq, hkv, d, page_size = [1, 7, 40, 29], 4, 2, 32, 4
-    k_cache, v_cache, _, _, pt = paged_kv(seq_lens, hkv, d, page_size, kv_dtype, device, gen)
+    k_cache, v_cache, ks, vs, pt = paged_kv(seq_lens, hkv, d, page_size, kv_dtype, device, gen)
     if window:
-        _poison_outside_window(k_cache, v_cache, pt, seq_lens, [1] * 4, window, page_size)
-    q = torch.randn(4, hq, d, generator=gen).to(device, kv_dtype)
+        poisoned = (ks, vs) if kv_dtype == torch.int8 else (k_cache, v_cache)
+        _poison_outside_window(*poisoned, pt, seq_lens, [1] * 4, window, page_size)
+    q_dtype = torch.bfloat16 if kv_dtype == torch.int8 else kv_dtype
+    q = torch.randn(4, hq, d, generator=gen).to(device, q_dtype)
     sinks = (2.0 * torch.randn(hq, generator=gen)).to(device) if with_sinks else None
     qsl = torch.arange(5, dtype=torch.int32, device=device)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    want = paged_attention_ref(q.float(), k_cache.float(), v_cache.float(), pt, qsl, sl, d ** -0.5,
-                               window=window, sinks=sinks)
+    want = paged_attention_ref(q.float(), _ref_view(k_cache), _ref_view(v_cache), pt, qsl, sl,
+                               d ** -0.5, ks, vs, window=window, sinks=sinks)
     assert torch.isfinite(want).all()
     for splits in (1, 4):
-        got = paged_decode_attention(q, k_cache, v_cache, pt, qsl, sl, d ** -0.5, num_splits=splits,
-                                     window=window, sinks=sinks)
-        # bf16 operands/output on unit-variance values: 2e-2; fp32 (tf32 dot on a GPU): 5e-3.
+        got = paged_decode_attention(q, k_cache, v_cache, pt, qsl, sl, d ** -0.5, ks, vs,
+                                     num_splits=splits, window=window, sinks=sinks)
+        # bf16 operands/output on unit-variance values: 2e-2 (int8 KV: the same dequantized rows
+        # on both sides); fp32 (tf32 dot on a GPU): 5e-3.
         tol = 5e-3 if kv_dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
