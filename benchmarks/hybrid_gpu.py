@@ -7,6 +7,8 @@ Sections:
   decode    Qwen3.6-27B shape, W4A16 dummy weights, int8 KV: batch-1 and batch-8 decode; batch 1
             against the weight-read roofline (weight bytes / copy bandwidth), batch 8 / batch 1
   bf16      the same shape in bf16 at batch 1 (the unquantized roofline fraction)
+  profile   GPU time per kernel name over eager batch-1 decode steps (graphs off, so every
+            launch shows), for --model (default the hybrid; any assets/model_configs JSON)
   replay    a 16-turn agent session: each turn's prompt is the previous prompt + the previous
             answer + new user tokens. TTFT of every turn with prefix caching on, next to the time
             to prefill only the turn's new tokens (a fresh prompt of that length, same engine);
@@ -72,6 +74,35 @@ def section_bf16(quick: bool) -> None:
     cleanup()
 
 
+def section_profile(model: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make_engine(model, max_model_len=4096, quantization="w4a16", kv_cache_dtype="int8",
+                         enforce_eager=True, max_num_seqs=8)
+    engine.add_request("prof", list(range(100, 612)), SamplingParams(max_tokens=64, ignore_eos=True))
+    for _ in range(8):
+        engine.step()
+    torch.cuda.synchronize()
+    steps = 16
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if t and evt.count:
+            totals[evt.key] = [t / steps, evt.count / steps]
+    whole = sum(v[0] for v in totals.values())
+    print(f"{model}: GPU kernel time per eager W4A16 decode step: {whole:.0f} us, "
+          f"{sum(v[1] for v in totals.values()):.0f} launches", flush=True)
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:30]:
+        print(f"  {us:8.1f} us  {count:6.1f}/step  {name[:100]}", flush=True)
+    report(f"{model}_eager_step_gpu_kernel_us", whole, "us")
+    del engine
+    cleanup()
+
+
 def ttft(engine, rid: str, prompt: list[int], max_tokens: int) -> tuple[float, list[int], int]:
     """(seconds to the first token, the generated tokens, cached prompt tokens) of one request."""
     engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0,
@@ -117,9 +148,11 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--sections", default="ceilings,decode,bf16,replay")
     p.add_argument("--json")
+    p.add_argument("--model", default=MODEL, help="the profile section's model_configs JSON")
     a = p.parse_args()
     sections = {"ceilings": ceilings, "decode": lambda: section_decode(a.quick),
-                "bf16": lambda: section_bf16(a.quick), "replay": lambda: section_replay(a.quick)}
+                "bf16": lambda: section_bf16(a.quick),
+                "profile": lambda: section_profile(a.model), "replay": lambda: section_replay(a.quick)}
     return run_sections(sections, a.sections, a.json)
 
 

@@ -17,6 +17,11 @@ decode tok/s per stream and in aggregate at 1, 2, 4, 8 concurrent streams (short
 context used is printed), plus how long each shutdown took. Dummy weights: the speed and memory
 are the real model's, the tokens are noise.
 
+Hybrid models (--config assets/model_configs/Qwen3.6-27B.json, issue 14) also hold Gated DeltaNet
+states (running sequences + the prefix cache's snapshot pool), allocated before the KV cache: they
+count with the weights in the budget, get their own column, and the planned numbers (`plan`'s
+KV bytes per token and state bytes) print beside the measured ones.
+
 Qwen3's native window is 32K; 128K is served with YaRN (factor 4), as Qwen's model card says, so
 the config used is the shipped shape plus that rope_scaling.
 """
@@ -46,12 +51,16 @@ YARN_128K = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddin
 TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=8192,
             rope_scaling=None)
+TINY_HYBRID = dict(layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2,
+                   linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
 
 
 def write_config(a: argparse.Namespace, folder: Path) -> Path:
     raw = json.loads(Path(a.config).read_text())
     if a.tiny:
         raw.update(TINY)
+        if raw.get("layer_types"):
+            raw.update(TINY_HYBRID)
     elif a.max_model_len > raw.get("max_position_embeddings", 0) and not raw.get("rope_scaling"):
         raw["rope_scaling"] = YARN_128K
     path = folder / (Path(a.config).stem + ("-tiny" if a.tiny else "-deploy") + ".json")
@@ -119,15 +128,16 @@ def main() -> int:
         del probe
         cleanup()
         card, reserve = int(a.card_gib * GiB), int(a.reserve_gib * GiB)
-        used = max(d["weights"] + d["activations_peak"] + d["graphs"] for d in measured)
+        used = max(d["weights"] + d["activations_peak"] + d["graphs"] + d.get("state", 0)
+                   for d in measured)
         budget = card - used - reserve
         out["budget"] = {"card": card, "reserve": reserve, "max_rank_model_bytes": used,
                          "kv_budget_per_gpu": budget,
-                         "formula": "card - max_rank(weights + activations_peak + graphs)"
+                         "formula": "card - max_rank(weights + activations_peak + graphs + state)"
                                     " - reserve"}
         print(f"KV budget per GPU = {a.card_gib:g} GiB card - {used / GiB:.2f} GiB "
-              f"(weights + activations + graphs, largest rank) - {a.reserve_gib:g} GiB reserve "
-              f"= {budget / GiB:.2f} GiB", flush=True)
+              f"(weights + activations + graphs + state, largest rank) - {a.reserve_gib:g} GiB "
+              f"reserve = {budget / GiB:.2f} GiB", flush=True)
         if budget < a.max_model_len * per_token:
             print(f"does not fit: {budget / GiB:.2f} GiB holds "
                   f"{max(budget, 0) // per_token} tokens < max_model_len {a.max_model_len}")
@@ -146,13 +156,25 @@ def main() -> int:
         print(f"\n{mc.name or config.stem}: W4A16 (dummy) TP={a.tp}, KV int8, max_model_len "
               f"{a.max_model_len}, max_num_seqs {a.max_num_seqs}, {a.card_gib:g} GiB card emulated")
         print(f"{'rank':4s} {'device':24s} {'weights':>11s} {'activations':>11s} {'graphs':>11s} "
-              f"{'KV cache':>11s} {'other':>11s}")
+              f"{'state':>11s} {'KV cache':>11s} {'other':>11s}")
         for r, d in enumerate(status["devices"]):
             print(f"{r:<4d} {str(d['name'])[:24]:24s} {gib(d['weights'])} "
-                  f"{gib(d['activations_peak'])} {gib(d['graphs'])} {gib(d['kv_cache'])} "
-                  f"{gib(d['other'])}")
+                  f"{gib(d['activations_peak'])} {gib(d['graphs'])} {gib(d.get('state', 0))} "
+                  f"{gib(d['kv_cache'])} {gib(d['other'])}")
         print(f"GPU KV cache size: {cap:,} tokens ({kv['bytes_per_token']} B/token/GPU, "
               f"page {page})")
+        planned = memory.plan(mc, gpu_memory_bytes=card, tensor_parallel_size=a.tp,
+                              kv_cache_dtype="int8", dtype="bfloat16", quantization="w4a16",
+                              max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
+                              max_num_batched_tokens=a.max_num_batched_tokens)
+        out["planned"] = {"kv_bytes_per_token": planned.kv_bytes_per_token,
+                          "state_bytes": planned.per_device[0].state_bytes,
+                          "weights_bytes": [d.weights_bytes for d in planned.per_device]}
+        print(f"plan: {planned.kv_bytes_per_token} KV B/token/GPU, weights "
+              f"{gib(planned.per_device[0].weights_bytes)} (+ RoPE table "
+              f"{gib(planned.per_device[0].buffers_bytes)}), state "
+              f"{gib(planned.per_device[0].state_bytes)} per GPU "
+              f"({planned.state_bytes_per_sequence:,} B per sequence)")
         conc = {}
         for n in (8192, 32768, 131072):
             if n > a.max_model_len:

@@ -9,6 +9,7 @@ import sys
 
 from homelab_llm import __version__
 from homelab_llm.errors import HomelabError
+from homelab_llm.parent_watch import start_from_env
 
 # name -> (module with add_parser(subparsers) and run(args) -> int, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,13 +26,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+DESCRIPTION = """\
+Run LLMs at home: a control app (the default command) that starts presets as a
+child service and shows what they do, its own inference engine behind an
+OpenAI-compatible API, a hardware check, a memory planner and benchmarks."""
+EPILOG = """\
+Run `homelab-llm COMMAND --help` for a command's flags. With no command, or
+only flags, the control app opens: `homelab-llm --url http://127.0.0.1:8000`
+watches a server that is already running."""
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     from homelab_llm.settings import settings_path
 
     parser = argparse.ArgumentParser(
-        prog="homelab-llm", description=__doc__.splitlines()[0],
-        epilog=f"settings file: {settings_path()} (TOML: models_dirs, default_preset, "
-               "router_port; HOMELAB_LLM_CONFIG names another)")
+        prog="homelab-llm", description=DESCRIPTION,
+        epilog=EPILOG + f"\n\nSettings file: {settings_path()} (TOML: models_dirs, "
+               "default_preset, router_port;\nHOMELAB_LLM_CONFIG names another).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"homelab-llm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -44,6 +56,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    start_from_env()  # launched by the control app: end when it ends (no orphans)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["tui", *argv]

@@ -182,8 +182,9 @@ def _validate_engine_args(args: dict[str, ArgValue]) -> list[PresetIssue]:
             issues.append(PresetIssue(f"args.{key}", "not an engine flag (see `homelab-llm serve --help`)"))
             continue
         default = getattr(defaults, name)
-        want = type(default) if default is not None else int if name == "max_model_len" else str
-        if name == "kv_cache_memory_bytes":
+        optional_ints = ("max_model_len", "max_state_snapshots")
+        want = type(default) if default is not None else int if name in optional_ints else str
+        if name in ("kv_cache_memory_bytes", "state_snapshot_memory_bytes"):
             try:
                 values[name] = parse_bytes(value)  # type: ignore[arg-type]
             except HomelabError as err:

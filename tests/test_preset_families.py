@@ -18,6 +18,7 @@ MODEL_SHAPES = {
     "~/models/qwen3-32b-w4a16": "Qwen3-32B",
     "~/models/qwen3-30b-a3b-w4a16": "Qwen3-30B-A3B",
     "~/models/gemma-3-27b-it-w4a16": "Gemma-3-27B",
+    "~/models/Qwen3.6-27B-int4-AutoRound": "Qwen3.6-27B",
     "~/models/gpt-oss-20b": "gpt-oss-20b",
 }
 

@@ -14,7 +14,7 @@ from homelab_llm.bench.metrics import Stat
 if TYPE_CHECKING:
     from homelab_llm.bench.replay import ReplayReport
     from homelab_llm.bench.serve import ServeReport
-    from homelab_llm.bench.sweep import SweepReport
+    from homelab_llm.bench.sweep import BenchRow, SweepReport
 
 
 def render_table(headers: list[str], rows: list[list[str]], markdown: bool = False,
@@ -73,7 +73,14 @@ def _footer(report: "SweepReport") -> str:
         parts.append(f"failed requests: {failed}")
     if report.interrupted:
         parts.append("INTERRUPTED: partial results")
-    return " | ".join(parts)
+    # The server's own words for each failing point, so a 400 is never just a count.
+    errors = [f"error at {_point(r)}: {r.errors[0]}" for r in report.rows if r.errors]
+    return "\n".join([" | ".join(parts), *errors])
+
+
+def _point(row: "BenchRow") -> str:
+    return (f"pp{row.pp} tg{row.tg} @ d{row.depth}" + (f" c{row.concurrency}" if row.concurrency > 1
+                                                       else ""))
 
 
 def replay_table(report: "ReplayReport", markdown: bool = False) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from homelab_llm.engine.model.context_limit import parse_hf_overrides
 from homelab_llm.errors import HomelabError
 
 KVCacheDType = Literal["auto", "bf16", "fp16", "fp32", "int8"]
@@ -50,6 +51,9 @@ class EngineArgs:
     kv_cache_dtype: KVCacheDType = "auto"
     page_size: int = 16
     max_model_len: int | None = None
+    # Merged into the HF config before parsing (vLLM's flag), e.g. {"rope_scaling": {...}} to
+    # extend the model's positions; a JSON string is parsed by validate().
+    hf_overrides: dict[str, Any] | str | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     gpu_memory_utilization: float = 0.90
@@ -72,6 +76,7 @@ class EngineArgs:
     master_port: int = 0
 
     def validate(self) -> None:
+        self.hf_overrides = parse_hf_overrides(self.hf_overrides)
         if self.kv_cache_dtype not in ("auto", "bf16", "fp16", "fp32", "int8"):
             raise EngineArgsError(
                 f"--kv-cache-dtype {self.kv_cache_dtype!r} is not supported; use auto, bf16, fp16, fp32 or int8")
@@ -116,36 +121,71 @@ class EngineArgs:
         g = parser.add_argument_group("engine")
         g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
         g.add_argument("--load-format", default=d.load_format,
-                       choices=["auto", "gguf", "safetensors", "dummy"])
-        g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
-        g.add_argument("--device", default=d.device, help="auto, cpu, cuda or cuda:N")
-        g.add_argument("--quantization", default=None, help="w4a16 (GGUF/GPTQ/AutoRound are detected)")
-        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+                       choices=["auto", "gguf", "safetensors", "dummy"],
+                       help="how to read MODEL: auto detects GGUF or safetensors; dummy builds "
+                            "random weights from a model_configs JSON (benchmarks, tests) "
+                            f"(default: {d.load_format})")
+        g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                       help="compute dtype; auto picks bfloat16 on GPUs that have it, float32 on "
+                            f"the CPU (default: {d.dtype})")
+        g.add_argument("--device", default=d.device,
+                       help="auto, cpu, cuda or cuda:N (HIP GPUs are cuda too); auto takes the "
+                            f"first GPU, else the CPU (default: {d.device})")
+        g.add_argument("--quantization", default=None,
+                       help="w4a16: 4-bit weights, 16-bit activations, quantized at load from a "
+                            "16-bit checkpoint (GGUF Q4, GPTQ and AutoRound checkpoints are "
+                            "detected without it)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
+                       help="split every layer across this many GPUs of this machine "
+                            f"(default: {d.tensor_parallel_size})")
         g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype,
-                       choices=["auto", "bf16", "fp16", "fp32", "int8"])
-        g.add_argument("--page-size", "--block-size", type=int, default=d.page_size, dest="page_size")
-        g.add_argument("--max-model-len", type=int, default=None)
-        g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-        g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-        g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+                       choices=["auto", "bf16", "fp16", "fp32", "int8"],
+                       help="KV cache element type; int8 halves its memory (per-token scales); "
+                            f"auto follows --dtype (default: {d.kv_cache_dtype})")
+        g.add_argument("--page-size", "--block-size", type=int, default=d.page_size, dest="page_size",
+                       help=f"tokens per KV cache page (default: {d.page_size})")
+        g.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt plus output, in tokens (default: the model's context, "
+                            "lowered to what the KV cache holds)")
+        g.add_argument("--hf-overrides", default=None, metavar="JSON",
+                       help='merged into the model config, e.g. \'{"rope_scaling": {"rope_type": '
+                            '"yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'')
+        g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                       help=f"requests decoded together at most (default: {d.max_num_seqs})")
+        g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                       help="tokens one step may process (prefill chunks plus decodes) "
+                            f"(default: {d.max_num_batched_tokens})")
+        g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                       help="share of each GPU's memory this server may use, weights and KV cache "
+                            f"included (default: {d.gpu_memory_utilization})")
         g.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None,
                        help="KV cache budget per device, e.g. 2GiB (overrides --gpu-memory-utilization)")
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                       default=d.enable_prefix_caching)
+                       default=d.enable_prefix_caching,
+                       help="reuse the KV cache of a shared prompt prefix (chat history, system "
+                            "prompt) across requests "
+                            f"(default: {'on' if d.enable_prefix_caching else 'off'})")
         g.add_argument("--max-state-snapshots", type=int, default=None,
                        help="hybrid models: GDN state snapshots the prefix cache keeps per device "
                             "(default 2 x --max-num-seqs; 0 = no prefix reuse)")
         g.add_argument("--state-snapshot-memory-bytes", type=parse_bytes, default=None,
                        help="hybrid models: snapshot pool size per device instead, e.g. 2GiB")
-        g.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
+        g.add_argument("--enforce-eager", action="store_true",
+                       help="no CUDA/HIP graphs: starts faster and uses less memory, decodes slower")
         g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                        default=d.async_scheduling,
                        help="prepare the next step while the GPU runs this one (default on)")
-        g.add_argument("--seed", type=int, default=d.seed)
-        g.add_argument("--nnodes", type=int, default=d.nnodes)
-        g.add_argument("--node-rank", type=int, default=d.node_rank)
-        g.add_argument("--master-addr", default=d.master_addr)
-        g.add_argument("--master-port", type=int, default=d.master_port)
+        g.add_argument("--seed", type=int, default=d.seed,
+                       help=f"seed for sampling when a request gives none (default: {d.seed})")
+        g.add_argument("--nnodes", type=int, default=d.nnodes,
+                       help=f"machines in a multi-node tensor-parallel group (default: {d.nnodes})")
+        g.add_argument("--node-rank", type=int, default=d.node_rank,
+                       help="this machine's index in the group; 0 serves the API, others only "
+                            f"run worker ranks (default: {d.node_rank})")
+        g.add_argument("--master-addr", default=d.master_addr,
+                       help=f"address of node 0 for the group's rendezvous (default: {d.master_addr})")
+        g.add_argument("--master-port", type=int, default=d.master_port,
+                       help=f"port of node 0 for the group's rendezvous (default: {d.master_port})")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":

@@ -10,10 +10,15 @@ from pathlib import Path
 import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.kv_manager import KVCacheManager, release_window
 from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
+from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
+                                       describe)
+from homelab_llm.engine.isolate import run_isolated
 from homelab_llm.engine.layers.sampler import Sampler
+from homelab_llm.engine.model.context_limit import check_max_model_len
 from homelab_llm.engine.memory import parameter_fields
 from homelab_llm.engine.output_processor import OutputProcessor
 from homelab_llm.engine.outputs import RequestOutput
@@ -21,9 +26,10 @@ from homelab_llm.engine.pending import PLACEHOLDER, PendingTokens, placeholder_r
 from homelab_llm.engine.runner import ModelRunner
 from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
-from homelab_llm.engine.scheduler import Scheduler
+from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.errors import HomelabError
+from homelab_llm.load_progress import LOAD
 
 log = logging.getLogger("homelab_llm.engine")
 
@@ -39,11 +45,19 @@ class DuplicateRequestError(HomelabError, ValueError):
     """A request id that is already in flight."""
 
 
+def _largest_prefill(items: list[ScheduledSeq]) -> ScheduledSeq | None:
+    """Out of memory in a forward: the prefill with the most new tokens caused it (a step of
+    decodes only has nothing to give back: that is fatal)."""
+    prefills = [item for item in items if item.num_new_tokens > 1]
+    return max(prefills, key=lambda item: item.num_new_tokens) if prefills else None
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         from homelab_llm.engine.tokenizer import load_tokenizer
 
         args.validate()
+        LOAD.reset()
         if args.node_rank > 0:
             raise EngineArgsError(
                 f"--node-rank {args.node_rank} runs worker ranks only; start it with "
@@ -52,6 +66,8 @@ class LLMEngine:
         target = resolve_target(args)
         self.model_path, self.device, self.dtype = target.path, target.device, target.dtype
         self.model_config, self.quantization = target.config, target.quantization
+        # Refused before any weight loads: a position past the RoPE table is a GPU fault.
+        wanted_len = check_max_model_len(args.max_model_len, self.model_config)
         self.tokenizer = load_tokenizer(args.tokenizer or self.model_path, args.load_format)
         torch.manual_seed(args.seed)
         self.runner: Runner
@@ -61,9 +77,14 @@ class LLMEngine:
             self.runner = ParallelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
         else:
             self.runner = ModelRunner(args, self.model_config, self.model_path, self.device, self.dtype)
+        LOAD.begin("sizing KV cache")
         pool = self.runner.allocate_kv(self.runner.kv_budget())
-        self.max_model_len = self._resolve_max_model_len(pool.tokens_capacity)
+        self.max_model_len = self._resolve_max_model_len(wanted_len, pool.tokens_capacity)
+        log.info("load: KV cache %d tokens (%s, %.2f GiB), max_model_len %d", pool.tokens_capacity,
+                 pool.layout.dtype, pool.memory_bytes / 2**30, self.max_model_len)
+        LOAD.begin("capturing graphs")
         self.runner.capture_graphs(self.max_model_len)
+        LOAD.begin("ready")
         running_slots, snapshot_slots = self.runner.state_slot_counts()
         state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
         self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots,
@@ -74,7 +95,8 @@ class LLMEngine:
         self.sampler = Sampler(eos)
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
-        self._aborted: list[Sequence] = []
+        self._aborted: list[Sequence] = []  # ended early (abort or fault): reported next step
+        self._dead_reason: str | None = None
         # Async scheduling: one step's tokens may still be on the device (see pending.py); with
         # tensor parallelism rank 0 broadcasts them to the other ranks after the next plan.
         self._async = args.async_scheduling and self.device.type == "cuda"
@@ -87,15 +109,15 @@ class LLMEngine:
                  self.model_config.name or self.model_path, self.device, self.dtype,
                  pool.tokens_capacity, pool.layout.dtype, self.max_model_len)
 
-    def _resolve_max_model_len(self, kv_capacity: int) -> int:
-        native = self.model_config.max_position_embeddings
+    def _resolve_max_model_len(self, wanted: int, kv_capacity: int) -> int:
+        """`wanted`: --max-model-len (checked against the model's positions) or those positions."""
         asked = self.args.max_model_len
         if asked is not None and asked > kv_capacity:
             raise EngineArgsError(
                 f"--max-model-len {asked} needs {asked} tokens of KV cache but it holds "
                 f"{kv_capacity}; raise --kv-cache-memory-bytes/--gpu-memory-utilization or lower "
                 f"--max-model-len")
-        limit = asked if asked is not None else native
+        limit = wanted
         if limit > kv_capacity:
             log.warning("max_model_len lowered from %d to the KV capacity %d", limit, kv_capacity)
             limit = kv_capacity
@@ -105,6 +127,8 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> list[int]:
         """Queue a request; returns its prompt token ids."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         params.validate()
         if request_id in self._seqs:
             raise DuplicateRequestError(f"request id {request_id!r} is already in flight")
@@ -144,58 +168,119 @@ class LLMEngine:
         return prompt_ids
 
     def abort_request(self, request_id: str) -> None:
+        self._end(request_id, "abort")
+
+    def _end(self, request_id: str, reason: str, error: str | None = None) -> None:
+        """Finish a request early (abort, or a fault of its own): pages freed at once, its final
+        output reported by the next step. Idempotent."""
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return
         if seq.token_ids and seq.token_ids[-1] == PLACEHOLDER:
             seq.token_ids.pop()  # its token is still on the device: never cache or report it
-        self.scheduler.finish(seq)
-        seq.finish_reason = "abort"
+        # A faulty sequence's KV may be incomplete: only an abort offers it to the prefix cache.
+        self.scheduler.finish(seq, cache=reason == "abort")
+        seq.finish_reason = reason
+        seq.error = error
         seq.finish_time = time.monotonic()
         self._aborted.append(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._seqs) or bool(self._aborted) or self._pending is not None
 
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine cannot serve any more (a device fault, a lost rank), else None."""
+        return self._dead_reason or self.runner.failure
+
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        results: list[RequestOutput] = []
-        for seq in self._aborted:
-            out = self.outputs.make_output(seq)
-            if out is not None:
-                results.append(out)
-        self._aborted.clear()
+        """One step. A fault of one request ends that request (finish_reason "error"); a fatal
+        one (engine/faults.py) raises EngineDeadError now and on every later call."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        try:
+            return self._step()
+        except EngineDeadError:
+            raise
+        except Exception as exc:
+            if classify(exc) is FaultKind.FATAL:
+                raise self._die(exc) from exc
+            raise
+
+    def _die(self, exc: BaseException) -> EngineDeadError:
+        self._dead_reason = describe(exc)
+        log.error("fatal engine error, the engine is dead: %s", self._dead_reason, exc_info=exc)
+        return EngineDeadError(f"the engine is dead: {self._dead_reason}")
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        # A host-side check's message says it all; anything else wants its traceback in the log.
+        log.warning("request %s failed alone: %s", seq.request_id, describe(exc),
+                    exc_info=None if isinstance(exc, SequenceFault) else exc)
+        if classify(exc) is FaultKind.OOM and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self._end(seq.request_id, "error", describe(exc))
+
+    def _take_ended(self) -> list[RequestOutput]:
+        ended, self._aborted = self._aborted, []
+        return [out for seq in ended if (out := self.outputs.make_output(seq)) is not None]
+
+    def _step(self) -> list[RequestOutput]:
+        results = self._take_ended()
         if self._pending is not None and not self._can_run_ahead():
             results.extend(self._finish_pending())
         if not self.scheduler.has_work():
             results.extend(self._finish_pending())
             return results
         plan = self.scheduler.schedule()
-        if not plan.scheduled:
+        ran, logits = run_isolated(
+            plan.scheduled, lambda items: self._forward(items, plan.copies),
+            lambda item: item.seq.request_id, _largest_prefill,
+            lambda item, exc: self._fail(item.seq, exc), self._die)
+        results.extend(self._take_ended())  # the requests this forward failed
+        if not ran:
             results.extend(self._finish_pending())
             return results
-        self.prompt_tokens_total += sum(item.num_prompt_tokens for item in plan.scheduled)
-        samplers = [item.seq for item in plan.scheduled if item.samples]  # logits rows, in order
-        batch = self.runner.prepare(plan.scheduled, plan.copies)
-        if self._pending is not None:
-            rows = placeholder_rows(plan.scheduled, self._pending)
-            if rows[0]:
-                self.runner.patch_inputs(batch, *rows, self._pending.device_tokens)
-        logits = self.runner.forward(batch)
-        self.scheduler.advance(plan)
+        self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
+        samplers = [item.seq for item in ran if item.samples]  # logits rows, in order
+        self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies))
         # The previous step's tokens: read while this step runs on the device. A sequence they
         # finish was computed once more in this step; its row is dropped.
         results.extend(self._finish_pending())
-        keep = [i for i, seq in enumerate(samplers) if not seq.is_finished]
-        sampling = [samplers[i] for i in keep]
+        rows = [i for i, seq in enumerate(samplers) if not seq.is_finished]
+        if rows:
+            results.extend(self._sample(logits, [(row, samplers[row]) for row in rows]))
+        return results
+
+    def _forward(self, scheduled: list[ScheduledSeq], copies: CacheCopies) -> torch.Tensor:
+        # Copies are idempotent (same source rows, same targets): a step re-run without a faulty
+        # request may apply them again.
+        batch = self.runner.prepare(scheduled, copies)
+        if self._pending is not None:
+            rows = placeholder_rows(scheduled, self._pending)
+            if rows[0]:
+                self.runner.patch_inputs(batch, *rows, self._pending.device_tokens)
+        return self.runner.forward(batch)
+
+    def _sample(self, logits: torch.Tensor, rows: list[tuple[int, Sequence]]) -> list[RequestOutput]:
+        """Sample each (logits row, sequence); a request whose parameters make the sampler raise
+        fails alone and the others are sampled without it."""
+        ahead = self._run_ahead_ok([seq for _, seq in rows])
+
+        def run(items: list[tuple[int, Sequence]]):
+            picked = logits[[row for row, _ in items]]
+            seqs = [seq for _, seq in items]
+            return self.sampler.sample_on_device(picked, seqs) if ahead else self.sampler(picked, seqs)
+
+        ran, sample = run_isolated(rows, run, lambda item: item[1].request_id, lambda items: None,
+                                   lambda item, exc: self._fail(item[1], exc), self._die)
+        results = self._take_ended()
+        sampling = [seq for _, seq in ran]
         if not sampling:
             return results
-        if len(keep) != len(samplers):
-            logits = logits[keep]
-        if self._run_ahead_ok(sampling):
-            self._pending = PendingTokens.launch(sampling, self.sampler.sample_on_device(logits, sampling))
+        if ahead:
+            self._pending = PendingTokens.launch(sampling, sample)
             return results
-        sample = self.sampler(logits, sampling)
         results.extend(self._record(sampling, sample.token_ids, sample.logprobs))
         return results
 
@@ -205,7 +290,11 @@ class LLMEngine:
         for seq, token, lp in zip(seqs, tokens, logprobs):
             if seq.is_finished:  # aborted while its token was on the way
                 continue
-            self.outputs.append_token(seq, token, lp)
+            try:
+                self.outputs.append_token(seq, token, lp)
+            except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer fault: this request only
+                self._fail(seq, exc)
+                continue
             self.generation_tokens_total += 1
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from homelab_llm.engine.context import ForwardContext, forward_context
+from homelab_llm.load_progress import LOAD
 
 log = logging.getLogger("homelab_llm.engine.graphs")
 
@@ -68,7 +69,8 @@ class DecodeGraphs:
     def capture(self, sizes: list[int]) -> None:
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        for bs in sorted(sizes, reverse=True):  # largest first: later graphs reuse its pool
+        for done, bs in enumerate(sorted(sizes, reverse=True)):  # largest first: later graphs reuse its pool
+            LOAD.step(done, len(sizes), f"(batch {bs})")
             ctx = self._context(bs)
             with forward_context(ctx):
                 for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture

@@ -70,7 +70,7 @@ def resolve_target(args: EngineArgs) -> ModelTarget:
 
     path = resolve_model_path(args.model)
     device = resolve_device(args.device)
-    config = load_model_config(path, args.load_format)
+    config = load_model_config(path, args.load_format, args.hf_overrides)
     quantization = resolve_quantization(config, resolve_format(path, args.load_format),
                                         args.quantization)
     return ModelTarget(path, device, config, quantization, resolve_dtype(args.dtype, device, quantization))

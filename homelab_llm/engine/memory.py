@@ -7,6 +7,12 @@ size, so both agree on what one token costs). Torch-free on purpose: `plan` must
 Sharding uses the engine's own rule and helpers (sharding.py): KV heads go to ranks in whole
 groups with their query heads (replicated when there are more ranks than KV heads), the MLP
 intermediate dim splits evenly, the vocab into padded ceil(vocab / tp) slices; norms are replicated.
+
+Hybrid models (Gated DeltaNet + attention, Qwen3.5/3.6): only the full-attention layers hold KV
+pages; the GDN layers' parameters and prefill working memory come from engine/gdn_memory.py, and
+each device reserves (max_num_seqs running + the snapshot pool) x the per-sequence state of
+cache/state_layout.py before the KV cache gets the rest. With an attention output gate, q_proj is
+twice as wide (query and gate).
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
+from homelab_llm.engine.gdn_memory import gdn_activation_bytes, gdn_linears, gdn_small_param_bytes
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.context_limit import model_max_positions, rope_table_rows
 from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
                                          padded_shard)
 
@@ -49,7 +58,7 @@ def _check_tp(tp_size: int, tp_rank: int) -> None:
 
 def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: str,
                        tp_size: int, tp_rank: int = 0) -> int:
-    """Bytes one token's K and V occupy on one device, over all layers."""
+    """Bytes one token's K and V occupy on one device, over the full-attention layers."""
     _check_tp(tp_size, tp_rank)
     heads = _heads(config, tp_size, tp_rank).kv_heads
     if kv_cache_dtype == "int8":
@@ -57,7 +66,7 @@ def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: st
     else:
         dtype = resolve_model_dtype(config, model_dtype) if kv_cache_dtype == "auto" else kv_cache_dtype
         per_head = config.head_dim * dtype_bytes(dtype)
-    return 2 * config.num_hidden_layers * heads * per_head
+    return 2 * len(config.full_attention_layers) * heads * per_head
 
 
 def quantization_method(config: ModelConfig, quantization: str | None) -> str | None:
@@ -111,22 +120,30 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     q_heads, kv_heads = heads.q_heads, heads.kv_heads
     inter = config.intermediate_size // tp_size
 
-    qkv_out = (q_heads + 2 * kv_heads) * d
-    layer = (
-        _linear_bytes(h, qkv_out, size, method, group)          # qkv (column-parallel)
-        + _linear_bytes(q_heads * d, h, size, method, group)    # o_proj (row-parallel)
-        + _linear_bytes(h, 2 * inter, size, method, group)      # gate_up (column-parallel)
+    qkv_out = ((2 if config.attn_output_gate else 1) * q_heads + 2 * kv_heads) * d
+    common = (
+        _linear_bytes(h, 2 * inter, size, method, group)        # gate_up (column-parallel)
         + _linear_bytes(inter, h, size, method, group)          # down (row-parallel)
         + 2 * h * size                                          # input / post-attention norms
     )
+    attention = (
+        _linear_bytes(h, qkv_out, size, method, group)          # qkv (column-parallel)
+        + _linear_bytes(q_heads * d, h, size, method, group)    # o_proj (row-parallel)
+    )
     if config.attention_bias:
-        layer += qkv_out * size
+        attention += qkv_out * size
     if config.qk_norm:
-        layer += 2 * d * size
+        attention += 2 * d * size
+    layout = StateLayout.for_model(config, tp_size, dtype)
+    gdn = sum(_linear_bytes(p.in_features, p.out_features, size, method if p.quantized else None,
+                            group) for p in gdn_linears(config, layout))
+    gdn += gdn_small_param_bytes(config, layout, size)
+    layers = (len(config.full_attention_layers) * (attention + common)
+              + layout.num_layers * (gdn + common))
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
-    total = config.num_hidden_layers * layer + embed + lm_head + h * size  # + final norm
+    total = layers + embed + lm_head + h * size  # + final norm
     return total + moe_weight_delta(config, size, method, group, tp_size)
 
 
@@ -210,13 +227,10 @@ def parameter_fields(config: ModelConfig) -> dict[str, int]:
 
 def rope_table_bytes(config: ModelConfig) -> int:
     """The RoPE cos/sin table every rank keeps as a float32 buffer (layers/rotary.py): one row of
-    head_dim values per position, longer for YaRN (original length x factor)."""
-    length = config.max_position_embeddings
-    scaling = config.rope_scaling or {}
-    if scaling.get("rope_type") == "yarn":
-        original = scaling.get("original_max_position_embeddings") or length
-        length = max(length, int(int(original) * float(scaling.get("factor", 1.0))))
-    return length * config.head_dim * 4
+    head_dim values (the rotated share of it under partial rotary) per position the model
+    addresses (model/context_limit.py)."""
+    length = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
+    return length * int(config.head_dim * config.partial_rotary_factor) * 4
 
 
 def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: str,
@@ -224,8 +238,9 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     """Peak transient memory of one forward of `max_num_batched_tokens` tokens (an estimate).
 
     Counts the live tensors at the widest point of a layer (residual, normed input, qkv, attention
-    output, gate_up and its activation) plus float32 logits for the sampled rows, gathered over the
-    vocab. The engine measures the real peak with a profile run; this is for planning.
+    output, gate_up and its activation; on hybrids also a GDN layer's, see gdn_memory.py) plus
+    float32 logits for the sampled rows, gathered over the vocab. The engine measures the real
+    peak with a profile run; this is for planning.
     """
     _check_tp(tp_size, 0)
     size = dtype_bytes(resolve_model_dtype(config, dtype))
@@ -234,9 +249,14 @@ def activation_bytes(config: ModelConfig, max_num_batched_tokens: int, dtype: st
     heads = _heads(config, tp_size, 0)
     q, kv = heads.q_heads * d, heads.kv_heads * d
     inter = -(-config.intermediate_size // tp_size)
-    attention_phase = 2 * h + (q + 2 * kv) + q + h
+    gate = q if config.attn_output_gate else 0  # the gate rides in q_proj and is applied after
+    attention_phase = 2 * h + (q + gate + 2 * kv) + q + gate + h
     mlp_phase = 2 * h + 2 * inter + inter + h
-    hidden = max(t * max(attention_phase, mlp_phase) * size, moe_activation_bytes(config, t, size, tp_size))
+    hidden = max(t * max(attention_phase, mlp_phase) * size,
+                 moe_activation_bytes(config, t, size, tp_size))
+    if config.is_hybrid:
+        layout = StateLayout.for_model(config, tp_size, dtype)
+        hidden = max(hidden, gdn_activation_bytes(config, layout, t, size))
     rows = min(t, max(int(max_num_seqs), 1))
     vocab_shard = padded_shard(config.vocab_size, tp_size, 0)[1]
     # local shard + gathered logits + one float32 working copy in the sampler (softmax/top-p)
@@ -281,11 +301,13 @@ class DevicePlan:
     buffers_bytes: int  # non-parameter tensors loaded with the model (RoPE table)
     activation_bytes: int
     graph_bytes: int
+    state_bytes: int  # hybrids: (running sequences + snapshot pool) x state_bytes_per_sequence
     other_bytes: int
     kv_cache_bytes: int
     kv_bytes_per_token: int
     num_pages: int
     tokens_capacity: int
+    state_bytes_per_sequence: int = 0  # GDN conv + recurrent state of one sequence, this device
 
 
 @dataclass(frozen=True)
@@ -300,6 +322,8 @@ class MemoryPlan:
     per_device: list[DevicePlan]
     kv_bytes_per_token: int  # on the device that holds the most KV heads (rank 0)
     tokens_capacity: int  # the smallest device's: a token needs a page on every rank
+    state_bytes_per_sequence: int = 0  # per device (heads split evenly); 0 without GDN layers
+    state_snapshots: int = 0  # the prefix cache's snapshot pool, in sequences' worth of state
     max_concurrency: dict[str, int] = field(default_factory=dict)  # seq len -> full-length seqs
     warnings: list[str] = field(default_factory=list)
     sliding: dict[str, Any] = field(default_factory=dict)  # sliding_window_figures; {} without
@@ -317,8 +341,11 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
          kv_cache_dtype: str = "auto", dtype: str = "auto", quantization: str | None = None,
          gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
          max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, page_size: int = 16,
-         enforce_eager: bool = False) -> MemoryPlan:
-    """Split each device's budget into weights, activations, graphs, other, and KV (the rest)."""
+         enforce_eager: bool = False, enable_prefix_caching: bool = True,
+         max_state_snapshots: int | None = None,
+         state_snapshot_memory_bytes: int | None = None) -> MemoryPlan:
+    """Split each device's budget into weights, activations, graphs, state, other, and KV (the
+    rest). The snapshot flags mean what EngineArgs' fields of the same names mean."""
     tp = tensor_parallel_size
     _check_tp(tp, 0)
     if gpu_memory_bytes <= 0:
@@ -327,28 +354,34 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         raise MemoryPlanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     check_tp_shapes(config, tp)
     dtype = resolve_model_dtype(config, dtype)
-    max_len = max_model_len or config.max_position_embeddings
+    max_len = max_model_len or model_max_positions(config)
     method = quantization_method(config, quantization)
     budget = int(gpu_memory_bytes * gpu_memory_utilization)
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)
     graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager)
     other = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     buffers = rope_table_bytes(config)
+    layout = StateLayout.for_model(config, tp, dtype)
+    snapshots = layout.snapshot_count(max_num_seqs, max_state_snapshots,
+                                      state_snapshot_memory_bytes, enable_prefix_caching)
+    state = (max_num_seqs + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
     per_token = [kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank) for rank in range(tp)]
     # Every rank allocates the same number of pages (a token needs its page on every rank), so
     # the tightest rank decides; ranks with fewer KV heads then use fewer bytes for them.
-    free = [max(budget - w - buffers - activation - graphs - other, 0) for w in weights]
+    free = [max(budget - w - buffers - activation - graphs - state - other, 0) for w in weights]
     num_pages = min(f // (t * page_size) for f, t in zip(free, per_token))
     for rank in range(tp):
         if free[rank] == 0:
-            warnings.append(f"device {rank}: weights ({weights[rank] / 1e9:.2f} GB) and working "
-                            f"memory do not fit in the {budget / 1e9:.2f} GB budget; no room for "
-                            "KV cache")
+            states = f", sequence states ({state / 1e9:.2f} GB)" if state else ""
+            warnings.append(f"device {rank}: weights ({weights[rank] / 1e9:.2f} GB){states} and "
+                            f"working memory do not fit in the {budget / 1e9:.2f} GB budget; no "
+                            "room for KV cache")
     devices = [DevicePlan(rank, gpu_memory_bytes, budget, weights[rank], buffers, activation,
-                          graphs, other, num_pages * page_size * per_token[rank], per_token[rank],
-                          num_pages, num_pages * page_size) for rank in range(tp)]
+                          graphs, state, other, num_pages * page_size * per_token[rank],
+                          per_token[rank], num_pages, num_pages * page_size,
+                          layout.bytes_per_sequence) for rank in range(tp)]
     capacity = num_pages * page_size
     if 0 < capacity < max_len:
         warnings.append(f"the KV cache holds {capacity} tokens, less than one "
@@ -358,6 +391,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         model=config.name, tensor_parallel_size=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
         quantization=method, page_size=page_size, max_model_len=max_len, per_device=devices,
         kv_bytes_per_token=devices[0].kv_bytes_per_token, tokens_capacity=capacity,
+        state_bytes_per_sequence=layout.bytes_per_sequence, state_snapshots=snapshots,
         max_concurrency={str(n): max_concurrency(num_pages, page_size, n) for n in lengths},
         warnings=warnings,
         sliding=sliding_window_figures(config, per_token[0], devices[0].kv_cache_bytes, page_size, lengths),

@@ -98,4 +98,5 @@ class OutputProcessor:
             arrival_time=seq.arrival_time,
             first_token_time=seq.first_token_time,
             finish_time=seq.finish_time,
+            error=seq.error,
         )

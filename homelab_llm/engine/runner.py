@@ -5,6 +5,7 @@ tensors and a ForwardContext, and runs the forward."""
 from __future__ import annotations
 
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -16,7 +17,9 @@ from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.context_limit import rope_table_rows
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.engine.step_check import StepBounds, check_plan
 from homelab_llm.engine.step_plan import (HostStager, PlanHeader, StepBatch, batch_from_plan, build_plan,
                                           plan_from_lists)
 
@@ -96,6 +99,12 @@ class ModelRunner:
         self.pool: PagePool | None = None
         self.graphs = None  # DecodeGraphs once captured
         self.stager = HostStager(device)
+        # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
+        self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
+        self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
+        # Tests inject faults here (e.g. a simulated device error): called with each batch
+        # before its forward.
+        self.fault_hook: Callable[[StepBatch], None] | None = None
         self.state_pool = self._allocate_states()
 
     # -- hybrid state -------------------------------------------------------------------------
@@ -251,8 +260,20 @@ class ModelRunner:
         self.release()
 
     # -- one step -----------------------------------------------------------------------------
+    def step_bounds(self) -> StepBounds:
+        assert self.pool is not None, "allocate the KV cache before the first step"
+        return StepBounds(self.max_positions, self.pool.num_pages, self.page_size)
+
+    def checked_plan(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None
+                     ) -> tuple[PlanHeader, torch.Tensor]:
+        """The step's plan; a sequence whose positions or pages are out of bounds raises
+        SequenceFault here, on the host, before any kernel (or another rank) sees it."""
+        header, payload = build_plan(scheduled, self.page_size, copies=copies)
+        check_plan(header, payload, self.step_bounds(), scheduled)
+        return header, payload
+
     def prepare(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None) -> StepBatch:
-        return self.batch_from_plan(*build_plan(scheduled, self.page_size, copies=copies))
+        return self.batch_from_plan(*self.checked_plan(scheduled, copies))
 
     def batch_from_plan(self, header: PlanHeader, payload: torch.Tensor) -> StepBatch:
         return batch_from_plan(header, payload, self.device, self.page_size, self.stager)
@@ -273,6 +294,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits (float32) for the rows that sample this step."""
+        if self.fault_hook is not None:
+            self.fault_hook(batch)
         copies = batch.copies
         if copies.kv:
             self.pool.copy_slots(copies.kv.src, copies.kv.dst)

@@ -21,16 +21,18 @@ if TYPE_CHECKING:
 
 class Runner(Protocol):
     device: torch.device
+    failure: str | None  # why the runner cannot step any more (a rank died), else None
 
     @property
     def memory(self) -> MemorySplit: ...
+
+    # Hybrid models: (running, snapshot) state slots the runner allocated; (0, 0) otherwise.
+    def state_slot_counts(self) -> tuple[int, int]: ...
 
     # Start-up, in this order: how many KV bytes fit, take them, capture decode graphs.
     def kv_budget(self) -> int: ...
     def allocate_kv(self, budget: int) -> PagePool: ...
     def capture_graphs(self, max_model_len: int) -> None: ...
-    # Hybrid models: (running, snapshot) state slots the pool holds; (0, 0) on a plain transformer.
-    def state_slot_counts(self) -> tuple[int, int]: ...
 
     # One step: batch tensors from the schedule (and the cache copies every rank runs first),
     # async placeholders filled, logits of sampled rows.

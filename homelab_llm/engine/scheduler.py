@@ -139,12 +139,13 @@ class Scheduler:
                 self.kv.cache_sequence(seq)
             self.kv.release_outside_window(seq)
 
-    def finish(self, seq: Sequence) -> None:
-        """Take a sequence out of whichever queue holds it and release its pages."""
+    def finish(self, seq: Sequence, cache: bool = True) -> None:
+        """Take a sequence out of whichever queue holds it and release its pages (offering its
+        computed tokens to the prefix cache unless `cache` is False)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         if seq.page_table or seq.cache_node is not None:
-            self.kv.free(seq, cache=True)
+            self.kv.free(seq, cache=cache)

@@ -44,6 +44,7 @@ class Sequence:
     admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None  # why a request that ended with finish_reason "error" failed
     first_token_time: float | None = None
     finish_time: float | None = None
     seed: int = 0  # keys this request's random draws (with the output position)

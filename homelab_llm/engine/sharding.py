@@ -62,7 +62,7 @@ class HeadSplit(Split):
 
 def required_splits(config: ModelConfig) -> list[Split]:
     """Every dimension this model's layers split over the ranks (add a family's splits here)."""
-    splits = [
+    splits: list[Split] = [
         HeadSplit("attention heads", config.num_attention_heads, config.num_key_value_heads),
         Split("MLP intermediate size", config.intermediate_size),
         PaddedSplit("vocabulary", config.vocab_size),

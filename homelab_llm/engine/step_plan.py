@@ -96,7 +96,7 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
 
 def build_plan(scheduled: list[ScheduledSeq], page_size: int,
                copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
-    """The plan of a scheduled step (scheduler.ScheduledSeq items) and its cache copies."""
+    """The plan of a scheduled step and the cache copies to run before it."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -120,8 +120,7 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
             rows.append(len(ids) - 1)
         state_slots.append(seq.state_slot)
         has_initial.append(int(start > 0))
-    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial,
-                           copies)
+    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial, copies)
 
 
 class HostStager:

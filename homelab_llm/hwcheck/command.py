@@ -28,8 +28,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     sub = parser.add_subparsers(dest="hwcheck_action", metavar="ACTION")
     build = sub.add_parser("build", help="check a planned build: fit, lanes, power",
                            description="Check a build file against the hardware catalog "
-                                       "(assets/hardware plus your own entries).")
-    build.add_argument("file", metavar="FILE.toml")
+                                       "(assets/hardware plus your own entries). Start from "
+                                       "`hwcheck build --example my-pc.toml`.")
+    build.add_argument("file", metavar="FILE.toml", nargs="?",
+                       help="the build to check (with --example: where to write the example)")
+    build.add_argument("--example", action="store_true",
+                       help="write a commented example build to FILE.toml (or print it) and exit")
     build.add_argument("--json", action="store_true", dest="build_json",
                        help="print JSON instead of a report")
     catalog = sub.add_parser("catalog", help="list the hardware catalog's entries")
@@ -40,7 +44,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     action = getattr(args, "hwcheck_action", None)
+    if action == "build" and args.example:
+        return write_example(args.file)
     if action == "build":
+        if args.file is None:
+            raise HwcheckError("hwcheck build needs FILE.toml; `hwcheck build --example FILE.toml` "
+                               "writes one to start from")
         return run_build(args.file, args.json or args.build_json)
     if action == "catalog":
         return run_catalog(args.json or args.catalog_json)
@@ -60,6 +69,20 @@ def run_detect(sysfs_root: str, as_json: bool, vendor_libs: bool = True) -> int:
         print()
     else:
         print(render_text(report))
+    return 0
+
+
+def write_example(path: str | None) -> int:
+    from homelab_llm.hwcheck.build_file import example_toml
+
+    if path is None:
+        print(example_toml(), end="")
+        return 0
+    target = Path(path)
+    if target.exists():
+        raise HwcheckError(f"{path} exists already; give --example a new file name")
+    target.write_text(example_toml())
+    print(f"wrote {path}; check it with `homelab-llm hwcheck build {path}`")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""`homelab-llm plan MODEL`: per device weights, activations, graphs and KV cache; tokens of
-context the KV cache holds; how many full-length sequences fit at once.
+"""`homelab-llm plan MODEL`: per device weights, activations, graphs, sequence state (hybrid
+models) and KV cache; tokens of context the KV cache holds; how many full-length sequences fit.
 
 The arithmetic is engine/memory.py, the same the engine uses for its KV layout, so a plan and a
 running server's /v1/status agree. MODEL is a model_configs name (assets/model_configs/*.json), an
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,39 @@ def sliding_lines(plan: Any) -> list[str]:
             f"sequences that fit with sliding KV capped at the window: {conc}{note}"]
 
 
+UNITS = {"TiB": 1 << 40, "GiB": 1 << 30, "MiB": 1 << 20, "TB": 10**12, "GB": 10**9, "MB": 10**6}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A size as the user wrote it: the bytes, and the unit to answer in."""
+
+    bytes: int
+    unit: str
+
+
+BARE_BYTES_MIN = 1 << 30  # a bare number this large is a byte count (25753026560), not "24"
+
+
+def parse_memory(text: str) -> Memory:
+    """'24GiB', '24 gb', '0.5TiB' -> Memory. A bare number is a byte count only when it is at
+    least 1 GiB (then the plan answers in GB); '24' is refused (24 bytes is never meant)."""
+    raw = text.strip().replace(" ", "")
+    if raw.isdigit() and int(raw) >= BARE_BYTES_MIN:
+        return Memory(int(raw), "GB")
+    for unit, scale in UNITS.items():
+        if raw.lower().endswith(unit.lower()):
+            try:
+                value = float(raw[: -len(unit)])
+            except ValueError:
+                break
+            if value <= 0:
+                break
+            return Memory(int(value * scale), unit)
+    raise argparse.ArgumentTypeError(
+        f"{text!r} needs a unit: e.g. 24GiB (binary, as GPUs are sized) or 24GB (decimal)")
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from homelab_llm.engine.args import parse_bytes
 
@@ -50,8 +84,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="model_configs name, HF config.json, HF model folder or .gguf file")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_DTYPES)
-    p.add_argument("--gpu-memory", type=parse_bytes, default=None, metavar="BYTES",
-                   help="memory per GPU, e.g. 24GiB (default: the smallest GPU hwcheck finds)")
+    p.add_argument("--gpu-memory", type=parse_memory, default=None, metavar="SIZE",
+                   help="memory per GPU with its unit, e.g. 24GiB or 24GB; the plan answers in "
+                        "that unit (default: the smallest GPU hwcheck finds, in GiB)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--quantization", default=None, help="w4a16 (detected for GPTQ/AWQ/AutoRound)")
@@ -60,6 +95,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--page-size", "--block-size", type=int, default=16, dest="page_size")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA/HIP graphs")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--max-state-snapshots", type=int, default=None,
+                   help="hybrid models: prefix-cache state snapshots (default 2 x --max-num-seqs)")
+    p.add_argument("--state-snapshot-memory-bytes", type=parse_bytes, default=None,
+                   help="hybrid models: snapshot pool bytes per device instead, e.g. 2GiB")
     p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
@@ -114,6 +154,7 @@ def detected_gpu_memory() -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from homelab_llm.engine import memory
+    from homelab_llm.engine.args import EngineArgs
 
     for flag, value, low in (("--tensor-parallel-size", args.tensor_parallel_size, 1),
                              ("--max-num-seqs", args.max_num_seqs, 1),
@@ -123,51 +164,96 @@ def run(args: argparse.Namespace) -> int:
             raise PlanError(f"{flag} must be >= {low}, got {value}")
     if args.max_model_len is not None and args.max_model_len < 1:
         raise PlanError(f"--max-model-len must be >= 1, got {args.max_model_len}")
+    EngineArgs(max_state_snapshots=args.max_state_snapshots,
+               state_snapshot_memory_bytes=args.state_snapshot_memory_bytes).validate_state_snapshots()
     config = load_config(args.model, args.load_format)
-    gpu_memory = args.gpu_memory or detected_gpu_memory()
-    if not gpu_memory:
+    given: Memory | None = args.gpu_memory
+    if given is None:
+        detected = detected_gpu_memory()
+        given = Memory(detected, "GiB") if detected else None
+    if given is None:
         raise PlanError("no GPU found to size against: give --gpu-memory, e.g. 24GiB")
-    plan = memory.plan(
-        config, gpu_memory_bytes=gpu_memory, tensor_parallel_size=args.tensor_parallel_size,
-        kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, quantization=args.quantization,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        page_size=args.page_size, enforce_eager=args.enforce_eager)
+
+    def make(**changes: Any) -> Any:
+        options = dict(
+            gpu_memory_bytes=given.bytes, tensor_parallel_size=args.tensor_parallel_size,
+            kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype, quantization=args.quantization,
+            gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+            max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+            page_size=args.page_size, enforce_eager=args.enforce_eager,
+            enable_prefix_caching=args.enable_prefix_caching,
+            max_state_snapshots=args.max_state_snapshots,
+            state_snapshot_memory_bytes=args.state_snapshot_memory_bytes)
+        return memory.plan(config, **{**options, **changes})
+
+    plan = make()
     if args.json:
         json.dump(plan.to_json(), sys.stdout, indent=2)
         print()
     else:
-        print(render_plan(plan, args.max_num_seqs))
+        print(render_plan(plan, args.max_num_seqs, given.unit))
+        print("".join(suggestions(plan, args, make, given.unit)), end="")
     return 0
 
 
-def _gb(n: int) -> str:
-    return f"{n / 1e9:8.2f}"
+def suggestions(plan: Any, args: argparse.Namespace, make: Any, unit: str) -> list[str]:
+    """What to change when the weights or the KV cache do not fit, each re-planned to check it
+    helps: 4-bit weights, int8 KV, a shorter context, more GPUs."""
+    out: list[str] = []
+    scale = UNITS[unit]
+    no_room = any(d.kv_cache_bytes == 0 for d in plan.per_device)
+    short = 0 < plan.tokens_capacity < plan.max_model_len
+    if no_room and not plan.quantization:
+        q = make(quantization="w4a16")
+        fits = all(d.kv_cache_bytes > 0 for d in q.per_device)
+        out.append(f"suggestion: --quantization w4a16 stores the weights in about "
+                   f"{q.per_device[0].weights_bytes / scale:.2f} {unit} per device instead of "
+                   f"{plan.per_device[0].weights_bytes / scale:.2f} {unit}"
+                   + (f", leaving {q.tokens_capacity:,} tokens of KV cache" if fits
+                      else "; still too big for this memory"))
+    if no_room and args.tensor_parallel_size == 1:
+        out.append("suggestion: split the model over two GPUs with -tp 2")
+    if short and not no_room:
+        fit = plan.tokens_capacity // plan.page_size * plan.page_size
+        out.append(f"suggestion: --max-model-len {fit} (what the KV cache holds), or fewer bytes "
+                   "per token" + (" with --kv-cache-dtype int8" if plan.kv_cache_dtype != "int8"
+                                  else ""))
+    return [line + "\n" for line in out]
+
+
+def _amount(n: int, unit: str = "GB") -> str:
+    return f"{n / UNITS[unit]:8.2f}"
 
 
 def _len_label(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
-def render_plan(plan: Any, max_num_seqs: int | None = None) -> str:
+def render_plan(plan: Any, max_num_seqs: int | None = None, unit: str = "GB") -> str:
     kv = plan.kv_cache_dtype if plan.kv_cache_dtype != "auto" else f"auto ({plan.dtype})"
     d0 = plan.per_device[0]
+    scale = UNITS[unit]
     lines = [
         f"{plan.model or 'model'}: TP={plan.tensor_parallel_size}, {plan.dtype} weights"
         + (f" ({plan.quantization})" if plan.quantization else "") + f", KV {kv}, page "
-        f"{plan.page_size}, budget {d0.budget_bytes / 1e9:.2f} of {d0.total_bytes / 1e9:.2f} GB "
-        "per device",
+        f"{plan.page_size}, budget {d0.budget_bytes / scale:.2f} of {d0.total_bytes / scale:.2f} "
+        f"{unit} per device",
         "",
-        "device   weights  buffers  activations  graphs    other  KV cache   (GB)",
+        f"device   weights  buffers  activations  graphs    state    other  KV cache   ({unit})",
     ]
     for d in plan.per_device:
-        lines.append(f"{d.rank:>6} {_gb(d.weights_bytes)} {_gb(d.buffers_bytes)} "
-                     f"{_gb(d.activation_bytes)}    {_gb(d.graph_bytes)} {_gb(d.other_bytes)} "
-                     f"{_gb(d.kv_cache_bytes)}")
+        lines.append(f"{d.rank:>6} {_amount(d.weights_bytes, unit)} {_amount(d.buffers_bytes, unit)} "
+                     f"{_amount(d.activation_bytes, unit)}    {_amount(d.graph_bytes, unit)} "
+                     f"{_amount(d.state_bytes, unit)} {_amount(d.other_bytes, unit)} "
+                     f"{_amount(d.kv_cache_bytes, unit)}")
     per_token = ", ".join(f"{d.kv_bytes_per_token:,}" for d in plan.per_device)
-    lines += ["", f"KV bytes per token per device: {per_token}",
-              f"token capacity: {plan.tokens_capacity:,} tokens "
-              f"({plan.per_device[0].num_pages:,} pages of {plan.page_size})"]
+    lines += ["", f"KV bytes per token per device: {per_token}"]
+    if plan.state_bytes_per_sequence:  # hybrid: GDN conv + recurrent state instead of KV pages
+        lines.append(f"state per sequence per device: {plan.state_bytes_per_sequence:,} bytes "
+                     f"({plan.state_bytes_per_sequence / 1e6:.1f} MB); running sequences + "
+                     f"{plan.state_snapshots} prefix-cache snapshots: {d0.state_bytes / 1e9:.2f} GB")
+    lines.append(f"token capacity: {plan.tokens_capacity:,} tokens "
+                 f"({plan.per_device[0].num_pages:,} pages of {plan.page_size})")
     conc = "  ".join(f"{_len_label(int(n))}: {c}" for n, c in plan.max_concurrency.items())
     lines.append(f"max concurrent full-length sequences: {conc}")
     if max_num_seqs is not None and any(c > max_num_seqs for c in plan.max_concurrency.values()):

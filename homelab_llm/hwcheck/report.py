@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from homelab_llm.hwcheck.backends import AUTO, NvmlSession
 from homelab_llm.hwcheck.gpus import GpuInfo, detect_gpus, is_display
 from homelab_llm.hwcheck.p2p import Topology, build_topology
-from homelab_llm.hwcheck.pcie import PciTree, bandwidth_gbps
+from homelab_llm.hwcheck.pcie import Hop, PciTree, bandwidth_gbps
+from homelab_llm.hwcheck.topology_text import Matrix, TreeGpu, render_matrix, render_tree
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,15 @@ class HwReport:
     gpus: list[GpuInfo]
     topology: Topology
     warnings: list[HwWarning] = field(default_factory=list)
+    paths: dict[str, list[Hop]] = field(default_factory=dict)  # GPU address -> hops, GPU end first
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpus": [g.to_json() for g in self.gpus], "topology": self.topology.to_json(),
+        return {"gpus": [{**g.to_json(), "path": self.path_json(g.pci_address)} for g in self.gpus],
+                "topology": self.topology.to_json(),
                 "warnings": [w.to_json() for w in self.warnings]}
+
+    def path_json(self, address: str) -> list[dict[str, Any]]:
+        return [asdict(hop) for hop in self.paths.get(address, [])]
 
 
 def _link_text(gen: int | None, width: int | None) -> str:
@@ -120,7 +126,7 @@ def make_report(sysfs_root: str | Path = "/", *, amd: Any = AUTO, nvml: Any = AU
             session.close()
     warnings = [w for g in gpus if not g.integrated for w in link_warnings(tree, g)]
     warnings += system_warnings(gpus) + p2p_warnings([g for g in gpus if not g.integrated], topology)
-    return HwReport(gpus, topology, warnings)
+    return HwReport(gpus, topology, warnings, {g.pci_address: tree.hops(g.pci_address) for g in gpus})
 
 
 def _gib(n: int | None) -> str:
@@ -149,28 +155,13 @@ def render_text(report: HwReport) -> str:
         if any(live):
             lines.append("      " + "  ".join(x for x in live if x))
     if len(report.topology.gpus) > 1:
-        lines += ["", render_matrix(report)]
+        lines += ["", render_matrix(Matrix.from_json(report.topology.to_json()))]
+    discrete = [(i, g) for i, g in enumerate(report.gpus) if not g.integrated]
+    if discrete:
+        lines += ["", render_tree([TreeGpu(f"GPU{i} {g.name}", g.pci_address, g.attached_to,
+                                           tuple(report.path_json(g.pci_address)))
+                                   for i, g in discrete])]
     if report.warnings:
         lines.append("")
         lines += [f"{w.level}: {w.message}" for w in report.warnings]
     return "\n".join(lines)
-
-
-def render_matrix(report: HwReport) -> str:
-    t = report.topology
-    names = [f"GPU{i}" for i in range(len(t.gpus))]
-    header = ["", *names, "CPU Affinity", "NUMA Affinity"]
-    rows = [header]
-    for i, name in enumerate(names):
-        rows.append([name, *t.connection[i], t.cpus[i] or "N/A",
-                     "N/A" if t.numa[i] is None else str(t.numa[i])])
-    rows.append([])
-    rows.append(["P2P", *names])
-    for i, name in enumerate(names):
-        rows.append([name, *t.p2p[i]])
-    widths = [max(len(r[c]) for r in rows if c < len(r)) for c in range(len(header))]
-    text = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)).rstrip() for r in rows]
-    text += ["", "Legend: X self, PIX one PCIe bridge, PXB several bridges, PHB host bridge "
-             "(CPU root complex), NODE between host bridges in a NUMA node, SYS across NUMA nodes; "
-             "P2P: OK, NS not supported, ? unknown"]
-    return "\n".join(text)

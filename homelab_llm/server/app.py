@@ -27,6 +27,7 @@ from homelab_llm.server.openai import router, server_state
 from homelab_llm.server.state import ServerConfig, ServerState
 from homelab_llm.server.stats import ServerStats
 from homelab_llm.server.status import build_status
+from homelab_llm.load_progress import LOAD
 
 
 async def engine_status(state: ServerState) -> dict[str, Any]:
@@ -80,14 +81,16 @@ def build_app(config: ServerConfig, engine_factory: Callable[[], Engine],
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         client = state.client
-        if state.draining:
+        if client.state == "dead":  # before draining: the exit that follows is not a drain
+            body, code = {"status": "dead", "reason": client.dead_reason}, 503
+        elif state.draining:
             body, code = {"status": "draining"}, 503
         elif client.state == "ready":
             body, code = {"status": "ok"}, 200
         elif client.state == "failed":
             body, code = {"status": "failed", "error": client.load_error}, 503
         else:
-            body, code = {"status": "loading"}, 503
+            body, code = {"status": "loading", **LOAD.snapshot()}, 503
         return Response(json.dumps(body), status_code=code, media_type="application/json")
 
     @app.get("/v1/status")

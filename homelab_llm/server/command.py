@@ -39,7 +39,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help=f"address to bind (0.0.0.0 for the LAN; set ${API_KEY_ENV} or "
                         f"--api-key-file then)")
-    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     g.add_argument("--served-model-name", nargs="+", default=None,
                    help="name(s) clients use as `model` (default: the model file's name)")
     g.add_argument("--api-key", default=None,
@@ -62,12 +62,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "(a second SIGTERM aborts them at once and exits non-zero)")
     g.add_argument("--preset", default=None, help="start from a saved preset; flags override it")
     g.add_argument("--uvicorn-log-level", default="info",
-                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="the HTTP server's log level; debug also logs every request (default: info)")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible API",
-                              description=__doc__.splitlines()[0])
+                              description=" ".join(__doc__.split()))
     _add_arguments(p)
     for action in p._actions:  # argparse has no public "was this flag given?"
         if action.dest != "help" and action.default is not argparse.SUPPRESS:
@@ -137,12 +138,21 @@ def run(args: argparse.Namespace) -> int:
             engine_args.master_addr, engine_args.master_port)
         return serve_worker_node(engine_args)
 
+    from homelab_llm.engine.model.context_limit import check_max_model_len
+    from homelab_llm.engine.model.loader import load_model_config
     from homelab_llm.server.app import build_app
-    from homelab_llm.server.launch import bind_socket, serve
+    from homelab_llm.server.launch import ServeError, bind_socket, serve
     from homelab_llm.server.state import ServerConfig
 
     log = logging.getLogger("homelab_llm.server")
     sock = bind_socket(args.host, args.port)  # before the model: a busy port fails at once
+    # A context the model cannot address is one line and exit 2, before the weights load.
+    try:
+        model_config = load_model_config(args.model, engine_args.load_format,
+                                         engine_args.hf_overrides)
+    except HomelabError as err:
+        raise ServeError(f"the model failed to load: {err}") from err
+    check_max_model_len(engine_args.max_model_len, model_config)
     if (warning := exposure_warning(args.host, api_key is not None)) is not None:
         log.warning("%s", warning)
     names = tuple(args.served_model_name or [Path(args.model).stem])

@@ -4,7 +4,10 @@ owns it: the HTTP event loop never waits on a forward pass, and the engine never
 Requests and aborts cross into the engine thread through an inbox it drains between steps; outputs
 come back in one `call_soon_threadsafe` per step to per-request asyncio queues ("sinks"). The
 thread sleeps on a condition when there is nothing to do. An exception in `step()` fails every
-request in flight with an error output, so no client is left hanging."""
+request in flight with an error output, so no client is left hanging. A fatal one (the engine
+says it is dead: a device fault, a lost tensor-parallel rank; engine/faults.py) also ends the
+loop: state "dead", new requests are refused, and the server exits (server/launch.py). An idle
+engine is polled for death every DEAD_POLL_S, so a rank that dies between requests is noticed."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from homelab_llm.engine.faults import FaultKind, classify, describe
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.tokenizer import Tokenizer
@@ -36,6 +40,9 @@ class Engine(Protocol):
     def has_unfinished_requests(self) -> bool: ...
     def status(self) -> dict[str, Any]: ...
     def shutdown(self) -> None: ...
+
+    @property
+    def dead_reason(self) -> str | None: ...
 
 
 @dataclass
@@ -58,6 +65,7 @@ class _Call:
 
 
 SHUTDOWN_MESSAGE = "the server is shutting down; the request was aborted"
+DEAD_POLL_S = 0.5  # how often an idle engine thread asks whether the engine died
 
 
 class EngineNotReady(RuntimeError):
@@ -70,8 +78,9 @@ class EngineClient:
         self._factory = engine_factory
         self._observer = observer
         self.engine: Engine | None = None
-        self.state = "loading"  # loading | ready | failed | stopped
+        self.state = "loading"  # loading | ready | failed | dead | stopped
         self.load_error: str | None = None
+        self.dead_reason: str | None = None  # set with state "dead"
         self._ready = threading.Event()
         self._cond = threading.Condition()
         self._inbox: list[_Add | _Abort | _Call] = []
@@ -113,8 +122,9 @@ class EngineClient:
             self._stopping = True
             self._cond.notify()
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30.0)
-        if self.state != "failed":  # keep the load failure visible to whoever started us
+            # A dead engine's shutdown may itself be stuck on the device: do not wait long.
+            await asyncio.to_thread(self._thread.join, 3.0 if self.state == "dead" else 30.0)
+        if self.state not in ("failed", "dead"):  # keep the failure visible to whoever started us
             self.state = "stopped"
 
     # ---- requests (event loop side) --------------------------------------------------------
@@ -130,7 +140,7 @@ class EngineClient:
                   sink: asyncio.Queue) -> None:
         """Queue a request; its outputs go to `sink`. Raises what `engine.add_request` raises."""
         if self.state != "ready":
-            raise EngineNotReady(self.load_error or "the model is still loading")
+            raise EngineNotReady(self.unavailable_reason)
         future = asyncio.get_running_loop().create_future()
         self._sinks[request_id] = sink
         self._waiting.add(request_id)
@@ -161,10 +171,19 @@ class EngineClient:
     async def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run fn(engine) on the engine thread between steps (engine.status() is not thread-safe)."""
         if self.state != "ready":
-            raise EngineNotReady(self.load_error or "the model is still loading")
+            raise EngineNotReady(self.unavailable_reason)
         future = asyncio.get_running_loop().create_future()
         self._post(_Call(fn, future))
         return await future
+
+    @property
+    def unavailable_reason(self) -> str:
+        """Why requests are refused now (state is not "ready")."""
+        if self.state == "dead":
+            return f"the engine is dead: {self.dead_reason}"
+        if self.state == "failed":
+            return f"the engine failed to load: {self.load_error}"
+        return self.load_error or "the model is still loading"
 
     def _forget(self, request_id: str) -> None:
         self._sinks.pop(request_id, None)
@@ -194,8 +213,12 @@ class EngineClient:
     # ---- engine thread ---------------------------------------------------------------------
     def _post(self, item: _Add | _Abort | _Call) -> None:
         with self._cond:
-            self._inbox.append(item)
-            self._cond.notify()
+            dead = self.state == "dead"  # the engine thread has stopped reading its inbox
+            if not dead:
+                self._inbox.append(item)
+                self._cond.notify()
+        if dead and isinstance(item, (_Add, _Call)):
+            self._resolve(item.future, error=EngineNotReady(self.unavailable_reason))
 
     def _resolve(self, future: asyncio.Future, result: Any = None,
                  error: BaseException | None = None) -> None:
@@ -227,17 +250,24 @@ class EngineClient:
         try:
             while True:
                 with self._cond:
-                    while not self._inbox and not self._stopping and not engine.has_unfinished_requests():
-                        self._cond.wait()
+                    while (not self._inbox and not self._stopping and engine.dead_reason is None
+                           and not engine.has_unfinished_requests()):
+                        self._cond.wait(DEAD_POLL_S)
                     inbox, self._inbox = self._inbox, []
                     stopping = self._stopping
+                if engine.dead_reason is not None:
+                    self._die(engine.dead_reason, live, inbox)
+                    break
                 for item in inbox:
                     self._apply(engine, item, live)
                 if stopping:
                     break
                 if engine.has_unfinished_requests():
                     started = time.monotonic()
-                    if not self._step(engine, live) and time.monotonic() - started < 1e-3:
+                    progressed = self._step(engine, live)
+                    if self.state == "dead":
+                        break
+                    if not progressed and time.monotonic() - started < 1e-3:
                         # Work exists but nothing could run (e.g. waiting for pages): back off a
                         # millisecond instead of spinning, waking early for new commands.
                         with self._cond:
@@ -275,6 +305,9 @@ class EngineClient:
         try:
             outputs = engine.step()
         except Exception as err:
+            if engine.dead_reason is not None or classify(err) is FaultKind.FATAL:
+                self._die(engine.dead_reason or describe(err), live, [])
+                return False
             log.error("engine step failed; failing %d request(s):\n%s", len(live), traceback.format_exc())
             message = f"{type(err).__name__}: {err}"
             now = time.monotonic()
@@ -293,6 +326,26 @@ class EngineClient:
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._deliver, outputs)
         return bool(outputs)
+
+    def _die(self, reason: str, live: set[str], inbox: list[_Add | _Abort | _Call]) -> None:
+        """The engine is dead: every request in flight ends with an error output, queued adds
+        and calls are refused; the loop ends after this."""
+        with self._cond:  # no add or call is queued after this (see _post)
+            self.dead_reason = reason
+            self.state = "dead"
+        log.error("the engine is dead (%s); failing %d request(s)", reason, len(live))
+        message = f"the engine is dead: {reason}"
+        now = time.monotonic()
+        outputs = [RequestOutput(rid, [], "", finished=True, finish_reason="error",
+                                 finish_time=now, error=message) for rid in sorted(live)]
+        live.clear()
+        if outputs:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
+        for item in inbox:
+            if isinstance(item, (_Add, _Call)):
+                self._resolve(item.future, error=EngineNotReady(message))
+        self._fail_inbox(message)
 
     def _fail_inbox(self, message: str) -> None:
         with self._cond:

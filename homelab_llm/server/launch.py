@@ -2,7 +2,9 @@
 (503 + /health 'draining'), lets in-flight requests finish for up to the drain timeout, aborts the
 rest (their clients get an error, not a cut connection), then exits 0. A second signal aborts
 everything at once: streams still get an error event and [DONE], and the exit status is
-128 + the signal number. A model that fails to load stops the server with a one-line error.
+128 + the signal number. A model that fails to load stops the server with a one-line error. An
+engine that dies while serving (a device fault, a lost rank) ends the process with status 1
+within DEAD_EXIT_DEADLINE_S: its requests got their error events, /health said "dead" meanwhile.
 
 The port is bound (`bind_socket`) before the model loads, so a busy port costs a second, not a
 model load."""
@@ -12,8 +14,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import signal
 import socket
+import sys
+import threading
 import time
 from types import FrameType
 
@@ -24,6 +29,9 @@ from homelab_llm.errors import HomelabError
 from homelab_llm.server.state import ServerState
 
 log = logging.getLogger("homelab_llm.server")
+
+DEAD_EXIT_DEADLINE_S = 9.0  # after the engine died, the process is gone by then, stuck or not
+DEAD_FLUSH_S = 0.5  # time for the handlers to send their final error events
 
 
 class ServeError(HomelabError):
@@ -57,6 +65,22 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
         elif client.state == "ready":
             log.info("ready: serving %s", ", ".join(self.state.config.served_model_names))
+            await self._watch_dead()
+
+    async def _watch_dead(self) -> None:
+        """A dead engine ends the server. A watchdog makes sure of it even if the engine thread
+        (or uvicorn's graceful close) is stuck behind a broken device."""
+        client = self.state.client
+        while client.state != "dead" and not self.should_exit:
+            await asyncio.sleep(0.1)
+        if client.state != "dead":
+            return
+        log.error("the engine is dead (%s); exiting", client.dead_reason)
+        watchdog = threading.Timer(DEAD_EXIT_DEADLINE_S, _exit_now, args=(client.dead_reason,))
+        watchdog.daemon = True
+        watchdog.start()
+        await asyncio.sleep(DEAD_FLUSH_S)
+        self.should_exit = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after exit, and a drained
@@ -104,6 +128,12 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def _exit_now(reason: str | None) -> None:
+    print(f"homelab-llm serve: the engine is dead ({reason}); exiting without a clean shutdown",
+          file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A socket bound to host:port (uvicorn listens on it later); a busy port is a one-line
     ServeError at once."""
@@ -144,4 +174,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
         raise ServeError(f"the model failed to load: {state.client.load_error}")
     if not server.started:
         raise ServeError(f"the server did not start on {host}:{port} (see the log above)")
+    if state.client.state == "dead":
+        print(f"homelab-llm serve: the engine is dead: {state.client.dead_reason}",
+              file=sys.stderr, flush=True)
+        return 1
     return server.exit_code

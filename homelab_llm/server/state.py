@@ -49,8 +49,8 @@ class ServerState:
     def ready_engine(self) -> Engine:
         if self.draining:
             raise unavailable("the server is shutting down")
-        if self.client.state == "failed":
-            raise unavailable(f"the engine failed to load: {self.client.load_error}", 60)
+        if self.client.state in ("failed", "dead"):
+            raise unavailable(self.client.unavailable_reason, 60)
         if self.client.state != "ready" or self.client.engine is None:
             raise unavailable("the model is still loading")
         return self.client.engine

@@ -121,7 +121,8 @@ class ServerStats:
     def latency(self) -> dict[str, float | None]:
         return {"ttft_p50": percentile(self._recent_ttft, 0.5),
                 "ttft_p95": percentile(self._recent_ttft, 0.95),
-                "tpot_p50": percentile(self._recent_tpot, 0.5)}
+                "tpot_p50": percentile(self._recent_tpot, 0.5),
+                "tpot_p95": percentile(self._recent_tpot, 0.95)}
 
     def uptime(self) -> float:
         return self.clock() - self.start_time

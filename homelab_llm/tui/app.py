@@ -9,7 +9,6 @@ and the UI thread never waits on a server, a driver or a child process.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -24,10 +23,12 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 
-from homelab_llm.errors import HomelabError
 from homelab_llm.hwcheck.catalog import Catalog, load_catalog
 from homelab_llm.presets import Preset, PresetScan, scan_presets
 from homelab_llm.tui.hardware import TelemetryReader, collect_hardware_report
+from homelab_llm.tui.history import HISTORY_POINTS, History
+from homelab_llm.tui.host import HostReader, HostReading
+from homelab_llm.tui.exit_guard import ExitGuard
 from homelab_llm.tui.probe import Probe
 from homelab_llm.tui.screens.bench import BenchScreen
 from homelab_llm.tui.screens.dashboard import DashboardScreen
@@ -37,10 +38,9 @@ from homelab_llm.tui.screens.logs import LogsScreen
 from homelab_llm.tui.screens.models import ModelsScreen
 from homelab_llm.tui.screens.presets import PresetsScreen
 from homelab_llm.tui.service import (LogLine, ServiceEvent, ServiceManager, ServiceState,
-                                     ServiceStatus, StateChanged)
+                                     ServiceStatus, StateChanged, kill_all_now)
+from homelab_llm.tui.service_actions import ServiceActions
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
-
-HISTORY_POINTS = 120  # one minute of sparkline at 2 Hz
 
 
 class ProbeLike(Protocol):
@@ -72,9 +72,14 @@ class HardwareMessage(Message):
 @dataclass
 class TelemetryMessage(Message):
     readings: dict[str, GpuTelemetry]
+    host: HostReading
 
 
-class HomelabApp(App[int]):
+class HostLike(Protocol):
+    def read(self, child_pid: int | None) -> HostReading: ...
+
+
+class HomelabApp(ServiceActions, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "homelab-llm"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # side by side needs ~75 cols each
@@ -110,7 +115,7 @@ class HomelabApp(App[int]):
                  presets_loader: Callable[[], PresetScan] = scan_presets,
                  probe_factory: Callable[[str], ProbeLike] = Probe,
                  hardware_source: Callable[[], HardwareReport] = collect_hardware_report,
-                 telemetry: TelemetryLike | None = None,
+                 telemetry: TelemetryLike | None = None, host: HostLike | None = None,
                  clock: Callable[[], float] = time.monotonic, poll_interval_s: float = 0.5,
                  watch_url: str | None = None, api_key: str | None = None,
                  initial_preset: str = "smollm2-cpu", start_mode: str = "dashboard",
@@ -122,6 +127,9 @@ class HomelabApp(App[int]):
         self.probe_factory = probe_factory
         self.hardware_source = hardware_source
         self.telemetry_reader: TelemetryLike = telemetry or TelemetryReader()
+        self.host_reader: HostLike = host or HostReader()
+        self.host_reading = HostReading()
+        self.history = History()  # per-GPU sensors and host figures, for the Hardware charts
         self.clock = clock
         self.poll_interval_s = poll_interval_s
         self.watch_url = watch_url
@@ -134,6 +142,7 @@ class HomelabApp(App[int]):
         self.hardware_pending = True
         self.prompt_history: deque[float] = deque(maxlen=HISTORY_POINTS)
         self.generation_history: deque[float] = deque(maxlen=HISTORY_POINTS)
+        self.exit_guard: ExitGuard | None = None
         self._probes: dict[str, ProbeLike] = {}  # touched only by the (single) poll worker
         self.set_reactive(HomelabApp.current_preset, initial_preset)
 
@@ -150,8 +159,10 @@ class HomelabApp(App[int]):
         self.switch_mode(self.start_mode)
         if self.handle_signals:
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-                loop.add_signal_handler(sig, self.exit, 128 + sig)
+            self.exit_guard = ExitGuard(lambda code: loop.call_soon_threadsafe(self.exit, code),
+                                        kill_all_now)
+            self.exit_guard.install()
+        self.find_orphans()
         self.refresh_hardware()
         self.poll_server()
         self.poll_telemetry()
@@ -209,26 +220,17 @@ class HomelabApp(App[int]):
         if new.state is ServiceState.HEALTHY:
             self.notify(new.message, title="service healthy")
         elif new.state is ServiceState.CRASHED:
-            tail = "\n".join(new.last_lines[-5:])
-            self.notify(f"{new.message}\n{tail}", title="service crashed", severity="error",
-                        timeout=15)
+            reason = new.reason or "(no output; see Logs)"
+            self.notify(f"{reason}\n{new.message} · l shows the log", title="service crashed",
+                        severity="error", timeout=20)
 
-    def action_toggle_service(self) -> None:
-        if self.service.status.running:
-            self._stop_service()
-            return
-        preset = self.preset_named(self.current_preset)
-        if preset is None:
-            self.notify(f"no preset named {self.current_preset!r}", severity="error")
-            return
-        try:
-            self.service.start(preset)
-        except HomelabError as err:
-            self.notify(str(err), title=f"cannot start {preset.name}", severity="error", timeout=10)
-
-    @work(thread=True, exclusive=True, group="service-stop")
-    def _stop_service(self) -> None:
-        self.service.stop()  # blocks up to the grace period, so never on the UI thread
+    def max_model_len(self) -> int | None:
+        """The served context limit: the server's own word (/v1/status), else the preset's."""
+        value = self.snapshot.config.get("max_model_len") if self.snapshot.ok else None
+        if value is None and self.service_status.running:
+            preset = self.preset_named(self.service_status.preset)
+            value = preset.args.get("max_model_len") if preset else None
+        return value if isinstance(value, int) and value > 0 else None
 
     def chat_url(self) -> str | None:
         return self.probe_url()
@@ -277,9 +279,18 @@ class HomelabApp(App[int]):
 
     @work(thread=True, exclusive=True, group="telemetry")
     def poll_telemetry(self) -> None:
-        self.post_message(TelemetryMessage(self.telemetry_reader.read()))
+        self.post_message(TelemetryMessage(self.telemetry_reader.read(),
+                                           self.host_reader.read(self.service.status.pid)))
 
     def on_telemetry_message(self, message: TelemetryMessage) -> None:
+        for address, r in message.readings.items():
+            for key, value in (("load", r.load_pct), ("temp", r.temp_c), ("power", r.power_w),
+                               ("vram", r.vram_used_bytes)):
+                self.history.add(f"gpu/{address}/{key}", value)
+        host = self.host_reading = message.host
+        for key, value in (("cpu", host.cpu_pct), ("ram", host.ram_used),
+                           ("child_cpu", host.child_cpu_pct), ("child_rss", host.child_rss)):
+            self.history.add(f"host/{key}", value)
         self.telemetry = message.readings
         self.set_timer(1.0, self.poll_telemetry)
 

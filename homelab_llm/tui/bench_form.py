@@ -86,10 +86,11 @@ def _int(issues: list[FormIssue], name: str, text: str, minimum: int, why: str =
     return value
 
 
-def validate(form: BenchForm, default_target: str | None, api_key: str | None = None
-             ) -> tuple[BenchSpec | None, list[FormIssue]]:
+def validate(form: BenchForm, default_target: str | None, api_key: str | None = None,
+             max_model_len: int | None = None) -> tuple[BenchSpec | None, list[FormIssue]]:
     """(spec, []) when the form can run; (None, issues) otherwise. `default_target` is the running
-    service's URL (None when nothing runs), used when the target field is empty."""
+    service's URL (None when nothing runs), used when the target field is empty; max_model_len is
+    that server's context limit (None: unknown), checked before a request is sent."""
     issues: list[FormIssue] = []
     if form.kind not in KINDS:
         issues.append(FormIssue("kind", f"unknown kind {form.kind!r}; use {', '.join(KINDS)}"))
@@ -125,5 +126,30 @@ def validate(form: BenchForm, default_target: str | None, api_key: str | None = 
     if len(points) > MAX_POINTS:
         issues.append(FormIssue("points", f"{len(points)} points: at most {MAX_POINTS} per sweep"))
     kind: BenchKind = "concurrency" if form.kind == "concurrency" else "depth"
+    if max_model_len and not issues:
+        _check_context(issues, kind, pp, tg, depth, points, max_model_len)
     spec = BenchSpec(kind, target, pp, tg, points, depth, repetitions, api_key=api_key)
     return (None if issues else spec), issues
+
+
+def _check_context(issues: list[FormIssue], kind: BenchKind, pp: int, tg: int, depth: int,
+                   points: tuple[int, ...], max_model_len: int) -> None:
+    """Every request holds depth + pp prompt tokens and tg generated ones; the server refuses
+    more than max_model_len with a 400, so say it here, naming the field to shrink."""
+    depths = points if kind == "depth" else (depth,)
+    worst = max(depths, default=0)
+    need = worst + pp + tg
+    if need <= max_model_len:
+        return
+    room = max_model_len - pp - tg
+    if kind == "depth" and room >= 0:
+        issues.append(FormIssue("points", f"depth {worst} + pp {pp} + tg {tg} = {need} tokens is "
+                                          f"over the server's max_model_len {max_model_len}; "
+                                          f"use depths up to {room}"))
+    elif kind == "concurrency" and room >= 0:
+        issues.append(FormIssue("depth", f"depth {worst} + pp {pp} + tg {tg} = {need} tokens is "
+                                         f"over the server's max_model_len {max_model_len}; "
+                                         f"use a depth up to {room}"))
+    else:
+        issues.append(FormIssue("pp", f"pp {pp} + tg {tg} is over the server's max_model_len "
+                                      f"{max_model_len}; lower pp or tg"))

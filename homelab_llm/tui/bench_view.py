@@ -13,6 +13,11 @@ from homelab_llm.tui.widgets.bar_chart import BarGroup
 from homelab_llm.tui.widgets.format import NA, rate, seconds
 
 Report = SweepReport | ReplayReport
+ROW_ERROR_CHARS = 70  # the table scrolls sideways; the full text is in the summary line
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def point_label(row: BenchRow, kind: str) -> str:
@@ -50,8 +55,10 @@ def table_rows(report: Report) -> list[tuple[str | Text, ...]]:
         return out
     rows: list[tuple[str | Text, ...]] = []
     for r in report.rows:
-        runs: str | Text = str(r.runs) if not r.failed else Text(f"{r.runs} ({r.failed} failed)",
-                                                                  style="red")
+        runs: str | Text = str(r.runs)
+        if r.failed:  # the server's reason in the row itself (a 400 over max_model_len...)
+            reason = r.errors[0] if r.errors else "no reason given"
+            runs = Text(f"{r.runs} ({r.failed} failed: {clip(reason, ROW_ERROR_CHARS)})", style="red")
         if report.kind == "concurrency":
             rows.append((point_label(r, "concurrency"), _stat_rate(r.pp_tps), _stat_rate(r.tg_tps),
                          _stat_rate(r.tg_tps_stream), seconds(r.ttft_s.mean), runs))

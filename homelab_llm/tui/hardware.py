@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from homelab_llm.hwcheck.topology_text import Matrix, TreeGpu, render_matrix, render_tree
 from homelab_llm.tui.snapshot import GpuInfo, GpuTelemetry, HardwareReport, PcieLink
 
 HWCHECK_TIMEOUT_S = 30.0
@@ -40,24 +41,35 @@ def parse_hardware_report(data: Mapping[str, Any]) -> HardwareReport:
                             ("current_gen", "current_width", "max_gen", "max_width"))),
             attached_to=str(gpu.get("attached_to") or ""), numa_node=_opt_int(gpu.get("numa_node"))))
     topology = data.get("topology", "")
-    if not isinstance(topology, str):
-        topology = _describe_topology(topology)
+    if isinstance(topology, Mapping):  # the matrix, drawn by the renderer `hwcheck` prints with
+        matrix = Matrix.from_json(topology)
+        topology = render_matrix(matrix) if len(matrix.connection) > 1 else ""
     warnings = tuple(str(w.get("message", w)) if isinstance(w, Mapping) else str(w)
                      for w in data.get("warnings") or [])
-    return HardwareReport(gpus=tuple(gpus), topology=topology, warnings=warnings)
+    return HardwareReport(gpus=tuple(gpus), topology=str(topology or ""), tree=_tree(data),
+                          warnings=warnings)
 
 
-def _describe_topology(topology: Any) -> str:
-    if isinstance(topology, Mapping):  # hwcheck's matrices; the per-GPU list is shown as rows
-        return "; ".join(f"{k}: {v}" for k, v in topology.items() if v and k != "gpus")
-    if isinstance(topology, list):
-        return "; ".join(str(item) for item in topology)
-    return "" if topology is None else str(topology)
+def _tree(data: Mapping[str, Any]) -> str:
+    tree_gpus = []
+    raw = [g for g in data.get("gpus") or [] if isinstance(g, Mapping) and not g.get("integrated")]
+    for index, gpu in enumerate(raw):
+        path = gpu.get("path")
+        if not isinstance(path, list):
+            return ""  # an older hwcheck without paths: no tree rather than a wrong one
+        tree_gpus.append(TreeGpu(f"GPU{index} {gpu.get('name', '?')}", str(gpu.get("pci_address")),
+                                 str(gpu.get("attached_to") or ""),
+                                 tuple(h for h in path if isinstance(h, Mapping))))
+    return render_tree(tree_gpus) if tree_gpus else ""
 
 
-def collect_hardware_report() -> HardwareReport:
-    """Run the hardware check in a child process and read its JSON. Blocking: call off the UI."""
+def collect_hardware_report(sysfs_root: str | None = None) -> HardwareReport:
+    """Run the hardware check in a child process and read its JSON. Blocking: call off the UI.
+    sysfs_root: a recorded tree (demos, tests) instead of this machine; vendor libraries are
+    then left out, since they would describe this machine's GPUs, not the tree's."""
     argv = [sys.executable, "-m", "homelab_llm", "hwcheck", "--json"]
+    if sysfs_root is not None:
+        argv += ["--sysfs-root", sysfs_root, "--no-vendor-libs"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=HWCHECK_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
@@ -107,7 +119,8 @@ class TelemetryReader:
             return {}
         return {address: GpuTelemetry(
             pci_address=address, name=r.name or "", load_pct=r.load_pct,
-            temp_c=r.temperature_c, power_w=r.power_w) for address, r in readings.items()}
+            temp_c=r.temperature_c, power_w=r.power_w, vram_used_bytes=r.vram_used_bytes)
+            for address, r in readings.items()}
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -115,3 +128,13 @@ class TelemetryReader:
                 self._nvml.close()
             except Exception:
                 pass
+
+
+class NoTelemetry:
+    """No live sensors (a recorded sysfs tree is shown: this machine's would not match it)."""
+
+    def read(self) -> dict[str, GpuTelemetry]:
+        return {}
+
+    def close(self) -> None:
+        pass

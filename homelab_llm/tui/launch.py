@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from homelab_llm.parent_watch import PARENT_PID_ENV
 from homelab_llm.presets import Preset, PresetError
 
 
@@ -41,4 +42,5 @@ def launch_env(preset: Preset) -> dict[str, str]:
     env = dict(os.environ)
     env.update(preset.env)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so log lines reach the Logs screen as they happen
+    env[PARENT_PID_ENV] = str(os.getpid())  # `serve` ends itself when the app is gone
     return env

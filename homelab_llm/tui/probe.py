@@ -104,6 +104,7 @@ def snapshot_from_status(data: Mapping[str, Any]) -> ServerSnapshot:
                 weights=_int(dev.get("weights")) or 0,
                 activations=_int(dev.get("activations_peak", dev.get("activations"))) or 0,
                 graphs=_int(dev.get("graphs")) or 0, kv_cache=_int(dev.get("kv_cache")) or 0,
+                state=_int(dev.get("state")) or 0,  # absent before hybrid support: none
                 other=_int(dev.get("other")) or 0, free=_int(dev.get("free")) or 0))
     used, capacity = _int(kv.get("tokens_used")), _int(kv.get("tokens_capacity"))
     queries, hits = _num(prefix.get("query_tokens")), _num(prefix.get("hit_tokens"))
@@ -117,7 +118,7 @@ def snapshot_from_status(data: Mapping[str, Any]) -> ServerSnapshot:
         prompt_tps=_num(throughput.get("prompt_tps")),
         generation_tps=_num(throughput.get("generation_tps")),
         ttft_p50=_num(latency.get("ttft_p50")), ttft_p95=_num(latency.get("ttft_p95")),
-        tpot_p50=_num(latency.get("tpot_p50")), uptime_s=_num(data.get("uptime")), config=config)
+        tpot_p50=_num(latency.get("tpot_p50")), tpot_p95=_num(latency.get("tpot_p95")), uptime_s=_num(data.get("uptime")), config=config)
 
 
 class CounterRates:

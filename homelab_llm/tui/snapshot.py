@@ -19,6 +19,7 @@ class DeviceMemory:
     activations: int = 0
     graphs: int = 0
     kv_cache: int = 0
+    state: int = 0  # hybrid models' recurrent states and their snapshots; 0 elsewhere
     other: int = 0
     free: int = 0
 
@@ -27,8 +28,8 @@ class DeviceMemory:
         fraction = min(max(kv_used_fraction or 0.0, 0.0), 1.0)
         kv_used = int(self.kv_cache * fraction)
         return [("weights", self.weights), ("activations", self.activations), ("graphs", self.graphs),
-                ("kv used", kv_used), ("kv free", self.kv_cache - kv_used), ("other", self.other),
-                ("free", self.free)]
+                ("KV used", kv_used), ("KV free", self.kv_cache - kv_used), ("state", self.state),
+                ("other", self.other), ("free", self.free)]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ServerSnapshot:
     ttft_p50: float | None = None  # seconds
     ttft_p95: float | None = None
     tpot_p50: float | None = None
+    tpot_p95: float | None = None
     preemptions: int | None = None
     uptime_s: float | None = None
     config: dict[str, object] = field(default_factory=dict)
@@ -65,6 +67,7 @@ class GpuTelemetry:
     temp_c: float | None = None
     power_w: float | None = None
     power_cap_w: float | None = None
+    vram_used_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class GpuInfo:
 @dataclass(frozen=True)
 class HardwareReport:
     gpus: tuple[GpuInfo, ...] = ()
-    topology: str = ""
+    topology: str = ""  # the matrix and its legend, as `hwcheck` prints them
+    tree: str = ""  # root ports -> switches -> GPUs with the link of every hop
     warnings: tuple[str, ...] = ()
     error: str = ""  # why the probe could not run; the screen shows it instead of a traceback

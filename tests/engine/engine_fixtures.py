@@ -47,3 +47,11 @@ def prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 40, vocab: int = 320) 
 
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+def assert_all_pages_free(engine) -> None:
+    """No request holds a KV page: after evicting the prefix cache every page is free."""
+    pool = engine.kv.pool
+    if engine.kv.radix is not None:
+        engine.kv.radix.evict(pool.num_pages)
+    assert pool.num_free == pool.num_pages, (pool.num_free, pool.num_pages)

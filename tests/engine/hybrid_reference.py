@@ -3,7 +3,6 @@ run transformers on it, and run our engine on the same folder."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,8 @@ def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, **ov
     """A random Qwen3_5ForCausalLM (or the ForConditionalGeneration layout) saved to `folder`;
     returns the text model (a CausalLM) in fp32, eval mode. Norm weights and the decay
     parameters are randomised too, so the (1 + w) norms and gating are exercised."""
-    from transformers import Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+    from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
+                              Qwen3_5TextConfig)
 
     torch.manual_seed(seed)
     text = Qwen3_5TextConfig(**{**TEXT_SHAPE, **overrides})
@@ -83,7 +83,3 @@ def our_llm(folder: Path, **engine_args: Any) -> LLM:
 
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data))

@@ -40,5 +40,6 @@ def test_tp2_equals_tp1(tmp_path):
 def test_invalid_size_is_a_clear_error(tmp_path):
     make_hf_qwen3_5(tmp_path, seed=5)
     # 4 attention heads allow 4 ranks; the 2 linear-attention key heads do not.
-    with pytest.raises(EngineArgsError, match=r"the linear-attention key heads \(2\) is not divisible by 4; valid sizes: 1, 2$"):
+    with pytest.raises(EngineArgsError, match=r"linear-attention key heads \(2\) is not divisible "
+                                               r"by 4; valid sizes: 1, 2$"):
         our_llm(tmp_path, tensor_parallel_size=4)

@@ -1,9 +1,9 @@
 """Tensor parallelism of the experts: each expert's intermediate dim split evenly over ranks
-(shards cover the full tensors), uneven splits refused, and a real 2-rank gloo forward of a tiny
-Qwen3-MoE equal to the 1-rank model.
+(shards cover the full tensors), uneven splits refused, and real 2-rank gloo forwards (a tiny
+Qwen3-MoE through the paged harness, a tiny Qwen3.5-MoE through the whole engine) equal to 1 rank.
 
-Tolerance for the 2-rank forward: fp32, the all-reduce only reorders sums; 1e-4 absolute on
-logits of O(10).
+Tolerance for the 2-rank forwards: fp32, the all-reduce only reorders sums; 1e-4 absolute on
+logits of O(10) (Qwen3-MoE), 1e-4 of the largest logit (Qwen3.5-MoE); greedy tokens identical.
 """
 
 from __future__ import annotations
@@ -59,3 +59,25 @@ def test_two_rank_forward_equals_one_rank(tmp_path):
     got = two_rank_logits(folder, tmp_path, PROMPT, DECODE)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
     assert parallel.tp_size() == 1
+
+
+def test_qwen3_5_moe_engine_tp2_equals_tp1(tmp_path):
+    """The hybrid MoE through the whole engine on two gloo ranks: experts and the gated shared
+    expert split, logits equal up to reduction order and greedy tokens exactly."""
+    from hybrid_reference import greedy, our_llm
+    from moe_reference import make_hf_qwen3_5_moe
+    from test_model_qwen3_5 import last_logits
+
+    prompts = [[(7 * i + 3) % 300 + 3 for i in range(n)] for n in (37, 5)]
+    make_hf_qwen3_5_moe(tmp_path, seed=2)
+    results = []
+    for tp in (1, 2):
+        llm = our_llm(tmp_path, tensor_parallel_size=tp)
+        try:
+            results.append((last_logits(llm, prompts),
+                            [c.token_ids for c in llm.generate(prompts, greedy(4))]))
+        finally:
+            llm.shutdown()
+    (l1, t1), (l2, t2) = results
+    assert (l1 - l2).abs().max() <= 1e-4 * l1.abs().max()
+    assert t1 == t2

@@ -206,3 +206,31 @@ def test_two_local_processes_as_two_nodes(tmp_path: Path) -> None:
     assert worker.returncode == 0, w_err[-2000:]
     _, ref_tokens = run_tp(tmp_path, 1)
     assert proc.stdout.split("TOKENS", 1)[1].strip() == str(ref_tokens)
+
+
+def test_a_killed_rank_makes_an_idle_engine_dead_at_once(tmp_path: Path) -> None:
+    """The monitor sees the rank's process end (its sentinel): the engine is dead before any
+    request arrives, says why, refuses work, and still shuts down within its bounds."""
+    import signal
+
+    from homelab_llm.engine.faults import EngineDeadError, FaultKind, classify
+    from homelab_llm.engine.parallel import RankFailedError
+
+    make_hf_model("llama", tmp_path, num_attention_heads=6, num_key_value_heads=2, **SHAPE)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", tensor_parallel_size=2, page_size=4,
+              kv_cache_memory_bytes=4 << 20, tokenizer=str(tmp_path / "config.json"))
+    engine = llm.engine
+    try:
+        assert engine.dead_reason is None
+        os.kill(engine.runner.procs[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while engine.dead_reason is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.dead_reason == "rank 1 exited with code -9"
+        with pytest.raises(EngineDeadError, match="rank 1 exited"):
+            engine.step()
+        with pytest.raises(EngineDeadError):
+            engine.add_request("late", [5, 6, 7], SamplingParams(max_tokens=2))
+        assert classify(RankFailedError("tensor parallelism stopped")) is FaultKind.FATAL
+    finally:
+        llm.shutdown()  # before the monitor's grace ends (it exits the process after 10 s)

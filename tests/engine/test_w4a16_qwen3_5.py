@@ -63,3 +63,23 @@ def test_hybrid_w4a16_checkpoint_matches_dequantized(hf, tmp_path, case):
     assert model.model.layers[1].self_attn.qkv_proj.w4 is not None
     got, ref = logits(quant_dir, PROMPTS), logits(ref_dir, PROMPTS)
     assert float((got - ref).norm() / ref.norm()) < 1e-3
+
+
+def test_conditional_generation_autoround_checkpoint(tmp_path):
+    """The published layout: model.language_model.* quantized, model.visual.* kept as it is."""
+    from transformers import Qwen3_5ForConditionalGeneration
+
+    make_hf_qwen3_5(tmp_path / "src", seed=6, conditional=True)
+    full = Qwen3_5ForConditionalGeneration.from_pretrained(tmp_path / "src").float().eval()
+    quant = CASES["autoround-asym-g32-extra-config"]
+    quant = {**quant, "extra_config": {k.replace("model.", "model.language_model.", 1): v
+                                       for k, v in quant["extra_config"].items()}}
+    # write_checkpoints matches what follows "model.language_model.layers." as "N.module".
+    linears = tuple(f"{i}.{name}" for i in range(4) for name in HYBRID_LINEARS)
+    quant_dir, ref_dir = write_checkpoints(full, tmp_path, quant, "gptq_v2", 32, False,
+                                           linears=linears)
+    config = load_model_config(quant_dir)
+    model = load_model(config, quant_dir, "auto", torch.float32, "cpu")
+    assert model.model.layers[0].linear_attn.in_proj_qkvz.w4 is not None
+    got, ref = logits(quant_dir, PROMPTS), logits(ref_dir, PROMPTS)
+    assert float((got - ref).norm() / ref.norm()) < 1e-3

@@ -173,3 +173,35 @@ def test_plan_shipped_llama_config_by_name(capsys) -> None:
     # 8,030,261,248 params: all but the 65 norm vectors split in two, norms on both cards
     assert data["per_device"][0]["weights_bytes"] == (8_030_261_248 - 65 * 4096) + 65 * 4096 * 2
     assert data["kv_bytes_per_token"] == 65536
+
+
+QWEN36_DEPLOYMENT = ("plan", "Qwen3.6-27B", "-tp", "2", "--kv-cache-dtype", "int8",
+                     "--max-model-len", "131072", "--max-num-seqs", "8", "--quantization", "w4a16",
+                     "--gpu-memory", "25753026560")  # a 7900 XTX: 23.98 GiB
+
+
+def test_plan_hybrid_27b_deployment_json(capsys) -> None:
+    """Issue 14's deployment: KV only for the 16 full-attention layers, ~77 MB of GDN state per
+    sequence per card, for 8 running sequences plus 16 prefix-cache snapshots."""
+    rc, out, _ = run_cli(capsys, *QWEN36_DEPLOYMENT, "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["kv_bytes_per_token"] == 16_512
+    assert data["state_bytes_per_sequence"] == 76_972_032
+    for d in data["per_device"]:
+        assert d["kv_bytes_per_token"] == 16_512 and d["state_bytes_per_sequence"] == 76_972_032
+        assert d["state_bytes"] == (8 + 16) * 76_972_032
+    rc, out, _ = run_cli(capsys, *QWEN36_DEPLOYMENT, "--max-state-snapshots", "0", "--json")
+    assert json.loads(out)["per_device"][0]["state_bytes"] == 8 * 76_972_032
+
+
+def test_plan_hybrid_text_shows_the_state(capsys) -> None:
+    rc, out, _ = run_cli(capsys, *QWEN36_DEPLOYMENT)
+    assert rc == 0 and "state" in out.splitlines()[2]
+    assert "KV bytes per token per device: 16,512, 16,512" in out
+    assert "state per sequence per device: 76,972,032 bytes (77.0 MB)" in out
+    assert "16 prefix-cache snapshots: 1.85 GB" in out
+
+
+def test_plan_snapshot_flags_are_checked(capsys) -> None:
+    rc, _, err = run_cli(capsys, *QWEN36_DEPLOYMENT, "--max-state-snapshots", "-2")
+    assert rc == 2 and "--max-state-snapshots must be >= 0" in err and err.count("\n") == 1

@@ -6,6 +6,7 @@ injected failures, and a check that only one thread ever calls it (the engine is
 Prompt conventions the default script reads:
   SAY[[text]]   the output is exactly `text`, then EOS
   FAIL-STEP     step() raises while this request is running
+  DIE-STEP      step() hits a fatal fault while this request is running: the engine is dead
 otherwise the output is a long deterministic word stream (offset by the seed when sampling)."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from homelab_llm.engine.faults import EngineDeadError
 from homelab_llm.engine.outputs import RequestOutput, TokenLogprob
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.errors import HomelabError
@@ -113,6 +115,7 @@ class FakeSequence:
     script: bytes
     eos_after_script: bool
     fail: bool
+    die: bool
     arrival_time: float
     num_cached: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -141,6 +144,7 @@ class FakeEngine:
         self.steps = 0
         self.thread_ids: set[int] = set()
         self.shut_down = False
+        self.dead_reason: str | None = None  # a test may set it: a rank died while idle
 
     def _thread(self) -> None:
         self.thread_ids.add(threading.get_ident())
@@ -159,7 +163,8 @@ class FakeEngine:
         script, eos = self.script(text, params)
         self.known.add(request_id)
         self.waiting.append(FakeSequence(request_id, ids, params, script.encode(), eos,
-                                         "FAIL-STEP" in text, time.monotonic()))
+                                         "FAIL-STEP" in text, "DIE-STEP" in text,
+                                         time.monotonic()))
 
     def abort_request(self, request_id: str) -> None:
         self._thread()
@@ -187,6 +192,9 @@ class FakeEngine:
             self.running.append(seq)
         if any(seq.fail for seq in self.running):
             raise RuntimeError("injected step failure")
+        if any(seq.die for seq in self.running):
+            self.dead_reason = "RuntimeError: CUDA error: an illegal memory access was encountered"
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         for seq in list(self.running):
             outputs.append(self._advance(seq))
             if outputs[-1].finished:
@@ -202,7 +210,7 @@ class FakeEngine:
                        "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": 1},
             "devices": [{"name": "cpu", "total": 1 << 30, "weights": 1 << 20,
                          "activations_peak": 1 << 20, "graphs": 0, "kv_cache": 1 << 24,
-                         "other": 0, "free": (1 << 30) - (1 << 24) - (2 << 20)}],
+                         "state": 0, "other": 0, "free": (1 << 30) - (1 << 24) - (2 << 20)}],
             "kv": {"page_size": 16, "dtype": "fp32", "tokens_capacity": 1 << 16, "tokens_used": used},
             "requests": {"running": len(self.running), "waiting": len(self.waiting)},
             "prefix_cache": {"query_tokens": self.query_tokens, "hit_tokens": self.hit_tokens},

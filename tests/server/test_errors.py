@@ -167,7 +167,8 @@ def test_loading_is_503_then_ready() -> None:
 
     with fake_server(slow_factory, wait_ready=False) as running:
         r = httpx.get(f"{running.base_url}/health")
-        assert r.status_code == 503 and r.json() == {"status": "loading"}
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert 0.0 <= r.json()["progress"] <= 1.0 and r.json()["phase"]
         r = post(running, "/v1/chat/completions", {"messages": USER})
         assert_error(r, 503, "loading")
         assert "retry-after" in r.headers

@@ -69,7 +69,8 @@ def test_status_contract(slow) -> None:
     assert set(s) == {"config", "devices", "kv", "requests", "prefix_cache", "throughput",
                       "latency", "uptime"}
     assert set(s["devices"][0]) == {"name", "total", "weights", "activations_peak", "graphs",
-                                    "kv_cache", "other", "free"}
+                                    "kv_cache", "state", "other", "free"}
+    assert s["devices"][0]["state"] == 0  # no recurrent state on a plain transformer
     assert set(s["kv"]) >= {"page_size", "dtype", "tokens_capacity", "tokens_used"}
     assert set(s["requests"]) == {"running", "waiting"}
     assert set(s["prefix_cache"]) >= {"query_tokens", "hit_tokens"}

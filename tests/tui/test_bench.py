@@ -201,3 +201,49 @@ async def wait_for_aborted(server: FakeOpenAI) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError("the server never saw the request go away")
+
+
+# ---------------------------------------------------------------------------- failure reasons
+
+def test_form_checks_the_servers_context_limit() -> None:
+    spec, issues = validate(BenchForm(), "http://x", max_model_len=2048)  # pp512 at depth 4K
+    assert spec is None and [i.field for i in issues] == ["points"]
+    assert "= 4672 tokens is over the server's max_model_len 2048; use depths up to 1472" in \
+        issues[0].message
+    form = BenchForm(kind="concurrency", points="1,2", depth="4K")
+    assert [i.field for i in validate(form, "http://x", max_model_len=2048)[1]] == ["depth"]
+    assert [i.field for i in validate(BenchForm(pp="4K"), "http://x", max_model_len=2048)[1]] == ["pp"]
+    assert validate(BenchForm(points="0,1K"), "http://x", max_model_len=2048)[0] is not None
+    assert validate(BenchForm(), "http://x", max_model_len=None)[0] is not None  # unknown: sent
+
+
+async def test_bench_defaults_on_a_small_context_are_refused_before_sending() -> None:
+    app = HomelabApp(probe_factory=FakeProbe([load_status("status_cpu.json")]),
+                     watch_url="http://127.0.0.1:9", hardware_source=load_hardware,
+                     telemetry=FakeTelemetry(), clock=lambda: 1000.0, poll_interval_s=3600.0,
+                     start_mode="bench")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.snapshot.ok)
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.05)
+        screen = app.screen
+        assert screen.job is None
+        assert "use depths up to 1472" in str(screen.query_one("#b-issues", Static).content)
+
+
+async def test_failed_rows_carry_the_servers_reason() -> None:
+    from homelab_llm.bench.report import sweep_table
+
+    server = FakeOpenAI(Script(fail_status=400))
+    async with serve_fake(server) as url:
+        app = bench_app(url)
+        async with app.run_test(size=(100, 40)) as pilot:
+            screen = app.screen
+            fill(screen, pp="16", tg="5", points="0", repetitions="1")
+            await pilot.pause()
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: screen.job is not None and not screen.job.running)
+            await pilot.pause(0.05)
+            runs = str(screen.query_one("#b-table", DataTable).get_row_at(0)[4])
+            assert "failed: HTTP 400: scripted failure" in runs
+            assert "error at pp16 tg5 @ d0: HTTP 400: scripted failure" in sweep_table(screen.report)

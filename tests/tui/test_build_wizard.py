@@ -165,3 +165,22 @@ async def test_changing_the_board_moves_cards_to_its_slots() -> None:
         fill(wizard, cards=1)
         await pilot.pause()
         assert not wizard.query_one("#w-card2").display and len(wizard.build.placements) == 1
+
+
+async def test_wizard_saves_a_build_file_hwcheck_reads(user_presets) -> None:
+    from homelab_llm.hwcheck.catalog import load_build
+
+    app = hw_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("w")
+        await pilot.pause(0.1)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.1)
+        await pilot.press("ctrl+s")  # a second save never overwrites the first
+        await pilot.pause(0.1)
+    folder = user_presets.parent / "builds"
+    saved = sorted(folder.glob("*.toml"))
+    assert [p.name for p in saved] == ["asus-proart-x670e-creator-2.toml",
+                                       "asus-proart-x670e-creator.toml"]
+    build = load_build(saved[1], shipped_catalog())
+    assert build.board.name == "ASUS ProArt X670E-Creator WiFi" and len(build.placements) == 2

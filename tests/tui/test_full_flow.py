@@ -11,7 +11,8 @@ import pytest
 
 from homelab_llm.presets import load_preset, save_preset
 from homelab_llm.tui.app import HomelabApp
-from homelab_llm.tui.service import ServiceManager, ServiceState, free_port, process_group_alive
+from homelab_llm.tui.process_group import free_port, process_group_alive
+from homelab_llm.tui.service import ServiceManager, ServiceState
 from homelab_llm.tui.widgets.chat import ChatBox
 from tui_fakes import FakeTelemetry
 from homelab_llm.tui.snapshot import HardwareReport

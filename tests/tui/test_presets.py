@@ -84,6 +84,11 @@ def test_builtin_cannot_be_deleted() -> None:
     ({"args": {"gpu_memory_utilization": 1.5}}, "args.gpu_memory_utilization"),
     ({"args": {"kv_cache_dtype": "fp4"}}, "args.kv_cache_dtype"),
     ({"args": {"no_such_flag": 1}}, "args.no_such_flag"),
+    ({"args": {"max_state_snapshots": "16"}}, "args.max_state_snapshots"),
+    ({"args": {"max_state_snapshots": -1}}, "args.max_state_snapshots"),
+    ({"args": {"state_snapshot_memory_bytes": "lots"}}, "args.state_snapshot_memory_bytes"),
+    ({"args": {"max_state_snapshots": 4, "state_snapshot_memory_bytes": "1GiB"}},
+     "args.max_state_snapshots"),
 ])
 def test_invalid_values_are_reported_on_their_field_and_never_saved(
         changes: dict[str, object], field: str, user_presets: Path) -> None:
@@ -136,3 +141,9 @@ def test_presets_command(capsys: pytest.CaptureFixture[str], user_presets: Path)
     assert capsys.readouterr().out.strip() == str(user_presets)
     assert main(["presets", "show", "nope"]) == 2
     assert "no preset named 'nope'" in capsys.readouterr().err
+
+
+def test_snapshot_pool_args_are_valid_preset_args() -> None:
+    preset = load_preset("dual-7900xtx-27b-128k")
+    for extra in ({"max_state_snapshots": 0}, {"state_snapshot_memory_bytes": "2GiB"}):
+        assert preset.with_changes(args={**preset.args, **extra}).validate() == []

@@ -24,6 +24,14 @@ def test_status_fixture_maps_every_section() -> None:
     assert (snap.prompt_tps, snap.generation_tps, snap.ttft_p95) == (2874.5, 96.3, 1.873)
 
 
+def test_status_device_state_bytes_are_read_and_default_to_zero() -> None:
+    hybrid = load_status("status_dual_gpu_hybrid.json")
+    assert [d.state for d in hybrid.devices] == [1847328768, 1847328768]
+    assert ("state", 1847328768) in hybrid.devices[0].segments(0.5)
+    # servers from before hybrid support (and plain models) send no "state" key
+    assert [d.state for d in load_status().devices] == [0, 0]
+
+
 def test_status_with_null_latencies_shows_none() -> None:
     snap = load_status("status_cpu.json")
     assert snap.ttft_p50 is None and snap.prefix_hit_rate is None and snap.kv_usage == 0.0

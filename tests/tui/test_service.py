@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from homelab_llm.tui.service import (PortBusyError, ServiceManager, ServiceState, StateChanged,
-                                     free_port, process_group_alive)
+from homelab_llm.tui.process_group import PortBusyError, free_port, process_group_alive
+from homelab_llm.tui.service import ServiceManager, ServiceState, StateChanged
 from tui_fakes import TINY_SERVER, crash_preset, tiny_preset
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,8 +64,9 @@ def test_start_healthy_stop_leaves_no_process(manager: ServiceManager, tmp_path:
     code = manager.stop()
     assert code == -signal.SIGTERM
     assert not process_group_alive(pgid) and not pid_alive(pids["worker"])
-    assert events == [ServiceState.STARTING, ServiceState.HEALTHY, ServiceState.STOPPING,
-                      ServiceState.STOPPED]
+    changes = [s for i, s in enumerate(events) if i == 0 or events[i - 1] is not s]
+    assert changes == [ServiceState.STARTING, ServiceState.HEALTHY, ServiceState.STOPPING,
+                       ServiceState.STOPPED]  # (load progress repeats STARTING with new figures)
 
 
 def test_stop_escalates_to_sigkill(manager: ServiceManager, tmp_path: Path) -> None:
@@ -83,7 +84,8 @@ def test_crash_shows_exit_code_and_last_lines(manager: ServiceManager) -> None:
     wait_for(lambda: manager.status.state is ServiceState.CRASHED, what="crash")
     status = manager.status
     assert status.exit_code == 1 and "exited with code 1" in status.message
-    assert status.last_lines[-1] == "fatal: out of memory"
+    assert status.last_lines[-1] == "INFO:     Finished server process [4242]"
+    assert status.reason == "fatal: out of memory"
     assert not status.running
 
 

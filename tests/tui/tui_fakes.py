@@ -9,6 +9,7 @@ from pathlib import Path
 
 from homelab_llm.presets import Preset
 from homelab_llm.tui.hardware import parse_hardware_report
+from homelab_llm.tui.host import HostReading
 from homelab_llm.tui.probe import snapshot_from_status
 from homelab_llm.tui.snapshot import GpuTelemetry, HardwareReport, ServerSnapshot
 
@@ -55,6 +56,17 @@ class FakeTelemetry:
         pass
 
 
+class FakeHost:
+    """Fixed CPU/RAM figures, so screens that show them render the same every run."""
+
+    def __init__(self, reading: HostReading | None = None) -> None:
+        self.reading = reading or HostReading(cpu_pct=23.0, ram_used=12 << 30, ram_total=64 << 30,
+                                              child_cpu_pct=180.0, child_rss=3 << 30)
+
+    def read(self, child_pid: int | None) -> HostReading:
+        return self.reading
+
+
 FIXED_TELEMETRY = {
     "0000:03:00.0": GpuTelemetry("0000:03:00.0", load_pct=97, temp_c=71, power_w=312),
     "0000:0c:00.0": GpuTelemetry("0000:0c:00.0", load_pct=95, temp_c=66, power_w=298),
@@ -71,7 +83,10 @@ def tiny_preset(name: str, port: int, *extra: str, pidfile: Path | None = None,
 
 
 def crash_preset(port: int) -> Preset:
-    code = "print('loading model...'); print('fatal: out of memory', flush=True); raise SystemExit(1)"
+    # The reason first, then the shutdown noise a server prints on its way out (as uvicorn does).
+    code = ("print('loading model...'); print('fatal: out of memory'); "
+            "print('INFO:     Waiting for application shutdown.'); "
+            "print('INFO:     Finished server process [4242]', flush=True); raise SystemExit(1)")
     return Preset(name="crasher", backend="command", command=("{python}", "-c", code), port=port)
 
 

@@ -1,4 +1,4 @@
-"""StateLayout: the shapes and bytes of one sequence's Gated DeltaNet state on one tensor-parallel rank.
+"""StateLayout: the shapes and bytes of one sequence's Gated DeltaNet state on one TP rank.
 
 A hybrid model (Qwen3.5/3.6) keeps, per sequence and per GDN layer, two tensors instead of KV pages:
 - the conv state: the last `conv_kernel - 1` inputs of the causal depthwise conv, shape

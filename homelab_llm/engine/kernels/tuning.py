@@ -160,3 +160,35 @@ def gemm_tiles(m: int, device: torch.device | None) -> GemmTiles:
     if m <= 64:
         return t.gemm_small
     return t.gemm
+
+
+@dataclass(frozen=True)
+class GdnTiles:
+    """Gated DeltaNet kernels (gdn_*.py). chunk: tokens per chunk of the prefill rule (64 on GPUs,
+    as the issue fixes; the interpreter takes 16 so small tests cross chunks); block_v: value
+    columns per program of the sequential chunk kernel and of the decode step (the state tile is
+    Dk x block_v fp32 in registers); conv_t x conv_c: tokens x channels per conv program."""
+
+    chunk: int
+    block_v: int
+    chunk_warps: int
+    chunk_stages: int
+    decode_block_v: int
+    decode_warps: int
+    conv_t: int
+    conv_c: int
+    conv_warps: int
+
+
+GDN_TABLE: dict[str, GdnTiles] = {
+    "sm80": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
+    "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
+    "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
+    # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
+    "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4),
+    "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1),
+}
+
+
+def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
+    return GDN_TABLE[arch_name(device)]

@@ -21,9 +21,10 @@ from torch import nn
 
 from homelab_llm.engine.context import get_context
 from homelab_llm.engine.kernels import gdn
-from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, even_shard
+from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.parallel import state as parallel
+from homelab_llm.engine.parallel.state import tp_rank, tp_size
+from homelab_llm.engine.sharding import even_shard
 
 
 def head_split(config: ModelConfig, tp_size: int, rank: int) -> tuple[int, int]:
@@ -37,8 +38,8 @@ def sharded_param(parts: list[int], tail: tuple[int, ...] = (),
                   dtype: torch.dtype | None = None) -> nn.Parameter:
     """A per-head (or per-channel) parameter made of contiguous parts, each split evenly across
     ranks: A_log and dt_bias ([Hv]), and the conv weight ([C, W], parts q|k|v)."""
-    tp_size, rank = parallel.tp_size(), parallel.tp_rank()
-    local = sum(even_shard(p, tp_size, rank, "Gated DeltaNet heads")[1] for p in parts)
+    tp, rank = tp_size(), tp_rank()
+    local = sum(even_shard(p, tp, rank, "Gated DeltaNet heads")[1] for p in parts)
     param = nn.Parameter(torch.empty(local, *tail, dtype=dtype), requires_grad=False)
 
     def weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -47,7 +48,7 @@ def sharded_param(parts: list[int], tail: tuple[int, ...] = (),
         loaded = loaded.reshape(sum(parts), *tail)  # conv1d: [C, 1, W] -> [C, W]
         pieces, offset = [], 0
         for total in parts:
-            first, size = even_shard(total, tp_size, rank, "Gated DeltaNet heads")
+            first, size = even_shard(total, tp, rank, "Gated DeltaNet heads")
             pieces.append(loaded[offset + first:offset + first + size])
             offset += total
         param.data.copy_(torch.cat(pieces))
@@ -59,7 +60,7 @@ def sharded_param(parts: list[int], tail: tuple[int, ...] = (),
 class GatedDeltaNet(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        tp, rank = parallel.tp_size(), parallel.tp_rank()
+        tp, rank = tp_size(), tp_rank()
         self.num_k_heads, self.num_v_heads = head_split(config, tp, rank)
         self.head_k_dim, self.head_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
         self.key_dim = self.num_k_heads * self.head_k_dim

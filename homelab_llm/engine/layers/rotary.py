@@ -17,6 +17,7 @@ from torch import nn
 
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.model.config import UnsupportedModelError
+from homelab_llm.engine.model.context_limit import rope_table_rows
 
 
 class RopeTables(NamedTuple):
@@ -80,11 +81,12 @@ def _yarn_inv_freq(base: float, dim: int, s: dict[str, Any], max_position: int
     return inv_freq, float(attention_factor)
 
 
-def rope_table_length(max_position: int, scaling: dict[str, Any] | None) -> int:
-    if scaling and scaling.get("rope_type") == "yarn":
-        original = scaling.get("original_max_position_embeddings") or max_position
-        return max(max_position, int(original * float(scaling["factor"])))
-    return max_position
+def _dynamic_ntk_inv_freq(base: float, dim: int, factor: float, max_position: int,
+                         length: int) -> torch.Tensor:
+    """Dynamic NTK, fixed at the table's length (as vLLM does: one table, so one base for every
+    position): the base grows so the lowest frequency spans `length` positions."""
+    base = base * ((factor * length / max_position) - (factor - 1)) ** (dim / (dim - 2))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
 
 
 class RotaryEmbedding(nn.Module):
@@ -94,7 +96,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.base, self.scaling, self.max_position = base, scaling, max_position
-        self.length = rope_table_length(max_position, scaling)
+        # One row per position the model can address: --max-model-len never exceeds it
+        # (model/context_limit.py), so no position of a served request falls outside the table.
+        self.length = rope_table_rows(max_position, scaling)
         self.register_buffer("cos_sin", self._table(freq_factors), persistent=False)
 
     def _table(self, freq_factors: torch.Tensor | None) -> torch.Tensor:
@@ -106,6 +110,9 @@ class RotaryEmbedding(nn.Module):
             inv_freq = inv_freq / float(s["factor"])
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, s)
+        elif rope_type == "dynamic":
+            inv_freq = _dynamic_ntk_inv_freq(base, dim, float(s["factor"]), self.max_position,
+                                             self.length)
         elif rope_type == "yarn":
             inv_freq, attention_factor = _yarn_inv_freq(base, dim, s, self.max_position)
         elif rope_type == "freq_factors":

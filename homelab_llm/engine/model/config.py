@@ -16,12 +16,16 @@ SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwe
 MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "gpt_oss")
 # Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
-# rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
-# Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 LAYER_SLIDING = "sliding_attention"  # attention over the last sliding_window keys only
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
+# rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
+# Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
+# Keys each scaled rope_type must carry (the rotary layer reads them).
+_ROPE_REQUIRED_KEYS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                       "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                  "original_max_position_embeddings")}
 # rope_parameters keys that are not part of the scaling dict. Qwen3.5's mrope keys describe the
 # vision positions; text positions are the same on all three axes, which is plain RoPE.
 _ROPE_PARAMS_NOT_SCALING = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
@@ -188,7 +192,7 @@ def _eos_tuple(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
+def normalize_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
     """Normalise HF rope_scaling (old "type" or new "rope_type" key); None for plain RoPE."""
     if not scaling:
         return None
@@ -203,6 +207,12 @@ def _check_rope_scaling(scaling: Mapping[str, Any] | None, where: str) -> dict[s
         raise UnsupportedModelError(
             f"{where}: rope scaling type {rope_type!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    missing = [k for k in _ROPE_REQUIRED_KEYS.get(rope_type, ()) if out.get(k) is None]
+    if missing:
+        raise ModelLoadError(f"{where}: rope scaling {rope_type!r} needs {', '.join(missing)}")
+    factor = out.get("factor")
+    if factor is not None and (not isinstance(factor, (int, float)) or not factor >= 1.0):
+        raise ModelLoadError(f"{where}: rope scaling factor must be a number >= 1, got {factor!r}")
     return out
 
 
@@ -394,7 +404,7 @@ def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
     """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
-    Qwen3-MoE)."""
+    Qwen3-MoE, Gemma 3, gpt-oss)."""
     raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
     arch = _MODEL_TYPE_ALIASES.get(arch, arch)
@@ -427,7 +437,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            rope_scaling=_check_rope_scaling(scaling, where),
+            rope_scaling=normalize_rope_scaling(scaling, where),
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.

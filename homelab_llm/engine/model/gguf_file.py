@@ -25,6 +25,7 @@ from homelab_llm.engine.model.config import (
     config_from_gguf,
 )
 from homelab_llm.engine.model.gguf_reader import GGUFFormatError, read_gguf_header, tensor_data
+from homelab_llm.load_progress import LOAD
 
 # Types we dequantize (through gguf.quants). The i-quants and ternary types are left out until a
 # test model covers them.
@@ -146,11 +147,14 @@ class GGUFFile:
         from gguf import GGMLQuantizationType, quants
 
         permute = config.extra.get("gguf_architecture", "llama") == "llama"
+        total, done = len(self._mm), 0  # the file's bytes: progress for /health and the log
         for t in self.tensors.values():
             name = hf_name(t.name)
             if name is None:
                 continue
             raw = tensor_data(self._mm, t)
+            done += raw.nbytes
+            LOAD.weights(done, total, 1, 1, self.path.name)
             order = None
             if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
                 order = rope_row_order(t.shape[0], config.num_attention_heads)

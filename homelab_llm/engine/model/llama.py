@@ -119,7 +119,27 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
+class PreNormDecoder(nn.Module):
+    """The forward every decoder here shares: embed, one rotary lookup for all layers, the
+    pre-norm layers (each adds the residual inside its norms), the final norm. Subclasses build
+    embed_tokens, rotary (anything with lookup(positions, dtype)), layers and norm."""
+
+    embed_tokens: nn.Module
+    rotary: nn.Module
+    layers: nn.ModuleList
+    norm: nn.Module
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        rope = self.rotary.lookup(positions, hidden.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, rope)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaModel(PreNormDecoder):
     def __init__(self, config: ModelConfig,
                  make_mlp: Callable[[ModelConfig, int], nn.Module] | None = None):
         super().__init__()
@@ -131,15 +151,6 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, make_mlp(config, i) if make_mlp else None, i)
             for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        rope = self.rotary.lookup(positions, hidden.dtype)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, rope)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
 
 
 class LlamaForCausalLM(nn.Module):

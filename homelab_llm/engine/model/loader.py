@@ -24,6 +24,7 @@ from homelab_llm.engine.model.config import (
     read_hf_config,
     read_json,
 )
+from homelab_llm.engine.model.context_limit import override_config, override_hf_dict
 from homelab_llm.engine.model.gemma3 import Gemma3ForCausalLM
 from homelab_llm.engine.model.gpt_oss import GptOssForCausalLM
 from homelab_llm.engine.model.llama import LlamaForCausalLM
@@ -34,6 +35,9 @@ from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
 from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
+
+
 # config.architecture -> the model class; every other supported architecture is llama.py's.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
                                              "qwen3_moe": Qwen3MoeForCausalLM,
@@ -44,7 +48,6 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
     return MODEL_CLASSES.get(config.architecture, LlamaForCausalLM)
-DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
 
 
 def resolve_format(path: str | Path, load_format: str = "auto") -> str:
@@ -66,9 +69,9 @@ def resolve_format(path: str | Path, load_format: str = "auto") -> str:
     raise ModelLoadError(f"{p}: not a .gguf file, an HF model folder or a model-config .json")
 
 
-def _hf_config(folder: Path) -> ModelConfig:
+def _hf_config(folder: Path, hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
     config_path = folder / "config.json"
-    raw = read_hf_config(folder)
+    raw = override_hf_dict(read_hf_config(folder), hf_overrides)
     cfg = config_from_hf(raw, name=folder.name, where=str(config_path))
     parse_quant_config(cfg.quantization, str(config_path))  # unsupported settings fail here
     # Chat models list extra stop ids (e.g. Llama 3.1's <|eot_id|>) only in generation_config.
@@ -81,17 +84,19 @@ def _hf_config(folder: Path) -> ModelConfig:
     return cfg
 
 
-def load_model_config(path: str | Path, load_format: str = "auto") -> ModelConfig:
+def load_model_config(path: str | Path, load_format: str = "auto",
+                      hf_overrides: dict[str, Any] | None = None) -> ModelConfig:
+    """The model's config; `hf_overrides` (--hf-overrides) is merged in before parsing."""
     p = Path(path)
     fmt = resolve_format(p, load_format)
     if fmt == "gguf":
         from homelab_llm.engine.model.gguf_file import open_gguf
 
-        return open_gguf(p).config()
+        return override_config(open_gguf(p).config(), hf_overrides, str(p))
     if p.is_dir():
-        return _hf_config(p)
+        return _hf_config(p, hf_overrides)
     if p.suffix == ".json":
-        cfg = config_from_hf(read_json(p), name=p.stem, where=str(p))
+        cfg = config_from_hf(override_hf_dict(read_json(p), hf_overrides), name=p.stem, where=str(p))
         parse_quant_config(cfg.quantization, str(p))
         return cfg
     raise ModelLoadError(f"{p}: load format {fmt} needs an HF model folder (config.json)")

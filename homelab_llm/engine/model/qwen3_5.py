@@ -30,8 +30,8 @@ from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinea
 from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
-from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP
-from homelab_llm.engine.parallel import state as parallel
+from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
+from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 QWEN3_5_PACKED = {
     **PACKED_MODULES,
@@ -134,7 +134,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class Qwen3_5Model(nn.Module):
+class Qwen3_5Model(PreNormDecoder):
     def __init__(self, config: ModelConfig,
                  make_mlp: Callable[[ModelConfig, int], nn.Module] | None = None):
         super().__init__()
@@ -145,15 +145,6 @@ class Qwen3_5Model(nn.Module):
             for i, t in enumerate(config.layer_types))
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        cos_sin = self.rotary.lookup(positions, hidden.dtype)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos_sin)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
 
 class Qwen3_5ForCausalLM(nn.Module):
     """The CausalLM contract (see llama.py), plus gdn_layers for the runner's state pool."""
@@ -163,7 +154,7 @@ class Qwen3_5ForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
+        self.tp_rank, self.tp_size = tp_rank(), tp_size()
         kd, vd = config.linear_key_dim, config.linear_value_dim
         # Checkpoint tensors that hold several parts of one fused weight, split as they load.
         self.split_modules = {"in_proj_qkv": ("in_proj_qkvz", [("q", kd), ("k", kd), ("v", vd)])}

@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 
 from homelab_llm.engine.model.config import ModelLoadError
+from homelab_llm.load_progress import LOAD
 
 INDEX_NAME = "model.safetensors.index.json"
 
@@ -36,13 +37,19 @@ def safetensors_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor, read lazily one at a time from the memory-mapped files."""
     from safetensors import SafetensorError, safe_open
 
-    for path in safetensors_files(folder):
+    files = safetensors_files(folder)
+    total, done = sum(path.stat().st_size for path in files), 0
+    for shard, path in enumerate(files, 1):
         try:
             with safe_open(str(path), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    tensor = f.get_tensor(name)
+                    done += tensor.numel() * tensor.element_size()
+                    LOAD.weights(done, total, shard, len(files), path.name)
+                    yield name, tensor
         except SafetensorError as err:
             raise ModelLoadError(f"{path}: corrupt or truncated safetensors file ({err})") from None
+        LOAD.weights(done, total, shard, len(files), path.name, shard_done=True)
 
 
 def safetensors_keys(folder: Path) -> set[str]:

@@ -18,12 +18,14 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from multiprocessing.connection import wait as wait_for_any
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
+from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import (MEMORY_FIELDS, open_channel, patch_section,
@@ -37,9 +39,8 @@ from homelab_llm.engine.parallel.state import set_parallel_state
 from homelab_llm.engine.parallel.worker import worker_main
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
-                                          CMD_SHUTDOWN, PlanHeader, StepBatch, build_plan)
+                                          CMD_SHUTDOWN, PlanHeader, StepBatch)
 
 if TYPE_CHECKING:
     from homelab_llm.engine.parallel.comm import PeerAllReduce
@@ -115,7 +116,7 @@ class ParallelRunner:
         # Rank 0 builds its batch from the same host-side plan the workers get: no device
         # round trip to pack it, and every rank's batch comes from the same words (the cache
         # copies included, so every rank copies the same KV rows and state slots).
-        return self.local.batch_from_plan(*build_plan(scheduled, self.page_size, copies))
+        return self.local.batch_from_plan(*self.local.checked_plan(scheduled, copies))
 
     def state_slot_counts(self) -> tuple[int, int]:
         return self.local.state_slot_counts()
@@ -166,14 +167,18 @@ class ParallelRunner:
         return self.failure is None and all(p.exitcode is None for p in self.procs)
 
     def _watch(self) -> None:
-        """Notice a dead rank, log its error, stop the others. Rank 0's pending collective then
-        fails and raises RankFailedError; if it hangs instead (NCCL can), exit after a grace."""
+        """Notice a dead rank the moment its process ends (its sentinel), log its error, stop
+        the others. `failure` makes the engine dead (core.LLMEngine.dead_reason), idle or not;
+        rank 0's pending collective then fails and raises RankFailedError; if it hangs instead
+        (NCCL can), exit after a grace."""
+        sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self.procs, start=1)}
         while not self._stop.is_set():
-            dead = [(r, p) for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
-            if dead:
-                rank, proc = dead[0]
-                try:
-                    detail = self._errors.get(timeout=2.0)
+            ended = wait_for_any(list(sentinels), timeout=0.2)
+            if ended and not self._stop.is_set():
+                rank, proc = sentinels[ended[0]]
+                proc.join(1.0)  # reap it: its exit code is known once the sentinel fired
+                try:  # a rank that raised sent its traceback before exiting
+                    detail = self._errors.get(timeout=0.5)
                 except Exception:
                     detail = f"rank {rank} exited with code {proc.exitcode}"
                 self.failure = detail
@@ -186,7 +191,6 @@ class ParallelRunner:
                 if not self._stop.wait(10.0):
                     os._exit(1)
                 return
-            self._stop.wait(0.2)
 
     def _failed(self, exc: BaseException) -> "RankFailedError":
         deadline = time.monotonic() + 3.0

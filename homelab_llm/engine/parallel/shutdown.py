@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from homelab_llm.engine.faults import FatalEngineError
 from homelab_llm.engine.parallel.channel import PlanChannel
 from homelab_llm.engine.runner import ModelRunner
-from homelab_llm.errors import HomelabError
 
 if TYPE_CHECKING:
     from homelab_llm.engine.parallel.comm import PeerAllReduce
@@ -37,8 +37,9 @@ SHUTDOWN_WAIT_S = 10.0
 DONE_KEY = "homelab_llm/tp_shutdown_done"  # rank 0 left its groups: workers may exit
 
 
-class RankFailedError(HomelabError, RuntimeError):
-    """A tensor-parallel rank died or raised; the message carries that rank's error."""
+class RankFailedError(FatalEngineError):
+    """A tensor-parallel rank died or raised; the message carries that rank's error. Fatal: the
+    engine is dead (engine/faults.py)."""
 
 
 def _release_graphs(runner: ModelRunner) -> None:

@@ -110,12 +110,16 @@ class BenchScreen(Screen[None]):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_screen_resume(self) -> None:
+        self._show_target_hint()
+
+    def _show_target_hint(self) -> None:
         # Say which server an empty target means right now (it follows the service's state).
         url = self.app.probe_url()
         self.query_one("#b-target", Input).placeholder = (
             f"the running service ({url})" if url else "no service running: enter a URL or press s")
 
     def on_mount(self) -> None:
+        self.watch(self.app, "service_status", lambda _: self._show_target_hint())
         self._show_kind(self.form.kind)
         self._set_columns(self.form.kind)
         self.query_one("#b-issues", Static).display = False
@@ -171,7 +175,8 @@ class BenchScreen(Screen[None]):
         if self.job is not None and self.job.running:
             self.notify("a sweep is already running: cancel it first (Ctrl+R)", severity="warning")
             return
-        spec, issues = validate(self.read_form(), self.app.probe_url(), self.app.api_key)
+        spec, issues = validate(self.read_form(), self.app.probe_url(), self.app.api_key,
+                                self.app.max_model_len())
         self._mark_issues(issues)
         if spec is None:
             return

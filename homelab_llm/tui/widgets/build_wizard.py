@@ -11,15 +11,20 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
+from pathlib import Path
+
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static, TabbedContent, TabPane
 
+from homelab_llm.errors import HomelabError
+from homelab_llm.hwcheck.build_file import CardPlacement, build_toml
 from homelab_llm.hwcheck.catalog import Catalog
 from homelab_llm.hwcheck.fit import Board, Build, Slot, Verdict, check_build, overall, slot_width
 from homelab_llm.tui.build_form import (CUSTOM, MAX_CARDS, BuildChoices, CardChoice, FieldIssue,
                                         default_slots, parse_slots, resolve)
 
+SAVED_HEADER = "# Saved by the build wizard; check it with `homelab-llm hwcheck build FILE.toml`."
 STEPS = ("board", "case", "cards", "psu", "verdict")
 STEP_TITLES = ("1 Board", "2 Case", "3 Cards", "4 PSU", "5 Verdict")
 MARK = {"pass": ("✓", "green"), "warn": ("⚠", "yellow"), "fail": ("✗", "bold red"),
@@ -311,6 +316,28 @@ class BuildWizard(Vertical):
                 f"{plugs}" + (" · spikes" if card.transient_class else ""))
 
     # ------------------------------------------------------------------ steps
+
+    def save(self, folder: Path) -> Path:
+        """Write the build as a `hwcheck build` file in `folder`; returns its path."""
+        choices = self.read_choices()
+        if self.build is None:
+            raise HomelabError("fix the values marked in red before saving the build")
+        parts = [choices.board, choices.case, choices.psu, *(c.gpu for c in choices.cards)]
+        if CUSTOM in parts:
+            raise HomelabError("custom parts are not saved yet: pick catalog entries, or add "
+                               "yours to the catalog (assets/hardware) first")
+        cards = [CardPlacement(c.gpu, c.slot, c.riser) for c in choices.cards]
+        text = build_toml(choices.board, choices.case, choices.psu, cards,
+                          int(float(choices.cpu_watts)), header=SAVED_HEADER, comments=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = choices.board
+        path = folder / f"{stem}.toml"
+        number = 2
+        while path.exists():  # never overwrite an earlier save
+            path = folder / f"{stem}-{number}.toml"
+            number += 1
+        path.write_text(text)
+        return path
 
     def action_step(self, delta: int) -> None:
         tabs = self.query_one("#wiz-steps", TabbedContent)

@@ -1,4 +1,5 @@
 """The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles, and the
+host's CPU/RAM with the service's own share (what a CPU run is limited by), and the
 model's parameters (total and active per token: they differ for mixture-of-experts models)."""
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from rich.text import Text
 from textual.widgets import Static
 
 from homelab_llm.tui.snapshot import ServerSnapshot
-from homelab_llm.tui.widgets.format import NA, billions, percent, seconds, tokens
+from homelab_llm.tui.host import HostReading
+from homelab_llm.tui.widgets.format import NA, billions, gib, percent, seconds, tokens
 
 
-def stats_table(snap: ServerSnapshot) -> Table:
+def stats_table(snap: ServerSnapshot, host: HostReading | None = None) -> Table:
     grid = Table.grid(padding=(0, 2), expand=True)
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(ratio=1)
@@ -27,10 +29,16 @@ def stats_table(snap: ServerSnapshot) -> Table:
     requests = Text(f"{running} running · {waiting} waiting")
     if snap.preemptions:
         requests.append(f" · {snap.preemptions} preempted", style="yellow")
-    grid.add_row("KV", kv, "Requests", requests)
+    grid.add_row("KV tokens", kv, "Requests", requests)
     grid.add_row("Prefix hit", percent(snap.prefix_hit_rate), "TTFT",
                  f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
-    grid.add_row("TPOT p50", seconds(snap.tpot_p50), "Source", _source(snap))
+    grid.add_row("Source", _source(snap), "TPOT",
+                 f"p50 {seconds(snap.tpot_p50)} · p95 {seconds(snap.tpot_p95)}")
+    if host is not None and host.cpu_pct is not None:
+        service = (NA if host.child_cpu_pct is None
+                   else f"CPU {host.child_cpu_pct:.0f}% · RSS {gib(host.child_rss)}")
+        grid.add_row("Host", f"CPU {host.cpu_pct:.0f}% · RAM {gib(host.ram_used)}/"
+                             f"{gib(host.ram_total)}", "Service", service)
     params = _parameters(snap)
     if params:  # our /v1/status only
         grid.add_row("Params", params, "", "")
@@ -52,5 +60,5 @@ def _source(snap: ServerSnapshot) -> str:
 
 
 class EngineStats(Static):
-    def show(self, snap: ServerSnapshot) -> None:
-        self.update(stats_table(snap))
+    def show(self, snap: ServerSnapshot, host: HostReading | None = None) -> None:
+        self.update(stats_table(snap, host))

@@ -52,10 +52,17 @@ class GpuPanel(Vertical):
             self._apply()
 
     def on_mount(self) -> None:
-        if getattr(self, "_data", None) is not None:
-            self._apply()
+        # The children may still be on their way in (the dashboard swaps every panel when the
+        # device count changes): apply after the next refresh, when they are there.
+        self.call_after_refresh(self._apply)
 
     def _apply(self) -> None:
-        index, device, gpu, sensors, kv_used_fraction = self._data
-        self.query_one(".gpu-header", Static).update(gpu_header(index, device, gpu, sensors))
-        self.query_one(VramBar).update(device, kv_used_fraction)
+        data = getattr(self, "_data", None)
+        headers = self.query(".gpu-header").results(Static)
+        bars = self.query(VramBar).results(VramBar)
+        header, bar = next(headers, None), next(bars, None)
+        if data is None or header is None or bar is None:
+            return  # not composed yet (on_mount comes back) or being removed
+        index, device, gpu, sensors, kv_used_fraction = data
+        header.update(gpu_header(index, device, gpu, sensors))
+        bar.update(device, kv_used_fraction)

@@ -1,21 +1,46 @@
 """A stacked bar of one device's memory: weights / activations / graphs / KV used / KV free /
-other / free, each segment's width proportional to its bytes, with a legend of sizes."""
+state / other / free, each segment's width proportional to its bytes, then a legend in words
+with sizes (wrapping between entries, never inside one). `state` (hybrid models' recurrent
+states) is listed only when the server reports some; KV used and free always are."""
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
 from homelab_llm.tui.snapshot import DeviceMemory
 from homelab_llm.tui.widgets.format import gib
 
-# label -> (style, legend key); colours chosen to stay distinct on dark and light themes.
-SEGMENT_STYLES: dict[str, tuple[str, str]] = {
-    "weights": ("#5f87d7", "W"), "activations": ("#d7875f", "A"), "graphs": ("#af87d7", "G"),
-    "kv used": ("#5fd75f", "KV"), "kv free": ("#2e6b2e", "kv"), "other": ("#d7d75f", "O"),
-    "free": ("#4e4e4e", "F"),
+# label -> colour; chosen to stay distinct on dark and light themes.
+SEGMENT_STYLES: dict[str, str] = {
+    "weights": "#5f87d7", "activations": "#d7875f", "graphs": "#af87d7", "KV used": "#5fd75f",
+    "KV free": "#2e6b2e", "state": "#5fd7d7", "other": "#d7d75f", "free": "#4e4e4e",
 }
+ALWAYS_LISTED = ("KV used", "KV free")
+GAP = "  "
+
+
+def legend(segments: list[tuple[str, int]], width: int) -> Text:
+    """Entries like "■ KV used 5.7G", broken into lines between entries, never inside one."""
+    text = Text()
+    column = 0
+    for label, size in segments:
+        if size <= 0 and label not in ALWAYS_LISTED:
+            continue
+        entry = f"{label} {gib(size)}"
+        needed = len(entry) + 2
+        if column and column + len(GAP) + needed > width:
+            text.append("\n")
+            column = 0
+        elif column:
+            text.append(GAP)
+            column += len(GAP)
+        text.append("■ ", style=SEGMENT_STYLES[label])
+        text.append(entry)
+        column += needed
+    return text
 
 
 def bar_cells(segments: list[tuple[str, int]], width: int) -> list[tuple[str, int]]:
@@ -40,10 +65,10 @@ def bar_cells(segments: list[tuple[str, int]], width: int) -> list[tuple[str, in
 
 
 class VramBar(Widget):
-    """Two lines: the bar, then the legend. Data arrives through `update(device, kv_fraction)`."""
+    """The bar, then the legend (one line or more). Data arrives through `update(device, kv_fraction)`."""
 
-    DEFAULT_CSS = "VramBar { height: 2; }"
-    device: reactive[DeviceMemory | None] = reactive(None, layout=False)
+    DEFAULT_CSS = "VramBar { height: auto; }"
+    device: reactive[DeviceMemory | None] = reactive(None, layout=True)
     kv_used_fraction: reactive[float | None] = reactive(None)
 
     def update(self, device: DeviceMemory | None, kv_used_fraction: float | None) -> None:
@@ -57,12 +82,10 @@ class VramBar(Widget):
         segments = self.device.segments(self.kv_used_fraction)
         bar = Text()
         for label, cells in bar_cells(segments, self.size.width):
-            bar.append("█" * cells, style=SEGMENT_STYLES[label][0])
-        legend = Text()
-        for label, size in segments:
-            if size <= 0 and label not in ("kv used", "kv free"):
-                continue
-            style, key = SEGMENT_STYLES[label]
-            legend.append("■", style=style)
-            legend.append(f"{key} {gib(size)} ")
-        return Text("\n").join([bar, legend])
+            bar.append("█" * cells, style=SEGMENT_STYLES[label])
+        return Text("\n").join([bar, legend(segments, self.size.width)])
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        if self.device is None:
+            return 1
+        return 1 + len(legend(self.device.segments(self.kv_used_fraction), width).split("\n"))

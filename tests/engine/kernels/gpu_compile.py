@@ -156,6 +156,7 @@ def _scenarios():
     # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
     yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
 
+    yield from _gdn_scenarios()
     yield from _moe_scenarios()
 
     from homelab_llm.engine.parallel.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
@@ -194,6 +195,44 @@ def _moe_scenarios():
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, quant, None, weights, ids)
     yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
+
+
+def _gdn_scenarios():
+    """Gated DeltaNet kernels at Qwen3.6-27B's linear-attention shape (16 key / 48 value heads of
+    128, conv over 10240 channels, width 4): a batch of 8 in bf16 with and without conv bias, the
+    rule again in fp16 and for one sequence (B_PAD 1). q, k, v are views into the conv output, the
+    way the model splits it."""
+    import torch
+
+    from homelab_llm.engine.kernels import gdn_chunk, gdn_conv, gdn_norm, gdn_recurrent
+
+    bf16, i32 = torch.bfloat16, torch.int32
+    hk, hv, d, channels, width, slots = 16, 48, 128, 10240, 4, 16
+    ssm_state = torch.zeros((slots, hv, d, d), dtype=torch.float32)
+
+    def varlen(batch, tokens, dt):
+        x = torch.zeros((tokens, channels), dtype=dt)
+        q, k, v = x.split([hk * d, hk * d, hv * d], dim=1)
+        rule = (q.view(tokens, hk, d), k.view(tokens, hk, d), v.view(tokens, hv, d), torch.zeros((tokens, hv)),
+                torch.zeros((tokens, hv), dtype=dt))
+        cu = torch.linspace(0, tokens, batch + 1).to(i32)
+        return x, rule, cu, torch.arange(batch, dtype=i32), torch.ones(batch, dtype=torch.bool)
+
+    x, rule, cu, idx, init = varlen(8, 4096, bf16)
+    conv_state = torch.zeros((slots, width - 1, channels), dtype=bf16)
+    weight = torch.zeros((channels, width), dtype=bf16)
+    for bias in (None, torch.zeros(channels, dtype=bf16)):
+        yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
+        yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
+    yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
+                                          1e-6)
+    yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
+    for batch, tokens, dt in ((8, 4096, bf16), (8, 4096, torch.float16), (1, 2048, bf16)):
+        _, rule, cu, idx, init = varlen(batch, tokens, dt)
+        yield lambda r=rule, cu=cu, idx=idx, init=init: gdn_chunk.chunk_gated_delta_rule(*r, cu, ssm_state, idx, init)
+        if batch > 1:
+            yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:idx.shape[0]] for t in r), ssm_state, idx)
 
 
 def capture(arch: str) -> list[dict]:

@@ -12,29 +12,11 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import gdn, gdn_ref
+from tests.engine.kernels.gdn_inputs import cu_seqlens, rule_inputs
 
 qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 
 ATOL = 1e-4
-
-
-def _cu(lens: list[int]) -> torch.Tensor:
-    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-
-
-def _rule_inputs(lens, hk, hv, dk, dv, gen, slots=None, has_init=None):
-    t = sum(lens)
-    q = torch.randn(t, hk, dk, generator=gen)
-    k = torch.randn(t, hk, dk, generator=gen)
-    v = torch.randn(t, hv, dv, generator=gen)
-    # decays in the model's range: -exp(A_log) * softplus(.), here mostly between -0.02 and -2
-    g = -torch.rand(t, hv, generator=gen).mul(2.0).add(0.02)
-    beta = torch.rand(t, hv, generator=gen)
-    n = len(lens)
-    slots = torch.tensor(slots if slots is not None else list(range(n))[::-1], dtype=torch.int32)
-    init = torch.tensor(has_init if has_init is not None else [i % 2 == 0 for i in range(n)])
-    state = torch.randn(n + 2, hv, dk, dv, generator=gen) * 0.5
-    return q, k, v, g, beta, _cu(lens), state, slots, init
 
 
 def _hf_rule(fn, q, k, v, g, beta, init_state):
@@ -50,7 +32,7 @@ def _hf_rule(fn, q, k, v, g, beta, init_state):
 ])
 def test_prefill_matches_transformers(lens, hk, hv, dk, dv) -> None:
     gen = torch.Generator().manual_seed(0)
-    q, k, v, g, beta, cu, state, slots, init = _rule_inputs(lens, hk, hv, dk, dv, gen)
+    q, k, v, g, beta, cu, state, slots, init = rule_inputs(lens, hk, hv, dk, dv, gen)
     before = state.clone()
     out = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, state, slots, init)
     steps_state = before.clone()
@@ -71,7 +53,7 @@ def test_prefill_matches_transformers(lens, hk, hv, dk, dv) -> None:
 def test_decode_matches_transformers() -> None:
     gen = torch.Generator().manual_seed(1)
     hk, hv, dk, dv = 2, 6, 16, 32
-    q, k, v, g, beta, _, state, _, _ = _rule_inputs([1] * 4, hk, hv, dk, dv, gen)
+    q, k, v, g, beta, _, state, _, _ = rule_inputs([1] * 4, hk, hv, dk, dv, gen)
     slots = torch.tensor([3, -1, 0, 5], dtype=torch.int32)
     before = state.clone()
     out = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, state, slots)
@@ -89,7 +71,7 @@ def test_decode_matches_transformers() -> None:
 
 def test_prefill_padding_row_touches_nothing() -> None:
     gen = torch.Generator().manual_seed(2)
-    q, k, v, g, beta, cu, state, _, init = _rule_inputs([9, 4, 20], 1, 2, 16, 16, gen)
+    q, k, v, g, beta, cu, state, _, init = rule_inputs([9, 4, 20], 1, 2, 16, 16, gen)
     slots = torch.tensor([1, -1, 0], dtype=torch.int32)
     before = state.clone()
     out = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, state, slots, init)
@@ -114,7 +96,7 @@ def test_conv_prefill_and_decode_match_transformers(with_bias: bool) -> None:
     conv_state = torch.randn(6, w - 1, c, generator=gen)
     slots = torch.tensor([4, 0, -1, 2], dtype=torch.int32)
     init = torch.tensor([True, False, True, True])
-    cu = _cu(lens)
+    cu = cu_seqlens(lens)
     before = conv_state.clone()
     y = gdn_ref.causal_conv1d_prefill_ref(x, weight, bias, cu, conv_state, slots, init)
     for b, (s, e) in enumerate(gdn_ref.seq_bounds(cu)):
@@ -156,12 +138,13 @@ def test_gated_rms_norm_and_gating_match_transformers() -> None:
     g, beta = gdn_ref.gdn_gating_ref(a, b, a_log, dt_bias)
     torch.testing.assert_close(g, -a_log.exp() * torch.nn.functional.softplus(a + dt_bias))
     torch.testing.assert_close(beta, b.sigmoid())
-    assert g.dtype == torch.float32 and gdn_ref.gdn_gating_ref(a, b.bfloat16(), a_log, dt_bias)[1].dtype == torch.bfloat16
+    assert g.dtype == torch.float32
+    assert gdn_ref.gdn_gating_ref(a, b.bfloat16(), a_log, dt_bias)[1].dtype == torch.bfloat16
 
 
 def test_front_runs_the_references_on_cpu() -> None:
     gen = torch.Generator().manual_seed(5)
-    q, k, v, g, beta, cu, state, slots, init = _rule_inputs([5, 70], 1, 2, 16, 16, gen)
+    q, k, v, g, beta, cu, state, slots, init = rule_inputs([5, 70], 1, 2, 16, 16, gen)
     s1, s2 = state.clone(), state.clone()
     got = gdn.gated_delta_rule_prefill(q, k, v, g, beta, cu, s1, slots, init)
     want = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, s2, slots, init)
@@ -173,7 +156,7 @@ def test_front_runs_the_references_on_cpu() -> None:
 
 def test_front_rejects_bad_shapes() -> None:
     gen = torch.Generator().manual_seed(6)
-    q, k, v, g, beta, cu, state, slots, init = _rule_inputs([5], 2, 6, 16, 16, gen)
+    q, k, v, g, beta, cu, state, slots, init = rule_inputs([5], 2, 6, 16, 16, gen)
     with pytest.raises(ValueError, match="value heads do not divide"):
         gdn.gated_delta_rule_prefill(q, k, v[:, :5], g[:, :5], beta[:, :5], cu, state[:, :5], slots, init)
     with pytest.raises(ValueError, match="ssm_state must be float32"):

@@ -1,0 +1,247 @@
+"""Gated DeltaNet kernels on one GPU at Qwen3.6-27B's linear-attention shape (Hk 16, Hv 48,
+Dk = Dv 128, conv over 10240 channels, width 4): correctness of every kernel against its torch
+reference (kernels/gdn_ref.py) and speed side by side with fla-core, with the bandwidth each implies.
+
+    python3 benchmarks/gdn_gpu.py [--quick] [--json out.json] [--sections check,prefill,decode,misc]
+
+Sections:
+  check    every kernel vs its reference at full shapes (max abs error and rel = err / max|ref|),
+           fla-core's outputs vs the same references (proves both compute the same thing)
+  prefill  chunked rule, T tokens per sequence x B sequences (T 2048/8192, B 1/8): ours vs fla
+           chunk_gated_delta_rule (both with q/k L2 norm in the kernel, initial and final state)
+  decode   one token for B sequences (1/8/32) from a 64-slot state pool: ours (in place, slot
+           indices) vs fla fused_recurrent_gated_delta_rule (gathered initial states, final state out)
+  misc     conv1d prefill/decode, gated RMSNorm, gating
+GB/s counts the bytes each kernel must move at least (inputs once, outputs once, states read and
+written once); the copy ceiling is a device-to-device copy measured in the same run. fla-core is
+optional: without it (pip install fla-core einops) its columns print as '-'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from gpu_harness import report, run_sections  # noqa: E402
+
+from homelab_llm.engine.kernels import gdn, gdn_ref  # noqa: E402
+
+HK, HV, D, CONV_C, WIDTH, SLOTS = 16, 48, 128, 2 * 16 * 128 + 48 * 128, 4, 64
+DT = torch.bfloat16
+ARGS = argparse.Namespace(quick=False)
+
+
+def bench(fn: Callable[[], object]) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def fla_ops():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except Exception as exc:  # noqa: BLE001 - any import failure means: no peer column
+        print(f"fla-core not importable ({type(exc).__name__}: {exc}); its columns are skipped", flush=True)
+        return None
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def copy_gbps() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / bench(lambda: y.copy_(x)) / 1e6
+
+
+def rule_inputs(seqs: int, tokens: int, gen: torch.Generator) -> dict:
+    """Model-like inputs: decays from the gating formula, betas in (0, 1), a random state pool."""
+    t = seqs * tokens
+    dev = "cuda"
+    a, b = torch.randn(t, HV, generator=gen).to(dev), torch.randn(t, HV, generator=gen).to(dev, DT)
+    g, beta = gdn_ref.gdn_gating_ref(a, b, torch.empty(HV).uniform_(-4.6, 2.7, generator=gen).to(dev),
+                                     torch.zeros(HV, device=dev))
+    return dict(q=torch.randn(t, HK, D, generator=gen).to(dev, DT), k=torch.randn(t, HK, D, generator=gen).to(dev, DT),
+                v=torch.randn(t, HV, D, generator=gen).to(dev, DT), g=g, beta=beta,
+                cu=torch.arange(0, t + 1, tokens, dtype=torch.int32, device=dev),
+                state=torch.randn(SLOTS, HV, D, D, generator=gen).to(dev) * 0.1,
+                slots=torch.randperm(SLOTS, generator=gen)[:seqs].to(dev, torch.int32),
+                init=torch.ones(seqs, dtype=torch.bool, device=dev))
+
+
+def errs(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    err = (got.float() - want.float()).abs().max().item()
+    return err, err / max(want.float().abs().max().item(), 1e-6)
+
+
+def fla_prefill(fla, x: dict, state: torch.Tensor):
+    chunk, _ = fla
+    seqs = x["slots"].shape[0]
+    return chunk(x["q"][None], x["k"][None], x["v"][None], x["g"][None], x["beta"][None], initial_state=state,
+                 output_final_state=True, use_qk_l2norm_in_kernel=True,
+                 cu_seqlens=x["cu"].long() if seqs > 1 else None)
+
+
+def fla_decode(fla, x: dict, state: torch.Tensor):
+    _, recurrent = fla
+    return recurrent(x["q"][:, None], x["k"][:, None], x["v"][:, None], x["g"][:, None], x["beta"][:, None],
+                     initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+
+def rule_bytes(tokens: int, seqs: int) -> int:
+    io = tokens * (2 * HK * D * 2 + HV * D * 2 * 2 + HV * (4 + 2))  # q, k, v, o, g, beta
+    return io + seqs * HV * D * D * 4 * 2  # states read and written
+
+
+def section_check() -> None:
+    gen = torch.Generator().manual_seed(0)
+    fla = fla_ops()
+    x = rule_inputs(4, 2048 if not ARGS.quick else 700, gen)
+    x["cu"] = torch.tensor([0, 1, 63, 1100, x["q"].shape[0]], dtype=torch.int32, device="cuda")  # mixed lengths
+    x["init"] = torch.tensor([True, False, True, True], device="cuda")
+    s_ref, s_ker = x["state"].clone(), x["state"].clone()
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu"])
+    want = gdn_ref.gated_delta_rule_prefill_ref(*args, s_ref, x["slots"], x["init"])
+    got = gdn.gated_delta_rule_prefill(*args, s_ker, x["slots"], x["init"])
+    for name, (e, r) in (("out", errs(got, want)), ("state", errs(s_ker, s_ref))):
+        report(f"check prefill {name} max_err", e)
+        report(f"check prefill {name} rel_err", r)
+    if fla is not None:
+        init = x["state"][x["slots"].long()] * x["init"][:, None, None, None]
+        o, s = fla_prefill(fla, x, init)
+        report("check fla prefill out rel_err", errs(o[0], want)[1])
+        report("check fla prefill state rel_err", errs(s, s_ref[x["slots"].long()])[1])
+
+    xd = rule_inputs(32, 1, gen)
+    xd["slots"][5] = -1
+    s_ref, s_ker = xd["state"].clone(), xd["state"].clone()
+    dargs = (xd["q"], xd["k"], xd["v"], xd["g"], xd["beta"])
+    want = gdn_ref.gated_delta_rule_decode_ref(*dargs, s_ref, xd["slots"])
+    got = gdn.gated_delta_rule_decode(*dargs, s_ker, xd["slots"])
+    report("check decode out rel_err", errs(got, want)[1])
+    report("check decode state rel_err", errs(s_ker, s_ref)[1])
+    if fla is not None:
+        live = (xd["slots"] >= 0).nonzero().flatten()
+        o, s = fla_decode(fla, {k: t[live] for k, t in xd.items() if k in "q k v g beta".split()},
+                          xd["state"][xd["slots"][live].long()])
+        report("check fla decode out rel_err", errs(o[:, 0], want[live])[1])
+        report("check fla decode state rel_err", errs(s, s_ref[xd["slots"][live].long()])[1])
+
+    conv_x = torch.randn(8192, CONV_C, generator=gen).to("cuda", DT)
+    weight = torch.randn(CONV_C, WIDTH, generator=gen).to("cuda", DT)
+    cu = torch.tensor([0, 1, 2, 3000, 8192], dtype=torch.int32, device="cuda")
+    cs = torch.randn(SLOTS, WIDTH - 1, CONV_C, generator=gen).to("cuda", DT)
+    slots, init = torch.tensor([7, 3, -1, 0], dtype=torch.int32, device="cuda"), x["init"]
+    c_ref, c_ker = cs.clone(), cs.clone()
+    want = gdn_ref.causal_conv1d_prefill_ref(conv_x, weight, None, cu, c_ref, slots, init)
+    got = gdn.causal_conv1d_prefill(conv_x, weight, None, cu, c_ker, slots, init)
+    report("check conv prefill rel_err", errs(got, want)[1])
+    report("check conv prefill state exact", float(torch.equal(c_ref, c_ker)))
+    want = gdn_ref.causal_conv1d_decode_ref(conv_x[:4], weight, None, c_ref, slots)
+    got = gdn.causal_conv1d_decode(conv_x[:4], weight, None, c_ker, slots)
+    report("check conv decode rel_err", errs(got, want)[1])
+    report("check conv decode state exact", float(torch.equal(c_ref, c_ker)))
+
+    z, o = (torch.randn(8192 * HV, D, generator=gen).to("cuda", DT) for _ in range(2))
+    w = torch.randn(D, generator=gen).to("cuda", DT)
+    report("check gated_rms_norm rel_err",
+           errs(gdn.gated_rms_norm(o, z, w, 1e-6), gdn_ref.gated_rms_norm_ref(o, z, w, 1e-6))[1])
+    a = torch.randn(8192, HV, generator=gen).to("cuda", DT) * 4
+    a_log, dt_bias = torch.randn(HV, generator=gen).cuda(), torch.randn(HV, generator=gen).cuda()
+    for name, got, want in zip(("g", "beta"), gdn.gdn_gating(a, a, a_log, dt_bias),
+                               gdn_ref.gdn_gating_ref(a, a, a_log, dt_bias)):
+        report(f"check gating {name} rel_err", errs(got, want)[1])
+
+
+def _row(label: str, ms: float, nbytes: int, fla_ms: float | None, ceiling: float) -> None:
+    gbps = nbytes / ms / 1e6
+    fla_txt = f"{fla_ms:8.3f} ms ({nbytes / fla_ms / 1e6:7.0f} GB/s)  ours/fla speed {fla_ms / ms:5.2f}x" \
+        if fla_ms else "       -"
+    print(f"  {label:28s} ours {ms:8.3f} ms ({gbps:7.0f} GB/s, {100 * gbps / ceiling:4.1f}% of copy)   "
+          f"fla {fla_txt}", flush=True)
+    report(f"{label} ours_ms", ms, "ms")
+    if fla_ms:
+        report(f"{label} fla_ms", fla_ms, "ms")
+
+
+def section_prefill() -> None:
+    fla, ceiling = fla_ops(), copy_gbps()
+    report("copy ceiling", ceiling, "GB/s")
+    gen = torch.Generator().manual_seed(1)
+    cases = [(1, 2048), (8, 2048)] if ARGS.quick else [(1, 2048), (1, 8192), (8, 2048), (8, 8192)]
+    for seqs, tokens in cases:
+        x = rule_inputs(seqs, tokens, gen)
+        state = x["state"].clone()
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu"], state, x["slots"], x["init"])
+        ms = bench(lambda: gdn.gated_delta_rule_prefill(*args))
+        fla_ms = None
+        if fla is not None:
+            init = x["state"][x["slots"].long()]
+            fla_ms = bench(lambda: fla_prefill(fla, x, init))
+        _row(f"prefill B={seqs} T={tokens}", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
+        del x, state, args
+        torch.cuda.empty_cache()
+
+
+def section_decode() -> None:
+    fla, ceiling = fla_ops(), copy_gbps()
+    gen = torch.Generator().manual_seed(2)
+    for seqs in (1, 8, 32):
+        x = rule_inputs(seqs, 1, gen)
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], x["slots"])
+        ms = bench(lambda: gdn.gated_delta_rule_decode(*args))
+        fla_ms = None
+        if fla is not None:
+            init = x["state"][x["slots"].long()].contiguous()
+            fla_ms = bench(lambda: fla_decode(fla, x, init))
+        _row(f"decode B={seqs}", ms, rule_bytes(seqs, seqs), fla_ms, ceiling)
+
+
+def section_misc() -> None:
+    ceiling = copy_gbps()
+    gen = torch.Generator().manual_seed(3)
+    tokens = 8192
+    x = torch.randn(tokens, CONV_C, generator=gen).to("cuda", DT)
+    weight = torch.randn(CONV_C, WIDTH, generator=gen).to("cuda", DT)
+    cs = torch.zeros(SLOTS, WIDTH - 1, CONV_C, device="cuda", dtype=DT)
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    one, init = torch.tensor([3], dtype=torch.int32, device="cuda"), torch.tensor([True], device="cuda")
+    ms = bench(lambda: gdn.causal_conv1d_prefill(x, weight, None, cu, cs, one, init))
+    _row(f"conv prefill T={tokens}", ms, 2 * x.numel() * 2, None, ceiling)
+    for seqs in (1, 32):
+        slots = torch.arange(seqs, dtype=torch.int32, device="cuda")
+        ms = bench(lambda: gdn.causal_conv1d_decode(x[:seqs], weight, None, cs, slots))
+        _row(f"conv decode B={seqs}", ms, seqs * CONV_C * 2 * (2 + 2 * (WIDTH - 1)), None, ceiling)
+    o, z = (torch.randn(tokens * HV, D, generator=gen).to("cuda", DT) for _ in range(2))
+    w = torch.ones(D, device="cuda", dtype=DT)
+    ms = bench(lambda: gdn.gated_rms_norm(o, z, w, 1e-6))
+    _row(f"gated_rms_norm T={tokens}", ms, 3 * o.numel() * 2, None, ceiling)
+    a = torch.randn(tokens, HV, generator=gen).to("cuda", DT)
+    zeros = torch.zeros(HV, device="cuda")
+    ms = bench(lambda: gdn.gdn_gating(a, a, zeros, zeros))
+    _row(f"gating T={tokens}", ms, tokens * HV * (2 + 2 + 4 + 2), None, ceiling)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", default=None)
+    p.add_argument("--sections", default="check,prefill,decode,misc")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA/HIP GPU")
+        return 1
+    ARGS.quick = a.quick
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    sections = {"check": section_check, "prefill": section_prefill, "decode": section_decode, "misc": section_misc}
+    return run_sections(sections, a.sections, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""What the Gated DeltaNet Triton kernels share: which sequence and which block of it a varlen
+program owns (found in the kernel from cu_seqlens, so prefill needs no host sync and no extra
+launch), the in-kernel L2 norms of q/k rows, and the row-stride checks of their wrappers."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.gdn_ref import L2_EPS
+
+
+EPS = tl.constexpr(L2_EPS)
+
+
+def block_grid(num_tokens: int, batch: int, block: int) -> int:
+    """Programs to launch so that every `block`-token block of every sequence has one:
+    cdiv(T, block) + B bounds the block count without reading cu_seqlens on the host."""
+    return triton.cdiv(num_tokens, block) + batch
+
+
+@triton.jit
+def locate_block(cu_ptr, batch, BLOCK: tl.constexpr, B_PAD: tl.constexpr):
+    """(sequence, block index within it) of this program (axis 0 of a block_grid launch), from
+    cu_seqlens alone; the sequence is >= batch for the programs past the last block. Sequences
+    of length 0 own no block."""
+    i = tl.program_id(0)
+    offs = tl.arange(0, B_PAD)
+    live = offs < batch
+    starts = tl.load(cu_ptr + offs, mask=live, other=0)
+    lens = tl.load(cu_ptr + offs + 1, mask=live, other=0) - starts
+    blocks = (lens + BLOCK - 1) // BLOCK
+    ends = tl.cumsum(blocks, axis=0)  # blocks of sequences 0..s
+    seq = tl.sum(((ends <= i) & live).to(tl.int32), axis=0)
+    first = tl.sum(tl.where(offs < seq, blocks, 0), axis=0)
+    return seq, i - first
+
+
+def check_rows(*tensors: torch.Tensor) -> None:
+    """Kernels index rows by (token, head) strides and need the last axis contiguous."""
+    for t in tensors:
+        if t.stride(-1) != 1:
+            raise ValueError(f"a {tuple(t.shape)} input has a non-contiguous last axis; pass .contiguous()")
+
+
+@triton.jit
+def l2_normalize_rows(x, axis: tl.constexpr):
+    """x fp32 with zeros in padded lanes; same eps as gdn_ref.l2_normalize."""
+    return x * tl.math.rsqrt(tl.sum(x * x, axis=axis, keep_dims=True) + EPS)
+
+
+@triton.jit
+def inv_norm_rows(x):
+    """1 / L2 norm of each row of a [rows, D] tile (zeros in padded lanes), in fp32."""
+    xf = x.to(tl.float32)
+    return tl.math.rsqrt(tl.sum(xf * xf, axis=1) + EPS)

@@ -1,0 +1,62 @@
+"""The fused decode step (kernels/gdn_recurrent.py) against gdn_ref.gated_delta_rule_decode_ref,
+and N decode steps against one prefill of the same N tokens.
+
+Bounds (rel_err, see gdn_inputs): fp32 1e-5 per step (same fp32 math, different summation
+order); bf16 inputs 1e-2 (output rounding only: the state stays fp32); N steps vs the chunked
+prefill 1e-4 in fp32 (1e-2 on a GPU, where the chunked kernel's fp32 dots are tf32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import gdn_ref
+from tests.engine.kernels.gdn_inputs import FULL_RULE, cu_seqlens, rule_inputs, rel_err
+
+
+def _check(batch, dims, gen, device, dtype, slots) -> None:
+    from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
+
+    q, k, v, g, beta, _, state, slots_t, _ = rule_inputs([1] * batch, **dims, gen=gen, slots=slots,
+                                                         dtype=dtype, device=device)
+    want_state = state.clone()
+    want = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, want_state, slots_t)
+    got = recurrent_gated_delta_rule(q, k, v, g, beta, state, slots_t)
+    bound = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_err(got, want) <= bound and rel_err(state, want_state) <= 1e-5
+    for b, slot in enumerate(slots):
+        if slot < 0:
+            assert torch.count_nonzero(got[b]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_matches_reference(dtype: torch.dtype, device: torch.device) -> None:
+    gen = torch.Generator().manual_seed(0)
+    _check(4, dict(hk=2, hv=6, dk=16, dv=32), gen, device, dtype, slots=[3, -1, 0, 5])
+    _check(2, dict(hk=1, hv=1, dk=24, dv=40), gen, device, dtype, slots=[1, 0])
+
+
+def test_steps_equal_prefill(device: torch.device) -> None:
+    from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
+    from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(1)
+    n = 20
+    q, k, v, g, beta, cu, state, slots, init = rule_inputs([n], 2, 4, 16, 16, gen, slots=[2], has_init=[True],
+                                                           device=device)
+    s_pre = state.clone()
+    want = chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens([n], device), s_pre, slots, init)
+    got = torch.cat([recurrent_gated_delta_rule(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1],
+                                                state, slots) for t in range(n)])
+    bound = 1e-2 if device.type == "cuda" else 1e-4  # the chunked prefill's dots are tf32 on a GPU
+    assert rel_err(got, want) <= bound and rel_err(state, s_pre) <= bound
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device")
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_decode_full_shape(batch: int) -> None:
+    slots = list(range(batch))[::-1]
+    slots[batch // 2] = -1
+    _check(batch, FULL_RULE, torch.Generator().manual_seed(2), torch.device("cuda"), torch.bfloat16, slots)

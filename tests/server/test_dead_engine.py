@@ -1,0 +1,84 @@
+"""A dead engine says so: in-flight requests get an error event and [DONE], new requests 503,
+/health 503 {"status": "dead", "reason"}, and the `serve` process exits non-zero."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+
+from tests.server.conftest import fake_server
+from tests.server.fake_engine import FakeEngine
+from tests.server.test_lifecycle import reap, start_child, stream_in_thread, wait_for
+
+USER = [{"role": "user", "content": "hi"}]
+DIE = [{"role": "user", "content": "DIE-STEP"}]
+
+
+def stream_lines(base: str, messages: list[dict], max_tokens: int) -> list[str]:
+    body = {"messages": messages, "max_tokens": max_tokens, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def assert_error_then_done(lines: list[str], text: str) -> None:
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: "):])["error"]
+    assert text in error["message"], error
+
+
+def test_a_fatal_step_fails_every_stream_and_the_engine_reports_dead() -> None:
+    with fake_server(lambda: FakeEngine(step_delay=0.01)) as running:
+        base = running.base_url
+        started = threading.Event()
+        other = stream_in_thread(base, 900, started)
+        assert started.wait(10)
+        dying = stream_lines(base, DIE, 8)
+        assert_error_then_done(dying, "the engine is dead")
+        assert_error_then_done(dying, "illegal memory access")
+        wait_for(lambda: other and other[-1] == "data: [DONE]", 5, "the other stream's end")
+        assert_error_then_done(other, "the engine is dead")
+
+        health = httpx.get(f"{base}/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "dead", "reason": "RuntimeError: CUDA error: an illegal "
+                                                             "memory access was encountered"}
+        refused = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert refused.status_code == 503 and "dead" in refused.json()["error"]["message"]
+        assert running.state.client.num_unfinished == 0
+
+
+def test_an_idle_engine_that_dies_is_noticed() -> None:
+    with fake_server() as running:
+        engine: FakeEngine = running.state.client.engine
+        engine.dead_reason = "tensor parallelism stopped: rank 1 exited with code -9"
+        wait_for(lambda: httpx.get(f"{running.base_url}/health").status_code == 503, 5,
+                 "/health to say dead")
+        body = httpx.get(f"{running.base_url}/health").json()
+        assert body == {"status": "dead", "reason": engine.dead_reason}
+        refused = httpx.post(f"{running.base_url}/v1/chat/completions",
+                             json={"messages": USER, "max_tokens": 2})
+        assert refused.status_code == 503 and "rank 1 exited" in refused.json()["error"]["message"]
+
+
+def test_serve_exits_non_zero_soon_after_the_engine_dies() -> None:
+    child, base = start_child(drain_s=20, step_delay=0.01)
+    try:
+        started = threading.Event()
+        other = stream_in_thread(base, 900, started)
+        assert started.wait(10)
+        dying = stream_lines(base, DIE, 8)
+        died_at = time.monotonic()
+        assert_error_then_done(dying, "the engine is dead")
+        code = child.wait(10)  # the contract: gone within 10 s of the fault
+        assert code == 1, child.stdout.read().decode()
+        assert time.monotonic() - died_at < 10
+        output = child.stdout.read().decode()
+        assert "the engine is dead" in output
+    finally:
+        reap(child)
+    wait_for(lambda: other and other[-1] == "data: [DONE]", 5, "the other stream's end")
+    assert_error_then_done(other, "the engine is dead")
