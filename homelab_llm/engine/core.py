@@ -11,7 +11,7 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.copies import CacheCopies
-from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.kv_manager import KVCacheManager, release_window
 from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
@@ -92,7 +92,8 @@ class LLMEngine:
         LOAD.begin("ready")
         running_slots, snapshot_slots = self.runner.state_slot_counts()
         state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
-        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots,
+                                 release_window=release_window(self.model_config, state_slots))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
@@ -401,7 +402,12 @@ class LLMEngine:
             "devices": devices,
             "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
                    "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,
-                   "bytes_per_token": pool.layout.bytes_per_token()},
+                   "bytes_per_token": pool.layout.bytes_per_token(),
+                   # sliding-window models: the window, how many layers slide, and the window
+                   # the engine releases pages below (0 when a full-attention layer needs them)
+                   "sliding_window": self.model_config.sliding_window,
+                   "sliding_layers": len(self.model_config.sliding_layers),
+                   "release_window": self.kv.release_window},
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,

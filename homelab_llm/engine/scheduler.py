@@ -167,6 +167,7 @@ class Scheduler:
             seq.num_computed_tokens += item.num_new_tokens - len(item.spec)  # drafts: rollback()
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self.kv.cache_sequence(seq)
+            self.kv.release_outside_window(seq)
 
     def rollback(self, item: ScheduledSeq, num_accepted: int) -> None:
         """After verifying drafts: the accepted ones have KV (clamped to the tokens the sequence

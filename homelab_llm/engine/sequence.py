@@ -33,6 +33,9 @@ class Sequence:
     # KV: the pages holding tokens 0..num_computed_tokens-1 (token i in page i // page_size).
     page_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # All-sliding models: page_table[:released_pages] lie wholly below the window and went back
+    # to the pool (their ids stay as placeholders the kernels never read).
+    released_pages: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     cache_node: RadixNode | None = None  # radix node locked while this sequence relies on its path
     # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet

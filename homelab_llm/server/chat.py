@@ -16,6 +16,7 @@ from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
 from homelab_llm.server.errors import APIError, bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
+from homelab_llm.server.harmony import HarmonyRouter, harmony_params, is_harmony
 from homelab_llm.server.limits import PromptBound, check_num_seqs, message_chars
 from homelab_llm.server.logprobs import chat_logprobs
 from homelab_llm.server.protocol import (ChatCompletionRequest, check_logprobs_cap, check_max_tokens,
@@ -75,12 +76,14 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
                                   engine.max_model_len, param)
     think = state.config.reasoning_parser is not None or bool(getattr(tokenizer, "uses_think_tags", False))
     starts_inside = think and prompt_opens_think(prompt_text)
-    routers = [ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
+    harmony = is_harmony(tokenizer)  # gpt-oss: its own output format (server/harmony.py)
+    routers: list[Any] = [HarmonyRouter(req.tools_enabled) if harmony else
+                          ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
+    params = [req.sampling_params(max_tokens, logprobs, i, vocab_size=tokenizer.vocab_size,
+                                  grammar=grammar, grammar_after_think=starts_inside)
+              for i in range(req.n)]
     batch = Batch(state, new_id("chatcmpl"),
-                  [(prompt_ids, req.sampling_params(max_tokens, logprobs, i,
-                                                    vocab_size=tokenizer.vocab_size, grammar=grammar,
-                                                    grammar_after_think=starts_inside))
-                   for i in range(req.n)])
+                  [(prompt_ids, harmony_params(p) if harmony else p) for p in params])
     await batch.submit(request)
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs)
     if req.stream:
