@@ -28,8 +28,8 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
-from homelab_llm.engine.kernels.gdn_common import (block_grid, check_rows, dot_mm, dot_operand, inv_norm_rows,
-                                                   locate_block)
+from homelab_llm.engine.kernels.gdn_common import (block_grid, block_rows, check_rows, dot_mm, dot_operand,
+                                                   inv_norm_rows, load_start_state, locate_block)
 from homelab_llm.engine.kernels.gdn_chunk_split import chunk_fwd_split
 from homelab_llm.engine.kernels.tuning import device_sms, gdn_tiles
 
@@ -86,11 +86,8 @@ def _chunk_prep_kernel(
     if seq >= batch:
         return
     h = tl.program_id(1)
-    t0 = tl.load(cu_ptr + seq) + blk * BT
-    eos = tl.load(cu_ptr + seq + 1)
+    t0, eos, t_mask, rows = block_rows(cu_ptr, seq, blk, BT)
     offs_t = tl.arange(0, BT)
-    t_mask = t0 + offs_t < eos
-    rows = (t0 + offs_t).to(tl.int64)
     offs_k = tl.arange(0, DK_PAD)
     km = t_mask[:, None] & (offs_k < DK)[None, :]
     # q and k stay as loaded (dot operands); their L2 norms scale the dot results per row instead:
@@ -156,11 +153,8 @@ def _chunk_fwd_kernel(
                      tl.zeros([BT, BLOCK_V], tl.float32).to(o_ptr.dtype.element_ty),
                      mask=(rows < eos)[:, None] & v_mask[None, :])
         return
-    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
-    s_mask = k_mask[:, None] & v_mask[None, :]
-    # no history: read no rows (an integer bound; the interpreter mistypes scalar-bool masks)
-    init_rows = tl.where(tl.load(init_ptr + seq) != 0, DK, 0)
-    s = tl.load(s_ptrs, mask=s_mask & (offs_k < init_rows)[:, None], other=0.0)
+    s_ptrs, s_mask, s = load_start_state(state_ptr, init_ptr, seq, slot, h, offs_k, offs_v, DK, DV,
+                                         stride_ss, stride_sh, stride_sk)
     for t0 in range(bos, eos, BT):
         t_mask = t0 + offs_t < eos
         rows = (t0 + offs_t).to(tl.int64)

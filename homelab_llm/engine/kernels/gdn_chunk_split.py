@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.gdn_common import (block_grid, blocks_before, dot_mm, dot_operand, inv_norm_rows,
-                                                   locate_block)
+from homelab_llm.engine.kernels.gdn_common import (block_grid, block_rows, blocks_before, dot_mm, dot_operand,
+                                                   inv_norm_rows, load_start_state, locate_block)
 
 
 @triton.jit
@@ -50,12 +50,9 @@ def _chunk_state_kernel(
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     k_mask = offs_k < DK
     v_mask = offs_v < DV
-    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
-    s_mask = k_mask[:, None] & v_mask[None, :]
+    s_ptrs, s_mask, s = load_start_state(state_ptr, init_ptr, seq, slot, h, offs_k, offs_v, DK, DV,
+                                         stride_ss, stride_sh, stride_sk)
     h_ptrs = h_ptr + h * stride_hh + offs_k[:, None] * stride_hk + offs_v[None, :]
-    # no history: read no rows (an integer bound; the interpreter mistypes scalar-bool masks)
-    init_rows = tl.where(tl.load(init_ptr + seq) != 0, DK, 0)
-    s = tl.load(s_ptrs, mask=s_mask & (offs_k < init_rows)[:, None], other=0.0)
     for t0 in range(bos, eos, BT):
         t_mask = t0 + offs_t < eos
         rows = (t0 + offs_t).to(tl.int64)
@@ -89,13 +86,10 @@ def _chunk_out_kernel(
     if seq >= batch:
         return
     h = tl.program_id(1)
-    t0 = tl.load(cu_ptr + seq) + blk * BT
-    eos = tl.load(cu_ptr + seq + 1)
+    _, _, t_mask, rows = block_rows(cu_ptr, seq, blk, BT)
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, DK_PAD)
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    t_mask = t0 + offs_t < eos
-    rows = (t0 + offs_t).to(tl.int64)
     k_mask = offs_k < DK
     vm = t_mask[:, None] & (offs_v < DV)[None, :]
     o_ptrs = o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_v[None, :]

@@ -35,6 +35,15 @@ def locate_block(cu_ptr, batch, BLOCK: tl.constexpr, B_PAD: tl.constexpr):
 
 
 @triton.jit
+def block_rows(cu_ptr, seq, blk, BLOCK: tl.constexpr):
+    """(first token, end of the sequence, [BLOCK] row mask, [BLOCK] int64 rows) of a located block."""
+    t0 = tl.load(cu_ptr + seq) + blk * BLOCK
+    eos = tl.load(cu_ptr + seq + 1)
+    offs = t0 + tl.arange(0, BLOCK)
+    return t0, eos, offs < eos, offs.to(tl.int64)
+
+
+@triton.jit
 def _seq_blocks(cu_ptr, batch, BLOCK: tl.constexpr, B_PAD: tl.constexpr):
     """[B_PAD] block count of each sequence (0 past the batch)."""
     offs = tl.arange(0, B_PAD)
@@ -83,3 +92,15 @@ def dot_operand(x, like_ptr, DOT_F32: tl.constexpr):
 def dot_mm(a, b, like_ptr, DOT_F32: tl.constexpr):
     """a @ b with operands cast by dot_operand, fp32 accumulation."""
     return tl.dot(dot_operand(a, like_ptr, DOT_F32), dot_operand(b, like_ptr, DOT_F32))
+
+
+@triton.jit
+def load_start_state(state_ptr, init_ptr, seq, slot, h, offs_k, offs_v, DK: tl.constexpr, DV: tl.constexpr,
+                     stride_ss, stride_sh, stride_sk):
+    """(pointers, mask, fp32 tile) of the [Dk, BLOCK_V] state slice of (slot, head h) at a prefill's
+    start: its stored value when the sequence has history, else zeros."""
+    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_mask = (offs_k < DK)[:, None] & (offs_v < DV)[None, :]
+    # no history: read no rows (an integer bound; the interpreter mistypes scalar-bool masks)
+    init_rows = tl.where(tl.load(init_ptr + seq) != 0, DK, 0)
+    return s_ptrs, s_mask, tl.load(s_ptrs, mask=s_mask & (offs_k < init_rows)[:, None], other=0.0)

@@ -191,7 +191,8 @@ GDN_TABLE: dict[str, GdnTiles] = {
     "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
-    "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4, True, 4, 64),
+    # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).
+    "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4, True, 4, 32),
     "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16),
 }
 
