@@ -188,6 +188,7 @@ def prefill_variants() -> list[tuple[str, dict]]:
                      ("split block_v=64", dict(split=True, block_v=64)),
                      ("split block_v=16", dict(split=True, block_v=16)),
                      ("split out_block_v=128", dict(split=True, out_block_v=128)),
+                     ("split chunk_stages=1", dict(split=True, chunk_stages=1)),
                      ("split chunk_stages=3", dict(split=True, chunk_stages=3))]
     return variants
 
