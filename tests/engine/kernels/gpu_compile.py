@@ -229,7 +229,9 @@ def _gdn_scenarios():
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
     for batch, tokens, dt in ((8, 4096, bf16), (8, 4096, torch.float16), (1, 2048, bf16)):
         _, rule, cu, idx, init = varlen(batch, tokens, dt)
-        yield lambda r=rule, cu=cu, idx=idx, init=init: gdn_chunk.chunk_gated_delta_rule(*r, cu, ssm_state, idx, init)
+        for split in (False, True):  # the fused sequential kernel and the split (state walk + outputs) path
+            yield lambda r=rule, cu=cu, idx=idx, init=init, sp=split: gdn_chunk.chunk_gated_delta_rule(
+                *r, cu, ssm_state, idx, init, split=sp)
         if batch > 1:
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
