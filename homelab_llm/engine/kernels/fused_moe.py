@@ -174,7 +174,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | Non
         return torch.empty_like(x)
     x = x.contiguous()
     if isinstance(w13, MoeW4) and decode_gemv and tiles is None and t <= DECODE_MAX_TOKENS:
-        return _w4_decode(x, w13, topk_weights, topk_ids, num_experts, inter)
+        return w4_decode(x, w13, topk_weights, topk_ids)
     tiles = tiles or moe_tiles(num_slots, num_experts, x.device)
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
@@ -186,17 +186,19 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | Non
     return moe_combine(y, topk_weights)
 
 
-def _w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-               num_experts: int, inter: int) -> torch.Tensor:
-    """The 4-bit decode path: align in blocks of decode_block_m, two grouped GEMVs, combine."""
+def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              **gemv_tiles) -> torch.Tensor:
+    """The 4-bit decode path: align in blocks of decode_block_m, two grouped GEMVs, combine.
+    gemv_tiles (block_n, rows, split, num_warps) override the table for sweeps."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
+    num_experts, inter = w4.w13.qweight.shape[0], w4.w13.qweight.shape[2] // 2
     num_slots, block_m = t * top_k, decode_block_m(t)
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     moe_w4_gemv(x, w4.w13, act, sorted_slots, block_expert, num_slots, inter, top_k,
-                gated=True, by_token=True, block_m=block_m)
+                gated=True, by_token=True, block_m=block_m, **gemv_tiles)
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     moe_w4_gemv(act, w4.w2, y, sorted_slots, block_expert, num_slots, hidden, top_k,
-                gated=False, by_token=False, block_m=block_m)
+                gated=False, by_token=False, block_m=block_m, **gemv_tiles)
     return moe_combine(y, topk_weights)
