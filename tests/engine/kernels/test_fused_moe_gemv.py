@@ -14,24 +14,12 @@ import torch
 
 from homelab_llm.engine.kernels.moe_ref import MoeW4, moe_align_ref, moe_experts_ref, route_topk_ref
 from homelab_llm.engine.kernels.ref import w4a16_matmul_ref
-from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm())
-
-
-def _random_w4(gen, e, k, n, group, device) -> W4Weight:
-    qweight = torch.randint(-(2 ** 31), 2 ** 31, (e, k // 8, n), generator=gen,
-                            dtype=torch.int64).to(torch.int32)
-    scales = ((torch.rand(e, k // group, n, generator=gen) + 0.5) * 0.05).half()
-    biases = (-8.0 * scales.float() + torch.randn(e, k // group, n, generator=gen) * 0.01).half()
-    return W4Weight(qweight.to(device), scales.to(device), biases.to(device), group)
+from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err
 
 
 def _setup(gen, tokens, full_shapes, device):
     e, h, i, top_k, g = (128, 2048, 768, 8, 128) if full_shapes else (8, 64, 96, 4, 32)
-    w4 = MoeW4(_random_w4(gen, e, h, 2 * i, g, device), _random_w4(gen, e, i, h, g, device))
+    w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
     dtype = torch.bfloat16 if full_shapes else torch.float32
     x = (torch.randn(tokens, h, generator=gen) * 0.1).to(dtype).to(device)
     logits = torch.randn(tokens, e, generator=gen).to(device)
@@ -39,16 +27,17 @@ def _setup(gen, tokens, full_shapes, device):
     return w4, x, weights, ids, (2e-2 if full_shapes else 1e-4)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 8])
-def test_decode_path_matches_reference(tokens, device, full_shapes):
+@pytest.mark.parametrize("tokens,decode_gemv", [(1, True), (3, True), (8, True), (3, False)])
+def test_decode_path_matches_reference(tokens, decode_gemv, device, full_shapes):
+    """The GEMV path at T <= 8, and the tl.dot path it replaced (decode_gemv=False) still right."""
     from homelab_llm.engine.kernels.fused_moe import fused_moe
 
     gen = torch.Generator().manual_seed(500 + tokens)
     w4, x, weights, ids, bound = _setup(gen, tokens, full_shapes, device)
-    got = fused_moe(x, w4, None, weights, ids)
+    got = fused_moe(x, w4, None, weights, ids, decode_gemv=decode_gemv)
     want = moe_experts_ref(x, w4, None, weights, ids)
     assert got.shape == x.shape and got.dtype == x.dtype
-    assert _rel_err(got, want) < bound
+    assert rel_err(got, want) < bound
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -76,4 +65,4 @@ def test_gemv_splits_match_reference(gated, split, block_m, device, full_shapes)
         row = a[slot // top_k if gated else slot][None]
         y = w4a16_matmul_ref(row.float(), w4.expert("w13" if gated else "w2", e)).float()
         want = torch.nn.functional.silu(y[:, :n]) * y[:, n:] if gated else y
-        assert _rel_err(out[slot:slot + 1], want) < bound, (slot, e)
+        assert rel_err(out[slot:slot + 1], want) < bound, (slot, e)
