@@ -186,6 +186,17 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | Non
     return moe_combine(y, topk_weights)
 
 
+_SLOT_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _slot_order(num_slots: int, device: torch.device) -> torch.Tensor:
+    """arange(num_slots) as int32, made once per (size, device) and kept: graphs hold its address."""
+    key = (num_slots, device)
+    if key not in _SLOT_ORDER:
+        _SLOT_ORDER[key] = torch.arange(num_slots, dtype=torch.int32, device=device)
+    return _SLOT_ORDER[key]
+
+
 def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               **gemv_tiles) -> torch.Tensor:
     """The 4-bit decode path: align in blocks of decode_block_m, two grouped GEMVs, combine.
@@ -194,7 +205,11 @@ def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: 
     top_k = topk_ids.shape[1]
     num_experts, inter = w4.w13.qweight.shape[0], w4.w13.qweight.shape[2] // 2
     num_slots, block_m = t * top_k, decode_block_m(t)
-    sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, block_m)
+    if t == 1:  # the K picks are K distinct experts: slot k is block k, no align launch needed
+        sorted_slots = _slot_order(top_k, x.device)
+        block_expert = topk_ids.reshape(-1).to(torch.int32)
+    else:
+        sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     moe_w4_gemv(x, w4.w13, act, sorted_slots, block_expert, num_slots, inter, top_k,
                 gated=True, by_token=True, block_m=block_m, **gemv_tiles)

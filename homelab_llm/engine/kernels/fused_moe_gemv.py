@@ -10,6 +10,7 @@ AND-OR, a subtraction and an FMA per nibble), accumulating in fp32.
 Work split, after moe_align with block_m = decode_block_m(T):
   program (b, n, s): block b (one expert, <= block_m slots), columns [n * BLOCK_N, +BLOCK_N)
   (gated: those gate columns and the matching up columns), K range s of SPLIT.
+(At T = 1 fused_moe skips moe_align: slot k is block k, its expert topk_ids[0, k].)
 A token picks an expert at most once, so at T = 1 every used block is a distinct expert and each
 expert's weights are read exactly once; at T <= 8 a block holds two slots, so an expert picked by
 more than two of the batch is read once per pair (rare under a spread routing, and L2-resident).
