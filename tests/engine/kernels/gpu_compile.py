@@ -191,9 +191,8 @@ def _moe_scenarios():
             yield lambda x=x, ids=ids, weights=weights: fused_moe.w4_decode(
                 x, quant, weights, ids, split=1)
     yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
-    for dt, k in ((torch.bfloat16, 8), (torch.float32, 10)):
-        logits = torch.zeros((4, e), dtype=dt)
-        yield lambda logits=logits, k=k: moe_router.route_topk(logits, k, True)
+    # Qwen3-MoE's router (128 experts, top 8, bf16 logits) and Qwen3-Next's (512, top 10, unnormalised)
+    yield lambda: moe_router.route_topk(torch.zeros((4, e), dtype=torch.bfloat16), top_k, True)
     yield lambda: moe_router.route_topk(torch.zeros((4, 512)), 10, False)
 
 
