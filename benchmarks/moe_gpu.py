@@ -12,8 +12,12 @@ Sections (each reports even if another fails):
            grouped-GEMM loop (moe_experts_ref: one matmul per active expert) timed beside it
   prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, and the
            torch loop
+  router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
-           tuning.py entries (fused_moe uses the table's gemv/gemm rows today)
+           tuning.py entries (fused_moe uses the table's gemv/gemm rows today), and the W4A16
+           decode GEMV (fused_moe_gemv.py, the table's gemv_rows today) under block_n/rows/warps
+W4A16 decode (b <= 8) runs the GEMV path; `decode.w4a16.bN.gemm_path_ms` is the old tl.dot path
+timed in the same run (fused_moe(..., decode_gemv=False)).
   engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
            batch-1 and batch-8 decode tok/s, and the batch-1 roofline from the bytes one token
            reads (all weights but the 120 unpicked experts per layer and the embedding table)
@@ -32,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_harness import report, run_sections  # noqa: E402
-from homelab_llm.engine.kernels.fused_moe import fused_moe  # noqa: E402
+from homelab_llm.engine.kernels.fused_moe import fused_moe, w4_decode  # noqa: E402
 from homelab_llm.engine.kernels.moe_align import moe_align  # noqa: E402
 from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
     MoeW4,
@@ -118,9 +122,12 @@ def section_check(setup: Setup, quick: bool) -> None:
         bf16 = rel_err(fused_moe(x, setup.w13, setup.w2, weights, ids),
                        moe_experts_ref(x, setup.w13, setup.w2, weights, ids))
         report(f"check.bf16.t{tokens}.rel_err", bf16, "(bound 2e-2)")
-        w4 = rel_err(fused_moe(x, setup.w4, None, weights, ids),
-                     moe_experts_ref(x, setup.w4, None, weights, ids))
+        want_w4 = moe_experts_ref(x, setup.w4, None, weights, ids)
+        w4 = rel_err(fused_moe(x, setup.w4, None, weights, ids), want_w4)
         report(f"check.w4a16.t{tokens}.rel_err", w4, "(bound 2e-2)")
+        if tokens <= 8:
+            old = rel_err(fused_moe(x, setup.w4, None, weights, ids, decode_gemv=False), want_w4)
+            report(f"check.w4a16_gemm_path.t{tokens}.rel_err", old, "(bound 2e-2)")
 
 
 def _timings(setup: Setup, tokens: int, w4: bool) -> tuple[float, float]:
@@ -146,6 +153,24 @@ def section_decode(setup: Setup, quick: bool, copy_gbps: float) -> None:
             report(f"decode.{kind}.b{tokens}.pct_roofline", 100 * roof_ms / ours, "% (target >= 50 at b1)")
             report(f"decode.{kind}.b{tokens}.layer_tok_s", tokens / ours * 1e3, "tok/s through one layer")
             report(f"decode.{kind}.b{tokens}.torch_loop_ms", loop)
+            if w4 and tokens <= 8:
+                x, weights, ids = setup.batch(tokens)
+                old = bench_graph(lambda: fused_moe(x, setup.w4, None, weights, ids,
+                                                    decode_gemv=False))
+                report(f"decode.{kind}.b{tokens}.gemm_path_ms", old,
+                       f"old tl.dot path: {100 * roof_ms / old:.1f}% of roofline")
+
+
+def section_router(quick: bool) -> None:
+    from homelab_llm.engine.kernels.moe_router import route_topk
+
+    for tokens in (1, 8, 32):
+        logits = torch.randn(tokens, E, device=DEV).bfloat16()
+        got, want = route_topk(logits, TOP_K, True), route_topk_ref(logits, TOP_K, True)
+        report(f"router.b{tokens}.ids_equal", float(torch.equal(got[1], want[1])))
+        report(f"router.b{tokens}.triton_ms", bench_graph(lambda: route_topk(logits, TOP_K, True)))
+        report(f"router.b{tokens}.torch_ms",
+               bench_graph(lambda: route_topk_ref(logits, TOP_K, True)))
 
 
 def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
@@ -229,12 +254,35 @@ def section_sweep(setup: Setup, quick: bool) -> None:
                 report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
 
 
+GEMV_SWEEP = [  # (block_n, rows, num_warps)
+    (32, 16, 4), (64, 16, 4), (128, 16, 4), (64, 8, 4), (64, 16, 2), (128, 8, 8), (32, 8, 2),
+]
+
+
+def section_sweep_gemv(setup: Setup, quick: bool) -> None:
+    """The W4A16 decode GEMV under tile variants (auto split, then split 1)."""
+    for tokens in (1, 8):
+        x, weights, ids = setup.batch(tokens)
+        want = w4_decode(x, setup.w4, weights, ids)
+        for block_n, rows, warps in GEMV_SWEEP:
+            for split in (None, 1):
+                kw = dict(block_n=block_n, rows=rows, num_warps=warps, split=split)
+                try:
+                    got = w4_decode(x, setup.w4, weights, ids, **kw)
+                    ms = bench_graph(lambda: w4_decode(x, setup.w4, weights, ids, **kw))
+                except Exception as exc:  # a variant that does not fit is reported, not fatal
+                    print(f"  sweep_gemv t{tokens} {kw}: {type(exc).__name__}", flush=True)
+                    continue
+                key = f"sweep_gemv.t{tokens}.n{block_n}r{rows}w{warps}s{split or 'auto'}"
+                report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
-    p.add_argument("--sections", default="check,decode,prefill,engine",
-                   help="also: engine_bf16 (the 61 GB bf16 model)")
+    p.add_argument("--sections", default="check,decode,router,prefill,engine",
+                   help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     setup = Setup(INTER // a.tp)
@@ -246,6 +294,8 @@ def main() -> int:
         "decode": lambda: section_decode(setup, a.quick, copy_gbps),
         "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
         "sweep": lambda: section_sweep(setup, a.quick),
+        "sweep_gemv": lambda: section_sweep_gemv(setup, a.quick),
+        "router": lambda: section_router(a.quick),
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),
         "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
     }

@@ -33,7 +33,7 @@ MAX_BLOCKS = 1 << 16  # ticket counters per device: N up to 2M columns at the sm
 _tickets: dict[torch.device, torch.Tensor] = {}
 
 
-def _ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
+def ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
     """Zeroed int32 counters, one per column block, shared by every GEMV on the device (calls on
     one stream never overlap, and each call leaves them at zero). Allocated once and never
     replaced: captured graphs keep its address."""
@@ -46,7 +46,7 @@ def _ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
 
 
 @triton.jit
-def _nibble(word, j: tl.constexpr):
+def nibble_f32(word, j: tl.constexpr):
     """Nibble j of `word` (already shifted right by 20 for j >= 5) times 2^(4 * (j % 5)), as fp32,
     with one AND-OR: the nibble lands in the low mantissa bits of 2^23, which is then subtracted."""
     bits = (word & (0xF << (4 * j if j < 5 else 4 * (j - 5)))) | 0x4B000000
@@ -54,8 +54,8 @@ def _nibble(word, j: tl.constexpr):
 
 
 @triton.jit
-def _unscale(x, j: tl.constexpr):
-    """x * 2^-(4 * (j % 5)): undoes _nibble's power of two, exactly."""
+def unscale_pow2(x, j: tl.constexpr):
+    """x * 2^-(4 * (j % 5)): undoes nibble_f32's power of two, exactly."""
     return x * (1.0 / (1 << (4 * j if j < 5 else 4 * (j - 5))))
 
 
@@ -98,17 +98,17 @@ def _w4a16_gemv_kernel(
             x_sum = tl.zeros([BLOCK_M, ROWS], tl.float32)
         for j in tl.static_range(8):
             if j < 5:
-                w = _nibble(packed, j)
+                w = nibble_f32(packed, j)
             else:
-                w = _nibble(high, j)
+                w = nibble_f32(high, j)
             if BLOCK_M == 1:
                 xj1 = tl.load(x_ptr + word_rows * 8 + j).to(tl.float32)
-                inner1 += w * _unscale(xj1, j)[:, None]
+                inner1 += w * unscale_pow2(xj1, j)[:, None]
                 x_sum1 += xj1
             else:
                 xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None], other=0.0)
                 xj = xj.to(tl.float32)
-                inner += w[None, :, :] * _unscale(xj, j)[:, :, None]
+                inner += w[None, :, :] * unscale_pow2(xj, j)[:, :, None]
                 x_sum += xj
         if BLOCK_M == 1:
             acc1 += inner1 * s[None, :] + x_sum1[:, None] * b[None, :]
@@ -161,7 +161,7 @@ def w4a16_gemv(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, block_n: int | 
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
-    tickets = _ticket_buffer(x2.device, n_blocks)
+    tickets = ticket_buffer(x2.device, n_blocks)
     block_m = 1 << max(0, (m - 1).bit_length())
     _w4a16_gemv_kernel[(n_blocks, split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets,

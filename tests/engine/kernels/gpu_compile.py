@@ -173,7 +173,7 @@ def _moe_scenarios():
     halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
     import torch
 
-    from homelab_llm.engine.kernels import fused_moe, moe_align
+    from homelab_llm.engine.kernels import fused_moe, moe_align, moe_router
     from homelab_llm.engine.kernels.moe_ref import MoeW4
     from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
@@ -188,13 +188,21 @@ def _moe_scenarios():
     w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
     w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
     quant = MoeW4(w4(hidden, 2 * inter), w4(inter, hidden))
-    for tokens in (1, 2048):  # decode (small-M tiles) and prefill (the large-M entry)
+    for tokens in (1, 8, 2048):  # decode (small-M tiles; 4-bit: the GEMV, block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)
         weights = torch.ones((tokens, top_k), dtype=torch.float32)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, quant, None, weights, ids)
+        if tokens <= 8:  # the 4-bit tl.dot path at decode sizes, and the GEMV without K splits
+            yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
+                x, quant, None, weights, ids, decode_gemv=False)
+            yield lambda x=x, ids=ids, weights=weights: fused_moe.w4_decode(
+                x, quant, weights, ids, split=1)
     yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
+    # Qwen3-MoE's router (128 experts, top 8, bf16 logits) and Qwen3-Next's (512, top 10, unnormalised)
+    yield lambda: moe_router.route_topk(torch.zeros((4, e), dtype=torch.bfloat16), top_k, True)
+    yield lambda: moe_router.route_topk(torch.zeros((4, 512)), 10, False)
 
 
 def _gdn_scenarios():
@@ -336,8 +344,33 @@ def _target(name: str):
     return GPUTarget(backend, arch, warp)
 
 
-def compile_one(spec: dict, target: str) -> tuple[str | None, int]:
-    """(None when it compiles, else the compiler's message; shared memory bytes it uses)."""
+def resource_usage(kernel, target: str) -> dict:
+    """Registers and spills of a compiled kernel, read from its binary (no device needed).
+    CUDA: cuobjdump --dump-resource-usage on the cubin (REG; LOCAL = spilled bytes per thread);
+    HIP: the code object's metadata (.vgpr_count, .vgpr_spill_count). {} when unreadable."""
+    if TARGETS[target][0] == "hip":
+        text = kernel.asm.get("amdgcn", "")
+        regs = re.search(r"\.vgpr_count:\s+(\d+)", text)
+        spills = re.search(r"\.vgpr_spill_count:\s+(\d+)", text)
+        return {"regs": int(regs.group(1)), "spills": int(spills.group(1)) if spills else 0} if regs else {}
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        try:
+            out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True,
+                                 text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}
+    regs, local = re.search(r"REG:(\d+)", out), re.search(r"LOCAL:(\d+)", out)
+    return {"regs": int(regs.group(1)), "spills": int(local.group(1)) if local else 0} if regs else {}
+
+
+def compile_one(spec: dict, target: str, usage: bool = False) -> tuple[str | None, int] | tuple[str | None, int, dict]:
+    """(None when it compiles, else the compiler's message; shared memory bytes it uses), and
+    with usage=True the resource_usage dict as a third item."""
     import triton
     from triton.compiler import ASTSource
 
@@ -347,11 +380,12 @@ def compile_one(spec: dict, target: str) -> tuple[str | None, int]:
         src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         kernel = triton.compile(src, target=_target(target), options=dict(spec["options"]))
     except Exception as e:  # noqa: BLE001 - every compiler failure is the finding
-        return f"{type(e).__name__}: {e}".strip(), 0
+        return (f"{type(e).__name__}: {e}".strip(), 0) + (({},) if usage else ())
     shared = getattr(kernel.metadata, "shared", 0) or 0
+    err = None
     if shared > SMEM_LIMIT[target]:
-        return f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}", shared
-    return None, shared
+        err = f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}"
+    return (err, shared) + ((resource_usage(kernel, target),) if usage else ())
 
 
 def toolchain_problem(target: str) -> str | None:
@@ -378,16 +412,17 @@ def toolchain_problem(target: str) -> str | None:
     return None
 
 
-def _compile_worker(jobs_file: str, out_file: str) -> None:
+def _compile_worker(jobs_file: str, out_file: str, usage: bool = False) -> None:
     jobs = json.loads(Path(jobs_file).read_text())
     results = []
     for target, spec in jobs:
         t0 = time.perf_counter()
-        err, shared = compile_one(spec, target)
+        err, shared, *rest = compile_one(spec, target, usage)
         results.append({"target": target, "kernel": spec["kernel"], "options": spec["options"],
                         "constexprs": {k: v.get("value") for k, v in spec["args"].items()
                                        if v["kind"] != "tensor"},
-                        "error": err, "shared": shared, "seconds": round(time.perf_counter() - t0, 2)})
+                        "error": err, "shared": shared, "seconds": round(time.perf_counter() - t0, 2),
+                        "usage": rest[0] if rest else {}})
     Path(out_file).write_text(json.dumps(results))
 
 
@@ -417,20 +452,23 @@ def _run(args: list[str], env: dict, timeout: float) -> None:
         raise RuntimeError(f"gpu_compile {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
-def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0) -> dict:
-    """Capture for every target's tuning entry, then compile. Returns
-    {"skipped": {target: reason}, "results": [...], "missing": {target: [kernels never launched]}}."""
+def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0, only: str = "",
+            usage: bool = False) -> dict:
+    """Capture for every target's tuning entry, then compile (kernels whose name contains `only`;
+    usage: also read registers/spills). Returns {"skipped": {target: reason}, "results": [...],
+    "missing": {target: [kernels never launched]}}."""
     with tempfile.TemporaryDirectory(prefix="gpu_compile_") as tmp:
         interp_env, compile_env = _env(True, f"{tmp}/cache_i"), _env(False, f"{tmp}/cache_c")
         _run(["_capture", ",".join(targets), f"{tmp}/specs.json"], interp_env, timeout)
-        _run(["_plan", ",".join(targets), f"{tmp}/specs.json", f"{tmp}/plan.json", str(jobs)], compile_env, timeout)
+        _run(["_plan", ",".join(targets), f"{tmp}/specs.json", f"{tmp}/plan.json", str(jobs), only],
+             compile_env, timeout)
         plan = json.loads(Path(f"{tmp}/plan.json").read_text())
         procs = []
         for i, shard in enumerate(plan["shards"]):
             Path(f"{tmp}/jobs{i}.json").write_text(json.dumps(shard))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.engine.kernels.gpu_compile", "_compile", f"{tmp}/jobs{i}.json",
-                 f"{tmp}/out{i}.json"], cwd=REPO, env=compile_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 f"{tmp}/out{i}.json", "usage" if usage else ""], cwd=REPO, env=compile_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True))
         results, deadline = [], time.monotonic() + timeout
         for i, p in enumerate(procs):
@@ -453,6 +491,7 @@ def _main(argv: list[str]) -> int:
         return 0
     if argv and argv[0] == "_plan":
         targets, specs_file, out, jobs = argv[1].split(","), argv[2], argv[3], int(argv[4])
+        only = argv[5] if len(argv) > 5 else ""
         specs = json.loads(Path(specs_file).read_text())
         skipped = {t: r for t in targets if (r := toolchain_problem(t))}
         work, missing = [], {}
@@ -463,6 +502,8 @@ def _main(argv: list[str]) -> int:
                 continue
             seen = set()
             for s in specs[t]:
+                if only not in s["kernel"]:
+                    continue
                 key = _compile_key(_kernel_fn(s["kernel"]), s)
                 if key not in seen:
                     seen.add(key)
@@ -473,15 +514,17 @@ def _main(argv: list[str]) -> int:
         Path(out).write_text(json.dumps({"shards": shards, "skipped": skipped, "missing": missing}))
         return 0
     if argv and argv[0] == "_compile":
-        _compile_worker(argv[1], argv[2])
+        _compile_worker(argv[1], argv[2], len(argv) > 3 and argv[3] == "usage")
         return 0
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    ap.add_argument("--kernels", default="", help="compile only kernels whose name contains this")
+    ap.add_argument("--regs", action="store_true", help="print registers/spills of each compile")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    report = run_all(a.targets.split(","), a.jobs)
+    report = run_all(a.targets.split(","), a.jobs, only=a.kernels, usage=a.regs)
     bad = [r for r in report["results"] if r["error"]]
     for t, why in report["skipped"].items():
         print(f"SKIP {t}: {why}")
@@ -497,6 +540,12 @@ def _main(argv: list[str]) -> int:
             p[2:] = [r["shared"], r["kernel"].split(":")[1]]
     for t, (n, s, smem, who) in per.items():
         print(f"{t}: {n} compiles, {s:.1f} s compiler time, max shared {smem} B ({who}) of {SMEM_LIMIT[t]}")
+    if a.regs:
+        for r in sorted(report["results"], key=lambda r: (r["kernel"], r["target"])):
+            u = r["usage"]
+            consts = {k: v for k, v in r["constexprs"].items() if k.isupper()}
+            print(f"{r['target']:8s} {r['kernel'].split(':')[1]:28s} regs {u.get('regs', '?'):>4} "
+                  f"spills {u.get('spills', '?'):>4} warps {r['options'].get('num_warps')} {consts}")
     for r in bad:
         print(f"FAIL {r['kernel']} [{r['target']}] options={r['options']}\n  {r['error'][:1500]}")
     print(f"{len(report['results'])} compiles, {len(bad)} failures, {time.perf_counter() - t0:.1f} s wall")

@@ -19,11 +19,7 @@ from homelab_llm.engine.kernels.moe_ref import (
     moe_experts_ref,
     route_topk_ref,
 )
-from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-
-
-def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm())
+from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err
 
 
 def _picks(gen, tokens, experts, top_k, device):
@@ -63,15 +59,7 @@ def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
     got = fused_moe(x, w13, w2, weights, ids)
     want = moe_experts_ref(x, w13, w2, weights, ids)
     assert got.dtype == x.dtype and got.shape == x.shape
-    assert _rel_err(got, want) < bound
-
-
-def _random_moe_w4(gen, e, k, n, group, device) -> W4Weight:
-    qweight = torch.randint(-(2 ** 31), 2 ** 31, (e, k // 8, n), generator=gen,
-                            dtype=torch.int64).to(torch.int32)
-    scales = ((torch.rand(e, k // group, n, generator=gen) + 0.5) * 0.05).half()
-    biases = (-8.0 * scales.float() + torch.randn(e, k // group, n, generator=gen) * 0.01).half()
-    return W4Weight(qweight.to(device), scales.to(device), biases.to(device), group)
+    assert rel_err(got, want) < bound
 
 
 @pytest.mark.parametrize("tokens", [1, 21])
@@ -80,13 +68,13 @@ def test_fused_moe_w4a16_matches_reference(tokens, device, full_shapes):
 
     e, h, i, top_k, g = (128, 2048, 768, 8, 128) if full_shapes else (8, 64, 64, 2, 32)
     gen = torch.Generator().manual_seed(100 + tokens)
-    w4 = MoeW4(_random_moe_w4(gen, e, h, 2 * i, g, device), _random_moe_w4(gen, e, i, h, g, device))
+    w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
     dtype = torch.bfloat16 if full_shapes else torch.float32
     x = (torch.randn(tokens, h, generator=gen) * 0.1).to(dtype).to(device)
     weights, ids = _picks(gen, tokens, e, top_k, device)
     got = fused_moe(x, w4, None, weights, ids)
     want = moe_experts_ref(x, w4, None, weights, ids)
-    assert _rel_err(got, want) < (2e-2 if full_shapes else 1e-4)
+    assert rel_err(got, want) < (2e-2 if full_shapes else 1e-4)
 
 
 def test_combine_matches_reference(device):

@@ -1,0 +1,38 @@
+"""The one-launch router kernel (moe_router.py) vs moe_ref.route_topk_ref on fresh random logits.
+
+Bounds: expert ids exact (random fp32 logits have no ties); weights within 1e-6 absolute (both
+sides compute exp(x - max) / sum in fp32, summed in a different order).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels.moe_ref import route_topk_ref
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 128, 8), (5, 60, 4), (3, 512, 10), (2, 8, 8)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_router_matches_reference(tokens, experts, top_k, renormalize, dtype, device):
+    from homelab_llm.engine.kernels.moe_router import route_topk
+
+    gen = torch.Generator().manual_seed(tokens * experts + top_k)
+    logits = (torch.randn(tokens, experts, generator=gen) * 3).to(dtype).to(device)
+    if dtype == torch.bfloat16:  # bf16 rounding makes ties likely: distinct, exact values
+        step = min(1.0, 256 / experts)  # bf16 holds these steps exactly within [-128, 128]
+        rows = [torch.randperm(experts, generator=gen) for _ in range(tokens)]
+        logits = ((torch.stack(rows).float() - experts / 2) * step / 8).to(dtype).to(device)
+    weights, ids = route_topk(logits, top_k, renormalize)
+    want_w, want_ids = route_topk_ref(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-6, rtol=0)
+
+
+def test_router_rejects_bad_top_k(device):
+    from homelab_llm.engine.kernels.moe_router import route_topk
+
+    with pytest.raises(ValueError, match="top_k 9 of 8"):
+        route_topk(torch.zeros(2, 8, device=device), 9, True)
