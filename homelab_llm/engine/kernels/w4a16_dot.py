@@ -8,7 +8,9 @@ word is the [WROWS, BLOCK_N] slice k = 8r + j. So the step is eight tensor-core 
 
     acc[m, n] += sum_r x[m, 8r + j] * (q_j[r, n] * scale[g(r), n] + bias[g(r), n]),   j = 0..7
 
-with x read as eight stride-8 slices (tiny, cached) and fp32 accumulation. Dequantizing a tile is
+with x read as eight stride-8 slices (tiny, cached) and fp32 accumulation. Nibbles become floats
+with the GEMV's AND-OR trick (no int->float conversion instruction: those run at a quarter of
+the FMA rate and would bound a kernel that must dequantize at the copy rate). Dequantizing a tile is
 shared by all BLOCK_M rows, which is what makes batch 8 cost little more than batch 1. A K step
 may span several groups (group 32 with WROWS 16): scales are then loaded per word row; when one
 group covers the step they are loaded once per step.
@@ -25,7 +27,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
 from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, tiles_for
-from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
+from homelab_llm.engine.kernels.w4a16_gemv import nibble_scaled, store_or_reduce, ticket_buffer, unscale_nibble
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -65,9 +67,14 @@ def _w4a16_dot_kernel(
             sb_mask = r_mask[:, None] & n_mask[None, :]
             s = tl.load(scales_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
             b = tl.load(biases_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
+        high = packed >> 20  # nibbles 5..7 where nibble_scaled's AND-OR reaches them
         for j in tl.static_range(8):
-            q = ((packed >> (4 * j)) & 0xF).to(tl.float32)
-            w = q * s + b
+            # q * 16^(j % 5) without an int->float conversion (a quarter-rate instruction), times
+            # scale * 16^-(j % 5): the same product as q * scale, exactly.
+            if j < 5:
+                w = nibble_scaled(packed, j) * unscale_nibble(s, j) + b
+            else:
+                w = nibble_scaled(high, j) * unscale_nibble(s, j) + b
             xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None] & r_mask[None, :],
                          other=0.0)
             if DOT_F32:

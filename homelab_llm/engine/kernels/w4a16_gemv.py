@@ -45,16 +45,16 @@ def ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
 
 
 @triton.jit
-def _nibble(word, j: tl.constexpr):
-    """Nibble j of `word` (already shifted right by 20 for j >= 5) times 2^(4 * (j % 5)), as fp32,
+def nibble_scaled(word, j: tl.constexpr):
+    """Nibble j of `word` (already shifted right by 20 for j >= 5; shared with w4a16_dot) times 2^(4 * (j % 5)), as fp32,
     with one AND-OR: the nibble lands in the low mantissa bits of 2^23, which is then subtracted."""
     bits = (word & (0xF << (4 * j if j < 5 else 4 * (j - 5)))) | 0x4B000000
     return bits.to(tl.float32, bitcast=True) - 8388608.0
 
 
 @triton.jit
-def _unscale(x, j: tl.constexpr):
-    """x * 2^-(4 * (j % 5)): undoes _nibble's power of two, exactly."""
+def unscale_nibble(x, j: tl.constexpr):
+    """x * 2^-(4 * (j % 5)): undoes nibble_scaled's power of two, exactly."""
     return x * (1.0 / (1 << (4 * j if j < 5 else 4 * (j - 5))))
 
 
@@ -97,17 +97,17 @@ def _w4a16_gemv_kernel(
             x_sum = tl.zeros([BLOCK_M, ROWS], tl.float32)
         for j in tl.static_range(8):
             if j < 5:
-                w = _nibble(packed, j)
+                w = nibble_scaled(packed, j)
             else:
-                w = _nibble(high, j)
+                w = nibble_scaled(high, j)
             if BLOCK_M == 1:
                 xj1 = tl.load(x_ptr + word_rows * 8 + j).to(tl.float32)
-                inner1 += w * _unscale(xj1, j)[:, None]
+                inner1 += w * unscale_nibble(xj1, j)[:, None]
                 x_sum1 += xj1
             else:
                 xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None], other=0.0)
                 xj = xj.to(tl.float32)
-                inner += w[None, :, :] * _unscale(xj, j)[:, :, None]
+                inner += w[None, :, :] * unscale_nibble(xj, j)[:, :, None]
                 x_sum += xj
         if BLOCK_M == 1:
             acc1 += inner1 * s[None, :] + x_sum1[:, None] * b[None, :]
