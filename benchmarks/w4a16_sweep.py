@@ -54,6 +54,7 @@ def _variants(m: int, dev: torch.device) -> dict:
         v = {"old.gemm": ("gemm", lambda x, w, out: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))}
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     v["dot.bn128w8"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, GemmTiles(64, 128, 128, 8, 3, 4)))
+    v["dot.waves16"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, GemmTiles(64, 64, 128, 4, 3, 16)))
     if m > 2:
         v["dot.k256"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, GemmTiles(64, 64, 256, 4, 3, 4)))
     return v
@@ -147,8 +148,8 @@ def main() -> int:
                 line.append(f"{vname} {row[vname] * 1e3:6.1f}us {nbytes / row[vname] / 1e6:5.0f}GB/s "
                             f"{100 * nbytes / row[vname] / 1e6 / copy:3.0f}%{flag}")
             results[(name, m)] = row
-            print(f"[{time.perf_counter() - t0:4.0f}s] M={m:2d} {name:20s} K={k:5d} N={n:5d} {nbytes / 1e6:6.1f}MB | bf16 {row['bf16'] * 1e3:6.1f}us | "
-                  + " | ".join(line), flush=True)
+            print(f"[{time.perf_counter() - t0:4.0f}s] M={m:2d} {name:20s} K={k:5d} N={n:5d} "
+                  f"{nbytes / 1e6:6.1f}MB | bf16 {row['bf16'] * 1e3:6.1f}us | " + " | ".join(line), flush=True)
     _summary(results, shapes, ms_list)
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1

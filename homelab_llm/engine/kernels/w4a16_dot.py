@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
-from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, tiles_for
-from homelab_llm.engine.kernels.w4a16_gemv import nibble_scaled, store_or_reduce, ticket_buffer, unscale_nibble
+from homelab_llm.engine.kernels.tuning import GemmTiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_gemv import (nibble_scaled, pick_split, store_or_reduce,
+                                                     ticket_buffer, unscale_nibble)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -85,16 +86,6 @@ def _w4a16_dot_kernel(
     store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, SPLIT=SPLIT)
 
 
-def dot_split(tiles_mn: int, k: int, block_k: int, device: torch.device, waves: int = 4) -> int:
-    """Split K while the output tiles leave the device short of `waves` programs per SM, never
-    below 4 K steps per split (the GEMV's rule, with fewer waves: these programs are longer)."""
-    sms = device_sms(device)
-    split = 1
-    while tiles_mn * split * 2 <= waves * sms and k // (split * 2) >= 4 * block_k:
-        split *= 2
-    return split
-
-
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
               split: int | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
@@ -107,7 +98,8 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     wrows = max(16, t.block_k // 8)
     block_k = wrows * 8
     grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, t.block_n)
-    split = split or dot_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k)
+    # Fewer waves than the GEMV's: these programs are longer (tiles.split_k: programs per SM).
+    split = split or pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k)
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)

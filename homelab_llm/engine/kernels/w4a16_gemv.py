@@ -46,7 +46,7 @@ def ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
 
 @triton.jit
 def nibble_scaled(word, j: tl.constexpr):
-    """Nibble j of `word` (already shifted right by 20 for j >= 5; shared with w4a16_dot) times 2^(4 * (j % 5)), as fp32,
+    """Nibble j of `word` (already shifted right by 20 for j >= 5) times 2^(4 * (j % 5)), as fp32,
     with one AND-OR: the nibble lands in the low mantissa bits of 2^23, which is then subtracted."""
     bits = (word & (0xF << (4 * j if j < 5 else 4 * (j - 5)))) | 0x4B000000
     return bits.to(tl.float32, bitcast=True) - 8388608.0
@@ -146,9 +146,9 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
             tl.atomic_xchg(ticket_ptr, 0)
 
 def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves: int = 32) -> int:
-    """Split K until there are about `waves` programs per SM (a decode GEMV is bound by bytes in
-    flight: many small programs beat few long ones; measured on an H200, benchmarks/w4a16_sweep),
-    never below 4 K-steps per split."""
+    """Split K (for n_blocks output tiles) until there are about `waves` programs per SM (a decode
+    GEMV is bound by bytes in flight: many small programs beat few long ones; measured on an H200,
+    benchmarks/w4a16_sweep), never below 4 K-steps per split."""
     sms = device_sms(device)
     split = 1
     while n_blocks * split * 2 <= waves * sms and k // (split * 2) >= 4 * block_k:
@@ -158,7 +158,8 @@ def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves:
 
 def w4a16_gemv(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, block_n: int | None = None,
                rows: int | None = None, split: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """out[M, N] = x2[M, K] @ W for a few rows (tuning.W4A16_ROUTES says how many); x2 is already permuted and row-contiguous."""
+    """out[M, N] = x2[M, K] @ W for a few rows (tuning.W4A16_ROUTES says how many); x2 is
+    already permuted and row-contiguous."""
     m, k = x2.shape
     n = w.out_features
     t = tiles_for(x2.device).gemv_rows
