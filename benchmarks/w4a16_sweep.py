@@ -53,11 +53,18 @@ def _variants(m: int, dev: torch.device) -> dict:
     else:
         v = {"old.gemm": ("gemm", lambda x, w, out: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))}
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
-    v["dot.bn128w8"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, GemmTiles(64, 128, 128, 8, 3, 4)))
-    v["dot.waves16"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, GemmTiles(64, 64, 128, 4, 3, 16)))
-    if m > 2:
-        v["dot.k256"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, GemmTiles(64, 64, 256, 4, 3, 4)))
+    for name, tiles in DOT_TILES.items():
+        if m > 2 or name != "dot.k256":
+            v[name] = ("dot", lambda x, w, out, t=tiles: w4a16_dot(x, w, out, t))
     return v
+
+
+# Candidate `w4a16_dot=` entries for tuning.TABLE (block_m, block_n, block_k, warps, stages, waves).
+DOT_TILES = {
+    "dot.bn128w8": GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    "dot.waves16": GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=16),
+    "dot.k256": GemmTiles(64, 64, 256, num_warps=4, num_stages=3, split_k=4),
+}
 
 
 DEFAULTS = {"gemv": "gemv", "dot": "dot", "gemm": "old.gemm"}  # family -> its default-tile variant
@@ -151,6 +158,8 @@ def main() -> int:
             print(f"[{time.perf_counter() - t0:4.0f}s] M={m:2d} {name:20s} K={k:5d} N={n:5d} "
                   f"{nbytes / 1e6:6.1f}MB | bf16 {row['bf16'] * 1e3:6.1f}us | " + " | ".join(line), flush=True)
     _summary(results, shapes, ms_list)
+    print("dot variants' tiles (tuning.TABLE[arch].w4a16_dot):",
+          "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1
 
