@@ -8,7 +8,11 @@ Sections:
   check    every kernel vs its reference at full shapes (max abs error and rel = err / max|ref|),
            fla-core's outputs vs the same references (proves both compute the same thing)
   prefill  chunked rule, T tokens per sequence x B sequences (T 2048/8192, B 1/8): ours vs fla
-           chunk_gated_delta_rule (both with q/k L2 norm in the kernel, initial and final state)
+           chunk_gated_delta_rule (both with q/k L2 norm in the kernel, initial and final state).
+           Ours in its variants: `table` (what the engine runs), `fused` (outputs inside the
+           sequential walk, gdn_chunk.py), `split` (state walk + parallel output kernel,
+           gdn_chunk_split.py) and, without --quick, split with one GdnTiles field changed
+           (state_warps, block_v, out_block_v, chunk_stages): the row to pick the table from.
   decode   one token for B sequences (1/8/32) from a 64-slot state pool: ours (in place, slot
            indices) vs fla fused_recurrent_gated_delta_rule (gathered initial states, final state out)
   misc     conv1d prefill/decode, gated RMSNorm, gating
@@ -20,6 +24,7 @@ optional: without it (pip install fla-core einops) its columns print as '-'.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Callable
@@ -32,7 +37,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gpu_harness import report, run_sections  # noqa: E402
 
-from homelab_llm.engine.kernels import gdn, gdn_ref  # noqa: E402
+from homelab_llm.engine.kernels import gdn, gdn_chunk, gdn_ref, tuning  # noqa: E402
 
 HK, HV, D, CONV_C, WIDTH, SLOTS = 16, 48, 128, 2 * 16 * 128 + 48 * 128, 4, 64
 DT = torch.bfloat16
@@ -112,6 +117,11 @@ def section_check() -> None:
     for name, (e, r) in (("out", errs(got, want)), ("state", errs(s_ker, s_ref))):
         report(f"check prefill {name} max_err", e)
         report(f"check prefill {name} rel_err", r)
+    for split in (False, True):  # both second halves, whichever the table picks
+        s_var = x["state"].clone()
+        got = gdn_chunk.chunk_gated_delta_rule(*args, s_var, x["slots"], x["init"], split=split)
+        report(f"check prefill {'split' if split else 'fused'} out rel_err", errs(got, want)[1])
+        report(f"check prefill {'split' if split else 'fused'} state rel_err", errs(s_var, s_ref)[1])
     if fla is not None:
         init = x["state"][x["slots"].long()] * x["init"][:, None, None, None]
         o, s = fla_prefill(fla, x, init)
@@ -163,11 +173,38 @@ def _row(label: str, ms: float, nbytes: int, fla_ms: float | None, ceiling: floa
     gbps = nbytes / ms / 1e6
     fla_txt = f"{fla_ms:8.3f} ms ({nbytes / fla_ms / 1e6:7.0f} GB/s)  ours/fla speed {fla_ms / ms:5.2f}x" \
         if fla_ms else "       -"
-    print(f"  {label:28s} ours {ms:8.3f} ms ({gbps:7.0f} GB/s, {100 * gbps / ceiling:4.1f}% of copy)   "
+    print(f"  {label:42s} ours {ms:8.3f} ms ({gbps:7.0f} GB/s, {100 * gbps / ceiling:4.1f}% of copy)   "
           f"fla {fla_txt}", flush=True)
     report(f"{label} ours_ms", ms, "ms")
     if fla_ms:
         report(f"{label} fla_ms", fla_ms, "ms")
+
+
+def prefill_variants() -> list[tuple[str, dict]]:
+    """(label, GdnTiles fields to change) per timed variant of our prefill."""
+    variants = [("fused", dict(split=False)), ("split", dict(split=True))]
+    if not ARGS.quick:
+        variants += [("split state_warps=8", dict(split=True, state_warps=8)),
+                     ("split block_v=64", dict(split=True, block_v=64)),
+                     ("split block_v=16", dict(split=True, block_v=16)),
+                     ("split out_block_v=128", dict(split=True, out_block_v=128)),
+                     ("split chunk_stages=1", dict(split=True, chunk_stages=1)),
+                     ("split chunk_stages=3", dict(split=True, chunk_stages=3))]
+    return variants
+
+
+class table_override:
+    """The GDN tuning-table entry of this GPU with some fields changed, inside a with block."""
+
+    def __init__(self, fields: dict) -> None:
+        self.arch, self.fields = tuning.arch_name(torch.device("cuda")), fields
+
+    def __enter__(self) -> None:
+        self.saved = tuning.GDN_TABLE[self.arch]
+        tuning.GDN_TABLE[self.arch] = dataclasses.replace(self.saved, **self.fields)
+
+    def __exit__(self, *exc) -> None:
+        tuning.GDN_TABLE[self.arch] = self.saved
 
 
 def section_prefill() -> None:
@@ -179,12 +216,16 @@ def section_prefill() -> None:
         x = rule_inputs(seqs, tokens, gen)
         state = x["state"].clone()
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu"], state, x["slots"], x["init"])
-        ms = bench(lambda: gdn.gated_delta_rule_prefill(*args))
         fla_ms = None
         if fla is not None:
             init = x["state"][x["slots"].long()]
             fla_ms = bench(lambda: fla_prefill(fla, x, init))
-        _row(f"prefill B={seqs} T={tokens}", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
+        ms = bench(lambda: gdn.gated_delta_rule_prefill(*args))
+        _row(f"prefill B={seqs} T={tokens} table", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
+        for label, over in prefill_variants():
+            with table_override(over):
+                ms = bench(lambda: gdn_chunk.chunk_gated_delta_rule(*args))
+            _row(f"prefill B={seqs} T={tokens} {label}", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
         del x, state, args
         torch.cuda.empty_cache()
 

@@ -10,6 +10,7 @@ TUI editor can show each one next to its input and refuse to write the file.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -22,7 +23,8 @@ from homelab_llm.errors import HomelabError
 
 Backend = Literal["builtin", "vllm", "sglang", "llama.cpp", "command"]
 BACKENDS: tuple[str, ...] = get_args(Backend)
-ArgValue = str | int | float | bool
+# A table value is a JSON flag's object (vLLM's --speculative-config): passed on as JSON text.
+ArgValue = str | int | float | bool | dict
 
 DEFAULT_MODEL = "@default"  # the embedded SmolLM2 GGUF, resolved at launch (assets.default_model_path)
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -94,6 +96,8 @@ class Preset:
                 out.append(flag)
             elif value is False:
                 out.append("--no-" + flag[2:])
+            elif isinstance(value, dict):
+                out += [flag, json.dumps(value)]
             else:
                 out += [flag, str(value)]
         return out
@@ -155,8 +159,11 @@ def validate_preset(preset: Preset) -> list[PresetIssue]:
             bad(f"args.{key}", "flag names use letters, digits, '_' and '-'")
         elif isinstance(value, float) and not math.isfinite(value):
             bad(f"args.{key}", "must be a finite number")
+        elif isinstance(value, dict):
+            if not all(isinstance(v, str | int | float | bool) for v in value.values()):
+                bad(f"args.{key}", "a table's values must be strings, numbers or booleans")
         elif not isinstance(value, str | int | float | bool):
-            bad(f"args.{key}", f"must be a string, number or boolean, got {type(value).__name__}")
+            bad(f"args.{key}", f"must be a string, number, boolean or table, got {type(value).__name__}")
     for key, value in preset.env.items():
         if not key or "=" in key or not isinstance(value, str):
             bad(f"env.{key}", "environment entries are NAME = \"string\"")
@@ -190,7 +197,12 @@ def _validate_engine_args(args: dict[str, ArgValue]) -> list[PresetIssue]:
             except HomelabError as err:
                 issues.append(PresetIssue(f"args.{key}", str(err)))
             continue
-        if want is bool and not isinstance(value, bool):
+        if isinstance(value, dict):
+            if want is not str:
+                issues.append(PresetIssue(f"args.{key}", f"must not be a table, got {value!r}"))
+            else:
+                values[name] = json.dumps(value)  # a JSON flag, e.g. speculative_config
+        elif want is bool and not isinstance(value, bool):
             issues.append(PresetIssue(f"args.{key}", "must be true or false"))
         elif want is int and (isinstance(value, bool) or not isinstance(value, int)):
             issues.append(PresetIssue(f"args.{key}", f"must be an integer, got {value!r}"))
@@ -366,6 +378,8 @@ def _toml_key(key: str) -> str:
 
 
 def _toml_value(value: ArgValue) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):

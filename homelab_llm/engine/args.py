@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from homelab_llm.engine.model.context_limit import parse_hf_overrides
+from homelab_llm.engine.spec.config import parse_speculative_config
 from homelab_llm.errors import HomelabError
 
 KVCacheDType = Literal["auto", "bf16", "fp16", "fp32", "int8"]
@@ -69,6 +70,8 @@ class EngineArgs:
     # falls back per step when a request needs the tokens on the host first).
     async_scheduling: bool = True
     seed: int = 0
+    # vLLM's JSON: {"method": "ngram"|"mtp", "num_speculative_tokens": K, ...} (engine/spec/config.py)
+    speculative_config: str | None = None
     # Multi-node rendezvous (torchrun-compatible env://).
     nnodes: int = 1
     node_rank: int = 0
@@ -102,6 +105,7 @@ class EngineArgs:
                 f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise EngineArgsError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+        parse_speculative_config(self.speculative_config)  # raises a one-line error naming the flag
 
     def validate_state_snapshots(self) -> None:
         if self.max_state_snapshots is not None and self.max_state_snapshots < 0:
@@ -177,6 +181,9 @@ class EngineArgs:
                        help="prepare the next step while the GPU runs this one (default on)")
         g.add_argument("--seed", type=int, default=d.seed,
                        help=f"seed for sampling when a request gives none (default: {d.seed})")
+        g.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help='speculative decoding, vLLM\'s JSON: e.g. \'{"method": "ngram", '
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\'')
         g.add_argument("--nnodes", type=int, default=d.nnodes,
                        help=f"machines in a multi-node tensor-parallel group (default: {d.nnodes})")
         g.add_argument("--node-rank", type=int, default=d.node_rank,

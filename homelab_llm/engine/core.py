@@ -11,7 +11,7 @@ import torch
 
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.copies import CacheCopies
-from homelab_llm.engine.cache.kv_manager import KVCacheManager
+from homelab_llm.engine.cache.kv_manager import KVCacheManager, release_window
 from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
@@ -28,6 +28,11 @@ from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.spec.config import parse_speculative_config
+from homelab_llm.engine.spec.drafter import Drafter, make_drafter
+from homelab_llm.engine.spec.stats import SpecDecodeStats
+from homelab_llm.engine.spec.verify import accept, sampler_rows
+from homelab_llm.engine.structured.matcher import GrammarState
 from homelab_llm.errors import HomelabError
 from homelab_llm.load_progress import LOAD
 
@@ -87,7 +92,8 @@ class LLMEngine:
         LOAD.begin("ready")
         running_slots, snapshot_slots = self.runner.state_slot_counts()
         state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
-        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots)
+        self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots,
+                                 release_window=release_window(self.model_config, state_slots))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
@@ -101,6 +107,11 @@ class LLMEngine:
         self._async = args.async_scheduling and self.device.type == "cuda"
         self._pending: PendingTokens | None = None
         self._seed_rng = torch.Generator().manual_seed(args.seed)
+        # Speculative decoding: drafts need the sequences' tokens on the host, so while it is on
+        # every step runs synchronously (async scheduling brings nothing a draft would not).
+        spec = parse_speculative_config(args.speculative_config)
+        self.drafter: Drafter | None = make_drafter(spec, self.max_model_len) if spec else None
+        self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec else None
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.started_at = time.monotonic()
@@ -161,6 +172,12 @@ class LLMEngine:
                        arrival_time=arrival_time or time.monotonic(), max_tokens=max_tokens)
         seq.seed = params.seed if params.seed is not None else int(
             torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        if params.grammar is not None:
+            if self.tokenizer is None:
+                raise InvalidPromptError("structured output needs the model's tokenizer")
+            # A lookup when the server compiled it off the loop (engine/structured/matcher.py).
+            seq.grammar = GrammarState.start(self.tokenizer, params.grammar,
+                                             params.grammar_after_think)
         self.outputs.start(seq)
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -181,6 +198,8 @@ class LLMEngine:
         self.scheduler.finish(seq, cache=reason == "abort")
         seq.finish_reason = reason
         seq.error = error
+        if self.drafter is not None:
+            self.drafter.forget(seq)
         seq.finish_time = time.monotonic()
         self._aborted.append(seq)
 
@@ -231,6 +250,8 @@ class LLMEngine:
         if not self.scheduler.has_work():
             results.extend(self._finish_pending())
             return results
+        if self.drafter is not None:
+            self.drafter.draft(self.scheduler.running)
         plan = self.scheduler.schedule()
         ran, logits = run_isolated(
             plan.scheduled, lambda items: self._forward(items, plan.copies),
@@ -241,11 +262,14 @@ class LLMEngine:
             results.extend(self._finish_pending())
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
-        samplers = [item.seq for item in ran if item.samples]  # logits rows, in order
+        sampling_items = [item for item in ran if item.samples]  # logits rows, in order
+        samplers = [item.seq for item in sampling_items]
         self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies))
         # The previous step's tokens: read while this step runs on the device. A sequence they
         # finish was computed once more in this step; its row is dropped.
         results.extend(self._finish_pending())
+        if any(item.spec for item in sampling_items):
+            return results + self._verify(sampling_items, logits)
         rows = [i for i, seq in enumerate(samplers) if not seq.is_finished]
         if rows:
             results.extend(self._sample(logits, [(row, samplers[row]) for row in rows]))
@@ -285,24 +309,53 @@ class LLMEngine:
 
     def _record(self, seqs: list[Sequence], tokens: list[int], logprobs) -> list[RequestOutput]:
         """Append each sequence's sampled token; finish and report."""
+        return self._record_many(seqs, [[t] for t in tokens], [[lp] for lp in logprobs])
+
+    def _record_many(self, seqs: list[Sequence], tokens: list[list[int]], logprobs: list[list],
+                     verified: list[ScheduledSeq] | None = None) -> list[RequestOutput]:
+        """Append each sequence's new tokens (one, or the accepted drafts and the token after them)
+        until a stop condition holds; roll back rejected drafts; finish and report."""
         results: list[RequestOutput] = []
-        for seq, token, lp in zip(seqs, tokens, logprobs):
+        for i, (seq, toks, lps) in enumerate(zip(seqs, tokens, logprobs)):
             if seq.is_finished:  # aborted while its token was on the way
                 continue
             try:
-                self.outputs.append_token(seq, token, lp)
+                for token, lp in zip(toks, lps):
+                    self.outputs.append_token(seq, token, lp)
+                    self.generation_tokens_total += 1
+                    if seq.finish_reason is not None:
+                        break
             except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer fault: this request only
                 self._fail(seq, exc)
                 continue
-            self.generation_tokens_total += 1
+            if verified is not None:
+                self.spec_stats.observe(len(verified[i].spec), len(toks) - 1)
+                self.scheduler.rollback(verified[i], len(toks) - 1)
             if seq.finish_reason is not None:
                 seq.finish_time = time.monotonic()
                 self.scheduler.finish(seq)
                 self._seqs.pop(seq.request_id, None)
+                if self.drafter is not None:
+                    self.drafter.forget(seq)
             out = self.outputs.make_output(seq)
             if out is not None:
                 results.append(out)
         return results
+
+    def _verify(self, items: list[ScheduledSeq], logits: torch.Tensor) -> list[RequestOutput]:
+        """A step with drafts (synchronous): sample every row as its own output position, keep
+        the longest agreeing prefix per sequence (spec/verify.py), roll the rest back. `items`
+        are the step's sampling sequences, in logits-row order."""
+        seqs = [item.seq for item in items]
+        drafts = [item.spec for item in items]
+        sample = self.sampler(logits, sampler_rows(seqs, drafts))
+        emitted = accept(sample.token_ids, drafts)
+        logprobs: list[list] = []
+        row = 0
+        for d, toks in zip(drafts, emitted):
+            logprobs.append(sample.logprobs[row:row + len(toks)])
+            row += len(d) + 1
+        return self._record_many(seqs, emitted, logprobs, items)
 
     def _finish_pending(self) -> list[RequestOutput]:
         pending, self._pending = self._pending, None
@@ -313,12 +366,13 @@ class LLMEngine:
 
     def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
         """May this step's tokens stay on the device while the next step is launched? Only when
-        nothing needs them on the host first (logprobs, penalties, min_tokens masking)."""
-        if not self._async:
+        nothing needs them on the host first (logprobs, penalties, min_tokens masking, a grammar
+        that must consume the token before it can mask the next one)."""
+        if not self._async or self.drafter is not None:  # drafting reads the tokens on the host
             return False
         for seq in seqs:
             p = seq.params
-            if p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
+            if seq.grammar is not None or p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
                 return False
         return True
 
@@ -348,7 +402,12 @@ class LLMEngine:
             "devices": devices,
             "kv": {"page_size": pool.page_size, "dtype": str(pool.layout.dtype).removeprefix("torch."),
                    "tokens_capacity": pool.tokens_capacity, "tokens_used": self.kv.tokens_used,
-                   "bytes_per_token": pool.layout.bytes_per_token()},
+                   "bytes_per_token": pool.layout.bytes_per_token(),
+                   # sliding-window models: the window, how many layers slide, and the window
+                   # the engine releases pages below (0 when a full-attention layer needs them)
+                   "sliding_window": self.model_config.sliding_window,
+                   "sliding_layers": len(self.model_config.sliding_layers),
+                   "release_window": self.kv.release_window},
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,
@@ -358,6 +417,7 @@ class LLMEngine:
                              "state_snapshot_hits": self.kv.radix.snapshot_hits if self.kv.radix else 0,
                              "state_snapshots_held": (self.kv.state_slots.snapshots_held
                                                       if self.kv.state_slots else 0)},
+            **({"spec_decode": self.spec_stats.as_dict()} if self.spec_stats is not None else {}),
             "counters": {"prompt_tokens": self.prompt_tokens_total,
                          "generation_tokens": self.generation_tokens_total,
                          "num_preemptions": self.scheduler.num_preemptions},

@@ -326,6 +326,7 @@ class MemoryPlan:
     state_snapshots: int = 0  # the prefix cache's snapshot pool, in sequences' worth of state
     max_concurrency: dict[str, int] = field(default_factory=dict)  # seq len -> full-length seqs
     warnings: list[str] = field(default_factory=list)
+    sliding: dict[str, Any] = field(default_factory=dict)  # sliding_window_figures; {} without
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -393,4 +394,43 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         state_bytes_per_sequence=layout.bytes_per_sequence, state_snapshots=snapshots,
         max_concurrency={str(n): max_concurrency(num_pages, page_size, n) for n in lengths},
         warnings=warnings,
+        sliding=sliding_window_figures(config, per_token[0], devices[0].kv_cache_bytes, page_size, lengths),
     )
+
+
+# -- sliding-window layers (Gemma 3, Mistral, Qwen2 windows) -------------------------------------
+
+def windowed_kv_bytes(config: ModelConfig, kv_bytes_per_token_all_layers: int, seq_len: int,
+                      page_size: int) -> int:
+    """KV bytes one seq_len-token sequence needs on a device when every sliding layer holds only
+    its window: a window of W keys starting anywhere in a page spans ceil(W / page) + 1 pages;
+    full-attention layers hold every page."""
+    layers = config.full_attention_layers
+    per_layer_token = kv_bytes_per_token_all_layers // max(len(layers), 1)
+    pages = math.ceil(seq_len / page_size)
+    sliding = len(config.sliding_layers)
+    window_pages = min(pages, math.ceil(config.sliding_window / page_size) + 1)
+    return per_layer_token * page_size * ((len(layers) - sliding) * pages + sliding * window_pages)
+
+
+def sliding_window_figures(config: ModelConfig, kv_bytes_per_token_all_layers: int,
+                           kv_cache_bytes: int, page_size: int, lengths: list[int]) -> dict[str, Any]:
+    """For a model with sliding layers: per-sequence KV bytes with the sliding layers capped at
+    the window vs uncapped, and how many sequences of each length the KV budget holds capped.
+    `engine_caps` says whether the engine frees those pages today (every KV layer sliding); a
+    mixed model (Gemma 3) keeps whole-sequence pages on every layer until per-layer-type pools
+    land, so its capped figures are the target, the uncapped ones what it runs with."""
+    if not config.sliding_layers:
+        return {}
+    capped = {str(n): windowed_kv_bytes(config, kv_bytes_per_token_all_layers, n, page_size)
+              for n in lengths}
+    full = {str(n): math.ceil(n / page_size) * page_size * kv_bytes_per_token_all_layers for n in lengths}
+    return {
+        "window": config.sliding_window,
+        "sliding_layers": len(config.sliding_layers),
+        "full_layers": len(config.full_attention_layers) - len(config.sliding_layers),
+        "engine_caps": config.sliding_layers == config.full_attention_layers,
+        "kv_bytes_per_sequence": capped,
+        "kv_bytes_per_sequence_uncapped": full,
+        "max_concurrency": {n: kv_cache_bytes // b if b else 0 for n, b in capped.items()},
+    }

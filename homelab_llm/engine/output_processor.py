@@ -43,8 +43,11 @@ class OutputProcessor:
         else:
             if seq.detokenizer is not None:
                 seq.output_text += seq.detokenizer.push([token])
-                if p.stop and n_out >= p.min_tokens and self._check_stop_strings(seq):
-                    return
+            if seq.grammar is not None:
+                seq.grammar.advance(token, seq.output_text)
+            if seq.detokenizer is not None and p.stop and n_out >= p.min_tokens \
+                    and self._check_stop_strings(seq):
+                return
             if n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 seq.finish_reason = "length"
         if seq.finish_reason is not None and seq.detokenizer is not None:

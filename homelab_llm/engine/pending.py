@@ -59,7 +59,7 @@ def placeholder_rows(scheduled, pending: PendingTokens) -> tuple[list[int], list
     for item in scheduled:
         seq, n = item.seq, item.num_new_tokens
         start = seq.num_computed_tokens
-        if start + n == seq.num_tokens and seq.token_ids[-1] == PLACEHOLDER:
+        if start + n - len(item.spec) == seq.num_tokens and seq.token_ids[-1] == PLACEHOLDER:
             plan_rows.append(row + n - 1)
             pending_rows.append(where[id(seq)])
         row += n

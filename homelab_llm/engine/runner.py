@@ -114,7 +114,9 @@ class ModelRunner:
             return 0, 0
         a = self.args
         layout = self.state_layout()
-        return a.max_num_seqs, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
+        # Speculation keeps one more running slot per sequence: its state before a verify step.
+        running = a.max_num_seqs * (2 if a.speculative_config else 1)
+        return running, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
                                                       a.state_snapshot_memory_bytes,
                                                       a.enable_prefix_caching)
 

@@ -40,6 +40,10 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0: the sampled token only; N: plus top-N
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Structured output: an llguidance grammar (engine/structured/grammar.py `to_grammar`), and
+    # whether it starts only after the reasoning section (`</think>`).
+    grammar: str | None = None
+    grammar_after_think: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise SamplingParamsError naming the first bad field. With `vocab_size`, top_k and

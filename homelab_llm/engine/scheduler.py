@@ -4,6 +4,12 @@ Each step: running decodes first (one token each), then running prefills continu
 waiting requests are admitted, all within max_num_batched_tokens and max_num_seqs. When pages run
 out, the newest running sequence is preempted: its pages go back (its computed tokens stay in the
 prefix cache) and it waits at the front of the queue to be recomputed. Nothing is dropped.
+
+Speculative decoding: a running sequence past its prompt that carries drafts (`seq.spec_token_ids`)
+is scheduled with its uncomputed tokens (one, for a decode) + K drafts when the budget and free
+pages allow (drafts never evict the prefix
+cache nor preempt anyone: they only take pages that leave one free page per running sequence);
+else it runs as a plain decode. After verification `rollback` drops what was rejected.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from homelab_llm.engine.sequence import Sequence, SequenceStatus
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # drafts included
+    spec: list[int] = field(default_factory=list)  # draft tokens verified this step
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -30,7 +37,7 @@ class ScheduledSeq:
     @property
     def samples(self) -> bool:
         """This step computes the sequence's last known token, so it yields the next one."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - len(self.spec) == self.seq.num_tokens
 
 
 @dataclass
@@ -74,6 +81,13 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
+            spec = self._drafts_that_fit(seq, budget)
+            if spec:
+                n = seq.num_uncomputed_tokens + len(spec)
+                scheduled.append(ScheduledSeq(seq, n, spec))
+                taken.add(id(seq))
+                budget -= n
+                continue
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.kv.ensure_pages(seq, seq.num_computed_tokens + n):
                 victim = self._pick_victim(exclude=taken)
@@ -109,6 +123,22 @@ class Scheduler:
             budget -= n
         return SchedulerOutput(scheduled, preempted, self.kv.copies.take())
 
+    def _drafts_that_fit(self, seq: Sequence, budget: int) -> list[int]:
+        """The drafts this sequence can verify now, after all its uncomputed tokens (one for a
+        decode): within the budget, on free pages only."""
+        drafts = seq.spec_token_ids
+        todo = seq.num_uncomputed_tokens
+        if not drafts or seq.num_output_tokens == 0 or todo < 1 or budget <= todo:
+            return []
+        drafts = drafts[:budget - todo]
+        end = seq.num_computed_tokens + todo + len(drafts)
+        if self.kv.pool.num_free - self.kv.pages_needed(seq, end) < len(self.running):
+            return []
+        ok = self.kv.ensure_pages(seq, end)
+        assert ok
+        self.kv.backup_state(seq)
+        return drafts
+
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
         free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size
         return max(0, min(n, free_tokens - seq.num_computed_tokens))
@@ -134,9 +164,28 @@ class Scheduler:
         for item in out.scheduled:
             seq = item.seq
             before = seq.num_computed_tokens
-            seq.num_computed_tokens += item.num_new_tokens
+            seq.num_computed_tokens += item.num_new_tokens - len(item.spec)  # drafts: rollback()
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
                 self.kv.cache_sequence(seq)
+            self.kv.release_outside_window(seq)
+
+    def rollback(self, item: ScheduledSeq, num_accepted: int) -> None:
+        """After verifying drafts: the accepted ones have KV (clamped to the tokens the sequence
+        kept, should a stop cut them), the rejected ones never existed: their pages beyond the
+        sequence's tokens go back. The radix cache only ever sees tokens below num_computed.
+
+        Hybrid models: the verify forward moved the recurrent/conv state over all the drafts.
+        Unless the sequence keeps exactly those tokens, the state from before the step comes back
+        and the tokens since are recomputed in the next step (one chunk, the next drafts after
+        it), so the state always equals that of a run that never drafted. Runs after advance()."""
+        seq, num_drafted = item.seq, len(item.spec)
+        start = seq.num_computed_tokens - (item.num_new_tokens - num_drafted)  # before the step
+        computed = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)
+        if seq.spec_backup_slot >= 0 and num_drafted and computed != seq.num_computed_tokens + num_drafted:
+            self.kv.restore_state(seq)
+            computed = start
+        seq.num_computed_tokens = computed
+        self.kv.trim(seq, seq.num_tokens)
 
     def finish(self, seq: Sequence, cache: bool = True) -> None:
         """Take a sequence out of whichever queue holds it and release its pages (offering its

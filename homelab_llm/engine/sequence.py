@@ -11,6 +11,7 @@ from homelab_llm.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # annotations only: a Sequence never needs the cache or tokenizer code loaded
     from homelab_llm.engine.cache.radix import RadixNode
+    from homelab_llm.engine.structured.matcher import GrammarState
     from homelab_llm.engine.tokenizer import IncrementalDetokenizer
 
 
@@ -32,11 +33,17 @@ class Sequence:
     # KV: the pages holding tokens 0..num_computed_tokens-1 (token i in page i // page_size).
     page_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # All-sliding models: page_table[:released_pages] lie wholly below the window and went back
+    # to the pool (their ids stay as placeholders the kernels never read).
+    released_pages: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     cache_node: RadixNode | None = None  # radix node locked while this sequence relies on its path
     # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet
     # state after token_ids[:num_computed_tokens]; -1 while it has none.
     state_slot: int = -1
+    # Speculative decoding on hybrid models: a running slot holding the state from before the
+    # last verify step, restored when drafts were rejected (cache/kv_manager.py backup_state).
+    spec_backup_slot: int = -1
     num_preemptions: int = 0
     admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None
@@ -45,12 +52,15 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     seed: int = 0  # keys this request's random draws (with the output position)
+    # Speculative decoding: draft tokens proposed for the next step (never part of token_ids).
+    spec_token_ids: list[int] = field(default_factory=list)
     # Output text bookkeeping (detokenizer lives in the engine core).
     detokenizer: IncrementalDetokenizer | None = None
     output_text: str = ""
     emitted_text_len: int = 0
     emitted_token_count: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    grammar: GrammarState | None = None  # structured output: what may come next
 
     def __post_init__(self) -> None:
         if not self.token_ids:

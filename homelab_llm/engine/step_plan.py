@@ -8,6 +8,10 @@ is what keeps the ranks' batches identical.
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
 page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
 slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
+A sequence verifying K drafts has K+1 input rows (its last token, then the drafts) and K+1 logits
+rows; every rank runs the same verify forward from these words. Without recurrent state those rows
+are K+1 one-token "sequences" sharing a page table (decode-only: graphs apply); a hybrid model's
+verify is one sequence of K+1 tokens, since its state advances along the sequence.
 """
 
 from __future__ import annotations
@@ -107,17 +111,29 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
     state_slots: list[int] = []
     has_initial: list[int] = []
     for item in scheduled:
-        seq, n = item.seq, item.num_new_tokens
+        seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
         start = seq.num_computed_tokens
-        ids.extend(seq.token_ids[start:start + n])
+        ids.extend(seq.token_ids[start:start + n - k])
+        ids.extend(item.spec)  # drafts: verified in this forward, one logits row each
         pos.extend(range(start, start + n))
         pt = seq.page_table
         slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
+        if k and n == k + 1 and seq.state_slot < 0:
+            # A verify without recurrent state: K+1 decode rows over one page table, row j seeing
+            # the first start+j+1 tokens (every row's K/V is stored before any row attends), so
+            # the step stays decode-only and can run in a captured decode graph.
+            qlens.extend([1] * n)
+            lens.extend(range(start + 1, start + n + 1))
+            tables.extend([pt] * n)
+            rows.extend(range(len(ids) - n, len(ids)))
+            state_slots.extend([-1] * n)
+            has_initial.extend([1] * n)
+            continue
         qlens.append(n)
         lens.append(start + n)
         tables.append(pt)
         if item.samples:
-            rows.append(len(ids) - 1)
+            rows.extend(range(len(ids) - 1 - k, len(ids)))
         state_slots.append(seq.state_slot)
         has_initial.append(int(start > 0))
     return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial, copies)

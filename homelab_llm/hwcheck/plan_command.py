@@ -25,6 +25,21 @@ class PlanError(HomelabError, ValueError):
     """A model that cannot be found or read, or flags that cannot make a plan."""
 
 
+def sliding_lines(plan: Any) -> list[str]:
+    """The sliding-window figures (memory.sliding_window_figures) of a model that has them."""
+    sw = plan.sliding
+    if not sw:
+        return []
+    per_seq = "  ".join(f"{_len_label(int(n))}: {b / 1e9:.2f} GB (uncapped "
+                        f"{sw['kv_bytes_per_sequence_uncapped'][n] / 1e9:.2f})"
+                        for n, b in sw["kv_bytes_per_sequence"].items())
+    conc = "  ".join(f"{_len_label(int(n))}: {c}" for n, c in sw["max_concurrency"].items())
+    note = "" if sw["engine_caps"] else " (target: this engine still keeps every page on mixed models)"
+    return [f"sliding window {sw['window']} on {sw['sliding_layers']} of "
+            f"{sw['sliding_layers'] + sw['full_layers']} layers; KV per sequence, device 0: {per_seq}",
+            f"sequences that fit with sliding KV capped at the window: {conc}{note}"]
+
+
 UNITS = {"TiB": 1 << 40, "GiB": 1 << 30, "MiB": 1 << 20, "TB": 10**12, "GB": 10**9, "MB": 10**6}
 
 
@@ -243,6 +258,7 @@ def render_plan(plan: Any, max_num_seqs: int | None = None, unit: str = "GB") ->
     lines.append(f"max concurrent full-length sequences: {conc}")
     if max_num_seqs is not None and any(c > max_num_seqs for c in plan.max_concurrency.values()):
         lines.append(f"  (the scheduler also caps running sequences at --max-num-seqs {max_num_seqs})")
+    lines += sliding_lines(plan)
     lines.append("activations and graphs are estimates; the engine measures them at startup")
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)

@@ -19,7 +19,8 @@ import httpx
 from homelab_llm.errors import HomelabError
 from homelab_llm.presets import Preset
 from homelab_llm.router.budget import Running, claim_bytes, evictions
-from homelab_llm.tui.service import ServiceManager, ServiceState, free_port
+from homelab_llm.tui.process_group import free_port
+from homelab_llm.tui.service import ServiceManager, ServiceState
 
 POLL_S = 0.05
 SWAP_WAIT_S = 600.0  # how long a request waits for busy presets to finish before a 503

@@ -11,24 +11,30 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from homelab_llm.engine.tokenizer import Tokenizer
+from homelab_llm.engine.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
 from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
 from homelab_llm.server.errors import APIError, bad_request, internal_error
 from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_error,
                                            until_disconnect, usage)
+from homelab_llm.server.harmony import HarmonyRouter, harmony_params, is_harmony
 from homelab_llm.server.limits import PromptBound, check_num_seqs, message_chars
 from homelab_llm.server.logprobs import chat_logprobs
-from homelab_llm.server.protocol import ChatCompletionRequest, check_max_tokens, encode_text
+from homelab_llm.server.protocol import (ChatCompletionRequest, check_logprobs_cap, check_max_tokens,
+                                         encode_text)
 from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
+from homelab_llm.server.structured import prepare_grammar
+from homelab_llm.server.tool_template import adapt_messages
 
 
 def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools_enabled else None
+    template = tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
+    messages = adapt_messages(template, req.template_messages(), tools)
     try:
         return tokenizer.apply_chat_template(
-            req.template_messages(), tools=tools, add_generation_prompt=req.add_generation_prompt,
+            messages, tools=tools, add_generation_prompt=req.add_generation_prompt,
             **(req.chat_template_kwargs or {}))
     except APIError:
         raise
@@ -36,13 +42,15 @@ def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
-def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest, bound: PromptBound) -> tuple[str, list[int]]:
+def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest,
+             bound: PromptBound) -> tuple[str, list[int], str | None]:
     # Both length checks are O(1) per message: an absurd prompt is refused before the template
     # runs, and a template-inflated one before the tokenizer does.
     bound.check(message_chars(req.template_messages()), "messages")
     text = render_prompt(tokenizer, req)
     bound.check(len(text), "messages")
-    return text, encode_text(tokenizer, text, False, "messages")
+    ids = encode_text(tokenizer, text, False, "messages")
+    return text, ids, prepare_grammar(tokenizer, req.constraint())
 
 
 def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
@@ -54,7 +62,7 @@ def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
 async def create_chat_completion(state: ServerState, request: Request, req: ChatCompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
-    logprobs = req.logprobs_count()
+    logprobs = check_logprobs_cap(req.logprobs_count(), state.config.max_logprobs)
     engine = state.ready_engine()
     tokenizer = engine.tokenizer
     req.check_token_fields(tokenizer.vocab_size)
@@ -62,17 +70,20 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
     # Templating and tokenizing a 100K-token agent prompt takes tens of milliseconds: off the
     # event loop, so other streams keep flowing meanwhile.
     bound = await state.ready_prompt_bound(engine)
-    prompt_text, prompt_ids = await asyncio.to_thread(_prepare, tokenizer, req, bound)
+    prompt_text, prompt_ids, grammar = await asyncio.to_thread(_prepare, tokenizer, req, bound)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)
-    think = bool(getattr(tokenizer, "uses_think_tags", False))
+    think = state.config.reasoning_parser is not None or bool(getattr(tokenizer, "uses_think_tags", False))
     starts_inside = think and prompt_opens_think(prompt_text)
-    routers = [ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
+    harmony = is_harmony(tokenizer)  # gpt-oss: its own output format (server/harmony.py)
+    routers: list[Any] = [HarmonyRouter(req.tools_enabled) if harmony else
+                          ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
+    params = [req.sampling_params(max_tokens, logprobs, i, vocab_size=tokenizer.vocab_size,
+                                  grammar=grammar, grammar_after_think=starts_inside)
+              for i in range(req.n)]
     batch = Batch(state, new_id("chatcmpl"),
-                  [(prompt_ids, req.sampling_params(max_tokens, logprobs, i,
-                                                    vocab_size=tokenizer.vocab_size))
-                   for i in range(req.n)])
+                  [(prompt_ids, harmony_params(p) if harmony else p) for p in params])
     await batch.submit(request)
     ctx = _Context(batch.base_id, int(time.time()), model, tokenizer, logprobs)
     if req.stream:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from homelab_llm.errors import HomelabError
 from homelab_llm.presets import API_KEY_ENV, exposure_warning, load_preset
+from homelab_llm.server import vllm_flags
 
 if TYPE_CHECKING:
     from homelab_llm.server.engine_client import Engine
@@ -64,6 +65,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="the HTTP server's log level; debug also logs every request (default: info)")
+    vllm_flags.add_arguments(p)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -128,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_seqs_per_request < 1:
         raise HomelabError(f"--max-seqs-per-request must be >= 1, got {args.max_seqs_per_request}")
     api_key = resolve_api_key(args.api_key, args.api_key_file)
+    compat = vllm_flags.resolve(args)
     engine_args = EngineArgs.from_cli(args)  # validates; errors are one-line HomelabErrors
     if engine_args.node_rank > 0:
         # Another node of a multi-node TP group: run this node's ranks, no HTTP server.
@@ -162,12 +165,17 @@ def run(args: argparse.Namespace) -> int:
                           allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",")
                                               if h.strip()),
                           max_request_body_bytes=args.max_request_body_bytes,
-                          max_seqs_per_request=args.max_seqs_per_request)
+                          max_seqs_per_request=args.max_seqs_per_request,
+                          reasoning_parser=compat.reasoning_parser,
+                          max_logprobs=compat.max_logprobs)
 
     def load_engine() -> Engine:
         from homelab_llm.engine.core import LLMEngine
 
-        return LLMEngine(engine_args)
+        engine = LLMEngine(engine_args)
+        if compat.chat_template is not None and engine.tokenizer is not None:
+            engine.tokenizer.chat_template = compat.chat_template  # vLLM's --chat-template
+        return engine
 
     log.info("loading %s", args.model)
     return serve(build_app(config, load_engine), args.host, args.port, args.uvicorn_log_level,

@@ -17,9 +17,11 @@ from homelab_llm.server.generation import (Batch, ChoiceState, new_id, output_er
                                            until_disconnect, usage)
 from homelab_llm.server.limits import PromptBound, check_num_seqs
 from homelab_llm.server.logprobs import completion_logprobs
-from homelab_llm.server.protocol import CompletionRequest, check_max_tokens, encode_text
+from homelab_llm.server.protocol import (CompletionRequest, check_logprobs_cap, check_max_tokens,
+                                         encode_text)
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
+from homelab_llm.server.structured import prepare_grammar
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -43,7 +45,7 @@ def prompt_ids(tokenizer: Tokenizer, prompt: str | list[int], bound: PromptBound
 async def create_completion(state: ServerState, request: Request, req: CompletionRequest) -> Response:
     model = state.resolve_model(req.model)
     req.check()
-    logprobs = req.logprobs_count()
+    logprobs = check_logprobs_cap(req.logprobs_count(), state.config.max_logprobs)
     engine = state.ready_engine()
     tokenizer, max_len = engine.tokenizer, engine.max_model_len
     req.check_token_fields(tokenizer.vocab_size)
@@ -51,13 +53,18 @@ async def create_completion(state: ServerState, request: Request, req: Completio
     check_num_seqs(len(prompts), req.n, state.config.max_seqs_per_request)
     items, echoes = [], []
     bound = await state.ready_prompt_bound(engine)
-    all_ids = await asyncio.to_thread(lambda: [prompt_ids(tokenizer, p, bound) for p in prompts])
+    constraint = req.constraint()
+
+    def prepare() -> tuple[list[list[int]], str | None]:  # off the loop: tokenize, compile
+        return ([prompt_ids(tokenizer, p, bound) for p in prompts],
+                prepare_grammar(tokenizer, constraint))
+    all_ids, grammar = await asyncio.to_thread(prepare)
     for prompt, ids in zip(prompts, all_ids):
         max_tokens = check_max_tokens(len(ids), req.requested_max_tokens(), max_len)
         echo = "" if not req.echo else (prompt if isinstance(prompt, str) else tokenizer.decode(ids))
         for i in range(req.n):
             items.append((ids, req.sampling_params(max_tokens, logprobs, i,
-                                                   vocab_size=tokenizer.vocab_size)))
+                                                   vocab_size=tokenizer.vocab_size, grammar=grammar)))
             echoes.append(echo)
     batch = Batch(state, new_id("cmpl"), items)
     await batch.submit(request)

@@ -53,6 +53,19 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def _spec_decode(w: _Writer, spec: dict[str, Any]) -> None:
+    """vLLM's spec_decode counters (present only while speculation is on)."""
+    w.scalar("spec_decode_num_drafts_total", "counter", "Draft proposals verified (one per sequence "
+             "per step).", spec.get("drafts", 0))
+    w.scalar("spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed.",
+             spec.get("draft_tokens", 0))
+    w.scalar("spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.",
+             spec.get("accepted_tokens", 0))
+    per_pos = spec.get("accepted_per_position", [])
+    w.labelled("spec_decode_num_accepted_tokens_per_pos_total", "Draft tokens accepted, by position "
+               "in the draft.", "position", {str(i): v for i, v in enumerate(per_pos)})
+
+
 def render_metrics(engine_status: dict[str, Any], stats: ServerStats, model_name: str) -> str:
     w = _Writer(model_name)
     requests = engine_status.get("requests", {})
@@ -77,6 +90,9 @@ def render_metrics(engine_status: dict[str, Any], stats: ServerStats, model_name
              num_preemptions(engine_status))
     w.scalar("prompt_tokens_total", "counter", "Prompt tokens processed.", stats.prompt_tokens_total)
     w.scalar("generation_tokens_total", "counter", "Tokens generated.", stats.generation_tokens_total)
+    spec = engine_status.get("spec_decode")
+    if spec is not None:
+        _spec_decode(w, spec)
     w.labelled("request_success_total", "Finished requests by finish reason.", "finished_reason",
                dict(stats.finished))
     w.histogram("time_to_first_token_seconds", "Time to first token.", stats.ttft)

@@ -20,6 +20,7 @@ from homelab_llm.server.limits import PromptBound, check_body_shape
 from homelab_llm.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                          DetokenizeRequest, TokenizeRequest, encode_text,
                                          parse_body)
+from homelab_llm.server.responses import ResponsesRequest, create_response
 from homelab_llm.server.state import ServerState
 
 router = APIRouter()
@@ -46,21 +47,36 @@ async def chat_completions(request: Request) -> Response:
     return await create_chat_completion(server_state(request), request, req)
 
 
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    req = await read_request(request, ResponsesRequest)
+    return await create_response(server_state(request), request, req)
+
+
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     req = await read_request(request, CompletionRequest)
     return await create_completion(server_state(request), request, req)
 
 
+def _model_card(state: Any, name: str) -> dict[str, Any]:
+    engine = state.client.engine
+    max_len = engine.max_model_len if engine is not None else None
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "homelab-llm",
+            "root": state.config.model_path or name, "parent": None, "max_model_len": max_len}
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> JSONResponse:
     state = server_state(request)
-    engine = state.client.engine
-    max_len = engine.max_model_len if engine is not None else None
-    data = [{"id": name, "object": "model", "created": state.created, "owned_by": "homelab-llm",
-             "root": state.config.model_path or name, "parent": None, "max_model_len": max_len}
-            for name in state.config.served_model_names]
+    data = [_model_card(state, name) for name in state.config.served_model_names]
     return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(request: Request, model_id: str) -> JSONResponse:
+    state = server_state(request)
+    return JSONResponse(_model_card(state, state.resolve_model(model_id)))
 
 
 @router.post("/tokenize")

@@ -4,14 +4,17 @@ wrong types and out-of-range values become 400s that name the field."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from homelab_llm.engine.sampling_params import SamplingParams, SamplingParamsError
+from homelab_llm.engine.structured.grammar import GrammarSpec
 from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.errors import APIError, bad_request
+from homelab_llm.server.structured import StructuredFields, single_spec, tool_spec
 
 MAX_N = 128  # choices per request: beyond this a single request could starve everyone else
 MAX_LOGPROBS = 20
@@ -55,7 +58,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class SamplingFields(_Body):
+class SamplingFields(_Body, StructuredFields):
     """Fields both endpoints share; None means "the default", as OpenAI clients send nulls."""
 
     model: str | None = None
@@ -101,6 +104,10 @@ class SamplingFields(_Body):
         if self.seed is not None and not -(2**63) <= self.seed <= 2**63 - 1 - MAX_N:
             raise bad_request(f"seed must fit in a signed 64-bit integer, got {self.seed}", "seed")
 
+    def constraint(self) -> tuple[str, GrammarSpec] | None:
+        """The one output constraint this request sets (field, spec); a 400 when it sets several."""
+        return single_spec(self.grammar_specs())
+
     def check_token_fields(self, vocab_size: int) -> None:
         """Token ids the client names must lie in the vocabulary; fields the engine cannot honour
         are refused (a silently ignored constraint would be a wrong answer)."""
@@ -125,7 +132,8 @@ class SamplingFields(_Body):
                 raise bad_request(f"{name} is not supported by this server", name, "unsupported")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, seed_offset: int = 0,
-                        *, vocab_size: int) -> SamplingParams:
+                        *, vocab_size: int, grammar: str | None = None,
+                        grammar_after_think: bool = False) -> SamplingParams:
         params = SamplingParams(
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -144,6 +152,8 @@ class SamplingFields(_Body):
             logprobs=logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            grammar=grammar,
+            grammar_after_think=grammar_after_think,
         )
         try:
             params.validate(vocab_size)
@@ -186,15 +196,33 @@ class ChatCompletionRequest(SamplingFields):
                 raise bad_request(f"tool_choice names {self.tool_choice.function.name!r}, "
                                   f"which is not among the tools {names}", "tool_choice")
 
+    def constraint(self) -> tuple[str, GrammarSpec] | None:
+        """As SamplingFields.constraint, with tool_choice "required" / a named function first."""
+        specs = self.grammar_specs()
+        tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) \
+            else self.tool_choice
+        spec = tool_spec(tools, choice) if tools else None
+        if spec is not None:
+            specs.insert(0, ("tool_choice", spec))
+        return single_spec(specs)
+
     @property
     def tools_enabled(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
     def template_messages(self) -> list[dict[str, Any]]:
-        """Messages as plain dicts for the chat template; text parts joined, others refused."""
+        """Messages as plain dicts for the chat template, shaped as HF's apply_chat_template
+        expects them: every message keeps its `content` key (None on an assistant turn that only
+        calls tools: templates test `message.content`, and a missing key is an error in jinja's
+        sandbox), tool-call arguments sent as JSON text become objects (templates write them with
+        `| tojson`), text parts are joined and other parts refused."""
         out = []
         for i, message in enumerate(self.messages):
             item = message.model_dump(exclude_none=True)
+            item.setdefault("content", None)
+            if isinstance(item.get("tool_calls"), list):
+                item["tool_calls"] = [template_tool_call(call) for call in item["tool_calls"]]
             if isinstance(message.content, list):
                 texts = []
                 for part in message.content:
@@ -205,6 +233,22 @@ class ChatCompletionRequest(SamplingFields):
                 item["content"] = "".join(texts)
             out.append(item)
         return out
+
+
+def template_tool_call(call: Any) -> Any:
+    """One assistant tool call as templates read it: `arguments` an object when the client sent
+    a JSON object as text (OpenAI's wire form), else left as sent."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call
+    arguments = call["function"].get("arguments")
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return call
+        if isinstance(parsed, dict):
+            return {**call, "function": {**call["function"], "arguments": parsed}}
+    return call
 
 
 class CompletionRequest(SamplingFields):
@@ -290,6 +334,14 @@ def parse_body(model: type[BaseModel], body: Any) -> Any:
         first = err.errors()[0]
         loc = ".".join(_field_path(first["loc"]))
         raise bad_request(f"{loc or 'body'}: {first['msg']}", loc or None) from err
+
+
+def check_logprobs_cap(count: int | None, cap: int) -> int | None:
+    """The server's --max-logprobs, as vLLM applies it: more top logprobs is a 400."""
+    if count is not None and count > cap:
+        raise bad_request(f"this server returns at most {cap} top logprobs (--max-logprobs); "
+                          f"the request asks for {count}", "logprobs")
+    return count
 
 
 def check_max_tokens(prompt_len: int, requested: int | None, max_model_len: int,

@@ -28,10 +28,10 @@ class SSEResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
+        self.on_close = on_close  # public: a response that wraps this stream passes it on
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_close()
+            self.on_close()

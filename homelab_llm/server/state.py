@@ -23,6 +23,8 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # extra Host names to accept; "*" accepts any
     max_request_body_bytes: int = 32 << 20  # larger bodies get 413 before they are read whole
     max_seqs_per_request: int = 256  # prompts x n of one request; more is a 400
+    reasoning_parser: str | None = None  # --reasoning-parser: route <think> whatever the template
+    max_logprobs: int = 20  # --max-logprobs: the most top logprobs a request may ask for
 
 
 @dataclass

@@ -19,6 +19,8 @@ ENGINE_SECTIONS: dict[str, Any] = {
 def build_status(engine_status: dict[str, Any], stats: ServerStats) -> dict[str, Any]:
     status: dict[str, Any] = {key: engine_status.get(key, default)
                               for key, default in ENGINE_SECTIONS.items()}
+    if "spec_decode" in engine_status:  # only while speculation is on (DESIGN.md)
+        status["spec_decode"] = engine_status["spec_decode"]
     status["throughput"] = stats.throughput()
     status["latency"] = stats.latency()
     status["uptime"] = stats.uptime()

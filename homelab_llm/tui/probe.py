@@ -94,7 +94,7 @@ def snapshot_from_status(data: Mapping[str, Any]) -> ServerSnapshot:
         return value if isinstance(value, Mapping) else {}
 
     kv, requests, prefix = section("kv"), section("requests"), section("prefix_cache")
-    throughput, latency = section("throughput"), section("latency")
+    throughput, latency, spec = section("throughput"), section("latency"), section("spec_decode")
     config = dict(section("config") or section("engine"))
     devices = []
     for dev in data.get("devices") or []:
@@ -118,7 +118,9 @@ def snapshot_from_status(data: Mapping[str, Any]) -> ServerSnapshot:
         prompt_tps=_num(throughput.get("prompt_tps")),
         generation_tps=_num(throughput.get("generation_tps")),
         ttft_p50=_num(latency.get("ttft_p50")), ttft_p95=_num(latency.get("ttft_p95")),
-        tpot_p50=_num(latency.get("tpot_p50")), tpot_p95=_num(latency.get("tpot_p95")), uptime_s=_num(data.get("uptime")), config=config)
+        tpot_p50=_num(latency.get("tpot_p50")), tpot_p95=_num(latency.get("tpot_p95")), uptime_s=_num(data.get("uptime")), config=config,
+        spec_acceptance_rate=_num(spec.get("acceptance_rate")),
+        spec_mean_accepted_length=_num(spec.get("mean_accepted_length")))
 
 
 class CounterRates:

@@ -53,6 +53,8 @@ class ServerSnapshot:
     tpot_p50: float | None = None
     tpot_p95: float | None = None
     preemptions: int | None = None
+    spec_acceptance_rate: float | None = None  # 0..1; None when the server does not speculate
+    spec_mean_accepted_length: float | None = None  # tokens per verify step and sequence
     uptime_s: float | None = None
     config: dict[str, object] = field(default_factory=dict)
 

@@ -59,8 +59,20 @@ def test_bad_configs_are_user_errors():
         config_from_hf({k: v for k, v in BASE.items() if k != "hidden_size"})
     with pytest.raises(ModelLoadError, match="not a multiple"):
         config_from_hf({**BASE, "num_key_value_heads": 3})
-    with pytest.raises(UnsupportedModelError, match="sliding-window"):
-        config_from_hf({**BASE, "model_type": "qwen2", "use_sliding_window": True})
+    with pytest.raises(UnsupportedModelError, match="hidden activation 'relu'"):
+        config_from_hf({**BASE, "model_type": "qwen2", "use_sliding_window": True,
+                        "sliding_window": 64, "hidden_act": "relu"})
+
+
+def test_sliding_window_layers_follow_each_family():
+    qwen2 = config_from_hf({**BASE, "model_type": "qwen2", "use_sliding_window": True,
+                            "sliding_window": 64, "max_window_layers": 1, "num_hidden_layers": 3})
+    assert qwen2.sliding_layers == (1, 2) and qwen2.layer_window(0) == 0 and qwen2.layer_window(2) == 64
+    off = config_from_hf({**BASE, "model_type": "qwen2", "use_sliding_window": False, "sliding_window": 64})
+    assert off.sliding_layers == () and off.sliding_window == 0
+    mistral = config_from_hf({**BASE, "model_type": "mistral", "sliding_window": 32, "num_hidden_layers": 2})
+    assert mistral.sliding_layers == (0, 1) == mistral.full_attention_layers
+    assert config_from_hf({**BASE, "model_type": "mistral", "sliding_window": None}).sliding_layers == ()
 
 
 def test_gguf_metadata_keys():

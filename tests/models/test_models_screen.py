@@ -19,7 +19,7 @@ from homelab_llm.tui.app import HomelabApp
 from homelab_llm.tui.screens.model_dialogs import ModelPicker
 from homelab_llm.tui.screens.models import ModelsScreen
 from homelab_llm.tui.screens.preset_editor import PresetEditor
-from homelab_llm.tui.service import free_port, process_group_alive
+from homelab_llm.tui.process_group import free_port, process_group_alive
 from homelab_llm.tui.widgets.router_panel import RouterPanel
 from model_trees import dense_hf, write_gguf
 from tests.tui.tui_fakes import FIXED_TELEMETRY, FakeProbe, FakeTelemetry, load_hardware, load_status

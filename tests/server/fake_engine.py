@@ -45,7 +45,8 @@ class FakeTokenizer:
     vocab_size = 256 + OFFSET
     eos_token_ids = (EOS,)
     bos_token_id = BOS
-    chat_template = "fake-chatml"
+    special_ids = frozenset(SPECIALS)
+    chat_template = "fake-chatml: renders tools itself; tool_calls as content"
 
     def __init__(self, uses_think_tags: bool = False) -> None:
         self.uses_think_tags = uses_think_tags
@@ -95,7 +96,7 @@ class FakeTokenizer:
 
 def default_script(prompt_text: str, params: SamplingParams) -> tuple[str, bool]:
     """(output text, whether EOS follows it)."""
-    said = re.search(r"SAY\[\[(.*)\]\]", prompt_text, re.S)
+    said = re.search(r".*SAY\[\[(.*)\]\]", prompt_text, re.S)  # the last SAY: earlier turns hold theirs
     if said:
         return said.group(1), True
     if params.temperature == 0:
@@ -145,6 +146,7 @@ class FakeEngine:
         self.thread_ids: set[int] = set()
         self.shut_down = False
         self.dead_reason: str | None = None  # a test may set it: a rank died while idle
+        self.last_params: SamplingParams | None = None
 
     def _thread(self) -> None:
         self.thread_ids.add(threading.get_ident())
@@ -154,6 +156,7 @@ class FakeEngine:
         self._thread()
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         params.validate()
+        self.last_params = params
         if request_id in self.known:
             raise DuplicateRequestError(f"request id {request_id!r} is already in use")
         budget = params.max_tokens or 1

@@ -45,7 +45,7 @@ def test_observe_counts_latency_and_window() -> None:
                       arrival_time=109.0, first_token_time=109.5, finish_time=110.5))
     assert stats.prompt_tokens_total == 10 and stats.generation_tokens_total == 5
     assert stats.finished == {"length": 1}
-    assert stats.latency() == {"ttft_p50": 0.5, "ttft_p95": 0.5, "tpot_p50": 0.25}
+    assert stats.latency() == {"ttft_p50": 0.5, "ttft_p95": 0.5, "tpot_p50": 0.25, "tpot_p95": 0.25}
     assert stats.throughput() == {"prompt_tps": 1.0, "generation_tps": 0.5}
     clock.now = 125.0  # the window has moved past both events
     assert stats.throughput() == {"prompt_tps": 0.0, "generation_tps": 0.0}

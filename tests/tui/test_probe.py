@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from homelab_llm.tui.probe import CounterRates, Probe, snapshot_from_metrics
+from homelab_llm.tui.probe import CounterRates, Probe, snapshot_from_metrics, snapshot_from_status
 from homelab_llm.tui.prometheus import parse_prometheus
 from tui_fakes import FIXTURES, load_status
 
@@ -117,3 +117,19 @@ def test_probe_reports_unreachable_server() -> None:
     assert not snap.ok and snap.error == "no server at http://127.0.0.1:9"
     bad = Probe("http://srv", transport=_transport({"/v1/status": (500, "boom"), "/metrics": (500, "")}))
     assert "HTTP 500" in bad.poll().error
+
+
+def test_status_spec_decode_reaches_the_dashboard() -> None:
+    from rich.console import Console
+
+    from homelab_llm.tui.widgets.engine_stats import stats_table
+
+    snap = snapshot_from_status({"spec_decode": {"acceptance_rate": 0.75, "mean_accepted_length": 3.25}})
+    assert snap.spec_acceptance_rate == 0.75 and snap.spec_mean_accepted_length == 3.25
+    console = Console(width=100, record=True)
+    console.print(stats_table(snap))
+    text = console.export_text()
+    assert "Spec accept" in text and "3.25 tok/step" in text
+    console = Console(width=100, record=True)
+    console.print(stats_table(snapshot_from_status({})))
+    assert "Spec accept" not in console.export_text()

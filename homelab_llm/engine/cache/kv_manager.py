@@ -5,6 +5,12 @@ DeltaNet layers) it also gives each running sequence a state slot, restores a ma
 state from the radix cache's snapshot and snapshots the state whenever tokens are cached; those
 copies (KV rows of a partially matched page, state slots) queue in `copies` for the next step's
 plan (cache/copies.py): every rank runs them before that step's forward.
+
+On a model whose every KV layer is sliding-window (`release_window` > 0: Mistral, Qwen2 with
+max_window_layers 0), pages wholly below the oldest key any later query can see go back to the
+pool as the sequence grows (release_outside_window). With the prefix cache on, only once the
+prompt has been offered to it, so the radix tree only ever holds whole prefixes: a match is
+always backed by every page of its window.
 """
 
 from __future__ import annotations
@@ -13,7 +19,17 @@ from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.cache.radix import RadixCache
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StateSlots
+from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.sequence import Sequence
+
+
+def release_window(config: ModelConfig, state_slots: StateSlots | None) -> int:
+    """The window below which a sequence's pages may be released: the model's, when every KV
+    layer slides (a single full-attention layer needs every page); else 0."""
+    sliding = config.sliding_layers
+    if not sliding or sliding != config.full_attention_layers or state_slots is not None:
+        return 0
+    return config.sliding_window
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -22,8 +38,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, pool: PagePool, enable_prefix_caching: bool,
-                 state_slots: StateSlots | None = None) -> None:
+                 state_slots: StateSlots | None = None, release_window: int = 0) -> None:
         self.pool = pool
+        self.release_window = release_window
         self.page_size = pool.page_size
         self.state_slots = state_slots
         self.copies = CacheCopies()
@@ -89,6 +106,21 @@ class KVCacheManager:
         if self.state_slots is not None and seq.state_slot < 0:
             seq.state_slot = self.state_slots.alloc_running()
 
+    def backup_state(self, seq: Sequence) -> None:
+        """Hybrid models, before a verify step: copy the sequence's state aside, since the verify
+        forward advances it over drafts that may be rejected. A no-op on other models."""
+        if self.state_slots is None or seq.state_slot < 0:
+            return
+        if seq.spec_backup_slot < 0:
+            seq.spec_backup_slot = self.state_slots.alloc_running()
+        self.copies.state.add(seq.state_slot, seq.spec_backup_slot)
+
+    def restore_state(self, seq: Sequence) -> None:
+        """Hybrid models, after rejected drafts: the state from before the verify step returns
+        (the copy runs before the next forward, ahead of any snapshot copy queued after it)."""
+        assert self.state_slots is not None and seq.spec_backup_slot >= 0
+        self.copies.state.add(seq.spec_backup_slot, seq.state_slot)
+
     def record_admission(self, seq: Sequence) -> None:
         """Count a request's prefix lookup once, when it is first admitted (not on retries of a
         failed admission, nor on recompute after preemption)."""
@@ -118,6 +150,13 @@ class KVCacheManager:
         seq.page_table.extend(self.pool.alloc(need))
         return True
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the pages past the first `num_tokens` tokens (rejected draft slots)."""
+        keep = _ceil_div(num_tokens, self.page_size)
+        if len(seq.page_table) > keep:
+            self.pool.decref(seq.page_table[keep:])
+            del seq.page_table[keep:]
+
     def can_fit(self, num_pages: int) -> bool:
         evictable = self.radix.evictable_pages() if self.radix is not None else 0
         return self.pool.num_free + evictable >= num_pages
@@ -125,8 +164,8 @@ class KVCacheManager:
     # -- release ------------------------------------------------------------------------------
     def cache_sequence(self, seq: Sequence) -> None:
         """Offer the computed tokens to the prefix cache (prompt done, finish, or preemption)."""
-        if self.radix is None or seq.num_computed_tokens == 0:
-            return
+        if self.radix is None or seq.num_computed_tokens == 0 or seq.released_pages:
+            return  # with released pages the prompt is cached already (release_outside_window)
         n = seq.num_computed_tokens
         ps = self.page_size
         slots = [seq.page_table[i // ps] * ps + i % ps for i in range(n)]
@@ -144,12 +183,29 @@ class KVCacheManager:
         if seq.cache_node is not None and self.radix is not None:
             self.radix.unlock(seq.cache_node)
         seq.cache_node = None
-        self.pool.decref(seq.page_table)
+        self.pool.decref(seq.page_table[seq.released_pages:])
         seq.page_table = []
+        seq.released_pages = 0
         seq.num_computed_tokens = 0
         if seq.state_slot >= 0 and self.state_slots is not None:
             self.state_slots.free_running(seq.state_slot)
             seq.state_slot = -1
+        if seq.spec_backup_slot >= 0 and self.state_slots is not None:
+            self.state_slots.free_running(seq.spec_backup_slot)
+            seq.spec_backup_slot = -1
+
+    def release_outside_window(self, seq: Sequence) -> None:
+        """Return the pages no later query of `seq` can see (see the module docstring). The next
+        query sits at num_computed_tokens and sees keys > num_computed_tokens - window."""
+        if not self.release_window:
+            return
+        if self.radix is not None and seq.num_computed_tokens < seq.num_prompt_tokens:
+            return  # the prompt goes to the prefix cache whole first
+        oldest = max(0, seq.num_computed_tokens - self.release_window + 1)
+        upto = min(oldest // self.page_size, len(seq.page_table))
+        if upto > seq.released_pages:
+            self.pool.decref(seq.page_table[seq.released_pages:upto])
+            seq.released_pages = upto
 
     @property
     def tokens_used(self) -> int:

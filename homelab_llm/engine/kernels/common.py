@@ -73,6 +73,38 @@ def kv_cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.T
         strides=cache_strides(k_cache) + cache_strides(v_cache) + s_strides)
 
 
+@dataclass(frozen=True)
+class AttentionExtras:
+    """The sliding window and sinks an attention kernel is launched with."""
+
+    has_window: bool
+    has_sinks: bool
+    sinks: torch.Tensor  # the sinks, or q as a placeholder the kernel never reads
+
+
+def attention_extras(window: int, sinks: torch.Tensor | None, num_q_heads: int,
+                     q: torch.Tensor) -> AttentionExtras:
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (0 = full attention), got {window}")
+    if sinks is not None:
+        if sinks.shape != (num_q_heads,) or sinks.dtype != torch.float32 or not sinks.is_contiguous():
+            raise ValueError(f"sinks must be a contiguous float32 [{num_q_heads}] tensor, "
+                             f"got {sinks.dtype} {tuple(sinks.shape)}")
+    return AttentionExtras(has_window=window > 0, has_sinks=sinks is not None,
+                           sinks=q if sinks is None else sinks)
+
+
+@triton.jit
+def sink_start(sinks_ptr, heads, mask, first, m_i, l_i):
+    """The running (max, sum) seeded with each row's sink logit (in log2 units, as the scores):
+    the sink is one more softmax term exp(sink) with no value. Only where `first`, so a split
+    decode counts it once."""
+    sink = tl.load(sinks_ptr + heads, mask=mask, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_i = tl.where(first, sink, m_i)
+    l_i = tl.where(first, 1.0, l_i)
+    return m_i, l_i
+
+
 @triton.jit
 def int8_to_fp16(x):
     """Exact int8 -> fp16 with integer ops only: the bits 0x6480 + x are the fp16 number 1152 + x

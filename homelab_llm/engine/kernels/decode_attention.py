@@ -9,6 +9,11 @@ a long context: without it there would be only B * num_kv_heads programs.
 K/V rows are gathered token by token through the page table, so any page size works. int8 KV is
 dequantized inside the dot products: K's per-token scale multiplies the scores, V's multiplies the
 probabilities, which is exact because the scale is constant along head_dim.
+
+A sliding-window layer (window > 0) reads only the last `window` keys: the splits cover
+[seq_len - window, seq_len), so pages below it are never touched and may be freed. Sinks (gpt-oss)
+are a per-head logit with no value: split 0 starts its running max and sum from it (max = sink,
+sum = 1), which the merge then counts once.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import (accumulate_pv, dot_in_fp32, kv_cache_args,
-                                               load_paged_kv, next_pow2, prepare_q, tile_scores,
-                                               unrotate_out)
+from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
+                                               kv_cache_args, load_paged_kv, next_pow2, prepare_q,
+                                               sink_start, tile_scores, unrotate_out)
 from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -28,8 +33,8 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
-    part_out_ptr, part_lse_ptr, out_ptr,
-    sm_scale_log2,
+    part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr,
+    sm_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_sp, stride_ss, stride_sh,
@@ -37,7 +42,7 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -46,9 +51,12 @@ def _decode_split_kernel(
 
     seq_len = tl.load(seq_lens_ptr + b)
     q_row = tl.load(query_start_ptr + b).to(tl.int64)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
     # Splits are whole BLOCK_N tiles so only the last tile of a sequence needs a mask.
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
     end = tl.minimum(start + per_split, seq_len)
 
     offs_g = tl.arange(0, GROUP_PAD)
@@ -62,6 +70,8 @@ def _decode_split_kernel(
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
+    if HAS_SINKS:
+        m_i, l_i = sink_start(sinks_ptr, heads, g_mask, split == 0, m_i, l_i)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -143,7 +153,10 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits."""
     batch = seq_lens.shape[0]
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -152,9 +165,12 @@ def paged_decode_attention(
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
+    extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
     tiles = tiles_for(q.device)
     if num_splits is None:
+        if window > 0 and max_seq_len is not None:
+            max_seq_len = min(max_seq_len, window)
         num_splits = choose_num_splits(batch, num_kv_heads, q.device, max_seq_len)
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
@@ -170,14 +186,14 @@ def paged_decode_attention(
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, kv.k_scale, kv.v_scale,
-        page_table, seq_lens, query_start_loc, part_out, part_lse, out,
-        softmax_scale * _LOG2E,
+        page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks,
+        softmax_scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
         page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=tiles.decode.block_n,
         NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d,
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
         num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages,
     )
     if num_splits == 1:

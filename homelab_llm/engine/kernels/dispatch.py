@@ -33,8 +33,10 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
 
 def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
-                    decode_only: bool | None = None, num_kv_splits: int | None = None):
-    """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref).
+                    decode_only: bool | None = None, num_kv_splits: int | None = None,
+                    window: int = 0, sinks: torch.Tensor | None = None):
+    """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
+    > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits.
 
     On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel;
     anything else the prefill/extend kernel. Which one is known from `decode_only` or the host
@@ -43,7 +45,8 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
     """
     if not use_triton(q):
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
-                                       softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host)
+                                       softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
+                                       window=window, sinks=sinks)
     if decode_only is None:
         decode_only = query_lens_host is not None and all(n == 1 for n in query_lens_host)
     max_seq_len = max(seq_lens_host) if seq_lens_host else None
@@ -52,12 +55,13 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
 
         return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                       softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
-                                      max_seq_len=max_seq_len)
+                                      max_seq_len=max_seq_len, window=window, sinks=sinks)
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
     max_query_len = max(query_lens_host) if query_lens_host else None
     return paged_prefill_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
-                                   softmax_scale, k_scale, v_scale, max_query_len=max_query_len)
+                                   softmax_scale, k_scale, v_scale, max_query_len=max_query_len,
+                                   window=window, sinks=sinks)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -152,3 +156,11 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=None) -
             gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) & 0x7FFF_FFFF_FFFF_FFFF)
             noise[row].exponential_(generator=gen)
     return ref.sample_ref(logits, temperature, top_k, top_p, min_p, noise.to(logits.device))
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """Grammar masks (int32 bits, one row per constrained sequence) onto `logits[rows]`, in place.
+    One function on both paths: a gather, a shift and a masked fill, a few kernels on the GPU for
+    the handful of constrained rows (ref.apply_token_bitmask_ref)."""
+    ref.apply_token_bitmask_ref(logits, bitmask.to(logits.device, non_blocking=True),
+                                rows.to(logits.device, non_blocking=True))

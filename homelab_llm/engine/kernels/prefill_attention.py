@@ -5,7 +5,9 @@ of its seq_len-token KV (cached prefix + the new tokens, already stored by `stor
 sees keys 0..seq_len - q_len + i. So one kernel covers a fresh prefill, a chunk of a chunked
 prefill, and new turns on top of a radix-cache hit. A program owns BLOCK_M queries of one sequence
 and one query head; keys are gathered through the page table; each program stops at its last
-query's position, which skips the upper triangle.
+query's position, which skips the upper triangle. A sliding-window layer (window > 0) also starts
+each program at its first query's oldest visible key; sinks (gpt-oss) seed every row's running
+max and sum with the head's sink logit.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import (accumulate_pv, dot_in_fp32, kv_cache_args,
-                                               load_paged_kv, next_pow2, prepare_q, tile_scores,
-                                               unrotate_out)
+from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
+                                               kv_cache_args, load_paged_kv, next_pow2, prepare_q,
+                                               sink_start, tile_scores, unrotate_out)
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -25,7 +27,7 @@ _LOG2E = 1.4426950408889634
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
-    sm_scale_log2,
+    sinks_ptr, sm_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_sp, stride_ss, stride_sh,
@@ -33,7 +35,7 @@ def _prefill_kernel(
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -58,10 +60,16 @@ def _prefill_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:
+        m_i, l_i = sink_start(sinks_ptr, head + 0 * offs_m, m_mask, True, m_i, l_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    # Keys past the block's last query are never visible: stop there.
+    # Keys past the block's last query are never visible: stop there; with a window, keys
+    # before its first query's window are not either.
     hi = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
-    for n0 in range(0, hi, BLOCK_N):
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0)
+    for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         k, v, page, slot = load_paged_kv(
@@ -71,6 +79,8 @@ def _prefill_kernel(
         scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
                              n_mask, sm_scale_log2, INT8_KV, DOT_F32)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         # Rows past q_len may see nothing yet; keep their exponent finite.
@@ -100,9 +110,12 @@ def paged_prefill_attention(
     v_scale: torch.Tensor | None = None,
     max_query_len: int | None = None,
     out: torch.Tensor | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """max_query_len sizes the grid; without it the grid assumes one sequence could hold every
-    token (correct, just more empty programs), so no device-to-host sync is needed."""
+    token (correct, just more empty programs), so no device-to-host sync is needed.
+    window > 0: a sliding-window layer; sinks [Hq] float32 logits (see paged_attention_ref)."""
     batch = seq_lens.shape[0]
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -111,6 +124,7 @@ def paged_prefill_attention(
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
+    extras = attention_extras(window, sinks, num_q_heads, q)
     out = torch.empty_like(q) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
@@ -119,15 +133,15 @@ def paged_prefill_attention(
     grid = (triton.cdiv(max_q, tiles.block_m), num_q_heads, batch)
     _prefill_kernel[grid](
         q, k_cache, v_cache, kv.k_scale, kv.v_scale, out,
-        page_table, seq_lens, query_start_loc,
-        softmax_scale * _LOG2E,
+        page_table, seq_lens, query_start_loc, extras.sinks,
+        softmax_scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
         page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=num_q_heads // num_kv_heads,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d,
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out

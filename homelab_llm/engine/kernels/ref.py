@@ -140,14 +140,19 @@ def paged_attention_ref(
     v_scale: torch.Tensor | None = None,
     query_lens_host: list[int] | None = None,
     seq_lens_host: list[int] | None = None,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged KV (prefix + new).
 
     Sequence b's queries are its last q_len positions: query i sits at seq_len - q_len + i and
     sees keys 0..that position. Handles prefill, chunked prefill over a cached prefix, and decode.
+    window > 0 (sliding-window layers): query at p sees only keys p - window < j <= p, so pages
+    wholly below seq_len - q_len - window + 1 are never read (they may have been freed).
+    sinks [Hq] (gpt-oss): a learned per-head logit that joins every softmax denominator and
+    contributes no value.
     """
     page_size = k_cache.shape[1]
-    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if query_lens_host is None:
         starts = query_start_loc.tolist()
         query_lens_host = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
@@ -155,40 +160,70 @@ def paged_attention_ref(
         seq_lens_host = seq_lens.tolist()
     if len(query_lens_host) > 1 and all(n == 1 for n in query_lens_host):
         return _decode_batched(q, k_cache, v_cache, page_table, seq_lens_host, softmax_scale,
-                               k_scale, v_scale)
+                               k_scale, v_scale, window, sinks)
     out = torch.empty_like(q)
     start = 0
     for b, (q_len, kv_len) in enumerate(zip(query_lens_host, seq_lens_host)):
         if q_len == 0:
             continue
         n_pages = (kv_len + page_size - 1) // page_size
-        pages = page_table[b, :n_pages].long()
-        k = gather_kv_ref(k_cache, k_scale, pages, kv_len, q.dtype)
-        v = gather_kv_ref(v_cache, v_scale, pages, kv_len, q.dtype)
+        # A window never reaches below its first query's oldest key: those pages are not read.
+        first = max(0, kv_len - q_len - window + 1) // page_size if window > 0 else 0
+        pages = page_table[b, first:n_pages].long()
+        k = gather_kv_ref(k_cache, k_scale, pages, kv_len - first * page_size, q.dtype)
+        v = gather_kv_ref(v_cache, v_scale, pages, kv_len - first * page_size, q.dtype)
         qb = q[start : start + q_len].transpose(0, 1)  # [Hq, q_len, D]
-        kb, vb = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, kv_len, D]
+        kb, vb = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, kv_len - first * page_size, D]
         mask = None
-        if q_len > 1:
+        if q_len > 1 or window > 0:
             q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device).unsqueeze(1)
-            k_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
+            k_pos = torch.arange(first * page_size, kv_len, device=q.device).unsqueeze(0)
             mask = k_pos <= q_pos
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=softmax_scale,
-                                            enable_gqa=num_q_heads != num_kv_heads)
+            if window > 0:
+                mask = mask & (k_pos > q_pos - window)
+        ob = attend_ref(qb, kb, vb, mask, softmax_scale, sinks)
         out[start : start + q_len] = ob.transpose(0, 1)
         start += q_len
     return out
 
 
+def attend_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax attention, q [..., Hq, Lq, D] over k/v [..., Hkv, Lk, D] (GQA by head groups);
+    mask broadcasts to the scores (True = visible). With sinks [Hq], each head's sink logit is
+    one more softmax column with no value: the weights of the real keys sum to < 1."""
+    gqa = q.shape[-3] != k.shape[-3]
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.float().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return (probs @ v.float()).to(q.dtype)
+
+
 def _decode_batched(q, k_cache, v_cache, page_table, seq_lens_host, softmax_scale,
-                    k_scale, v_scale) -> torch.Tensor:
+                    k_scale, v_scale, window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Decode (one query per sequence) for the whole batch in one SDPA call: every sequence's pages
     gathered to the longest length, the padding masked. Same result as the per-sequence loop;
     ~10 ops per layer instead of ~10 per sequence, which is what batched CPU decode spends."""
     page_size = k_cache.shape[1]
     longest = max(seq_lens_host)
-    n_pages = (longest + page_size - 1) // page_size
-    pages = page_table[:, :n_pages].long()  # padding entries point at page 0: masked below
     lengths = torch.tensor(seq_lens_host, device=q.device)
+    if window > 0:
+        # Each row reads from its window's first page on (pages below may have been freed).
+        n_pages = (min(longest, window) + 2 * page_size - 2) // page_size
+        first = (lengths - window).clamp_min(0) // page_size
+    else:
+        n_pages = (longest + page_size - 1) // page_size
+        first = torch.zeros_like(lengths)
+    cols = first[:, None] + torch.arange(n_pages, device=q.device)[None, :]
+    # Padding entries point at page 0 or clamp to the table's last column: masked below.
+    pages = page_table.gather(1, cols.clamp_max(page_table.shape[1] - 1)).long()
 
     def gather(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
         rows = cache[pages].flatten(1, 2)  # [B, n_pages * page_size, Hkv, D]
@@ -198,9 +233,11 @@ def _decode_batched(q, k_cache, v_cache, page_table, seq_lens_host, softmax_scal
         return rows.to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
 
     k, v = gather(k_cache, k_scale), gather(v_cache, v_scale)
-    mask = (torch.arange(k.shape[2], device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=softmax_scale,
-                                         enable_gqa=q.shape[1] != k.shape[1])
+    k_pos = first[:, None] * page_size + torch.arange(k.shape[2], device=q.device)[None, :]
+    mask = k_pos < lengths[:, None]
+    if window > 0:
+        mask = mask & (k_pos >= lengths[:, None] - window)
+    out = attend_ref(q.unsqueeze(2), k, v, mask[:, None, None, :], softmax_scale, sinks)
     return out.squeeze(2)
 
 
@@ -338,3 +375,18 @@ def sample_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Ten
     race = torch.argmax(s - torch.log(exponentials.float()), dim=-1)
     greedy = torch.argmax(logits.float(), dim=-1)
     return torch.where(temperature > 0, race, greedy)
+
+
+def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor,
+                            rows: torch.Tensor) -> None:
+    """Grammar masking, in place: for each i, tokens whose bit is 0 in `bitmask[i]` (int32 words,
+    bit t % 32 of word t // 32) get -inf in `logits[rows[i]]`. Tokens past the mask's last word
+    (a padded logits row) are masked too."""
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(bitmask.shape[0], -1)
+    allowed = torch.zeros((bitmask.shape[0], vocab), dtype=torch.bool, device=logits.device)
+    width = min(vocab, bits.shape[1])
+    allowed[:, :width] = bits[:, :width].to(logits.device, torch.bool)
+    sub = logits[rows]
+    logits[rows] = sub.masked_fill(~allowed, float("-inf"))

@@ -193,7 +193,10 @@ class GdnTiles:
     """Gated DeltaNet kernels (gdn_*.py). chunk: tokens per chunk of the prefill rule (64 on GPUs,
     as the issue fixes; the interpreter takes 16 so small tests cross chunks); block_v: value
     columns per program of the sequential chunk kernel and of the decode step (the state tile is
-    Dk x block_v fp32 in registers); conv_t x conv_c: tokens x channels per conv program."""
+    Dk x block_v fp32 in registers); conv_t x conv_c: tokens x channels per conv program.
+    split: the prefill's sequential walk only carries the state (state_warps per program) and a
+    parallel kernel computes the outputs from the stored per-chunk states, out_block_v value
+    columns per program (gdn_chunk_split.py); False: outputs inside the walk (gdn_chunk.py)."""
 
     chunk: int
     block_v: int
@@ -204,15 +207,19 @@ class GdnTiles:
     conv_t: int
     conv_c: int
     conv_warps: int
+    split: bool
+    state_warps: int
+    out_block_v: int
 
 
 GDN_TABLE: dict[str, GdnTiles] = {
-    "sm80": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
-    "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
-    "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4),
+    "sm80": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
+    "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
+    "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
-    "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4),
-    "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1),
+    # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).
+    "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4, True, 4, 32),
+    "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16),
 }
 
 

@@ -1,8 +1,10 @@
-"""SiLU-and-mul: the gated MLP's activation over the merged [gate | up] projection."""
+"""The gated MLP's activations over the merged [gate | up] projection: SiLU (Llama, Qwen) and
+GELU-tanh (Gemma)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.kernels import dispatch
@@ -12,3 +14,10 @@ class SiluAndMul(nn.Module):
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[..., 2 * d] -> silu(gate) * up, [..., d]."""
         return dispatch.silu_and_mul(gate_up)
+
+
+class GeluTanhAndMul(nn.Module):
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[..., 2 * d] -> gelu_tanh(gate) * up, [..., d] (torch ops: two elementwise kernels)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up

@@ -11,19 +11,24 @@ kernel that writes K/V into the cache (kv_store.rope_store_kv), one launch per l
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.context import get_context
 from homelab_llm.engine.kernels import dispatch
+from homelab_llm.engine.kernels.ref import attend_ref
 from homelab_llm.engine.layers.rotary import RopeTables, apply_rotary
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+    """window > 0: a sliding-window layer (each query sees its last `window` keys). `sinks`
+    (gpt-oss) is set by the model: [num_heads] float32 per-head sink logits."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 window: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = scale
+        self.scale, self.window = scale, window
+        self.sinks: torch.Tensor | None = None
         # Bound by the runner; plain attributes (not buffers) so state_dict and .to() leave them be.
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
@@ -35,6 +40,9 @@ class Attention(nn.Module):
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]. Without `rope`, q and k are already
         rotated; with it, they are rotated here (q in place on the kernel path)."""
         ctx = get_context()
+        sinks = self.sinks
+        if sinks is not None and sinks.dtype != torch.float32:  # a model cast after loading
+            sinks = sinks.float()
         has_cache = self.k_cache is not None and self.v_cache is not None
         if rope is not None and rope.in_kernel and has_cache and dispatch.use_triton(q):
             from homelab_llm.engine.kernels.kv_store import rope_store_kv
@@ -51,7 +59,8 @@ class Attention(nn.Module):
         out = dispatch.paged_attention(
             q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
-            decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits)
+            decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
+            sinks=sinks)
         return out.reshape(q.shape[0], -1)
 
     @staticmethod
@@ -68,14 +77,15 @@ class Attention(nn.Module):
         if query_lens is None:
             starts = query_start_loc.tolist()
             query_lens = [b - a for a, b in zip(starts, starts[1:])]
-        group = self.num_heads // self.num_kv_heads
         out = torch.empty_like(q)
         start = 0
         for n in query_lens:
-            qs = q[start:start + n].transpose(0, 1)
-            ks = k[start:start + n].transpose(0, 1).repeat_interleave(group, dim=0)
-            vs = v[start:start + n].transpose(0, 1).repeat_interleave(group, dim=0)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale)
+            pos = torch.arange(n, device=q.device)
+            mask = pos[None, :] <= pos[:, None]
+            if self.window:
+                mask &= pos[None, :] > pos[:, None] - self.window
+            o = attend_ref(q[start:start + n].transpose(0, 1), k[start:start + n].transpose(0, 1),
+                           v[start:start + n].transpose(0, 1), mask, self.scale, self.sinks)
             out[start:start + n] = o.transpose(0, 1)
             start += n
         return out.reshape(q.shape[0], -1)

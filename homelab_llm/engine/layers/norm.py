@@ -22,3 +22,19 @@ class RMSNorm(nn.Module):
         if residual is None:
             return dispatch.rms_norm(x, self.weight, self.eps)
         return dispatch.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm, x_hat * (1 + w): the checkpoint's w is stored as 1 + w at load, so the
+    forward is the plain kernel's. (In a bf16 model 1 + w is rounded to bf16 once; Gemma itself
+    forms it in fp32 on every call.)"""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__(hidden_size, eps)
+        self.weight.weight_loader = self.load_offset  # type: ignore[attr-defined]
+
+    @staticmethod
+    def load_offset(param: nn.Parameter, tensor: torch.Tensor, shard_id: object = None) -> None:
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+        param.data.copy_(tensor.float() + 1.0)

@@ -1,6 +1,6 @@
 """Sampler: logits -> next tokens (+ logprobs), per-request settings, batched where it pays.
 
-Order, as vLLM and HF apply them: min_tokens masks stop tokens; repetition, presence and frequency
+Order, as vLLM and HF apply them: grammar masks (structured outputs); min_tokens masks stop tokens; repetition, presence and frequency
 penalties; then `dispatch.sample` (a Triton kernel on the GPU, its reference on the CPU): greedy
 rows take the argmax, the rest divide by temperature, keep top-k, top-p and min-p, and draw with
 noise keyed by (request seed, output position), so a seed gives the same text in any batch.
@@ -17,6 +17,7 @@ from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.outputs import TokenLogprob
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.engine.step_plan import HostStager
+from homelab_llm.engine.structured.matcher import mask_words
 
 
 @dataclass
@@ -52,6 +53,21 @@ def _mask_stops_before_min_tokens(logits: torch.Tensor, seqs: list[Sequence],
                 logits[row, banned] = float("-inf")
 
 
+def _apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Constrained rows: tokens the grammar forbids get -inf. The masks are filled on the host
+    (llguidance, without the GIL) while the forward that produced `logits` may still run on the
+    device; free rows are untouched."""
+    rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
+    if not rows:
+        return
+    # As wide as the logits (a padded LM head) or the tokenizer, whichever is wider.
+    words = max([mask_words(logits.shape[-1])] + [seqs[row].grammar.words for row in rows])
+    mask = torch.empty((len(rows), words), dtype=torch.int32)
+    for i, row in enumerate(rows):
+        seqs[row].grammar.fill(mask, i)
+    dispatch.apply_token_bitmask(logits, mask, torch.tensor(rows, dtype=torch.long))
+
+
 def _top_logprobs(logprobs_row: torch.Tensor, token: int, n: int) -> TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
     if n > 0:
@@ -70,6 +86,7 @@ class Sampler:
         """The sampled token ids as a device tensor, without waiting for them."""
         assert logits.shape[0] == len(seqs)
         logits = logits.float().clone()
+        _apply_grammars(logits, seqs)
         _mask_stops_before_min_tokens(logits, seqs, self.eos_token_ids)
         _apply_penalties(logits, seqs)
         dev = logits.device

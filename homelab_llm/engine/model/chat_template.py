@@ -63,6 +63,11 @@ def _compile(source: str):
         raise ChatTemplateError(f"the model's chat template does not compile: {err}") from None
 
 
+def check_template(source: str) -> None:
+    """ChatTemplateError if `source` does not compile as a jinja template."""
+    _compile(source)
+
+
 def render_chat_template(source: str, messages: list[dict[str, Any]],
                          tools: list[dict[str, Any]] | None = None,
                          add_generation_prompt: bool = True, **kwargs: Any) -> str:

@@ -11,13 +11,14 @@ from typing import Any, Mapping
 from homelab_llm.errors import HomelabError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
-                           "qwen3_5_moe")
+                           "qwen3_5_moe", "gemma3", "gpt_oss")
 # Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
-MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe")
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "gpt_oss")
 # Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
+LAYER_SLIDING = "sliding_attention"  # attention over the last sliding_window keys only
 # rope_type values the rotary layer implements (HF spelling). "freq_factors" is ours: a GGUF
 # Llama 3.x file ships its llama3 scaling pre-computed as the rope_freqs tensor.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "freq_factors")
@@ -40,9 +41,13 @@ _HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # model_type spellings of one family: the multimodal wrapper and its text part.
-_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+_MODEL_TYPE_ALIASES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe",
+                       "gemma3_text": "gemma3"}
 # Wrapper keys that describe the whole checkpoint and win over the text part's copy.
 _WRAPPER_KEYS = ("quantization_config", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
@@ -99,6 +104,18 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # 0: no shared expert; else one, sigmoid-gated
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Sliding-window attention (Mistral, Qwen2, Gemma 3): a layer whose layer_types entry is
+    # LAYER_SLIDING sees only its last sliding_window keys (window_fields).
+    sliding_window: int = 0
+    rope_local_theta: float = 0.0  # Gemma 3: the sliding layers' RoPE base, unscaled (0: rope_theta)
+    query_pre_attn_scalar: float = 0.0  # Gemma 3: softmax scale = its ** -0.5 (0: head_dim)
+    final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
+    hidden_act: str = "silu"  # the gated MLP's activation: silu or gelu_pytorch_tanh
+    # gpt-oss: learned per-head sink logits, o_proj bias, biased experts with a clamped SwiGLU
+    attention_sinks: bool = False
+    o_proj_bias: bool = False
+    swiglu_alpha: float = 0.0  # 0: plain SiLU experts
+    swiglu_limit: float = 0.0
 
     @property
     def is_hybrid(self) -> bool:
@@ -106,10 +123,22 @@ class ModelConfig:
 
     @property
     def full_attention_layers(self) -> tuple[int, ...]:
-        """Indices of the layers that hold KV pages (all of them on a plain transformer)."""
+        """Indices of the layers that hold KV pages (all of them on a plain transformer), full or
+        sliding-window attention alike."""
         if not self.layer_types:
             return tuple(range(self.num_hidden_layers))
-        return tuple(i for i, t in enumerate(self.layer_types) if t == LAYER_FULL)
+        return tuple(i for i, t in enumerate(self.layer_types) if t in (LAYER_FULL, LAYER_SLIDING))
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """Indices of the sliding-window layers (they need only the last sliding_window keys)."""
+        if not self.sliding_window:
+            return ()
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LAYER_SLIDING)
+
+    def layer_window(self, layer: int) -> int:
+        """The attention window of layer `layer` in tokens; 0 for full attention."""
+        return self.sliding_window if layer in self.sliding_layers else 0
 
     @property
     def linear_attention_layers(self) -> tuple[int, ...]:
@@ -206,7 +235,9 @@ def moe_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
     return dict(
         num_experts=experts,
         num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+        # gpt-oss: every layer is sparse and intermediate_size is the experts' size
+        moe_intermediate_size=int(raw.get("moe_intermediate_size")
+                                  or (raw.get("intermediate_size") if arch == "gpt_oss" else 0) or 0),
         norm_topk_prob=bool(raw.get("norm_topk_prob", arch != "qwen3_moe")),
         shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
         decoder_sparse_step=int(raw.get("decoder_sparse_step") or 1),
@@ -234,6 +265,94 @@ def _check_shapes(cfg: ModelConfig, where: str) -> ModelConfig:
     return cfg
 
 
+# Gemma3TextConfig's defaults: the published configs leave these out of text_config.
+_GEMMA3_DEFAULTS = dict(vocab_size=262_208, max_position_embeddings=131_072, rms_norm_eps=1e-6,
+                        head_dim=256, query_pre_attn_scalar=256, sliding_window=4096,
+                        rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                        bos_token_id=2, eos_token_id=1)
+SLIDING_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
+
+def family_defaults(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, Any]:
+    """raw with a family's implicit values filled in; Gemma 3's per-layer-type rope_parameters
+    (transformers 5: {"full_attention": {...}, "sliding_attention": {...}}) flattened to the
+    global scaling plus rope_local_base_freq."""
+    out = dict(raw)
+    if arch != "gemma3":
+        return out
+    for k, v in _GEMMA3_DEFAULTS.items():
+        if out.get(k) is None:
+            out[k] = v
+    params = out.get("rope_parameters") or {}
+    if isinstance(params.get(LAYER_FULL), Mapping):
+        local = dict(params.get(LAYER_SLIDING) or {})
+        if local.get("rope_type", "default") != "default":
+            raise UnsupportedModelError(f"{where}: scaled RoPE on sliding layers is not supported")
+        out["rope_local_base_freq"] = float(local.get("rope_theta") or out["rope_local_base_freq"])
+        out["rope_parameters"] = dict(params[LAYER_FULL])
+        out["rope_theta"] = float(out["rope_parameters"].get("rope_theta") or out["rope_theta"])
+    if out.get("attn_logit_softcapping"):
+        raise UnsupportedModelError(f"{where}: attn_logit_softcapping is not supported")
+    return out
+
+
+def window_fields(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, Any]:
+    """The ModelConfig sliding-window fields of an HF config dict ({} without a window).
+    Mistral: every layer slides. Qwen2: only with use_sliding_window, and only layers from
+    max_window_layers on (HF's rule). Gemma 3: layer_types, or one full layer in each
+    sliding_window_pattern (6)."""
+    window = int(raw.get("sliding_window") or 0)
+    layers = int(raw["num_hidden_layers"])
+    if arch == "qwen2" and not raw.get("use_sliding_window"):
+        window = 0
+    if arch not in ("mistral", "qwen2", "gemma3", "gpt_oss") or window <= 0:
+        return {}
+    types = raw.get("layer_types")
+    if not types:
+        if arch in ("gemma3", "gpt_oss"):
+            pattern = int(raw.get("sliding_window_pattern") or (6 if arch == "gemma3" else 2))
+            types = [LAYER_FULL if (i + 1) % pattern == 0 else LAYER_SLIDING for i in range(layers)]
+        else:
+            first = int(raw.get("max_window_layers") or 0) if arch == "qwen2" else 0
+            types = [LAYER_SLIDING if i >= first else LAYER_FULL for i in range(layers)]
+    bad = sorted({str(t) for t in types} - {LAYER_FULL, LAYER_SLIDING})
+    if bad:
+        raise UnsupportedModelError(f"{where}: layer type {bad[0]!r} is not supported; "
+                                    f"supported: {LAYER_FULL}, {LAYER_SLIDING}")
+    if len(types) != layers:
+        raise ModelLoadError(f"{where}: layer_types has {len(types)} entries for {layers} layers")
+    act = str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu")
+    if act not in SLIDING_ACTIVATIONS:
+        raise UnsupportedModelError(f"{where}: hidden activation {act!r} is not supported; "
+                                    f"supported: {', '.join(SLIDING_ACTIVATIONS)}")
+    return dict(
+        layer_types=tuple(str(t) for t in types), sliding_window=window,
+        rope_local_theta=float(raw.get("rope_local_base_freq") or 0.0),
+        query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar") or 0.0),
+        final_logit_softcapping=float(raw.get("final_logit_softcapping") or 0.0),
+        hidden_act=act,
+    )
+
+
+def checkpoint_quantization(raw: Mapping[str, Any], arch: str) -> Mapping[str, Any] | None:
+    """The quantization_config the loader acts on: gpt-oss's published MXFP4 experts are
+    dequantized at load (model/gpt_oss.py), so for them there is none."""
+    quant = raw.get("quantization_config")
+    if arch == "gpt_oss" and isinstance(quant, Mapping) and str(quant.get("quant_method")).lower() == "mxfp4":
+        return None
+    return quant
+
+
+def gpt_oss_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
+    """gpt-oss's attention sinks, o_proj bias and clamped-SwiGLU experts ({} for others)."""
+    if arch != "gpt_oss":
+        return {}
+    return dict(attention_sinks=True, o_proj_bias=bool(raw.get("attention_bias", True)),
+                swiglu_alpha=float(raw.get("swiglu_alpha") or 1.702),
+                swiglu_limit=float(raw.get("swiglu_limit") or 7.0))
+
+
 def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     """A multimodal wrapper's text_config with the wrapper's checkpoint-wide keys on top (the
     vision tower is not ours to run); a plain config as it is."""
@@ -243,6 +362,9 @@ def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
     merged = dict(text)
     merged.update({k: raw[k] for k in _WRAPPER_KEYS if raw.get(k) is not None})
     merged.setdefault("model_type", raw.get("model_type"))
+    for key in ("eos_token_id", "bos_token_id"):  # Gemma 3 names its stop ids on the wrapper only
+        if merged.get(key) is None and raw.get(key) is not None:
+            merged[key] = raw[key]
     return merged
 
 
@@ -282,7 +404,7 @@ def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
     """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
-    Qwen3-MoE)."""
+    Qwen3-MoE, Gemma 3, gpt-oss)."""
     raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
     arch = _MODEL_TYPE_ALIASES.get(arch, arch)
@@ -293,6 +415,7 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         raise UnsupportedModelError(
             f"{where}: model_type {arch!r} is not supported; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    raw = family_defaults(raw, arch, where)
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
@@ -319,15 +442,17 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v bias and its config does not say so.
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
-            qk_norm=arch in ("qwen3", "qwen3_moe", *HYBRID_ARCHITECTURES),
+            qk_norm=arch in ("qwen3", "qwen3_moe", "gemma3", *HYBRID_ARCHITECTURES),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_eos_tuple(raw.get("eos_token_id")),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
-            quantization=raw.get("quantization_config"),
+            quantization=checkpoint_quantization(raw, arch),
             name=name or str(raw.get("_name_or_path") or ""),
             extra={k: raw[k] for k in ("sliding_window", "use_sliding_window") if k in raw},
             **hybrid,
             **moe_fields(raw, arch),
+            **window_fields(raw, arch, where),
+            **gpt_oss_fields(raw, arch),
         )
     except HomelabError:
         raise
@@ -335,8 +460,6 @@ def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.
         raise ModelLoadError(f"{where}: required key {err.args[0]!r} is missing") from None
     except (TypeError, ValueError) as err:
         raise ModelLoadError(f"{where}: bad value ({err})") from None
-    if cfg.extra.get("use_sliding_window"):
-        raise UnsupportedModelError(f"{where}: sliding-window attention is not supported")
     return _check_shapes(cfg, where)
 
 

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from homelab_llm.engine.layers.activation import SiluAndMul
+from homelab_llm.engine.layers.activation import GeluTanhAndMul, SiluAndMul
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from homelab_llm.engine.layers.linear import (
@@ -36,7 +36,10 @@ PACKED_MODULES = {
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """Layer `layer`'s attention: its window from config.layer_window; `norm` is the q/k norm's
+    class (Gemma's (1 + weight) RMSNorm)."""
+
+    def __init__(self, config: ModelConfig, layer: int = 0, norm: type[RMSNorm] = RMSNorm):
         super().__init__()
         d = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
@@ -44,13 +47,26 @@ class LlamaAttention(nn.Module):
         heads = self.qkv_proj.heads
         self.num_heads, self.num_kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, d
         self.q_size, self.kv_size = heads.q_heads * d, heads.kv_heads * d
-        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=False,
+        self.o_proj = RowParallelLinear(config.q_size, config.hidden_size, bias=config.o_proj_bias,
                                         input_shard=(heads.q_start * d, self.q_size))
         self.qk_norm = config.qk_norm
         if self.qk_norm:
-            self.q_norm = RMSNorm(d, config.rms_norm_eps)
-            self.k_norm = RMSNorm(d, config.rms_norm_eps)
-        self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
+            self.q_norm = norm(d, config.rms_norm_eps)
+            self.k_norm = norm(d, config.rms_norm_eps)
+        scale = (config.query_pre_attn_scalar or d) ** -0.5
+        self.attn = Attention(heads.q_heads, heads.kv_heads, d, scale, config.layer_window(layer))
+        if config.attention_sinks:  # gpt-oss: float32 per-head logits, this rank's heads
+            self.sinks = nn.Parameter(torch.zeros(heads.q_heads, dtype=torch.float32), requires_grad=False)
+            q_start = heads.q_start
+
+            def load_sinks(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+                if loaded.dim() != 1 or loaded.shape[0] != config.num_attention_heads:
+                    raise ValueError(f"sinks are {tuple(loaded.shape)}, expected "
+                                     f"({config.num_attention_heads},)")
+                param.data.copy_(loaded[q_start:q_start + param.shape[0]])
+
+            self.sinks.weight_loader = load_sinks  # type: ignore[attr-defined]
+            self.attn.sinks = self.sinks
 
     def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
         tokens, d = hidden.shape[0], self.head_dim
@@ -76,7 +92,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
-        self.act = SiluAndMul()
+        self.act = GeluTanhAndMul() if config.hidden_act == "gelu_pytorch_tanh" else SiluAndMul()
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,10 +102,10 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention then MLP; `mlp` is any [T, H] -> [T, H] module (dense or experts)."""
 
-    def __init__(self, config: ModelConfig, mlp: nn.Module | None = None):
+    def __init__(self, config: ModelConfig, mlp: nn.Module | None = None, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
@@ -132,7 +148,7 @@ class LlamaModel(PreNormDecoder):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, make_mlp(config, i) if make_mlp else None)
+            LlamaDecoderLayer(config, make_mlp(config, i) if make_mlp else None, i)
             for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

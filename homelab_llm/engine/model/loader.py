@@ -25,6 +25,8 @@ from homelab_llm.engine.model.config import (
     read_json,
 )
 from homelab_llm.engine.model.context_limit import override_config, override_hf_dict
+from homelab_llm.engine.model.gemma3 import Gemma3ForCausalLM
+from homelab_llm.engine.model.gpt_oss import GptOssForCausalLM
 from homelab_llm.engine.model.llama import LlamaForCausalLM
 from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
@@ -39,7 +41,9 @@ DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
 # config.architecture -> the model class; every other supported architecture is llama.py's.
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
                                              "qwen3_moe": Qwen3MoeForCausalLM,
-                                             "qwen3_5_moe": Qwen3_5MoeForCausalLM}
+                                             "qwen3_5_moe": Qwen3_5MoeForCausalLM,
+                                             "gemma3": Gemma3ForCausalLM,
+                                             "gpt_oss": GptOssForCausalLM}
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
@@ -260,8 +264,12 @@ def route(model: nn.Module, name: str) -> tuple[str, Any]:
 def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any]]
                 ) -> Iterator[tuple[str, torch.Tensor, Any]]:
     """Checkpoint tensors in the model's naming (checkpoint_name: None drops one); a tensor that
-    holds several parts of one fused weight (split_modules) comes out as one `name#part` each."""
+    holds several parts of one fused weight (split_modules) comes out as one `name#part` each.
+    A model with `combine_checkpoint` (gpt-oss's MXFP4 experts) first rewrites the stream."""
     splits = model.split_modules
+    combine = getattr(model, "combine_checkpoint", None)
+    if combine is not None:
+        weights = combine(weights)
     for name, tensor, blocks in weights:
         name = model.checkpoint_name(name)
         if name is None:

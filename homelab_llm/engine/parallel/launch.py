@@ -4,10 +4,13 @@ the peer-buffer all-reduce), and a worker's tie to the process that started it."
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
+import shutil
 import signal
 import socket
+import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +38,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def rendezvous_url(args: EngineArgs) -> str:
+    """Where the ranks meet. One node: a file store in a private temporary folder, so nothing
+    listens on a socket (torch's TCP store binds every interface, unauthenticated, for the
+    server's lifetime). Several nodes: TCP on --master-addr/--master-port, as torchrun does."""
+    if args.nnodes == 1:
+        folder = tempfile.mkdtemp(prefix="homelab-llm-rdzv-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        return f"file://{folder}/store"
+    return f"tcp://{args.master_addr}:{args.master_port or free_port()}"
 
 
 def die_with_parent() -> None:

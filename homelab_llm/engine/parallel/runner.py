@@ -30,7 +30,7 @@ from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import (MEMORY_FIELDS, open_channel, patch_section,
                                                  plan_transport)
-from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, free_port, init_group
+from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, init_group, rendezvous_url
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import (DONE_KEY, SHUTDOWN_WAIT_S, RankFailedError,
                                                   default_store, leave, note_stuck,
@@ -64,11 +64,10 @@ class ParallelRunner:
                 f"--tensor-parallel-size {world} over {args.nnodes} node(s) needs "
                 f"{world // args.nnodes} GPUs here, found {torch.cuda.device_count()}")
         wait_for_stuck_teardown(SHUTDOWN_WAIT_S)
-        port = args.master_port or free_port()
         per_node = world // args.nnodes
         ring = (ShmRing.create(readers=per_node - 1) if plan_transport(args) == "shm" else None)
         self.launch = LaunchSpec(args, config, model_path, device.type, dtype, world,
-                              f"tcp://{args.master_addr}:{port}", ring.path if ring else None)
+                              rendezvous_url(args), ring.path if ring else None)
         self.page_size = args.page_size
         self._ctx = mp.get_context("spawn")
         self._errors: mp.Queue[str] = self._ctx.Queue()

@@ -1,6 +1,7 @@
 """The engine's numbers: KV tokens, requests, prefix-cache hit rate, latency percentiles, and the
-host's CPU/RAM with the service's own share (what a CPU run is limited by), and the
-model's parameters (total and active per token: they differ for mixture-of-experts models)."""
+host's CPU/RAM with the service's own share (what a CPU run is limited by), the model's
+parameters (total and active per token: they differ for mixture-of-experts models), and the
+speculative-decoding acceptance when the server speculates."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def stats_table(snap: ServerSnapshot, host: HostReading | None = None) -> Table:
                  f"p50 {seconds(snap.ttft_p50)} · p95 {seconds(snap.ttft_p95)}")
     grid.add_row("Source", _source(snap), "TPOT",
                  f"p50 {seconds(snap.tpot_p50)} · p95 {seconds(snap.tpot_p95)}")
+    if snap.spec_acceptance_rate is not None:
+        length = snap.spec_mean_accepted_length
+        grid.add_row("Spec accept", percent(snap.spec_acceptance_rate), "Accepted len",
+                     NA if length is None else f"{length:.2f} tok/step")
     if host is not None and host.cpu_pct is not None:
         service = (NA if host.child_cpu_pct is None
                    else f"CPU {host.child_cpu_pct:.0f}% · RSS {gib(host.child_rss)}")

@@ -121,12 +121,21 @@ def _scenarios():
         kc, vc, ks, vs = caches(cdt)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192)
+    sinks = torch.zeros(hq, dtype=torch.float32)
+    kc, vc, _, _ = caches(bf16)
+    for splits in (1, None):  # sliding window + sinks (gpt-oss, Gemma 3 local layers)
+        yield lambda kc=kc, vc=vc, splits=splits: decode_attention.paged_decode_attention(
+            qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, num_splits=splits, max_seq_len=8192,
+            window=128, sinks=sinks)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
     for cdt in (bf16, i8):
         kc, vc, ks, vs = caches(cdt)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: prefill_attention.paged_prefill_attention(
             qp, kc, vc, page_table, qsl, seq_lens, 0.088, ks, vs, max_query_len=40)
+    kc, vc, _, _ = caches(bf16)
+    yield lambda kc=kc, vc=vc: prefill_attention.paged_prefill_attention(
+        qp, kc, vc, page_table, qsl, seq_lens, 0.088, max_query_len=40, window=128, sinks=sinks)
 
     vocab = 128256  # the sampler hands over float32 logits
     logits = torch.zeros((batch, vocab), dtype=torch.float32)
@@ -226,7 +235,9 @@ def _gdn_scenarios():
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
     for batch, tokens, dt in ((8, 4096, bf16), (8, 4096, torch.float16), (1, 2048, bf16)):
         _, rule, cu, idx, init = varlen(batch, tokens, dt)
-        yield lambda r=rule, cu=cu, idx=idx, init=init: gdn_chunk.chunk_gated_delta_rule(*r, cu, ssm_state, idx, init)
+        for split in (False, True):  # the fused sequential kernel and the split (state walk + outputs) path
+            yield lambda r=rule, cu=cu, idx=idx, init=init, sp=split: gdn_chunk.chunk_gated_delta_rule(
+                *r, cu, ssm_state, idx, init, split=sp)
         if batch > 1:
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)

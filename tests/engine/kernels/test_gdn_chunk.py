@@ -3,7 +3,9 @@
 Bounds, as rel_err (max abs error over max(1, max |want|)): fp32 inputs 1e-4 in the interpreter
 (fp32 dots; only summation order differs) and 1e-2 on a GPU (fp32 tl.dot runs as tf32 there, 10
 mantissa bits, through the triangular solve too); bf16 inputs 2e-2 (w, u, P and the state reads
-are bf16-rounded, as in fla). Small shapes here; the `gpu` test runs
+are bf16-rounded, as in fla). Both second halves are checked with the same bounds: the fused
+sequential kernel (split=False) and the state walk + parallel output kernel (split=True,
+gdn_chunk_split.py), which round the same operands. Small shapes here; the `gpu` test runs
 Qwen3.6-27B's shape on CUDA.
 """
 
@@ -22,13 +24,13 @@ def _bound(dtype: torch.dtype, device: torch.device) -> float:
     return 1e-2 if device.type == "cuda" else 1e-4
 
 
-def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, **kw) -> None:
+def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, split=None, **kw) -> None:
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
 
     q, k, v, g, beta, cu, state, slots, init = rule_inputs(lens, **dims, gen=gen, dtype=dtype, device=device, **kw)
     want_state = state.clone()
     want = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, want_state, slots, init)
-    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=chunk)
+    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=chunk, split=split)
     bound = _bound(dtype, device)
     assert rel_err(got, want) <= bound, (lens, rel_err(got, want))
     assert rel_err(state, want_state) <= bound, (lens, rel_err(state, want_state))
@@ -39,13 +41,29 @@ def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, **kw) -> No
     ([33, 5], dict(hk=2, hv=2, dk=32, dv=16), dict(weak_decay=True)),        # no GQA, long memory
     ([19, 3, 0, 12], dict(hk=1, hv=2, dk=24, dv=40), dict(slots=[0, -1, 3, 2])),  # padded dims, padding row, empty
 ])
-def test_chunk_matches_reference(lens, dims, kw, device: torch.device) -> None:
-    _check(lens, dims, torch.Generator().manual_seed(0), device, **kw)
+@pytest.mark.parametrize("split", [False, True])
+def test_chunk_matches_reference(lens, dims, kw, split, device: torch.device) -> None:
+    _check(lens, dims, torch.Generator().manual_seed(0), device, split=split, **kw)
 
 
-def test_chunk_bf16_and_chunk_64(device: torch.device) -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_chunk_bf16_and_chunk_64(split, device: torch.device) -> None:
     gen = torch.Generator().manual_seed(1)
-    _check([70, 9], dict(hk=1, hv=2, dk=16, dv=16), gen, device, dtype=torch.bfloat16, chunk=64)
+    _check([70, 9], dict(hk=1, hv=2, dk=16, dv=16), gen, device, dtype=torch.bfloat16, chunk=64, split=split)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_chunk_no_tokens_sets_live_states(split, device: torch.device) -> None:
+    """Only empty sequences: no output rows, a live slot keeps its initial state (has_init) or is
+    zeroed, a padding slot is untouched; exact."""
+    from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
+
+    q, k, v, g, beta, cu, state, slots, init = rule_inputs([0, 0, 0], 1, 2, 16, 16, torch.Generator().manual_seed(5),
+                                                           slots=[2, 0, -1], device=device)
+    want = state.clone()
+    want[0] = 0  # sequence 1 (slot 0) has no initial state
+    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, split=split)
+    assert got.shape == (0, 2, 16) and torch.equal(state, want)
 
 
 def test_chunk_64_correlated_keys(device: torch.device) -> None:
@@ -88,5 +106,7 @@ def test_split_prefill_equals_one_shot(device: torch.device) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device")
 @pytest.mark.parametrize("lens", [[8192], [2048] * 4, [1, 63, 64, 65, 1000, 3000, 17]])
-def test_chunk_full_shape(lens) -> None:
-    _check(lens, FULL_RULE, torch.Generator().manual_seed(3), torch.device("cuda"), dtype=torch.bfloat16)
+@pytest.mark.parametrize("split", [False, True])
+def test_chunk_full_shape(lens, split) -> None:
+    _check(lens, FULL_RULE, torch.Generator().manual_seed(3), torch.device("cuda"), dtype=torch.bfloat16,
+           split=split)

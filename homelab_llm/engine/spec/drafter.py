@@ -1,0 +1,56 @@
+"""Drafter: before each step, give every sequence past its prompt the drafts it may verify this step.
+
+The proposer (n-gram or MTP) guesses; the drafter bounds the guess so that verification can never
+overshoot the request: at most max_tokens - (outputs so far) - 1 drafts (the verify step emits up
+to K+1 tokens) and never past the context limit. A sequence that cannot take a draft simply runs a
+plain decode (one row), so near its end a request falls back by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.spec.config import SpeculativeConfig
+from homelab_llm.engine.spec.ngram import NgramProposer
+
+
+class Proposer(Protocol):
+    def propose(self, request_id: str, token_ids: list[int], k: int) -> list[int]: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
+def room_for_drafts(seq: Sequence, k: int, max_model_len: int) -> int:
+    return max(0, min(k, seq.max_tokens - seq.num_output_tokens - 1, max_model_len - seq.num_tokens - 1))
+
+
+class Drafter:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
+        self.config = config
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+
+    def draft(self, running: list[Sequence]) -> None:
+        """Set seq.spec_token_ids for every running sequence ([] where none applies)."""
+        k = self.config.num_speculative_tokens
+        for seq in running:
+            # Decodes, and outputs being recomputed (after a hybrid rollback or a preemption):
+            # drafts follow the last token either way.
+            room = room_for_drafts(seq, k, self.max_model_len) if seq.num_output_tokens > 0 else 0
+            if seq.grammar is not None:
+                # Grammar masks exist for the current state only; checking drafts against the
+                # grammar (GrammarState.check_draft) is not wired in, so constrained rows decode plainly.
+                room = 0
+            seq.spec_token_ids = self.proposer.propose(seq.request_id, seq.token_ids, room) if room else []
+
+    def forget(self, seq: Sequence) -> None:
+        seq.spec_token_ids = []
+        self.proposer.forget(seq.request_id)
+
+
+def make_drafter(config: SpeculativeConfig, max_model_len: int) -> Drafter:
+    assert config.method == "ngram"  # config.py refuses what has no proposer yet
+    proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max,
+                             config.prompt_lookup_min)
+    return Drafter(config, proposer, max_model_len)

@@ -1,0 +1,135 @@
+"""Compiled grammars and the per-sequence matcher state the sampler and output processor use.
+
+    compile_grammar(tokenizer, grammar)      # off the engine loop (the server's prepare thread);
+                                             # cached by grammar text: later calls are lookups
+    state = GrammarState.start(tokenizer, grammar, after_think)   # engine.add_request: a copy
+    state.fill(mask, row)                     # sampler: this row's allowed tokens (bitmask)
+    state.advance(token, output_text)         # output processor: after the token is appended
+    accepted = state.check_draft(tokens)      # speculative decoding: longest valid draft prefix
+
+Invariants: a state's matcher has consumed exactly the sequence's output tokens since it became
+active; a matcher in an error state (it cannot happen through the mask, only through a caller's
+token) allows only end-of-sequence, so a broken request ends instead of spinning. With
+`after_think` the grammar waits, unmasked, until the output holds `</think>` (reasoning models
+think freely, then answer in the grammar). llguidance drops the GIL while it compiles and fills
+masks, so the event loop and other threads keep running.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from homelab_llm.engine.structured.grammar import GrammarError
+
+THINK_END = "</think>"
+
+
+class _TokenTable:
+    """The attributes llguidance's TokenizerWrapper reads, from the engine's own tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.tokens = [tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+        self.eos_token_id = tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = sorted(tokenizer.special_ids)
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=4)
+def ll_tokenizer(tokenizer: Any) -> Any:
+    """The llguidance view of a tokenizer (seconds at 150K+ tokens: built once, off the loop)."""
+    import llguidance
+
+    table = _TokenTable(tokenizer)
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(table),
+                                  eos_token=list(tokenizer.eos_token_ids) or None)
+
+
+@functools.lru_cache(maxsize=256)
+def compile_grammar(tokenizer: Any, grammar: str) -> Any:
+    """A fresh matcher for `grammar`, kept as the template later requests copy; GrammarError
+    (naming the problem) if llguidance refuses it."""
+    import llguidance
+
+    lltok = ll_tokenizer(tokenizer)
+    err = llguidance.LLMatcher.validate_grammar(grammar, lltok)
+    if err and not err.startswith("WARNING"):
+        raise GrammarError(f"the constraint is not a valid grammar: {err}")
+    matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    if matcher.is_error():
+        raise GrammarError(f"the constraint is not a valid grammar: {matcher.get_error()}")
+    return matcher
+
+
+def mask_words(vocab_size: int) -> int:
+    """int32 words in one row of a token bitmask."""
+    return (vocab_size + 31) // 32
+
+
+@dataclass
+class GrammarState:
+    matcher: Any
+    eos_token_ids: tuple[int, ...]
+    words: int  # mask words the tokenizer's vocabulary fills; a padded LM head has more
+    active: bool = True  # False while a reasoning section is still open
+
+    @classmethod
+    def start(cls, tokenizer: Any, grammar: str, after_think: bool) -> GrammarState:
+        return cls(compile_grammar(tokenizer, grammar).deep_copy(), tuple(tokenizer.eos_token_ids),
+                   mask_words(tokenizer.vocab_size), active=not after_think)
+
+    def fill(self, mask: torch.Tensor, row: int) -> None:
+        """Write this sequence's allowed tokens into `mask[row]` (int32 bits, CPU tensor)."""
+        if not self.active:
+            mask[row].fill_(-1)
+            return
+        if self.matcher.is_error():
+            mask[row].zero_()
+            for token in self.eos_token_ids:
+                mask[row, token // 32] |= _bit(token % 32)
+            return
+        # Tokens past the tokenizer's vocabulary (LM-head padding) are never allowed.
+        mask[row, self.words:].zero_()
+        self.matcher.unsafe_compute_mask_ptr(mask[row].data_ptr(), self.words * 4)
+
+    def advance(self, token: int, output_text: str) -> None:
+        """The sequence appended `token` (its text is already in `output_text`)."""
+        if not self.active:
+            self.active = THINK_END in output_text
+            return
+        if not self.matcher.is_stopped():
+            self.matcher.consume_token(token)
+
+    def check_draft(self, tokens: list[int]) -> int:
+        """How many of `tokens` (a speculative draft, in order) the grammar accepts from here,
+        without changing the state (the verifier advances with the tokens it keeps)."""
+        if not self.active:
+            return len(tokens)
+        return self.matcher.validate_tokens(tokens)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last `num_tokens` consumed tokens (rejected speculative tokens)."""
+        if self.active and num_tokens:
+            self.matcher.rollback(num_tokens)
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and nothing more may follow (only end-of-sequence is allowed)."""
+        return self.active and self.matcher.is_stopped()
+
+
+def _bit(index: int) -> int:
+    # int32 words: bit 31 is the sign bit.
+    return -(1 << 31) if index == 31 else 1 << index
+
+
+__all__ = ["GrammarError", "GrammarState", "compile_grammar", "ll_tokenizer", "mask_words"]
