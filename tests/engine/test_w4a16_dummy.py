@@ -113,3 +113,18 @@ def test_input_sizes_off_128_take_smaller_groups(tmp_path):
     assert layer.self_attn.qkv_proj.w4.group_size == layer.mlp.gate_up_proj.w4.group_size == 32
     assert layer.mlp.down_proj.w4.group_size == 128
     assert torch.isfinite(PagedHarness(model).step({"s": PROMPT[:3]})).all()
+
+
+def test_hybrid_dummy_keeps_in_proj_ba_dense(tmp_path):
+    """The Gated DeltaNet's in_proj_b / in_proj_a stay 16-bit (as real AutoRound checkpoints and
+    gdn_memory's plan have them); the wide projections are packed."""
+    from test_memory_hybrid import ENGINE_CONFIG
+
+    path = tmp_path / "tiny-hybrid.json"
+    path.write_text(json.dumps(ENGINE_CONFIG))
+    model = _dummy(path)
+    gdn = [layer.linear_attn for layer in model.model.layers if hasattr(layer, "linear_attn")]
+    assert gdn
+    for attn in gdn:
+        assert attn.in_proj_ba.w4 is None and attn.in_proj_ba.weight is not None
+        assert attn.in_proj_qkvz.w4 is not None and attn.out_proj.w4 is not None

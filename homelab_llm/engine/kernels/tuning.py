@@ -53,6 +53,9 @@ class ArchTiles:
     gemv_rows: GemmTiles  # W4A16 GEMV kernel (M <= 8): block_n columns, block_k = 8 * word rows
     gemm_small: GemmTiles  # M <= 64
     gemm: GemmTiles  # large M (prefill)
+    # W4A16 few-row kernel (w4a16_dot.py): block_m is the most rows per program, block_k = 8 x word
+    # rows per K step (>= 128), split_k = programs per SM below which K is split.
+    w4a16_dot: GemmTiles
     elementwise_warps: int  # norms, rope, silu
     max_kv_splits: int  # split-KV decode: upper bound on splits per sequence
 
@@ -67,6 +70,7 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
+        w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=16),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
@@ -77,6 +81,7 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
         gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
+        w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=8, max_kv_splits=16),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
@@ -87,6 +92,7 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
+        w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=16),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
@@ -97,6 +103,7 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 64, 64, num_warps=4, num_stages=1),
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
+        w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=16),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
@@ -107,6 +114,7 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 32, 32, num_warps=1, num_stages=1),
         gemm_small=GemmTiles(16, 32, 32, num_warps=1, num_stages=1, split_k=1),
         gemm=GemmTiles(16, 32, 32, num_warps=1, num_stages=1),
+        w4a16_dot=GemmTiles(16, 32, 128, num_warps=1, num_stages=1, split_k=2),
         elementwise_warps=1, max_kv_splits=4),
 }
 
@@ -151,6 +159,24 @@ def device_sms(device: torch.device) -> int:
     if device.type != "cuda" or interpreting():
         return tiles_for(None).num_sms
     return num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# Which W4A16 kernel serves M rows, per arch: the first (max_rows, kernel) with m <= max_rows.
+# "gemv": w4a16_gemv.py (reads each word once, CUDA-core FMAs; best at 1-2 rows); "dot":
+# w4a16_dot.py (dequantize once, tensor-core dots; a few rows); "gemm": w4a16.py (prefill).
+# Update from `python benchmarks/w4a16_sweep.py` (its last table prints a suggested row).
+W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
+    "sm80": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
+    "sm90": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
+    "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
+    "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
+    "interpret": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
+}
+
+
+def w4a16_route(m: int, device: torch.device | None = None) -> str:
+    """The W4A16 kernel ("gemv", "dot" or "gemm") the table picks for m rows on this device."""
+    return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 
 def gemm_tiles(m: int, device: torch.device | None) -> GemmTiles:

@@ -1,6 +1,8 @@
 """W4A16 matmul: activations in bf16/fp16, weights in our packed int4 layout (see w4a16_pack.py).
 
-Up to MAX_ROWS rows go to the GEMV kernel (w4a16_gemv.py). Above that, one GEMM kernel: each
+The table tuning.W4A16_ROUTES picks the kernel by row count: the GEMV (w4a16_gemv.py) for 1-2
+rows, the few-row tensor-core kernel (w4a16_dot.py) for decode batches, and the GEMM kernel here
+for prefill: each
 program dequantizes a [BLOCK_K, BLOCK_N] weight tile in registers and feeds tl.dot. BLOCK_K never exceeds the group
 size, so a tile needs one row of scales/biases. Skinny shapes split K across programs
 (`split_k`) into an fp32 workspace that is summed afterwards: deterministic, unlike atomics.
@@ -14,8 +16,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32
-from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, gemm_tiles
-from homelab_llm.engine.kernels.w4a16_gemv import MAX_ROWS, w4a16_gemv
+from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, gemm_tiles, w4a16_route
+from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -83,8 +86,11 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out.view(*lead, n)
-    if m <= MAX_ROWS and tiles is None:
+    route = "gemm" if tiles is not None else w4a16_route(m, x.device)
+    if route == "gemv":
         return w4a16_gemv(x2, w, out, split=split_k).view(*lead, n)
+    if route == "dot":
+        return w4a16_dot(x2, w, out, split=split_k).view(*lead, n)
     tiles = tiles or gemm_tiles(m, x.device)
     block_k = min(tiles.block_k, w.group_size)
     split = split_k or _pick_split_k(tiles, m, n, k, block_k, x.device)

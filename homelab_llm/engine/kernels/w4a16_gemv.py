@@ -27,7 +27,6 @@ import triton.language as tl
 from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
-MAX_ROWS = 2  # measured on H200s: 2 rows are faster here than through the GEMM kernel; from 4 rows the GEMM kernel wins
 
 MAX_BLOCKS = 1 << 16  # ticket counters per device: N up to 2M columns at the smallest block_n
 _tickets: dict[torch.device, torch.Tensor] = {}
@@ -118,28 +117,38 @@ def _w4a16_gemv_kernel(
         part = tl.sum(acc1, axis=0)[None, :]
     else:
         part = tl.sum(acc, axis=1)  # [BLOCK_M, BLOCK_N]
+    store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
+                    SPLIT=SPLIT)
+
+
+@triton.jit
+def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M, N, stride_om,
+                    SPLIT: tl.constexpr):
+    """Epilogue shared by the W4A16 kernels: part [BLOCK_M, BLOCK_N] fp32 goes straight to `out`
+    (SPLIT 1), or to split pid_k's slot of the fp32 workspace [SPLIT, M, N]; the last program of
+    this output tile to take its ticket sums the slots in split order (deterministic) and resets
+    the ticket, so the launch replays inside CUDA/HIP graphs."""
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
+    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT == 1:
         tl.store(out_ptr + out_offs, part.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         ws_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(ws_ptr + pid_k * M * N + ws_offs, part, mask=out_mask)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
+        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            total = tl.zeros(part.shape, tl.float32)
             for s_idx in range(SPLIT):
                 total += tl.load(ws_ptr + s_idx * M * N + ws_offs, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
             tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(ticket_ptr + pid_n, 0)
-
+            tl.atomic_xchg(ticket_ptr, 0)
 
 def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves: int = 32) -> int:
-    """Split K until there are about `waves` programs per SM (a decode GEMV is bound by bytes in
-    flight: many small programs beat few long ones; measured on an H200, benchmarks/w4a16_sweep),
-    never below 4 K-steps per split."""
+    """Split K (for n_blocks output tiles) until there are about `waves` programs per SM (a decode
+    GEMV is bound by bytes in flight: many small programs beat few long ones; measured on an H200,
+    benchmarks/w4a16_sweep), never below 4 K-steps per split."""
     sms = device_sms(device)
     split = 1
     while n_blocks * split * 2 <= waves * sms and k // (split * 2) >= 4 * block_k:
@@ -149,7 +158,8 @@ def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves:
 
 def w4a16_gemv(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, block_n: int | None = None,
                rows: int | None = None, split: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """out[M, N] = x2[M, K] @ W for M <= MAX_ROWS; x2 is already permuted and row-contiguous."""
+    """out[M, N] = x2[M, K] @ W for a few rows (tuning.W4A16_ROUTES says how many); x2 is
+    already permuted and row-contiguous."""
     m, k = x2.shape
     n = w.out_features
     t = tiles_for(x2.device).gemv_rows

@@ -5,7 +5,9 @@ bandwidth of the real thing.
 Every linear gets symmetric group-128 int4 weights (the common GPTQ/AutoRound setting; 64 or 32
 where the input size is not a multiple of 128), drawn on its own device from a generator seeded
 by its name and rank, so a run is repeatable. The weights have roughly the dense dummy's spread
-(loader.DUMMY_STD). Embeddings and lm_head stay dense (the loader's dense dummy fill).
+(loader.DUMMY_STD). Embeddings and lm_head stay dense (the loader's dense dummy fill), and so do
+the Gated DeltaNet's in_proj_b / in_proj_a (one column per value head: real AutoRound checkpoints
+keep them 16-bit, and engine/gdn_memory.py plans them so).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from homelab_llm.engine.layers.moe import FusedExperts, Router
 DUMMY_GROUP_SIZE = 128
 # Uniform nibbles minus 8 have std ~4.6: this scale gives weights of std ~0.02.
 _BASE_SCALE = 0.02 / 4.6
+# Linears that 4-bit checkpoints leave dense, by the last part of their module name.
+DENSE_LINEARS = ("in_proj_ba",)
 
 
 def _group_for(in_features: int) -> int | None:
@@ -57,7 +61,8 @@ def fill_dummy_w4(model: nn.Module, device: torch.device, dtype: torch.dtype, se
         if not isinstance(module, LinearBase):
             continue
         group = _group_for(module.in_features)
-        if group is None or isinstance(module, Router):  # 4-bit checkpoints keep routers dense
+        dense = isinstance(module, Router) or name.rsplit(".", 1)[-1] in DENSE_LINEARS
+        if group is None or dense:  # 4-bit checkpoints keep routers (and in_proj_ba) dense
             module.materialize(device, dtype)
             continue
         gen = torch.Generator(device=device)

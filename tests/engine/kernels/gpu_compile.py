@@ -81,7 +81,8 @@ def _scenarios():
     import torch
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
-                                            prefill_attention, sampling, w4a16, w4a16_gemv)
+                                            prefill_attention, sampling, w4a16, w4a16_dot,
+                                            w4a16_gemv)
     from homelab_llm.engine.kernels import w4a16_pack as wp
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
@@ -155,6 +156,11 @@ def _scenarios():
     x1 = torch.zeros((1, k_in), dtype=bf16)
     # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
     yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
+    for m, g in ((8, 32), (8, 128), (64, 128)):  # the few-row kernel: per-row and per-step scales, SPLIT 1
+        x = torch.zeros((m, k_in), dtype=bf16)
+        yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
+                                                   split=1)
+        yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
 
     yield from _gdn_scenarios()
     yield from _moe_scenarios()

@@ -158,6 +158,24 @@ def test_bad_shapes_are_clear_errors() -> None:
         wp.quantize_rtn(torch.randn(8, 96), group_size=64)
 
 
+def _check_few_row_kernel(kernel, shapes, splits, gen, group_size: int, device: torch.device) -> None:
+    """kernel(x, w, out, split=...) against the dequantized reference, row by row (bound 1e-2
+    relative per row), symmetric and with zero points, each split count twice in a row: the
+    per-tile tickets must reset, and the two results be bit-identical."""
+    for m, k, n in shapes:
+        for symmetric in (True, False):
+            w = wp.quantize_rtn((torch.randn(n, k, generator=gen) * 0.05).to(device), group_size, symmetric)
+            x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+            want = x.float() @ dequantize_w4_ref(w)
+            for split in splits:
+                out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+                first = kernel(x, w, out, split=split).clone()
+                second = kernel(x, w, out, split=split)
+                for row in range(m):
+                    assert _rel_err(first[row], want[row]) < 1e-2, (m, k, n, split, row)
+                assert torch.equal(first, second), (m, k, n, split)
+
+
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_gemv_kernel_rows_splits_and_tickets(group_size: int, device: torch.device, full_shapes: bool) -> None:
     """The decode GEMV (M <= 8) against the dequantized reference, for every split count, twice in
@@ -167,14 +185,35 @@ def test_gemv_kernel_rows_splits_and_tickets(group_size: int, device: torch.devi
     gen = torch.Generator().manual_seed(7 + group_size)
     shapes = [(1, 4096, 6144), (3, 14336, 4096), (8, 4096, 28672)] if full_shapes \
         else [(1, 256, 96), (3, 128, 40), (8, 256, 64)]
-    for m, k, n in shapes:
-        for symmetric in (True, False):
-            w = wp.quantize_rtn((torch.randn(n, k, generator=gen) * 0.05).to(device), group_size, symmetric)
-            x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
-            want = x.float() @ dequantize_w4_ref(w)
-            for split in (1, 2, 4):
-                out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
-                first = w4a16_gemv(x, w, out, split=split).clone()
-                second = w4a16_gemv(x, w, out, split=split)
-                assert _rel_err(first, want) < 1e-2, (m, k, n, split)
-                assert torch.equal(first, second), (m, k, n, split)
+    _check_few_row_kernel(w4a16_gemv, shapes, (1, 2, 4), gen, group_size, device)
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_dot_kernel_rows_groups_splits_act_order(group_size: int, device: torch.device, full_shapes: bool) -> None:
+    """The few-row tensor-core kernel (w4a16_dot) against the dequantized reference per row: 1-64
+    rows, K and N not multiples of the tiles, symmetric and with zero points, every split count
+    twice in a row (tickets reset: bit-identical), and through w4a16_matmul with act-order."""
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+
+    gen = torch.Generator().manual_seed(11 + group_size)
+    shapes = [(1, 5120, 6144), (8, 17408, 5120), (33, 5120, 1000), (64, 6144, 2560)] if full_shapes \
+        else [(1, 384, 40), (5, 128, 96), (17, 640, 72), (64, 256, 32)]
+    _check_few_row_kernel(w4a16_dot, shapes, (1, 2, 3), gen, group_size, device)
+    k, n, m = 256, 48, 6
+    q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(k // group_size, n, generator=gen) * 0.02 + 0.005).half()
+    g_idx = (torch.arange(k) // group_size)[torch.randperm(k, generator=gen)]
+    w = wp.repack_gptq(wp.pack_int4(q), None, scales, group_size, g_idx=g_idx, sym=True).to(device)
+    x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+    want = x.float() @ ((q.float() - 8) * scales.float()[g_idx]).to(device)
+    assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
+
+
+def test_routes_cover_every_row_count() -> None:
+    """Every arch's W4A16 route table ends in the prefill GEMM and names only known kernels."""
+    from homelab_llm.engine.kernels import tuning
+
+    for arch, routes in tuning.W4A16_ROUTES.items():
+        assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
+        assert {k for _, k in routes} <= {"gemv", "dot", "gemm"} and routes[-1][1] == "gemm", arch
+    assert tuning.w4a16_route(1) == "gemv" and tuning.w4a16_route(8) == "dot" and tuning.w4a16_route(4096) == "gemm"

@@ -1,0 +1,114 @@
+"""W4A16 for a few rows (decode at batch 2-64): dequantize each packed word once, feed tensor cores.
+
+The older GEMM kernel (w4a16.py) loads a [BLOCK_K, BLOCK_N] tile of *words* with K repeated
+eight times (k // 8) and shifts per row: every word is fetched 8 times from L1 and dequantized in
+a K-major tile that mixes the eight nibbles. Here a K step is WROWS word rows (8 * WROWS values of
+k): the [WROWS, BLOCK_N] words are loaded once (16-byte vectors along N), and nibble j of every
+word is the [WROWS, BLOCK_N] slice k = 8r + j. So the step is eight tensor-core dots
+
+    acc[m, n] += sum_r x[m, 8r + j] * (q_j[r, n] * scale[g(r), n] + bias[g(r), n]),   j = 0..7
+
+with x read as eight stride-8 slices (tiny, cached) and fp32 accumulation. Nibbles become floats
+with the GEMV's AND-OR trick (no int->float conversion instruction: those run at a quarter of
+the FMA rate and would bound a kernel that must dequantize at the copy rate). Dequantizing a tile is
+shared by all BLOCK_M rows, which is what makes batch 8 cost little more than batch 1. A K step
+may span several groups (group 32 with WROWS 16): scales are then loaded per word row; when one
+group covers the step they are loaded once per step.
+
+Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
+(w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
+from homelab_llm.engine.kernels.tuning import GemmTiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
+                                                     ticket_buffer, unscale_pow2)
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+
+@triton.jit
+def _w4a16_dot_kernel(
+    x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_qw, stride_sg, stride_om,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    BLOCK_K: tl.constexpr = WROWS * 8
+    ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, WROWS)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        word_rows = k0 // 8 + rows
+        r_mask = word_rows * 8 < k_end
+        packed = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
+                         mask=r_mask[:, None] & n_mask[None, :], other=0)
+        if ONE_GROUP:
+            g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
+            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            g_off = ((word_rows * 8) // GROUP_SIZE)[:, None] * stride_sg + offs_n[None, :]
+            sb_mask = r_mask[:, None] & n_mask[None, :]
+            s = tl.load(scales_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
+            b = tl.load(biases_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
+        high = packed >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
+        for j in tl.static_range(8):
+            # q * 16^(j % 5) without an int->float conversion (a quarter-rate instruction), times
+            # scale * 16^-(j % 5): the same product as q * scale, exactly.
+            if j < 5:
+                w = nibble_f32(packed, j) * unscale_pow2(s, j) + b
+            else:
+                w = nibble_f32(high, j) * unscale_pow2(s, j) + b
+            xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None] & r_mask[None, :],
+                         other=0.0)
+            if DOT_F32:
+                acc += tl.dot(xj.to(tl.float32), w)
+            else:
+                acc += tl.dot(xj, w.to(xj.dtype))
+    ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, SPLIT=SPLIT)
+
+
+def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
+              split: int | None = None) -> torch.Tensor:
+    """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
+    tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
+    block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows)."""
+    m, k = x2.shape
+    n = w.out_features
+    t = tiles or tiles_for(x2.device).w4a16_dot
+    block_m = min(t.block_m, max(16, next_pow2(m)))
+    wrows = max(16, t.block_k // 8)
+    block_k = wrows * 8
+    grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, t.block_n)
+    # Fewer waves than the GEMV's: these programs are longer (tiles.split_k: programs per SM).
+    split = split or pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    tickets = ticket_buffer(x2.device, grid_m * grid_n)
+    _w4a16_dot_kernel[(grid_m, grid_n, split)](
+        x2, w.qweight, w.scales, w.biases, out, ws, tickets,
+        m, n, k, k_per_split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
+        GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows, SPLIT=split,
+        DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return out
