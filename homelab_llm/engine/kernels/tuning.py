@@ -81,7 +81,8 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
         gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
-        w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
+        # H200 sweep 2026-12-01 (docs/BENCHMARKS.md 8.7): 128 columns x 8 warps won at 8 rows.
+        w4a16_dot=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
         elementwise_warps=8, max_kv_splits=16),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
@@ -167,7 +168,9 @@ def device_sms(device: torch.device) -> int:
 # Update from `python benchmarks/w4a16_sweep.py` (its last table prints a suggested row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     "sm80": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    "sm90": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
+    # H200 sweep: the GEMV wins at 1 row only (2 rows: 26 ms vs 12 ms a step); the GEMM kernel
+    # ties the few-row kernel by 32 rows.
+    "sm90": ((1, "gemv"), (16, "dot"), (1 << 62, "gemm")),
     "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
     "interpret": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
