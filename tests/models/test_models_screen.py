@@ -121,6 +121,7 @@ async def test_models_screen_verdicts_make_preset_and_pull(tree: Path) -> None:
 async def test_editor_picks_a_model_from_the_list(tree: Path) -> None:
     app = make_app()
     async with app.run_test(size=(150, 45)) as pilot:
+        await pilot.press("escape")  # the chat box may hold the keys (a healthy service)
         await pilot.press("p", "n")
         await wait_until(pilot, lambda: isinstance(app.screen, PresetEditor), "the editor")
         editor = app.screen
