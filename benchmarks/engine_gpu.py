@@ -198,16 +198,18 @@ def section_w4a16(quick: bool) -> None:
     cleanup()
 
 
-def section_profile(quick: bool) -> None:
-    """GPU time per kernel name over eager decode steps (graphs off, so every launch is visible)."""
+def profile_decode_steps(engine: LLMEngine, prompt: list[int], label: str, steps: int = 16,
+                         top: int = 25) -> float:
+    """GPU time per kernel name over `steps` eager decode steps of one request (the engine must
+    run with enforce_eager, so every launch is visible); prints the top kernels, returns the
+    step's total kernel time in microseconds."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, enforce_eager=True, max_num_seqs=8)
-    engine.add_request("prof", list(range(100, 132)), SamplingParams(max_tokens=40, ignore_eos=True))
+    engine.add_request(f"prof-{label}", prompt,
+                       SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
     for _ in range(8):
         engine.step()
     torch.cuda.synchronize()
-    steps = 16
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
@@ -218,9 +220,17 @@ def section_profile(quick: bool) -> None:
         if t and evt.count:
             totals[evt.key] = [t / steps, evt.count / steps]
     whole = sum(v[0] for v in totals.values())
-    print(f"GPU kernel time per eager decode step: {whole:.0f} us", flush=True)
-    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:25]:
-        print(f"  {us:8.1f} us  {count:6.1f}/step  {name[:90]}", flush=True)
+    print(f"{label}: GPU kernel time per eager decode step: {whole:.0f} us, "
+          f"{sum(v[1] for v in totals.values()):.0f} launches", flush=True)
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {us:8.1f} us  {count:6.1f}/step  {name[:100]}", flush=True)
+    return whole
+
+
+def section_profile(quick: bool) -> None:
+    """GPU time per kernel name over eager decode steps (graphs off, so every launch is visible)."""
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, enforce_eager=True, max_num_seqs=8)
+    whole = profile_decode_steps(engine, list(range(100, 132)), "llama8b")
     report("llama8b_eager_step_gpu_kernel_us", whole, "us")
     del engine
     cleanup()

@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from engine_gpu import (ceilings, cleanup, decode_rate, make_engine,  # noqa: E402
-                        prefill_seconds, random_prompt)
+                        prefill_seconds, profile_decode_steps, random_prompt)
 from gpu_harness import report, results, run_sections  # noqa: E402
 
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
@@ -75,29 +75,9 @@ def section_bf16(quick: bool) -> None:
 
 
 def section_profile(model: str) -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     engine = make_engine(model, max_model_len=4096, quantization="w4a16", kv_cache_dtype="int8",
                          enforce_eager=True, max_num_seqs=8)
-    engine.add_request("prof", list(range(100, 612)), SamplingParams(max_tokens=64, ignore_eos=True))
-    for _ in range(8):
-        engine.step()
-    torch.cuda.synchronize()
-    steps = 16
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            engine.step()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for evt in prof.key_averages():
-        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-        if t and evt.count:
-            totals[evt.key] = [t / steps, evt.count / steps]
-    whole = sum(v[0] for v in totals.values())
-    print(f"{model}: GPU kernel time per eager W4A16 decode step: {whole:.0f} us, "
-          f"{sum(v[1] for v in totals.values()):.0f} launches", flush=True)
-    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:30]:
-        print(f"  {us:8.1f} us  {count:6.1f}/step  {name[:100]}", flush=True)
+    whole = profile_decode_steps(engine, list(range(100, 612)), model, top=30)
     report(f"{model}_eager_step_gpu_kernel_us", whole, "us")
     del engine
     cleanup()
