@@ -25,7 +25,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
                                                kv_cache_args, load_paged_kv, next_pow2, prepare_q,
                                                sink_start, tile_scores, unrotate_out)
-from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
+from homelab_llm.engine.kernels.tuning import AttentionTiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
 
@@ -58,11 +58,21 @@ def _decode_split_kernel(
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, seq_len)
-
     offs_g = tl.arange(0, GROUP_PAD)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
+    if NUM_SPLITS > 1:
+        empty = start >= end
+        if HAS_SINKS:
+            empty = empty & (split > 0)  # split 0 carries the sink term even without keys
+        if empty:
+            # No keys here (a short context under a graph's fixed split count): only the -inf
+            # lse, which tells the merge to skip this split's (unwritten) partial output.
+            row = (b * num_q_heads + heads).to(tl.int64) * NUM_SPLITS + split
+            tl.store(part_lse_ptr + row, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=g_mask)
+            return
+
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
@@ -116,7 +126,9 @@ def _decode_reduce_kernel(
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     lse = tl.load(part_lse_ptr + row0 + offs_s)
-    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :])
+    # An empty split wrote only its -inf lse: its partial output is not read (and never NaN).
+    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+                    mask=(lse > float("-inf"))[:, None], other=0.0)
     m = tl.max(lse, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)  # a padded, empty sequence: write zeros, not NaN
     w = tl.exp2(lse - m)
@@ -155,8 +167,10 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     window: int = 0,
     sinks: torch.Tensor | None = None,
+    tiles: AttentionTiles | None = None,
 ) -> torch.Tensor:
-    """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits."""
+    """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits;
+    tiles: the split kernel's tiles instead of the arch table's (benchmarks/int8kv_decode.py)."""
     batch = seq_lens.shape[0]
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
@@ -167,7 +181,8 @@ def paged_decode_attention(
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
-    tiles = tiles_for(q.device)
+    arch = tiles_for(q.device)
+    split_tiles = arch.decode if tiles is None else tiles
     if num_splits is None:
         if window > 0 and max_seq_len is not None:
             max_seq_len = min(max_seq_len, window)
@@ -191,16 +206,16 @@ def paged_decode_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
         page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=tiles.decode.block_n,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=split_tiles.block_n,
         NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-        num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages,
+        num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
     )
     if num_splits == 1:
         return out
     _decode_reduce_kernel[(batch, num_q_heads)](
         part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits,
-        num_warps=tiles.elementwise_warps,
+        num_warps=arch.elementwise_warps,
     )
     return out

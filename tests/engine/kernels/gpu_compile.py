@@ -82,7 +82,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_dot,
-                                            w4a16_gemv)
+                                            w4a16_gemv, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
@@ -154,8 +154,16 @@ def _scenarios():
                      (16, 128, bf16), (48, 128, bf16), (256, 128, bf16), (256, 128, fp16)):
         yield lambda m=m, g=g, dt=dt: w4a16.w4a16_matmul(torch.zeros((m, k_in), dtype=dt), weights[g])
     x1 = torch.zeros((1, k_in), dtype=bf16)
-    # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
-    yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
+    # SPLIT is a constexpr: 1 writes `out` directly, >1 reduces through the tickets
+    for split in (1, None):
+        yield lambda split=split: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16),
+                                                        split=split)
+    # The multi-row GEMV: each row-count entry of the arch's w4a16_rows table, split 1 and the table's
+    for m, g, split in ((1, 128, 1), (1, 128, None), (2, 32, None), (4, 128, None), (8, 128, None),
+                        (16, 128, None)):
+        x = torch.zeros((m, k_in), dtype=bf16)
+        yield lambda x=x, g=g, split=split: w4a16_rows.w4a16_rows(
+            x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
     for m, g in ((8, 32), (8, 128), (64, 128)):  # the few-row kernel: per-row and per-step scales, SPLIT 1
         x = torch.zeros((m, k_in), dtype=bf16)
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
