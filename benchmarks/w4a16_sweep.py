@@ -58,13 +58,16 @@ MODELS = {
 }
 
 # Candidate entries for tuning.TABLE[arch].w4a16_rows (block_n, wrows, warps, stages, waves,
-# min_steps): 4 or 8 columns per thread, 8 or 16 word rows per step, fewer or more programs.
+# min_steps): columns per thread c = block_n / (128 x warps) (c x 4 words per word row, 128-bit
+# loads), word rows per step, programs per SM. sm_90 compiles (registers, PTX instructions per
+# weight at 1 row): c8k8 76 regs 5.0; c16k8 255 regs 4.8; c8k16 168 regs 5.0; c4k16 255 regs 5.7.
 ROWS_TILES = {
-    "rows.n512k16": RowsTiles(512, 16, 4),
-    "rows.n512k8": RowsTiles(512, 8, 4),
-    "rows.n256k16w2": RowsTiles(256, 16, 2, waves=8),
-    "rows.n1024k8": RowsTiles(1024, 8, 4, waves=4, min_steps=1),
-    "rows.n512k16s2": RowsTiles(512, 16, 4, num_stages=2, waves=8, min_steps=1),
+    "rows.c8k8w8": RowsTiles(1024, 8, 4, waves=8, min_steps=1),
+    "rows.c16k8": RowsTiles(2048, 8, 4),
+    "rows.c8k16": RowsTiles(1024, 16, 4),
+    "rows.c4k16": RowsTiles(512, 16, 4),
+    "rows.c8k4": RowsTiles(1024, 4, 4),
+    "rows.c4k2": RowsTiles(512, 2, 4, waves=8),
 }
 # Candidate `w4a16_dot=` entries (block_m, block_n, block_k, warps, stages, waves).
 DOT_TILES = {
@@ -80,7 +83,7 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
         v["gemv"] = ("gemv", lambda x, w, out: w4a16_gemv(x, w, out))
     v["rows"] = ("rows", lambda x, w, out: w4a16_rows(x, w, out))
     for name, t in ROWS_TILES.items():
-        if not quick or name in ("rows.n512k8", "rows.n1024k8"):
+        if not quick or name in ("rows.c8k8w8", "rows.c16k8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
     if m >= 2:
         v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))

@@ -1,26 +1,31 @@
 """W4A16 multi-row GEMV (decode, M = 1..16 rows): every packed word is read once for all M rows.
 
-Why another GEMV (w4a16_gemv.py): a decode step at batch 1-4 is bound by reading 0.5 byte per
-weight, so the kernel must keep many bytes in flight. Here a program owns BLOCK_N output columns
+Why another GEMV (w4a16_gemv.py): at batch 1-4 a decode step is bound by reading 0.5 byte per
+weight, and on an H200 a fp32 CUDA-core GEMV needs ~3 instructions per weight just to convert and
+multiply, so issue slots are as scarce as bytes in flight. Here a program owns BLOCK_N output
+columns (each thread whole 16-byte vectors of them: 128-bit loads, BLOCK_N = 4 x threads x c)
 and walks its K range in steps of WROWS packed word rows:
 
-  * the [WROWS, BLOCK_N] word tile is loaded so that each thread owns whole 16-byte vectors along N
-    (BLOCK_N = 4 x threads: one 128-bit load per word row per thread) and *all* WROWS rows of its
-    columns, so the sum over K inside a step never leaves the thread (no shuffles, no shared
-    memory) and each thread has WROWS independent loads in flight;
-  * the M rows of x for the step (8 x WROWS values per row, a few hundred bytes, L1-resident)
-    are broadcast to every thread; tiles are 3-D [WROWS, BLOCK_M, BLOCK_N] so the word tile is
-    dequantized once and multiplied into all M rows (fp32 FMAs, fp32 accumulation);
+  * each word row is one [1, BLOCK_N] load; nibble j of it is an outer product with the M
+    activations x[:, 8r + j] (a [BLOCK_M, 1] broadcast every thread holds), FMA'd straight into
+    a [BLOCK_M, BLOCK_N] fp32 accumulator: the word is dequantized once for all M rows and no
+    reduction runs inside the loop (a tl.sum over word rows compiled to a tree: ~1.5
+    instructions per product instead of one FMA);
   * nibble j becomes the exact float q with one AND-OR and one FMA (no int->float conversion:
     those issue at a quarter of the FMA rate): (word & 0xF << 4j) | 0x4B000000 read as fp32 is
     2^23 + q * 16^j (j <= 4; nibbles 5..7 after one shift by 20), and
     fma(that, 16^-j, -2^23 * 16^-j) = q exactly;
   * the group's scale and bias apply once per step: W = q * s + b within a group, so
-    sum_k x W = s * sum_k x q + b * sum_k x (BLOCK_K = 8 * WROWS never spans two groups).
+    sum_k x W = s * sum_k x q + b * sum_k x (BLOCK_K = 8 * WROWS never spans two groups), the
+    x sum from one vector load per step;
+  * padding rows (M < BLOCK_M) read row M - 1 (unmasked loads of one address are merged; the
+    store drops those rows), and the per-row/per-nibble x offsets are constants from a per-step
+    base pointer, so they fold into the load instructions.
 
 Thin matrices split K across programs (tiles.RowsTiles says how many programs per SM to aim
 for); the partial sums go to an fp32 buffer and the last program of each column block sums them
-in split order (w4a16_gemv.store_or_reduce: deterministic, graph-replayable, one launch).
+in split order (w4a16_gemv.store_or_reduce: deterministic, graph-replayable, one launch). The
+split count is a runtime argument: one compile serves every shape's split.
 
 Invariants: qweight [K // 8, N] int32 (w4a16_pack.W4Weight), K a multiple of the group size,
 BLOCK_M a power of two >= M, WROWS a power of two with 8 * WROWS <= group size.
@@ -54,44 +59,47 @@ def _w4a16_rows_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om,
+    num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    SPLIT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BLOCK_K: tl.constexpr = WROWS * 8
-    rows = tl.arange(0, WROWS)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    # [WROWS, 1, BLOCK_N] words and [WROWS, BLOCK_M, 1] activations: their product is the
-    # [WROWS, BLOCK_M, BLOCK_N] tile, summed over axis 0 (word rows) inside each thread.
-    w_ptrs = qw_ptr + rows[:, None, None].to(tl.int64) * stride_qw + offs_n[None, None, :]
-    w_mask = n_mask[None, None, :]
-    x_ptrs = x_ptr + offs_m[None, :, None].to(tl.int64) * stride_xm + rows[:, None, None] * 8
-    x_mask = (offs_m < M)[None, :, None]
+    # Padding rows read row M - 1: unmasked (masked loads were issued once per column vector).
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None].to(tl.int64) * stride_xm  # [BLOCK_M, 1]
+    w_cols = qw_ptr + offs_n[None, :]  # [1, BLOCK_N]
+    w_mask = n_mask[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        packed = tl.load(w_ptrs + (k0 // 8) * stride_qw, mask=w_mask, other=0)
-        high = packed >> 20  # nibbles 5..7 where nibble_exact's AND-OR reaches them
+        # Step base pointers: the offsets below are constants the loads' immediates take.
+        x_step = x_rows + k0
+        w_step = w_cols + (k0 // 8) * stride_qw  # < 2^31: K / 8 * N words
         g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
         s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
         b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)
         inner = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        x_sum = tl.zeros([BLOCK_M, 1], tl.float32)
-        for j in tl.static_range(8):
-            xj = tl.load(x_ptrs + k0 + j, mask=x_mask, other=0.0).to(tl.float32)
-            if j < 5:
-                q = nibble_exact(packed, j)
-            else:
-                q = nibble_exact(high, j)
-            inner += tl.sum(q * xj, axis=0)
-            x_sum += tl.sum(xj, axis=0)
-        acc += inner * s[None, :] + x_sum * b[None, :]
+        # sum_k x for the bias, from one vector load of the step's x: accumulating the scalar
+        # loads below instead made the compiler load each of them a second time.
+        x_sum = tl.sum(tl.load(x_step + tl.arange(0, BLOCK_K)[None, :]).to(tl.float32), axis=1)
+        # One word row at a time, each nibble an outer product FMA'd into `inner` (no tl.sum).
+        for r in tl.static_range(WROWS):
+            word = tl.load(w_step + r * stride_qw, mask=w_mask, other=0)
+            high = word >> 20  # nibbles 5..7 where nibble_exact's AND-OR reaches them
+            for j in tl.static_range(8):
+                xj = tl.load(x_step + (8 * r + j)).to(tl.float32)
+                if j < 5:
+                    q = nibble_exact(word, j)
+                else:
+                    q = nibble_exact(high, j)
+                inner += q * xj
+        acc += inner * s[None, :] + x_sum[:, None] * b[None, :]
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
-                    SPLIT=SPLIT)
+                    num_splits)
 
 
 def rows_split(n_blocks: int, k: int, block_k: int, sms: int, tiles: RowsTiles) -> int:
@@ -124,8 +132,8 @@ def w4a16_rows(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTile
     _w4a16_rows_kernel[(n_blocks, split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets,
         m, n, k, k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
-        GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows, SPLIT=split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split,
+        GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out
