@@ -21,10 +21,19 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(out))
 
 
-def kv_splits_for(max_model_len: int, page_size: int) -> int:
-    """Split count for graph replays: enough parallel work at batch 1 on long contexts, while a
-    split never gets fewer than a few pages."""
-    return max(1, min(32, max_model_len // (8 * page_size)))
+def kv_splits_for(max_model_len: int, page_size: int, max_splits: int = 32) -> int:
+    """Split count for batch-1 graph replays: enough parallel work on long contexts (up to the
+    arch's tuning max_kv_splits), while a split never gets fewer than a few pages. Splits past a
+    short context's end cost one store each (decode_attention skips them)."""
+    return max(1, min(max_splits, max_model_len // (8 * page_size)))
+
+
+def kv_splits_at(batch_1_splits: int, batch: int, floor: int = 8) -> int:
+    """Splits for a padded batch size: the batch-1 count shared out, so programs (batch x heads
+    x splits) stay about constant and the merge's partials do not grow with the batch; at least
+    `floor` (or the batch-1 count, if smaller). A power of two, as the kernel requires."""
+    share = max(1, batch_1_splits // max(1, batch))
+    return max(min(floor, batch_1_splits), 1 << (share.bit_length() - 1))
 
 
 @dataclass
@@ -62,7 +71,7 @@ class DecodeGraphs:
             query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
-            decode_only=True, num_kv_splits=self.num_kv_splits,
+            decode_only=True, num_kv_splits=kv_splits_at(self.num_kv_splits, bs),
             state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs])
 
     @torch.inference_mode()

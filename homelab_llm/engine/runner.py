@@ -214,10 +214,12 @@ class ModelRunner:
         if self.device.type != "cuda" or self.args.enforce_eager:
             return
         from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, kv_splits_for
+        from homelab_llm.engine.kernels.tuning import tiles_for
 
         max_pages = -(-max_model_len // self.page_size)
+        splits = kv_splits_for(max_model_len, self.page_size, tiles_for(self.device).max_kv_splits)
         self.graphs = DecodeGraphs(self.model, self.device, self.args.max_num_seqs, max_pages,
-                                   self.page_size, kv_splits_for(max_model_len, self.page_size))
+                                   self.page_size, splits)
         self.graphs.capture(graph_batch_sizes(self.args.max_num_seqs))
         self.memory.graphs = self.graphs.memory_bytes
 

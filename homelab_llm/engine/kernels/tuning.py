@@ -73,7 +73,9 @@ class ArchTiles:
     # rows per K step (>= 128), split_k = programs per SM below which K is split.
     w4a16_dot: GemmTiles
     elementwise_warps: int  # norms, rope, silu
-    max_kv_splits: int  # split-KV decode: upper bound on splits per sequence
+    # split-KV decode: upper bound on splits per sequence (eager path), and the batch-1 split count
+    # of decode graphs on long contexts (cuda_graphs.kv_splits_for; shared out as batches grow)
+    max_kv_splits: int
     # W4A16 multi-row GEMV: (max_rows, tiles), the first entry with m <= max_rows serves m rows.
     w4a16_rows: tuple[tuple[int, RowsTiles], ...]
 
@@ -89,7 +91,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
-        elementwise_warps=4, max_kv_splits=16,
+        elementwise_warps=4, max_kv_splits=64,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
@@ -102,7 +104,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
         # H200 sweep 2026-12-01 (docs/BENCHMARKS.md 8.7): 128 columns x 8 warps won at 8 rows.
         w4a16_dot=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
-        elementwise_warps=8, max_kv_splits=16,
+        elementwise_warps=8, max_kv_splits=64,
         # 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step: ~5 PTX
         # instructions per weight at 1 row, 76 registers (sm_90 compile, no spills).
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
@@ -116,7 +118,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
-        elementwise_warps=4, max_kv_splits=16,
+        elementwise_warps=4, max_kv_splits=64,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
@@ -128,7 +130,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
-        elementwise_warps=4, max_kv_splits=16,
+        elementwise_warps=4, max_kv_splits=32,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
