@@ -55,3 +55,29 @@ def copy_rate_gbs(dev: torch.device, nbytes: int = 1 << 30) -> float:
     dst = [torch.empty_like(s) for s in src]
     ms = graph_ms(lambda i: dst[i].copy_(src[i]), copies)
     return 2 * n / ms / 1e6
+
+
+def precompile(task: Callable[..., None], args: list[tuple], jobs: int) -> float:
+    """Run `task(*a)` for every a in worker processes first, so Triton's compiles (most of a
+    sweep's time: each tile variant and specialisation is its own kernel) happen in parallel and
+    the timing pass finds them in the on-disk cache. `task` must be a module-level function that
+    calls each variant once. Returns the seconds it took; jobs <= 1 skips it."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import time
+
+    if jobs <= 1 or not args:
+        return 0.0
+    start = time.perf_counter()
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        for fut in [pool.submit(task, *a) for a in args]:
+            exc = fut.exception()
+            if exc is not None:  # the timing pass reports the failing variant itself
+                print(f"  precompile {task.__name__}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    return time.perf_counter() - start
+
+
+def default_jobs() -> int:
+    import os
+
+    return max(1, min(8, (os.cpu_count() or 2) - 1))

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_timing import copies_for, copy_rate_gbs, graph_ms  # noqa: E402
+from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.decode_attention import paged_decode_attention  # noqa: E402
 from homelab_llm.engine.kernels.tuning import AttentionTiles, tiles_for  # noqa: E402
 
@@ -75,29 +75,42 @@ def variants(ctx: int, quick: bool) -> dict:
     return out
 
 
-def bench_ctx(ctx: int, dtype: torch.dtype, dev: torch.device, quick: bool) -> tuple[dict, float]:
+DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
+
+
+def bench_ctx(ctx: int, label: str, quick: bool, compile_only: bool = False) -> tuple[dict, float]:
+    """variant -> ms per call at this context, and the bytes a call reads; compile_only: call
+    each of this context's variants once on a short cache (a precompile worker; the compiled
+    code does not depend on the length)."""
+    dev = torch.device("cuda")
     gen = torch.Generator(device=dev)
     gen.manual_seed(ctx)
-    first = make_cache(ctx, dtype, gen, dev)
+    variant_set = variants(ctx, quick)
+    if compile_only:
+        ctx = min(ctx, 1024)
+    first = make_cache(ctx, DTYPES[label], gen, dev)
     nbytes = first[-1]
-    copies = copies_for(nbytes, cap=32)
-    caches = [first] + [make_cache(ctx, dtype, gen, dev) for _ in range(copies - 1)]
+    copies = 1 if compile_only else copies_for(nbytes, cap=32)
+    caches = [first] + [make_cache(ctx, DTYPES[label], gen, dev) for _ in range(copies - 1)]
     q = torch.randn(1, HQ, D, generator=gen, device=dev).to(torch.bfloat16)
     qsl = torch.arange(2, dtype=torch.int32, device=dev)
     sl = torch.tensor([ctx], dtype=torch.int32, device=dev)
     out = torch.empty_like(q)
     res = {}
-    for name, (splits, tiles) in variants(ctx, quick).items():
+    for name, (splits, tiles) in variant_set.items():
         def step(i, splits=splits, tiles=tiles):
             k, v, ks, vs, table, _ = caches[i]
             return paged_decode_attention(q, k, v, table, qsl, sl, D ** -0.5, ks, vs, num_splits=splits,
                                           out=out, tiles=tiles)
         try:
-            res[name] = graph_ms(step, copies)
+            if compile_only:
+                step(0)
+            else:
+                res[name] = graph_ms(step, copies)
         except Exception as exc:  # a variant that fails is reported, not fatal
-            print(f"  ctx {ctx} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-    del caches
-    torch.cuda.empty_cache()
+            if not compile_only:
+                print(f"  ctx {ctx} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    torch.cuda.synchronize()
     return res, nbytes
 
 
@@ -105,15 +118,20 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer tile variants")
     p.add_argument("--ctx", default="64,1024,16384,65536")
+    p.add_argument("--jobs", type=int, default=default_jobs(), help="processes that compile first (1: none)")
     a = p.parse_args()
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     print(f"{torch.cuda.get_device_name(dev)}: copy rate {copy_rate_gbs(dev):,.0f} GB/s (read + write, 1 GiB); "
           f"table decode tiles {tiles_for(dev).decode}", flush=True)
+    ctxs = [int(c) for c in a.ctx.split(",")]
+    secs = precompile(bench_ctx, [(c, label, a.quick, True) for c in ctxs for label in DTYPES], a.jobs)
+    print(f"[{time.perf_counter() - t0:4.0f}s] compiled in {a.jobs} processes ({secs:.0f} s)", flush=True)
     best: dict[tuple[int, str], tuple[str, float]] = {}
-    for ctx in [int(c) for c in a.ctx.split(",")]:
-        for dtype, label in ((torch.bfloat16, "bf16"), (torch.int8, "int8")):
-            res, nbytes = bench_ctx(ctx, dtype, dev, a.quick)
+    for ctx in ctxs:
+        for label in DTYPES:
+            res, nbytes = bench_ctx(ctx, label, a.quick)
+            torch.cuda.empty_cache()  # the context's cache copies went with bench_ctx's frame
             if not res:
                 continue
             copy = copy_rate_gbs(dev, nbytes)

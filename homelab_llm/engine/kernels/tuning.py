@@ -92,7 +92,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
@@ -105,9 +105,10 @@ TABLE: dict[str, ArchTiles] = {
         # H200 sweep 2026-12-01 (docs/BENCHMARKS.md 8.7): 128 columns x 8 warps won at 8 rows.
         w4a16_dot=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
         elementwise_warps=8, max_kv_splits=64,
-        # 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step: ~5 PTX
-        # instructions per weight at 1 row, 76 registers (sm_90 compile, no spills).
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
+        # 1-2 rows: 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step:
+        # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
+        # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -119,7 +120,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
@@ -131,7 +132,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=32,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (4, RowsTiles(1024, 4, 4)), (16, RowsTiles(512, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
         name="interpret", num_sms=4,
