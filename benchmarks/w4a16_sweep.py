@@ -87,8 +87,8 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, (t, at) in ROWS_TILES.items():
         if m in at and (not quick or name == "rows.c8k8w8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
+    v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     if m >= 2:
-        v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
         if not quick:
             for name, t in DOT_TILES.items():
                 v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t))

@@ -196,12 +196,13 @@ def device_sms(device: torch.device) -> int:
 # tensor-core dots; a few rows); "gemm": w4a16.py (prefill). Each kernel's tiles come from its
 # ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
-    # sm80/sm120/gfx1100: the multi-row GEMV takes the rows the older GEMV had (1-2), unmeasured.
-    "sm80": ((2, "rows"), (64, "dot"), (1 << 62, "gemm")),
-    # H200 sweep 8.7: the older GEMV won at 1 row only (2 rows: 26 ms vs 12 ms a step); the GEMM
-    # kernel ties the few-row kernel by 32 rows. The multi-row GEMV replaces it at 1-2 rows.
-    "sm90": ((2, "rows"), (16, "dot"), (1 << 62, "gemm")),
-    "sm120": ((2, "rows"), (64, "dot"), (1 << 62, "gemm")),
+    # Until the sweep measures them (sm_90 compiles, PTX instructions per weight): the multi-row
+    # GEMV 5.1 at 1 row (the older GEMV 6.9), 7.3 at 2 rows; the few-row dot kernel 5.7 at any
+    # row count up to 16. So the GEMV takes 1 row, the dot kernel from 2.
+    "sm80": ((1, "rows"), (64, "dot"), (1 << 62, "gemm")),
+    # H200 sweep 8.7: the GEMM kernel ties the few-row kernel by 32 rows.
+    "sm90": ((1, "rows"), (16, "dot"), (1 << 62, "gemm")),
+    "sm120": ((1, "rows"), (64, "dot"), (1 << 62, "gemm")),
     "gfx1100": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
     "interpret": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
 }
