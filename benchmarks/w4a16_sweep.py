@@ -71,9 +71,13 @@ ROWS_TILES = {  # name: (tiles, the row counts it is tried at: compiles are most
     "rows.c4k4": (RowsTiles(512, 4, 4), (4,)),
     "rows.c4k2w8": (RowsTiles(512, 2, 4, waves=8), (4, 8)),
 }
-# Candidate `w4a16_dot=` entries (block_m, block_n, block_k, warps, stages, waves).
+# Candidate `w4a16_dot=` entries (block_m, block_n, block_k, warps, stages, waves). sm_90 compiles
+# at 8 rows (PTX instructions per weight): table 128 x 8 warps 5.7; 256 x 8 warps 4.4 (128
+# registers); 128 x 4 warps 5.0.
 DOT_TILES = {
-    "dot.bn64w4": GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
+    "dot.bn256w8": GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4),
+    "dot.bn256w8s2": GemmTiles(64, 256, 128, num_warps=8, num_stages=2, split_k=4),
+    "dot.bn128w4": GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm"}  # family -> default variant
 
