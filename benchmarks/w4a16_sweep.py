@@ -92,10 +92,9 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
         if m in at and (not quick or name == "rows.c8k8w8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
-    if m >= 2:
-        if not quick:
-            for name, t in DOT_TILES.items():
-                v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t))
+    if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
+        for name, t in DOT_TILES.items():
+            v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t))
     if m >= 16:
         v["gemm"] = ("gemm", lambda x, w, out: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))
     return v
