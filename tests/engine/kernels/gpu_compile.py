@@ -164,8 +164,9 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=bf16)
         yield lambda x=x, g=g, split=split: w4a16_rows.w4a16_rows(
             x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
-    for m, g in ((8, 32), (8, 128), (64, 128)):  # the few-row kernel: per-row and per-step scales, SPLIT 1
-        x = torch.zeros((m, k_in), dtype=bf16)
+    for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
+        # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
+        x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
