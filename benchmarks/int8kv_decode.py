@@ -79,15 +79,16 @@ def variants(ctx: int, quick: bool) -> dict:
 DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
 
 
-def bench_ctx(ctx: int, label: str, quick: bool, compile_only: bool = False) -> tuple[dict, float]:
+def bench_ctx(ctx: int, label: str, quick: bool, compile_only: str = "") -> tuple[dict, float]:
     """variant -> ms per call at this context, and the bytes a call reads; compile_only: call
-    each of this context's variants once on a short cache (a precompile worker; the compiled
-    code does not depend on the length)."""
+    that one variant once on a short cache (a precompile worker; the compiled code does not
+    depend on the length)."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev)
     gen.manual_seed(ctx)
     variant_set = variants(ctx, quick)
     if compile_only:
+        variant_set = {compile_only: variant_set[compile_only]}
         ctx = min(ctx, 1024)
     first = make_cache(ctx, DTYPES[label], gen, dev)
     nbytes = first[-1]
@@ -128,7 +129,9 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name(dev)}: copy rate {copy_rate_gbs(dev):,.0f} GB/s (read + write, 1 GiB); "
           f"table decode tiles {tiles_for(dev).decode}", flush=True)
     ctxs = [int(c) for c in a.ctx.split(",")]
-    secs = precompile(bench_ctx, [(c, label, a.quick, True) for c in ctxs for label in DTYPES], a.jobs)
+    tasks = {(variants(c, a.quick)[v], label): (c, label, a.quick, v) for c in ctxs for label in DTYPES
+             for v in variants(c, a.quick)}  # one task per distinct (splits, tiles, dtype)
+    secs = precompile(bench_ctx, list(tasks.values()), a.jobs)
     print(f"[{time.perf_counter() - t0:4.0f}s] compiled in {a.jobs} processes ({secs:.0f} s)", flush=True)
     best: dict[tuple[int, str], tuple[str, float]] = {}
     for ctx in ctxs:

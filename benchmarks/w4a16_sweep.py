@@ -109,20 +109,14 @@ def shapes_for(model: str, tps: list[int]) -> dict:
     return out
 
 
-def compile_shape(k: int, n: int, ms_list: list[int], quick: bool) -> None:
-    """Call every variant once at this shape (a precompile worker: compiles, times nothing)."""
+def compile_shape(k: int, n: int, m: int, quick: bool, vname: str) -> None:
+    """Call one variant once at this shape (a precompile worker: compiles, times nothing)."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev)
     gen.manual_seed(k * 7 + n)
     w = random_w4(k, n, 128, gen, dev)
-    for m in ms_list:
-        x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
-        out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
-        for _, fn in variants(m, dev, quick).values():
-            try:
-                fn(x, w, out)
-            except Exception:  # noqa: BLE001 - the timing pass reports it
-                pass
+    x = torch.randn(m, k, device=dev, generator=gen).to(torch.bfloat16)
+    variants(m, dev, quick)[vname][1](x, w, torch.empty((m, n), dtype=torch.bfloat16, device=dev))
     torch.cuda.synchronize()
 
 
@@ -177,8 +171,8 @@ def main() -> int:
     shapes = shapes_for(a.model, [int(v) for v in a.tp.split(",")])
     print(f"{torch.cuda.get_device_name(dev)}: copy rate {copy_rate_gbs(dev):,.0f} GB/s (read + write, "
           f"1 GiB); % below = GB/s read over the copy rate of the same bytes", flush=True)
-    secs = precompile(compile_shape, [(k, n, [m], a.quick) for k, n, _, _ in shapes.values() for m in ms_list],
-                      a.jobs)
+    secs = precompile(compile_shape, [(k, n, m, a.quick, v) for k, n, _, _ in shapes.values() for m in ms_list
+                                      for v in variants(m, dev, a.quick)], a.jobs)
     print(f"[{time.perf_counter() - t0:4.0f}s] compiled in {a.jobs} processes ({secs:.0f} s)", flush=True)
     results: dict[tuple[str, int], dict[str, float]] = {}  # (shape, m) -> variant -> ms
     worst_err = 0.0
