@@ -4,7 +4,9 @@ Stage 1 splits each sequence's KV into NUM_SPLITS ranges; a program owns one (se
 split) and handles the whole group of query heads that share that KV head, so every K/V row is
 read from memory once per group rather than once per query head (GQA). It writes a partial output
 and its log-sum-exp. Stage 2 merges the splits. Splitting is what keeps a GPU busy at batch 1 with
-a long context: without it there would be only B * num_kv_heads programs.
+a long context: without it there would be only B * num_kv_heads programs. A decode graph fixes the
+split count for every length, so a split past a short sequence's end only writes an -inf
+log-sum-exp (no q rotation, no partial row) and the merge skips it.
 
 K/V rows are gathered token by token through the page table, so any page size works. int8 KV is
 dequantized inside the dot products: K's per-token scale multiplies the scores, V's multiplies the
