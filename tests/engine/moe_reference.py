@@ -56,3 +56,25 @@ def make_hf_qwen3_5_moe(folder: Path, seed: int = 0, **overrides: Any):
     model.float().eval()
     model.save_pretrained(folder)
     return model
+
+
+def make_hf_qwen3_next(folder: Path, seed: int = 0, **overrides: Any):
+    """A random Qwen3NextForCausalLM (hybrid layers with fused per-key-head in_proj_qkvz /
+    in_proj_ba, experts + gated shared expert, layer 1 a dense MLP) saved to folder, fp32 eval."""
+    import transformers
+
+    from hybrid_reference import TEXT_SHAPE, perturb_hybrid
+
+    torch.manual_seed(seed)
+    shape = dict(TEXT_SHAPE, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                 num_experts=8, num_experts_per_tok=2, mlp_only_layers=[1], initializer_range=0.1)
+    shape.update(overrides)
+    model = transformers.Qwen3NextForCausalLM(transformers.Qwen3NextConfig(**shape))
+    perturb_hybrid(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
+                p.normal_(0.0, 0.5)
+    model.float().eval()
+    model.save_pretrained(folder)
+    return model
