@@ -4,15 +4,16 @@ transformers 5; its parameter counts, tensor-parallel sizes and `plan`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
+from hybrid_reference import transformers_config
 from homelab_llm.engine import memory
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, config_from_hf
-from homelab_llm.engine.sharding import ShardingError, check_tp_size, valid_tp_sizes
+from homelab_llm.engine.sharding import ShardingError, check_tp_size, required_splits, valid_tp_sizes
 from homelab_llm.hwcheck.plan_command import model_configs_dir, render_plan
 
 ASSET = model_configs_dir() / "Qwen3-Next-80B-A3B.json"
@@ -38,12 +39,7 @@ def test_asset_parses_to_the_published_shape(config) -> None:
 
 
 def test_transformers_reads_the_same_shape(tmp_path: Path, config) -> None:
-    transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "Qwen3NextConfig"):
-        pytest.skip("this transformers has no Qwen3-Next")
-    shutil.copy(ASSET, tmp_path / "config.json")
-    hf = transformers.AutoConfig.from_pretrained(tmp_path)
-    assert type(hf).__name__ == "Qwen3NextConfig"
+    hf = transformers_config(ASSET, tmp_path, "Qwen3NextConfig")
     assert tuple(hf.layer_types) == config.layer_types
     assert (hf.num_experts, hf.num_experts_per_tok, hf.head_dim) == (512, 10, 256)
     assert hf.rope_parameters["rope_theta"] == config.rope_theta
@@ -62,6 +58,12 @@ def test_parameter_counts_match_the_model_card(config) -> None:
 
 def test_tensor_parallel_sizes(config) -> None:
     assert valid_tp_sizes(config) == [1, 2, 4, 8, 16]
+    # Every layer is sparse: the dense MLP size is not split, whatever it is.
+    odd = dataclasses.replace(config, intermediate_size=5121)
+    assert "MLP intermediate size" not in [s.name for s in required_splits(odd)]
+    assert valid_tp_sizes(odd) == [1, 2, 4, 8, 16]
+    dense_layer = dataclasses.replace(odd, mlp_only_layers=(0,))
+    assert valid_tp_sizes(dense_layer) == [1]
     with pytest.raises(ShardingError, match=r"--tensor-parallel-size 3 cannot split this model: .*"
                                             r"the linear-attention key heads \(16\) is not divisible by 3.*"
                                             r"valid sizes: 1, 2, 4, 8, 16"):

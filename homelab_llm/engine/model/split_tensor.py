@@ -46,4 +46,5 @@ class SplitTensor:
         """(part name, its rows) of a dense checkpoint tensor; its row count must be `rows`."""
         if tensor.shape[0] != self.rows:
             raise ValueError(f"{tensor.shape[0]} rows, expected {self.rows}")
-        return [(name, torch.cat([tensor[s:s + n] for s, n in spans])) for name, spans in self.spans()]
+        return [(name, torch.cat([tensor[s:s + n] for s, n in spans]))
+                for name, spans in self.spans()]
