@@ -72,6 +72,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return ref.rms_norm_ref(x, weight, eps)
 
 
+def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(qkv):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+
+
 def add_rms_norm(x, residual, weight, eps):
     if use_triton(x):
         from homelab_llm.engine.kernels import elementwise
