@@ -262,6 +262,7 @@ def section_sweep(setup: Setup, quick: bool) -> None:
 
 GEMV_SWEEP = [  # (block_n, rows, num_warps)
     (32, 16, 4), (64, 16, 4), (128, 16, 4), (64, 8, 4), (64, 16, 2), (128, 8, 8), (32, 8, 2),
+    (128, 16, 8), (256, 16, 8), (256, 8, 8), (32, 16, 1), (64, 16, 1), (128, 16, 2),
 ]
 
 
@@ -271,7 +272,7 @@ def section_sweep_gemv(setup: Setup, quick: bool) -> None:
         x, weights, ids = setup.batch(tokens)
         want = w4_decode(x, setup.w4, weights, ids)
         for block_n, rows, warps in GEMV_SWEEP:
-            for split in (None, 1):
+            for split in (None, 1, 2, 4):
                 kw = dict(block_n=block_n, rows=rows, num_warps=warps, split=split)
                 try:
                     got = w4_decode(x, setup.w4, weights, ids, **kw)
