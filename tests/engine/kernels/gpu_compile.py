@@ -100,6 +100,9 @@ def _scenarios():
         w = torch.ones(hidden, dtype=dt)
         yield lambda x=x, w=w: elementwise.rms_norm(x, w, 1e-5)
         yield lambda x=x, w=w: elementwise.add_rms_norm(x, x.clone(), w, 1e-5)
+        yield lambda dt=dt: elementwise.qk_norm(torch.zeros((4, 48 * 128), dtype=dt), 32, 8, 128,
+                                                torch.ones(128, dtype=dt), torch.ones(128, dtype=dt),
+                                                1e-6)
         yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt))
     cos_sin = torch.zeros((256, d), dtype=torch.float32)
     pos = torch.arange(4, dtype=i64)
