@@ -13,7 +13,8 @@ Decode (T*K up to 64 slots, T <= 8 at top-8): a token picks an expert at most on
 BLOCK_M >= T every active expert fills exactly one block, and each (expert, column tile) is read
 by exactly one program: each active expert's weights are read once per step. That is the
 "decode path" — the same kernel with the table's small-M tiles and a grid of ~T*K blocks.
-4-bit experts at T <= 8 take a GEMV kernel instead (fused_moe_gemv.py: no tl.dot, words read once).
+4-bit experts at T <= 8 take a GEMV kernel instead (fused_moe_gemv.py: no tl.dot, words read once),
+and so do MXFP4 experts (fused_moe_mx4.py).
 
 Weights: dense w13 [E, 2I, H] / w2 [E, H, I] (HF layout, B tiles read transposed), 4-bit
 (moe_ref.MoeW4: stacked W4Weight [E, K // 8, N] with per-group scales/biases, dequantized in
@@ -31,6 +32,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32
 from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, decode_block_m, moe_w4_gemv
+from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
@@ -215,8 +217,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
         return torch.empty_like(x)
     x = x.contiguous()
     plain = b13 is None and b2 is None and clamp is None
-    if isinstance(w13, MoeW4) and plain and decode_gemv and tiles is None and t <= DECODE_MAX_TOKENS:
+    decode = decode_gemv and tiles is None and t <= DECODE_MAX_TOKENS
+    if isinstance(w13, MoeW4) and plain and decode:
         return w4_decode(x, w13, topk_weights, topk_ids)
+    if isinstance(w13, MoeMx4) and clamp is not None and decode:
+        return mx4_decode(x, w13, topk_weights, topk_ids, b13, b2, clamp)
     tiles = tiles or moe_tiles(num_slots, num_experts, x.device)
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
@@ -258,4 +263,22 @@ def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: 
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     moe_w4_gemv(act, w4.w2, y, sorted_slots, block_expert, num_slots, hidden, top_k,
                 gated=False, by_token=False, block_m=block_m, **gemv_tiles)
+    return moe_combine(y, topk_weights)
+
+
+def mx4_decode(x: torch.Tensor, mx4: MoeMx4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               b13: torch.Tensor | None, b2: torch.Tensor | None,
+               clamp: tuple[float, float], **gemv_tiles) -> torch.Tensor:
+    """gpt-oss's MXFP4 experts at decode: two GEMVs over every (token, pick) slot, combine.
+    gemv_tiles (block_n, groups, num_warps) override the defaults for sweeps."""
+    t, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    _, inter = expert_shape(mx4)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    act = torch.empty((ids.numel(), inter), dtype=x.dtype, device=x.device)
+    mx4_gemv(x, mx4.w13, act, ids, inter, top_k, gated=True, by_token=True, bias=b13, clamp=clamp,
+             **gemv_tiles)
+    y = torch.empty((ids.numel(), hidden), dtype=x.dtype, device=x.device)
+    mx4_gemv(act, mx4.w2, y, ids, hidden, top_k, gated=False, by_token=False, bias=b2, clamp=clamp,
+             **gemv_tiles)
     return moe_combine(y, topk_weights)
