@@ -18,10 +18,11 @@ from tests.server.harness import Running, serve_in_thread
 
 @contextmanager
 def fake_server(engine_factory: Callable[[], Any] | None = None, wait_ready: bool = True,
-                **config: Any) -> Iterator[Running]:
+                engine_process: bool = False, **config: Any) -> Iterator[Running]:
+    """engine_process: the engine in its own process (the factory must pickle)."""
     names = config.pop("served_model_names", ("fake", "fake-alias"))
     app = build_app(ServerConfig(served_model_names=names, model_path="/models/fake.gguf", **config),
-                    engine_factory or (lambda: FakeEngine()))
+                    engine_factory or FakeEngine, engine_process=engine_process)
     with serve_in_thread(app, wait_ready=wait_ready) as running:
         yield running
 
