@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import fake_server
+from tests.server.conftest import fake_server, in_thread_engine
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import wait_for
 
@@ -56,7 +56,7 @@ def test_non_stream_disconnect_aborts(slow) -> None:
 
 
 def test_engine_thread_sleeps_when_idle_and_is_the_only_caller(slow) -> None:
-    engine: FakeEngine = slow.state.client.engine
+    engine = in_thread_engine(slow)
     httpx.post(f"{slow.base_url}/v1/completions", json={"prompt": "x", "max_tokens": 3})
     steps = engine.steps
     time.sleep(0.3)
