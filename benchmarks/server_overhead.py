@@ -31,9 +31,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -131,39 +133,53 @@ async def run_http_async(base: str, model: str, n: int, max_tokens: int, words: 
         return summarize(mode, list(await asyncio.gather(*tasks)))
 
 
-def start_server(model: str, engine_flags: list[str]) -> tuple[subprocess.Popen, str]:
-    import httpx
+@dataclass
+class Server:
+    child: subprocess.Popen
+    base: str
+    log: Any  # its stderr, a temporary file: nobody reads it while it runs (a pipe would fill)
 
+
+def start_server(model: str, engine_flags: list[str]) -> Server:
+    """`serve` in a child process; wait_ready() before sending it anything."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    log = tempfile.TemporaryFile(mode="w+")
     child = subprocess.Popen(
         [sys.executable, "-m", "homelab_llm", "serve", model, "--port", str(port),
          "--served-model-name", "bench", "--uvicorn-log-level", "warning", *engine_flags],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    return Server(child, f"http://127.0.0.1:{port}", log)
+
+
+def wait_ready(server: Server, timeout_s: float = 600) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
     while True:
-        if child.poll() is not None:
-            raise SystemExit(f"the server exited: {child.stderr.read()}")
+        if server.child.poll() is not None:
+            server.log.seek(0)
+            raise SystemExit(f"the server exited: {server.log.read()[-4000:]}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return child, base
+            if httpx.get(f"{server.base}/health", timeout=2).status_code == 200:
+                return
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            child.kill()
-            raise SystemExit("the server did not become ready in 600 s")
+            server.child.kill()
+            raise SystemExit(f"the server did not become ready in {timeout_s:.0f} s")
         time.sleep(0.2)
 
 
-def stop_server(child: subprocess.Popen) -> None:
-    child.terminate()
+def stop_server(server: Server) -> None:
+    server.child.terminate()
     try:
-        child.wait(60)
+        server.child.wait(60)
     except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+        server.child.kill()
+        server.child.wait()
+    server.log.close()
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -240,26 +256,30 @@ def main() -> int:
              "--max-num-seqs", str(max(args.streams))]
     results: list[RunResult] = []
 
-    engine = LLMEngine(EngineArgs(model=model, device=args.device, load_format=args.load_format,
-                                  max_model_len=args.max_model_len,
-                                  kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
-                                  max_num_seqs=max(args.streams)))
     # The servers' engines idle (sleep) while the others run.
-    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    servers: dict[str, Server] = {}
+    engine = None
     try:
-        for mode in args.engine_modes:
+        for mode in args.engine_modes:  # they load while the offline engine does
             extra = ["--engine-in-process"] if mode == "thread" else []
             servers[f"http-{mode}"] = start_server(model, flags + extra)
+        engine = LLMEngine(EngineArgs(model=model, device=args.device, load_format=args.load_format,
+                                      max_model_len=args.max_model_len,
+                                      kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
+                                      max_num_seqs=max(args.streams)))
+        for server in servers.values():
+            wait_ready(server)
         run_offline(engine, 1, 4, args.prompt_words, "warmup")
-        for mode, (_, base) in servers.items():
-            asyncio.run(run_http_async(base, "bench", 1, 4, args.prompt_words, "warmup", mode))
+        for mode, server in servers.items():
+            asyncio.run(run_http_async(server.base, "bench", 1, 4, args.prompt_words, "warmup",
+                                       mode))
         for n in args.streams:
             best: dict[str, RunResult] = {}
             for r in range(args.repeats):
                 runs = [run_offline(engine, n, args.max_tokens, args.prompt_words, f"off{n}.{r}")]
-                for mode, (_, base) in servers.items():
+                for mode, server in servers.items():
                     runs.append(asyncio.run(run_http_async(
-                        base, "bench", n, args.max_tokens, args.prompt_words, f"{mode}{n}.{r}",
+                        server.base, "bench", n, args.max_tokens, args.prompt_words, f"{mode}{n}.{r}",
                         mode)))
                 for result in runs:
                     print(table([result]).splitlines()[-1], flush=True)
@@ -267,9 +287,10 @@ def main() -> int:
                         best[result.mode] = result
             results += best.values()
     finally:
-        for child, _ in servers.values():
-            stop_server(child)
-        engine.shutdown()
+        for server in servers.values():
+            stop_server(server)
+        if engine is not None:
+            engine.shutdown()
 
     results.sort(key=lambda r: (r.streams, r.mode != "offline", r.mode))
     import torch

@@ -155,3 +155,19 @@ def test_the_engine_process_ignores_terminal_signals(signum: int) -> None:
         r = httpx.post(f"{running.base_url}/v1/completions",
                        json={"prompt": "SAY[[ok]]", "max_tokens": 4}, timeout=10)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+
+
+def test_errors_that_do_not_pickle_cross_as_their_family() -> None:
+    from homelab_llm.engine.faults import SequenceFault
+    from homelab_llm.server.engine_core import portable_error
+
+    fault = portable_error(SequenceFault("r1", "position 9 is past the page table"))
+    assert type(fault) is HomelabError and "position 9" in str(fault)
+    plain = ValueError("bad")
+    assert portable_error(plain) is plain
+
+    class Local(RuntimeError):  # a class pickle cannot find by name
+        pass
+
+    other = portable_error(Local("it broke"))
+    assert type(other) is RuntimeError and str(other) == "Local: it broke"
