@@ -30,7 +30,9 @@ from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.errors import HomelabError
 from homelab_llm.load_progress import LOAD
 from homelab_llm.parent_watch import die_with_parent
-from homelab_llm.server.step_loop import Command, Engine, StepLoop
+from homelab_llm.server.grammar_prefetch import POLL_S as PREFETCH_POLL_S
+from homelab_llm.server.grammar_prefetch import GrammarPrefetch
+from homelab_llm.server.step_loop import Command, Engine, EngineNotReady, StepLoop
 
 LOAD_REPORT_S = 0.25
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -67,6 +69,15 @@ class PipeHost:
         self.lock = threading.Lock()  # the load reporter also sends
         self.stopping = False
         self.dead = False
+        self.grammars: GrammarPrefetch | None = None  # set once the engine (its tokenizer) is up
+
+    def serve(self, engine: Engine) -> None:
+        self.grammars = GrammarPrefetch(engine.tokenizer, on_drop=lambda add: self.settle(
+            add.ticket, error=EngineNotReady("the request was aborted before it started")))
+        try:
+            StepLoop(engine, self).run()
+        finally:
+            self.grammars.close()
 
     def send(self, message: tuple) -> None:
         with self.lock:
@@ -76,18 +87,22 @@ class PipeHost:
                 self.stopping = True
 
     def take(self, timeout: float) -> tuple[list[Command], bool]:
+        grammars = self.grammars
         items: list[Command] = []
+        if grammars is not None and grammars.pending:
+            timeout = min(timeout, PREFETCH_POLL_S)  # wake for a finished compile
         try:
-            if timeout > 0 and not self.conn.poll(timeout):
-                return items, self.stopping
-            while not self.stopping and self.conn.poll(0):
-                item = self.conn.recv()
-                if item is None:
-                    self.stopping = True
-                else:
-                    items.append(item)
+            if timeout <= 0 or self.conn.poll(timeout):
+                while not self.stopping and self.conn.poll(0):
+                    item = self.conn.recv()
+                    if item is None:
+                        self.stopping = True
+                    elif grammars is None or (item := grammars.filter(item)) is not None:
+                        items.append(item)
         except (EOFError, OSError):
             self.stopping = True  # the server died: nobody is left to serve
+        if grammars is not None and grammars.pending:
+            items.extend(grammars.ready())
         return items, self.stopping
 
     def emit(self, outputs: list[RequestOutput]) -> None:
@@ -133,5 +148,5 @@ def engine_core_main(factory: Callable[[], Engine], conn: Connection, parent: in
     reporter.join()
     host.send(("load", LOAD.snapshot()))
     host.send(("ready", EngineInfo(engine.tokenizer, engine.max_model_len)))
-    StepLoop(engine, host).run()
+    host.serve(engine)
     sys.exit(1 if host.dead else 0)
