@@ -238,6 +238,8 @@ def _gdn_scenarios():
     for bias in (None, torch.zeros(channels, dtype=bf16)):
         yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
         yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
+    verify_idx = torch.arange(40, dtype=i32) % slots  # a verify step: 8 sequences x K+1 = 5 rows
+    yield lambda: gdn_conv.conv1d_decode(x[:40], weight, None, conv_state, verify_idx, rows_per_seq=5)
     yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
                                           1e-6)
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
@@ -249,6 +251,8 @@ def _gdn_scenarios():
         if batch > 1:
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
+            yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
 
 
 def capture(arch: str) -> list[dict]:
