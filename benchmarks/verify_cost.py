@@ -2,8 +2,8 @@
 
 One engine per model (dummy weights, speculation configured with K = max K, eager at startup so
 that this module captures exactly the shapes it times): graphs for plain decodes of B rows and for
-verify steps of B sequences x (K+1) rows (width K+1 on hybrid models, whose Gated DeltaNet
-layers chain a sequence's rows; width 1 on dense ones), then ModelRunner.forward timed with CUDA
+verify steps of B sequences x (K+1) rows (groups of width K+1, as step_plan builds them for the
+engine), then ModelRunner.forward timed with CUDA
 events over repeated replays of one fixed batch (contexts of `ctx` tokens, every row live). The
 sampler and the acceptance rule are not in these numbers: they run on the logits afterwards, the
 same for both. Cost model (stated as such, measured step times x modelled acceptance): a verify
@@ -44,17 +44,15 @@ def step_batch(runner, batch: int, k: int, ctx: int, rng: random.Random) -> Step
         states = [i] + [batch + i * k + j for j in range(k)] if hybrid else [-1] * (k + 1)
         ids = [rng.randrange(10, runner.config.vocab_size - 10) for _ in range(k + 1)]
         logits += rows.add_decode_rows(ids, ctx, kv, table, states)
-    width = k + 1 if hybrid else 1
     header, payload = plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens,
                                       rows.tables, logits, rows.state_slots, rows.has_initial,
-                                      verify_width=width, decode_rows=len(rows.ids))
+                                      verify_width=k + 1, decode_rows=len(rows.ids))
     return runner.batch_from_plan(header, payload)
 
 
 def capture(runner, batches: list[int], ks: list[int], max_model_len: int) -> None:
     """Graphs for every timed shape (GPU only)."""
-    width = (lambda k: k + 1) if runner.config.is_hybrid else (lambda k: 1)
-    shapes = sorted({(b * (k + 1), width(k)) for b in batches for k in [0] + ks})
+    shapes = sorted({(b * (k + 1), k + 1) for b in batches for k in [0] + ks})
     max_pages = -(-max_model_len // runner.page_size)
     runner.graphs = DecodeGraphs(runner.model, runner.device, max(r for r, _ in shapes), max_pages,
                                  runner.page_size, kv_splits_for(max_model_len, runner.page_size))

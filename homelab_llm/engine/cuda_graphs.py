@@ -3,11 +3,10 @@ copied into static buffers. Launch overhead is most of a small model's decode st
 hundreds of kernel launches into one.
 
 A shape is (rows, verify_width). Plain decodes: one row per sequence, width 1. Speculative verify
-steps are decode rows too (step_plan.py): a dense model's K+1 rows per sequence are independent
-rows, so its width-1 graphs simply go up to max_num_seqs * (K+1) rows; a hybrid model's rows come
-in groups of K+1 that the Gated DeltaNet kernels chain, so it gets width-(K+1) graphs of
-batch * (K+1) rows beside its decode graphs. Padding rows (and whole padding groups) carry state
-slot -1 and KV slot -1: they read and write nothing.
+steps are decode rows in groups of K+1 per sequence (step_plan.py; decode attention reads a group's
+K/V once, hybrid models' Gated DeltaNet kernels chain its rows), so speculation adds width-(K+1)
+graphs of batch * (K+1) rows beside the decode graphs. Padding rows (and whole padding groups)
+carry state slot -1 and KV slot -1: they write nothing.
 """
 
 from __future__ import annotations
@@ -29,15 +28,12 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(out))
 
 
-def graph_shapes(max_num_seqs: int, verify_width: int, hybrid: bool) -> list[tuple[int, int]]:
+def graph_shapes(max_num_seqs: int, verify_width: int) -> list[tuple[int, int]]:
     """(rows, width) to capture: decode batches, and with speculation (verify_width = K+1 > 1)
-    the verify steps' rows."""
-    decode = [(bs, 1) for bs in graph_batch_sizes(max_num_seqs)]
-    if verify_width == 1:
-        return decode
-    if not hybrid:
-        return [(rows, 1) for rows in graph_batch_sizes(max_num_seqs * verify_width)]
-    return decode + [(bs * verify_width, verify_width) for bs in graph_batch_sizes(max_num_seqs)]
+    the verify steps' groups."""
+    sizes = graph_batch_sizes(max_num_seqs)
+    verify = [(bs * verify_width, verify_width) for bs in sizes] if verify_width > 1 else []
+    return [(bs, 1) for bs in sizes] + verify
 
 
 def kv_splits_for(max_model_len: int, page_size: int) -> int:

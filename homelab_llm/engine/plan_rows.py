@@ -5,14 +5,14 @@ A scheduled sequence enters a step in one of two shapes:
   (hybrid models) per sequence;
 - decode rows: its last token and K drafts as K+1 one-token "sequences" over one page table, row
   j seeing the first start+j+1 tokens (every row's K/V is stored before any row attends), so a
-  verify stays decode-only and runs in a captured graph. On hybrid models the rows come padded
-  to a group of `width` = K+1 and carry a state slot each: row 0 the sequence's own slot, row j
-  the slot that receives the Gated DeltaNet state after it (cache/verify_slots.py); padding rows
-  write no K/V, no state and give no logits. The GDN layers chain a group's rows
-  (kernels/gdn.py, rows_per_seq); attention sees plain decode rows.
+  verify stays decode-only and runs in a captured graph. The rows come padded to a group of
+  `width` = K+1 (decode attention takes a group in one program, kernels/decode_attention.py
+  rows_per_seq); on hybrid models they carry a state slot each: row 0 the sequence's own slot,
+  row j the slot that receives the Gated DeltaNet state after it (cache/verify_slots.py), which
+  the GDN layers chain (kernels/gdn.py). Padding rows write no K/V, no state, give no logits.
 
-Logits rows are kept per scheduled item: a hybrid step puts its decode rows first (the GDN
-layers take them as one decode-kernel call) while the sampler reads rows in schedule order.
+Logits rows are kept per scheduled item: a verify step puts its decode groups first (one
+decode-kernel call for them) while the sampler reads rows in schedule order.
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ class ModelRunner:
         from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_shapes, kv_splits_for
 
         max_pages = -(-max_model_len // self.page_size)
-        shapes = graph_shapes(self.args.max_num_seqs, self.verify_width, self.config.is_hybrid)
+        shapes = graph_shapes(self.args.max_num_seqs, self.verify_width)
         self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
                                    self.page_size, kv_splits_for(max_model_len, self.page_size))
         self.graphs.capture(shapes)

@@ -10,9 +10,10 @@ page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid m
 slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
 A sequence verifying K drafts has K+1 input rows (its last token, then the drafts) and K+1 logits
 rows; every rank runs the same verify forward from these words. Those rows are K+1 one-token
-"sequences" sharing a page table (decode-only: graphs apply); on hybrid models every decode of the
-step is padded to a group of K+1 rows with a state slot per row, and the header's verify_width
-and decode_rows say so (plan_rows.py).
+"sequences" sharing a page table; every decode of such a step is padded to a group of K+1 rows
+(hybrid models: with a state slot per row), placed before any varlen sequence, and the header's
+verify_width and decode_rows say so (plan_rows.py). An all-decode step stays decode-only: its
+graphs apply, and decode attention reads each group's K/V once.
 """
 
 from __future__ import annotations
@@ -105,23 +106,21 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
 
 
 def _decode_form(item: ScheduledSeq) -> bool:
-    """A hybrid sequence whose only uncomputed token is its last one (plus drafts)."""
-    seq = item.seq
-    return (item.samples and item.num_new_tokens == len(item.spec) + 1 and seq.num_computed_tokens > 0
-            and seq.state_slot >= 0)
+    """A sequence whose only uncomputed token is its last one (plus drafts)."""
+    return (item.samples and item.num_new_tokens == len(item.spec) + 1
+            and item.seq.num_computed_tokens > 0)
 
 
 def _add_item(rows: PlanRows, item: ScheduledSeq, page_size: int, group_width: int) -> list[int]:
-    """Add one scheduled sequence's rows; its logits rows. group_width > 0: a hybrid verify group."""
+    """Add one scheduled sequence's rows; its logits rows. group_width > 0: a verify group."""
     seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
     start = seq.num_computed_tokens
     ids = seq.token_ids[start:start + n - k] + item.spec  # drafts: one logits row each
     pt = seq.page_table
     kv = [pt[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
     if group_width:
-        return rows.add_decode_rows(ids, start, kv, pt, [seq.state_slot] + seq.verify_slots[:k], group_width)
-    if k and n == k + 1 and seq.state_slot < 0:
-        return rows.add_decode_rows(ids, start, kv, pt, [-1] * n)
+        states = [seq.state_slot] + seq.verify_slots[:k] if seq.state_slot >= 0 else [-1] * n
+        return rows.add_decode_rows(ids, start, kv, pt, states, group_width)
     assert not (k and seq.state_slot >= 0), "a hybrid verify runs as decode rows (verify_width > 1)"
     return rows.add_varlen(ids, start, kv, pt, k + 1 if item.samples else 0, seq.state_slot)
 
@@ -131,7 +130,7 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopie
     """The plan of a scheduled step and the cache copies to run before it. verify_width: K+1
     when speculating (hybrid models group their decode rows by it), else 1."""
     rows = PlanRows()
-    grouped = verify_width > 1 and any(item.spec and item.seq.state_slot >= 0 for item in scheduled)
+    grouped = verify_width > 1 and any(item.spec for item in scheduled)
     decode = [grouped and _decode_form(item) for item in scheduled]
     logits: dict[int, list[int]] = {}
     for i in sorted(range(len(scheduled)), key=lambda i: not decode[i]):  # decode groups first

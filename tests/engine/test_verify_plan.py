@@ -63,7 +63,16 @@ def test_spares_relabel_and_return() -> None:
 
 
 def test_graph_shapes() -> None:
-    assert graph_shapes(8, 1, True) == [(1, 1), (2, 1), (4, 1), (8, 1)]
-    assert graph_shapes(8, 3, False)[-1] == (24, 1)  # dense: K+1 independent rows per sequence
-    hybrid = graph_shapes(4, 5, True)
-    assert (4, 1) in hybrid and (20, 5) in hybrid and (5, 5) in hybrid and (2, 2) not in hybrid
+    assert graph_shapes(8, 1) == [(1, 1), (2, 1), (4, 1), (8, 1)]
+    shapes = graph_shapes(4, 5)
+    assert (4, 1) in shapes and (20, 5) in shapes and (5, 5) in shapes and (2, 2) not in shapes
+
+
+def test_dense_verify_rows_are_grouped_too() -> None:
+    a, b = _seq([1, 2, 3], 2, -1), _seq([4, 5, 6, 7], 3, -1)
+    header, payload = build_plan([ScheduledSeq(a, 3, [9, 9]), ScheduledSeq(b, 1)], page_size=4, verify_width=3)
+    assert (header.verify_width, header.decode_rows, header.decode_only, header.num_tokens) == (3, 6, True, 6)
+    batch = batch_from_plan(header, payload, torch.device("cpu"), 4)
+    assert batch.context.seq_lens.tolist() == [3, 4, 5, 4, 4, 4]
+    assert batch.context.state_indices.tolist() == [-1] * 6
+    assert batch.logits_indices.tolist() == [0, 1, 2, 3]

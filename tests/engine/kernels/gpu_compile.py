@@ -127,6 +127,21 @@ def _scenarios():
         yield lambda kc=kc, vc=vc, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, num_splits=splits, max_seq_len=8192,
             window=128, sinks=sinks)
+    # speculative verify groups: 2 sequences x K+1 = 5 rows, one program per group
+    rows = 10
+    verify_q = torch.zeros((rows, hq, d), dtype=bf16)
+    verify_table = page_table.repeat_interleave(5, dim=0)
+    verify_lens = torch.arange(300, 300 + rows, dtype=i32)
+    verify_qsl = torch.arange(rows + 1, dtype=i32)
+    for cdt, splits in ((bf16, None), (i8, 1)):
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
+            verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, ks, vs, num_splits=splits,
+            max_seq_len=8192, rows_per_seq=5)
+    kc, vc, _, _ = caches(bf16)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, max_seq_len=8192, window=128,
+        sinks=sinks, rows_per_seq=5)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
     for cdt in (bf16, i8):
