@@ -34,6 +34,9 @@ from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, 
 from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
+# Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
+# verify group would outgrow registers and RDNA3's 64 KB LDS, and its rows run one per program.
+MAX_TILE_ROWS = 64
 
 
 @triton.jit
@@ -186,6 +189,8 @@ def paged_decode_attention(
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} KV heads")
+    if next_pow2(rows_per_seq * num_q_heads // num_kv_heads) > MAX_TILE_ROWS:
+        rows_per_seq = 1  # rows are independent queries: one program each is the same result
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)

@@ -142,6 +142,10 @@ def _scenarios():
     yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
         verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, max_seq_len=8192, window=128,
         sinks=sinks, rows_per_seq=5)
+    # the largest group one program takes (MAX_TILE_ROWS = 16 rows x 4 query heads)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        torch.zeros((32, hq, d), dtype=bf16), kc, vc, page_table.repeat_interleave(16, dim=0),
+        torch.arange(33, dtype=i32), torch.arange(300, 332, dtype=i32), 0.088, max_seq_len=8192, rows_per_seq=16)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
     for cdt in (bf16, i8):

@@ -70,3 +70,20 @@ def test_rows_must_fill_whole_groups(device: torch.device, paged_kv) -> None:
     qsl = torch.arange(4, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="rows_per_seq=2"):
         paged_decode_attention(q, k_cache, v_cache, table.expand(3, -1), qsl, qsl[1:] + 4, 0.2, rows_per_seq=2)
+
+
+def test_groups_too_wide_for_one_tile_run_row_by_row(device: torch.device, paged_kv) -> None:
+    """17 rows x 8 query heads per KV head exceed MAX_TILE_ROWS: same result, one row a program."""
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(9)
+    width = 17
+    k_cache, v_cache, _, _, table = paged_kv([30], 1, 32, 4, torch.float32, device, gen)
+    lens = list(range(14, 14 + width))
+    q = torch.randn(width, 8, 32, generator=gen).to(device)
+    qsl = torch.arange(width + 1, dtype=torch.int32, device=device)
+    sl = torch.tensor(lens, dtype=torch.int32, device=device)
+    tables = table.expand(width, -1).contiguous()
+    want = paged_attention_ref(q, k_cache, v_cache, tables, qsl, sl, 0.2)
+    got = paged_decode_attention(q, k_cache, v_cache, tables, qsl, sl, 0.2, rows_per_seq=width)
+    torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
