@@ -111,3 +111,14 @@ def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
         compared += 1
         partial += 0 < stats.num_accepted_tokens - accepted < stats.num_draft_tokens - drafted
     assert compared >= 3 and partial >= 1  # partial acceptance: a middle row's slot was kept
+
+
+def test_tensor_parallel_verify_equals_no_speculation(folder) -> None:
+    """Two gloo ranks: the verify plan (groups, per-row state slots) reaches every rank alike."""
+    want = [c.token_ids for c in our_llm(folder).generate(PROMPTS, greedy(12))]
+    llm = our_llm(folder, speculative_config=NGRAM, tensor_parallel_size=2)
+    try:
+        assert [c.token_ids for c in llm.generate(PROMPTS, greedy(12))] == want
+        assert llm.engine.status()["spec_decode"]["drafts"] > 0
+    finally:
+        llm.shutdown()
