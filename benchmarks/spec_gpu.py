@@ -124,11 +124,17 @@ def _verify_model(name: str, quantization: str | None, folder: Path) -> None:
         model=str(_model_config(name, folder)), load_format="dummy", device="cpu" if CPU_SMOKE else "cuda",
         dtype="float32" if CPU_SMOKE else "bfloat16", quantization=quantization, max_num_seqs=max(VERIFY_BATCHES),
         max_model_len=1024, kv_cache_memory_bytes=1 << 30, enforce_eager=True, speculative_config=_spec(k_max)))
-    runner = engine.runner
-    tag = f"{Path(name).stem}{'_' + quantization if quantization else ''}"
+    try:
+        _report_verify(engine.runner, f"{Path(name).stem}{'_' + quantization if quantization else ''}")
+    finally:
+        engine.shutdown()
+
+
+def _report_verify(runner, tag: str) -> None:
     if not CPU_SMOKE:
         capture(runner, VERIFY_BATCHES, VERIFY_KS, 1024)
-    costs = measure(runner, VERIFY_BATCHES, VERIFY_KS, ctx=64 if CPU_SMOKE else 512, iters=3 if CPU_SMOKE else 20)
+    iters = 3 if CPU_SMOKE else 10 if QUICK else 20
+    costs = measure(runner, VERIFY_BATCHES, VERIFY_KS, ctx=64 if CPU_SMOKE else 512, iters=iters)
     for batch in VERIFY_BATCHES:
         base = next(c.ms for c in costs if c.batch == batch and c.k == 0)
         report(f"verify_{tag}_b{batch}_K0_step_ms", base, f"ms (plain decode forward, {batch / base * 1000:.0f} tok/s)")
@@ -139,7 +145,6 @@ def _verify_model(name: str, quantization: str | None, folder: Path) -> None:
                 if length <= c.k + 1:
                     report(f"verify_{tag}_b{batch}_K{c.k}_model_tps_at_L{length}", batch * length / c.ms * 1000,
                            f"tok/s (cost model; plain {batch / base * 1000:.0f})")
-    engine.shutdown()
 
 
 def verify() -> None:
