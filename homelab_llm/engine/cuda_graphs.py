@@ -53,7 +53,6 @@ class DecodeGraphs:
                  page_size: int, num_kv_splits: int) -> None:
         self.model = model
         self.device = device
-        self.max_bs = max_rows
         self.max_pages = max_pages
         self.page_size = page_size
         self.num_kv_splits = num_kv_splits

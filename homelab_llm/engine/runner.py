@@ -277,7 +277,8 @@ class ModelRunner:
                      ) -> tuple[PlanHeader, torch.Tensor]:
         """The step's plan; a sequence whose positions or pages are out of bounds raises
         SequenceFault here, on the host, before any kernel (or another rank) sees it."""
-        header, payload = build_plan(scheduled, self.page_size, copies=copies, verify_width=self.verify_width)
+        header, payload = build_plan(scheduled, self.page_size, copies=copies,
+                                     verify_width=self.verify_width)
         check_plan(header, payload, self.step_bounds(), scheduled)
         return header, payload
 
