@@ -10,6 +10,9 @@ Sections (default verify,ngram):
                  (target <= 1.15), and the cost model tok/s = B * L / t_verify(K) at mean accepted
                  lengths L = 1.5 / 2.0 / 2.5 (measured step times, modelled acceptance: stated as
                  such; the sampler and acceptance run after the forward and are not counted).
+                 First a check: one verify forward (2 sequences, K = 3) against 4 plain decode
+                 forwards over the same tokens: logits error, argmax agreement, and (hybrid) the
+                 state kept after each row against the plain run's.
   verify_engine  the same 27B shape through LLMEngine.step() with K = 4 forced drafts (a fixed
                  proposer) vs plain steps: host scheduling, sampling of B * (K+1) rows and
                  acceptance included. Not in the default list.
@@ -42,7 +45,7 @@ from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
-from verify_cost import capture, measure  # noqa: E402
+from verify_cost import capture, check, measure  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
 QUICK = False
@@ -134,7 +137,12 @@ def _report_verify(runner, tag: str) -> None:
     if not CPU_SMOKE:
         capture(runner, VERIFY_BATCHES, VERIFY_KS, 1024)
     iters = 3 if CPU_SMOKE else 10 if QUICK else 20
-    costs = measure(runner, VERIFY_BATCHES, VERIFY_KS, ctx=64 if CPU_SMOKE else 512, iters=iters)
+    ctx = 64 if CPU_SMOKE else 512
+    logits_err, agree, state_err = check(runner, batch=2, k=3, ctx=ctx)
+    report(f"verify_{tag}_check_logits_rel_err", logits_err, "verify rows vs plain steps (bf16 GEMM order: ~1e-2)")
+    report(f"verify_{tag}_check_argmax_agree", agree, "fraction of rows")
+    report(f"verify_{tag}_check_state_rel_err", state_err, "state after row j vs j+1 plain steps (fp32 state)")
+    costs = measure(runner, VERIFY_BATCHES, VERIFY_KS, ctx=ctx, iters=iters)
     for batch in VERIFY_BATCHES:
         base = next(c.ms for c in costs if c.batch == batch and c.k == 0)
         report(f"verify_{tag}_b{batch}_K0_step_ms", base, f"ms (plain decode forward, {batch / base * 1000:.0f} tok/s)")
