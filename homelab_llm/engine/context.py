@@ -33,6 +33,11 @@ class ForwardContext:
     # resumes from the slot's state (bool [B]: num_computed_tokens > 0) or starts from zeros.
     state_indices: torch.Tensor | None = None
     has_initial_state: torch.Tensor | None = None
+    # Models with a sliding page group (cache/page_groups.py): that group's slots ([T] int64)
+    # and page table ([B, max_pages] int32, same columns as page_table), read by the sliding
+    # layers; None when every KV layer uses page_table.
+    sliding_slot_mapping: torch.Tensor | None = None
+    sliding_page_table: torch.Tensor | None = None
 
 
 _current: ForwardContext | None = None

@@ -1,6 +1,9 @@
 """CUDA/HIP graphs for decode steps: one graph per padded batch size, replayed with the step's
 inputs copied into static buffers. Launch overhead is most of a small model's decode step; a graph
-turns hundreds of kernel launches into one."""
+turns hundreds of kernel launches into one.
+
+A model with a sliding page group (cache/page_groups.py) gets a second static slot mapping and
+page table of the same shapes, which its sliding layers read in the captured graph."""
 
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ class _Graph:
 
 class DecodeGraphs:
     def __init__(self, model, device: torch.device, max_num_seqs: int, max_pages: int,
-                 page_size: int, num_kv_splits: int) -> None:
+                 page_size: int, num_kv_splits: int, sliding: bool = False) -> None:
         self.model = model
         self.device = device
         self.max_bs = max_num_seqs
@@ -49,6 +52,9 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.page_table = torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+        self.sliding_slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device) if sliding else None
+        self.sliding_page_table = (torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+                                   if sliding else None)
         # Hybrid models: fixed-size state slots; padding rows are -1 (the GDN kernels skip them).
         self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
         self.has_initial_state = torch.ones(n, dtype=torch.bool, device=device)
@@ -57,13 +63,16 @@ class DecodeGraphs:
         self.memory_bytes = 0
 
     def _context(self, bs: int) -> ForwardContext:
+        sliding = self.sliding_page_table is not None
         return ForwardContext(
             positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
             query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
             decode_only=True, num_kv_splits=self.num_kv_splits,
-            state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs])
+            state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs],
+            sliding_slot_mapping=self.sliding_slot_mapping[:bs] if sliding else None,
+            sliding_page_table=self.sliding_page_table[:bs] if sliding else None)
 
     @torch.inference_mode()
     def capture(self, sizes: list[int]) -> None:
@@ -108,6 +117,11 @@ class DecodeGraphs:
         self.seq_lens[:bs].copy_(ctx.seq_lens)
         if ctx.state_indices is not None:
             self.state_indices[:bs].copy_(ctx.state_indices)
+        if self.sliding_page_table is not None:
+            assert ctx.sliding_page_table is not None and ctx.sliding_slot_mapping is not None
+            self.sliding_slot_mapping[:bs].copy_(ctx.sliding_slot_mapping)
+            self.sliding_slot_mapping[bs:size].fill_(-1)
+            self.sliding_page_table[:bs, :ctx.sliding_page_table.shape[1]].copy_(ctx.sliding_page_table)
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)  # padding rows write nowhere
             self.seq_lens[bs:size].fill_(1)

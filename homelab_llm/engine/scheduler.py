@@ -132,7 +132,7 @@ class Scheduler:
             return []
         drafts = drafts[:budget - todo]
         end = seq.num_computed_tokens + todo + len(drafts)
-        if self.kv.pool.num_free - self.kv.pages_needed(seq, end) < len(self.running):
+        if self.kv.spare_pages(seq, end) < len(self.running):
             return []
         ok = self.kv.ensure_pages(seq, end)
         assert ok
@@ -140,8 +140,7 @@ class Scheduler:
         return drafts
 
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
-        free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size
-        return max(0, min(n, free_tokens - seq.num_computed_tokens))
+        return max(0, min(n, self.kv.tokens_that_fit(seq) - seq.num_computed_tokens))
 
     def _pick_victim(self, exclude: set[int]) -> Sequence | None:
         for seq in reversed(self.running):

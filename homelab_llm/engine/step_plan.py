@@ -7,7 +7,9 @@ is what keeps the ranks' batches identical.
 
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
 page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
-slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
+slots, else -1), on a model with a sliding page group (header.sliding, cache/page_groups.py)
+sliding_slot_mapping[T] sliding_page_table[B * P], then the cache copies to run before the
+forward (cache/copies.py words).
 A sequence verifying K drafts has K+1 input rows (its last token, then the drafts) and K+1 logits
 rows; every rank runs the same verify forward from these words. Without recurrent state those rows
 are K+1 one-token "sequences" sharing a page table (decode-only: graphs apply); a hybrid model's
@@ -46,6 +48,7 @@ class PlanHeader:
     payload_len: int = 0  # int64 words after the header, the patch section included
     patch_len: int = 0  # async scheduling under TP: the payload's tail that is the patch section
     arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len
+    sliding: bool = False  # the payload carries the sliding page group's slots and page table
 
     def to_words(self) -> list[int]:
         return [int(w) for w in astuple(self)]
@@ -53,7 +56,7 @@ class PlanHeader:
     @classmethod
     def from_words(cls, words: list[int]) -> PlanHeader:
         header = cls(*words)
-        return replace(header, decode_only=bool(header.decode_only))
+        return replace(header, decode_only=bool(header.decode_only), sliding=bool(header.sliding))
 
 
 HEADER_LEN = len(fields(PlanHeader))
@@ -77,30 +80,42 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
                     query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                     logits_rows: list[int], state_indices: list[int] | None = None,
                     has_initial_state: list[int] | None = None,
-                    copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
+                    copies: CacheCopies | None = None,
+                    sliding: tuple[list[int], list[list[int]]] | None = None
+                    ) -> tuple[PlanHeader, torch.Tensor]:
+    """`sliding`: the sliding page group's (slot_mapping, page_table), on models that have one."""
     b = len(query_lens)
     max_pages = max((len(p) for p in page_table), default=1) or 1
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
-    table: list[int] = []
-    for pages in page_table:
-        table.extend(pages)
-        table.extend([0] * (max_pages - len(pages)))
+    table = _padded(page_table, max_pages)
     state = (state_indices if state_indices is not None else [-1] * b) + (
         has_initial_state if has_initial_state is not None else [0] * b)
+    if sliding is not None:
+        state += sliding[0] + _padded(sliding[1], max_pages)
     state += (copies or CacheCopies()).words()
     words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows + state
     payload = torch.tensor(words, dtype=torch.long)
     header = PlanHeader(CMD_STEP, len(input_ids), b, max_pages, len(logits_rows),
                         all(q == 1 for q in query_lens), max(query_lens, default=0),
-                        max(seq_lens, default=0), payload.numel())
+                        max(seq_lens, default=0), payload.numel(), sliding=sliding is not None)
     return header, payload
 
 
-def build_plan(scheduled: list[ScheduledSeq], page_size: int,
-               copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
-    """The plan of a scheduled step and the cache copies to run before it."""
+def _padded(tables: list[list[int]], width: int) -> list[int]:
+    """Page tables as one row-major [len(tables), width] block (padding: page 0)."""
+    out: list[int] = []
+    for pages in tables:
+        out.extend(pages)
+        out.extend([0] * (width - len(pages)))
+    return out
+
+
+def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopies | None = None,
+               sliding: bool = False) -> tuple[PlanHeader, torch.Tensor]:
+    """The plan of a scheduled step and the cache copies to run before it; `sliding`: the model
+    has a sliding page group, whose slots and tables (seq.sliding_table) travel too."""
     ids: list[int] = []
     pos: list[int] = []
     slots: list[int] = []
@@ -110,6 +125,8 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
     rows: list[int] = []
     state_slots: list[int] = []
     has_initial: list[int] = []
+    sliding_slots: list[int] = []
+    sliding_tables: list[list[int]] = []
     for item in scheduled:
         seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
         start = seq.num_computed_tokens
@@ -118,6 +135,10 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
         pos.extend(range(start, start + n))
         pt = seq.page_table
         slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
+        if sliding:
+            st = seq.sliding_table
+            sliding_slots.extend(st[p // page_size] * page_size + p % page_size
+                                 for p in range(start, start + n))
         if k and n == k + 1 and seq.state_slot < 0:
             # A verify without recurrent state: K+1 decode rows over one page table, row j seeing
             # the first start+j+1 tokens (every row's K/V is stored before any row attends), so
@@ -125,6 +146,7 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
             qlens.extend([1] * n)
             lens.extend(range(start + 1, start + n + 1))
             tables.extend([pt] * n)
+            sliding_tables.extend([seq.sliding_table] * n if sliding else [])
             rows.extend(range(len(ids) - n, len(ids)))
             state_slots.extend([-1] * n)
             has_initial.extend([1] * n)
@@ -132,11 +154,14 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int,
         qlens.append(n)
         lens.append(start + n)
         tables.append(pt)
+        if sliding:
+            sliding_tables.append(seq.sliding_table)
         if item.samples:
             rows.extend(range(len(ids) - 1 - k, len(ids)))
         state_slots.append(seq.state_slot)
         has_initial.append(int(start > 0))
-    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial, copies)
+    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial, copies,
+                           (sliding_slots, sliding_tables) if sliding else None)
 
 
 class HostStager:
@@ -175,11 +200,13 @@ def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.dev
                     stager: HostStager | None = None) -> StepBatch:
     t, b, max_pages = header.num_tokens, header.num_seqs, header.max_pages
     sizes = [t, t, t, b + 1, b, b * max_pages, header.num_logits, b, b]
+    sizes += [t, b * max_pages] if header.sliding else [0, 0]
     sizes.append(payload.numel() - sum(sizes))  # the cache copies
     host_parts = torch.split(payload, sizes)
     starts = host_parts[3].tolist()
     dev_payload = stager.upload(payload) if stager is not None else payload.to(device)
-    ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, _ = torch.split(dev_payload, sizes)
+    (ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, sliding_slots,
+     sliding_table, _) = torch.split(dev_payload, sizes)
     ctx = ForwardContext(
         positions=pos, slot_mapping=slots,
         query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
@@ -189,5 +216,8 @@ def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.dev
         query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
         seq_lens_host=host_parts[4].tolist(),
         state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool))
+    if header.sliding:
+        ctx.sliding_slot_mapping = sliding_slots
+        ctx.sliding_page_table = sliding_table.view(b, max_pages).to(torch.int32)
     return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
-                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[9].tolist()))
+                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[11].tolist()))
