@@ -72,10 +72,13 @@ class SlidingGroup:
         return (len(seq.sliding_table) + self.pool.num_free) * self.page_size
 
     def window_slots(self, seq: Sequence, n: int) -> list[int]:
-        """The sliding slot of each of the first n tokens, -1 where the page went back."""
+        """What the prefix cache keeps of the first n tokens: the sliding slots of the window
+        before n (a match ending there resumes from them), -1 for every other token. Keeping
+        more would pin the sliding pages of a whole prefill chunk in a group sized for windows."""
         ps = self.page_size
-        return [-1 if i // ps < seq.sliding_released else seq.sliding_table[i // ps] * ps + i % ps
-                for i in range(n)]
+        start = max(0, n - self.window + 1)
+        return [-1 if i < start or i // ps < seq.sliding_released
+                else seq.sliding_table[i // ps] * ps + i % ps for i in range(n)]
 
     # -- release ------------------------------------------------------------------------------
     def release(self, seq: Sequence) -> None:
