@@ -88,6 +88,9 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len(wanted_len, pool.tokens_capacity)
         log.info("load: KV cache %d tokens (%s, %.2f GiB), max_model_len %d", pool.tokens_capacity,
                  pool.layout.dtype, pool.memory_bytes / 2**30, self.max_model_len)
+        if pool.sliding is not None:
+            log.info("load: sliding layers' page group %d tokens (%.2f GiB)",
+                     pool.sliding.tokens_capacity, pool.sliding.memory_bytes / 2**30)
         LOAD.begin("capturing graphs")
         self.runner.capture_graphs(self.max_model_len)
         LOAD.begin("ready")

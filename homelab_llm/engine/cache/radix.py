@@ -225,7 +225,9 @@ class RadixCache:
         assert self.sliding is not None
         if self.sliding.num_free >= target_free_pages:
             return
-        held = [n for n in self.nodes() if n.lock_ref == 0 and any(s >= 0 for s in n.window_slots)]
+        # held slots end a node (an insertion keeps the window before its end): look from there
+        held = [n for n in self.nodes()
+                if n.lock_ref == 0 and any(s >= 0 for s in reversed(n.window_slots))]
         for node in sorted(held, key=lambda n: n.last_access):
             self._drop_window(node)
             if self.sliding.num_free >= target_free_pages:
