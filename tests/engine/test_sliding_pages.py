@@ -88,7 +88,15 @@ def assert_no_pages_held(engine) -> None:
 
 
 def test_parity_and_a_window_of_sliding_pages(model) -> None:
-    folder, hf = model
+    check_parity_and_window(*model)
+
+
+def test_qwen2_window_layers_get_a_page_group(tmp_path) -> None:
+    """Qwen2 with use_sliding_window: layer 0 full (max_window_layers), the rest sliding."""
+    check_parity_and_window(tmp_path, make_sliding_model("qwen2", tmp_path, vocab_size=300))
+
+
+def check_parity_and_window(folder, hf) -> None:
     llm = engine_llm(folder, enable_prefix_caching=False)
     try:
         kv = llm.engine.kv
