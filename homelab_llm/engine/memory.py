@@ -444,16 +444,18 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         warnings.append(f"the KV cache holds {capacity} tokens, less than one "
                         f"--max-model-len {max_len} sequence")
     lengths = sorted({*CONCURRENCY_LENGTHS, max_len})
+    concurrency = {str(n): max_concurrency(num_pages, page_size, n, sliding_pages,
+                                           sliding_group_window(config)) for n in lengths}
+    sliding = sliding_window_figures(config, kv_bytes_per_token(config, kv_cache_dtype, dtype, tp),
+                                     devices[0].kv_cache_bytes, page_size, lengths)
+    if split:  # the engine's page groups decide what fits, not the bytes alone
+        sliding.update(sliding_group_pages=sliding_pages, max_concurrency=concurrency)
     return MemoryPlan(
         model=config.name, tensor_parallel_size=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
         quantization=method, page_size=page_size, max_model_len=max_len, per_device=devices,
         kv_bytes_per_token=devices[0].kv_bytes_per_token, tokens_capacity=capacity,
         state_bytes_per_sequence=layout.bytes_per_sequence, state_snapshots=snapshots,
-        max_concurrency={str(n): max_concurrency(num_pages, page_size, n, sliding_pages,
-                                                 sliding_group_window(config)) for n in lengths},
-        warnings=warnings,
-        sliding=sliding_window_figures(config, kv_bytes_per_token(config, kv_cache_dtype, dtype, tp),
-                                       devices[0].kv_cache_bytes, page_size, lengths, sliding_pages),
+        max_concurrency=concurrency, warnings=warnings, sliding=sliding,
         **parameter_fields(config),
     )
 
@@ -474,12 +476,11 @@ def windowed_kv_bytes(config: ModelConfig, kv_bytes_per_token_all_layers: int, s
 
 
 def sliding_window_figures(config: ModelConfig, kv_bytes_per_token_all_layers: int,
-                           kv_cache_bytes: int, page_size: int, lengths: list[int],
-                           sliding_pages: int = 0) -> dict[str, Any]:
+                           kv_cache_bytes: int, page_size: int, lengths: list[int]) -> dict[str, Any]:
     """For a model with sliding layers: per-sequence KV bytes with the sliding layers capped at
     the window vs uncapped, and how many sequences of each length the KV budget holds capped.
     `engine_caps`: the engine gives those pages back (every KV layer sliding, or a mixed model's
-    sliding page group, whose size `sliding_group_pages` is; 0 on an all-sliding model)."""
+    sliding page group: `plan` then sets `sliding_group_pages` and the groups' concurrency)."""
     if not config.sliding_layers:
         return {}
     capped = {str(n): windowed_kv_bytes(config, kv_bytes_per_token_all_layers, n, page_size)
@@ -491,7 +492,7 @@ def sliding_window_figures(config: ModelConfig, kv_bytes_per_token_all_layers: i
         "full_layers": len(config.full_attention_layers) - len(config.sliding_layers),
         "engine_caps": (config.sliding_layers == config.full_attention_layers
                         or bool(sliding_group_window(config))),
-        "sliding_group_pages": sliding_pages,
+        "sliding_group_pages": 0,
         "kv_bytes_per_sequence": capped,
         "kv_bytes_per_sequence_uncapped": full,
         "max_concurrency": {n: kv_cache_bytes // b if b else 0 for n, b in capped.items()},
