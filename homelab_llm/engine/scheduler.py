@@ -165,7 +165,7 @@ class Scheduler:
             before = seq.num_computed_tokens
             seq.num_computed_tokens += item.num_new_tokens - len(item.spec)  # drafts: rollback()
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
-                self.kv.cache_sequence(seq)
+                self.kv.cache_prompt(seq)
             self.kv.release_outside_window(seq)
 
     def rollback(self, item: ScheduledSeq, num_accepted: int) -> None:

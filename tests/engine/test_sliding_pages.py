@@ -132,20 +132,27 @@ def test_prefix_hits_resume_only_where_the_window_is_held(model) -> None:
         tokens, _, cached = run_one(llm, turn2, 12)
         assert cached == len(PROMPT) + N_OUT - 1
         check_against_hf(hf, turn2, tokens, torch.cat(logits))
-        # Diverging inside the first output: those tokens' sliding pages went back while it
-        # decoded, so the match falls back to the end of the prompt, whose window was cached.
-        branch = PROMPT + first[:10] + [9, 8, 7]
+        # Diverging three tokens into the second turn: its window is cached at its own end only,
+        # so the match falls back to the end of the first turn, whose window is still held.
+        branch = PROMPT + first + [5, 6, 8, 8]
         logits.clear()
         tokens, _, cached = run_one(llm, branch, 12)
-        assert cached == len(PROMPT)
+        assert cached == len(PROMPT) + N_OUT - 1
         check_against_hf(hf, branch, tokens, torch.cat(logits))
+        # Diverging inside the first output: no window was cached there (a running sequence's
+        # windows reach the cache when it stops), nor at the prompt's end: nothing is usable.
+        inside = PROMPT + first[:10] + [9, 8, 7]
+        logits.clear()
+        tokens, _, cached = run_one(llm, inside, 6)
+        assert cached == 0
+        check_against_hf(hf, inside, tokens, torch.cat(logits))
         # Diverging mid-prompt, below every held window: nothing is usable.
         early = PROMPT[:20] + [4, 4, 4, 4]
         logits.clear()
         tokens, _, cached = run_one(llm, early, 6)
         assert cached == 0
         check_against_hf(hf, early, tokens, torch.cat(logits))
-        assert llm.engine.kv.prefix_hit_tokens >= 2 * len(PROMPT)
+        assert llm.engine.kv.prefix_hit_tokens == 2 * (len(PROMPT) + N_OUT - 1)
         assert_no_pages_held(llm.engine)
     finally:
         llm.shutdown()
@@ -195,7 +202,7 @@ def test_int8_kv_with_page_groups(model) -> None:
     llm = engine_llm(folder, kv_cache_dtype="int8")
     try:
         assert llm.engine.kv.sliding.pool.layout.quantized
-        llm.generate([PROMPT], greedy(4))
+        llm.generate([PROMPT], greedy(1))  # cached when it ends: the prompt, window included
         out = llm.generate([turn2], greedy(10))[0]
         assert out.num_cached_tokens == len(PROMPT) and out.token_ids == want
         assert_no_pages_held(llm.engine)
@@ -237,7 +244,7 @@ def test_two_ranks_run_the_page_groups(tmp_path) -> None:
     for tp in (1, 2):
         llm = engine_llm(folder, tensor_parallel_size=tp)
         try:
-            runs.append([llm.generate([p], greedy(12))[0] for p in (PROMPT, turn2)])
+            runs.append([llm.generate([p], greedy(n))[0] for p, n in ((PROMPT, 1), (turn2, 12))])
             assert_no_pages_held(llm.engine)
         finally:
             llm.shutdown()

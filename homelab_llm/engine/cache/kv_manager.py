@@ -15,7 +15,8 @@ always backed by every page of its window.
 On a model that mixes full and sliding layers (Gemma 3, gpt-oss), the sliding layers have their
 own page group (cache/page_groups.py, cache/sliding_group.py): every sequence gets pages in both,
 and the sliding group's pages below the window go back after every step, prompt included. The
-prefix cache stores both groups' slots (-1 where a sliding page was already given back), and a
+prefix cache stores both groups' slots (-1 where a sliding page was already given back, or lies
+before the window at the inserted end), a sequence is offered to it when it stops running, and a
 match is shortened to the longest prefix whose window the sliding group still holds.
 """
 
@@ -216,6 +217,14 @@ class KVCacheManager:
         return self.pool.num_free + evictable >= num_pages
 
     # -- release ------------------------------------------------------------------------------
+    def cache_prompt(self, seq: Sequence) -> None:
+        """The prompt is computed: offer it to the prefix cache. Mixed models wait until the
+        sequence stops running (finish, preemption): a window cached now would hold a second
+        window per running sequence in a sliding group sized for one, and push out the windows
+        that waiting conversations resume from."""
+        if self.sliding is None:
+            self.cache_sequence(seq)
+
     def cache_sequence(self, seq: Sequence) -> None:
         """Offer the computed tokens to the prefix cache (prompt done, finish, or preemption)."""
         if self.radix is None or seq.num_computed_tokens == 0 or seq.released_pages:
