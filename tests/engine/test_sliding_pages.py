@@ -158,6 +158,32 @@ def test_prefix_hits_resume_only_where_the_window_is_held(model) -> None:
         llm.shutdown()
 
 
+def test_concurrent_conversations_keep_their_windows(model) -> None:
+    """Four conversations at once (max_num_seqs 4), two turns each: every second turn resumes
+    from the whole first turn (the sliding group's slack holds the windows of the waiting ones),
+    without preemption, with the tokens of a run without prefix caching."""
+    folder, _ = model
+    turn = 12  # tokens per turn
+    firsts = [PROMPT[i:] + PROMPT[:i] for i in (0, 9, 18, 27)]
+    cold = engine_llm(folder, enable_prefix_caching=False)
+    try:
+        outs = [o.token_ids for o in cold.generate(firsts, greedy(turn))]
+        seconds = [p + o + [5, 6, 7] for p, o in zip(firsts, outs)]
+        want = [o.token_ids for o in cold.generate(seconds, greedy(turn))]
+    finally:
+        cold.shutdown()
+    llm = engine_llm(folder)
+    try:
+        assert [o.token_ids for o in llm.generate(firsts, greedy(turn))] == outs
+        got = llm.generate(seconds, greedy(turn))
+        assert [o.token_ids for o in got] == want
+        assert [o.num_cached_tokens for o in got] == [len(PROMPT) + turn - 1] * 4
+        assert llm.engine.scheduler.num_preemptions == 0
+        assert_no_pages_held(llm.engine)
+    finally:
+        llm.shutdown()
+
+
 def test_preemption_and_abort_leak_no_page(model) -> None:
     """Four long requests in a pool too small for them together (preemption by recompute), one
     aborted mid-decode: the survivors' tokens equal a roomy run's, and both pools end whole."""

@@ -19,9 +19,9 @@ Models with a sliding page group (cache/page_groups.py): each token also has a s
 sliding group's pool (`window_slots`), or -1 where the sequence had already given that page back
 when the tokens were inserted. A node holds one reference on every distinct sliding page among
 its held window slots. A match is usable only where the window before its end is held (the
-caller shortens it, page_groups.window_match_length); when the sliding pool runs short, the
-least recently used unlocked nodes drop their window slots first (`drop_windows`), keeping their
-full-group KV for matches that end further on.
+caller shortens it, page_groups.window_match_length); when the sliding pool runs short, nodes
+drop their window slots first (`drop_windows`), keeping their full-group KV for matches that end
+further on.
 """
 
 from __future__ import annotations
@@ -220,15 +220,17 @@ class RadixCache:
         return evicted
 
     def drop_windows(self, target_free_pages: int) -> None:
-        """Sliding group short: unlocked nodes give back their window slots, least recently used
-        first, until its pool has `target_free_pages` free or no node holds any."""
+        """Sliding group short: nodes give back their window slots until its pool has
+        `target_free_pages` free or no node holds any. Locked nodes go first: a running sequence
+        resumed from there already (it keeps its own references to the pages it still reads,
+        and its window returns to the cache when it stops); then the others, least recently
+        used first, so waiting conversations keep the windows they resume from."""
         assert self.sliding is not None
         if self.sliding.num_free >= target_free_pages:
             return
         # held slots end a node (an insertion keeps the window before its end): look from there
-        held = [n for n in self.nodes()
-                if n.lock_ref == 0 and any(s >= 0 for s in reversed(n.window_slots))]
-        for node in sorted(held, key=lambda n: n.last_access):
+        held = [n for n in self.nodes() if any(s >= 0 for s in reversed(n.window_slots))]
+        for node in sorted(held, key=lambda n: (n.lock_ref == 0, n.last_access)):
             self._drop_window(node)
             if self.sliding.num_free >= target_free_pages:
                 return
