@@ -28,8 +28,8 @@ import triton.language as tl
 from homelab_llm.engine.kernels.moe_ref import Mx4Weight
 from homelab_llm.engine.kernels.tuning import tiles_for
 
-MX4_BLOCK_N = 32
-MX4_GROUPS = 4  # groups of 32 weights per K step: 128 weights, 64 bytes a row
+MX4_BLOCK_N = 16
+MX4_GROUPS = 8  # groups of 32 weights per K step: 256 weights, 128 bytes a row (H200 sweep)
 
 
 @triton.jit

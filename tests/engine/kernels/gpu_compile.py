@@ -130,6 +130,25 @@ def _scenarios():
         yield lambda kc=kc, vc=vc, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, num_splits=splits, max_seq_len=8192,
             window=128, sinks=sinks)
+    # speculative verify groups: 2 sequences x K+1 = 5 rows, one program per group
+    rows = 10
+    verify_q = torch.zeros((rows, hq, d), dtype=bf16)
+    verify_table = page_table.repeat_interleave(5, dim=0)
+    verify_lens = torch.arange(300, 300 + rows, dtype=i32)
+    verify_qsl = torch.arange(rows + 1, dtype=i32)
+    for cdt, splits in ((bf16, None), (i8, 1)):
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
+            verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, ks, vs, num_splits=splits,
+            max_seq_len=8192, rows_per_seq=5)
+    kc, vc, _, _ = caches(bf16)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, max_seq_len=8192, window=128,
+        sinks=sinks, rows_per_seq=5)
+    # the largest group one program takes (MAX_TILE_ROWS = 16 rows x 4 query heads)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        torch.zeros((32, hq, d), dtype=bf16), kc, vc, page_table.repeat_interleave(16, dim=0),
+        torch.arange(33, dtype=i32), torch.arange(300, 332, dtype=i32), 0.088, max_seq_len=8192, rows_per_seq=16)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
     for cdt in (bf16, i8):
@@ -270,6 +289,8 @@ def _gdn_scenarios():
     for bias in (None, torch.zeros(channels, dtype=bf16)):
         yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
         yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
+    verify_idx = torch.arange(40, dtype=i32) % slots  # a verify step: 8 sequences x K+1 = 5 rows
+    yield lambda: gdn_conv.conv1d_decode(x[:40], weight, None, conv_state, verify_idx, rows_per_seq=5)
     yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
                                           1e-6)
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
@@ -281,6 +302,8 @@ def _gdn_scenarios():
         if batch > 1:
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
+            yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
 
 
 def capture(arch: str) -> list[dict]:

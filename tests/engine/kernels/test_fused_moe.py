@@ -46,6 +46,12 @@ def _experts(gen, e, h, i, dtype, device):
     return w13, w2
 
 
+def _fp32_bound(bound: float, device) -> float:
+    """On a GPU tl.dot takes fp32 operands as TF32 (10-bit mantissa): ~7e-4 relative at full
+    shapes (measured on an H200), so fp32 gets 2e-3 there; the interpreter multiplies in fp32."""
+    return max(bound, 2e-3) if torch.device(device).type == "cuda" else bound
+
+
 @pytest.mark.parametrize("tokens", [1, 8, 37])
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
@@ -59,7 +65,7 @@ def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
     got = fused_moe(x, w13, w2, weights, ids)
     want = moe_experts_ref(x, w13, w2, weights, ids)
     assert got.dtype == x.dtype and got.shape == x.shape
-    assert rel_err(got, want) < bound
+    assert rel_err(got, want) < _fp32_bound(bound, device), rel_err(got, want)
 
 
 @pytest.mark.parametrize("tokens", [1, 21])
@@ -128,7 +134,7 @@ def test_fused_moe_gptoss_matches_reference(tokens, dtype, bound, device, full_s
     for down_bias in (b2, None):
         got = fused_moe(x, w13, w2, weights, ids, b13=b13, b2=down_bias, clamp=(1.702, 0.7))
         want = gptoss_experts_ref(x, w13, b13, w2, down_bias, weights, ids, 1.702, 0.7)
-        assert rel_err(got, want) < bound, rel_err(got, want)
+        assert rel_err(got, want) < _fp32_bound(bound, device), rel_err(got, want)
 
 
 def _random_mx4(gen, e, n, k, device):
