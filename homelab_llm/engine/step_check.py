@@ -33,18 +33,14 @@ def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, sc
     max_seq_len = header.max_seq_len
     if t == 0:
         return
-    slots = payload[2 * t:3 * t]
-    slots = slots[slots != -1]  # -1: a padding row of a hybrid verify group writes no K/V
     table_start = 3 * t + (b + 1) + b
-    table = payload[table_start:table_start + b * max_pages]
-    slots_ok = slots.numel() == 0 or (
-        int(slots.min()) >= 0 and int(slots.max()) < bounds.num_pages * bounds.page_size)
-    pages_ok = table.numel() == 0 or (int(table.min()) >= 0 and int(table.max()) < bounds.num_pages)
+    pages_ok = _in_pool(payload[2 * t:3 * t], payload[table_start:table_start + b * max_pages],
+                        bounds.num_pages, bounds.page_size)
     if header.sliding:
         at = table_start + b * max_pages + header.num_logits + 2 * b
         pages_ok = pages_ok and _in_pool(payload[at:at + t], payload[at + t:at + t + b * max_pages],
                                          bounds.sliding_pages, bounds.page_size)
-    if max_seq_len <= bounds.max_positions and slots_ok and pages_ok:
+    if max_seq_len <= bounds.max_positions and pages_ok:
         return
     for item in scheduled:
         fault = sequence_fault(item.seq, item.num_new_tokens, bounds)
@@ -55,8 +51,10 @@ def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, sc
 
 
 def _in_pool(slots: torch.Tensor, table: torch.Tensor, num_pages: int, page_size: int) -> bool:
-    return (int(slots.min()) >= 0 and int(slots.max()) < num_pages * page_size
-            and (table.numel() == 0 or (int(table.min()) >= 0 and int(table.max()) < num_pages)))
+    """Every KV slot and page id of one page group inside its pool."""
+    slots = slots[slots != -1]  # -1: a padding row of a hybrid verify group writes no K/V
+    slots_ok = slots.numel() == 0 or (int(slots.min()) >= 0 and int(slots.max()) < num_pages * page_size)
+    return slots_ok and (table.numel() == 0 or (int(table.min()) >= 0 and int(table.max()) < num_pages))
 
 
 def sequence_fault(seq, num_new_tokens: int, bounds: StepBounds) -> str | None:
