@@ -1,8 +1,8 @@
 """The CPU default for a GGUF Q4 model (device.fast_cpu_default): 4-bit linears through torch's
 int4 kernel in bf16, an int8 LM head, everything else fp32; --dtype float32 stays exact.
 
-Bounds, on the real SmolLM2-135M Q4_1 file, four short prompts each run greedily on the exact
-path for 12 steps, then both paths teacher-forced over prompt + continuation:
+Bounds, on the real SmolLM2-135M Q4_1 file, three short prompts each run greedily on the exact
+path for 8 steps, then both paths teacher-forced over prompt + continuation:
 - logits within 0.05 of the exact path, relative: ||fast - exact|| / ||exact|| < 0.05 and
   max |fast - exact| < 0.05 * max |exact| (observed 0.008-0.017 and up to 0.019; the logits
   reach ~40, so single logits move by up to ~0.7 in absolute terms);
@@ -27,9 +27,8 @@ from model_reference import PagedHarness
 pytestmark = pytest.mark.skipif(not w4a16_cpu.cpu_kernel_available(),
                                 reason="this torch has no CPU int4 kernel")
 
-PROMPTS = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "def fibonacci(n):\n",
-           "Once upon a time, in a small village,"]
-STEPS = 12
+PROMPTS = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "Once upon a time, in a small village,"]
+STEPS = 8
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -111,7 +110,7 @@ def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
     """Decode steps (one row: the int4 kernel) and a prefill of the same tokens (the many-row
     path once past DENSE_ROWS) compute the same logits up to the bf16 kernels' rounding."""
     _, fast = models
-    ids = (smollm2_tokenizer.encode(PROMPTS[3]) * 20)[: w4a16_cpu.DENSE_ROWS + 8]
+    ids = (smollm2_tokenizer.encode(PROMPTS[2]) * 20)[: w4a16_cpu.DENSE_ROWS + 8]
     whole = PagedHarness(fast, num_pages=16, page_size=16).step({"s": ids})
     harness = PagedHarness(fast, num_pages=16, page_size=16)
     harness.step({"s": ids[:-4]})
