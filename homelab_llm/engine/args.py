@@ -131,14 +131,16 @@ class EngineArgs:
                             f"(default: {d.load_format})")
         g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                        help="compute dtype; auto picks bfloat16 on GPUs that have it, float32 on "
-                            f"the CPU (default: {d.dtype})")
+                            "the CPU with 4-bit weights (a GGUF Q4 file's too) run through the "
+                            "bf16 int4 kernel; float32 on the CPU is the exact mode (every weight "
+                            f"dequantized) (default: {d.dtype})")
         g.add_argument("--device", default=d.device,
                        help="auto, cpu, cuda or cuda:N (HIP GPUs are cuda too); auto takes the "
                             f"first GPU, else the CPU (default: {d.device})")
         g.add_argument("--quantization", default=None,
                        help="w4a16: 4-bit weights, 16-bit activations, quantized at load from a "
-                            "16-bit checkpoint (GGUF Q4, GPTQ and AutoRound checkpoints are "
-                            "detected without it)")
+                            "16-bit checkpoint (GPTQ and AutoRound checkpoints are detected "
+                            "without it; GGUF Q4 files too on the CPU unless --dtype float32)")
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                        help="split every layer across this many GPUs of this machine "
                             f"(default: {d.tensor_parallel_size})")

@@ -41,14 +41,19 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def fast_cpu_default(dtype: str, device: torch.device) -> bool:
+    """--dtype auto on the CPU: 4-bit weights (a GGUF Q4 file's included) run through torch's
+    int4 kernel in bf16 and the LM head through an int8 copy, while the rest of the model stays
+    fp32 (kernels/w4a16_cpu.py has the numbers). --dtype float32 is the exact mode."""
+    return device.type == "cpu" and dtype == "auto"
+
+
 def resolve_dtype(dtype: str, device: torch.device, quantization: str | None = None) -> torch.dtype:
+    del quantization  # the CPU keeps fp32 around 4-bit matmuls too (fast_cpu_default)
     if dtype == "auto":
-        # fp32 on the CPU: exact against references and as fast as bf16 there for small dense
-        # models. 4-bit weights on the CPU want bf16: torch's int4 kernel only runs fast with bf16
-        # activations (fp32 falls back to an exact but ~20x slower reference).
-        if device.type == "cuda" or quantization == "w4a16":
-            return torch.bfloat16
-        return torch.float32
+        # fp32 on the CPU: exact against references, as fast as bf16 there for elementwise work,
+        # and the fast default computes only its 4-bit matmuls in bf16.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
         raise EngineArgsError(f"--dtype {dtype!r} is not supported; use auto, float32, bfloat16 or float16")
     return DTYPES[dtype]
@@ -66,11 +71,18 @@ class ModelTarget:
 
 def resolve_target(args: EngineArgs) -> ModelTarget:
     # The loader pulls in the model code: imported here so `homelab_llm.engine.device` stays light.
-    from homelab_llm.engine.model.loader import load_model_config, resolve_format, resolve_quantization
+    from homelab_llm.engine.model.loader import (
+        default_quantization,
+        load_model_config,
+        resolve_format,
+        resolve_quantization,
+    )
 
     path = resolve_model_path(args.model)
     device = resolve_device(args.device)
     config = load_model_config(path, args.load_format, args.hf_overrides)
-    quantization = resolve_quantization(config, resolve_format(path, args.load_format),
-                                        args.quantization)
+    fmt = resolve_format(path, args.load_format)
+    wanted = args.quantization or default_quantization(
+        path, fmt, fast_cpu_default(args.dtype, device))
+    quantization = resolve_quantization(config, fmt, wanted)
     return ModelTarget(path, device, config, quantization, resolve_dtype(args.dtype, device, quantization))

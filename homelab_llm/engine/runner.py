@@ -19,6 +19,7 @@ from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.cache.verify_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
+from homelab_llm.engine.device import fast_cpu_default
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
@@ -94,7 +95,8 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         self.model = load_model(config, model_path, args.load_format, dtype, device,
-                                tp_rank=tp_rank, tp_size=tp_size, quantization=args.quantization)
+                                tp_rank=tp_rank, tp_size=tp_size, quantization=args.quantization,
+                                fast_cpu=fast_cpu_default(args.dtype, device))
         weights = sum(t.numel() * t.element_size()
                       for t in list(self.model.parameters()) + list(self.model.buffers()))
         if device.type == "cuda":

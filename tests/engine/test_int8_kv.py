@@ -71,7 +71,8 @@ def test_int8_keeps_greedy_text_and_top1_logprobs(smollm2_path: Path) -> None:
     params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True)
     results = {}
     for dtype in ("bf16", "int8"):
-        llm = LLM(str(smollm2_path), device="cpu", kv_cache_dtype=dtype,
+        # The exact model (--dtype float32): only the KV cache differs between the two runs.
+        llm = LLM(str(smollm2_path), device="cpu", dtype="float32", kv_cache_dtype=dtype,
                   kv_cache_memory_bytes=64 << 20, max_model_len=512)
         results[dtype] = llm.generate(PROMPTS, params)
         if dtype == "int8":

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import dispatch, w4a16_cpu
-from homelab_llm.engine.kernels.ref import w4a16_matmul_ref
+from homelab_llm.engine.kernels.ref import dequantize_w4_ref, w4a16_matmul_ref
 from homelab_llm.engine.kernels.w4a16_pack import from_parts, quantize_rtn
 from homelab_llm.engine.layers.linear import ColumnParallelLinear
 
@@ -51,26 +51,52 @@ def test_act_order_permutation_is_applied():
     assert _rel(got, w4a16_matmul_ref(x, w)) > 0.1
 
 
-def test_linear_on_cpu_takes_the_kernel_for_bf16_only(monkeypatch):
+def test_linear_takes_the_kernel_when_it_computes_in_bf16(monkeypatch):
+    """The layer's compute dtype decides, not the activations': an fp32 layer stays exact, a bf16
+    one (or an fp32 model's layer told compute_w4_in(bf16), the CPU default) takes the kernel."""
     torch.manual_seed(1)
     layer = ColumnParallelLinear(256, 64)
     w = quantize_rtn(torch.randn(64, 256) * 0.05, 64)
     layer.set_w4(w, torch.float32)
     assert layer.w4.cpu_pack is None  # an fp32 model never takes the kernel: no second copy
+    x = torch.randn(2, 256)
+    exact = w4a16_matmul_ref(x, w)
+    assert torch.equal(layer(x), exact)  # the exact reference
     layer.set_w4(w, torch.bfloat16)
     assert layer.w4.cpu_pack is not None
     # The repacked copy is registered, so memory accounting sees it.
     names = {name for name, _ in layer.named_buffers()}
     assert {"w4_qweight", "w4_cpu_packed", "w4_cpu_scales_and_zeros"} <= names
-    x = torch.randn(2, 256)
-    exact = w4a16_matmul_ref(x, w)
-    assert torch.equal(layer(x), exact)  # fp32 activations: the exact reference
     fast = layer(x.bfloat16())
     kernel = w4a16_cpu.w4a16_matmul_cpu(x.bfloat16(), layer.w4.cpu_pack)
     assert fast.dtype == torch.bfloat16 and torch.equal(fast, kernel)
     assert _rel(fast, exact) < 1e-2
+    mixed = layer(x)  # fp32 activations through the bf16 kernel, result back in fp32
+    assert mixed.dtype == torch.float32 and torch.equal(mixed, kernel.float())
+    layer.set_w4(w, torch.float32)
+    layer.compute_w4_in(torch.bfloat16)
+    assert torch.equal(layer(x), kernel.float())
     monkeypatch.setenv("HOMELAB_LLM_KERNELS", "ref")
     assert torch.equal(layer(x.bfloat16()), w4a16_matmul_ref(x.bfloat16(), w))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_many_rows_take_the_dequantized_gemm(symmetric):
+    """From DENSE_ROWS rows on, the weight is dequantized to bf16 for a dense GEMM: the same
+    weight values up to bf16 rounding, so within the kernel's 1e-2 bound of the reference."""
+    torch.manual_seed(3)
+    w = quantize_rtn(torch.randn(48, 128) * 0.05, 32, symmetric)
+    w.cpu_pack = w4a16_cpu.repack_for_cpu(w)
+    dense = w4a16_cpu.dequantize_bf16(w)
+    assert dense.dtype == torch.bfloat16 and dense.shape == (128, 48)
+    torch.testing.assert_close(dense.float(), dequantize_w4_ref(w), atol=0, rtol=2**-8)
+    for rows in (w4a16_cpu.DENSE_ROWS - 1, w4a16_cpu.DENSE_ROWS, 300):
+        x = torch.randn(rows, 128)
+        got = dispatch.w4a16_matmul(x, w)
+        assert got.dtype == torch.float32 and got.shape == (rows, 48)
+        assert _rel(got, w4a16_matmul_ref(x, w)) < 1e-2
+    x = torch.randn(1, 5, 128)  # leading dims kept; few rows take the int4 kernel itself
+    assert torch.equal(dispatch.w4a16_matmul(x, w), w4a16_cpu.w4a16_matmul_cpu(x, w.cpu_pack))
 
 
 def test_shapes_the_kernel_cannot_take_fall_back_to_the_reference():

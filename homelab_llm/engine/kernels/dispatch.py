@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from homelab_llm.engine.kernels import ref
 
@@ -114,20 +115,30 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
 def w4a16_matmul(x: torch.Tensor, weight) -> torch.Tensor:
     """x [..., K] @ W4Weight -> [..., N] in x's dtype (weight from kernels.w4a16_pack).
 
-    On the CPU, bf16 activations take torch's int4 kernel (weight.cpu_pack, repacked at load),
-    which computes in bf16. fp32 activations keep the exact reference: a model run in fp32 asked
-    for fp32 numerics (the int4 kernel has no fast fp32 path). HOMELAB_LLM_KERNELS=ref forces it.
+    On the CPU, a weight repacked at load (weight.cpu_pack: its layer computes its 4-bit matmuls
+    in bf16) takes torch's int4 kernel, or a dequantized bf16 GEMM for many rows, whatever x's
+    dtype. Without a pack (a model asked for exact fp32 numerics) the exact reference runs.
+    HOMELAB_LLM_KERNELS=ref forces the reference.
     """
     if use_triton(x):
         from homelab_llm.engine.kernels import w4a16
 
         return w4a16.w4a16_matmul(x, weight)
-    if (weight.cpu_pack is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu"
-            and _kernels_env() != "ref"):
-        from homelab_llm.engine.kernels.w4a16_cpu import w4a16_matmul_cpu
+    if weight.cpu_pack is not None and x.device.type == "cpu" and _kernels_env() != "ref":
+        from homelab_llm.engine.kernels.w4a16_cpu import w4a16_matmul_cpu_rows
 
-        return w4a16_matmul_cpu(x, weight.cpu_pack)
+        return w4a16_matmul_cpu_rows(x, weight)
     return ref.w4a16_matmul_ref(x, weight)
+
+
+def int8_logits(x: torch.Tensor, packed, dense: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ W.T -> float32 [M, N] for the CPU LM head: through `packed` (a
+    kernels.int8_cpu.CpuInt8Weight of W), or W's `dense` copy when HOMELAB_LLM_KERNELS=ref."""
+    if _kernels_env() == "ref":
+        return F.linear(x, dense).float()
+    from homelab_llm.engine.kernels.int8_cpu import int8_matmul_cpu
+
+    return int8_matmul_cpu(x, packed)
 
 
 def route_topk(router_logits: torch.Tensor, top_k: int,

@@ -9,16 +9,20 @@ Our layout (w4a16_pack.W4Weight) is W = q * scale + bias, so zero = bias + 8 * s
 numbers, repacked once at load. Only bf16 activations take the vectorized path in torch 2.13
 (fp32 and fp16 fall back to a scalar loop 20-100x slower, measured on an AVX-512 Xeon), so the
 kernel runs in bf16 (scales and zeros too): ~2-3e-3 relative error per matmul against the exact
-fp32 reference. dispatch.w4a16_matmul therefore routes bf16 activations here and keeps fp32 ones
-on the exact reference.
+fp32 reference. A layer gets the repacked copy only when its 4-bit matmuls are to compute in
+bf16 (LinearBase.set_w4); activations of any dtype are then cast to bf16 and the result back.
 
-Measured on SmolLM2-135M Q4_1 (GGUF, group 32 with a min), 2 shared Xeon cores, decode tok/s
-best of 3 (2026-11-29): fp32 dense (the CPU default) 23.0 at batch 1 / 72.6 at batch 8; bf16
-W4A16 through this kernel 32.8 / 98.7; fp32 W4A16 on the exact reference 1.8 / 12.6. Logits of
-bf16 W4A16 against the fp32 default: 1.2e-2 to 2.9e-2 relative over five prompts (teacher-forced,
-greedy picks agree on >= 96% of steps); bf16 dense alone is 1.4e-2 to 2.2e-2 off. That is above
-the 1e-2 bar, so GGUF Q4 models stay dense fp32 by default on the CPU; --dtype bfloat16
---quantization w4a16 is the fast CPU setting.
+Many rows (prompt processing) are compute-bound, and the int4 kernel is no faster there than an
+fp32 GEMM; dequantizing the weight to bf16 once per call and running oneDNN's bf16 GEMM is ~2x
+faster from ~100 rows up (2 shared EPYC cores, 576x3072 at 512 rows: int4 23 ms, dequantize
+3.4 ms + bf16 GEMM 10 ms). DENSE_ROWS picks the path.
+
+The CPU default for a GGUF Q4 model (device.fast_cpu_default) runs the model in fp32 with these
+matmuls in bf16: SmolLM2-135M Q4_1 logits 0.8-1.7% (relative, Frobenius) from the exact fp32
+path over four prompts, greedy picks the same on >= 95% of steps. The whole model in bf16 was
+1.2-2.9% off (2026-11-29): the fp32 residual stream, norms and attention account for the gap.
+Decode at batch 1 on one shared EPYC core (2026-12-01, CPU time, load 5-15): ~30 tok/s against
+~12.5 for the exact path; about half of the step is still per-op dispatch of the small ops.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch
 # Group sizes the CPU kernel accepts; N must be a multiple of 16 (its packing block).
 CPU_GROUP_SIZES = (32, 64, 128, 256)
 _N_BLOCK = 16
+# From this many rows on, dequantize to bf16 and run a dense GEMM (see the module docstring).
+DENSE_ROWS = 128
 
 
 @dataclass
@@ -67,6 +73,31 @@ def repack_for_cpu(w) -> CpuInt4Weight:
     scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(torch.bfloat16).contiguous()
     return CpuInt4Weight(packed, scales_and_zeros, w.group_size, w.in_features, w.out_features,
                          w.perm)
+
+
+def dequantize_bf16(w) -> torch.Tensor:
+    """W4Weight -> bf16 [K, N] in the kernel's (possibly act-order permuted) input order."""
+    from homelab_llm.engine.kernels.w4a16_pack import unpack_int4
+
+    k, n, g = w.in_features, w.out_features, w.group_size
+    q = unpack_int4(w.qweight, dim=0).view(k // g, g, n).float()
+    # fp32, rounded once: q * scale + bias cancels (symmetric: bias = -8 * scale), and rounding
+    # scale and bias to bf16 first would leave errors large against the small results.
+    w_kn = torch.addcmul(w.biases.float().unsqueeze(1), q, w.scales.float().unsqueeze(1))
+    return w_kn.view(k, n).to(torch.bfloat16)
+
+
+def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
+    """x [..., K] @ W4Weight with a CPU pack, in x's dtype: the int4 kernel for few rows, a
+    dequantized bf16 GEMM for DENSE_ROWS rows and more."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows < DENSE_ROWS:
+        return w4a16_matmul_cpu(x, w.cpu_pack)
+    x2 = x.reshape(-1, w.in_features)
+    if w.perm is not None:
+        x2 = x2[:, w.perm]
+    out = torch.mm(x2.to(torch.bfloat16), dequantize_bf16(w))
+    return out.to(x.dtype).view(*x.shape[:-1], w.out_features)
 
 
 def w4a16_matmul_cpu(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:

@@ -6,10 +6,13 @@ length (the padding rows are zero and their logits are cut off after the gather)
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.parallel.state import all_gather_last_dim, all_reduce, tp_rank, tp_size
 from homelab_llm.engine.sharding import padded_shard
 
@@ -46,10 +49,34 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """hidden -> float32 logits over the full vocabulary. With tied embeddings the model points
-    this layer's weight at the embedding's parameter instead of loading its own."""
+    this layer's weight at the embedding's parameter instead of loading its own.
+
+    On the CPU's quantized default the head also keeps an int8 copy (kernels/int8_cpu.py, a
+    quarter of the fp32 bytes: the head is the largest single read of a small model's decode
+    step) and computes the logits from it; the dense weight stays for the embedding lookup."""
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__(vocab_size, hidden_size)
+        self.cpu_int8: Any = None
+
+    def quantize_for_cpu(self) -> bool:
+        """Build the int8 copy from the loaded weight; False (nothing done) where the kernel
+        cannot take this shape or the weight is not on the CPU."""
+        from homelab_llm.engine.kernels import int8_cpu
+
+        if self.weight.device.type != "cpu" or not int8_cpu.supports(self.weight):
+            return False
+        self.cpu_int8 = int8_cpu.quantize_int8_for_cpu(self.weight)
+        # Registered so memory accounting counts them.
+        self.register_buffer("cpu_int8_packed", self.cpu_int8.packed, persistent=False)
+        self.register_buffer("cpu_int8_scales", self.cpu_int8.scales_and_zeros, persistent=False)
+        return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        if self.cpu_int8 is not None and hidden.device.type == "cpu":
+            logits = dispatch.int8_logits(hidden, self.cpu_int8, self.weight)
+        else:
+            logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = all_gather_last_dim(logits)[..., : self.vocab_size]
         return logits.float()

@@ -77,8 +77,9 @@ class LinearBase(nn.Module):
 
     def set_w4(self, w4: Any, activation_dtype: torch.dtype | None = None) -> None:
         """Use a 4-bit weight (W4Weight, [in, out] groups) from now on; the dense weight goes.
-        On the CPU with bf16 activations it is also repacked once for torch's int4 kernel
-        (kernels/w4a16_cpu.py); fp32 activations use the exact reference and need no copy."""
+        activation_dtype: what the 4-bit matmuls compute in. bf16 on the CPU also repacks the
+        weight once for torch's int4 kernel (kernels/w4a16_cpu.py); fp32 uses the exact
+        reference and needs no copy."""
         if (w4.in_features, w4.out_features) != (self.in_features, self.out_features):
             raise ValueError(f"4-bit weight is {w4.in_features}x{w4.out_features}, this layer "
                              f"{self.in_features}x{self.out_features}")
@@ -87,6 +88,12 @@ class LinearBase(nn.Module):
             self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
         self.w4 = w4
         self.w4_activation_dtype = activation_dtype
+        self._attach_cpu_pack()
+
+    def compute_w4_in(self, dtype: torch.dtype) -> None:
+        """Compute the 4-bit matmuls in `dtype` from now on, whatever the activations' dtype
+        (bf16: the CPU kernel; model/cpu_kernels.py sets it on an fp32 model)."""
+        self.w4_activation_dtype = dtype
         self._attach_cpu_pack()
 
     def _attach_cpu_pack(self) -> None:

@@ -130,6 +130,12 @@ class GGUFFile:
         self.check_tensor_types()
         return cfg
 
+    def has_four_bit_linears(self) -> bool:
+        """Whether any linear weight is stored 4-bit (a W4A16 load would keep it 4-bit)."""
+        return any(t.type_name in FOUR_BIT_TYPES and len(t.shape) == 2
+                   and (hf_name(t.name) or "").endswith("proj.weight")
+                   for t in self.tensors.values())
+
     def check_tensor_types(self) -> None:
         for t in self.tensors.values():
             if t.type_name not in SUPPORTED_TENSOR_TYPES:

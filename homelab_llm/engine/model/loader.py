@@ -114,9 +114,19 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def default_quantization(path: str | Path, fmt: str, fast_cpu: bool) -> str | None:
+    """What no --quantization means for this file: "w4a16" for a GGUF with 4-bit linears on the
+    CPU's fast default (device.fast_cpu_default), else None (resolve_quantization decides)."""
+    if not fast_cpu or fmt != "gguf":
+        return None
+    from homelab_llm.engine.model.gguf_file import open_gguf
+
+    return "w4a16" if open_gguf(path).has_four_bit_linears() else None
+
+
 def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None) -> str | None:
     """None (dense, the model dtype) or "w4a16". A GPTQ/AutoRound/AWQ checkpoint implies w4a16;
-    GGUF Q4 files are dequantized unless asked (the CPU's exact fp32 path stays the default)."""
+    GGUF Q4 files are dequantized unless asked (default_quantization asks on the CPU default)."""
     if quantization is not None and quantization.lower() != "w4a16":
         raise UnsupportedModelError(f"quantization {quantization!r} is not supported; use w4a16")
     implied = fmt in ("safetensors", "dummy") and parse_quant_config(config.quantization) is not None
@@ -129,11 +139,23 @@ def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None
 
 def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
                device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
-               quantization: str | None = None) -> nn.Module:
+               quantization: str | None = None, fast_cpu: bool = False) -> nn.Module:
     """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit, dummy weights are
-    random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it."""
+    random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it. fast_cpu
+    (device.fast_cpu_default): a GGUF Q4 file loads 4-bit unasked, and a 4-bit model computes
+    its 4-bit matmuls in bf16 and its logits from an int8 LM head (model/w4a16.use_cpu_kernels)."""
     fmt = resolve_format(path, load_format)
-    method = resolve_quantization(config, fmt, quantization)
+    method = resolve_quantization(config, fmt, quantization or default_quantization(path, fmt, fast_cpu))
+    model = _load(config, path, fmt, method, dtype, device, tp_rank, tp_size)
+    if fast_cpu and method == "w4a16" and torch.device(device).type == "cpu":
+        from homelab_llm.engine.model.cpu_kernels import use_cpu_kernels
+
+        use_cpu_kernels(model)
+    return model
+
+
+def _load(config: ModelConfig, path: str | Path, fmt: str, method: str | None, dtype: torch.dtype,
+          device: torch.device | str, tp_rank: int, tp_size: int) -> nn.Module:
     if (parallel_state.tp_rank(), parallel_state.tp_size()) != (tp_rank, tp_size):
         # Layers read the rank at construction; keep the process-wide state in step with the call.
         parallel_state.set_parallel_state(tp_rank, tp_size)

@@ -1,0 +1,118 @@
+"""The CPU default for a GGUF Q4 model (device.fast_cpu_default): 4-bit linears through torch's
+int4 kernel in bf16, an int8 LM head, everything else fp32; --dtype float32 stays exact.
+
+Bounds, on the real SmolLM2-135M Q4_1 file, three short prompts each run greedily on the exact
+path for 8 steps, then both paths teacher-forced over prompt + continuation:
+- logits within 0.05 of the exact path, relative: ||fast - exact|| / ||exact|| < 0.05 and
+  max |fast - exact| < 0.05 * max |exact| (observed 0.008-0.017 and up to 0.019; the logits
+  reach ~40, so single logits move by up to ~0.7 in absolute terms);
+- the greedy pick agrees with the exact path's on >= 90% of positions (observed 96-100%);
+- the exact mode loads no 4-bit weight and no int8 head.
+The int8 head alone: a Q8_0 tensor's codes come back exactly, so its product differs from the
+dense one only by bf16 rounding (activations, scales, the two half sums): < 1e-2 relative.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.args import EngineArgs
+from homelab_llm.engine.device import resolve_target
+from homelab_llm.engine.kernels import int8_cpu, w4a16_cpu
+from homelab_llm.engine.layers.linear import LinearBase
+from homelab_llm.engine.model.loader import load_model, load_model_config
+from model_reference import PagedHarness
+
+pytestmark = pytest.mark.skipif(not w4a16_cpu.cpu_kernel_available(),
+                                reason="this torch has no CPU int4 kernel")
+
+PROMPTS = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "Once upon a time, in a small village,"]
+STEPS = 8
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_int8_head_keeps_q8_0_codes():
+    gguf = pytest.importorskip("gguf")
+    torch.manual_seed(0)
+    w = torch.randn(64, 96) * 0.05
+    q8 = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    exact = torch.from_numpy(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0).copy())
+    packed = int8_cpu.quantize_int8_for_cpu(exact)
+    x = torch.randn(3, 96)
+    got = int8_cpu.int8_matmul_cpu(x, packed)
+    assert got.dtype == torch.float32 and got.shape == (3, 64)
+    assert _rel(got, x @ exact.t()) < 1e-2
+    # The codes are exact: a dense weight off the Q8_0 grid is further away than bf16 rounding.
+    assert _rel(int8_cpu.int8_matmul_cpu(x, int8_cpu.quantize_int8_for_cpu(w)), x @ w.t()) > \
+        _rel(got, x @ exact.t()) / 4
+    assert int8_cpu.int8_matmul_cpu(x[:0], packed).shape == (0, 64)
+    with pytest.raises(ValueError, match="features"):
+        int8_cpu.int8_matmul_cpu(torch.randn(1, 32), packed)
+
+
+def test_flags_pick_the_default_or_the_exact_mode(smollm2_path):
+    fast = resolve_target(EngineArgs(model=str(smollm2_path), device="cpu"))
+    assert fast.quantization == "w4a16" and fast.dtype == torch.float32
+    exact = resolve_target(EngineArgs(model=str(smollm2_path), device="cpu", dtype="float32"))
+    assert exact.quantization is None and exact.dtype == torch.float32
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2_path):
+    from homelab_llm.engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(smollm2_path))
+
+
+@pytest.fixture(scope="module")
+def models(smollm2_path):
+    config = load_model_config(smollm2_path)
+    exact = load_model(config, smollm2_path, "gguf", torch.float32, "cpu")
+    fast = load_model(config, smollm2_path, "gguf", torch.float32, "cpu", fast_cpu=True)
+    return exact, fast
+
+
+def test_default_runs_quantized_weights_and_the_exact_mode_does_not(models):
+    exact, fast = models
+    linears = [m for m in fast.modules() if isinstance(m, LinearBase)]
+    assert linears and all(m.weight is None and m.w4.cpu_pack is not None for m in linears)
+    assert fast.lm_head.cpu_int8 is not None
+    assert all(p.dtype == torch.float32 for p in fast.parameters())  # fp32 around the kernels
+    assert all(m.w4 is None and m.weight.dtype == torch.float32
+               for m in exact.modules() if isinstance(m, LinearBase))
+    assert exact.lm_head.cpu_int8 is None
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_default_logits_stay_near_the_exact_path(models, smollm2_tokenizer, prompt):
+    exact, fast = models
+    ids = smollm2_tokenizer.encode(prompt)
+    harness = PagedHarness(exact, num_pages=16, page_size=16)
+    token = int(harness.step({"s": ids})[-1].argmax())
+    continuation = [token]
+    for _ in range(STEPS - 1):
+        token = int(harness.step({"s": [token]})[-1].argmax())
+        continuation.append(token)
+    full = ids + continuation
+    ref = PagedHarness(exact, num_pages=16, page_size=16).step({"s": full})
+    got = PagedHarness(fast, num_pages=16, page_size=16).step({"s": full})
+    assert _rel(got, ref) < 0.05
+    assert float((got - ref).abs().max()) < 0.05 * float(ref.abs().max())
+    agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+    assert agree >= 0.9, f"greedy picks agree on {agree:.0%} of positions"
+
+
+def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
+    """Decode steps (one row: the int4 kernel) and a prefill of the same tokens (the many-row
+    path once past DENSE_ROWS) compute the same logits up to the bf16 kernels' rounding."""
+    _, fast = models
+    ids = (smollm2_tokenizer.encode(PROMPTS[2]) * 20)[: w4a16_cpu.DENSE_ROWS + 8]
+    whole = PagedHarness(fast, num_pages=16, page_size=16).step({"s": ids})
+    harness = PagedHarness(fast, num_pages=16, page_size=16)
+    harness.step({"s": ids[:-4]})
+    steps = torch.cat([harness.step({"s": [t]}) for t in ids[-4:]])
+    assert _rel(steps, whole[-4:]) < 0.05
