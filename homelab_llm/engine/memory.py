@@ -66,7 +66,7 @@ def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: st
     else:
         dtype = resolve_model_dtype(config, model_dtype) if kv_cache_dtype == "auto" else kv_cache_dtype
         per_head = config.head_dim * dtype_bytes(dtype)
-    return 2 * len(config.full_attention_layers) * heads * per_head
+    return 2 * (len(config.full_attention_layers) + config.mtp_layers) * heads * per_head
 
 
 def quantization_method(config: ModelConfig, quantization: str | None) -> str | None:
@@ -140,6 +140,8 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     gdn += gdn_small_param_bytes(config, layout, size)
     layers = (len(config.full_attention_layers) * (attention + common)
               + layout.num_layers * (gdn + common))
+    if config.mtp_layers:  # MTP head: fc (2H -> H, model dtype), 3 norms, its attention layers
+        layers += (config.mtp_layers * (attention + common) + 2 * h * h * size + 3 * h * size)
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
@@ -175,7 +177,8 @@ def moe_weight_delta(config: ModelConfig, size: int, method: str | None, group: 
     if not config.is_moe:
         return 0
     dense = _gated_mlp_bytes(config.hidden_size, config.intermediate_size // tp_size, size, method, group)
-    return len(config.moe_layers) * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
+    sparse = len(config.moe_layers) + config.mtp_layers  # an MoE family's MTP layers are sparse too
+    return sparse * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
 
 
 def moe_activation_bytes(config: ModelConfig, tokens: int, size: int, tp_size: int) -> int:

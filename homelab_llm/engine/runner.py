@@ -102,6 +102,8 @@ class ModelRunner:
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
         self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
         self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
+        # MTP models (config.use_mtp): the last forward's final hidden states [T, H], every row.
+        self.last_hidden: torch.Tensor | None = None
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
@@ -254,6 +256,7 @@ class ModelRunner:
             self.unbind_kv()
         self.pool = None
         self.state_pool = None
+        self.last_hidden = None
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
@@ -304,10 +307,13 @@ class ModelRunner:
         if copies.state:
             assert self.state_pool is not None, "state copies on a model without GDN layers"
             self.state_pool.copy(copies.state.src, copies.state.dst)
-        if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
+        # MTP drafting (spec/mtp_draft.py) reads every row's final hidden state: eager only.
+        keep = self.config.use_mtp
+        if not keep and self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
             return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
+            self.last_hidden = hidden if keep else None
             if batch.logits_indices.numel() == 0:
                 return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
             return self.model.compute_logits(hidden[batch.logits_indices])
