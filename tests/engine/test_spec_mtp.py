@@ -1,0 +1,153 @@
+"""MTP speculative decoding on tiny Qwen3.5 hybrids whose checkpoints carry random `mtp.*` heads.
+
+- The head's drafts equal a plain-torch reference of the formula (transformers' pieces, the whole
+  sequence recomputed from scratch) after the prefill and after every verify step: the head's KV
+  stays right through verification, rollback and batching (fp32; argmax tokens compared exactly).
+- Greedy output with MTP K = 1..3 equals the output without, token for token, batched and
+  single, with prefix caching on (second round served from the cache), dense and MoE.
+- An "echo" head (drafts repeat the target's last token) gets drafts accepted and rejected; the
+  counters add up and, after rejections, the hybrid state equals a never-drafted run's.
+- A checkpoint without MTP heads or tensors, or MTP under tensor parallelism: one-line errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from homelab_llm.engine.memory import kv_bytes_per_token, weight_bytes
+from homelab_llm.engine.model.config import ModelLoadError
+from homelab_llm.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
+from homelab_llm.engine.spec.mtp import enable_mtp
+from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
+from hybrid_shapes import QWEN36_27B
+from moe_reference import make_hf_qwen3_5_moe
+from mtp_reference import add_mtp_weights, make_mtp_checkpoint, reference_drafts
+from test_spec_hybrid import _states
+
+PROMPTS = [[5, 6, 7, 8, 9] * 5, [(7 * i) % 300 + 3 for i in range(30)], [40, 41, 42]]
+
+
+def mtp(k: int) -> str:
+    return json.dumps({"method": "mtp", "num_speculative_tokens": k})
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen3_5_mtp")
+    model, tensors = make_mtp_checkpoint(folder, seed=3)
+    return folder, model, tensors
+
+
+@pytest.fixture(scope="module")
+def want(checkpoint):
+    """Greedy outputs without speculation: for PROMPTS, then for second turns that extend each
+    prompt by its output and two tokens (served from the prefix cache)."""
+    plain = our_llm(checkpoint[0])
+    first = [c.token_ids for c in plain.generate(PROMPTS, greedy(12))]
+    turns = [p + out + [50, 51] for p, out in zip(PROMPTS, first)]
+    second = [c.token_ids for c in plain.generate(turns, greedy(12))]
+    plain.shutdown()
+    return first, turns, second
+
+
+def test_drafts_match_the_reference_through_verify_steps(checkpoint) -> None:
+    folder, model, tensors = checkpoint
+    llm = our_llm(folder, speculative_config=mtp(2))
+    engine = llm.engine
+    for i, prompt in enumerate(PROMPTS[1:]):
+        engine.add_request(str(i), prompt, greedy(10))
+    seqs = list(engine._seqs.values())
+    checked = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in seqs:
+            stored = engine.drafter.proposer.propose(seq.request_id, seq.token_ids, 2)
+            if stored and not seq.is_finished:
+                assert stored == reference_drafts(model, tensors, seq.token_ids, len(stored))
+                checked += 1
+    assert checked >= 6 and engine.spec_stats.num_drafts > 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_output_equals_no_speculation(checkpoint, want, k: int) -> None:
+    first, turns, second = want
+    llm = our_llm(checkpoint[0], speculative_config=mtp(k))
+    assert [c.token_ids for c in llm.generate(PROMPTS, greedy(12))] == first  # batched
+    assert [llm.generate([p], greedy(12))[0].token_ids for p in turns] == second  # alone, cached
+    stats = llm.engine.status()["spec_decode"]
+    assert stats["drafts"] > 0 and stats["draft_tokens"] <= k * stats["drafts"]
+    assert llm.engine.kv.prefix_hit_tokens > 0
+    slots = llm.engine.kv.state_slots
+    assert slots.running_free == slots.num_running  # backups returned too
+    llm.shutdown()
+
+
+def test_moe_head_output_equals_no_speculation(tmp_path) -> None:
+    make_hf_qwen3_5_moe(tmp_path, seed=1)
+    add_mtp_weights(tmp_path, seed=2)
+    expected = [c.token_ids for c in our_llm(tmp_path).generate(PROMPTS, greedy(8))]
+    llm = our_llm(tmp_path, speculative_config=mtp(2))
+    assert llm.engine.runner.model.mtp is not None
+    assert [c.token_ids for c in llm.generate(PROMPTS, greedy(8))] == expected
+    assert llm.engine.status()["spec_decode"]["drafts"] > 0
+
+
+def test_echo_head_accepts_and_rollback_keeps_the_state(tmp_path) -> None:
+    make_mtp_checkpoint(tmp_path, seed=5, echo=True)
+    prompt = [5, 6, 7, 8, 9] * 3  # output: 4 different tokens, then one token repeated
+    plain, spec = our_llm(tmp_path), our_llm(tmp_path, speculative_config=mtp(3))
+    want = plain.generate([prompt], greedy(24))[0].token_ids
+    for llm in (spec, plain):
+        llm.engine.add_request("r", prompt, greedy(24))
+    s_seq, p_seq = spec.engine._seqs["r"], plain.engine._seqs["r"]
+    compared = 0
+    while "r" in spec.engine._seqs:
+        spec.engine.step()
+        if not s_seq.is_decoding or spec.engine.kv.copies.state:
+            continue
+        while p_seq.num_computed_tokens < s_seq.num_computed_tokens and "r" in plain.engine._seqs:
+            plain.engine.step()
+        if p_seq.num_computed_tokens == s_seq.num_computed_tokens:
+            for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            compared += 1
+    assert s_seq.output_token_ids == want and compared >= 1
+    stats = spec.engine.spec_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert stats.accepted_per_position[0] >= stats.accepted_per_position[-1]
+    assert sum(stats.accepted_per_position) == stats.num_accepted_tokens
+
+
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    text = str(err.value)
+    assert "\n" not in text and "--speculative-config" in text
+    return text
+
+
+def test_checkpoint_without_mtp_is_a_one_line_error(tmp_path) -> None:
+    make_hf_qwen3_5(tmp_path, seed=0)  # no mtp_num_hidden_layers
+    with pytest.raises(SpeculativeConfigError) as err:
+        our_llm(tmp_path, speculative_config=mtp(2))
+    assert "mtp_num_hidden_layers" in _one_line(err)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    with pytest.raises(ModelLoadError) as err:  # declared, but no mtp.* tensors
+        our_llm(tmp_path, speculative_config=mtp(2))
+    assert "mtp.fc.weight" in _one_line(err)
+    with pytest.raises(SpeculativeConfigError) as err:
+        enable_mtp(QWEN36_27B, SpeculativeConfig("mtp", 2), tp_size=2)
+    assert "tensor-parallel-size" in _one_line(err)
+
+
+def test_memory_plan_counts_the_head() -> None:
+    with_head = enable_mtp(QWEN36_27B, SpeculativeConfig("mtp", 3), tp_size=1)
+    assert with_head.mtp_layers == 1 and QWEN36_27B.mtp_layers == 0
+    kv, kv_mtp = (kv_bytes_per_token(c, "auto", "bfloat16", 1) for c in (QWEN36_27B, with_head))
+    assert kv_mtp * 16 == kv * 17  # 16 full-attention layers + the head's
+    h = QWEN36_27B.hidden_size
+    extra = weight_bytes(with_head, "bfloat16", None, 1) - weight_bytes(QWEN36_27B, "bfloat16", None, 1)
+    # fc (2H x H) + one full-attention layer (~ 0.4 B parameters at this shape), bf16
+    assert 2 * (2 * h * h) < extra < 2 * (2 * h * h + 500_000_000)
