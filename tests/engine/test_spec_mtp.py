@@ -46,9 +46,9 @@ def want(checkpoint):
     """Greedy outputs without speculation: for PROMPTS, then for second turns that extend each
     prompt by its output and two tokens (served from the prefix cache)."""
     plain = our_llm(checkpoint[0])
-    first = [c.token_ids for c in plain.generate(PROMPTS, greedy(12))]
+    first = [c.token_ids for c in plain.generate(PROMPTS, greedy(8))]
     turns = [p + out + [50, 51] for p, out in zip(PROMPTS, first)]
-    second = [c.token_ids for c in plain.generate(turns, greedy(12))]
+    second = [c.token_ids for c in plain.generate(turns, greedy(8))]
     plain.shutdown()
     return first, turns, second
 
@@ -75,8 +75,8 @@ def test_drafts_match_the_reference_through_verify_steps(checkpoint) -> None:
 def test_greedy_output_equals_no_speculation(checkpoint, want, k: int) -> None:
     first, turns, second = want
     llm = our_llm(checkpoint[0], speculative_config=mtp(k))
-    assert [c.token_ids for c in llm.generate(PROMPTS, greedy(12))] == first  # batched
-    assert [llm.generate([p], greedy(12))[0].token_ids for p in turns] == second  # alone, cached
+    assert [c.token_ids for c in llm.generate(PROMPTS, greedy(8))] == first  # batched
+    assert [llm.generate([p], greedy(8))[0].token_ids for p in turns] == second  # alone, cached
     stats = llm.engine.status()["spec_decode"]
     assert stats["drafts"] > 0 and stats["draft_tokens"] <= k * stats["drafts"]
     assert llm.engine.kv.prefix_hit_tokens > 0
