@@ -340,15 +340,22 @@ def max_concurrency(num_pages: int, page_size: int, seq_len: int) -> int:
     return num_pages // max(math.ceil(seq_len / page_size), 1)
 
 
+def running_state_slots(max_num_seqs: int, speculative: bool) -> int:
+    """Hybrid models' running state slots: one per sequence, and with speculative decoding one
+    more each, the state from before a verify step (restored when a draft is rejected)."""
+    return max_num_seqs * (2 if speculative else 1)
+
+
 def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: int = 1,
          kv_cache_dtype: str = "auto", dtype: str = "auto", quantization: str | None = None,
          gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
          max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, page_size: int = 16,
          enforce_eager: bool = False, enable_prefix_caching: bool = True,
          max_state_snapshots: int | None = None,
-         state_snapshot_memory_bytes: int | None = None) -> MemoryPlan:
+         state_snapshot_memory_bytes: int | None = None, speculative: bool = False) -> MemoryPlan:
     """Split each device's budget into weights, activations, graphs, state, other, and KV (the
-    rest). The snapshot flags mean what EngineArgs' fields of the same names mean."""
+    rest). The snapshot flags mean what EngineArgs' fields of the same names mean; `speculative`:
+    --speculative-config is set (an MTP head is counted when config.use_mtp, spec/mtp.py)."""
     tp = tensor_parallel_size
     _check_tp(tp, 0)
     if gpu_memory_bytes <= 0:
@@ -367,7 +374,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     layout = StateLayout.for_model(config, tp, dtype)
     snapshots = layout.snapshot_count(max_num_seqs, max_state_snapshots,
                                       state_snapshot_memory_bytes, enable_prefix_caching)
-    state = (max_num_seqs + snapshots) * layout.bytes_per_sequence
+    state = (running_state_slots(max_num_seqs, speculative) + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
     per_token = [kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank) for rank in range(tp)]

@@ -16,6 +16,7 @@ from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.context import forward_context
+from homelab_llm.engine.memory import running_state_slots
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
 from homelab_llm.engine.scheduler import ScheduledSeq
@@ -116,8 +117,7 @@ class ModelRunner:
             return 0, 0
         a = self.args
         layout = self.state_layout()
-        # Speculation keeps one more running slot per sequence: its state before a verify step.
-        running = a.max_num_seqs * (2 if a.speculative_config else 1)
+        running = running_state_slots(a.max_num_seqs, bool(a.speculative_config))
         return running, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
                                                       a.state_snapshot_memory_bytes,
                                                       a.enable_prefix_caching)

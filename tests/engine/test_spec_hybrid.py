@@ -64,6 +64,28 @@ def _states(llm, seq) -> list[torch.Tensor]:
     return [t[seq.state_slot].clone() for t in pool.conv_states + pool.ssm_states]
 
 
+def compare_states_while_running(spec, plain, request_id: str) -> int:
+    """Step request `request_id` (added to both engines) to its end in the speculating engine;
+    after the first rejection, whenever the plain engine can stand at the same computed token,
+    assert every layer's state is the same. Returns how many times it compared."""
+    s_seq, p_seq = spec.engine._seqs[request_id], plain.engine._seqs[request_id]
+    compared = 0
+    while request_id in spec.engine._seqs:
+        spec.engine.step()
+        stats = spec.engine.spec_stats
+        rejected = stats.num_draft_tokens - stats.num_accepted_tokens
+        if not rejected or not s_seq.is_decoding:
+            continue
+        # The next forward applies any queued restore; compare right after a plain decode step.
+        while p_seq.num_computed_tokens < s_seq.num_computed_tokens and request_id in plain.engine._seqs:
+            plain.engine.step()
+        if p_seq.num_computed_tokens == s_seq.num_computed_tokens and not spec.engine.kv.copies.state:
+            for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            compared += 1
+    return compared
+
+
 def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
     spec, plain = our_llm(folder, speculative_config=NGRAM), our_llm(folder)
     prompt = PROMPTS[1]
@@ -71,19 +93,4 @@ def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
     spec.engine.drafter.proposer = Oracle({len(prompt): prompt + want})
     for llm in (spec, plain):
         llm.engine.add_request("r", prompt, greedy(24))
-    s_seq, p_seq = spec.engine._seqs["r"], plain.engine._seqs["r"]
-    compared = 0
-    while "r" in spec.engine._seqs:
-        spec.engine.step()
-        stats = spec.engine.spec_stats
-        rejected = stats.num_draft_tokens - stats.num_accepted_tokens
-        if not rejected or not s_seq.is_decoding:
-            continue
-        # The next forward applies any queued restore; compare right after a plain decode step.
-        while p_seq.num_computed_tokens < s_seq.num_computed_tokens and "r" in plain.engine._seqs:
-            plain.engine.step()
-        if p_seq.num_computed_tokens == s_seq.num_computed_tokens and not spec.engine.kv.copies.state:
-            for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-            compared += 1
-    assert compared >= 1
+    assert compare_states_while_running(spec, plain, "r") >= 1

@@ -8,6 +8,7 @@
 - An "echo" head (drafts repeat the target's last token) gets drafts accepted and rejected; the
   counters add up and, after rejections, the hybrid state equals a never-drafted run's.
 - A checkpoint without MTP heads or tensors, or MTP under tensor parallelism: one-line errors.
+- The memory plan (and `plan --speculative-config`) counts the head's weights and KV layer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
 from hybrid_shapes import QWEN36_27B
 from moe_reference import make_hf_qwen3_5_moe
 from mtp_reference import add_mtp_weights, make_mtp_checkpoint, reference_drafts
-from test_spec_hybrid import _states
+from test_spec_hybrid import compare_states_while_running
 
 PROMPTS = [[5, 6, 7, 8, 9] * 5, [(7 * i) % 300 + 3 for i in range(30)], [40, 41, 42]]
 
@@ -99,22 +100,12 @@ def test_echo_head_accepts_and_rollback_keeps_the_state(tmp_path) -> None:
     make_mtp_checkpoint(tmp_path, seed=5, echo=True)
     prompt = [5, 6, 7, 8, 9] * 3  # output: 4 different tokens, then one token repeated
     plain, spec = our_llm(tmp_path), our_llm(tmp_path, speculative_config=mtp(3))
-    want = plain.generate([prompt], greedy(24))[0].token_ids
+    want = plain.generate([prompt], greedy(16))[0].token_ids
     for llm in (spec, plain):
-        llm.engine.add_request("r", prompt, greedy(24))
-    s_seq, p_seq = spec.engine._seqs["r"], plain.engine._seqs["r"]
-    compared = 0
-    while "r" in spec.engine._seqs:
-        spec.engine.step()
-        if not s_seq.is_decoding or spec.engine.kv.copies.state:
-            continue
-        while p_seq.num_computed_tokens < s_seq.num_computed_tokens and "r" in plain.engine._seqs:
-            plain.engine.step()
-        if p_seq.num_computed_tokens == s_seq.num_computed_tokens:
-            for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-            compared += 1
-    assert s_seq.output_token_ids == want and compared >= 1
+        llm.engine.add_request("r", prompt, greedy(16))
+    seq = spec.engine._seqs["r"]
+    assert compare_states_while_running(spec, plain, "r") >= 1
+    assert seq.output_token_ids == want
     stats = spec.engine.spec_stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     assert stats.accepted_per_position[0] >= stats.accepted_per_position[-1]
@@ -151,3 +142,19 @@ def test_memory_plan_counts_the_head() -> None:
     extra = weight_bytes(with_head, "bfloat16", None, 1) - weight_bytes(QWEN36_27B, "bfloat16", None, 1)
     # fc (2H x H) + one full-attention layer (~ 0.4 B parameters at this shape), bf16
     assert 2 * (2 * h * h) < extra < 2 * (2 * h * h + 500_000_000)
+
+
+def test_plan_cli_counts_the_head_and_backup_states(capsys) -> None:
+    from homelab_llm.cli import main
+    from homelab_llm.hwcheck.plan_command import model_configs_dir
+
+    def plan(*extra: str) -> dict:
+        assert main(["plan", str(model_configs_dir() / "Qwen3.6-27B.json"), "--gpu-memory", "80GiB",
+                     "--max-num-seqs", "4", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["per_device"][0]
+
+    plain, spec = plan(), plan("--speculative-config", mtp(3))
+    assert spec["kv_bytes_per_token"] * 16 == plain["kv_bytes_per_token"] * 17
+    assert spec["weights_bytes"] > plain["weights_bytes"]
+    # one more running state slot per sequence: the backup a rejected draft restores
+    assert spec["state_bytes"] - plain["state_bytes"] == 4 * plain["state_bytes_per_sequence"]
