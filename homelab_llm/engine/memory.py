@@ -368,7 +368,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     method = quantization_method(config, quantization)
     budget = int(gpu_memory_bytes * gpu_memory_utilization)
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)
-    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager)
+    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager or config.use_mtp)  # runner.eager
     other = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     buffers = rope_table_bytes(config)
     layout = StateLayout.for_model(config, tp, dtype)

@@ -103,7 +103,7 @@ class ModelRunner:
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
         self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
         self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
-        # MTP models (config.use_mtp): the last forward's final hidden states [T, H], every row.
+        # MTP models (config.use_mtp, eager): the last forward's final hidden states [T, H].
         self.last_hidden: torch.Tensor | None = None
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
@@ -197,7 +197,7 @@ class ModelRunner:
 
     def _graph_reserve(self) -> int:
         """Room kept for decode graphs before the KV cache takes the rest (measured after)."""
-        if self.args.enforce_eager:
+        if self.eager:
             return 0
         from homelab_llm.engine.memory import graph_bytes
 
@@ -211,9 +211,15 @@ class ModelRunner:
         self.refresh_memory()
         return self.pool
 
+    @property
+    def eager(self) -> bool:
+        """No decode graphs: asked for, or an MTP model (spec/mtp_draft.py reads every step's
+        final hidden states, which a graph does not give back)."""
+        return self.args.enforce_eager or self.config.use_mtp
+
     def capture_graphs(self, max_model_len: int) -> None:
         """Decode graphs for every padded batch size up to max_num_seqs (GPU only)."""
-        if self.device.type != "cuda" or self.args.enforce_eager:
+        if self.device.type != "cuda" or self.eager:
             return
         from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, kv_splits_for
 
@@ -307,13 +313,11 @@ class ModelRunner:
         if copies.state:
             assert self.state_pool is not None, "state copies on a model without GDN layers"
             self.state_pool.copy(copies.state.src, copies.state.dst)
-        # MTP drafting (spec/mtp_draft.py) reads every row's final hidden state: eager only.
-        keep = self.config.use_mtp
-        if not keep and self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
+        if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
             return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
-            self.last_hidden = hidden if keep else None
+            self.last_hidden = hidden if self.config.use_mtp else None
             if batch.logits_indices.numel() == 0:
                 return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
             return self.model.compute_logits(hidden[batch.logits_indices])

@@ -98,8 +98,9 @@ class MtpDrafter:
         self.max_model_len = max_model_len
         self.page_size = runner.page_size
 
-    def chain_length(self, seq: Sequence, num_running: int) -> int:
-        """Drafts to make for `seq`: what the drafter will take, cut to the pages that fit."""
+    def reserve_chain(self, seq: Sequence, num_running: int) -> int:
+        """Drafts to make for `seq`: what the drafter will take, cut to the pages that fit; the
+        pages its chain rows write are taken here (the next verify step needs them anyway)."""
         k = 0 if seq.grammar is not None else room_for_drafts(seq, self.proposer.k, self.max_model_len)
         while k > 1:
             end = seq.num_tokens - 2 + k  # chain rows reach position num_tokens + k - 3
@@ -124,7 +125,7 @@ class MtpDrafter:
             rows.add(seq, seq.token_ids[w.start + 1:w.start + 1 + kept], w.start, self.page_size)
             hidden_rows.extend(range(w.first_row, w.first_row + kept))
             if w.start + kept == seq.num_tokens - 1 and seq.num_output_tokens > 0:
-                k = self.chain_length(seq, num_running)
+                k = self.reserve_chain(seq, num_running)
                 if k:
                     rows.logits_rows.append(len(rows.ids) - 1)
                     chains.append((seq, k))
