@@ -99,6 +99,8 @@ def _w4a16_group_size(config: ModelConfig) -> int:
 
 def _linear_bytes(in_features: int, out_features: int, dtype_size: int, method: str | None,
                   group_size: int) -> int:
+    if method == "mxfp4":  # gpt-oss experts: 4-bit codes and a one-byte scale per 32 weights
+        return in_features * out_features // 2 + in_features * out_features // 32
     if method == "w4a16":
         groups = math.ceil(in_features / group_size)
         packed = in_features * out_features // 2
@@ -163,8 +165,9 @@ def moe_layer_mlp_bytes(config: ModelConfig, size: int, method: str | None, grou
     shards, and the shared expert with its gate."""
     h = config.hidden_size
     total = config.num_experts * h * size
+    expert_method = "mxfp4" if config.experts_mxfp4 else method
     total += config.num_experts * _gated_mlp_bytes(h, config.moe_intermediate_size // tp_size,
-                                                   size, method, group)
+                                                   size, expert_method, group)
     if config.has_shared_expert:
         total += _gated_mlp_bytes(h, config.shared_expert_intermediate_size // tp_size, size,
                                   method, group) + h * size

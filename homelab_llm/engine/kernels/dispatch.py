@@ -72,6 +72,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return ref.rms_norm_ref(x, weight, eps)
 
 
+def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(qkv):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+
+
 def add_rms_norm(x, residual, weight, eps):
     if use_triton(x):
         from homelab_llm.engine.kernels import elementwise
@@ -131,13 +140,21 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
 
 
 def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
+              b2: torch.Tensor | None = None,
+              clamp: tuple[float, float] | None = None) -> torch.Tensor:
     """x [T, H] through the picked experts, router-weighted and summed -> [T, H] in x's dtype.
-    w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 and w2 None (4-bit)."""
+    w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 / MoeMx4 and w2 None.
+    gpt-oss: expert biases b13 [E, 2I] / b2 [E, H] and clamp = (alpha, limit) for its clamped
+    SwiGLU (kernels/moe_gptoss_ref.py)."""
     if use_triton(x):
         from homelab_llm.engine.kernels.fused_moe import fused_moe as fused_moe_triton
 
-        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, b13=b13, b2=b2, clamp=clamp)
+    if clamp is not None:
+        from homelab_llm.engine.kernels.moe_gptoss_ref import gptoss_experts_ref
+
+        return gptoss_experts_ref(x, w13, b13, w2, b2, topk_weights, topk_ids, *clamp)
     from homelab_llm.engine.kernels.moe_ref import moe_experts_ref
 
     return moe_experts_ref(x, w13, w2, topk_weights, topk_ids)

@@ -120,6 +120,7 @@ class ModelConfig:
     o_proj_bias: bool = False
     swiglu_alpha: float = 0.0  # 0: plain SiLU experts
     swiglu_limit: float = 0.0
+    experts_mxfp4: bool = False  # gpt-oss as published: experts resident in MXFP4, decoded in-kernel
 
     @property
     def is_hybrid(self) -> bool:
@@ -345,8 +346,9 @@ def window_fields(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, An
 
 
 def checkpoint_quantization(raw: Mapping[str, Any], arch: str) -> Mapping[str, Any] | None:
-    """The quantization_config the loader acts on: gpt-oss's published MXFP4 experts are
-    dequantized at load (model/gpt_oss.py), so for them there is none."""
+    """The quantization_config the loader acts on: gpt-oss's published MXFP4 experts are the
+    experts' own format (ModelConfig.experts_mxfp4, layers/moe_gptoss.py), not a linear-layer
+    quantization, so for them there is none."""
     quant = raw.get("quantization_config")
     if arch == "gpt_oss" and isinstance(quant, Mapping) and str(quant.get("quant_method")).lower() == "mxfp4":
         return None
@@ -357,9 +359,11 @@ def gpt_oss_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """gpt-oss's attention sinks, o_proj bias and clamped-SwiGLU experts ({} for others)."""
     if arch != "gpt_oss":
         return {}
+    quant = raw.get("quantization_config")
+    mxfp4 = isinstance(quant, Mapping) and str(quant.get("quant_method")).lower() == "mxfp4"
     return dict(attention_sinks=True, o_proj_bias=bool(raw.get("attention_bias", True)),
                 swiglu_alpha=float(raw.get("swiglu_alpha") or 1.702),
-                swiglu_limit=float(raw.get("swiglu_limit") or 7.0))
+                swiglu_limit=float(raw.get("swiglu_limit") or 7.0), experts_mxfp4=mxfp4)
 
 
 def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -20,7 +20,7 @@ from homelab_llm.engine.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from homelab_llm.engine.layers.norm import RMSNorm
+from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
@@ -73,10 +73,8 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         qk_size = self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, d)
-        if self.qk_norm:
-            q = self.q_norm(qkv[:, : self.q_size].view(tokens, self.num_heads, d))
-            k = self.k_norm(qkv[:, self.q_size : qk_size].view(tokens, self.num_kv_heads, d))
-            qk = torch.cat((q, k), dim=1)
+        if self.qk_norm:  # one launch normalizes q's and k's heads, each with its own weight
+            qk = qk_norm(qkv, self.num_heads, self.num_kv_heads, d, self.q_norm, self.k_norm)
         else:
             qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]

@@ -321,7 +321,8 @@ def _covered_parts(model: nn.Module, target: str, shard_id: Any) -> list[Any]:
 def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Deterministic random weights: each tensor seeded from its name, drawn on its own device.
 
-    Norm weights stay 1 (as trained models roughly are); everything else ~ N(0, DUMMY_STD).
+    Norm weights stay 1 (as trained models roughly are); everything else ~ N(0, DUMMY_STD), but
+    MXFP4 expert bytes (uint8): random codes with scales near 2^-7.
     Each rank draws its own shard, so a TP>1 dummy model is not the TP=1 one split.
     """
     for name, param in model.named_parameters():
@@ -330,4 +331,8 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             continue
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel_state.tp_rank()}".encode()))
+        if param.dtype == torch.uint8:  # MXFP4 experts: random e2m1 codes, e8m0 scales ~ 2^-7
+            low, high = (119, 122) if name.endswith("_scales") else (0, 256)
+            param.data.random_(low, high, generator=gen)
+            continue
         param.data.normal_(0.0, DUMMY_STD, generator=gen)

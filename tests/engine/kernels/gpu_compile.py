@@ -100,6 +100,9 @@ def _scenarios():
         w = torch.ones(hidden, dtype=dt)
         yield lambda x=x, w=w: elementwise.rms_norm(x, w, 1e-5)
         yield lambda x=x, w=w: elementwise.add_rms_norm(x, x.clone(), w, 1e-5)
+        yield lambda dt=dt: elementwise.qk_norm(torch.zeros((4, 48 * 128), dtype=dt), 32, 8, 128,
+                                                torch.ones(128, dtype=dt), torch.ones(128, dtype=dt),
+                                                1e-6)
         yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt))
     cos_sin = torch.zeros((256, d), dtype=torch.float32)
     pos = torch.arange(4, dtype=i64)
@@ -205,10 +208,39 @@ def _moe_scenarios():
                 x, quant, None, weights, ids, decode_gemv=False)
             yield lambda x=x, ids=ids, weights=weights: fused_moe.w4_decode(
                 x, quant, weights, ids, split=1)
+    yield from _gptoss_moe_scenarios()
     yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
     # Qwen3-MoE's router (128 experts, top 8, bf16 logits) and Qwen3-Next's (512, top 10, unnormalised)
     yield lambda: moe_router.route_topk(torch.zeros((4, e), dtype=torch.bfloat16), top_k, True)
     yield lambda: moe_router.route_topk(torch.zeros((4, 512)), 10, False)
+
+
+def _gptoss_moe_scenarios():
+    """gpt-oss-20b's experts (32, top 4, hidden and width 2880; TP=2 halves the width): biases and
+    the clamped SwiGLU, bf16 and MXFP4 weights, decode (the MXFP4 GEMV) and prefill."""
+    import torch
+
+    from homelab_llm.engine.kernels import fused_moe
+    from homelab_llm.engine.kernels.moe_ref import MoeMx4, Mx4Weight
+
+    e, top_k, hidden, inter = 32, 4, 2880, 1440
+
+    def mx4(n, k):
+        return Mx4Weight(torch.zeros((e, n, k // 2), dtype=torch.uint8),
+                         torch.full((e, n, k // 32), 127, dtype=torch.uint8))
+
+    w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
+    w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
+    b13 = torch.zeros((e, 2 * inter), dtype=torch.bfloat16)
+    b2 = torch.zeros((e, hidden), dtype=torch.bfloat16)
+    packed = MoeMx4(mx4(2 * inter, hidden), mx4(hidden, inter))
+    for tokens in (1, 512):
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        ids = torch.zeros((tokens, top_k), dtype=torch.int32)
+        weights = torch.ones((tokens, top_k), dtype=torch.float32)
+        kw = dict(b13=b13, b2=b2, clamp=(1.702, 7.0))
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids, **kw)
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, packed, None, weights, ids, **kw)
 
 
 def _gdn_scenarios():
