@@ -16,6 +16,12 @@ Each MTP layer attends like any full-attention layer over its own paged KV (the 
 its attention module with the others, so the runner binds it one more KV layer on the same page
 tables). Its entry at position p depends on t_{p+1} as well as on the prefix: spec/mtp_draft.py
 writes it only once t_{p+1} is known, and rewrites it when a step recomputes position p.
+
+A family offers MTP (Qwen3.5/3.6 in qwen3_5.py; Qwen3-Next the same way) by: building
+`self.mtp = MultiTokenPredictor(...)` when config.mtp_layers > 0 (else None), appending its
+layers' attention modules to `attention_layers`, mapping checkpoint names `mtp.*` to it in
+`checkpoint_name`, and naming its architecture in spec/mtp.py MTP_ARCHITECTURES. The drafter
+(spec/mtp_draft.py) then reads `model.mtp`, `model.model.embed_tokens` and `compute_logits`.
 """
 
 from __future__ import annotations
