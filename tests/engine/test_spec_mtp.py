@@ -4,7 +4,8 @@
   sequence recomputed from scratch) after the prefill and after every verify step: the head's KV
   stays right through verification, rollback and batching (fp32; argmax tokens compared exactly).
 - Greedy output with MTP K = 1..3 equals the output without, token for token, batched and
-  single, with prefix caching on (second round served from the cache), dense and MoE.
+  single, with prefix caching on (second round served from the cache), dense and MoE; so does
+  seeded sampling (verification keeps each position's draw, spec/verify.py).
 - An "echo" head (drafts repeat the target's last token) gets drafts accepted and rejected; the
   counters add up and, after rejections, the hybrid state equals a never-drafted run's.
 - A checkpoint without MTP heads or tensors, or MTP under tensor parallelism: one-line errors.
@@ -20,6 +21,7 @@ import torch
 
 from homelab_llm.engine.memory import kv_bytes_per_token, weight_bytes
 from homelab_llm.engine.model.config import ModelLoadError
+from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.spec.config import SpeculativeConfig, SpeculativeConfigError
 from homelab_llm.engine.spec.mtp import enable_mtp
 from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
@@ -84,6 +86,21 @@ def test_greedy_output_equals_no_speculation(checkpoint, want, k: int) -> None:
     slots = llm.engine.kv.state_slots
     assert slots.running_free == slots.num_running  # backups returned too
     llm.shutdown()
+
+
+def test_seeded_sampling_equals_no_speculation(checkpoint) -> None:
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=11, ignore_eos=True)
+    want = [c.token_ids for c in our_llm(checkpoint[0]).generate(PROMPTS[:2], params)]
+    llm = our_llm(checkpoint[0], speculative_config=mtp(2))
+    assert [c.token_ids for c in llm.generate(PROMPTS[:2], params)] == want
+    assert llm.engine.status()["spec_decode"]["drafts"] > 0
+
+
+def test_int8_kv_with_mtp_equals_without(checkpoint) -> None:
+    want = [c.token_ids for c in our_llm(checkpoint[0], kv_cache_dtype="int8").generate(PROMPTS[:2], greedy(8))]
+    llm = our_llm(checkpoint[0], kv_cache_dtype="int8", speculative_config=mtp(3))
+    assert llm.engine.runner.pool.layout.num_layers == 3  # 2 full-attention layers + the head's
+    assert [c.token_ids for c in llm.generate(PROMPTS[:2], greedy(8))] == want
 
 
 def test_moe_head_output_equals_no_speculation(tmp_path) -> None:

@@ -113,7 +113,7 @@ class MtpDrafter:
     @torch.inference_mode()
     def draft(self, work: list[MtpWork], num_running: int) -> None:
         """The pass over `work` (the last forward's sequences) and the chains it starts."""
-        hidden = self.runner.last_hidden
+        hidden, self.runner.last_hidden = self.runner.last_hidden, None  # not kept past its use
         assert hidden is not None, "the last forward kept no hidden states"
         rows, hidden_rows = _Rows.empty(), []
         chains: list[tuple[Sequence, int]] = []
