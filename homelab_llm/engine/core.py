@@ -74,7 +74,7 @@ class LLMEngine:
         self.model_path, self.device, self.dtype = target.path, target.device, target.dtype
         # --speculative-config "mtp" builds the checkpoint's MTP head (checked before loading).
         spec = parse_speculative_config(args.speculative_config)
-        self.model_config = enable_mtp(target.config, spec, args.tensor_parallel_size)
+        self.model_config = enable_mtp(target.config, spec)
         self.quantization = target.quantization
         # Refused before any weight loads: a position past the RoPE table is a GPU fault.
         wanted_len = check_max_model_len(args.max_model_len, self.model_config)

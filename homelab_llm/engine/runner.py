@@ -103,8 +103,10 @@ class ModelRunner:
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
         self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
         self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
-        # MTP models (config.use_mtp, eager): the last forward's final hidden states [T, H].
+        # MTP models (config.use_mtp, eager): the last forward's final hidden states [T, H],
+        # and the head's output rows of its last draft step (run_mtp).
         self.last_hidden: torch.Tensor | None = None
+        self.mtp_hidden: torch.Tensor | None = None
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
@@ -262,7 +264,7 @@ class ModelRunner:
             self.unbind_kv()
         self.pool = None
         self.state_pool = None
-        self.last_hidden = None
+        self.last_hidden = self.mtp_hidden = None
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
@@ -301,6 +303,25 @@ class ModelRunner:
                logits_rows: list[int], state_indices: list[int] | None = None) -> StepBatch:
         return self.batch_from_plan(*plan_from_lists(input_ids, positions, slot_mapping, query_lens,
                                                      seq_lens, page_table, logits_rows, state_indices))
+
+    @torch.inference_mode()
+    def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
+                step: int) -> torch.Tensor:
+        """One forward of the MTP head (model/mtp.py) over `plan`: its input hidden states are
+        rows of the last forward's (step 0) or of the previous head forward's logits rows.
+        Returns the argmax token of each logits row (on the device)."""
+        mtp = self.model.mtp
+        assert mtp is not None, "the model was built without its MTP head"
+        source = self.last_hidden if step == 0 else self.mtp_hidden
+        assert source is not None, "no hidden states to draft from"
+        batch = self.batch_from_plan(*plan)
+        rows = torch.tensor(hidden_rows, device=source.device)
+        with forward_context(batch.context):
+            out = mtp(batch.input_ids, batch.positions, source.index_select(0, rows),
+                      self.model.model.embed_tokens, step)
+        self.last_hidden = None  # kept only until the head has read it
+        self.mtp_hidden = out[batch.logits_indices]
+        return self.model.compute_logits(self.mtp_hidden).argmax(dim=-1)
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:

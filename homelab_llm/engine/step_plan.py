@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from homelab_llm.engine.scheduler import ScheduledSeq
 
 # The header's `cmd`: what rank 0 asks of the other ranks (parallel/worker.py carries it out).
-CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
+CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS, CMD_MTP = range(7)
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,11 @@ class PlanHeader:
     max_query_len: int = 0
     max_seq_len: int = 0
     payload_len: int = 0  # int64 words after the header, the patch section included
-    patch_len: int = 0  # async scheduling under TP: the payload's tail that is the patch section
-    arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len
+    # The payload's tail after the plan: async scheduling's patch section (TP), or a CMD_MTP
+    # step's hidden-state rows.
+    patch_len: int = 0
+    arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len,
+    # CMD_MTP the draft step (spec/mtp_draft.py)
 
     def to_words(self) -> list[int]:
         return [int(w) for w in astuple(self)]

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     EngineArgs(max_state_snapshots=args.max_state_snapshots,
                state_snapshot_memory_bytes=args.state_snapshot_memory_bytes).validate_state_snapshots()
     spec = parse_speculative_config(args.speculative_config)
-    config = enable_mtp(load_config(args.model, args.load_format), spec, args.tensor_parallel_size)
+    config = enable_mtp(load_config(args.model, args.load_format), spec)
     given: Memory | None = args.gpu_memory
     if given is None:
         detected = detected_gpu_memory()

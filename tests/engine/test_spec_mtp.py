@@ -8,7 +8,7 @@
   seeded sampling (verification keeps each position's draw, spec/verify.py).
 - An "echo" head (drafts repeat the target's last token) gets drafts accepted and rejected; the
   counters add up and, after rejections, the hybrid state equals a never-drafted run's.
-- A checkpoint without MTP heads or tensors, or MTP under tensor parallelism: one-line errors.
+- A checkpoint without MTP heads or tensors: one-line errors.
 - The memory plan (and `plan --speculative-config`) counts the head's weights and KV layer.
 """
 
@@ -145,13 +145,10 @@ def test_checkpoint_without_mtp_is_a_one_line_error(tmp_path) -> None:
     with pytest.raises(ModelLoadError) as err:  # declared, but no mtp.* tensors
         our_llm(tmp_path, speculative_config=mtp(2))
     assert "mtp.fc.weight" in _one_line(err)
-    with pytest.raises(SpeculativeConfigError) as err:
-        enable_mtp(QWEN36_27B, SpeculativeConfig("mtp", 2), tp_size=2)
-    assert "tensor-parallel-size" in _one_line(err)
 
 
 def test_memory_plan_counts_the_head() -> None:
-    with_head = enable_mtp(QWEN36_27B, SpeculativeConfig("mtp", 3), tp_size=1)
+    with_head = enable_mtp(QWEN36_27B, SpeculativeConfig("mtp", 3))
     assert with_head.mtp_layers == 1 and QWEN36_27B.mtp_layers == 0
     kv, kv_mtp = (kv_bytes_per_token(c, "auto", "bfloat16", 1) for c in (QWEN36_27B, with_head))
     assert kv_mtp * 16 == kv * 17  # 16 full-attention layers + the head's
@@ -175,3 +172,23 @@ def test_plan_cli_counts_the_head_and_backup_states(capsys) -> None:
     assert spec["weights_bytes"] > plain["weights_bytes"]
     # one more running state slot per sequence: the backup a rejected draft restores
     assert spec["state_bytes"] - plain["state_bytes"] == 4 * plain["state_bytes_per_sequence"]
+
+
+def test_tensor_parallel_head_drafts_and_output(checkpoint, want) -> None:
+    """Two gloo ranks: every head forward runs on both (Runner.run_mtp); the first drafts equal
+    the reference and the output equals the one-device run without speculation."""
+    folder, model, tensors = checkpoint
+    llm = our_llm(folder, tensor_parallel_size=2, speculative_config=mtp(2))
+    try:
+        engine = llm.engine
+        engine.add_request("r", PROMPTS[1], greedy(8))
+        engine.step()
+        seq = engine._seqs["r"]
+        drafts = engine.drafter.proposer.propose("r", seq.token_ids, 2)
+        assert drafts == reference_drafts(model, tensors, seq.token_ids, 2)
+        engine.abort_request("r")
+        engine.step()
+        assert [c.token_ids for c in llm.generate(PROMPTS, greedy(8))] == want[0]
+        assert engine.status()["spec_decode"]["drafts"] > 0
+    finally:
+        llm.shutdown()

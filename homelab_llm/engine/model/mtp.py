@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from homelab_llm.engine.layers.linear import ColumnParallelLinear
+from homelab_llm.engine.layers.linear import ReplicatedLinear
 from homelab_llm.engine.model.config import ModelConfig
 
 
@@ -44,7 +44,7 @@ class MultiTokenPredictor(nn.Module):
                  make_norm: Callable[[], nn.Module], rotary: nn.Module):
         super().__init__()
         h = config.hidden_size
-        self.fc = ColumnParallelLinear(2 * h, h, bias=False)
+        self.fc = ReplicatedLinear(2 * h, h, bias=False)  # every rank needs all of x
         self.pre_fc_norm_embedding = make_norm()
         self.pre_fc_norm_hidden = make_norm()
         self.layers = nn.ModuleList(make_layer(i) for i in range(config.mtp_layers))

@@ -6,7 +6,7 @@ for them. A stored draft is keyed by the sequence length it continues: a sequenc
 moved on since (or that never got one) simply gets none and decodes plainly.
 
 `enable_mtp` is the one place that decides whether `{"method": "mtp"}` can run on a model: the
-family builds the head, the checkpoint declares it (mtp_num_hidden_layers >= 1), one device.
+family builds the head and the checkpoint declares it (mtp_num_hidden_layers >= 1).
 Whether the tensors are really in the checkpoint is checked as the weights load (loader.py).
 """
 
@@ -21,7 +21,7 @@ from homelab_llm.engine.spec.config import FLAG, SpeculativeConfig, SpeculativeC
 MTP_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
 
 
-def enable_mtp(config: ModelConfig, spec: SpeculativeConfig | None, tp_size: int) -> ModelConfig:
+def enable_mtp(config: ModelConfig, spec: SpeculativeConfig | None) -> ModelConfig:
     """The model config to build: with use_mtp set when speculation is MTP (checked here, one
     line per error), unchanged otherwise."""
     if spec is None or spec.method != "mtp":
@@ -31,10 +31,6 @@ def enable_mtp(config: ModelConfig, spec: SpeculativeConfig | None, tp_size: int
             f'{FLAG} method "mtp" needs a checkpoint with MTP heads (mtp_num_hidden_layers >= 1 on '
             f"a {'/'.join(MTP_ARCHITECTURES)} model); {config.name or config.architecture} has none: "
             'use {"method": "ngram", ...}')
-    if tp_size > 1:
-        raise SpeculativeConfigError(
-            f'{FLAG} method "mtp" runs on one device for now; drop --tensor-parallel-size '
-            f'{tp_size} or use {{"method": "ngram", ...}}')
     return dataclasses.replace(config, use_mtp=True)
 
 

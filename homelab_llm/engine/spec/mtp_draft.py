@@ -1,4 +1,4 @@
-"""MTP drafting after a step (one device): the head's pass over the step's tokens, then its chain.
+"""MTP drafting after a step: the head's pass over the step's tokens, then its chain.
 
 Pass. The MTP head's input at position p is (t_{p+1}, h_p): the target's final hidden state at p
 and the token after it. Once a step's tokens are sampled (and drafts accepted or rolled back), for
@@ -18,6 +18,9 @@ a wrong entry behind; they need pages up to position num_tokens + K - 3, which a
 while one free page per running sequence remains (as the scheduler's drafts); short of pages, the
 chain is shorter.
 
+Each head forward is one runner call (Runner.run_mtp): a step plan like any other, plus which
+hidden-state rows feed it, run on every tensor-parallel rank; rank 0 reads the argmax tokens.
+
 Prefix caching: cached pages carry the head's KV of the positions passed before they were cached.
 The last position of a match was passed with the cached sequence's next token, and positions a
 request computed in its final step were never passed: both only make later drafts worse, never the
@@ -28,11 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
-from homelab_llm.engine.context import forward_context
-from homelab_llm.engine.runner import ModelRunner
+from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.engine.spec.drafter import room_for_drafts
@@ -87,16 +87,16 @@ class _Rows:
 
 
 class MtpDrafter:
-    """Runs the MTP head of `runner`'s model after each step and stores the drafts."""
+    """Runs the MTP head after each step (through the runner: on every tensor-parallel rank)
+    and stores the drafts."""
 
-    def __init__(self, runner: ModelRunner, proposer: MtpProposer, kv: KVCacheManager,
+    def __init__(self, runner: Runner, proposer: MtpProposer, kv: KVCacheManager,
                  max_model_len: int) -> None:
-        assert runner.model.mtp is not None, "the model was built without its MTP head"
         self.runner = runner
         self.proposer = proposer
         self.kv = kv
         self.max_model_len = max_model_len
-        self.page_size = runner.page_size
+        self.page_size = kv.page_size
 
     def reserve_chain(self, seq: Sequence, num_running: int) -> int:
         """Drafts to make for `seq`: what the drafter will take, cut to the pages that fit; the
@@ -110,11 +110,8 @@ class MtpDrafter:
             k -= 1
         return k
 
-    @torch.inference_mode()
     def draft(self, work: list[MtpWork], num_running: int) -> None:
         """The pass over `work` (the last forward's sequences) and the chains it starts."""
-        hidden, self.runner.last_hidden = self.runner.last_hidden, None  # not kept past its use
-        assert hidden is not None, "the last forward kept no hidden states"
         rows, hidden_rows = _Rows.empty(), []
         chains: list[tuple[Sequence, int]] = []
         for w in work:
@@ -131,8 +128,7 @@ class MtpDrafter:
                     chains.append((seq, k))
         if not rows.ids:
             return
-        index = torch.tensor(hidden_rows, device=hidden.device)
-        h, tokens = self._run(rows, hidden.index_select(0, index), step=0)
+        tokens = self._run(rows, hidden_rows, step=0)
         drafts = [[t] for t in tokens]
         for step in range(1, max((k for _, k in chains), default=0)):
             active = [i for i, (_, k) in enumerate(chains) if k > step]
@@ -141,28 +137,22 @@ class MtpDrafter:
                 seq = chains[i][0]
                 rows.add(seq, [drafts[i][-1]], seq.num_tokens - 2 + step, self.page_size)
             rows.logits_rows.extend(range(len(active)))
-            h, tokens = self._run(rows, h[_positions_in(active, chains, step)], step)
+            tokens = self._run(rows, _positions_in(active, chains, step), step)
             for i, t in zip(active, tokens):
                 drafts[i].append(t)
         for (seq, _), tokens in zip(chains, drafts):
             self.proposer.store(seq.request_id, seq.num_tokens, tokens)
 
-    def _run(self, rows: _Rows, hidden: torch.Tensor, step: int) -> tuple[torch.Tensor, list[int]]:
-        """One MTP forward: h' of the logits rows and their argmax tokens."""
-        runner = self.runner
-        batch = runner.batch_from_plan(*plan_from_lists(
-            rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens, rows.tables,
-            rows.logits_rows))
-        model = runner.model
-        with forward_context(batch.context):
-            out = model.mtp(batch.input_ids, batch.positions, hidden, model.model.embed_tokens, step)
-        out = out[batch.logits_indices]
-        return out, model.compute_logits(out).argmax(dim=-1).tolist()
+    def _run(self, rows: _Rows, hidden_rows: list[int], step: int) -> list[int]:
+        """One head forward: the argmax token of each logits row."""
+        plan = plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens,
+                               rows.tables, rows.logits_rows)
+        return self.runner.run_mtp(plan, hidden_rows, step).tolist()
 
 
 def _positions_in(active: list[int], chains: list[tuple[Sequence, int]], step: int) -> list[int]:
-    """Rows of the previous forward's output (the chains still running at step - 1) that hold
-    the chains still running now."""
+    """Rows of the previous head forward's output (the chains still running at step - 1) that
+    hold the chains still running now."""
     previous = [i for i, (_, k) in enumerate(chains) if k > step - 1]
     where = {i: row for row, i in enumerate(previous)}
     return [where[i] for i in active]
