@@ -166,6 +166,7 @@ class ModelRunner:
         self.forward(batch)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
+        self.last_hidden = None  # an MTP model's: nothing to draft from a profile run
         self.unbind_kv()
         del scratch
         torch.cuda.empty_cache()

@@ -58,11 +58,17 @@ def _norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w)
 
 
-@torch.no_grad()
 def reference_drafts(model, mtp: dict[str, torch.Tensor], tokens: list[int], k: int) -> list[int]:
-    """The head's K drafts after `tokens` (prompt + the token sampled last), by the formula over
-    the whole sequence at once: x_p = fc(cat(norm_e(embed(t_{p+1})), norm_h(h_p))) for p < L-1,
-    then one more row per chained draft, each layer run causally over all rows."""
+    return reference_head(model, mtp, tokens, k)[0]
+
+
+@torch.no_grad()
+def reference_head(model, mtp: dict[str, torch.Tensor], tokens: list[int], k: int
+                   ) -> tuple[list[int], list[torch.Tensor]]:
+    """The head's K drafts after `tokens` (prompt + the token sampled last) and the head's
+    output h' each came from, by the formula over the whole sequence at once:
+    x_p = fc(cat(norm_e(embed(t_{p+1})), norm_h(h_p))) for p < L-1, then one more row per
+    chained draft, each layer run causally over all rows."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
 
     layer = Qwen3_5DecoderLayer(model.config, FULL_LAYER).float().eval()
@@ -78,6 +84,7 @@ def reference_drafts(model, mtp: dict[str, torch.Tensor], tokens: list[int], k: 
 
     rows = [row(t, hp) for t, hp in zip(tokens[1:], hidden)]
     drafts: list[int] = []
+    states: list[torch.Tensor] = []
     for _ in range(k):
         x = torch.stack(rows)[None]
         n = x.shape[1]
@@ -85,6 +92,7 @@ def reference_drafts(model, mtp: dict[str, torch.Tensor], tokens: list[int], k: 
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
         out = layer(x, model.model.rotary_emb(x, pos), attention_mask=mask, position_ids=pos)
         h_last = _norm(out[0, -1], mtp["mtp.norm.weight"])
+        states.append(h_last)
         drafts.append(int(model.lm_head(h_last).argmax()))
         rows.append(row(drafts[-1], h_last))
-    return drafts
+    return drafts, states

@@ -2,7 +2,8 @@
 
 - The head's drafts equal a plain-torch reference of the formula (transformers' pieces, the whole
   sequence recomputed from scratch) after the prefill and after every verify step: the head's KV
-  stays right through verification, rollback and batching (fp32; argmax tokens compared exactly).
+  stays right through verification, rollback and batching (fp32; argmax tokens compared exactly),
+  and its output states h' match the reference's within 1e-4.
 - Greedy output with MTP K = 1..3 equals the output without, token for token, batched and
   single, with prefix caching on (second round served from the cache), dense and MoE; so does
   seeded sampling (verification keeps each position's draw, spec/verify.py).
@@ -27,7 +28,7 @@ from homelab_llm.engine.spec.mtp import enable_mtp
 from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
 from hybrid_shapes import QWEN36_27B
 from moe_reference import make_hf_qwen3_5_moe
-from mtp_reference import add_mtp_weights, make_mtp_checkpoint, reference_drafts
+from mtp_reference import add_mtp_weights, make_mtp_checkpoint, reference_drafts, reference_head
 from test_spec_hybrid import compare_states_while_running
 
 PROMPTS = [[5, 6, 7, 8, 9] * 5, [(7 * i) % 300 + 3 for i in range(30)], [40, 41, 42]]
@@ -72,6 +73,30 @@ def test_drafts_match_the_reference_through_verify_steps(checkpoint) -> None:
                 assert stored == reference_drafts(model, tensors, seq.token_ids, len(stored))
                 checked += 1
     assert checked >= 6 and engine.spec_stats.num_drafts > 0
+
+
+def test_head_state_matches_the_formula(checkpoint) -> None:
+    """h' itself (not only its argmax), after a prefill and after each chained step: fp32 both
+    sides, within 1e-4 absolute (reduction order only)."""
+    folder, model, tensors = checkpoint
+    llm = our_llm(folder, speculative_config=mtp(3))
+    runner = llm.engine.runner
+    seen: list[torch.Tensor] = []
+    run_mtp = runner.run_mtp
+
+    def keep(plan, rows, step):
+        tokens = run_mtp(plan, rows, step)
+        seen.append(runner.mtp_hidden[0].clone())
+        return tokens
+
+    runner.run_mtp = keep
+    llm.engine.add_request("r", PROMPTS[1], greedy(8))
+    llm.engine.step()
+    tokens = llm.engine._seqs["r"].token_ids
+    drafts, states = reference_head(model, tensors, tokens, 3)
+    assert llm.engine.drafter.proposer.propose("r", tokens, 3) == drafts
+    for got, want_state in zip(seen, states, strict=True):
+        torch.testing.assert_close(got, want_state, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
