@@ -58,8 +58,10 @@ def want(checkpoint):
 
 
 def test_drafts_match_the_reference_through_verify_steps(checkpoint) -> None:
+    """16-token steps: the 30-token prompt prefills in chunks (the head's pass follows each),
+    next to the other request's verify steps."""
     folder, model, tensors = checkpoint
-    llm = our_llm(folder, speculative_config=mtp(2))
+    llm = our_llm(folder, speculative_config=mtp(2), max_num_batched_tokens=16)
     engine = llm.engine
     for i, prompt in enumerate(PROMPTS[1:]):
         engine.add_request(str(i), prompt, greedy(10))
