@@ -145,6 +145,7 @@ def mtp() -> None:
     print(f"mtp: {config.stem} W4A16 (dummy) + MTP head, 512-token contexts")
     steps = 8 if QUICK else 24
     for batch in (1, 8):
+        base = float("nan")
         for k in range(0, 4):
             proposer.k = k  # caps both the stored chain and what the drafter takes
             draft_times.clear()
@@ -154,6 +155,10 @@ def mtp() -> None:
             report(f"mtp_b{batch}_K{k}_step_ms", ms, "ms (verify + MTP drafting)" if k else
                    "ms (plain decode + MTP pass, eager)")
             report(f"mtp_b{batch}_K{k}_draft_ms", draft_ms, "ms (MTP pass + chain)")
+            if k == 0:
+                base = ms
+            else:
+                report(f"mtp_b{batch}_K{k}_cost_ratio", ms / base, "x the K=0 step")
     report("mtp_acceptance_rate", engine.status()["spec_decode"]["acceptance_rate"],
            "(dummy head: ~0 expected)")
     engine.shutdown()
