@@ -219,3 +219,26 @@ def test_tensor_parallel_head_drafts_and_output(checkpoint, want) -> None:
         assert engine.status()["spec_decode"]["drafts"] > 0
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("with_head", [False, True])
+def test_plan_equals_what_the_engine_allocates(tmp_path, with_head: bool) -> None:
+    """A dummy tiny hybrid with an MTP head: the plan's weight and KV bytes per token are exactly
+    what the engine measures, with the head (and its KV layer) built or not."""
+    from homelab_llm.engine.llm import LLM
+    from homelab_llm.engine.memory import rope_table_bytes
+    from homelab_llm.engine.model.config import config_from_hf
+    from hybrid_reference import TEXT_SHAPE
+
+    raw = dict(TEXT_SHAPE, model_type="qwen3_5_text", mtp_num_hidden_layers=1)
+    (tmp_path / "m.json").write_text(json.dumps(raw))
+    spec = SpeculativeConfig("mtp", 2) if with_head else None
+    config = enable_mtp(config_from_hf(raw), spec)
+    llm = LLM(str(tmp_path / "m.json"), load_format="dummy", device="cpu", dtype="float32",
+              page_size=4, kv_cache_memory_bytes=1 << 20, speculative_config=mtp(2) if spec else None)
+    try:
+        status = llm.engine.status()
+    finally:
+        llm.shutdown()
+    assert status["devices"][0]["weights"] == weight_bytes(config, "float32", None, 1) + rope_table_bytes(config)
+    assert status["kv"]["bytes_per_token"] == kv_bytes_per_token(config, "auto", "float32", 1)
