@@ -10,7 +10,8 @@
 - An "echo" head (drafts repeat the target's last token) gets drafts accepted and rejected; the
   counters add up and, after rejections, the hybrid state equals a never-drafted run's.
 - A checkpoint without MTP heads or tensors: one-line errors.
-- The memory plan (and `plan --speculative-config`) counts the head's weights and KV layer.
+- The memory plan (and `plan --speculative-config`) counts the head's weights and KV layer,
+  exactly as the engine allocates them.
 """
 
 from __future__ import annotations
