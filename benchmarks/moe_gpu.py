@@ -49,6 +49,7 @@ from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight  # noqa: E402
 
 E, TOP_K, HIDDEN, INTER, GROUP = 128, 8, 2048, 768, 128
+ENGINE_CONFIG = "Qwen3-30B-A3B.json"  # the assets/model_configs entry the engine section runs
 DEV = torch.device("cuda")
 
 
@@ -201,7 +202,7 @@ def section_engine(quick: bool, copy_gbps: float, quantization: str | None) -> N
     from homelab_llm.engine.sampling_params import SamplingParams
 
     kind = quantization or "bf16"
-    config = Path(__file__).resolve().parents[1] / "assets" / "model_configs" / "Qwen3-30B-A3B.json"
+    config = Path(__file__).resolve().parents[1] / "assets" / "model_configs" / ENGINE_CONFIG
     engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
                                   dtype="bfloat16", quantization=quantization, max_model_len=4096,
                                   max_num_seqs=8, max_num_batched_tokens=2048,

@@ -178,6 +178,46 @@ def section_gptoss(quick: bool, copy_gbps: float) -> None:
             torch.cuda.empty_cache()
 
 
+def section_mx4sweep(quick: bool, copy_gbps: float) -> None:
+    """gpt-oss-20b's MXFP4 experts at batch 1 (one layer, 4 picks): the decode GEMV under tile
+    variants vs the tl.dot path, GB/s of the picked experts' bytes and % of copy."""
+    from homelab_llm.engine.kernels.fused_moe import fused_moe, mx4_decode
+    from homelab_llm.engine.kernels.moe_ref import MoeMx4, Mx4Weight
+
+    e, top_k, h, inter = 32, 4, 2880, 2880
+    gen = torch.Generator(device=DEV).manual_seed(0)
+
+    def mx4(n, k):
+        return Mx4Weight(torch.randint(0, 256, (e, n, k // 2), device=DEV, generator=gen,
+                                       dtype=torch.int32).to(torch.uint8),
+                         torch.randint(119, 122, (e, n, k // 32), device=DEV, generator=gen,
+                                       dtype=torch.int32).to(torch.uint8))
+
+    w = MoeMx4(mx4(2 * inter, h), mx4(h, inter))
+    b13 = torch.zeros((e, 2 * inter), dtype=torch.bfloat16, device=DEV)
+    b2 = torch.zeros((e, h), dtype=torch.bfloat16, device=DEV)
+    x = torch.randn((1, h), dtype=torch.bfloat16, device=DEV)
+    ids = torch.randperm(e, device=DEV)[:top_k].view(1, top_k).to(torch.int32)
+    weights = torch.full((1, top_k), 1 / top_k, device=DEV)
+    picked = top_k * 3 * h * inter * (0.5 + 1 / 32)
+    clamp = (1.702, 7.0)
+    ms = bench(lambda: fused_moe(x, w, None, weights, ids, b13=b13, b2=b2, clamp=clamp,
+                                 decode_gemv=False))
+    report("mx4sweep.dot_path_us", ms * 1e3, f"{picked / ms / 1e6:.0f} GB/s")
+    for block_n in (8, 16, 32, 64):
+        for groups in (2, 4, 8):
+            for warps in (1, 2, 4):
+                kw = dict(block_n=block_n, groups=groups, num_warps=warps)
+                try:
+                    ms = bench(lambda: mx4_decode(x, w, weights, ids, b13, b2, clamp, **kw))
+                except Exception as exc:  # a variant that does not fit is reported, not fatal
+                    print(f"  mx4sweep {kw}: {type(exc).__name__}", flush=True)
+                    continue
+                gbps = picked / ms / 1e6
+                report(f"mx4sweep.n{block_n}g{groups}w{warps}_us", ms * 1e3,
+                       f"{gbps:.0f} GB/s, {100 * gbps / copy_gbps:.0f}% of copy")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
@@ -191,6 +231,7 @@ def main() -> int:
         "kernel": section_kernel,
         "gemma": lambda: section_gemma(a.quick),
         "gptoss": lambda: section_gptoss(a.quick, copy_gbps),
+        "mx4sweep": lambda: section_mx4sweep(a.quick, copy_gbps),
     }
     return run_sections(sections, a.sections, a.json)
 

@@ -28,7 +28,7 @@ from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from homelab_llm.engine.sequence import Sequence
-from homelab_llm.engine.spec.config import parse_speculative_config
+from homelab_llm.engine.spec.config import parse_speculative_config, verify_width
 from homelab_llm.engine.spec.drafter import Drafter, make_drafter
 from homelab_llm.engine.spec.mtp import enable_mtp
 from homelab_llm.engine.spec.mtp_draft import MtpDrafter, collect_work
@@ -269,7 +269,7 @@ class LLMEngine:
             results.extend(self._finish_pending())
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
-        mtp_work = collect_work(ran) if self.mtp is not None else []
+        mtp_work = collect_work(ran, verify_width(self.drafter.config)) if self.mtp is not None else []
         sampling_items = [item for item in ran if item.samples]  # logits rows, in order
         samplers = [item.seq for item in sampling_items]
         self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies))

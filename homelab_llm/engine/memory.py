@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from homelab_llm.engine.cache.state_layout import StateLayout
+from homelab_llm.engine.cache.verify_slots import spare_slot_count
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
-from homelab_llm.engine.gdn_memory import gdn_activation_bytes, gdn_linears, gdn_small_param_bytes
+from homelab_llm.engine.gdn_memory import (gdn_activation_bytes, gdn_linears, gdn_param_count,
+                                           gdn_small_param_bytes)
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import model_max_positions, rope_table_rows
 from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
@@ -203,15 +205,20 @@ class ParameterCount:
 
 def parameter_count(config: ModelConfig) -> ParameterCount:
     """Parameters of the whole model and those active per token (k of E experts per layer).
-    Embedding rows count in both (as model cards count them)."""
+    Embedding rows count in both (as model cards count them). Hybrids: attention (q_proj twice
+    as wide with an output gate) on the full-attention layers, Gated DeltaNet on the others."""
     h, d = config.hidden_size, config.head_dim
-    attn = h * (config.num_attention_heads + 2 * config.num_key_value_heads) * d
+    q_rows = (2 if config.attn_output_gate else 1) * config.num_attention_heads * d
+    attn = h * (q_rows + 2 * config.num_key_value_heads * d)
     attn += config.num_attention_heads * d * h + 2 * h
     if config.qk_norm:
         attn += 2 * d
+    mixers = len(config.full_attention_layers) * attn
+    if config.is_hybrid:
+        mixers += len(config.linear_attention_layers) * (gdn_param_count(config) + 2 * h)
     dense_mlp = 3 * h * config.intermediate_size
     embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
-    total = active = config.num_hidden_layers * attn + embed
+    total = active = mixers + embed
     sparse = set(config.moe_layers)
     expert = 3 * h * config.moe_intermediate_size
     shared = (3 * h * config.shared_expert_intermediate_size + h) if config.has_shared_expert else 0
@@ -333,6 +340,8 @@ class MemoryPlan:
     max_concurrency: dict[str, int] = field(default_factory=dict)  # seq len -> full-length seqs
     warnings: list[str] = field(default_factory=list)
     sliding: dict[str, Any] = field(default_factory=dict)  # sliding_window_figures; {} without
+    parameters: int = 0  # the whole model's (parameter_count), all experts
+    active_parameters: int = 0  # those one token reads (MoE: fewer than parameters)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -343,22 +352,18 @@ def max_concurrency(num_pages: int, page_size: int, seq_len: int) -> int:
     return num_pages // max(math.ceil(seq_len / page_size), 1)
 
 
-def running_state_slots(max_num_seqs: int, speculative: bool) -> int:
-    """Hybrid models' running state slots: one per sequence, and with speculative decoding one
-    more each, the state from before a verify step (restored when a draft is rejected)."""
-    return max_num_seqs * (2 if speculative else 1)
-
-
 def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: int = 1,
          kv_cache_dtype: str = "auto", dtype: str = "auto", quantization: str | None = None,
          gpu_memory_utilization: float = 0.9, max_model_len: int | None = None,
          max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, page_size: int = 16,
          enforce_eager: bool = False, enable_prefix_caching: bool = True,
          max_state_snapshots: int | None = None,
-         state_snapshot_memory_bytes: int | None = None, speculative: bool = False) -> MemoryPlan:
+         state_snapshot_memory_bytes: int | None = None,
+         num_speculative_tokens: int = 0) -> MemoryPlan:
     """Split each device's budget into weights, activations, graphs, state, other, and KV (the
-    rest). The snapshot flags mean what EngineArgs' fields of the same names mean; `speculative`:
-    --speculative-config is set (an MTP head is counted when config.use_mtp, spec/mtp.py)."""
+    rest). The snapshot flags mean what EngineArgs' fields of the same names mean;
+    num_speculative_tokens: K of --speculative-config (hybrids keep spare state slots for the
+    verify rows; an MTP head is counted when config.use_mtp, spec/mtp.py)."""
     tp = tensor_parallel_size
     _check_tp(tp, 0)
     if gpu_memory_bytes <= 0:
@@ -377,7 +382,8 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     layout = StateLayout.for_model(config, tp, dtype)
     snapshots = layout.snapshot_count(max_num_seqs, max_state_snapshots,
                                       state_snapshot_memory_bytes, enable_prefix_caching)
-    state = (running_state_slots(max_num_seqs, speculative) + snapshots) * layout.bytes_per_sequence
+    running = max_num_seqs + spare_slot_count(max_num_seqs, num_speculative_tokens)  # runner's rule
+    state = (running + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
     per_token = [kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank) for rank in range(tp)]
@@ -408,6 +414,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         max_concurrency={str(n): max_concurrency(num_pages, page_size, n) for n in lengths},
         warnings=warnings,
         sliding=sliding_window_figures(config, per_token[0], devices[0].kv_cache_bytes, page_size, lengths),
+        **parameter_fields(config),
     )
 
 

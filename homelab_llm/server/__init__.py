@@ -15,7 +15,11 @@
     generation.py     Batch: one HTTP request's engine requests, merged outputs, abort on exit
     chat_text.py      routes chat text to reasoning_content / tool_calls / content
     reasoning_parser.py, tool_parser.py, text_scan.py   <think> and Hermes <tool_call> parsing
-    engine_client.py  the engine's own thread behind an async client (inbox in, queues out)
+    client_base.py    the routes' engine client: per-request queues, drain, abort, lifecycle state
+    engine_process.py the engine in its own process (serve's default): one pipe, outputs per step
+    engine_core.py    that process: load the engine, run the step loop, die with the server
+    engine_client.py  the engine in a thread of the server instead (--engine-in-process)
+    step_loop.py      the step loop either one runs: commands in, step, outputs out; dead engines
     stats.py          counters, histograms, sliding-window throughput, latency percentiles
     metrics.py, status.py   /metrics (Prometheus text) and /v1/status (DESIGN.md contract)
     errors.py, sse.py, logprobs.py, state.py   error bodies, SSE frames, logprob shapes, settings

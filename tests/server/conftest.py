@@ -3,6 +3,8 @@ over the fake engine (tests/server/fake_engine.py) unless a test says otherwise.
 
 from __future__ import annotations
 
+import os
+import pickle
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,13 +17,21 @@ from homelab_llm.server.state import ServerConfig
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import Running, serve_in_thread
 
+ENGINE_PROCESS = os.environ.get("HOMELAB_LLM_TEST_ENGINE_PROCESS") == "1"
+
 
 @contextmanager
 def fake_server(engine_factory: Callable[[], Any] | None = None, wait_ready: bool = True,
-                **config: Any) -> Iterator[Running]:
+                engine_process: bool | None = None, **config: Any) -> Iterator[Running]:
+    """engine_process: the engine in its own process (the factory must pickle); by default in a
+    thread, or in a process when $HOMELAB_LLM_TEST_ENGINE_PROCESS=1 (to run the server tests
+    against serve's default mode; tests that inspect the fake engine's object skip then)."""
+    factory = engine_factory or FakeEngine
+    if engine_process is None:  # a local closure cannot reach another process: in-thread then
+        engine_process = ENGINE_PROCESS and picklable(factory)
     names = config.pop("served_model_names", ("fake", "fake-alias"))
     app = build_app(ServerConfig(served_model_names=names, model_path="/models/fake.gguf", **config),
-                    engine_factory or (lambda: FakeEngine()))
+                    factory, engine_process=engine_process)
     with serve_in_thread(app, wait_ready=wait_ready) as running:
         yield running
 
@@ -43,6 +53,23 @@ def client(server: Running) -> openai.OpenAI:
     return openai_client(server)
 
 
+def picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+        return True
+    except Exception:
+        return False
+
+
+def in_thread_engine(running: Running) -> FakeEngine:
+    """The fake engine object itself, for tests that inspect or patch it; skips the test when
+    the engine runs in its own process."""
+    engine = running.state.client.engine
+    if not isinstance(engine, FakeEngine):
+        pytest.skip("inspects the fake engine's object: only with the engine in-thread")
+    return engine
+
+
 @pytest.fixture
 def engine(server: Running) -> FakeEngine:
-    return server.state.client.engine
+    return in_thread_engine(server)

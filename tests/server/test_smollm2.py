@@ -3,6 +3,7 @@ the module, small max_tokens (a decode step takes ~0.1-2 s on a shared 2-core bo
 
 from __future__ import annotations
 
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,7 +28,9 @@ def smol(smollm2_path):
     # fp32 KV on the CPU is 45 KiB/token for this model: 128 MiB holds ~2900 tokens.
     args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
                       kv_cache_memory_bytes=128 << 20, max_num_seqs=32)
-    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)), lambda: LLMEngine(args))
+    # As `serve` runs it by default: the engine in its own process.
+    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)),
+                    functools.partial(LLMEngine, args), engine_process=True)
     with serve_in_thread(app, timeout=240) as running:
         yield running
 

@@ -5,6 +5,7 @@ answers. One server for the module; requests run concurrently to share decode st
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +48,9 @@ def client(smollm2_path) -> openai.OpenAI:
 
     args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
                       kv_cache_memory_bytes=128 << 20, max_num_seqs=16)
-    app = build_app(ServerConfig((MODEL,), model_path=str(smollm2_path)), lambda: LLMEngine(args))
+    # As `serve` runs it by default: the engine (and its grammar matching) in its own process.
+    app = build_app(ServerConfig((MODEL,), model_path=str(smollm2_path)),
+                    functools.partial(LLMEngine, args), engine_process=True)
     with serve_in_thread(app, timeout=240) as running:
         yield openai_client(running).with_options(timeout=600)
 

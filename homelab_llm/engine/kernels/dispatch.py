@@ -34,14 +34,17 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
 def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
                     decode_only: bool | None = None, num_kv_splits: int | None = None,
-                    window: int = 0, sinks: torch.Tensor | None = None):
+                    window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1):
     """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
     > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits.
 
     On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel;
     anything else the prefill/extend kernel. Which one is known from `decode_only` or the host
     query lengths; without either we take the extend kernel, which is right for every batch.
-    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits.
+    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits. rows_per_seq > 1
+    (decode only): rows come in groups sharing a page table (a speculative verify's K+1 rows, row
+    j seeing its own seq_len): the decode kernel reads each group's K/V once. Every row is an
+    independent query either way, so the reference ignores it.
     """
     if not use_triton(q):
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
@@ -55,7 +58,8 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
 
         return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                       softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
-                                      max_seq_len=max_seq_len, window=window, sinks=sinks)
+                                      max_seq_len=max_seq_len, window=window, sinks=sinks,
+                                      rows_per_seq=rows_per_seq)
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
     max_query_len = max(query_lens_host) if query_lens_host else None

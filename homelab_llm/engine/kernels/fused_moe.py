@@ -268,14 +268,17 @@ def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: 
 
 def mx4_decode(x: torch.Tensor, mx4: MoeMx4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                b13: torch.Tensor | None, b2: torch.Tensor | None,
-               clamp: tuple[float, float]) -> torch.Tensor:
-    """gpt-oss's MXFP4 experts at decode: two GEMVs over every (token, pick) slot, combine."""
+               clamp: tuple[float, float], **gemv_tiles) -> torch.Tensor:
+    """gpt-oss's MXFP4 experts at decode: two GEMVs over every (token, pick) slot, combine.
+    gemv_tiles (block_n, groups, num_warps) override the defaults for sweeps."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
     _, inter = expert_shape(mx4)
     ids = topk_ids.reshape(-1).to(torch.int32)
     act = torch.empty((ids.numel(), inter), dtype=x.dtype, device=x.device)
-    mx4_gemv(x, mx4.w13, act, ids, inter, top_k, gated=True, by_token=True, bias=b13, clamp=clamp)
+    mx4_gemv(x, mx4.w13, act, ids, inter, top_k, gated=True, by_token=True, bias=b13, clamp=clamp,
+             **gemv_tiles)
     y = torch.empty((ids.numel(), hidden), dtype=x.dtype, device=x.device)
-    mx4_gemv(act, mx4.w2, y, ids, hidden, top_k, gated=False, by_token=False, bias=b2, clamp=clamp)
+    mx4_gemv(act, mx4.w2, y, ids, hidden, top_k, gated=False, by_token=False, bias=b2, clamp=clamp,
+             **gemv_tiles)
     return moe_combine(y, topk_weights)

@@ -28,8 +28,8 @@ import triton.language as tl
 from homelab_llm.engine.kernels.moe_ref import Mx4Weight
 from homelab_llm.engine.kernels.tuning import tiles_for
 
-MX4_BLOCK_N = 32
-MX4_GROUPS = 4  # groups of 32 weights per K step: 128 weights, 64 bytes a row
+MX4_BLOCK_N = 16
+MX4_GROUPS = 8  # groups of 32 weights per K step: 256 weights, 128 bytes a row (H200 sweep)
 
 
 @triton.jit
@@ -105,18 +105,20 @@ def _mx4_gemv_kernel(
 
 def mx4_gemv(a: torch.Tensor, weight: Mx4Weight, out: torch.Tensor, ids: torch.Tensor, n: int,
              top_k: int, gated: bool, by_token: bool, bias: torch.Tensor | None,
-             clamp: tuple[float, float]) -> torch.Tensor:
+             clamp: tuple[float, float], block_n: int = MX4_BLOCK_N, groups: int = MX4_GROUPS,
+             num_warps: int | None = None) -> torch.Tensor:
     """One MXFP4 GEMV launch over every slot (ids: the slot's expert, int32 [slots]) into
-    out [slots, n]; a is [T, K] by token (by_token) or [slots, K] by slot."""
+    out [slots, n]; a is [T, K] by token (by_token) or [slots, K] by slot. The tile arguments
+    are for sweeps (benchmarks/sliding_gpu.py)."""
     k = weight.blocks.shape[2] * 2
     if a.shape[1] != k or a.stride(1) != 1 or k % 32:
         raise ValueError(f"mx4_gemv: activations {tuple(a.shape)} do not match K={k} "
                          "(row-major, a multiple of 32)")
     w, s = weight.blocks, weight.scales
-    _mx4_gemv_kernel[(ids.numel(), triton.cdiv(n, MX4_BLOCK_N))](
+    _mx4_gemv_kernel[(ids.numel(), triton.cdiv(n, block_n))](
         a, w, s, out if bias is None else bias, out, ids, n, k, top_k, *clamp,
         a.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
         0 if bias is None else bias.stride(0), out.stride(0),
-        GATED=gated, A_BY_TOKEN=by_token, HAS_BIAS=bias is not None, BLOCK_N=MX4_BLOCK_N,
-        GROUPS=MX4_GROUPS, num_warps=tiles_for(a.device).gemv_rows.num_warps)
+        GATED=gated, A_BY_TOKEN=by_token, HAS_BIAS=bias is not None, BLOCK_N=block_n,
+        GROUPS=groups, num_warps=num_warps or tiles_for(a.device).gemv_rows.num_warps)
     return out

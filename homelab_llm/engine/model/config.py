@@ -11,11 +11,12 @@ from typing import Any, Mapping
 from homelab_llm.errors import HomelabError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
-                           "qwen3_5_moe", "gemma3", "gpt_oss")
-# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
-MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "gpt_oss")
-# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
-HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
+                           "qwen3_5_moe", "qwen3_next", "gemma3", "gpt_oss")
+# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py,
+# model/qwen3_next.py).
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "qwen3_next", "gpt_oss")
+# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py, model/qwen3_next.py).
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 LAYER_SLIDING = "sliding_attention"  # attention over the last sliding_window keys only
@@ -41,6 +42,7 @@ _HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "GptOssForCausalLM": "gpt_oss",
@@ -419,7 +421,7 @@ def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
     """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
-    Qwen3-MoE, Gemma 3, gpt-oss)."""
+    Qwen3-MoE, Qwen3.5/3.6-MoE, Qwen3-Next, Gemma 3, gpt-oss)."""
     raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
     arch = _MODEL_TYPE_ALIASES.get(arch, arch)

@@ -23,6 +23,7 @@ from homelab_llm.engine.layers.linear import (
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 # checkpoint module name -> (our fused module, shard_id)
@@ -155,7 +156,7 @@ class LlamaForCausalLM(nn.Module):
     """The CausalLM contract: model(input_ids, positions) -> hidden; compute_logits(hidden)."""
 
     packed_modules = PACKED_MODULES
-    split_modules: dict[str, tuple[str, list[tuple[str, int]]]] = {}  # none: see qwen3_5.py
+    split_modules: dict[str, SplitTensor] = {}  # none: see qwen3_5.py
 
     @staticmethod
     def checkpoint_name(name: str) -> str | None:

@@ -32,6 +32,7 @@ from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from homelab_llm.engine.model.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
+from homelab_llm.engine.model.qwen3_next import Qwen3NextForCausalLM
 from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
@@ -42,6 +43,7 @@ DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
                                              "qwen3_moe": Qwen3MoeForCausalLM,
                                              "qwen3_5_moe": Qwen3_5MoeForCausalLM,
+                                             "qwen3_next": Qwen3NextForCausalLM,
                                              "gemma3": Gemma3ForCausalLM,
                                              "gpt_oss": GptOssForCausalLM}
 
@@ -257,7 +259,7 @@ def route(model: nn.Module, name: str) -> tuple[str, Any]:
         return expert
     parts = name.split(".")
     if split_id:
-        fused = model.split_modules[parts[-2]][0]
+        fused = model.split_modules[parts[-2]].fused
         return ".".join(parts[:-2] + [fused, parts[-1]]), split_id
     if len(parts) >= 2 and parts[-2] in model.packed_modules:
         fused, shard_id = model.packed_modules[parts[-2]]
@@ -282,10 +284,11 @@ def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any
         if "#" in name or len(parts) < 2 or parts[-2] not in splits or tensor is None:
             yield name, tensor, blocks
             continue
-        sizes = [size for _, size in splits[parts[-2]][1]]
-        if tensor.shape[0] != sum(sizes):
-            raise ModelLoadError(f"tensor {name}: {tensor.shape[0]} rows, expected {sum(sizes)}")
-        for (part, _), piece in zip(splits[parts[-2]][1], tensor.split(sizes)):
+        try:
+            pieces = splits[parts[-2]].take(tensor)
+        except ValueError as err:
+            raise ModelLoadError(f"tensor {name}: {err}") from None
+        for part, piece in pieces:
             yield f"{name}#{part}", piece, blocks
 
 

@@ -33,6 +33,7 @@ from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
 from homelab_llm.engine.model.mtp import MultiTokenPredictor
+from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 QWEN3_5_PACKED = {
@@ -158,9 +159,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
-        kd, vd = config.linear_key_dim, config.linear_value_dim
         # Checkpoint tensors that hold several parts of one fused weight, split as they load.
-        self.split_modules = {"in_proj_qkv": ("in_proj_qkvz", [("q", kd), ("k", kd), ("v", vd)])}
+        self.split_modules = self.checkpoint_splits(config)
         self.model = Qwen3_5Model(config, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
@@ -185,6 +185,13 @@ class Qwen3_5ForCausalLM(nn.Module):
 
     def make_norm(self) -> nn.Module:
         return OffsetRMSNorm(self.config.hidden_size, self.config.rms_norm_eps)
+
+    @staticmethod
+    def checkpoint_splits(config: ModelConfig) -> dict[str, SplitTensor]:
+        """Qwen3.5 stores Gated DeltaNet's q|k|v as one tensor, parts one after another
+        (Qwen3-Next overrides this: its tensors interleave per key head)."""
+        kd, vd = config.linear_key_dim, config.linear_value_dim
+        return {"in_proj_qkv": SplitTensor("in_proj_qkvz", (("q", kd), ("k", kd), ("v", vd)))}
 
     def checkpoint_name(self, name: str) -> str | None:
         """A checkpoint tensor name in our naming, or None for tensors this model does not use."""

@@ -31,6 +31,11 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 0
 
 
+def verify_width(config: SpeculativeConfig | None) -> int:
+    """Rows a verify step gives each sequence: its last token and K drafts (1: no speculation)."""
+    return 1 + (config.num_speculative_tokens if config else 0)
+
+
 def _positive_int(data: dict[str, Any], key: str, default: int | None) -> int:
     value = data.get(key, default)
     if value is None:

@@ -7,8 +7,8 @@ known: a prefill chunk's positions (the last one's next token is the sampled one
 prompt token), or a verify step's last token and its accepted drafts (rejected rows are dropped:
 their hidden states followed tokens that never happened). It writes the head's KV at those
 positions, in the sequence's own pages, so every later pass attends over the whole prefix, as the
-target's layers do. A position a later step recomputes (hybrid rollback, preemption) is simply
-passed again, with the same inputs.
+target's layers do. A position a later step recomputes (after a preemption) is simply passed
+again, with the same inputs.
 
 Chain. A sequence whose pass reached its last token (p = num_tokens - 2) and may draft gets draft 1
 from the pass's last row (argmax; drafts are point proposals, spec/verify.py), then draft j+1 from
@@ -37,7 +37,7 @@ from homelab_llm.engine.scheduler import ScheduledSeq
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.engine.spec.drafter import room_for_drafts
 from homelab_llm.engine.spec.mtp import MtpProposer
-from homelab_llm.engine.step_plan import plan_from_lists
+from homelab_llm.engine.step_plan import first_rows, plan_from_lists
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,10 @@ class MtpWork:
     num_rows: int
 
 
-def collect_work(scheduled: list[ScheduledSeq]) -> list[MtpWork]:
-    """The step's rows per sequence, in the order the step plan lays them out (step_plan.py)."""
-    work: list[MtpWork] = []
-    row = 0
-    for item in scheduled:
-        work.append(MtpWork(item.seq, item.seq.num_computed_tokens, row, item.num_new_tokens))
-        row += item.num_new_tokens
-    return work
+def collect_work(scheduled: list[ScheduledSeq], verify_width: int) -> list[MtpWork]:
+    """The step's rows per sequence, where the step plan lays them out (step_plan.first_rows)."""
+    return [MtpWork(item.seq, item.seq.num_computed_tokens, first, item.num_new_tokens)
+            for item, first in zip(scheduled, first_rows(scheduled, verify_width))]
 
 
 @dataclass

@@ -82,7 +82,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_dot,
-                                            w4a16_gemv)
+                                            w4a16_gemv, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
@@ -130,6 +130,25 @@ def _scenarios():
         yield lambda kc=kc, vc=vc, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, num_splits=splits, max_seq_len=8192,
             window=128, sinks=sinks)
+    # speculative verify groups: 2 sequences x K+1 = 5 rows, one program per group
+    rows = 10
+    verify_q = torch.zeros((rows, hq, d), dtype=bf16)
+    verify_table = page_table.repeat_interleave(5, dim=0)
+    verify_lens = torch.arange(300, 300 + rows, dtype=i32)
+    verify_qsl = torch.arange(rows + 1, dtype=i32)
+    for cdt, splits in ((bf16, None), (i8, 1)):
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
+            verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, ks, vs, num_splits=splits,
+            max_seq_len=8192, rows_per_seq=5)
+    kc, vc, _, _ = caches(bf16)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, max_seq_len=8192, window=128,
+        sinks=sinks, rows_per_seq=5)
+    # the largest group one program takes (MAX_TILE_ROWS = 16 rows x 4 query heads)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        torch.zeros((32, hq, d), dtype=bf16), kc, vc, page_table.repeat_interleave(16, dim=0),
+        torch.arange(33, dtype=i32), torch.arange(300, 332, dtype=i32), 0.088, max_seq_len=8192, rows_per_seq=16)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
     for cdt in (bf16, i8):
@@ -157,10 +176,19 @@ def _scenarios():
                      (16, 128, bf16), (48, 128, bf16), (256, 128, bf16), (256, 128, fp16)):
         yield lambda m=m, g=g, dt=dt: w4a16.w4a16_matmul(torch.zeros((m, k_in), dtype=dt), weights[g])
     x1 = torch.zeros((1, k_in), dtype=bf16)
-    # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
-    yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
-    for m, g in ((8, 32), (8, 128), (64, 128)):  # the few-row kernel: per-row and per-step scales, SPLIT 1
+    # SPLIT is a constexpr: 1 writes `out` directly, >1 reduces through the tickets
+    for split in (1, None):
+        yield lambda split=split: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16),
+                                                        split=split)
+    # The multi-row GEMV: each row-count entry of the arch's w4a16_rows table, split 1 and the table's
+    for m, g, split in ((1, 128, 1), (1, 128, None), (2, 32, None), (4, 128, None), (8, 128, None),
+                        (16, 128, None)):
         x = torch.zeros((m, k_in), dtype=bf16)
+        yield lambda x=x, g=g, split=split: w4a16_rows.w4a16_rows(
+            x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
+    for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
+        # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
+        x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
@@ -270,6 +298,8 @@ def _gdn_scenarios():
     for bias in (None, torch.zeros(channels, dtype=bf16)):
         yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
         yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
+    verify_idx = torch.arange(40, dtype=i32) % slots  # a verify step: 8 sequences x K+1 = 5 rows
+    yield lambda: gdn_conv.conv1d_decode(x[:40], weight, None, conv_state, verify_idx, rows_per_seq=5)
     yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
                                           1e-6)
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
@@ -281,6 +311,8 @@ def _gdn_scenarios():
         if batch > 1:
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
+            yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
 
 
 def capture(arch: str) -> list[dict]:

@@ -46,6 +46,12 @@ def _experts(gen, e, h, i, dtype, device):
     return w13, w2
 
 
+def _fp32_bound(bound: float, device) -> float:
+    """On a GPU tl.dot takes fp32 operands as TF32 (10-bit mantissa): ~7e-4 relative at full
+    shapes (measured on an H200), so fp32 gets 2e-3 there; the interpreter multiplies in fp32."""
+    return max(bound, 2e-3) if torch.device(device).type == "cuda" else bound
+
+
 @pytest.mark.parametrize("tokens", [1, 8, 37])
 @pytest.mark.parametrize("dtype,bound", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
@@ -59,7 +65,7 @@ def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
     got = fused_moe(x, w13, w2, weights, ids)
     want = moe_experts_ref(x, w13, w2, weights, ids)
     assert got.dtype == x.dtype and got.shape == x.shape
-    assert rel_err(got, want) < bound
+    assert rel_err(got, want) < _fp32_bound(bound, device), rel_err(got, want)
 
 
 @pytest.mark.parametrize("tokens", [1, 21])
@@ -74,8 +80,9 @@ def test_fused_moe_w4a16_matches_reference(tokens, device, full_shapes):
     weights, ids = _picks(gen, tokens, e, top_k, device)
     got = fused_moe(x, w4, None, weights, ids)
     want = moe_experts_ref(x, w4, None, weights, ids)
-    assert rel_err(got, want) < (2e-2 if full_shapes else 1e-4)
-    assert rel_err(dot_path, want) < (2e-2 if full_shapes else 1e-4)
+    bound = 2e-2 if full_shapes else 1e-4
+    assert rel_err(got, want) < bound, ("gemv", rel_err(got, want))
+    assert rel_err(dot_path, want) < bound, ("dot", rel_err(dot_path, want))
 
 
 def test_combine_matches_reference(device):
@@ -127,7 +134,7 @@ def test_fused_moe_gptoss_matches_reference(tokens, dtype, bound, device, full_s
     for down_bias in (b2, None):
         got = fused_moe(x, w13, w2, weights, ids, b13=b13, b2=down_bias, clamp=(1.702, 0.7))
         want = gptoss_experts_ref(x, w13, b13, w2, down_bias, weights, ids, 1.702, 0.7)
-        assert rel_err(got, want) < bound
+        assert rel_err(got, want) < _fp32_bound(bound, device), rel_err(got, want)
 
 
 def _random_mx4(gen, e, n, k, device):
@@ -164,5 +171,6 @@ def test_fused_moe_mxfp4_matches_reference(tokens, device, full_shapes):
     want = gptoss_experts_ref(x, w13, b13, w2, b2, weights, ids, 1.702, 7.0)
     also = gptoss_experts_ref(x, mx4, b13, None, b2, weights, ids, 1.702, 7.0)
     assert torch.equal(want, also)
-    assert rel_err(got, want) < (2e-2 if full_shapes else 1e-4)
-    assert rel_err(dot_path, want) < (2e-2 if full_shapes else 1e-4)
+    bound = 2e-2 if full_shapes else 1e-4
+    assert rel_err(got, want) < bound, ("gemv", rel_err(got, want))
+    assert rel_err(dot_path, want) < bound, ("dot", rel_err(dot_path, want))
