@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from homelab_llm.engine.cache.state_layout import StateLayout
-from homelab_llm.engine.cache.verify_slots import spare_slot_count
+from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.gdn_memory import (gdn_activation_bytes, gdn_linears, gdn_param_count,
                                            gdn_small_param_bytes)

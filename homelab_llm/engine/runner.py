@@ -15,7 +15,7 @@ from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
-from homelab_llm.engine.cache.verify_slots import spare_slot_count
+from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows

@@ -15,23 +15,24 @@ from hybrid_reference import make_hf_qwen3_5
 FULL_LAYER = 1  # TEXT_SHAPE's first full-attention layer: the MTP layer's shape donor
 
 
-def _mtp_layer_names(state: dict[str, torch.Tensor]) -> dict[str, str]:
-    """mtp.layers.0.<part> -> model.layers.<FULL_LAYER>.<part> (same structure)."""
-    prefix = f"model.layers.{FULL_LAYER}."
+def _mtp_layer_names(state: dict[str, torch.Tensor], donor: int) -> dict[str, str]:
+    """mtp.layers.0.<part> -> model.layers.<donor>.<part> (same structure)."""
+    prefix = f"model.layers.{donor}."
     return {"mtp.layers.0." + k[len(prefix):]: k for k in state if k.startswith(prefix)}
 
 
 @torch.no_grad()
-def add_mtp_weights(folder: Path, seed: int, echo: bool = False) -> dict[str, torch.Tensor]:
+def add_mtp_weights(folder: Path, seed: int, echo: bool = False,
+                    donor: int = FULL_LAYER) -> dict[str, torch.Tensor]:
     """Add `mtp.*` to folder's checkpoint and mtp_num_hidden_layers = 1 to its config; returns
-    the mtp tensors. Random (std 0.2 around a copy of a full-attention layer) unless `echo`: then
+    the mtp tensors. Random (std 0.2 around a copy of full-attention layer `donor`) unless `echo`: then
     the head ignores the token, its layer adds nothing (o_proj, down_proj zero) and its norms are
     plain, so h' = h / rms(h) and every draft repeats the token the target model just chose."""
     gen = torch.Generator().manual_seed(seed)
     state = load_file(folder / "model.safetensors")
     h = state["model.embed_tokens.weight"].shape[1]
     mtp = {name: state[src].clone() + 0.2 * torch.randn(state[src].shape, generator=gen)
-           for name, src in _mtp_layer_names(state).items()}
+           for name, src in _mtp_layer_names(state, donor).items()}
     mtp["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) / (2 * h) ** 0.5
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         mtp[f"mtp.{norm}.weight"] = 0.2 * torch.randn(h, generator=gen)

@@ -5,7 +5,8 @@
   stays right through verification, rollback and batching (fp32; argmax tokens compared exactly),
   and its output states h' match the reference's within 1e-4.
 - Greedy output with MTP K = 1..3 equals the output without, token for token, batched and
-  single, with prefix caching on (second round served from the cache), dense and MoE; so does
+  single, with prefix caching on (second round served from the cache), dense, MoE and
+  Qwen3-Next; so does
   seeded sampling (verification keeps each position's draw, spec/verify.py).
 - An "echo" head (drafts repeat the target's last token) gets drafts accepted and rejected; the
   counters add up and, after rejections, the hybrid state equals a never-drafted run's.
@@ -21,7 +22,7 @@ import json
 import pytest
 import torch
 
-from homelab_llm.engine.cache.verify_slots import spare_slot_count
+from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.memory import kv_bytes_per_token, weight_bytes
 from homelab_llm.engine.model.config import ModelLoadError
 from homelab_llm.engine.sampling_params import SamplingParams
@@ -29,7 +30,7 @@ from homelab_llm.engine.spec.config import SpeculativeConfig, SpeculativeConfigE
 from homelab_llm.engine.spec.mtp import enable_mtp
 from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
 from hybrid_shapes import QWEN36_27B
-from moe_reference import make_hf_qwen3_5_moe
+from moe_reference import make_hf_qwen3_5_moe, make_hf_qwen3_next
 from mtp_reference import add_mtp_weights, make_mtp_checkpoint, reference_drafts, reference_head
 from test_spec_hybrid import compare_states_while_running
 
@@ -132,9 +133,10 @@ def test_int8_kv_with_mtp_equals_without(checkpoint) -> None:
     assert [c.token_ids for c in llm.generate(PROMPTS[:2], greedy(8))] == want
 
 
-def test_moe_head_output_equals_no_speculation(tmp_path) -> None:
-    make_hf_qwen3_5_moe(tmp_path, seed=1)
-    add_mtp_weights(tmp_path, seed=2)
+@pytest.mark.parametrize("make", [make_hf_qwen3_5_moe, make_hf_qwen3_next])
+def test_moe_head_output_equals_no_speculation(tmp_path, make) -> None:
+    make(tmp_path, seed=1)
+    add_mtp_weights(tmp_path, seed=2, donor=3)  # a full-attention layer with experts
     expected = [c.token_ids for c in our_llm(tmp_path).generate(PROMPTS, greedy(8))]
     llm = our_llm(tmp_path, speculative_config=mtp(2))
     assert llm.engine.runner.model.mtp is not None

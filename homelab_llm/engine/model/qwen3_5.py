@@ -178,10 +178,10 @@ class Qwen3_5ForCausalLM(nn.Module):
         return LlamaMLP(config)
 
     def make_mtp_layer(self, index: int) -> nn.Module:
-        """MTP layer `index`: a full-attention decoder layer with this family's MLP."""
+        """MTP layer `index`: a full-attention decoder layer with this family's MLP, built as
+        decoder layer `index`'s (the checkpoints' MTP layers of MoE families hold experts)."""
         config = self.config
-        return Qwen3_5DecoderLayer(config, LAYER_FULL, self.model.rotary,
-                                   self.make_mlp(config, config.num_hidden_layers + index))
+        return Qwen3_5DecoderLayer(config, LAYER_FULL, self.model.rotary, self.make_mlp(config, index))
 
     def make_norm(self) -> nn.Module:
         return OffsetRMSNorm(self.config.hidden_size, self.config.rms_norm_eps)

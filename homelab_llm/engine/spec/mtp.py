@@ -18,7 +18,7 @@ from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.spec.config import FLAG, SpeculativeConfig, SpeculativeConfigError
 
 # Families whose model builds model/mtp.py's head from config.mtp_layers.
-MTP_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
+MTP_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 
 
 def enable_mtp(config: ModelConfig, spec: SpeculativeConfig | None) -> ModelConfig:
