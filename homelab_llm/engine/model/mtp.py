@@ -17,7 +17,7 @@ its attention module with the others, so the runner binds it one more KV layer o
 tables). Its entry at position p depends on t_{p+1} as well as on the prefix: spec/mtp_draft.py
 writes it only once t_{p+1} is known, and rewrites it when a step recomputes position p.
 
-A family offers MTP (Qwen3.5/3.6 in qwen3_5.py; Qwen3-Next the same way) by: building
+A family offers MTP (qwen3_5.py does; qwen3_5_moe.py and qwen3_next.py inherit it) by building
 `self.mtp = MultiTokenPredictor(...)` when config.mtp_layers > 0 (else None), appending its
 layers' attention modules to `attention_layers`, mapping checkpoint names `mtp.*` to it in
 `checkpoint_name`, and naming its architecture in spec/mtp.py MTP_ARCHITECTURES. The drafter
