@@ -39,6 +39,11 @@ class ForwardContext:
     # one sequence (K+1 in a verify step, else 1) and the rest of the step is varlen.
     verify_width: int = 1
     decode_rows: int = 0
+    # Models with a sliding page group (cache/page_groups.py): that group's slots ([T] int64)
+    # and page table ([B, max_pages] int32, same columns as page_table), read by the sliding
+    # layers; None when every KV layer uses page_table.
+    sliding_slot_mapping: torch.Tensor | None = None
+    sliding_page_table: torch.Tensor | None = None
 
 
 _current: ForwardContext | None = None

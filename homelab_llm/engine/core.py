@@ -12,6 +12,7 @@ import torch
 from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.kv_manager import KVCacheManager, release_window
+from homelab_llm.engine.cache.page_groups import sliding_group_window
 from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
@@ -92,13 +93,17 @@ class LLMEngine:
         self.max_model_len = self._resolve_max_model_len(wanted_len, pool.tokens_capacity)
         log.info("load: KV cache %d tokens (%s, %.2f GiB), max_model_len %d", pool.tokens_capacity,
                  pool.layout.dtype, pool.memory_bytes / 2**30, self.max_model_len)
+        if pool.sliding is not None:
+            log.info("load: sliding layers' page group %d tokens (%.2f GiB)",
+                     pool.sliding.tokens_capacity, pool.sliding.memory_bytes / 2**30)
         LOAD.begin("capturing graphs")
         self.runner.capture_graphs(self.max_model_len)
         LOAD.begin("ready")
         running_slots, snapshot_slots = self.runner.state_slot_counts()
         state_slots = StateSlots(running_slots, snapshot_slots) if running_slots else None
         self.kv = KVCacheManager(pool, args.enable_prefix_caching, state_slots,
-                                 release_window=release_window(self.model_config, state_slots))
+                                 release_window=release_window(self.model_config, state_slots),
+                                 sliding_window=sliding_group_window(self.model_config))
         self.scheduler = Scheduler(self.kv, args.max_num_seqs, args.max_num_batched_tokens)
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
@@ -396,7 +401,7 @@ class LLMEngine:
                 continue
             if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 return False
-        return self.kv.pool.num_free >= len(self.scheduler.running)
+        return self.kv.free_pages >= len(self.scheduler.running)
 
     # -- reporting ----------------------------------------------------------------------------
     def status(self) -> dict:
@@ -418,7 +423,10 @@ class LLMEngine:
                    # the engine releases pages below (0 when a full-attention layer needs them)
                    "sliding_window": self.model_config.sliding_window,
                    "sliding_layers": len(self.model_config.sliding_layers),
-                   "release_window": self.kv.release_window},
+                   "release_window": self.kv.release_window,
+                   # mixed full/sliding models: the sliding layers' own page group (its pages
+                   # hold only windows; bytes_per_token above counts the full layers only)
+                   **self.kv.sliding_status()},
             "requests": {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting)},
             "prefix_cache": {"query_tokens": self.kv.prefix_query_tokens,
                              "hit_tokens": self.kv.prefix_hit_tokens,

@@ -7,6 +7,9 @@ steps are decode rows in groups of K+1 per sequence (step_plan.py; decode attent
 K/V once, hybrid models' Gated DeltaNet kernels chain its rows), so speculation adds width-(K+1)
 graphs of batch * (K+1) rows beside the decode graphs. Padding rows (and whole padding groups)
 carry state slot -1 and KV slot -1: they write nothing.
+
+A model with a sliding page group (cache/page_groups.py) gets a second static slot mapping and
+page table of the same shapes, which its sliding layers read in the captured graph.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class _Graph:
 
 class DecodeGraphs:
     def __init__(self, model, device: torch.device, max_rows: int, max_pages: int,
-                 page_size: int, num_kv_splits: int) -> None:
+                 page_size: int, num_kv_splits: int, sliding: bool = False) -> None:
         self.model = model
         self.device = device
         self.max_pages = max_pages
@@ -72,6 +75,9 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.page_table = torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+        self.sliding_slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device) if sliding else None
+        self.sliding_page_table = (torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+                                   if sliding else None)
         # Hybrid models: fixed-size state slots; padding rows are -1 (the GDN kernels skip them).
         self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
         self.has_initial_state = torch.ones(n, dtype=torch.bool, device=device)
@@ -80,6 +86,7 @@ class DecodeGraphs:
         self.memory_bytes = 0
 
     def _context(self, bs: int, width: int) -> ForwardContext:
+        sliding = self.sliding_page_table is not None
         return ForwardContext(
             positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
             query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
@@ -87,7 +94,9 @@ class DecodeGraphs:
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
             decode_only=True, num_kv_splits=kv_splits_at(self.num_kv_splits, max(1, bs // width)),
             state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs],
-            verify_width=width, decode_rows=bs)
+            verify_width=width, decode_rows=bs,
+            sliding_slot_mapping=self.sliding_slot_mapping[:bs] if sliding else None,
+            sliding_page_table=self.sliding_page_table[:bs] if sliding else None)
 
     @torch.inference_mode()
     def capture(self, shapes: list[tuple[int, int]]) -> None:
@@ -140,6 +149,11 @@ class DecodeGraphs:
         self.seq_lens[:bs].copy_(ctx.seq_lens)
         if ctx.state_indices is not None:
             self.state_indices[:bs].copy_(ctx.state_indices)
+        if self.sliding_page_table is not None:
+            assert ctx.sliding_page_table is not None and ctx.sliding_slot_mapping is not None
+            self.sliding_slot_mapping[:bs].copy_(ctx.sliding_slot_mapping)
+            self.sliding_slot_mapping[bs:size].fill_(-1)
+            self.sliding_page_table[:bs, :ctx.sliding_page_table.shape[1]].copy_(ctx.sliding_page_table)
         if size > bs:
             self.slot_mapping[bs:size].fill_(-1)  # padding rows write nowhere
             self.seq_lens[bs:size].fill_(1)

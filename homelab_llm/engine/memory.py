@@ -13,6 +13,11 @@ pages; the GDN layers' parameters and prefill working memory come from engine/gd
 each device reserves (max_num_seqs running + the snapshot pool) x the per-sequence state of
 cache/state_layout.py before the KV cache gets the rest. With an attention output gate, q_proj is
 twice as wide (query and gate).
+
+Models that mix full and sliding attention (Gemma 3, gpt-oss) keep two KV page groups
+(cache/page_groups.py): the budget splits by the rule the runner uses (`GroupSplit`), so
+num_pages / tokens_capacity / kv_bytes_per_token are the full-attention group's (the context the
+cache holds, and what one more token of it costs) and kv_cache_bytes counts both groups.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from homelab_llm.engine.cache.page_groups import GroupSplit, sliding_group_window, sliding_page_cap
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
@@ -59,8 +65,9 @@ def _check_tp(tp_size: int, tp_rank: int) -> None:
 
 
 def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: str,
-                       tp_size: int, tp_rank: int = 0) -> int:
-    """Bytes one token's K and V occupy on one device, over the full-attention layers."""
+                       tp_size: int, tp_rank: int = 0, num_layers: int | None = None) -> int:
+    """Bytes one token's K and V occupy on one device, over every KV layer (full or sliding
+    attention; `num_layers` to count only some)."""
     _check_tp(tp_size, tp_rank)
     heads = _heads(config, tp_size, tp_rank).kv_heads
     if kv_cache_dtype == "int8":
@@ -68,7 +75,37 @@ def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: st
     else:
         dtype = resolve_model_dtype(config, model_dtype) if kv_cache_dtype == "auto" else kv_cache_dtype
         per_head = config.head_dim * dtype_bytes(dtype)
-    return 2 * (len(config.full_attention_layers) + config.mtp_layers) * heads * per_head
+    # MTP heads (config.use_mtp) are one more full-attention KV layer each.
+    layers = len(config.full_attention_layers) + config.mtp_layers if num_layers is None else num_layers
+    return 2 * layers * heads * per_head
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """One device's KV cost: per token of the main page group, and on mixed models the split
+    between it and the sliding group (None otherwise)."""
+    per_token: int
+    split: GroupSplit | None
+
+    def pages_for(self, free: int, page_size: int) -> int:
+        return self.split.full_pages_for_budget(free) if self.split else free // (self.per_token * page_size)
+
+    def bytes_for(self, pages: int, page_size: int) -> int:
+        return self.split.bytes_for(pages) if self.split else pages * page_size * self.per_token
+
+
+def kv_groups(config: ModelConfig, kv_cache_dtype: str, model_dtype: str, tp_size: int, tp_rank: int,
+              page_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> KVGroups:
+    """The KV page groups of one device, as the runner builds them."""
+    window = sliding_group_window(config)
+    if not window:
+        return KVGroups(kv_bytes_per_token(config, kv_cache_dtype, model_dtype, tp_size, tp_rank), None)
+    sliding = len(config.sliding_layers)
+    full = kv_bytes_per_token(config, kv_cache_dtype, model_dtype, tp_size, tp_rank,
+                              len(config.full_attention_layers) - sliding)
+    slide = kv_bytes_per_token(config, kv_cache_dtype, model_dtype, tp_size, tp_rank, sliding)
+    cap = sliding_page_cap(window, page_size, max_num_seqs, max_num_batched_tokens)
+    return KVGroups(full, GroupSplit(cap, full * page_size, slide * page_size))
 
 
 def quantization_method(config: ModelConfig, quantization: str | None) -> str | None:
@@ -347,9 +384,15 @@ class MemoryPlan:
         return asdict(self)
 
 
-def max_concurrency(num_pages: int, page_size: int, seq_len: int) -> int:
-    """How many sequences of seq_len tokens fit at once (each rounds up to whole pages)."""
-    return num_pages // max(math.ceil(seq_len / page_size), 1)
+def max_concurrency(num_pages: int, page_size: int, seq_len: int, sliding_pages: int = 0,
+                    window: int = 0) -> int:
+    """How many sequences of seq_len tokens fit at once (each rounds up to whole pages); with a
+    sliding page group (window > 0), each also holds its window's pages there."""
+    pages = max(math.ceil(seq_len / page_size), 1)
+    fit = num_pages // pages
+    if window:
+        fit = min(fit, sliding_pages // min(pages, math.ceil(window / page_size) + 1))
+    return fit
 
 
 def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: int = 1,
@@ -386,11 +429,15 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     state = (running + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
-    per_token = [kv_bytes_per_token(config, kv_cache_dtype, dtype, tp, rank) for rank in range(tp)]
+    groups = [kv_groups(config, kv_cache_dtype, dtype, tp, rank, page_size, max_num_seqs,
+                        max_num_batched_tokens) for rank in range(tp)]
+    per_token = [g.per_token for g in groups]
     # Every rank allocates the same number of pages (a token needs its page on every rank), so
     # the tightest rank decides; ranks with fewer KV heads then use fewer bytes for them.
     free = [max(budget - w - buffers - activation - graphs - state - other, 0) for w in weights]
-    num_pages = min(f // (t * page_size) for f, t in zip(free, per_token))
+    num_pages = min(g.pages_for(f, page_size) for f, g in zip(free, groups))
+    split = groups[0].split
+    sliding_pages = split.sliding_pages(num_pages) if split else 0
     for rank in range(tp):
         if free[rank] == 0:
             states = f", sequence states ({state / 1e9:.2f} GB)" if state else ""
@@ -398,7 +445,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
                             f"working memory do not fit in the {budget / 1e9:.2f} GB budget; no "
                             "room for KV cache")
     devices = [DevicePlan(rank, gpu_memory_bytes, budget, weights[rank], buffers, activation,
-                          graphs, state, other, num_pages * page_size * per_token[rank],
+                          graphs, state, other, groups[rank].bytes_for(num_pages, page_size),
                           per_token[rank], num_pages, num_pages * page_size,
                           layout.bytes_per_sequence) for rank in range(tp)]
     capacity = num_pages * page_size
@@ -406,14 +453,18 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         warnings.append(f"the KV cache holds {capacity} tokens, less than one "
                         f"--max-model-len {max_len} sequence")
     lengths = sorted({*CONCURRENCY_LENGTHS, max_len})
+    concurrency = {str(n): max_concurrency(num_pages, page_size, n, sliding_pages,
+                                           sliding_group_window(config)) for n in lengths}
+    sliding = sliding_window_figures(config, kv_bytes_per_token(config, kv_cache_dtype, dtype, tp),
+                                     devices[0].kv_cache_bytes, page_size, lengths)
+    if split:  # the engine's page groups decide what fits, not the bytes alone
+        sliding.update(sliding_group_pages=sliding_pages, max_concurrency=concurrency)
     return MemoryPlan(
         model=config.name, tensor_parallel_size=tp, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
         quantization=method, page_size=page_size, max_model_len=max_len, per_device=devices,
         kv_bytes_per_token=devices[0].kv_bytes_per_token, tokens_capacity=capacity,
         state_bytes_per_sequence=layout.bytes_per_sequence, state_snapshots=snapshots,
-        max_concurrency={str(n): max_concurrency(num_pages, page_size, n) for n in lengths},
-        warnings=warnings,
-        sliding=sliding_window_figures(config, per_token[0], devices[0].kv_cache_bytes, page_size, lengths),
+        max_concurrency=concurrency, warnings=warnings, sliding=sliding,
         **parameter_fields(config),
     )
 
@@ -437,9 +488,8 @@ def sliding_window_figures(config: ModelConfig, kv_bytes_per_token_all_layers: i
                            kv_cache_bytes: int, page_size: int, lengths: list[int]) -> dict[str, Any]:
     """For a model with sliding layers: per-sequence KV bytes with the sliding layers capped at
     the window vs uncapped, and how many sequences of each length the KV budget holds capped.
-    `engine_caps` says whether the engine frees those pages today (every KV layer sliding); a
-    mixed model (Gemma 3) keeps whole-sequence pages on every layer until per-layer-type pools
-    land, so its capped figures are the target, the uncapped ones what it runs with."""
+    `engine_caps`: the engine gives those pages back (every KV layer sliding, or a mixed model's
+    sliding page group: `plan` then sets `sliding_group_pages` and the groups' concurrency)."""
     if not config.sliding_layers:
         return {}
     capped = {str(n): windowed_kv_bytes(config, kv_bytes_per_token_all_layers, n, page_size)
@@ -449,7 +499,9 @@ def sliding_window_figures(config: ModelConfig, kv_bytes_per_token_all_layers: i
         "window": config.sliding_window,
         "sliding_layers": len(config.sliding_layers),
         "full_layers": len(config.full_attention_layers) - len(config.sliding_layers),
-        "engine_caps": config.sliding_layers == config.full_attention_layers,
+        "engine_caps": (config.sliding_layers == config.full_attention_layers
+                        or bool(sliding_group_window(config))),
+        "sliding_group_pages": 0,
         "kv_bytes_per_sequence": capped,
         "kv_bytes_per_sequence_uncapped": full,
         "max_concurrency": {n: kv_cache_bytes // b if b else 0 for n, b in capped.items()},

@@ -11,6 +11,9 @@ A scheduled sequence enters a step in one of two shapes:
   row j the slot that receives the Gated DeltaNet state after it (cache/verify_slots.py), which
   the GDN layers chain (kernels/gdn.py). Padding rows write no K/V, no state, give no logits.
 
+On a model with a sliding page group (cache/page_groups.py), every row also has the sliding
+group's KV slot and page table (`sliding`: (slots, table) per call; padding rows write nowhere).
+
 Logits rows are kept per scheduled item: a verify step puts its decode groups first (one
 decode-kernel call for them) while the sampler reads rows in schedule order.
 """
@@ -30,11 +33,17 @@ class PlanRows:
     tables: list[list[int]] = field(default_factory=list)
     state_slots: list[int] = field(default_factory=list)
     has_initial: list[int] = field(default_factory=list)
+    sliding_slots: list[int] = field(default_factory=list)  # the sliding group's, when it exists
+    sliding_tables: list[list[int]] = field(default_factory=list)
 
     def add_varlen(self, ids: list[int], start: int, kv_slots: list[int], table: list[int],
-                   num_logits: int, state_slot: int) -> list[int]:
+                   num_logits: int, state_slot: int,
+                   sliding: tuple[list[int], list[int]] | None = None) -> list[int]:
         """One query of len(ids) tokens from position `start`; returns its last num_logits rows."""
         n = len(ids)
+        if sliding is not None:
+            self.sliding_slots += sliding[0]
+            self.sliding_tables.append(sliding[1])
         self.ids += ids
         self.positions += range(start, start + n)
         self.slots += kv_slots
@@ -46,11 +55,15 @@ class PlanRows:
         return list(range(len(self.ids) - num_logits, len(self.ids)))
 
     def add_decode_rows(self, ids: list[int], start: int, kv_slots: list[int], table: list[int],
-                        state_slots: list[int], width: int = 0) -> list[int]:
+                        state_slots: list[int], width: int = 0,
+                        sliding: tuple[list[int], list[int]] | None = None) -> list[int]:
         """len(ids) decode rows from position `start`, padded to `width` rows; returns the real
         rows (each one samples)."""
         n = len(ids)
         pad = max(0, width - n)
+        if sliding is not None:
+            self.sliding_slots += sliding[0] + [-1] * pad
+            self.sliding_tables += [sliding[1]] * (n + pad)
         first = len(self.ids)
         self.ids += ids + [0] * pad
         self.positions += list(range(start, start + n)) + [start] * pad

@@ -1,6 +1,7 @@
 """ModelRunner: one per rank. Loads the model, sizes and binds the KV cache from measured memory
 (and, on hybrid models, the Gated DeltaNet state pool before it), turns a scheduled step into batch
-tensors and a ForwardContext, and runs the forward."""
+tensors and a ForwardContext, and runs the forward. A model that mixes full and sliding attention
+gets two page groups (cache/page_groups.py): the sliding layers are bound to their own pool."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from dataclasses import dataclass, field
 import torch
 
 from homelab_llm.engine.args import EngineArgs
+from homelab_llm.engine.cache.page_groups import GroupSplit, sliding_group_window, sliding_page_cap
 from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
+from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
 from homelab_llm.engine.scheduler import ScheduledSeq
@@ -143,27 +146,58 @@ class ModelRunner:
         return pool
 
     # -- KV sizing ----------------------------------------------------------------------------
-    def kv_layout(self) -> KVLayout:
-        c = self.config
+    def kv_groups(self) -> tuple[list[Attention], list[Attention]]:
+        """(layers on the main page pool, layers on the sliding page group's pool); the second
+        is empty unless the model mixes full and sliding attention (cache/page_groups.py)."""
+        layers = self.model.attention_layers
+        if not sliding_group_window(self.config):
+            return list(layers), []
+        return [a for a in layers if not a.window], [a for a in layers if a.window]
+
+    def kv_layout(self, sliding: bool = False) -> KVLayout:
+        """The main pool's layout (hybrids: full-attention layers only; mixed models: the
+        full-attention layers), or with `sliding` the sliding page group's."""
+        layers = self.kv_groups()[1 if sliding else 0]
         return KVLayout(
-            num_layers=len(self.model.attention_layers),  # hybrids: full-attention layers only
+            num_layers=len(layers),
             num_kv_heads=self.model.attention_layers[0].num_kv_heads,  # this rank's share
-            head_dim=c.head_dim,
+            head_dim=self.config.head_dim,
             page_size=self.page_size,
             dtype=resolve_kv_dtype(self.args.kv_cache_dtype, self.dtype),
         )
 
+    def group_split(self) -> GroupSplit | None:
+        """Mixed models: how the KV budget divides between the two page groups."""
+        window = sliding_group_window(self.config)
+        if not window:
+            return None
+        a = self.args
+        return GroupSplit(sliding_page_cap(window, self.page_size, a.max_num_seqs, a.max_num_batched_tokens),
+                          self.kv_layout().bytes_per_page(), self.kv_layout(sliding=True).bytes_per_page())
+
+    def kv_bytes_for_pages(self, num_pages: int) -> int:
+        """Bytes of `num_pages` main-pool pages and the sliding group's pages that go with them."""
+        split = self.group_split()
+        return split.bytes_for(num_pages) if split else num_pages * self.kv_layout().bytes_per_page()
+
+    def _new_pool(self, num_pages: int) -> PagePool:
+        pool = PagePool(self.kv_layout(), num_pages, self.device)
+        split = self.group_split()
+        if split is not None:
+            pool.sliding = PagePool(self.kv_layout(sliding=True), split.sliding_pages(num_pages), self.device)
+        return pool
+
     def _profile_peak_activations(self) -> int:
         """Run the largest forward a step can make and measure its peak memory beyond weights."""
         n = self.args.max_num_batched_tokens
-        layout = self.kv_layout()
         pages = -(-n // self.page_size)
-        scratch = PagePool(layout, pages, self.device)
+        scratch = self._new_pool(pages)
         self.bind_kv(scratch)
         page_table = [list(range(pages))]
-        batch = self._build(input_ids=[0] * n, positions=list(range(n)),
-                            slot_mapping=list(range(n)), query_lens=[n], seq_lens=[n],
-                            page_table=page_table, logits_rows=[n - 1], state_indices=[0])
+        sliding = (list(range(n)), page_table) if scratch.sliding is not None else None
+        batch = self.batch_from_plan(*plan_from_lists(
+            [0] * n, list(range(n)), list(range(n)), [n], [n], page_table, [n - 1], [0],
+            sliding=sliding))
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
@@ -197,7 +231,8 @@ class ModelRunner:
         return int(min(CPU_DEFAULT_KV_BYTES, available * self.args.gpu_memory_utilization * 0.5))
 
     def pages_for_budget(self, budget: int) -> int:
-        return budget // self.kv_layout().bytes_per_page()
+        split = self.group_split()
+        return split.full_pages_for_budget(budget) if split else budget // self.kv_layout().bytes_per_page()
 
     def allocate_kv(self, budget: int) -> PagePool:
         return self.allocate_pages(self.pages_for_budget(budget))
@@ -212,9 +247,10 @@ class ModelRunner:
         return graph_bytes(self.config, rows, str(self.dtype).removeprefix("torch."), self.tp_size)
 
     def allocate_pages(self, num_pages: int) -> PagePool:
-        self.pool = PagePool(self.kv_layout(), num_pages, self.device)
+        self.pool = self._new_pool(num_pages)
         self.bind_kv(self.pool)
-        self.memory.kv_cache = self.pool.memory_bytes
+        self.memory.kv_cache = self.pool.memory_bytes + (
+            self.pool.sliding.memory_bytes if self.pool.sliding is not None else 0)
         self.refresh_memory()
         return self.pool
 
@@ -236,7 +272,8 @@ class ModelRunner:
         shapes = graph_shapes(self.args.max_num_seqs, self.verify_width)
         splits = kv_splits_for(max_model_len, self.page_size, tiles_for(self.device).max_kv_splits)
         self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
-                                   self.page_size, splits)
+                                   self.page_size, splits,
+                                   sliding=self.pool is not None and self.pool.sliding is not None)
         self.graphs.capture(shapes)
         self.memory.graphs = self.graphs.memory_bytes
 
@@ -254,9 +291,13 @@ class ModelRunner:
             m.other = max(0, _rss_peak() - m.weights - m.kv_cache - m.state)
 
     def bind_kv(self, pool: PagePool) -> None:
-        for i, attn in enumerate(self.model.attention_layers):
-            attn.k_cache, attn.v_cache = pool.k_caches[i], pool.v_caches[i]
-            attn.k_scale, attn.v_scale = pool.k_scales[i], pool.v_scales[i]
+        main, sliding = self.kv_groups()
+        for layers, group in ((main, pool), (sliding, pool.sliding)):
+            for i, attn in enumerate(layers):
+                assert group is not None
+                attn.k_cache, attn.v_cache = group.k_caches[i], group.v_caches[i]
+                attn.k_scale, attn.v_scale = group.k_scales[i], group.v_scales[i]
+                attn.sliding_group = group is pool.sliding
 
     def unbind_kv(self) -> None:
         for attn in self.model.attention_layers:
@@ -284,14 +325,16 @@ class ModelRunner:
     # -- one step -----------------------------------------------------------------------------
     def step_bounds(self) -> StepBounds:
         assert self.pool is not None, "allocate the KV cache before the first step"
-        return StepBounds(self.max_positions, self.pool.num_pages, self.page_size)
+        sliding = self.pool.sliding.num_pages if self.pool.sliding is not None else 0
+        return StepBounds(self.max_positions, self.pool.num_pages, self.page_size, sliding)
 
     def checked_plan(self, scheduled: list[ScheduledSeq], copies: CacheCopies | None = None
                      ) -> tuple[PlanHeader, torch.Tensor]:
         """The step's plan; a sequence whose positions or pages are out of bounds raises
         SequenceFault here, on the host, before any kernel (or another rank) sees it."""
         header, payload = build_plan(scheduled, self.page_size, copies=copies,
-                                     verify_width=self.verify_width)
+                                     verify_width=self.verify_width,
+                                     sliding=self.pool is not None and self.pool.sliding is not None)
         check_plan(header, payload, self.step_bounds(), scheduled)
         return header, payload
 
@@ -307,12 +350,6 @@ class ModelRunner:
         from homelab_llm.engine.pending import patch_input_ids
 
         patch_input_ids(batch, plan_rows, pending_rows, tokens, self.stager)
-
-    def _build(self, input_ids: list[int], positions: list[int], slot_mapping: list[int],
-               query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
-               logits_rows: list[int], state_indices: list[int] | None = None) -> StepBatch:
-        return self.batch_from_plan(*plan_from_lists(input_ids, positions, slot_mapping, query_lens,
-                                                     seq_lens, page_table, logits_rows, state_indices))
 
     @torch.inference_mode()
     def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
@@ -341,6 +378,9 @@ class ModelRunner:
         copies = batch.copies
         if copies.kv:
             self.pool.copy_slots(copies.kv.src, copies.kv.dst)
+        if copies.sliding_kv:
+            assert self.pool.sliding is not None, "sliding copies on a model without that group"
+            self.pool.sliding.copy_slots(copies.sliding_kv.src, copies.sliding_kv.dst)
         if copies.state:
             assert self.state_pool is not None, "state copies on a model without GDN layers"
             self.state_pool.copy(copies.state.src, copies.state.dst)

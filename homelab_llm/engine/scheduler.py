@@ -135,7 +135,7 @@ class Scheduler:
             return []
         drafts = drafts[:budget - todo]
         end = seq.num_computed_tokens + todo + len(drafts)
-        if self.kv.pool.num_free - self.kv.pages_needed(seq, end) < len(self.running):
+        if self.kv.spare_pages(seq, end) < len(self.running):
             return []
         if not self.kv.take_verify_slots(seq, len(drafts), self.max_num_seqs - len(self.running)):
             return []
@@ -144,8 +144,7 @@ class Scheduler:
         return drafts
 
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
-        free_tokens = (len(seq.page_table) + self.kv.pool.num_free) * self.kv.page_size
-        return max(0, min(n, free_tokens - seq.num_computed_tokens))
+        return max(0, min(n, self.kv.tokens_that_fit(seq) - seq.num_computed_tokens))
 
     def _pick_victim(self, exclude: set[int]) -> Sequence | None:
         for seq in reversed(self.running):
@@ -170,7 +169,7 @@ class Scheduler:
             before = seq.num_computed_tokens
             seq.num_computed_tokens += item.num_new_tokens - len(item.spec)  # drafts: rollback()
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
-                self.kv.cache_sequence(seq)
+                self.kv.cache_prompt(seq)
             self.kv.release_outside_window(seq)
 
     def rollback(self, item: ScheduledSeq, num_accepted: int) -> None:

@@ -36,6 +36,10 @@ class Sequence:
     # All-sliding models: page_table[:released_pages] lie wholly below the window and went back
     # to the pool (their ids stay as placeholders the kernels never read).
     released_pages: int = 0
+    # Mixed full/sliding models (cache/page_groups.py): the sliding group's page table, indexed
+    # like page_table; its first sliding_released entries went back to that group's pool.
+    sliding_table: list[int] = field(default_factory=list)
+    sliding_released: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     cache_node: RadixNode | None = None  # radix node locked while this sequence relies on its path
     # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet

@@ -23,6 +23,7 @@ class StepBounds:
     max_positions: int  # rows of the RoPE table: positions 0..max_positions-1
     num_pages: int  # pages in the KV pool: ids 0..num_pages-1
     page_size: int
+    sliding_pages: int = 0  # pages in the sliding page group's pool (mixed models), else 0
 
 
 def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, scheduled) -> None:
@@ -32,14 +33,14 @@ def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, sc
     max_seq_len = header.max_seq_len
     if t == 0:
         return
-    slots = payload[2 * t:3 * t]
-    slots = slots[slots != -1]  # -1: a padding row of a hybrid verify group writes no K/V
     table_start = 3 * t + (b + 1) + b
-    table = payload[table_start:table_start + b * max_pages]
-    slots_ok = slots.numel() == 0 or (
-        int(slots.min()) >= 0 and int(slots.max()) < bounds.num_pages * bounds.page_size)
-    pages_ok = table.numel() == 0 or (int(table.min()) >= 0 and int(table.max()) < bounds.num_pages)
-    if max_seq_len <= bounds.max_positions and slots_ok and pages_ok:
+    pages_ok = _in_pool(payload[2 * t:3 * t], payload[table_start:table_start + b * max_pages],
+                        bounds.num_pages, bounds.page_size)
+    if header.sliding:
+        at = table_start + b * max_pages + header.num_logits + 2 * b
+        pages_ok = pages_ok and _in_pool(payload[at:at + t], payload[at + t:at + t + b * max_pages],
+                                         bounds.sliding_pages, bounds.page_size)
+    if max_seq_len <= bounds.max_positions and pages_ok:
         return
     for item in scheduled:
         fault = sequence_fault(item.seq, item.num_new_tokens, bounds)
@@ -47,6 +48,13 @@ def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, sc
             raise SequenceFault(item.seq.request_id, fault)
     raise SequenceFault("?", f"the step's plan is out of bounds (max length {max_seq_len}, "
                              f"{bounds.max_positions} positions, {bounds.num_pages} pages)")
+
+
+def _in_pool(slots: torch.Tensor, table: torch.Tensor, num_pages: int, page_size: int) -> bool:
+    """Every KV slot and page id of one page group inside its pool."""
+    slots = slots[slots != -1]  # -1: a padding row of a hybrid verify group writes no K/V
+    slots_ok = slots.numel() == 0 or (int(slots.min()) >= 0 and int(slots.max()) < num_pages * page_size)
+    return slots_ok and (table.numel() == 0 or (int(table.min()) >= 0 and int(table.max()) < num_pages))
 
 
 def sequence_fault(seq, num_new_tokens: int, bounds: StepBounds) -> str | None:
@@ -58,6 +66,9 @@ def sequence_fault(seq, num_new_tokens: int, bounds: StepBounds) -> str | None:
     bad = [p for p in seq.page_table if not 0 <= p < bounds.num_pages]
     if bad:
         return f"KV page {bad[0]} is outside the pool ({bounds.num_pages} pages)"
+    bad = [p for p in seq.sliding_table if not 0 <= p < bounds.sliding_pages]
+    if bad:
+        return f"sliding KV page {bad[0]} is outside its pool ({bounds.sliding_pages} pages)"
     if len(seq.page_table) * bounds.page_size <= last:
         return f"position {last} has no KV page ({len(seq.page_table)} pages allocated)"
     return None

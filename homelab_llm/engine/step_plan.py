@@ -7,7 +7,9 @@ is what keeps the ranks' batches identical.
 
 Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] seq_lens[B]
 page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
-slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
+slots, else -1), on a model with a sliding page group (header.sliding, cache/page_groups.py)
+sliding_slot_mapping[T] sliding_page_table[B * P], then the cache copies to run before the
+forward (cache/copies.py words).
 A sequence verifying K drafts has K+1 input rows (its last token, then the drafts) and K+1 logits
 rows; every rank runs the same verify forward from these words. Those rows are K+1 one-token
 "sequences" sharing a page table; every decode of such a step is padded to a group of K+1 rows
@@ -54,6 +56,7 @@ class PlanHeader:
     # CMD_MTP the draft step (spec/mtp_draft.py)
     verify_width: int = 1  # hybrid verify steps: rows per sequence group (K+1), else 1
     decode_rows: int = 0  # hybrid verify steps: the leading decode-form rows (plan_rows.py)
+    sliding: bool = False  # the payload carries the sliding page group's slots and page table
 
     def to_words(self) -> list[int]:
         return [int(w) for w in astuple(self)]
@@ -61,7 +64,7 @@ class PlanHeader:
     @classmethod
     def from_words(cls, words: list[int]) -> PlanHeader:
         header = cls(*words)
-        return replace(header, decode_only=bool(header.decode_only))
+        return replace(header, decode_only=bool(header.decode_only), sliding=bool(header.sliding))
 
 
 HEADER_LEN = len(fields(PlanHeader))
@@ -86,26 +89,36 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
                     logits_rows: list[int], state_indices: list[int] | None = None,
                     has_initial_state: list[int] | None = None,
                     copies: CacheCopies | None = None, verify_width: int = 1,
-                    decode_rows: int = 0) -> tuple[PlanHeader, torch.Tensor]:
+                    decode_rows: int = 0, sliding: tuple[list[int], list[list[int]]] | None = None
+                    ) -> tuple[PlanHeader, torch.Tensor]:
+    """`sliding`: the sliding page group's (slot_mapping, page_table), on models that have one."""
     b = len(query_lens)
     max_pages = max((len(p) for p in page_table), default=1) or 1
     starts = [0]
     for q in query_lens:
         starts.append(starts[-1] + q)
-    table: list[int] = []
-    for pages in page_table:
-        table.extend(pages)
-        table.extend([0] * (max_pages - len(pages)))
+    table = _padded(page_table, max_pages)
     state = (state_indices if state_indices is not None else [-1] * b) + (
         has_initial_state if has_initial_state is not None else [0] * b)
+    if sliding is not None:
+        state += sliding[0] + _padded(sliding[1], max_pages)
     state += (copies or CacheCopies()).words()
     words = input_ids + positions + slot_mapping + starts + seq_lens + table + logits_rows + state
     payload = torch.tensor(words, dtype=torch.long)
     header = PlanHeader(CMD_STEP, len(input_ids), b, max_pages, len(logits_rows),
                         all(q == 1 for q in query_lens), max(query_lens, default=0),
                         max(seq_lens, default=0), payload.numel(), verify_width=verify_width,
-                        decode_rows=decode_rows)
+                        decode_rows=decode_rows, sliding=sliding is not None)
     return header, payload
+
+
+def _padded(tables: list[list[int]], width: int) -> list[int]:
+    """Page tables as one row-major [len(tables), width] block (padding: page 0)."""
+    out: list[int] = []
+    for pages in tables:
+        out.extend(pages)
+        out.extend([0] * (width - len(pages)))
+    return out
 
 
 def _decode_form(item: ScheduledSeq) -> bool:
@@ -114,33 +127,42 @@ def _decode_form(item: ScheduledSeq) -> bool:
             and item.seq.num_computed_tokens > 0)
 
 
-def _add_item(rows: PlanRows, item: ScheduledSeq, page_size: int, group_width: int) -> list[int]:
-    """Add one scheduled sequence's rows; its logits rows. group_width > 0: a verify group."""
+def _kv_slots(table: list[int], start: int, n: int, page_size: int) -> list[int]:
+    return [table[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
+
+
+def _add_item(rows: PlanRows, item: ScheduledSeq, page_size: int, group_width: int,
+              sliding: bool) -> list[int]:
+    """Add one scheduled sequence's rows; its logits rows. group_width > 0: a verify group.
+    `sliding`: the model has a sliding page group, whose slots and table go along."""
     seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
     start = seq.num_computed_tokens
     ids = seq.token_ids[start:start + n - k] + item.spec  # drafts: one logits row each
     pt = seq.page_table
-    kv = [pt[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
+    kv = _kv_slots(pt, start, n, page_size)
+    window = (_kv_slots(seq.sliding_table, start, n, page_size), seq.sliding_table) if sliding else None
     if group_width:
         states = [seq.state_slot] + seq.verify_slots[:k] if seq.state_slot >= 0 else [-1] * n
-        return rows.add_decode_rows(ids, start, kv, pt, states, group_width)
+        return rows.add_decode_rows(ids, start, kv, pt, states, group_width, window)
     assert not (k and seq.state_slot >= 0), "a hybrid verify runs as decode rows (verify_width > 1)"
-    return rows.add_varlen(ids, start, kv, pt, k + 1 if item.samples else 0, seq.state_slot)
+    return rows.add_varlen(ids, start, kv, pt, k + 1 if item.samples else 0, seq.state_slot, window)
 
 
 def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopies | None = None,
-               verify_width: int = 1) -> tuple[PlanHeader, torch.Tensor]:
+               verify_width: int = 1, sliding: bool = False) -> tuple[PlanHeader, torch.Tensor]:
     """The plan of a scheduled step and the cache copies to run before it. verify_width: K+1
-    when speculating (hybrid models group their decode rows by it), else 1."""
+    when speculating (hybrid models group their decode rows by it), else 1. `sliding`: the model
+    has a sliding page group (seq.sliding_table), whose slots and tables travel too."""
     rows = PlanRows()
     grouped, decode, order = plan_order(scheduled, verify_width)
     logits: dict[int, list[int]] = {}
     for i in order:
-        logits[i] = _add_item(rows, scheduled[i], page_size, verify_width if decode[i] else 0)
+        logits[i] = _add_item(rows, scheduled[i], page_size, verify_width if decode[i] else 0, sliding)
     logits_rows = [r for i in range(len(scheduled)) for r in logits[i]]
     return plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens, rows.tables,
                            logits_rows, rows.state_slots, rows.has_initial, copies,
-                           verify_width if grouped else 1, verify_width * sum(decode))
+                           verify_width if grouped else 1, verify_width * sum(decode),
+                           (rows.sliding_slots, rows.sliding_tables) if sliding else None)
 
 
 def plan_order(scheduled: list[ScheduledSeq], verify_width: int
@@ -201,11 +223,13 @@ def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.dev
                     stager: HostStager | None = None) -> StepBatch:
     t, b, max_pages = header.num_tokens, header.num_seqs, header.max_pages
     sizes = [t, t, t, b + 1, b, b * max_pages, header.num_logits, b, b]
+    sizes += [t, b * max_pages] if header.sliding else [0, 0]
     sizes.append(payload.numel() - sum(sizes))  # the cache copies
     host_parts = torch.split(payload, sizes)
     starts = host_parts[3].tolist()
     dev_payload = stager.upload(payload) if stager is not None else payload.to(device)
-    ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, _ = torch.split(dev_payload, sizes)
+    (ids, pos, slots, qsl, lens, table, logits_idx, state_idx, has_init, sliding_slots,
+     sliding_table, _) = torch.split(dev_payload, sizes)
     ctx = ForwardContext(
         positions=pos, slot_mapping=slots,
         query_start_loc=qsl.to(torch.int32), seq_lens=lens.to(torch.int32),
@@ -216,5 +240,8 @@ def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.dev
         seq_lens_host=host_parts[4].tolist(),
         state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool),
         verify_width=header.verify_width, decode_rows=header.decode_rows)
+    if header.sliding:
+        ctx.sliding_slot_mapping = sliding_slots
+        ctx.sliding_page_table = sliding_table.view(b, max_pages).to(torch.int32)
     return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
-                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[9].tolist()))
+                     plan=(header, payload), copies=CacheCopies.from_words(host_parts[11].tolist()))

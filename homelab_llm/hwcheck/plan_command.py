@@ -34,7 +34,9 @@ def sliding_lines(plan: Any) -> list[str]:
                         f"{sw['kv_bytes_per_sequence_uncapped'][n] / 1e9:.2f})"
                         for n, b in sw["kv_bytes_per_sequence"].items())
     conc = "  ".join(f"{_len_label(int(n))}: {c}" for n, c in sw["max_concurrency"].items())
-    note = "" if sw["engine_caps"] else " (target: this engine still keeps every page on mixed models)"
+    note = "" if sw["engine_caps"] else " (target: this engine keeps every page of this model)"
+    if sw.get("sliding_group_pages"):
+        note += f"; the sliding layers' own page group: {sw['sliding_group_pages']} pages"
     return [f"sliding window {sw['window']} on {sw['sliding_layers']} of "
             f"{sw['sliding_layers'] + sw['full_layers']} layers; KV per sequence, device 0: {per_seq}",
             f"sequences that fit with sliding KV capped at the window: {conc}{note}"]

@@ -1,6 +1,7 @@
 """Cache copies a step must run before its forward, on every rank: KV rows (a partially matched
-prefix page copied into a sequence's own page) and Gated DeltaNet state slots (prefix snapshots
-saved and restored on hybrid models).
+prefix page copied into a sequence's own page; on a model with a sliding page group,
+cache/page_groups.py, that group's rows separately) and Gated DeltaNet state slots (prefix
+snapshots saved and restored on hybrid models).
 
 Rank 0's cache manager queues them while it schedules; they travel in the step plan as int64
 words, so every tensor-parallel rank applies the same copies, in queue order (a later copy may
@@ -35,24 +36,25 @@ class SlotCopies:
 class CacheCopies:
     kv: SlotCopies = field(default_factory=SlotCopies)  # KV slots: page * page_size + offset
     state: SlotCopies = field(default_factory=SlotCopies)  # state pool slots
+    sliding_kv: SlotCopies = field(default_factory=SlotCopies)  # the sliding group's KV slots
 
     def take(self) -> CacheCopies:
         """What is queued now; the queue starts empty again."""
-        out = CacheCopies(self.kv, self.state)
-        self.kv, self.state = SlotCopies(), SlotCopies()
+        out = CacheCopies(self.kv, self.state, self.sliding_kv)
+        self.kv, self.state, self.sliding_kv = SlotCopies(), SlotCopies(), SlotCopies()
         return out
 
     def words(self) -> list[int]:
-        """[n_kv, kv src.., kv dst.., n_state, state src.., state dst..]"""
+        """[n_kv, kv src.., kv dst.., n_state, state src.., state dst.., n_sliding, ...]"""
         out: list[int] = []
-        for copies in (self.kv, self.state):
+        for copies in (self.kv, self.state, self.sliding_kv):
             out += [len(copies.src)] + copies.src + copies.dst
         return out
 
     @classmethod
     def from_words(cls, words: list[int]) -> CacheCopies:
         parts, at = [], 0
-        for _ in range(2):
+        for _ in range(3):
             n = words[at]
             parts.append(SlotCopies(words[at + 1:at + 1 + n], words[at + 1 + n:at + 1 + 2 * n]))
             at += 1 + 2 * n

@@ -2,6 +2,10 @@
 
 A page is held by every sequence whose page table lists it and by every radix node that stores at
 least one of its tokens; it returns to the free list when the last holder lets go.
+
+A model that mixes full and sliding attention layers (cache/page_groups.py) has two pools: this
+one for its full-attention layers, and the sliding layers' own pool in `sliding` (fewer pages,
+separate page ids), allocated and bound with it.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ class PagePool:
             kv_rotation(layout.head_dim, device)  # built now, before any CUDA-graph capture
         self.ref_counts = [0] * num_pages
         self._free: deque[int] = deque(range(num_pages))
+        self.sliding: PagePool | None = None  # the sliding page group's pool (mixed models)
 
     # -- accounting ---------------------------------------------------------------------------
     @property

@@ -14,6 +14,14 @@ a node may hold a state snapshot slot (cache/state_pool.py) taken after its last
 hybrid match stops at the deepest node that has one. Snapshots live in a bounded pool: when it is
 full, the least recently used snapshot of an unlocked node goes (the node keeps its KV); a node
 that is evicted frees its snapshot with it.
+
+Models with a sliding page group (cache/page_groups.py): each token also has a slot in the
+sliding group's pool (`window_slots`), or -1 where the sequence had already given that page back
+when the tokens were inserted. A node holds one reference on every distinct sliding page among
+its held window slots. A match is usable only where the window before its end is held (the
+caller shortens it, page_groups.window_match_length); when the sliding pool runs short, nodes
+drop their window slots first (`drop_windows`), keeping their full-group KV for matches that end
+further on.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ class RadixNode:
     lock_ref: int = 0
     last_access: int = 0
     snapshot: int | None = None  # state slot holding the GDN state after this node's last token
+    window_slots: list[int] = field(default_factory=list)  # sliding group slots (-1: not held)
 
 
 @dataclass
@@ -41,6 +50,7 @@ class PrefixMatch:
     length: int  # matched tokens
     slots: list[int]  # KV slot of each matched token
     node: RadixNode  # deepest node of the match (the match ends exactly at its end)
+    window_slots: list[int] = field(default_factory=list)  # sliding group slot of each token
 
 
 def _common_prefix(a: list[int], b: list[int], start_b: int) -> int:
@@ -54,6 +64,7 @@ def _common_prefix(a: list[int], b: list[int], start_b: int) -> int:
 class RadixCache:
     def __init__(self, pool: PagePool, snapshots: StateSlots | None = None) -> None:
         self.pool = pool
+        self.sliding = pool.sliding  # the sliding page group's pool, on mixed models
         self.snapshots = snapshots  # set on hybrid models: matches must end at a snapshot
         self.snapshot_hits = 0
         self.page_size = pool.page_size
@@ -63,7 +74,7 @@ class RadixCache:
 
     # -- helpers ------------------------------------------------------------------------------
     def _pages(self, slots: list[int]) -> list[int]:
-        return sorted({s // self.page_size for s in slots})
+        return sorted({s // self.page_size for s in slots if s >= 0})
 
     def _touch(self, node: RadixNode) -> None:
         self._clock += 1
@@ -73,20 +84,25 @@ class RadixCache:
         """Cut `node` after its first k tokens; returns the new upper node."""
         assert 0 < k < len(node.key) and node.parent is not None
         upper = RadixNode(key=node.key[:k], slots=node.slots[:k], parent=node.parent,
-                          lock_ref=node.lock_ref, last_access=node.last_access)
+                          lock_ref=node.lock_ref, last_access=node.last_access,
+                          window_slots=node.window_slots[:k])
         node.parent.children[upper.key[0]] = upper
         node.key, node.slots = node.key[k:], node.slots[k:]
+        node.window_slots = node.window_slots[k:]
         node.parent = upper
         upper.children[node.key[0]] = node
         shared = set(self._pages(upper.slots)) & set(self._pages(node.slots))
         self.pool.incref(sorted(shared))
+        if self.sliding is not None:
+            shared = set(self._pages(upper.window_slots)) & set(self._pages(node.window_slots))
+            self.sliding.incref(sorted(shared))
         return upper
 
     # -- queries ------------------------------------------------------------------------------
     def match_prefix(self, tokens: list[int]) -> PrefixMatch:
         """The longest cached prefix of `tokens`; with snapshots (hybrid models), the longest one
         that ends at a node holding a state snapshot."""
-        node, i, slots = self.root, 0, []
+        node, i, slots, window = self.root, 0, [], []
         best = PrefixMatch(length=0, slots=[], node=self.root)
         while i < len(tokens):
             child = node.children.get(tokens[i])
@@ -97,9 +113,10 @@ class RadixCache:
                 child = self._split(child, k)
             self._touch(child)
             slots.extend(child.slots)
+            window.extend(child.window_slots)
             node, i = child, i + k
             if self.snapshots is None or node.snapshot is not None:
-                best = PrefixMatch(length=i, slots=list(slots), node=node)
+                best = PrefixMatch(length=i, slots=list(slots), node=node, window_slots=list(window))
         return best
 
     def node_at(self, tokens: list[int]) -> RadixNode | None:
@@ -143,17 +160,21 @@ class RadixCache:
             self.snapshots.free_snapshot(node.snapshot)
         node.snapshot = None
 
-    def insert(self, tokens: list[int], slots: list[int]) -> int:
-        """Store tokens with their slots; the part already present keeps its slots. Returns the
-        number of newly cached tokens."""
+    def insert(self, tokens: list[int], slots: list[int], window_slots: list[int] | None = None) -> int:
+        """Store tokens with their slots (and, with a sliding group, their window slots); the
+        part already present keeps its slots. Returns the number of newly cached tokens."""
         assert len(tokens) == len(slots)
+        assert (window_slots is not None) == (self.sliding is not None)
         node, i = self.root, 0
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
-                leaf = RadixNode(key=tokens[i:], slots=slots[i:], parent=node)
+                leaf = RadixNode(key=tokens[i:], slots=slots[i:], parent=node,
+                                 window_slots=window_slots[i:] if window_slots is not None else [])
                 node.children[tokens[i]] = leaf
                 self.pool.incref(self._pages(leaf.slots))
+                if self.sliding is not None:
+                    self.sliding.incref(self._pages(leaf.window_slots))
                 self._touch(leaf)
                 added = len(tokens) - i
                 self.cached_tokens += added
@@ -190,12 +211,34 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.key[0]]
             self.pool.decref(self._pages(leaf.slots))
+            self._drop_window(leaf)
             self._free_snapshot(leaf)
             evicted += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         self.cached_tokens -= evicted
         return evicted
+
+    def drop_windows(self, target_free_pages: int) -> None:
+        """Sliding group short: nodes give back their window slots until its pool has
+        `target_free_pages` free or no node holds any. Locked nodes go first: a running sequence
+        resumed from there already (it keeps its own references to the pages it still reads,
+        and its window returns to the cache when it stops); then the others, least recently
+        used first, so waiting conversations keep the windows they resume from."""
+        assert self.sliding is not None
+        if self.sliding.num_free >= target_free_pages:
+            return
+        # held slots end a node (an insertion keeps the window before its end): look from there
+        held = [n for n in self.nodes() if any(s >= 0 for s in reversed(n.window_slots))]
+        for node in sorted(held, key=lambda n: (n.lock_ref == 0, n.last_access)):
+            self._drop_window(node)
+            if self.sliding.num_free >= target_free_pages:
+                return
+
+    def _drop_window(self, node: RadixNode) -> None:
+        if self.sliding is not None:
+            self.sliding.decref(self._pages(node.window_slots))
+            node.window_slots = [-1] * len(node.key)
 
     def _leaves(self) -> list[RadixNode]:
         out, stack = [], [self.root]
@@ -221,16 +264,22 @@ class RadixCache:
 
     # -- turning a match into a page table ----------------------------------------------------
     def pages_for_match(self, match: PrefixMatch) -> list[int | list[int]]:
-        """One entry per logical page the match touches: a page id to share as it is, or the
-        list of slots whose rows must be copied into a fresh page (a partially matched page, or
-        one whose rows came from different sequences' pages)."""
-        ps = self.page_size
-        plan: list[int | list[int]] = []
-        for j in range(0, match.length, ps):
-            rows = match.slots[j:j + ps]
-            page = rows[0] // ps
-            if len(rows) == ps and all(r // ps == page for r in rows):
-                plan.append(page)
-            else:
-                plan.append(rows)
-        return plan
+        """One entry per logical page the match touches (see `page_plan`)."""
+        return page_plan(match.slots[:match.length], self.page_size)
+
+
+def page_plan(slots: list[int], page_size: int, first_page: int = 0) -> list[int | list[int]]:
+    """One entry per logical page of `slots` from `first_page` on: a page id to share as it is,
+    or the list of slots whose rows must be copied into a fresh page (a partially matched page,
+    one whose rows came from different sequences' pages, or one with rows not held: -1, which
+    are not copied)."""
+    ps = page_size
+    plan: list[int | list[int]] = []
+    for j in range(first_page * ps, len(slots), ps):
+        rows = slots[j:j + ps]
+        page = rows[0] // ps
+        if len(rows) == ps and rows[0] >= 0 and all(r // ps == page and r >= 0 for r in rows):
+            plan.append(page)
+        else:
+            plan.append(rows)
+    return plan

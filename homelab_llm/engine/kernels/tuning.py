@@ -196,14 +196,16 @@ def device_sms(device: torch.device) -> int:
 # tensor-core dots; a few rows); "gemm": w4a16.py (prefill). Each kernel's tiles come from its
 # ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
-    # Until the sweep measures them (sm_90 compiles, PTX instructions per weight): the multi-row
-    # GEMV 5.1 at 1 row (the older GEMV 6.9), 7.3 at 2 rows; the few-row dot kernel 5.7 at any
-    # row count up to 16. So the GEMV takes 1 row, the dot kernel from 2.
-    "sm80": ((1, "rows"), (64, "dot"), (1 << 62, "gemm")),
+    # H200 sweep (benchmarks/w4a16_sweep.py --quick, 8B shapes, one step's linears): 1 row: the
+    # older GEMV 2.88 ms, the multi-row GEMV 3.46-3.61, the dot kernel 3.95; 8 rows: dot 4.19 ms
+    # (1.46x the 1-row time), the multi-row GEMV 10.4. The multi-row kernel ("rows") compiles
+    # everywhere and stays in the interpreter's entry (its tests route through it) until a device
+    # measures it ahead; the others keep the older GEMV where they were not measured.
+    "sm80": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
     # H200 sweep 8.7: the GEMM kernel ties the few-row kernel by 32 rows.
-    "sm90": ((1, "rows"), (16, "dot"), (1 << 62, "gemm")),
-    "sm120": ((1, "rows"), (64, "dot"), (1 << 62, "gemm")),
-    "gfx1100": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
+    "sm90": ((1, "gemv"), (16, "dot"), (1 << 62, "gemm")),
+    "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
+    "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
     "interpret": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
 }
 

@@ -34,6 +34,9 @@ class Attention(nn.Module):
         self.v_cache: torch.Tensor | None = None
         self.k_scale: torch.Tensor | None = None
         self.v_scale: torch.Tensor | None = None
+        # Set by the runner on a sliding layer whose cache is the sliding page group's: it then
+        # reads the context's sliding slot mapping and page table.
+        self.sliding_group = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rope: RopeTables | None = None) -> torch.Tensor:
@@ -44,20 +47,24 @@ class Attention(nn.Module):
         if sinks is not None and sinks.dtype != torch.float32:  # a model cast after loading
             sinks = sinks.float()
         has_cache = self.k_cache is not None and self.v_cache is not None
+        slot_mapping, page_table = ctx.slot_mapping, ctx.page_table
+        if self.sliding_group and has_cache:
+            assert ctx.sliding_page_table is not None, "a sliding page group layer without its table"
+            slot_mapping, page_table = ctx.sliding_slot_mapping, ctx.sliding_page_table
         if rope is not None and rope.in_kernel and has_cache and dispatch.use_triton(q):
             from homelab_llm.engine.kernels.kv_store import rope_store_kv
 
             rope_store_kv(q, k, v, rope.positions, rope.table, self.k_cache, self.v_cache,
-                          ctx.slot_mapping, self.k_scale, self.v_scale)
+                          slot_mapping, self.k_scale, self.v_scale)
         else:
             if rope is not None:
                 q, k = self._rotate(q, k, rope)
             if not has_cache:
                 return self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
-            dispatch.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping,
+            dispatch.store_kv(k, v, self.k_cache, self.v_cache, slot_mapping,
                               self.k_scale, self.v_scale)
         out = dispatch.paged_attention(
-            q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
+            q, self.k_cache, self.v_cache, page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
             sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1)

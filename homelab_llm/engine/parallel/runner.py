@@ -99,7 +99,7 @@ class ParallelRunner:
     def kv_budget(self) -> int:
         self.channel.send(PlanHeader(CMD_PAGES))
         pages = self.channel.min_all(self.local.pages_for_budget(self.local.kv_budget()))
-        return pages * self.local.kv_layout().bytes_per_page()
+        return self.local.kv_bytes_for_pages(pages)
 
     def allocate_kv(self, budget: int) -> PagePool:
         pages = self.local.pages_for_budget(budget)
