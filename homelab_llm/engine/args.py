@@ -185,7 +185,9 @@ class EngineArgs:
                        help=f"seed for sampling when a request gives none (default: {d.seed})")
         g.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding, vLLM\'s JSON: e.g. \'{"method": "ngram", '
-                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\'')
+                            '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\', '
+                            'or \'{"method": "mtp", "num_speculative_tokens": 3}\' on a checkpoint with '
+                            'an MTP head (Qwen3.5/3.6, Qwen3-Next)')
         g.add_argument("--nnodes", type=int, default=d.nnodes,
                        help=f"machines in a multi-node tensor-parallel group (default: {d.nnodes})")
         g.add_argument("--node-rank", type=int, default=d.node_rank,

@@ -29,8 +29,10 @@ from homelab_llm.engine.runner_protocol import Runner
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from homelab_llm.engine.sequence import Sequence
-from homelab_llm.engine.spec.config import parse_speculative_config
+from homelab_llm.engine.spec.config import parse_speculative_config, verify_width
 from homelab_llm.engine.spec.drafter import Drafter, make_drafter
+from homelab_llm.engine.spec.mtp import enable_mtp
+from homelab_llm.engine.spec.mtp_draft import MtpDrafter, collect_work
 from homelab_llm.engine.spec.stats import SpecDecodeStats
 from homelab_llm.engine.spec.verify import accept, sampler_rows
 from homelab_llm.engine.structured.matcher import GrammarState
@@ -71,7 +73,10 @@ class LLMEngine:
         self.args = args
         target = resolve_target(args)
         self.model_path, self.device, self.dtype = target.path, target.device, target.dtype
-        self.model_config, self.quantization = target.config, target.quantization
+        # --speculative-config "mtp" builds the checkpoint's MTP head (checked before loading).
+        spec = parse_speculative_config(args.speculative_config)
+        self.model_config = enable_mtp(target.config, spec)
+        self.quantization = target.quantization
         # Refused before any weight loads: a position past the RoPE table is a GPU fault.
         wanted_len = check_max_model_len(args.max_model_len, self.model_config)
         self.tokenizer = load_tokenizer(args.tokenizer or self.model_path, args.load_format)
@@ -114,9 +119,11 @@ class LLMEngine:
         self._seed_rng = torch.Generator().manual_seed(args.seed)
         # Speculative decoding: drafts need the sequences' tokens on the host, so while it is on
         # every step runs synchronously (async scheduling brings nothing a draft would not).
-        spec = parse_speculative_config(args.speculative_config)
         self.drafter: Drafter | None = make_drafter(spec, self.max_model_len) if spec else None
         self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec else None
+        self.mtp: MtpDrafter | None = None
+        if self.model_config.use_mtp:
+            self.mtp = MtpDrafter(self.runner, self.drafter.proposer, self.kv, self.max_model_len)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.started_at = time.monotonic()
@@ -267,6 +274,7 @@ class LLMEngine:
             results.extend(self._finish_pending())
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
+        mtp_work = collect_work(ran, verify_width(self.drafter.config)) if self.mtp is not None else []
         sampling_items = [item for item in ran if item.samples]  # logits rows, in order
         samplers = [item.seq for item in sampling_items]
         self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies))
@@ -274,10 +282,13 @@ class LLMEngine:
         # finish was computed once more in this step; its row is dropped.
         results.extend(self._finish_pending())
         if any(item.spec for item in sampling_items):
-            return results + self._verify(sampling_items, logits)
-        rows = [i for i, seq in enumerate(samplers) if not seq.is_finished]
-        if rows:
-            results.extend(self._sample(logits, [(row, samplers[row]) for row in rows]))
+            results.extend(self._verify(sampling_items, logits))
+        else:
+            rows = [i for i, seq in enumerate(samplers) if not seq.is_finished]
+            if rows:
+                results.extend(self._sample(logits, [(row, samplers[row]) for row in rows]))
+        if mtp_work:  # the step's tokens are known: the MTP head drafts for the next step
+            self.mtp.draft(mtp_work, len(self.scheduler.running))
         return results
 
     def _forward(self, scheduled: list[ScheduledSeq], copies: CacheCopies) -> torch.Tensor:

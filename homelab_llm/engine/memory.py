@@ -28,6 +28,7 @@ from typing import Any
 
 from homelab_llm.engine.cache.page_groups import GroupSplit, sliding_group_window, sliding_page_cap
 from homelab_llm.engine.cache.state_layout import StateLayout
+from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.gdn_memory import (gdn_activation_bytes, gdn_linears, gdn_param_count,
                                            gdn_small_param_bytes)
@@ -74,7 +75,8 @@ def kv_bytes_per_token(config: ModelConfig, kv_cache_dtype: str, model_dtype: st
     else:
         dtype = resolve_model_dtype(config, model_dtype) if kv_cache_dtype == "auto" else kv_cache_dtype
         per_head = config.head_dim * dtype_bytes(dtype)
-    layers = len(config.full_attention_layers) if num_layers is None else num_layers
+    # MTP heads (config.use_mtp) are one more full-attention KV layer each.
+    layers = len(config.full_attention_layers) + config.mtp_layers if num_layers is None else num_layers
     return 2 * layers * heads * per_head
 
 
@@ -179,6 +181,8 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     gdn += gdn_small_param_bytes(config, layout, size)
     layers = (len(config.full_attention_layers) * (attention + common)
               + layout.num_layers * (gdn + common))
+    if config.mtp_layers:  # MTP head: fc (2H -> H, model dtype), 3 norms, its attention layers
+        layers += (config.mtp_layers * (attention + common) + 2 * h * h * size + 3 * h * size)
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
@@ -215,7 +219,8 @@ def moe_weight_delta(config: ModelConfig, size: int, method: str | None, group: 
     if not config.is_moe:
         return 0
     dense = _gated_mlp_bytes(config.hidden_size, config.intermediate_size // tp_size, size, method, group)
-    return len(config.moe_layers) * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
+    sparse = len(config.moe_layers) + config.mtp_layers  # an MoE family's MTP layers are sparse too
+    return sparse * (moe_layer_mlp_bytes(config, size, method, group, tp_size) - dense)
 
 
 def moe_activation_bytes(config: ModelConfig, tokens: int, size: int, tp_size: int) -> int:
@@ -396,9 +401,12 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
          max_num_batched_tokens: int = 2048, max_num_seqs: int = 64, page_size: int = 16,
          enforce_eager: bool = False, enable_prefix_caching: bool = True,
          max_state_snapshots: int | None = None,
-         state_snapshot_memory_bytes: int | None = None) -> MemoryPlan:
+         state_snapshot_memory_bytes: int | None = None,
+         num_speculative_tokens: int = 0) -> MemoryPlan:
     """Split each device's budget into weights, activations, graphs, state, other, and KV (the
-    rest). The snapshot flags mean what EngineArgs' fields of the same names mean."""
+    rest). The snapshot flags mean what EngineArgs' fields of the same names mean;
+    num_speculative_tokens: K of --speculative-config (hybrids keep spare state slots for the
+    verify rows; an MTP head is counted when config.use_mtp, spec/mtp.py)."""
     tp = tensor_parallel_size
     _check_tp(tp, 0)
     if gpu_memory_bytes <= 0:
@@ -411,13 +419,14 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     method = quantization_method(config, quantization)
     budget = int(gpu_memory_bytes * gpu_memory_utilization)
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)
-    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager)
+    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager or config.use_mtp)  # runner.eager
     other = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     buffers = rope_table_bytes(config)
     layout = StateLayout.for_model(config, tp, dtype)
     snapshots = layout.snapshot_count(max_num_seqs, max_state_snapshots,
                                       state_snapshot_memory_bytes, enable_prefix_caching)
-    state = (max_num_seqs + snapshots) * layout.bytes_per_sequence
+    running = max_num_seqs + spare_slot_count(max_num_seqs, num_speculative_tokens)  # runner's rule
+    state = (running + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
     groups = [kv_groups(config, kv_cache_dtype, dtype, tp, rank, page_size, max_num_seqs,

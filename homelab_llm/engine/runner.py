@@ -17,14 +17,14 @@ from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
-from homelab_llm.engine.cache.verify_slots import spare_slot_count
+from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.device import fast_cpu_default
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.spec.config import parse_speculative_config
+from homelab_llm.engine.spec.config import parse_speculative_config, verify_width
 from homelab_llm.engine.step_check import StepBounds, check_plan
 from homelab_llm.engine.step_plan import (HostStager, PlanHeader, StepBatch, batch_from_plan, build_plan,
                                           plan_from_lists)
@@ -109,12 +109,15 @@ class ModelRunner:
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
         self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
         self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
+        # MTP models (config.use_mtp, eager): the last forward's final hidden states [T, H],
+        # and the head's output rows of its last draft step (run_mtp).
+        self.last_hidden: torch.Tensor | None = None
+        self.mtp_hidden: torch.Tensor | None = None
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
         spec = parse_speculative_config(args.speculative_config)
-        # Rows a verify step gives each sequence: its last token and K drafts (1: no speculation).
-        self.verify_width = 1 + (spec.num_speculative_tokens if spec else 0)
+        self.verify_width = verify_width(spec)
         self.state_pool = self._allocate_states()
 
     # -- hybrid state -------------------------------------------------------------------------
@@ -203,6 +206,7 @@ class ModelRunner:
         self.forward(batch)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - base
+        self.last_hidden = None  # an MTP model's: nothing to draft from a profile run
         self.unbind_kv()
         del scratch
         torch.cuda.empty_cache()
@@ -237,7 +241,7 @@ class ModelRunner:
 
     def _graph_reserve(self) -> int:
         """Room kept for decode graphs before the KV cache takes the rest (measured after)."""
-        if self.args.enforce_eager:
+        if self.eager:
             return 0
         from homelab_llm.engine.memory import graph_bytes
 
@@ -252,10 +256,16 @@ class ModelRunner:
         self.refresh_memory()
         return self.pool
 
+    @property
+    def eager(self) -> bool:
+        """No decode graphs: asked for, or an MTP model (spec/mtp_draft.py reads every step's
+        final hidden states, which a graph does not give back)."""
+        return self.args.enforce_eager or self.config.use_mtp
+
     def capture_graphs(self, max_model_len: int) -> None:
         """Decode graphs for every padded batch size up to max_num_seqs, and when speculating the
         verify shapes beside them (cuda_graphs.graph_shapes). GPU only."""
-        if self.device.type != "cuda" or self.args.enforce_eager:
+        if self.device.type != "cuda" or self.eager:
             return
         from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_shapes, kv_splits_for
         from homelab_llm.engine.kernels.tuning import tiles_for
@@ -306,6 +316,7 @@ class ModelRunner:
             self.unbind_kv()
         self.pool = None
         self.state_pool = None
+        self.last_hidden = self.mtp_hidden = None
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
@@ -343,6 +354,25 @@ class ModelRunner:
         patch_input_ids(batch, plan_rows, pending_rows, tokens, self.stager)
 
     @torch.inference_mode()
+    def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
+                step: int) -> torch.Tensor:
+        """One forward of the MTP head (model/mtp.py) over `plan`: its input hidden states are
+        rows of the last forward's (step 0) or of the previous head forward's logits rows.
+        Returns the argmax token of each logits row (on the device)."""
+        mtp = self.model.mtp
+        assert mtp is not None, "the model was built without its MTP head"
+        source = self.last_hidden if step == 0 else self.mtp_hidden
+        assert source is not None, "no hidden states to draft from"
+        batch = self.batch_from_plan(*plan)
+        rows = torch.tensor(hidden_rows, device=source.device)
+        with forward_context(batch.context):
+            out = mtp(batch.input_ids, batch.positions, source.index_select(0, rows),
+                      self.model.model.embed_tokens, step)
+        self.last_hidden = None  # kept only until the head has read it
+        self.mtp_hidden = out[batch.logits_indices]
+        return self.model.compute_logits(self.mtp_hidden).argmax(dim=-1)
+
+    @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
         """Logits (float32) for the rows that sample this step."""
         if self.fault_hook is not None:
@@ -360,6 +390,7 @@ class ModelRunner:
             return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
         with forward_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
+            self.last_hidden = hidden if self.config.use_mtp else None
             if batch.logits_indices.numel() == 0:
                 return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32)
             return self.model.compute_logits(hidden[batch.logits_indices])

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from homelab_llm.engine.cache.page_pool import PagePool
     from homelab_llm.engine.runner import MemorySplit
     from homelab_llm.engine.scheduler import ScheduledSeq
-    from homelab_llm.engine.step_plan import StepBatch
+    from homelab_llm.engine.step_plan import PlanHeader, StepBatch
 
 
 class Runner(Protocol):
@@ -40,6 +40,9 @@ class Runner(Protocol):
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None: ...
     def forward(self, batch: StepBatch) -> torch.Tensor: ...
+    # MTP models: one head forward on every rank (spec/mtp_draft.py), argmax tokens per row.
+    def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
+                step: int) -> torch.Tensor: ...
 
     # Reporting (/v1/status) and the end: shutdown gives back every device resource. Idempotent.
     def refresh_memory(self) -> None: ...

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from homelab_llm.engine.scheduler import ScheduledSeq
 
 # The header's `cmd`: what rank 0 asks of the other ranks (parallel/worker.py carries it out).
-CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS = range(6)
+CMD_STEP, CMD_PAGES, CMD_ALLOCATE, CMD_MEMORY, CMD_SHUTDOWN, CMD_GRAPHS, CMD_MTP = range(7)
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,11 @@ class PlanHeader:
     max_query_len: int = 0
     max_seq_len: int = 0
     payload_len: int = 0  # int64 words after the header, the patch section included
-    patch_len: int = 0  # async scheduling under TP: the payload's tail that is the patch section
-    arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len
+    # The payload's tail after the plan: async scheduling's patch section (TP), or a CMD_MTP
+    # step's hidden-state rows.
+    patch_len: int = 0
+    arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len,
+    # CMD_MTP the draft step (spec/mtp_draft.py)
     verify_width: int = 1  # hybrid verify steps: rows per sequence group (K+1), else 1
     decode_rows: int = 0  # hybrid verify steps: the leading decode-form rows (plan_rows.py)
     sliding: bool = False  # the payload carries the sliding page group's slots and page table
@@ -151,16 +154,37 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopie
     when speculating (hybrid models group their decode rows by it), else 1. `sliding`: the model
     has a sliding page group (seq.sliding_table), whose slots and tables travel too."""
     rows = PlanRows()
-    grouped = verify_width > 1 and any(item.spec for item in scheduled)
-    decode = [grouped and _decode_form(item) for item in scheduled]
+    grouped, decode, order = plan_order(scheduled, verify_width)
     logits: dict[int, list[int]] = {}
-    for i in sorted(range(len(scheduled)), key=lambda i: not decode[i]):  # decode groups first
+    for i in order:
         logits[i] = _add_item(rows, scheduled[i], page_size, verify_width if decode[i] else 0, sliding)
     logits_rows = [r for i in range(len(scheduled)) for r in logits[i]]
     return plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens, rows.tables,
                            logits_rows, rows.state_slots, rows.has_initial, copies,
                            verify_width if grouped else 1, verify_width * sum(decode),
                            (rows.sliding_slots, rows.sliding_tables) if sliding else None)
+
+
+def plan_order(scheduled: list[ScheduledSeq], verify_width: int
+               ) -> tuple[bool, list[bool], list[int]]:
+    """Whether the step groups rows (it verifies drafts), which scheduled items enter as verify
+    groups of decode rows, and the order the plan lays the items out in (decode groups first)."""
+    grouped = verify_width > 1 and any(item.spec for item in scheduled)
+    decode = [grouped and _decode_form(item) for item in scheduled]
+    return grouped, decode, sorted(range(len(scheduled)), key=lambda i: not decode[i])
+
+
+def first_rows(scheduled: list[ScheduledSeq], verify_width: int) -> list[int]:
+    """Each scheduled item's first input row in build_plan's layout (a verify group's rows come
+    padded to verify_width; its real rows first)."""
+    _, decode, order = plan_order(scheduled, verify_width)
+    first = [0] * len(scheduled)
+    row = 0
+    for i in order:
+        first[i] = row
+        n = scheduled[i].num_new_tokens
+        row += max(n, verify_width) if decode[i] else n
+    return first
 
 
 class HostStager:

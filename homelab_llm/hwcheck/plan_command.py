@@ -103,6 +103,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--state-snapshot-memory-bytes", type=parse_bytes, default=None,
                    help="hybrid models: snapshot pool bytes per device instead, e.g. 2GiB")
     p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='as for serve; {"method": "mtp", ...} counts the MTP head\'s weights and KV')
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(run=run)
     return p
@@ -157,6 +159,8 @@ def detected_gpu_memory() -> int | None:
 def run(args: argparse.Namespace) -> int:
     from homelab_llm.engine import memory
     from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.spec.config import parse_speculative_config
+    from homelab_llm.engine.spec.mtp import enable_mtp
 
     for flag, value, low in (("--tensor-parallel-size", args.tensor_parallel_size, 1),
                              ("--max-num-seqs", args.max_num_seqs, 1),
@@ -168,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError(f"--max-model-len must be >= 1, got {args.max_model_len}")
     EngineArgs(max_state_snapshots=args.max_state_snapshots,
                state_snapshot_memory_bytes=args.state_snapshot_memory_bytes).validate_state_snapshots()
-    config = load_config(args.model, args.load_format)
+    spec = parse_speculative_config(args.speculative_config)
+    config = enable_mtp(load_config(args.model, args.load_format), spec)
     given: Memory | None = args.gpu_memory
     if given is None:
         detected = detected_gpu_memory()
@@ -185,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
             page_size=args.page_size, enforce_eager=args.enforce_eager,
             enable_prefix_caching=args.enable_prefix_caching,
             max_state_snapshots=args.max_state_snapshots,
-            state_snapshot_memory_bytes=args.state_snapshot_memory_bytes)
+            state_snapshot_memory_bytes=args.state_snapshot_memory_bytes,
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
         return memory.plan(config, **{**options, **changes})
 
     plan = make()

@@ -14,5 +14,5 @@ QWEN36_27B = ModelConfig(
     layer_types=tuple(LAYER_FULL if (i + 1) % 4 == 0 else LAYER_LINEAR for i in range(64)),
     linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
     linear_value_head_dim=128, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
-    attn_output_gate=True, state_dtype="float32",
+    attn_output_gate=True, state_dtype="float32", mtp_num_hidden_layers=1,
 )

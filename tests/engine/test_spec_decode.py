@@ -67,7 +67,6 @@ def _assert_no_leak(llm: LLM) -> None:
      "prompt_lookup_min"),
     ('{"method": "mtp", "num_speculative_tokens": 2, "prompt_lookup_max": 2}', "only apply"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}', "unknown key"),
-    ('{"method": "mtp", "num_speculative_tokens": 2}', "not supported by this engine yet"),
 ])
 def test_bad_configs_are_one_line_errors(text: str, needle: str) -> None:
     with pytest.raises(SpeculativeConfigError) as err:

@@ -86,20 +86,17 @@ def _states(llm, seq) -> list[torch.Tensor]:
     return [t[seq.state_slot].clone() for t in pool.conv_states + pool.ssm_states]
 
 
-def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
-    spec, plain = our_llm(folder, speculative_config=NGRAM), our_llm(folder)
-    prompt = PROMPTS[1]
-    want = plain.generate([prompt], greedy(24))[0].token_ids
-    spec.engine.drafter.proposer = Oracle({len(prompt): prompt + want})
-    for llm in (spec, plain):
-        llm.engine.add_request("r", prompt, greedy(24))
-    s_seq, p_seq = spec.engine._seqs["r"], plain.engine._seqs["r"]
+def compare_states_while_running(spec, plain, request_id: str) -> tuple[int, int]:
+    """Step request `request_id` (added to both engines) to its end in the speculating engine;
+    right after every verify step, bring the plain engine to the same computed token and assert
+    every layer's state is the same. Returns (steps compared, those with partial acceptance)."""
+    s_seq, p_seq = spec.engine._seqs[request_id], plain.engine._seqs[request_id]
     compared = partial = 0
-    while "r" in spec.engine._seqs:
+    while request_id in spec.engine._seqs:
         stats = spec.engine.spec_stats
         drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
         spec.engine.step()
-        if stats.num_draft_tokens == drafted or "r" not in spec.engine._seqs:
+        if stats.num_draft_tokens == drafted or request_id not in spec.engine._seqs:
             continue
         # Right after the verify step: no restore, no recompute pending.
         assert s_seq.is_decoding and not spec.engine.kv.copies.state
@@ -110,6 +107,17 @@ def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         compared += 1
         partial += 0 < stats.num_accepted_tokens - accepted < stats.num_draft_tokens - drafted
+    return compared, partial
+
+
+def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
+    spec, plain = our_llm(folder, speculative_config=NGRAM), our_llm(folder)
+    prompt = PROMPTS[1]
+    want = plain.generate([prompt], greedy(24))[0].token_ids
+    spec.engine.drafter.proposer = Oracle({len(prompt): prompt + want})
+    for llm in (spec, plain):
+        llm.engine.add_request("r", prompt, greedy(24))
+    compared, partial = compare_states_while_running(spec, plain, "r")
     assert compared >= 3 and partial >= 1  # partial acceptance: a middle row's slot was kept
 
 

@@ -9,9 +9,9 @@ the sequence's own and the other K go back to the pool: no state copy, no recomp
 equals the one of a run that never drafted.
 
 Spares come from the running slots: the pool holds max_num_seqs running slots plus
-`spare_slot_count` more, and a sequence only takes spares while enough free slots remain for every
+`spare_slots.spare_slot_count` more, and a sequence only takes spares while enough free slots remain for every
 sequence the scheduler may still admit (so admission never runs out). Spares are held for one
-step only; at most `MAX_VERIFYING_SEQS` sequences' worth are in the pool, since every slot holds
+step only; at most `spare_slots.MAX_VERIFYING_SEQS` sequences' worth are in the pool, since every slot holds
 one state per GDN layer (Qwen3.6-27B: 144 MiB): past that many speculating sequences the rest
 decode plainly in the same step.
 """
@@ -20,13 +20,6 @@ from __future__ import annotations
 
 from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.sequence import Sequence
-
-MAX_VERIFYING_SEQS = 8
-
-
-def spare_slot_count(max_num_seqs: int, num_speculative_tokens: int) -> int:
-    """Running slots beyond max_num_seqs that speculation needs (K per verifying sequence)."""
-    return num_speculative_tokens * min(max_num_seqs, MAX_VERIFYING_SEQS)
 
 
 def take_spares(slots: StateSlots, seq: Sequence, k: int, keep_free: int) -> bool:

@@ -96,6 +96,10 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0  # share of head_dim that RoPE rotates (0.25 on Qwen3.5)
     attn_output_gate: bool = False  # sigmoid gate on the attention output (q_proj is twice as wide)
     state_dtype: str = "float32"  # recurrent-state dtype (HF mamba_ssm_dtype)
+    # Multi-token prediction heads the checkpoint ships (`mtp.*`, HF mtp_num_hidden_layers or
+    # num_nextn_predict_layers); built and loaded only when use_mtp (--speculative-config "mtp").
+    mtp_num_hidden_layers: int = 0
+    use_mtp: bool = False
     # Mixture of experts (Qwen3-MoE, Qwen3.5/3.6-MoE, Qwen3-Next). num_experts 0: dense MLPs only.
     # A layer is sparse when num_experts > 0, (i + 1) % decoder_sparse_step == 0 and i is not in
     # mlp_only_layers (HF's rule); other layers keep a dense MLP of intermediate_size.
@@ -123,6 +127,11 @@ class ModelConfig:
     @property
     def is_hybrid(self) -> bool:
         return LAYER_LINEAR in self.layer_types
+
+    @property
+    def mtp_layers(self) -> int:
+        """MTP decoder layers the engine builds (each one more full-attention KV layer)."""
+        return self.mtp_num_hidden_layers if self.use_mtp else 0
 
     @property
     def full_attention_layers(self) -> tuple[int, ...]:
@@ -405,6 +414,8 @@ def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where
         partial_rotary_factor=float(partial),
         attn_output_gate=bool(raw.get("attn_output_gate", True)),
         state_dtype=str(raw.get("mamba_ssm_dtype") or "float32"),
+        mtp_num_hidden_layers=int(raw.get("mtp_num_hidden_layers")
+                                  or raw.get("num_nextn_predict_layers") or 0),
     )
 
 

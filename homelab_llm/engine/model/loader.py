@@ -262,6 +262,10 @@ def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, An
     missing = [f"{name}[{sid}]" if sid is not None else name
                for name, _ in model.named_parameters()
                for sid in _parts_of(model, name) if (name, sid) not in loaded]
+    if missing and all(name.startswith("mtp.") for name in missing):
+        raise ModelLoadError(
+            f'{where}: --speculative-config method "mtp" needs the checkpoint\'s mtp.* weights and '
+            f'{missing[0]} is missing; use {{"method": "ngram", ...}} with this checkpoint')
     if missing:
         raise ModelLoadError(
             f"{where}: {len(missing)} weights are missing from the checkpoint "

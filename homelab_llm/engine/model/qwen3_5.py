@@ -9,10 +9,11 @@ Differences from llama.py, all from the reference (transformers' modeling_qwen3_
 - q/k RMSNorm per head, then RoPE (rotate-half form) on the first partial_rotary_factor of
   head_dim only.
 - Checkpoints: `model.language_model.*` (ConditionalGeneration) or `model.*` (CausalLM);
-  `model.visual.*` and `mtp.*` are not ours to load.
+  `model.visual.*` is not ours to load, `mtp.*` (the multi-token prediction head, model/mtp.py)
+  only when config.use_mtp (--speculative-config method mtp).
 
 KV pages exist only for the full-attention layers: `attention_layers` lists them in layer order
-and the runner binds KV layer slot i to the i-th. `gdn_layers` lists the Gated DeltaNet mixers,
+(then the MTP layers', if built) and the runner binds KV layer slot i to the i-th. `gdn_layers` lists the Gated DeltaNet mixers,
 bound to state slots the same way.
 """
 
@@ -29,8 +30,9 @@ from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
 from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
-from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
+from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
+from homelab_llm.engine.model.mtp import MultiTokenPredictor
 from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
@@ -40,8 +42,9 @@ QWEN3_5_PACKED = {
     "in_proj_b": ("in_proj_ba", "b"),
     "in_proj_a": ("in_proj_ba", "a"),
 }
-# Checkpoint prefixes that hold no text-model weights.
-SKIPPED_PREFIXES = ("model.visual.", "mtp.", "model.mtp.")
+# Checkpoint prefixes that hold no text-model weights (MTP's: unless the head is built).
+SKIPPED_PREFIXES = ("model.visual.",)
+MTP_PREFIXES = ("mtp.", "model.mtp.")
 
 
 class OffsetRMSNorm(RMSNorm):
@@ -163,12 +166,25 @@ class Qwen3_5ForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         layers = list(self.model.layers)
+        self.mtp: MultiTokenPredictor | None = None
+        if config.mtp_layers:
+            self.mtp = MultiTokenPredictor(config, self.make_mtp_layer, self.make_norm, self.model.rotary)
+            layers += list(self.mtp.layers)
         self.attention_layers: list[Attention] = [l.self_attn.attn for l in layers if not l.is_linear]
         self.gdn_layers: list[GatedDeltaNet] = [l.linear_attn for l in layers if l.is_linear]
 
     def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
         """The MLP of decoder layer `layer`; the MoE variant (qwen3_5_moe.py) overrides this."""
         return LlamaMLP(config)
+
+    def make_mtp_layer(self, index: int) -> nn.Module:
+        """MTP layer `index`: a full-attention decoder layer with this family's MLP, built as
+        decoder layer `index`'s (the checkpoints' MTP layers of MoE families hold experts)."""
+        config = self.config
+        return Qwen3_5DecoderLayer(config, LAYER_FULL, self.model.rotary, self.make_mlp(config, index))
+
+    def make_norm(self) -> nn.Module:
+        return OffsetRMSNorm(self.config.hidden_size, self.config.rms_norm_eps)
 
     @staticmethod
     def checkpoint_splits(config: ModelConfig) -> dict[str, SplitTensor]:
@@ -177,11 +193,12 @@ class Qwen3_5ForCausalLM(nn.Module):
         kd, vd = config.linear_key_dim, config.linear_value_dim
         return {"in_proj_qkv": SplitTensor("in_proj_qkvz", (("q", kd), ("k", kd), ("v", vd)))}
 
-    @staticmethod
-    def checkpoint_name(name: str) -> str | None:
+    def checkpoint_name(self, name: str) -> str | None:
         """A checkpoint tensor name in our naming, or None for tensors this model does not use."""
         if name.startswith(SKIPPED_PREFIXES):
             return None
+        if name.startswith(MTP_PREFIXES):
+            return None if self.mtp is None else name.removeprefix("model.")
         return name.replace("model.language_model.", "model.", 1)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

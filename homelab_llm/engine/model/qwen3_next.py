@@ -8,7 +8,8 @@ holds q|k|v|z and `in_proj_ba` holds b|a, both interleaved per key head (transfo
 fix_query_key_value_ordering: for key head i the rows are q_i, k_i, then the v and z rows of its
 num_v_heads / num_k_heads value heads; b|a likewise). They are cut into our contiguous parts as
 they load (model/split_tensor.py), dense and 4-bit alike, before any tensor-parallel split, so
-the layer itself is Qwen3.5's. `mtp.*` tensors (multi-token prediction) are not loaded.
+the layer itself is Qwen3.5's. `mtp.*` tensors (multi-token prediction) load only with
+--speculative-config method mtp (Qwen3.5's head, model/mtp.py).
 """
 
 from __future__ import annotations

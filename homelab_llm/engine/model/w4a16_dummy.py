@@ -27,7 +27,7 @@ DUMMY_GROUP_SIZE = 128
 # Uniform nibbles minus 8 have std ~4.6: this scale gives weights of std ~0.02.
 _BASE_SCALE = 0.02 / 4.6
 # Linears that 4-bit checkpoints leave dense, by the last part of their module name.
-DENSE_LINEARS = ("in_proj_ba",)
+DENSE_LINEARS = ("in_proj_ba", "fc")  # fc: the MTP head's input projection (model/mtp.py)
 
 
 def _group_for(in_features: int) -> int | None:

@@ -39,7 +39,7 @@ from homelab_llm.engine.parallel.state import set_parallel_state
 from homelab_llm.engine.parallel.worker import worker_main
 from homelab_llm.engine.runner import MemorySplit, ModelRunner
 from homelab_llm.engine.scheduler import ScheduledSeq
-from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
+from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_MTP, CMD_PAGES,
                                           CMD_SHUTDOWN, PlanHeader, StepBatch)
 
 if TYPE_CHECKING:
@@ -141,6 +141,19 @@ class ParallelRunner:
             if patch is not None:
                 dist.broadcast(patch[2].contiguous(), src=0)
             return self.local.forward(batch)
+        except RuntimeError as exc:  # a peer vanished mid-collective
+            raise self._failed(exc) from exc
+
+    def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
+                step: int) -> torch.Tensor:
+        """Every rank runs the same MTP head forward: the plan, then the hidden rows."""
+        header, payload = plan
+        rows = torch.tensor(hidden_rows, dtype=torch.long)
+        payload = torch.cat([payload, rows])
+        try:
+            self.channel.send(replace(header, cmd=CMD_MTP, payload_len=payload.numel(),
+                                      patch_len=rows.numel(), arg=step), payload)
+            return self.local.run_mtp(plan, hidden_rows, step)
         except RuntimeError as exc:  # a peer vanished mid-collective
             raise self._failed(exc) from exc
 

@@ -22,8 +22,8 @@ from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, device
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S, default_store, leave, wait_done
 from homelab_llm.engine.runner import ModelRunner
-from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
-                                          CMD_SHUTDOWN, CMD_STEP)
+from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_MTP,
+                                          CMD_PAGES, CMD_SHUTDOWN, CMD_STEP)
 from homelab_llm.parent_watch import die_with_parent
 
 
@@ -43,6 +43,9 @@ def worker_loop(launch: LaunchSpec, rank: int, local_rank: int) -> None:
             if header.patch_len:  # async scheduling: the previous step's tokens, from rank 0
                 receive_patch(payload[plan_len:].tolist(), batch, runner)
             runner.forward(batch)
+        elif header.cmd == CMD_MTP:  # an MTP draft step: the plan, then the hidden rows
+            plan_len = header.payload_len - header.patch_len
+            runner.run_mtp((header, payload[:plan_len]), payload[plan_len:].tolist(), header.arg)
         elif header.cmd == CMD_PAGES:
             channel.min_all(runner.pages_for_budget(runner.kv_budget()))
         elif header.cmd == CMD_ALLOCATE:

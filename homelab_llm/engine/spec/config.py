@@ -17,7 +17,6 @@ METHODS = ("ngram", "mtp")
 MAX_SPECULATIVE_TOKENS = 16  # a verify step computes K+1 positions per sequence
 _KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
 FLAG = "--speculative-config"
-MTP_SUPPORTED = False  # the MTP proposer (spec/mtp.py) is not built yet
 
 
 class SpeculativeConfigError(HomelabError, ValueError):
@@ -30,6 +29,11 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_max: int = 0  # ngram only
     prompt_lookup_min: int = 0
+
+
+def verify_width(config: SpeculativeConfig | None) -> int:
+    """Rows a verify step gives each sequence: its last token and K drafts (1: no speculation)."""
+    return 1 + (config.num_speculative_tokens if config else 0)
 
 
 def _positive_int(data: dict[str, Any], key: str, default: int | None) -> int:
@@ -71,11 +75,7 @@ def parse_speculative_config(text: str | dict[str, Any] | None) -> SpeculativeCo
         extra = sorted({"prompt_lookup_max", "prompt_lookup_min"} & set(data))
         if extra:
             raise SpeculativeConfigError(f"{FLAG} {', '.join(extra)} only apply to method ngram")
-        if not MTP_SUPPORTED:
-            raise SpeculativeConfigError(
-                f'{FLAG} method "mtp" is not supported by this engine yet (mtp.* heads are not '
-                'loaded); use {"method": "ngram", ...}')
-        return SpeculativeConfig("mtp", k)
+        return SpeculativeConfig("mtp", k)  # the checkpoint is checked by spec/mtp.py
     lo_given = data.get("prompt_lookup_min")
     if lo_given is not None:
         lo_given = _positive_int(data, "prompt_lookup_min", None)

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.engine.spec.config import SpeculativeConfig
+from homelab_llm.engine.spec.mtp import MtpProposer
 from homelab_llm.engine.spec.ngram import NgramProposer
 
 
@@ -50,7 +51,11 @@ class Drafter:
 
 
 def make_drafter(config: SpeculativeConfig, max_model_len: int) -> Drafter:
-    assert config.method == "ngram"  # config.py refuses what has no proposer yet
-    proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max,
-                             config.prompt_lookup_min)
+    """n-gram lookup, or the store MTP drafts land in (spec/mtp_draft.py fills it)."""
+    proposer: Proposer
+    if config.method == "mtp":
+        proposer = MtpProposer(config.num_speculative_tokens)
+    else:
+        proposer = NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max,
+                                 config.prompt_lookup_min)
     return Drafter(config, proposer, max_model_len)
