@@ -14,7 +14,9 @@
     completions.py    completions: prompt batches, echo, legacy logprobs
     generation.py     Batch: one HTTP request's engine requests, merged outputs, abort on exit
     chat_text.py      routes chat text to reasoning_content / tool_calls / content
-    reasoning_parser.py, tool_parser.py, text_scan.py   <think> and Hermes <tool_call> parsing
+    reasoning_parser.py, text_scan.py   <think> parsing, and what the stream parsers share
+    tool_parser.py    the --tool-call-parser table: tool_hermes.py (<tool_call>), tool_json.py
+                      (llama3_json, mistral), tool_call.py (the call, the delta, the content gate)
     engine_client.py  the engine's own thread behind an async client (inbox in, queues out)
     stats.py          counters, histograms, sliding-window throughput, latency percentiles
     metrics.py, status.py   /metrics (Prometheus text) and /v1/status (DESIGN.md contract)

@@ -167,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_seqs_per_request=args.max_seqs_per_request,
                           reasoning_parser=compat.reasoning_parser,
-                          max_logprobs=compat.max_logprobs)
+                          max_logprobs=compat.max_logprobs,
+                          tool_call_parser=compat.tool_call_parser)
 
     def load_engine() -> Engine:
         from homelab_llm.engine.core import LLMEngine
