@@ -33,6 +33,20 @@ def openai_client(running: Running, api_key: str = "unused") -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
+def smollm2_server(smollm2_path) -> Iterator[Running]:
+    """The real engine (SmolLM2-135M on the CPU) behind the app, served as "smollm2"."""
+    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.core import LLMEngine
+
+    # fp32 KV on the CPU is 45 KiB/token for this model: 128 MiB holds ~2900 tokens.
+    args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
+                      kv_cache_memory_bytes=128 << 20, max_num_seqs=32)
+    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)), lambda: LLMEngine(args))
+    with serve_in_thread(app, timeout=240) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
 def server() -> Iterator[Running]:
     with fake_server() as running:
         yield running
