@@ -33,6 +33,7 @@ from homelab_llm.engine.spec.drafter import Drafter, make_drafter
 from homelab_llm.engine.spec.stats import SpecDecodeStats
 from homelab_llm.engine.spec.verify import accept, sampler_rows
 from homelab_llm.engine.structured.matcher import GrammarState
+from homelab_llm.engine.structured.prefetch import MaskPrefetcher
 from homelab_llm.errors import HomelabError
 from homelab_llm.load_progress import LOAD
 
@@ -98,6 +99,7 @@ class LLMEngine:
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
         self.sampler = Sampler(eos)
+        self.masks = MaskPrefetcher()  # grammar masks for the next sample, off the step loop
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # ended early (abort or fault): reported next step
@@ -252,6 +254,8 @@ class LLMEngine:
             return results
         if self.drafter is not None:
             self.drafter.draft(self.scheduler.running)
+        # Masks for this step's samples (and drafts) fill on a worker while the forward runs.
+        self.masks.start(self.scheduler.running)
         plan = self.scheduler.schedule()
         ran, logits = run_isolated(
             plan.scheduled, lambda items: self._forward(items, plan.copies),
@@ -426,6 +430,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         for rid in list(self._seqs):
             self.abort_request(rid)
+        self.masks.close()
         self.runner.shutdown()
 
     @property
