@@ -28,11 +28,14 @@ def _compute(jobs: list[tuple[GrammarState, tuple[int, ...], torch.Tensor]]) -> 
 
 
 class MaskPrefetcher:
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # off: the sampler computes every mask in place (benchmarks compare)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
 
     def start(self, running: list[Sequence]) -> None:
         """Compute the masks of every constrained sequence's next sampled position(s)."""
+        if not self.enabled:
+            return
         jobs = []
         for seq in running:
             state = seq.grammar
