@@ -370,13 +370,15 @@ class LLMEngine:
 
     def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
         """May this step's tokens stay on the device while the next step is launched? Only when
-        nothing needs them on the host first (logprobs, penalties, min_tokens masking, a grammar
-        that must consume the token before it can mask the next one)."""
+        nothing needs them on the host first (logprobs, penalties, min_tokens masking). A grammar
+        does not: the next step's forward is launched first, then `_finish_pending` reads this
+        step's token and the matcher consumes it, and the next mask is filled while that forward
+        runs (masks for step k+1 computed during step k+1's forward, not after it)."""
         if not self._async or self.drafter is not None:  # drafting reads the tokens on the host
             return False
         for seq in seqs:
             p = seq.params
-            if seq.grammar is not None or p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
+            if p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
                 return False
         return True
 

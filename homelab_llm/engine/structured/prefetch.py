@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from homelab_llm.engine.pending import PLACEHOLDER
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.engine.structured.matcher import GrammarState, PrefetchedMasks
 
@@ -41,6 +42,10 @@ class MaskPrefetcher:
             state = seq.grammar
             if state is None or not state.active or seq.is_finished:
                 continue
+            if seq.token_ids and seq.token_ids[-1] == PLACEHOLDER:
+                continue  # its last token is still on the device (async scheduling): the sampler
+                # fills this mask once the token is read, while the forward runs
+
             drafts = tuple(seq.spec_token_ids)
             ahead = state.prefetched
             if ahead is not None and ahead.version == state.version and ahead.drafts == drafts:
