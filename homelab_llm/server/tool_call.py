@@ -80,11 +80,15 @@ class ContentGate:
             self.pending_space = ""
         self.pending_space += text[len(body):]
 
-    def finish(self, out: ToolDelta) -> None:
-        """End of output: held whitespace is content only in a reply without calls."""
+    def end(self, rest: str) -> ToolDelta:
+        """End of output: `rest` (what a parser still holds) is content; held whitespace is
+        content only in a reply without calls."""
+        out = ToolDelta()
+        self.emit(rest, out)
         if not self.calls:
             out.content += self.pending_space
         self.pending_space = ""
+        return out
 
     def add_call(self, call: ToolCall, out: ToolDelta) -> None:
         self.calls.append(call)

@@ -47,8 +47,5 @@ class HermesToolParser(ContentGate):
 
     def flush(self) -> ToolDelta:
         """End of output: an unclosed block or a held-back partial tag is plain content."""
-        out = ToolDelta()
         text, self._buffer = self._buffer, ""
-        self.emit(text, out)
-        self.finish(out)
-        return out
+        return self.end(text)

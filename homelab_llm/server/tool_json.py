@@ -92,12 +92,9 @@ class Llama3JsonToolParser(ContentGate):
     def flush(self) -> ToolDelta:
         """End of output: an unfinished call or a partial tag is plain content; space (or a
         lone `;`) after the last call is not."""
-        out = ToolDelta()
-        if not (self._mode == "call" and self.calls and self._buffer.strip() in ("", ";")):
-            self.emit(self._buffer, out)
-        self._buffer = ""
-        self.finish(out)
-        return out
+        text, self._buffer = self._buffer, ""
+        trailing = self._mode == "call" and self.calls and text.strip() in ("", ";")
+        return self.end("" if trailing else text)
 
 
 def _mistral_call(text: str) -> Scan:
@@ -164,8 +161,5 @@ class MistralToolParser(ContentGate):
 
     def flush(self) -> ToolDelta:
         """End of output: an unfinished call or a partial tag is plain content."""
-        out = ToolDelta()
         text, self._buffer = self._buffer, ""
-        self.emit(text, out)
-        self.finish(out)
-        return out
+        return self.end(text)
