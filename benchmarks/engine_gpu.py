@@ -236,15 +236,15 @@ def section_profile(quick: bool) -> None:
     cleanup()
 
 
-def section_hostprof(quick: bool) -> None:
+def host_vs_graph(engine: LLMEngine, prompt: list[int], label: str, steps: int = 200,
+                  top: int = 22) -> tuple[float, float]:
     """Batch-1 decode with graphs: wall time per step vs the graph replay's GPU time, and the
-    host functions (cProfile) that fill the difference."""
+    host functions (cProfile) that fill the difference. Returns (wall_ms, gpu_ms) per step."""
     import cProfile
     import pstats
 
-    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, max_num_seqs=8)
     graphs = engine.runner.graphs
-    gpu_ms: list[float] = []
+    gpu_ms: list = []
     replay = graphs.run
 
     def timed_run(*a, **kw):
@@ -256,12 +256,12 @@ def section_hostprof(quick: bool) -> None:
         return out
 
     graphs.run = timed_run
-    engine.add_request("hp", list(range(100, 132)), SamplingParams(max_tokens=300, ignore_eos=True))
+    engine.add_request(f"hp-{label}", prompt,
+                       SamplingParams(max_tokens=steps + 40, ignore_eos=True))
     for _ in range(20):
         engine.step()
     torch.cuda.synchronize()
     gpu_ms.clear()
-    steps = 200
     prof = cProfile.Profile()
     t = time.perf_counter()
     prof.enable()
@@ -270,11 +270,19 @@ def section_hostprof(quick: bool) -> None:
     prof.disable()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t) / steps * 1e3
-    gpu = sum(a.elapsed_time(b) for a, b in gpu_ms) / len(gpu_ms)
-    report("llama8b_b1_step_wall_ms_cprofiled", wall, "ms")
-    report("llama8b_b1_graph_gpu_ms", gpu, "ms")
-    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    gpu = sum(a.elapsed_time(b) for a, b in gpu_ms) / max(1, len(gpu_ms))
+    report(f"{label}_b1_step_wall_ms_cprofiled", wall, "ms")
+    report(f"{label}_b1_graph_gpu_ms", gpu, "ms")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
     graphs.run = replay
+    engine.abort_request(f"hp-{label}")
+    return wall, gpu
+
+
+def section_hostprof(quick: bool) -> None:
+    """Batch-1 decode with graphs on the Llama-8B shape: host time vs graph GPU time."""
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, max_num_seqs=8)
+    host_vs_graph(engine, list(range(100, 132)), "llama8b")
     del engine
     cleanup()
 

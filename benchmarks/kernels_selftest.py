@@ -4,7 +4,7 @@
 
 Installs a small stand-in for the parts of pytest these tests use (parametrize, fixtures by name,
 raises, skip/importorskip), then calls every test function with every parameter combination.
-With pytest available, run `python -m pytest tests/engine/kernels` instead.
+With pytest available, `python -m pytest tests/engine/kernels` does the same.
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ def main() -> int:
     parser.add_argument("-k", default="")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    if importlib.util.find_spec("pytest") is None:
-        sys.modules["pytest"] = _shim()
+    sys.modules["pytest"] = _shim()  # also where pytest exists: the shim records the parameters
     conftest = _load(TESTS / "conftest.py")
     fixtures = {name: getattr(conftest, name) for name in ("device", "full_shapes", "paged_kv")}
     passed = failed = skipped = 0

@@ -21,6 +21,8 @@ timed in the same run (fused_moe(..., decode_gemv=False)).
   engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
            batch-1 and batch-8 decode tok/s, and the batch-1 roofline from the bytes one token
            reads (all weights but the 120 unpicked experts per layer and the embedding table)
+  profile  (not default) the same model at batch 1: graph GPU time vs wall time per step and the
+           host functions between, then the eager step's kernels by GPU time
 Targets (issue 15): decode b1 >= 50% of the active-bytes roofline; prefill >= 50% of the matmul
 rate. Routing is random (softmax of N(0, 1) logits), so experts are spread about evenly.
 """
@@ -47,6 +49,7 @@ from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight  # noqa: E402
 
 E, TOP_K, HIDDEN, INTER, GROUP = 128, 8, 2048, 768, 128
+ENGINE_CONFIG = "Qwen3-30B-A3B.json"  # the assets/model_configs entry the engine section runs
 DEV = torch.device("cuda")
 
 
@@ -199,7 +202,7 @@ def section_engine(quick: bool, copy_gbps: float, quantization: str | None) -> N
     from homelab_llm.engine.sampling_params import SamplingParams
 
     kind = quantization or "bf16"
-    config = Path(__file__).resolve().parents[1] / "assets" / "model_configs" / "Qwen3-30B-A3B.json"
+    config = Path(__file__).resolve().parents[1] / "assets" / "model_configs" / ENGINE_CONFIG
     engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
                                   dtype="bfloat16", quantization=quantization, max_model_len=4096,
                                   max_num_seqs=8, max_num_batched_tokens=2048,
@@ -260,6 +263,7 @@ def section_sweep(setup: Setup, quick: bool) -> None:
 
 GEMV_SWEEP = [  # (block_n, rows, num_warps)
     (32, 16, 4), (64, 16, 4), (128, 16, 4), (64, 8, 4), (64, 16, 2), (128, 8, 8), (32, 8, 2),
+    (128, 16, 8), (256, 16, 8), (256, 8, 8), (32, 16, 1), (64, 16, 1), (128, 16, 2),
 ]
 
 
@@ -269,7 +273,7 @@ def section_sweep_gemv(setup: Setup, quick: bool) -> None:
         x, weights, ids = setup.batch(tokens)
         want = w4_decode(x, setup.w4, weights, ids)
         for block_n, rows, warps in GEMV_SWEEP:
-            for split in (None, 1):
+            for split in (None, 1, 2, 4):
                 kw = dict(block_n=block_n, rows=rows, num_warps=warps, split=split)
                 try:
                     got = w4_decode(x, setup.w4, weights, ids, **kw)
@@ -279,6 +283,26 @@ def section_sweep_gemv(setup: Setup, quick: bool) -> None:
                     continue
                 key = f"sweep_gemv.t{tokens}.n{block_n}r{rows}w{warps}s{split or 'auto'}"
                 report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
+
+
+def section_profile(quick: bool) -> None:
+    """Whole Qwen3-30B-A3B dummy W4A16 at batch 1: graph GPU time vs wall time per step (with the
+    host functions that fill the gap), then the eager step's kernels by GPU time."""
+    import gc
+
+    from engine_gpu import host_vs_graph, make_engine, profile_decode_steps
+
+    prompt = list(range(100, 132))
+    for eager in (False, True):
+        engine = make_engine("Qwen3-30B-A3B.json", quantization="w4a16", max_model_len=4096,
+                             max_num_seqs=8, enforce_eager=eager)
+        if eager:
+            profile_decode_steps(engine, prompt, "qwen3_30b_a3b_w4a16", top=30)
+        else:
+            host_vs_graph(engine, prompt, "qwen3_30b_a3b_w4a16", steps=100, top=25)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def main() -> int:
@@ -302,6 +326,7 @@ def main() -> int:
         "router": lambda: section_router(a.quick),
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),
         "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
+        "profile": lambda: section_profile(a.quick),
     }
     return run_sections(sections, a.sections, a.json)
 

@@ -1,9 +1,16 @@
 """What the HTTP layer costs: TTFT, inter-token latency and decode tok/s at 1/4/8 concurrent
 streams, offline (LLMEngine.step in this process) and over HTTP (`homelab-llm serve` in a child
-process, streamed SSE from an async client), in one run on the same machine.
+process, streamed SSE from an async client), in one run on the same machine. The HTTP side runs
+in both engine modes: "http-process" (the engine loop in its own process, serve's default) and
+"http-thread" (--engine-in-process: the loop in a thread of the server, sharing its GIL).
 
     python benchmarks/server_overhead.py [MODEL] [--device cpu] [--max-tokens 64]
-        [--prompt-words 96] [--streams 1 4 8] [--repeats 2] [--json out.json]
+        [--prompt-words 96] [--streams 1 4 8] [--repeats 2] [--engine-modes process thread]
+        [--json out.json]
+    python benchmarks/server_overhead.py --gpu-smollm2   # H200: dummy SmolLM2 shape, 1/8/32 streams
+    python benchmarks/server_overhead.py --cpu-smoke     # here: embedded SmolLM2, 1/8 streams, short
+
+Target (issue 19): HTTP loses <= 5% of offline decode tok/s at 1, 8 and 32 streams on the GPU.
 
 Each request gets a distinct prompt (so the prefix cache does not flatter TTFT), temperature 0
 and ignore_eos, so every stream produces exactly --max-tokens tokens. Decode tok/s = tokens after
@@ -24,9 +31,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -41,7 +50,7 @@ class StreamTiming:
 
 @dataclass
 class RunResult:
-    mode: str  # offline | http
+    mode: str  # offline | http-process | http-thread
     streams: int
     ttft_p50_ms: float
     ttft_max_ms: float
@@ -115,48 +124,62 @@ async def one_stream(client, url: str, model: str, text: str, max_tokens: int) -
 
 
 async def run_http_async(base: str, model: str, n: int, max_tokens: int, words: int,
-                         salt: str) -> RunResult:
+                         salt: str, mode: str = "http") -> RunResult:
     import httpx
 
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
         tasks = [one_stream(client, f"{base}/v1/completions", model, text, max_tokens)
                  for text in prompts(n, words, salt)]
-        return summarize("http", list(await asyncio.gather(*tasks)))
+        return summarize(mode, list(await asyncio.gather(*tasks)))
 
 
-def start_server(model: str, engine_flags: list[str]) -> tuple[subprocess.Popen, str]:
-    import httpx
+@dataclass
+class Server:
+    child: subprocess.Popen
+    base: str
+    log: Any  # its stderr, a temporary file: nobody reads it while it runs (a pipe would fill)
 
+
+def start_server(model: str, engine_flags: list[str]) -> Server:
+    """`serve` in a child process; wait_ready() before sending it anything."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    log = tempfile.TemporaryFile(mode="w+")
     child = subprocess.Popen(
         [sys.executable, "-m", "homelab_llm", "serve", model, "--port", str(port),
          "--served-model-name", "bench", "--uvicorn-log-level", "warning", *engine_flags],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    return Server(child, f"http://127.0.0.1:{port}", log)
+
+
+def wait_ready(server: Server, timeout_s: float = 600) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
     while True:
-        if child.poll() is not None:
-            raise SystemExit(f"the server exited: {child.stderr.read()}")
+        if server.child.poll() is not None:
+            server.log.seek(0)
+            raise SystemExit(f"the server exited: {server.log.read()[-4000:]}")
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return child, base
+            if httpx.get(f"{server.base}/health", timeout=2).status_code == 200:
+                return
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            child.kill()
-            raise SystemExit("the server did not become ready in 600 s")
+            server.child.kill()
+            raise SystemExit(f"the server did not become ready in {timeout_s:.0f} s")
         time.sleep(0.2)
 
 
-def stop_server(child: subprocess.Popen) -> None:
-    child.terminate()
+def stop_server(server: Server) -> None:
+    server.child.terminate()
     try:
-        child.wait(60)
+        server.child.wait(60)
     except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+        server.child.kill()
+        server.child.wait()
+    server.log.close()
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -168,29 +191,55 @@ def table(results: list[RunResult]) -> str:
     for r in results:
         base = offline.get(r.streams)
         cost = (f"{100 * (1 - r.decode_tps / base.decode_tps):+.1f}%"
-                if r.mode == "http" and base and base.decode_tps else "")
+                if r.mode != "offline" and base and base.decode_tps else "")
         rows.append(f"| {r.streams} | {r.mode} | {r.ttft_p50_ms:.1f} | {r.ttft_max_ms:.1f} | "
                     f"{r.itl_p50_ms:.1f} | {r.itl_p95_ms:.1f} | {r.decode_tps:.1f} | {cost} |")
     return "\n".join(rows)
 
 
-def main() -> int:
+PRESETS = {  # flag defaults a preset sets (explicit flags still win)
+    "gpu_smollm2": dict(model=str(REPO / "assets/model_configs/SmolLM2-135M.json"),
+                        load_format="dummy", device="cuda", streams=[1, 8, 32], max_tokens=256,
+                        repeats=2),
+    "cpu_smoke": dict(device="cpu", streams=[1, 8], max_tokens=16, prompt_words=24, repeats=1),
+}
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?", default="", help="default: the embedded SmolLM2")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--load-format", default="auto",
+    parser.add_argument("model", nargs="?", default=None, help="default: the embedded SmolLM2")
+    parser.add_argument("--device", default=None, help="default cpu")
+    parser.add_argument("--load-format", default=None,
                         help="dummy + a model_configs JSON: random weights of a model's shape")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--prompt-words", type=int, default=96)
-    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--max-tokens", type=int, default=None, help="default 64")
+    parser.add_argument("--prompt-words", type=int, default=None, help="default 96")
+    parser.add_argument("--streams", type=int, nargs="+", default=None, help="default 1 4 8")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-cache-memory-bytes", default="256MiB")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=None, help="default 2")
+    parser.add_argument("--engine-modes", nargs="+", choices=["process", "thread"],
+                        default=["process", "thread"], help="the server's engine modes to measure")
     parser.add_argument("--torch-threads", type=int, default=None,
                         help="torch threads for both engines (leave cores for the HTTP side)")
+    parser.add_argument("--gpu-smollm2", action="store_true",
+                        help="preset: dummy SmolLM2-135M shape on CUDA, 1/8/32 streams, 256 tokens")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="preset: embedded SmolLM2 on the CPU, 1/8 streams, 16 tokens, once")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args()
+    defaults = dict(model="", device="cpu", load_format="auto", max_tokens=64, prompt_words=96,
+                    streams=[1, 4, 8], repeats=2)
+    for name, preset in PRESETS.items():
+        if getattr(args, name):
+            defaults.update(preset)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
 
+
+def main() -> int:
+    args = parse_args()
     from homelab_llm.assets import default_model_path
     from homelab_llm.engine.args import EngineArgs, parse_bytes
     from homelab_llm.engine.core import LLMEngine
@@ -207,30 +256,43 @@ def main() -> int:
              "--max-num-seqs", str(max(args.streams))]
     results: list[RunResult] = []
 
-    engine = LLMEngine(EngineArgs(model=model, device=args.device, load_format=args.load_format,
-                                  max_model_len=args.max_model_len,
-                                  kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
-                                  max_num_seqs=max(args.streams)))
-    child, base = start_server(model, flags)  # its engine idles (sleeps) during offline runs
+    # The servers' engines idle (sleep) while the others run.
+    servers: dict[str, Server] = {}
+    engine = None
     try:
+        for mode in args.engine_modes:  # they load while the offline engine does
+            extra = ["--engine-in-process"] if mode == "thread" else []
+            servers[f"http-{mode}"] = start_server(model, flags + extra)
+        engine = LLMEngine(EngineArgs(model=model, device=args.device, load_format=args.load_format,
+                                      max_model_len=args.max_model_len,
+                                      kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
+                                      max_num_seqs=max(args.streams)))
+        for server in servers.values():
+            wait_ready(server)
         run_offline(engine, 1, 4, args.prompt_words, "warmup")
-        asyncio.run(run_http_async(base, "bench", 1, 4, args.prompt_words, "warmup"))
+        for mode, server in servers.items():
+            asyncio.run(run_http_async(server.base, "bench", 1, 4, args.prompt_words, "warmup",
+                                       mode))
         for n in args.streams:
             best: dict[str, RunResult] = {}
             for r in range(args.repeats):
-                for result in (
-                        run_offline(engine, n, args.max_tokens, args.prompt_words, f"off{n}.{r}"),
-                        asyncio.run(run_http_async(base, "bench", n, args.max_tokens,
-                                                   args.prompt_words, f"http{n}.{r}"))):
+                runs = [run_offline(engine, n, args.max_tokens, args.prompt_words, f"off{n}.{r}")]
+                for mode, server in servers.items():
+                    runs.append(asyncio.run(run_http_async(
+                        server.base, "bench", n, args.max_tokens, args.prompt_words, f"{mode}{n}.{r}",
+                        mode)))
+                for result in runs:
                     print(table([result]).splitlines()[-1], flush=True)
                     if result.mode not in best or result.decode_tps > best[result.mode].decode_tps:
                         best[result.mode] = result
             results += best.values()
     finally:
-        stop_server(child)
-        engine.shutdown()
+        for server in servers.values():
+            stop_server(server)
+        if engine is not None:
+            engine.shutdown()
 
-    results.sort(key=lambda r: (r.streams, r.mode != "offline"))
+    results.sort(key=lambda r: (r.streams, r.mode != "offline", r.mode))
     import torch
 
     print(f"\n{model} ({args.load_format}), device {args.device}, {args.max_tokens} tokens/stream, "

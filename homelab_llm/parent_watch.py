@@ -7,10 +7,14 @@ and exits), and SIGKILL after a grace period, so nothing keeps holding the GPU o
 
 The variable is removed from this process's environment at once, so grandchildren (TP workers,
 whose parent is the server, not the app) never inherit a watch on the wrong parent.
+
+Children the server starts itself (the engine process, tensor-parallel ranks) call
+`die_with_parent()` instead: the kernel kills them when their parent dies.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -48,3 +52,16 @@ def _signal_own_group(sig: signal.Signals) -> None:
         os.killpg(os.getpgrp(), sig)
     else:
         os.kill(os.getpid(), sig)
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: get SIGKILL when the process that started us dies, so no child is orphaned. The
+    signal follows the thread that started us, so start children from a long-lived thread. With
+    `parent`, exit at once if it is already gone (it died before the request was in place)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)

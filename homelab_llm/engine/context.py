@@ -33,6 +33,12 @@ class ForwardContext:
     # resumes from the slot's state (bool [B]: num_computed_tokens > 0) or starts from zeros.
     state_indices: torch.Tensor | None = None
     has_initial_state: torch.Tensor | None = None
+    # Decode-form rows (speculative verify on hybrid models, engine/plan_rows.py): the first
+    # `decode_rows` rows (all of them in a decode_only step) are one-token rows whose state_indices
+    # entry is per row; the Gated DeltaNet layers chain them in groups of `verify_width` rows of
+    # one sequence (K+1 in a verify step, else 1) and the rest of the step is varlen.
+    verify_width: int = 1
+    decode_rows: int = 0
 
 
 _current: ForwardContext | None = None

@@ -1,6 +1,13 @@
-"""CUDA/HIP graphs for decode steps: one graph per padded batch size, replayed with the step's
-inputs copied into static buffers. Launch overhead is most of a small model's decode step; a graph
-turns hundreds of kernel launches into one."""
+"""CUDA/HIP graphs for decode steps: one graph per padded shape, replayed with the step's inputs
+copied into static buffers. Launch overhead is most of a small model's decode step; a graph turns
+hundreds of kernel launches into one.
+
+A shape is (rows, verify_width). Plain decodes: one row per sequence, width 1. Speculative verify
+steps are decode rows in groups of K+1 per sequence (step_plan.py; decode attention reads a group's
+K/V once, hybrid models' Gated DeltaNet kernels chain its rows), so speculation adds width-(K+1)
+graphs of batch * (K+1) rows beside the decode graphs. Padding rows (and whole padding groups)
+carry state slot -1 and KV slot -1: they write nothing.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +28,27 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sorted(set(out))
 
 
-def kv_splits_for(max_model_len: int, page_size: int) -> int:
-    """Split count for graph replays: enough parallel work at batch 1 on long contexts, while a
-    split never gets fewer than a few pages."""
-    return max(1, min(32, max_model_len // (8 * page_size)))
+def graph_shapes(max_num_seqs: int, verify_width: int) -> list[tuple[int, int]]:
+    """(rows, width) to capture: decode batches, and with speculation (verify_width = K+1 > 1)
+    the verify steps' groups."""
+    sizes = graph_batch_sizes(max_num_seqs)
+    verify = [(bs * verify_width, verify_width) for bs in sizes] if verify_width > 1 else []
+    return [(bs, 1) for bs in sizes] + verify
+
+
+def kv_splits_for(max_model_len: int, page_size: int, max_splits: int = 32) -> int:
+    """Split count for batch-1 graph replays: enough parallel work on long contexts (up to the
+    arch's tuning max_kv_splits), while a split never gets fewer than a few pages. Splits past a
+    short context's end cost one store each (decode_attention skips them)."""
+    return max(1, min(max_splits, max_model_len // (8 * page_size)))
+
+
+def kv_splits_at(batch_1_splits: int, batch: int, floor: int = 8) -> int:
+    """Splits for a padded batch size: the batch-1 count shared out, so programs (batch x heads
+    x splits) stay about constant and the merge's partials do not grow with the batch; at least
+    `floor` (or the batch-1 count, if smaller). A power of two, as the kernel requires."""
+    share = max(1, batch_1_splits // max(1, batch))
+    return max(min(floor, batch_1_splits), 1 << (share.bit_length() - 1))
 
 
 @dataclass
@@ -34,15 +58,14 @@ class _Graph:
 
 
 class DecodeGraphs:
-    def __init__(self, model, device: torch.device, max_num_seqs: int, max_pages: int,
+    def __init__(self, model, device: torch.device, max_rows: int, max_pages: int,
                  page_size: int, num_kv_splits: int) -> None:
         self.model = model
         self.device = device
-        self.max_bs = max_num_seqs
         self.max_pages = max_pages
         self.page_size = page_size
         self.num_kv_splits = num_kv_splits
-        n = max_num_seqs
+        n = max_rows
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=device)
@@ -52,26 +75,29 @@ class DecodeGraphs:
         # Hybrid models: fixed-size state slots; padding rows are -1 (the GDN kernels skip them).
         self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
         self.has_initial_state = torch.ones(n, dtype=torch.bool, device=device)
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph] = {}  # (rows, verify_width)
         self.pool = None
         self.memory_bytes = 0
 
-    def _context(self, bs: int) -> ForwardContext:
+    def _context(self, bs: int, width: int) -> ForwardContext:
         return ForwardContext(
             positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
             query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
-            decode_only=True, num_kv_splits=self.num_kv_splits,
-            state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs])
+            decode_only=True, num_kv_splits=kv_splits_at(self.num_kv_splits, max(1, bs // width)),
+            state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs],
+            verify_width=width, decode_rows=bs)
 
     @torch.inference_mode()
-    def capture(self, sizes: list[int]) -> None:
+    def capture(self, shapes: list[tuple[int, int]]) -> None:
+        """Capture each (rows, verify_width) shape (graph_shapes)."""
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        for done, bs in enumerate(sorted(sizes, reverse=True)):  # largest first: later graphs reuse its pool
-            LOAD.step(done, len(sizes), f"(batch {bs})")
-            ctx = self._context(bs)
+        # largest first: later graphs reuse its pool
+        for done, (bs, width) in enumerate(sorted(shapes, reverse=True)):
+            LOAD.step(done, len(shapes), f"(batch {bs})" if width == 1 else f"(verify {bs} rows)")
+            ctx = self._context(bs, width)
             with forward_context(ctx):
                 for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
                     hidden = self.model(self.input_ids[:bs], self.positions[:bs])
@@ -83,10 +109,10 @@ class DecodeGraphs:
                     logits = self.model.compute_logits(hidden)
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[bs] = _Graph(graph, logits)
+            self.graphs[bs, width] = _Graph(graph, logits)
         torch.cuda.synchronize(self.device)
         self.memory_bytes = max(0, torch.cuda.memory_allocated(self.device) - before)
-        log.info("captured %d decode graphs (batch %s), %.1f MiB", len(sizes), sizes,
+        log.info("captured %d decode graphs (rows, width: %s), %.1f MiB", len(shapes), shapes,
                  self.memory_bytes / 2**20)
 
     def release(self) -> None:
@@ -95,13 +121,19 @@ class DecodeGraphs:
             g.graph.reset()
         self.graphs.clear()
 
+    def _shape(self, rows: int, width: int) -> tuple[int, int] | None:
+        """The smallest captured shape that holds `rows` rows of this width."""
+        fit = [shape for shape in self.graphs if shape[1] == width and shape[0] >= rows]
+        return min(fit) if fit else None
+
     def fits(self, ctx: ForwardContext, num_tokens: int) -> bool:
-        return (ctx.decode_only and num_tokens <= self.max_bs
-                and ctx.page_table.shape[1] <= self.max_pages and bool(self.graphs))
+        return (ctx.decode_only and ctx.page_table.shape[1] <= self.max_pages
+                and self._shape(num_tokens, ctx.verify_width) is not None)
 
     def run(self, input_ids: torch.Tensor, ctx: ForwardContext, logits_indices: torch.Tensor) -> torch.Tensor:
         bs = input_ids.shape[0]
-        size = min(s for s in self.graphs if s >= bs)
+        shape = self._shape(bs, ctx.verify_width)
+        size = shape[0]
         self.input_ids[:bs].copy_(input_ids)
         self.positions[:bs].copy_(ctx.positions)
         self.slot_mapping[:bs].copy_(ctx.slot_mapping)
@@ -114,5 +146,5 @@ class DecodeGraphs:
             self.state_indices[bs:size].fill_(-1)  # nor read or write any state
         pages = ctx.page_table.shape[1]
         self.page_table[:bs, :pages].copy_(ctx.page_table)
-        self.graphs[size].graph.replay()
-        return self.graphs[size].logits[:bs][logits_indices]
+        self.graphs[shape].graph.replay()
+        return self.graphs[shape].logits[:bs][logits_indices]

@@ -70,6 +70,15 @@ def gdn_small_param_bytes(config: ModelConfig, layout: StateLayout, dtype_size: 
     return model_dtype * dtype_size + 2 * layout.value_heads_per_rank * FP32_BYTES
 
 
+def gdn_param_count(config: ModelConfig) -> int:
+    """Parameters of one whole GDN layer (all ranks together): the projections, conv taps,
+    A_log, dt_bias and the gated-norm weight."""
+    layout = StateLayout.for_model(config, 1, "float32")
+    linears = sum(p.in_features * p.out_features for p in gdn_linears(config, layout))
+    return (linears + layout.conv_shape[1] * config.linear_conv_kernel_dim
+            + 2 * layout.value_heads_per_rank + config.linear_value_head_dim)
+
+
 def gdn_activation_bytes(config: ModelConfig, layout: StateLayout, tokens: int,
                          dtype_size: int) -> int:
     """Peak working memory of one GDN layer's prefill of `tokens` tokens on one rank."""

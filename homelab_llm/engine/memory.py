@@ -23,7 +23,8 @@ from typing import Any
 
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
-from homelab_llm.engine.gdn_memory import gdn_activation_bytes, gdn_linears, gdn_small_param_bytes
+from homelab_llm.engine.gdn_memory import (gdn_activation_bytes, gdn_linears, gdn_param_count,
+                                           gdn_small_param_bytes)
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import model_max_positions, rope_table_rows
 from homelab_llm.engine.sharding import (HeadShard, ShardingError, check_tp_size, head_shard,
@@ -99,6 +100,8 @@ def _w4a16_group_size(config: ModelConfig) -> int:
 
 def _linear_bytes(in_features: int, out_features: int, dtype_size: int, method: str | None,
                   group_size: int) -> int:
+    if method == "mxfp4":  # gpt-oss experts: 4-bit codes and a one-byte scale per 32 weights
+        return in_features * out_features // 2 + in_features * out_features // 32
     if method == "w4a16":
         groups = math.ceil(in_features / group_size)
         packed = in_features * out_features // 2
@@ -161,8 +164,9 @@ def moe_layer_mlp_bytes(config: ModelConfig, size: int, method: str | None, grou
     shards, and the shared expert with its gate."""
     h = config.hidden_size
     total = config.num_experts * h * size
+    expert_method = "mxfp4" if config.experts_mxfp4 else method
     total += config.num_experts * _gated_mlp_bytes(h, config.moe_intermediate_size // tp_size,
-                                                   size, method, group)
+                                                   size, expert_method, group)
     if config.has_shared_expert:
         total += _gated_mlp_bytes(h, config.shared_expert_intermediate_size // tp_size, size,
                                   method, group) + h * size
@@ -197,15 +201,20 @@ class ParameterCount:
 
 def parameter_count(config: ModelConfig) -> ParameterCount:
     """Parameters of the whole model and those active per token (k of E experts per layer).
-    Embedding rows count in both (as model cards count them)."""
+    Embedding rows count in both (as model cards count them). Hybrids: attention (q_proj twice
+    as wide with an output gate) on the full-attention layers, Gated DeltaNet on the others."""
     h, d = config.hidden_size, config.head_dim
-    attn = h * (config.num_attention_heads + 2 * config.num_key_value_heads) * d
+    q_rows = (2 if config.attn_output_gate else 1) * config.num_attention_heads * d
+    attn = h * (q_rows + 2 * config.num_key_value_heads * d)
     attn += config.num_attention_heads * d * h + 2 * h
     if config.qk_norm:
         attn += 2 * d
+    mixers = len(config.full_attention_layers) * attn
+    if config.is_hybrid:
+        mixers += len(config.linear_attention_layers) * (gdn_param_count(config) + 2 * h)
     dense_mlp = 3 * h * config.intermediate_size
     embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
-    total = active = config.num_hidden_layers * attn + embed
+    total = active = mixers + embed
     sparse = set(config.moe_layers)
     expert = 3 * h * config.moe_intermediate_size
     shared = (3 * h * config.shared_expert_intermediate_size + h) if config.has_shared_expert else 0
@@ -327,6 +336,8 @@ class MemoryPlan:
     max_concurrency: dict[str, int] = field(default_factory=dict)  # seq len -> full-length seqs
     warnings: list[str] = field(default_factory=list)
     sliding: dict[str, Any] = field(default_factory=dict)  # sliding_window_figures; {} without
+    parameters: int = 0  # the whole model's (parameter_count), all experts
+    active_parameters: int = 0  # those one token reads (MoE: fewer than parameters)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -395,6 +406,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         max_concurrency={str(n): max_concurrency(num_pages, page_size, n) for n in lengths},
         warnings=warnings,
         sliding=sliding_window_figures(config, per_token[0], devices[0].kv_cache_bytes, page_size, lengths),
+        **parameter_fields(config),
     )
 
 

@@ -15,10 +15,12 @@ from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
+from homelab_llm.engine.cache.verify_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
 from homelab_llm.engine.scheduler import ScheduledSeq
+from homelab_llm.engine.spec.config import parse_speculative_config
 from homelab_llm.engine.step_check import StepBounds, check_plan
 from homelab_llm.engine.step_plan import (HostStager, PlanHeader, StepBatch, batch_from_plan, build_plan,
                                           plan_from_lists)
@@ -105,6 +107,9 @@ class ModelRunner:
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
+        spec = parse_speculative_config(args.speculative_config)
+        # Rows a verify step gives each sequence: its last token and K drafts (1: no speculation).
+        self.verify_width = 1 + (spec.num_speculative_tokens if spec else 0)
         self.state_pool = self._allocate_states()
 
     # -- hybrid state -------------------------------------------------------------------------
@@ -114,8 +119,8 @@ class ModelRunner:
             return 0, 0
         a = self.args
         layout = self.state_layout()
-        # Speculation keeps one more running slot per sequence: its state before a verify step.
-        running = a.max_num_seqs * (2 if a.speculative_config else 1)
+        # Speculation: spare slots the verify rows write their states into (cache/verify_slots.py).
+        running = a.max_num_seqs + spare_slot_count(a.max_num_seqs, self.verify_width - 1)
         return running, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
                                                       a.state_snapshot_memory_bytes,
                                                       a.enable_prefix_caching)
@@ -199,8 +204,8 @@ class ModelRunner:
             return 0
         from homelab_llm.engine.memory import graph_bytes
 
-        return graph_bytes(self.config, self.args.max_num_seqs, str(self.dtype).removeprefix("torch."),
-                           self.tp_size)
+        rows = self.args.max_num_seqs * self.verify_width  # verify graphs: K+1 rows per sequence
+        return graph_bytes(self.config, rows, str(self.dtype).removeprefix("torch."), self.tp_size)
 
     def allocate_pages(self, num_pages: int) -> PagePool:
         self.pool = PagePool(self.kv_layout(), num_pages, self.device)
@@ -210,15 +215,19 @@ class ModelRunner:
         return self.pool
 
     def capture_graphs(self, max_model_len: int) -> None:
-        """Decode graphs for every padded batch size up to max_num_seqs (GPU only)."""
+        """Decode graphs for every padded batch size up to max_num_seqs, and when speculating the
+        verify shapes beside them (cuda_graphs.graph_shapes). GPU only."""
         if self.device.type != "cuda" or self.args.enforce_eager:
             return
-        from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes, kv_splits_for
+        from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_shapes, kv_splits_for
+        from homelab_llm.engine.kernels.tuning import tiles_for
 
         max_pages = -(-max_model_len // self.page_size)
-        self.graphs = DecodeGraphs(self.model, self.device, self.args.max_num_seqs, max_pages,
-                                   self.page_size, kv_splits_for(max_model_len, self.page_size))
-        self.graphs.capture(graph_batch_sizes(self.args.max_num_seqs))
+        shapes = graph_shapes(self.args.max_num_seqs, self.verify_width)
+        splits = kv_splits_for(max_model_len, self.page_size, tiles_for(self.device).max_kv_splits)
+        self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
+                                   self.page_size, splits)
+        self.graphs.capture(shapes)
         self.memory.graphs = self.graphs.memory_bytes
 
     def memory_splits(self) -> list[MemorySplit]:
@@ -270,7 +279,8 @@ class ModelRunner:
                      ) -> tuple[PlanHeader, torch.Tensor]:
         """The step's plan; a sequence whose positions or pages are out of bounds raises
         SequenceFault here, on the host, before any kernel (or another rank) sees it."""
-        header, payload = build_plan(scheduled, self.page_size, copies=copies)
+        header, payload = build_plan(scheduled, self.page_size, copies=copies,
+                                     verify_width=self.verify_width)
         check_plan(header, payload, self.step_bounds(), scheduled)
         return header, payload
 

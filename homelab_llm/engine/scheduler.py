@@ -125,18 +125,22 @@ class Scheduler:
 
     def _drafts_that_fit(self, seq: Sequence, budget: int) -> list[int]:
         """The drafts this sequence can verify now, after all its uncomputed tokens (one for a
-        decode): within the budget, on free pages only."""
+        decode; exactly one on hybrid models, whose verify rows chain from the computed state):
+        within the budget, on free pages and (hybrid) spare state slots only."""
         drafts = seq.spec_token_ids
         todo = seq.num_uncomputed_tokens
         if not drafts or seq.num_output_tokens == 0 or todo < 1 or budget <= todo:
+            return []
+        if seq.state_slot >= 0 and (todo != 1 or seq.num_computed_tokens == 0):
             return []
         drafts = drafts[:budget - todo]
         end = seq.num_computed_tokens + todo + len(drafts)
         if self.kv.pool.num_free - self.kv.pages_needed(seq, end) < len(self.running):
             return []
+        if not self.kv.take_verify_slots(seq, len(drafts), self.max_num_seqs - len(self.running)):
+            return []
         ok = self.kv.ensure_pages(seq, end)
         assert ok
-        self.kv.backup_state(seq)
         return drafts
 
     def _largest_chunk_that_fits(self, seq: Sequence, n: int) -> int:
@@ -174,16 +178,14 @@ class Scheduler:
         kept, should a stop cut them), the rejected ones never existed: their pages beyond the
         sequence's tokens go back. The radix cache only ever sees tokens below num_computed.
 
-        Hybrid models: the verify forward moved the recurrent/conv state over all the drafts.
-        Unless the sequence keeps exactly those tokens, the state from before the step comes back
-        and the tokens since are recomputed in the next step (one chunk, the next drafts after
-        it), so the state always equals that of a run that never drafted. Runs after advance()."""
+        Hybrid models: the verify forward left the state after each of its rows in a slot of
+        its own (cache/verify_slots.py); the slot of the last kept token becomes the sequence's,
+        so the state equals that of a run that never drafted. Runs after advance()."""
         seq, num_drafted = item.seq, len(item.spec)
         start = seq.num_computed_tokens - (item.num_new_tokens - num_drafted)  # before the step
         computed = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)
-        if seq.spec_backup_slot >= 0 and num_drafted and computed != seq.num_computed_tokens + num_drafted:
-            self.kv.restore_state(seq)
-            computed = start
+        if num_drafted:
+            self.kv.keep_verified_state(seq, computed - start - 1)
         seq.num_computed_tokens = computed
         self.kv.trim(seq, seq.num_tokens)
 

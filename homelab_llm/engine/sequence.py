@@ -41,9 +41,9 @@ class Sequence:
     # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet
     # state after token_ids[:num_computed_tokens]; -1 while it has none.
     state_slot: int = -1
-    # Speculative decoding on hybrid models: a running slot holding the state from before the
-    # last verify step, restored when drafts were rejected (cache/kv_manager.py backup_state).
-    spec_backup_slot: int = -1
+    # Speculative decoding on hybrid models: the spare running slots a verify step writes the state
+    # after each draft into, held from schedule to rollback (cache/verify_slots.py).
+    verify_slots: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None

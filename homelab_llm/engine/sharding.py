@@ -7,7 +7,8 @@ helpers below and memory planning (memory.py) sizes with the same ones, so a siz
 accepts always loads and always plans.
 
 A new model family adds its splits to `required_splits` and nothing else here: a hybrid Gated
-DeltaNet model its key/value heads and conv channels, an MoE its expert intermediate size.
+DeltaNet model its key/value heads and conv channels, an MoE its expert intermediate size (the
+dense MLP's only while some layer has one: Qwen3-Next-80B's intermediate_size is unused).
 """
 
 from __future__ import annotations
@@ -64,10 +65,13 @@ def required_splits(config: ModelConfig) -> list[Split]:
     """Every dimension this model's layers split over the ranks (add a family's splits here)."""
     splits: list[Split] = [
         HeadSplit("attention heads", config.num_attention_heads, config.num_key_value_heads),
-        Split("MLP intermediate size", config.intermediate_size),
         PaddedSplit("vocabulary", config.vocab_size),
     ]
-    if config.is_hybrid:  # Gated DeltaNet key and value heads (and their conv channels)
+    if len(config.moe_layers) < config.num_hidden_layers:  # some layer has a dense MLP
+        splits.insert(1, Split("MLP intermediate size", config.intermediate_size))
+    if config.is_hybrid:  # Gated DeltaNet key and value heads (and their conv channels); a
+        # Qwen3-Next checkpoint's per-key-head interleaved projections are cut into these parts
+        # before the split (model/split_tensor.py), so the same heads rule holds for it
         splits += [Split("linear-attention key heads", config.linear_num_key_heads),
                    Split("linear-attention value heads", config.linear_num_value_heads)]
     if config.is_moe:  # every expert's intermediate dim (no expert parallelism)

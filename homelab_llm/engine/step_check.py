@@ -33,9 +33,11 @@ def check_plan(header: PlanHeader, payload: torch.Tensor, bounds: StepBounds, sc
     if t == 0:
         return
     slots = payload[2 * t:3 * t]
+    slots = slots[slots != -1]  # -1: a padding row of a hybrid verify group writes no K/V
     table_start = 3 * t + (b + 1) + b
     table = payload[table_start:table_start + b * max_pages]
-    slots_ok = int(slots.min()) >= 0 and int(slots.max()) < bounds.num_pages * bounds.page_size
+    slots_ok = slots.numel() == 0 or (
+        int(slots.min()) >= 0 and int(slots.max()) < bounds.num_pages * bounds.page_size)
     pages_ok = table.numel() == 0 or (int(table.min()) >= 0 and int(table.max()) < bounds.num_pages)
     if max_seq_len <= bounds.max_positions and slots_ok and pages_ok:
         return

@@ -9,9 +9,11 @@ Payload order: input_ids[T] positions[T] slot_mapping[T] query_start_loc[B+1] se
 page_table[B * P] logits_rows[R] state_indices[B] has_initial_state[B] (hybrid models' state
 slots, else -1), then the cache copies to run before the forward (cache/copies.py words).
 A sequence verifying K drafts has K+1 input rows (its last token, then the drafts) and K+1 logits
-rows; every rank runs the same verify forward from these words. Without recurrent state those rows
-are K+1 one-token "sequences" sharing a page table (decode-only: graphs apply); a hybrid model's
-verify is one sequence of K+1 tokens, since its state advances along the sequence.
+rows; every rank runs the same verify forward from these words. Those rows are K+1 one-token
+"sequences" sharing a page table; every decode of such a step is padded to a group of K+1 rows
+(hybrid models: with a state slot per row), placed before any varlen sequence, and the header's
+verify_width and decode_rows say so (plan_rows.py). An all-decode step stays decode-only: its
+graphs apply, and decode attention reads each group's K/V once.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.context import ForwardContext
+from homelab_llm.engine.plan_rows import PlanRows
 
 if TYPE_CHECKING:
     from homelab_llm.engine.scheduler import ScheduledSeq
@@ -46,6 +49,8 @@ class PlanHeader:
     payload_len: int = 0  # int64 words after the header, the patch section included
     patch_len: int = 0  # async scheduling under TP: the payload's tail that is the patch section
     arg: int = 0  # a command's argument: CMD_ALLOCATE the page count, CMD_GRAPHS max_model_len
+    verify_width: int = 1  # hybrid verify steps: rows per sequence group (K+1), else 1
+    decode_rows: int = 0  # hybrid verify steps: the leading decode-form rows (plan_rows.py)
 
     def to_words(self) -> list[int]:
         return [int(w) for w in astuple(self)]
@@ -77,7 +82,8 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
                     query_lens: list[int], seq_lens: list[int], page_table: list[list[int]],
                     logits_rows: list[int], state_indices: list[int] | None = None,
                     has_initial_state: list[int] | None = None,
-                    copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
+                    copies: CacheCopies | None = None, verify_width: int = 1,
+                    decode_rows: int = 0) -> tuple[PlanHeader, torch.Tensor]:
     b = len(query_lens)
     max_pages = max((len(p) for p in page_table), default=1) or 1
     starts = [0]
@@ -94,49 +100,45 @@ def plan_from_lists(input_ids: list[int], positions: list[int], slot_mapping: li
     payload = torch.tensor(words, dtype=torch.long)
     header = PlanHeader(CMD_STEP, len(input_ids), b, max_pages, len(logits_rows),
                         all(q == 1 for q in query_lens), max(query_lens, default=0),
-                        max(seq_lens, default=0), payload.numel())
+                        max(seq_lens, default=0), payload.numel(), verify_width=verify_width,
+                        decode_rows=decode_rows)
     return header, payload
 
 
-def build_plan(scheduled: list[ScheduledSeq], page_size: int,
-               copies: CacheCopies | None = None) -> tuple[PlanHeader, torch.Tensor]:
-    """The plan of a scheduled step and the cache copies to run before it."""
-    ids: list[int] = []
-    pos: list[int] = []
-    slots: list[int] = []
-    qlens: list[int] = []
-    lens: list[int] = []
-    tables: list[list[int]] = []
-    rows: list[int] = []
-    state_slots: list[int] = []
-    has_initial: list[int] = []
-    for item in scheduled:
-        seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
-        start = seq.num_computed_tokens
-        ids.extend(seq.token_ids[start:start + n - k])
-        ids.extend(item.spec)  # drafts: verified in this forward, one logits row each
-        pos.extend(range(start, start + n))
-        pt = seq.page_table
-        slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, start + n))
-        if k and n == k + 1 and seq.state_slot < 0:
-            # A verify without recurrent state: K+1 decode rows over one page table, row j seeing
-            # the first start+j+1 tokens (every row's K/V is stored before any row attends), so
-            # the step stays decode-only and can run in a captured decode graph.
-            qlens.extend([1] * n)
-            lens.extend(range(start + 1, start + n + 1))
-            tables.extend([pt] * n)
-            rows.extend(range(len(ids) - n, len(ids)))
-            state_slots.extend([-1] * n)
-            has_initial.extend([1] * n)
-            continue
-        qlens.append(n)
-        lens.append(start + n)
-        tables.append(pt)
-        if item.samples:
-            rows.extend(range(len(ids) - 1 - k, len(ids)))
-        state_slots.append(seq.state_slot)
-        has_initial.append(int(start > 0))
-    return plan_from_lists(ids, pos, slots, qlens, lens, tables, rows, state_slots, has_initial, copies)
+def _decode_form(item: ScheduledSeq) -> bool:
+    """A sequence whose only uncomputed token is its last one (plus drafts)."""
+    return (item.samples and item.num_new_tokens == len(item.spec) + 1
+            and item.seq.num_computed_tokens > 0)
+
+
+def _add_item(rows: PlanRows, item: ScheduledSeq, page_size: int, group_width: int) -> list[int]:
+    """Add one scheduled sequence's rows; its logits rows. group_width > 0: a verify group."""
+    seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
+    start = seq.num_computed_tokens
+    ids = seq.token_ids[start:start + n - k] + item.spec  # drafts: one logits row each
+    pt = seq.page_table
+    kv = [pt[p // page_size] * page_size + p % page_size for p in range(start, start + n)]
+    if group_width:
+        states = [seq.state_slot] + seq.verify_slots[:k] if seq.state_slot >= 0 else [-1] * n
+        return rows.add_decode_rows(ids, start, kv, pt, states, group_width)
+    assert not (k and seq.state_slot >= 0), "a hybrid verify runs as decode rows (verify_width > 1)"
+    return rows.add_varlen(ids, start, kv, pt, k + 1 if item.samples else 0, seq.state_slot)
+
+
+def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopies | None = None,
+               verify_width: int = 1) -> tuple[PlanHeader, torch.Tensor]:
+    """The plan of a scheduled step and the cache copies to run before it. verify_width: K+1
+    when speculating (hybrid models group their decode rows by it), else 1."""
+    rows = PlanRows()
+    grouped = verify_width > 1 and any(item.spec for item in scheduled)
+    decode = [grouped and _decode_form(item) for item in scheduled]
+    logits: dict[int, list[int]] = {}
+    for i in sorted(range(len(scheduled)), key=lambda i: not decode[i]):  # decode groups first
+        logits[i] = _add_item(rows, scheduled[i], page_size, verify_width if decode[i] else 0)
+    logits_rows = [r for i in range(len(scheduled)) for r in logits[i]]
+    return plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens, rows.tables,
+                           logits_rows, rows.state_slots, rows.has_initial, copies,
+                           verify_width if grouped else 1, verify_width * sum(decode))
 
 
 class HostStager:
@@ -188,6 +190,7 @@ def batch_from_plan(header: PlanHeader, payload: torch.Tensor, device: torch.dev
         decode_only=header.decode_only,
         query_lens_host=[starts[i + 1] - starts[i] for i in range(b)],
         seq_lens_host=host_parts[4].tolist(),
-        state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool))
+        state_indices=state_idx.to(torch.int32), has_initial_state=has_init.to(torch.bool),
+        verify_width=header.verify_width, decode_rows=header.decode_rows)
     return StepBatch(input_ids=ids, positions=pos, logits_indices=logits_idx, context=ctx, num_tokens=t,
                      plan=(header, payload), copies=CacheCopies.from_words(host_parts[9].tolist()))

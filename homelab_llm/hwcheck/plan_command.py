@@ -229,6 +229,14 @@ def _len_label(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
+def parameter_line(plan: Any) -> str:
+    """Parameters, and for a mixture of experts those one token reads."""
+    line = f"parameters: {plan.parameters / 1e9:.1f}B"
+    if plan.active_parameters < plan.parameters:
+        line += f", {plan.active_parameters / 1e9:.1f}B active per token (all experts resident)"
+    return line
+
+
 def render_plan(plan: Any, max_num_seqs: int | None = None, unit: str = "GB") -> str:
     kv = plan.kv_cache_dtype if plan.kv_cache_dtype != "auto" else f"auto ({plan.dtype})"
     d0 = plan.per_device[0]
@@ -259,6 +267,7 @@ def render_plan(plan: Any, max_num_seqs: int | None = None, unit: str = "GB") ->
     if max_num_seqs is not None and any(c > max_num_seqs for c in plan.max_concurrency.values()):
         lines.append(f"  (the scheduler also caps running sequences at --max-num-seqs {max_num_seqs})")
     lines += sliding_lines(plan)
+    lines.append(parameter_line(plan))
     lines.append("activations and graphs are estimates; the engine measures them at startup")
     lines += [f"warning: {w}" for w in plan.warnings]
     return "\n".join(lines)

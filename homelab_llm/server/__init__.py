@@ -17,7 +17,11 @@
     reasoning_parser.py, text_scan.py   <think> parsing, and what the stream parsers share
     tool_parser.py    the --tool-call-parser table: tool_hermes.py (<tool_call>), tool_json.py
                       (llama3_json, mistral), tool_call.py (the call, the delta, the content gate)
-    engine_client.py  the engine's own thread behind an async client (inbox in, queues out)
+    client_base.py    the routes' engine client: per-request queues, drain, abort, lifecycle state
+    engine_process.py the engine in its own process (serve's default): one pipe, outputs per step
+    engine_core.py    that process: load the engine, run the step loop, die with the server
+    engine_client.py  the engine in a thread of the server instead (--engine-in-process)
+    step_loop.py      the step loop either one runs: commands in, step, outputs out; dead engines
     stats.py          counters, histograms, sliding-window throughput, latency percentiles
     metrics.py, status.py   /metrics (Prometheus text) and /v1/status (DESIGN.md contract)
     errors.py, sse.py, logprobs.py, state.py   error bodies, SSE frames, logprob shapes, settings

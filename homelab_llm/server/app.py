@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from operator import methodcaller
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from homelab_llm import __version__
-from homelab_llm.server.engine_client import Engine, EngineClient, EngineNotReady
+from homelab_llm.server.client_base import ClientBase, Engine, EngineNotReady
+from homelab_llm.server.engine_client import EngineClient
 from homelab_llm.server.errors import APIError, bad_request, error_response, unavailable
 from homelab_llm.server.generation import ClientGone
 from homelab_llm.server.hosts import allowed_host_names
@@ -32,15 +34,25 @@ from homelab_llm.load_progress import LOAD
 
 async def engine_status(state: ServerState) -> dict[str, Any]:
     try:
-        return await state.client.call(lambda engine: engine.status())
+        # methodcaller, not a lambda: it must pickle to reach an engine process.
+        return await state.client.call(methodcaller("status"))
     except EngineNotReady as err:
         raise unavailable(str(err)) from err
 
 
 def build_app(config: ServerConfig, engine_factory: Callable[[], Engine],
-              stats: ServerStats | None = None) -> FastAPI:
+              stats: ServerStats | None = None, engine_process: bool = False) -> FastAPI:
+    """With engine_process the engine runs in its own process (engine_process.py; the factory
+    must pickle), else in a thread of this one."""
     stats = stats or ServerStats()
-    state = ServerState(config, EngineClient(engine_factory, observer=stats.observe), stats)
+    client: ClientBase
+    if engine_process:
+        from homelab_llm.server.engine_process import ProcessEngineClient
+
+        client = ProcessEngineClient(engine_factory, observer=stats.observe)
+    else:
+        client = EngineClient(engine_factory, observer=stats.observe)
+    state = ServerState(config, client, stats)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -8,6 +8,7 @@ it out of `ps`); a non-loopback bind without one is served, with a warning."""
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from homelab_llm.presets import API_KEY_ENV, exposure_warning, load_preset
 from homelab_llm.server import vllm_flags
 
 if TYPE_CHECKING:
-    from homelab_llm.server.engine_client import Engine
+    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.server.client_base import Engine
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests may finish after SIGTERM before being aborted "
                         "(a second SIGTERM aborts them at once and exits non-zero)")
+    g.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine loop in a thread of the server process instead of its own "
+                        "process (debugging; costs throughput: the two share one GIL)")
     g.add_argument("--preset", default=None, help="start from a saved preset; flags override it")
     g.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -170,17 +175,20 @@ def run(args: argparse.Namespace) -> int:
                           max_logprobs=compat.max_logprobs,
                           tool_call_parser=compat.tool_call_parser)
 
-    def load_engine() -> Engine:
-        from homelab_llm.engine.core import LLMEngine
-
-        engine = LLMEngine(engine_args)
-        if compat.chat_template is not None and engine.tokenizer is not None:
-            engine.tokenizer.chat_template = compat.chat_template  # vLLM's --chat-template
-        return engine
-
     log.info("loading %s", args.model)
-    return serve(build_app(config, load_engine), args.host, args.port, args.uvicorn_log_level,
-                 sock=sock)
+    # A partial of a module-level function: it pickles, so it can run in the engine process.
+    factory = functools.partial(load_engine, engine_args, compat.chat_template)
+    app = build_app(config, factory, engine_process=not args.engine_in_process)
+    return serve(app, args.host, args.port, args.uvicorn_log_level, sock=sock)
+
+
+def load_engine(engine_args: EngineArgs, chat_template: str | None) -> Engine:
+    from homelab_llm.engine.core import LLMEngine
+
+    engine = LLMEngine(engine_args)
+    if chat_template is not None and engine.tokenizer is not None:
+        engine.tokenizer.chat_template = chat_template  # vLLM's --chat-template
+    return engine
 
 
 def resolve_api_key(flag: str | None, path: str | None) -> str | None:

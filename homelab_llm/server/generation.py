@@ -17,7 +17,7 @@ from starlette.requests import Request
 from homelab_llm.engine.outputs import RequestOutput, TokenLogprob
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.errors import HomelabError
-from homelab_llm.server.engine_client import EngineNotReady
+from homelab_llm.server.client_base import EngineNotReady
 from homelab_llm.server.errors import (APIError, bad_request, engine_failure, queue_full,
                                        unavailable)
 from homelab_llm.server.state import ServerState

@@ -6,7 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from homelab_llm.server.engine_client import Engine, EngineClient
+from homelab_llm.server.client_base import ClientBase, Engine
 from homelab_llm.server.errors import model_not_found, unavailable
 from homelab_llm.server.limits import PromptBound
 from homelab_llm.server.stats import ServerStats
@@ -31,7 +31,7 @@ class ServerConfig:
 @dataclass
 class ServerState:
     config: ServerConfig
-    client: EngineClient
+    client: ClientBase
     stats: ServerStats
     draining: bool = False
     created: int = field(default_factory=lambda: int(time.time()))

@@ -3,9 +3,11 @@ run transformers on it, and run our engine on the same folder."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from homelab_llm.engine.llm import LLM
@@ -83,3 +85,30 @@ def our_llm(folder: Path, **engine_args: Any) -> LLM:
 
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def assert_matches_transformers(hf, llm: LLM, prompts: list[list[int]], atol: float = 1e-3,
+                                tokens: int = 5) -> None:
+    """Last-token logits of a batched prefill within atol of transformers', and greedy tokens
+    identical to transformers' whether the prompts run batched or one at a time."""
+    from test_model_qwen3_5 import last_logits
+
+    got = last_logits(llm, prompts)
+    want = torch.stack([hf_last_logits(hf, p) for p in prompts])
+    torch.testing.assert_close(got, want, atol=atol, rtol=0)
+    expected = [hf_greedy(hf, p, tokens) for p in prompts]
+    batched = [o.token_ids for o in llm.generate(prompts, greedy(tokens))]
+    alone = [llm.generate([p], greedy(tokens))[0].token_ids for p in prompts]
+    assert batched == alone == expected
+
+
+def transformers_config(asset: Path, folder: Path, class_name: str):
+    """transformers' own reading of a model_configs asset, which must be a class_name (the test
+    is skipped on a transformers without it)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, class_name):
+        pytest.skip(f"this transformers has no {class_name}")
+    shutil.copy(asset, folder / "config.json")
+    hf = transformers.AutoConfig.from_pretrained(folder)
+    assert type(hf).__name__ == class_name
+    return hf

@@ -36,18 +36,21 @@ def make_hf_moe(folder: Path, seed: int = 0, **overrides: Any):
     return model
 
 
-def make_hf_qwen3_5_moe(folder: Path, seed: int = 0, **overrides: Any):
-    """A random Qwen3_5MoeForCausalLM (hybrid layers + experts + gated shared expert) saved to
-    folder, fp32 eval. Norms, decays and routers are randomised so each is exercised."""
+def make_hf_hybrid_moe(model_cls: str, config_cls: str, folder: Path, seed: int = 0,
+                       **overrides: Any):
+    """A random transformers hybrid MoE (hybrid layers + experts + gated shared expert) of
+    model_cls / config_cls saved to folder, fp32 eval (an override of None drops that key).
+    Norms, decays and routers are randomised so each is exercised."""
     import transformers
 
     from hybrid_reference import TEXT_SHAPE, perturb_hybrid
 
     torch.manual_seed(seed)
-    shape = {k: v for k, v in TEXT_SHAPE.items() if k != "intermediate_size"}
-    shape.update(moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
-                 num_experts_per_tok=2, initializer_range=0.1, **overrides)
-    model = transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(**shape))
+    shape = dict(TEXT_SHAPE, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                 num_experts=8, num_experts_per_tok=2, initializer_range=0.1)
+    shape.update(overrides)
+    shape = {k: v for k, v in shape.items() if v is not None}
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**shape))
     perturb_hybrid(model)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -56,3 +59,17 @@ def make_hf_qwen3_5_moe(folder: Path, seed: int = 0, **overrides: Any):
     model.float().eval()
     model.save_pretrained(folder)
     return model
+
+
+def make_hf_qwen3_5_moe(folder: Path, seed: int = 0, **overrides: Any):
+    """Qwen3_5MoeForCausalLM: every layer sparse (the family has no dense MLP size)."""
+    overrides.setdefault("intermediate_size", None)
+    return make_hf_hybrid_moe("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", folder, seed,
+                              **overrides)
+
+
+def make_hf_qwen3_next(folder: Path, seed: int = 0, **overrides: Any):
+    """Qwen3NextForCausalLM: fused per-key-head in_proj_qkvz / in_proj_ba; layer 1 a dense MLP
+    (mlp_only_layers) unless overridden."""
+    overrides.setdefault("mlp_only_layers", [1])
+    return make_hf_hybrid_moe("Qwen3NextForCausalLM", "Qwen3NextConfig", folder, seed, **overrides)

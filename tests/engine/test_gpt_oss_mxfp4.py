@@ -1,6 +1,8 @@
-"""gpt-oss as published: MXFP4 experts (`*_blocks` + `*_scales`, quant_method mxfp4) dequantized at
-load. The dequantization matches transformers' own, and a tiny MXFP4 checkpoint gives the logits of
-the transformers model holding the dequantized experts (fp32, 1e-3)."""
+"""gpt-oss as published: MXFP4 experts (`*_blocks` + `*_scales`, quant_method mxfp4) kept resident
+in MXFP4. The dequantization matches transformers' own; a tiny MXFP4 checkpoint gives the logits of
+the transformers model holding the dequantized experts (fp32, 1e-3); its experts load as uint8
+codes (no dense copy), and two tensor-parallel ranks (each a K slice of whole 32-groups of the down
+projection) give the one-rank logits (1e-4: only the all-reduce order differs)."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ def test_dequantization_matches_transformers() -> None:
         dequantize_mxfp4_ref(blocks, scales[..., :1], torch.float32)
 
 
-def test_mxfp4_checkpoint_matches_transformers(tmp_path) -> None:
+def _mxfp4_checkpoint(tmp_path):
+    """A tiny gpt-oss whose experts are random MXFP4 codes: (the transformers model holding the
+    dequantized experts, the folder of the published-layout checkpoint)."""
     from safetensors.torch import save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -59,10 +63,27 @@ def test_mxfp4_checkpoint_matches_transformers(tmp_path) -> None:
     raw = json.loads((tmp_path / "bf16" / "config.json").read_text())
     raw["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (folder / "config.json").write_text(json.dumps(raw))
-    config, ours = load_ours(folder)
-    assert config.quantization is None
+    return hf, folder
+
+
+def test_mxfp4_checkpoint_matches_transformers(tmp_path) -> None:
     from model_reference import PagedHarness
 
+    hf, folder = _mxfp4_checkpoint(tmp_path)
+    config, ours = load_ours(folder)
+    assert config.quantization is None and config.experts_mxfp4
+    experts = ours.model.layers[0].mlp.experts
+    assert experts.w13 is None and experts.gate_up_proj_blocks.dtype == torch.uint8
     harness = PagedHarness(ours, page_size=4)
     got = torch.cat([harness.step({"s": PROMPT[:17]}), harness.step({"s": PROMPT[17:]})])
     torch.testing.assert_close(got, hf_logits(hf, PROMPT), atol=1e-3, rtol=0)
+
+
+def test_mxfp4_two_ranks_match_one(tmp_path) -> None:
+    from model_reference import chunked_logits, two_rank_logits
+
+    _, folder = _mxfp4_checkpoint(tmp_path)
+    _, single = load_ours(folder)
+    expected = chunked_logits(single, PROMPT, [35, 89, 79])
+    got = two_rank_logits(folder, tmp_path, PROMPT, [35, 89, 79])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

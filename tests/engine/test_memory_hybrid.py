@@ -73,6 +73,7 @@ def test_qwen36_27b_parameter_count() -> None:
     mlp_and_norms = 3 * h * inter + 2 * h
     params = 16 * (attention + mlp_and_norms) + 48 * (gdn + mlp_and_norms) + 2 * vocab * h + h
     assert params == 26_895_998_464
+    assert memory.parameter_count(QWEN36_27B) == memory.ParameterCount(params, params)
     assert memory.weight_bytes(QWEN36_27B, "bfloat16", None, 1) == 2 * params + 48 * 2 * 48 * 2
 
 

@@ -9,17 +9,22 @@ import torch
 
 from homelab_llm.engine.model.config import ModelLoadError, config_from_hf
 from model_reference import load_ours
-from moe_reference import TINY_MOE, make_hf_moe
+from moe_reference import TINY_MOE, make_hf_moe, make_hf_qwen3_next
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    path = tmp_path_factory.mktemp("moe_src")
-    make_hf_moe(path, num_hidden_layers=2, mlp_only_layers=[])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_next"])
+def folder(tmp_path_factory, request):
+    """Every layer sparse, router [8, 64], experts of 32 (Qwen3-Next: hybrid, fused GDN)."""
+    path = tmp_path_factory.mktemp(f"{request.param}_src")
+    if request.param == "qwen3_moe":
+        make_hf_moe(path, num_hidden_layers=2, mlp_only_layers=[])
+    else:
+        make_hf_qwen3_next(path, mlp_only_layers=[])
     return path
 
 
-def _rewrite(src, dst, edit):
+def rewrite_checkpoint(src, dst, edit):
+    """src's checkpoint with edit(tensors) applied, written to dst with src's config."""
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(src / "model.safetensors"))
@@ -29,7 +34,7 @@ def _rewrite(src, dst, edit):
 
 
 def test_missing_expert_tensor_is_named(folder, tmp_path):
-    _rewrite(folder, tmp_path, lambda t: t.pop("model.layers.1.mlp.experts.5.up_proj.weight"))
+    rewrite_checkpoint(folder, tmp_path, lambda t: t.pop("model.layers.1.mlp.experts.5.up_proj.weight"))
     with pytest.raises(ModelLoadError, match=r"layers\.1\.mlp\.experts\.w13\[up_proj of expert 5\]"):
         load_ours(tmp_path)
 
@@ -37,7 +42,7 @@ def test_missing_expert_tensor_is_named(folder, tmp_path):
 def test_router_shape_mismatch_is_named(folder, tmp_path):
     def shrink(t):
         t["model.layers.0.mlp.gate.weight"] = t["model.layers.0.mlp.gate.weight"][:6].clone()
-    _rewrite(folder, tmp_path, shrink)
+    rewrite_checkpoint(folder, tmp_path, shrink)
     with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.mlp\.gate\.weight: router weight "
                                              r"is \(6, 64\), expected \(8, 64\)"):
         load_ours(tmp_path)
@@ -47,7 +52,7 @@ def test_expert_shape_mismatch_is_named(folder, tmp_path):
     def widen(t):
         name = "model.layers.0.mlp.experts.2.down_proj.weight"
         t[name] = torch.zeros(64, 40)
-    _rewrite(folder, tmp_path, widen)
+    rewrite_checkpoint(folder, tmp_path, widen)
     with pytest.raises(ModelLoadError, match=r"experts\.2\.down_proj\.weight: down_proj of expert 2"):
         load_ours(tmp_path)
 

@@ -1,5 +1,6 @@
-"""Qwen3.5-MoE (hybrid Gated DeltaNet + experts + sigmoid-gated shared expert) vs transformers 5
-on a tiny random checkpoint, through the whole engine.
+"""The hybrid MoEs vs transformers 5 on tiny random checkpoints, through the whole engine:
+Qwen3.5-MoE (Gated DeltaNet + experts + sigmoid-gated shared expert on every layer) and Qwen3-Next
+(the same with fused per-key-head GDN projections and a dense mlp_only layer).
 
 Tolerance: fp32 both sides; last-token logits within 1e-3 absolute (observed ~1e-5) and identical
 greedy tokens; a batch gives what each prompt gives alone.
@@ -8,45 +9,38 @@ greedy tokens; a batch gives what each prompt gives alone.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from hybrid_reference import greedy, hf_greedy, hf_last_logits, our_llm
+from hybrid_reference import assert_matches_transformers, our_llm
 from homelab_llm.engine.layers.moe import SparseMoeBlock
-from moe_reference import make_hf_qwen3_5_moe
-from test_model_qwen3_5 import last_logits
+from moe_reference import make_hf_qwen3_5_moe, make_hf_qwen3_next
 
 ATOL = 1e-3
 PROMPTS = [[(7 * i + 3) % 300 + 3 for i in range(n)] for n in (70, 5, 23)]
+# family -> (checkpoint maker, its sparse layers)
+FAMILIES = {"qwen3_5_moe": (make_hf_qwen3_5_moe, [0, 1, 2, 3]),
+            "qwen3_next": (make_hf_qwen3_next, [0, 2, 3])}
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen3_5_moe")
-    hf = make_hf_qwen3_5_moe(folder)
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def pair(tmp_path_factory, request):
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = FAMILIES[request.param][0](folder)
     llm = our_llm(folder)
-    yield hf, llm
+    yield request.param, hf, llm
     llm.shutdown()
 
 
 def test_config_and_layers(pair):
-    _, llm = pair
+    family, _, llm = pair
     cfg = llm.engine.model_config
-    assert cfg.architecture == "qwen3_5_moe" and cfg.is_hybrid and cfg.is_moe
+    assert cfg.architecture == family and cfg.is_hybrid and cfg.is_moe
     assert cfg.norm_topk_prob and cfg.shared_expert_intermediate_size == 48
-    blocks = [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
-    assert len(blocks) == cfg.num_hidden_layers and all(b.shared_expert is not None for b in blocks)
+    layers = llm.engine.runner.model.model.layers
+    sparse = [i for i, layer in enumerate(layers) if isinstance(layer.mlp, SparseMoeBlock)]
+    assert sparse == list(cfg.moe_layers) == FAMILIES[family][1]
+    assert all(layers[i].mlp.shared_expert is not None for i in sparse)
 
 
-def test_logits_match_transformers(pair):
-    hf, llm = pair
-    got = last_logits(llm, PROMPTS)
-    want = torch.stack([hf_last_logits(hf, p) for p in PROMPTS])
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-
-
-def test_greedy_tokens_batched_and_alone(pair):
-    hf, llm = pair
-    want = [hf_greedy(hf, p, 5) for p in PROMPTS]
-    batched = [o.token_ids for o in llm.generate(PROMPTS, greedy(5))]
-    alone = [llm.generate([p], greedy(5))[0].token_ids for p in PROMPTS]
-    assert batched == alone == want
+def test_matches_transformers_batched_and_alone(pair):
+    _, hf, llm = pair
+    assert_matches_transformers(hf, llm, PROMPTS, ATOL)

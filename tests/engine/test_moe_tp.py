@@ -1,9 +1,10 @@
 """Tensor parallelism of the experts: each expert's intermediate dim split evenly over ranks
 (shards cover the full tensors), uneven splits refused, and real 2-rank gloo forwards (a tiny
-Qwen3-MoE through the paged harness, a tiny Qwen3.5-MoE through the whole engine) equal to 1 rank.
+Qwen3-MoE through the paged harness, tiny Qwen3.5-MoE and Qwen3-Next through the whole engine)
+equal to 1 rank.
 
 Tolerance for the 2-rank forwards: fp32, the all-reduce only reorders sums; 1e-4 absolute on
-logits of O(10) (Qwen3-MoE), 1e-4 of the largest logit (Qwen3.5-MoE); greedy tokens identical.
+logits of O(10) (Qwen3-MoE), 1e-4 of the largest logit (the hybrids); greedy tokens identical.
 """
 
 from __future__ import annotations
@@ -61,15 +62,17 @@ def test_two_rank_forward_equals_one_rank(tmp_path):
     assert parallel.tp_size() == 1
 
 
-def test_qwen3_5_moe_engine_tp2_equals_tp1(tmp_path):
-    """The hybrid MoE through the whole engine on two gloo ranks: experts and the gated shared
-    expert split, logits equal up to reduction order and greedy tokens exactly."""
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next"])
+def test_hybrid_moe_engine_tp2_equals_tp1(tmp_path, family):
+    """The hybrid MoEs through the whole engine on two gloo ranks: experts and the gated shared
+    expert split (Qwen3-Next: its per-key-head fused projections cut before the heads split, and
+    a dense mlp_only layer), logits equal up to reduction order and greedy tokens exactly."""
     from hybrid_reference import greedy, our_llm
-    from moe_reference import make_hf_qwen3_5_moe
+    from moe_reference import make_hf_qwen3_5_moe, make_hf_qwen3_next
     from test_model_qwen3_5 import last_logits
 
     prompts = [[(7 * i + 3) % 300 + 3 for i in range(n)] for n in (37, 5)]
-    make_hf_qwen3_5_moe(tmp_path, seed=2)
+    {"qwen3_5_moe": make_hf_qwen3_5_moe, "qwen3_next": make_hf_qwen3_next}[family](tmp_path, seed=2)
     results = []
     for tp in (1, 2):
         llm = our_llm(tmp_path, tensor_parallel_size=tp)

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
-import pytest
-
+from hybrid_reference import transformers_config
 from homelab_llm.engine.model.config import config_from_hf
 from homelab_llm.hwcheck.plan_command import model_configs_dir
 from tests.engine.hybrid_shapes import QWEN36_27B
@@ -28,12 +26,7 @@ def test_asset_parses_to_the_published_shape() -> None:
 
 
 def test_transformers_reads_the_same_shape(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "Qwen3_5TextConfig"):
-        pytest.skip("this transformers has no Qwen3.5")
-    shutil.copy(ASSET, tmp_path / "config.json")
-    hf = transformers.AutoConfig.from_pretrained(tmp_path)
-    assert type(hf).__name__ == "Qwen3_5TextConfig"
+    hf = transformers_config(ASSET, tmp_path, "Qwen3_5TextConfig")
     assert (hf.hidden_size, hf.num_hidden_layers, hf.intermediate_size, hf.vocab_size) == (
         5120, 64, 17408, 248320)
     assert (hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim) == (24, 4, 256)

@@ -1,7 +1,11 @@
 """Speculative decoding on a hybrid (Gated DeltaNet) model: the verify forward moves the recurrent
 and conv states over every draft, so rejected drafts must not leave a trace. Greedy output with
 n-gram drafts equals the run without, and whenever the drafting run stands at the same computed
-token as a never-drafted run, every layer's state is the same."""
+token as a never-drafted run, every layer's state is the same.
+
+Verify steps run as decode rows in groups of K+1 (step_plan.py, kernels/gdn.py rows_per_seq) and
+roll back by taking the slot of the last kept row (cache/verify_slots.py): right after every
+verify step, with no copy queued, the sequence's state is already the never-drafted one."""
 
 from __future__ import annotations
 
@@ -56,7 +60,25 @@ def test_hybrid_ngram_output_equals_no_speculation(folder) -> None:
     stats = llm.engine.status()["spec_decode"]
     assert 0 < stats["accepted_tokens"] < stats["draft_tokens"]  # rejections
     slots = llm.engine.kv.state_slots
-    assert slots.running_free == slots.num_running  # backups returned too
+    assert slots.running_free == slots.num_running  # spare verify slots returned too
+
+
+def test_mixed_steps_and_batches_equal_no_speculation(folder) -> None:
+    """Verify groups next to prefill chunks (decode rows first, then varlen), several sequences
+    verifying in one step, and the spare-slot limit reached (max_num_seqs 3, K 3)."""
+    prompts = [PROMPTS[1], PROMPTS[0], [9, 8, 7] * 7, PROMPTS[2] * 4]
+    kw = dict(max_num_seqs=3, max_num_batched_tokens=24)
+    plain = our_llm(folder, **kw)
+    want = [c.token_ids for c in plain.generate(prompts, greedy(20))]
+    llm = our_llm(folder, speculative_config=NGRAM, **kw)
+    llm.engine.drafter.proposer = Oracle({len(p): p + w for p, w in zip(prompts, want)})
+    shapes = set()
+    llm.engine.runner.fault_hook = lambda batch: shapes.add(
+        (batch.context.decode_only, batch.context.verify_width, batch.context.decode_rows > 0))
+    assert [c.token_ids for c in llm.generate(prompts, greedy(20))] == want
+    assert (True, 4, True) in shapes and (False, 4, True) in shapes  # all-verify and mixed steps
+    slots = llm.engine.kv.state_slots
+    assert slots.running_free == slots.num_running
 
 
 def _states(llm, seq) -> list[torch.Tensor]:
@@ -72,18 +94,31 @@ def test_state_after_rejections_equals_a_never_drafted_run(folder) -> None:
     for llm in (spec, plain):
         llm.engine.add_request("r", prompt, greedy(24))
     s_seq, p_seq = spec.engine._seqs["r"], plain.engine._seqs["r"]
-    compared = 0
+    compared = partial = 0
     while "r" in spec.engine._seqs:
-        spec.engine.step()
         stats = spec.engine.spec_stats
-        rejected = stats.num_draft_tokens - stats.num_accepted_tokens
-        if not rejected or not s_seq.is_decoding:
+        drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+        spec.engine.step()
+        if stats.num_draft_tokens == drafted or "r" not in spec.engine._seqs:
             continue
-        # The next forward applies any queued restore; compare right after a plain decode step.
-        while p_seq.num_computed_tokens < s_seq.num_computed_tokens and "r" in plain.engine._seqs:
+        # Right after the verify step: no restore, no recompute pending.
+        assert s_seq.is_decoding and not spec.engine.kv.copies.state
+        while p_seq.num_computed_tokens < s_seq.num_computed_tokens:
             plain.engine.step()
-        if p_seq.num_computed_tokens == s_seq.num_computed_tokens and not spec.engine.kv.copies.state:
-            for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
-                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-            compared += 1
-    assert compared >= 1
+        assert p_seq.num_computed_tokens == s_seq.num_computed_tokens
+        for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        compared += 1
+        partial += 0 < stats.num_accepted_tokens - accepted < stats.num_draft_tokens - drafted
+    assert compared >= 3 and partial >= 1  # partial acceptance: a middle row's slot was kept
+
+
+def test_tensor_parallel_verify_equals_no_speculation(folder) -> None:
+    """Two gloo ranks: the verify plan (groups, per-row state slots) reaches every rank alike."""
+    want = [c.token_ids for c in our_llm(folder).generate(PROMPTS, greedy(12))]
+    llm = our_llm(folder, speculative_config=NGRAM, tensor_parallel_size=2)
+    try:
+        assert [c.token_ids for c in llm.generate(PROMPTS, greedy(12))] == want
+        assert llm.engine.status()["spec_decode"]["drafts"] > 0
+    finally:
+        llm.shutdown()

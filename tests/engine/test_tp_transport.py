@@ -5,6 +5,7 @@ timeout path, no ring left in /dev/shm)."""
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -91,4 +92,5 @@ def test_plan_header_words_round_trip() -> None:
     assert PlanHeader.from_words(words) == header
     command = PlanHeader(CMD_ALLOCATE, arg=12)
     assert PlanHeader.from_words(command.to_words()) == command
-    assert command.to_words() == [CMD_ALLOCATE] + [0] * (HEADER_LEN - 2) + [12]
+    named = dict(zip([f.name for f in fields(PlanHeader)], command.to_words()))
+    assert named["cmd"] == CMD_ALLOCATE and named["arg"] == 12 and named["num_tokens"] == 0

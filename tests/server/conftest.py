@@ -3,6 +3,9 @@ over the fake engine (tests/server/fake_engine.py) unless a test says otherwise.
 
 from __future__ import annotations
 
+import os
+import pickle
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,13 +18,21 @@ from homelab_llm.server.state import ServerConfig
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import Running, serve_in_thread
 
+ENGINE_PROCESS = os.environ.get("HOMELAB_LLM_TEST_ENGINE_PROCESS") == "1"
+
 
 @contextmanager
 def fake_server(engine_factory: Callable[[], Any] | None = None, wait_ready: bool = True,
-                **config: Any) -> Iterator[Running]:
+                engine_process: bool | None = None, **config: Any) -> Iterator[Running]:
+    """engine_process: the engine in its own process (the factory must pickle); by default in a
+    thread, or in a process when $HOMELAB_LLM_TEST_ENGINE_PROCESS=1 (to run the server tests
+    against serve's default mode; tests that inspect the fake engine's object skip then)."""
+    factory = engine_factory or FakeEngine
+    if engine_process is None:  # a local closure cannot reach another process: in-thread then
+        engine_process = ENGINE_PROCESS and picklable(factory)
     names = config.pop("served_model_names", ("fake", "fake-alias"))
     app = build_app(ServerConfig(served_model_names=names, model_path="/models/fake.gguf", **config),
-                    engine_factory or (lambda: FakeEngine()))
+                    factory, engine_process=engine_process)
     with serve_in_thread(app, wait_ready=wait_ready) as running:
         yield running
 
@@ -41,7 +52,9 @@ def smollm2_server(smollm2_path) -> Iterator[Running]:
     # fp32 KV on the CPU is 45 KiB/token for this model: 128 MiB holds ~2900 tokens.
     args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
                       kv_cache_memory_bytes=128 << 20, max_num_seqs=32)
-    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)), lambda: LLMEngine(args))
+    # As `serve` runs it by default: the engine (and its grammar matching) in its own process.
+    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)),
+                    functools.partial(LLMEngine, args), engine_process=True)
     with serve_in_thread(app, timeout=240) as running:
         yield running
 
@@ -57,6 +70,23 @@ def client(server: Running) -> openai.OpenAI:
     return openai_client(server)
 
 
+def picklable(obj: Any) -> bool:
+    try:
+        pickle.dumps(obj)
+        return True
+    except Exception:
+        return False
+
+
+def in_thread_engine(running: Running) -> FakeEngine:
+    """The fake engine object itself, for tests that inspect or patch it; skips the test when
+    the engine runs in its own process."""
+    engine = running.state.client.engine
+    if not isinstance(engine, FakeEngine):
+        pytest.skip("inspects the fake engine's object: only with the engine in-thread")
+    return engine
+
+
 @pytest.fixture
 def engine(server: Running) -> FakeEngine:
-    return server.state.client.engine
+    return in_thread_engine(server)

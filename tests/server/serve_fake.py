@@ -1,8 +1,10 @@
-"""`python -m tests.server.serve_fake PORT DRAIN_S STEP_DELAY_S`: the real `serve` launcher (signals,
-drain, exit status) over the fake engine, for the shutdown tests to run as a child process."""
+"""`python -m tests.server.serve_fake PORT DRAIN_S STEP_DELAY_S [thread|process]`: the real `serve`
+launcher (signals, drain, exit status) over the fake engine, for the shutdown tests to run as a
+child process; the engine runs in a thread of it (default) or in its own process."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from homelab_llm.server.app import build_app
@@ -13,8 +15,10 @@ from tests.server.fake_engine import FakeEngine
 
 def main() -> int:
     port, drain_s, step_delay = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    mode = sys.argv[4] if len(sys.argv) > 4 else "thread"
     app = build_app(ServerConfig(("fake",), drain_timeout_s=drain_s),
-                    lambda: FakeEngine(step_delay=step_delay))
+                    functools.partial(FakeEngine, step_delay=step_delay),
+                    engine_process=mode == "process")
     return serve(app, "127.0.0.1", port, log_level="warning")
 
 

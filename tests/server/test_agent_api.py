@@ -17,7 +17,7 @@ from homelab_llm.server.command import resolve_args
 from homelab_llm.server.protocol import ChatCompletionRequest
 from homelab_llm.server.tool_template import adapt_messages
 from homelab_llm.engine.model.chat_template import render_chat_template
-from tests.server.conftest import fake_server, openai_client
+from tests.server.conftest import fake_server, in_thread_engine, openai_client
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
                                             "parameters": {"type": "object", "properties": {
@@ -198,7 +198,7 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
 def test_constraints_reach_the_engine(running, kwargs, grammar_has) -> None:
     client = openai_client(running)
     client.chat.completions.create(model="fake", messages=TURN[:1], max_tokens=4, **kwargs)
-    params = running.state.client.engine.last_params
+    params = in_thread_engine(running).last_params
     assert params.grammar is not None and grammar_has in params.grammar
 
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import fake_server, openai_client
+from tests.server.conftest import fake_server, in_thread_engine, openai_client
 from tests.server.fake_engine import FakeEngine, FakeTokenizer
 
 USER = [{"role": "user", "content": "hello there"}]
@@ -169,8 +169,9 @@ def test_unknown_fields_are_ignored(client: openai.OpenAI) -> None:
 
 def test_sampling_knobs_reach_the_engine(server, client: openai.OpenAI) -> None:
     seen = []
-    original = server.state.client.engine.add_request
-    server.state.client.engine.add_request = lambda rid, p, params: (seen.append(params),
+    engine = in_thread_engine(server)
+    original = engine.add_request
+    engine.add_request = lambda rid, p, params: (seen.append(params),
                                                                      original(rid, p, params))[1]
     try:
         client.chat.completions.create(
@@ -178,7 +179,7 @@ def test_sampling_knobs_reach_the_engine(server, client: openai.OpenAI) -> None:
             presence_penalty=0.5, frequency_penalty=-0.5, seed=3,
             extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2})
     finally:
-        server.state.client.engine.add_request = original
+        engine.add_request = original
     p = seen[0]
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (0.5, 0.9, 5, 0.1, 3)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.2)

@@ -9,9 +9,9 @@ import time
 
 import httpx
 
-from tests.server.conftest import fake_server
+from tests.server.conftest import fake_server, in_thread_engine
 from tests.server.fake_engine import FakeEngine
-from tests.server.test_lifecycle import reap, start_child, stream_in_thread, wait_for
+from tests.server.test_lifecycle import MODES, reap, start_child, stream_in_thread, wait_for
 
 USER = [{"role": "user", "content": "hi"}]
 DIE = [{"role": "user", "content": "DIE-STEP"}]
@@ -53,7 +53,7 @@ def test_a_fatal_step_fails_every_stream_and_the_engine_reports_dead() -> None:
 
 def test_an_idle_engine_that_dies_is_noticed() -> None:
     with fake_server() as running:
-        engine: FakeEngine = running.state.client.engine
+        engine = in_thread_engine(running)
         engine.dead_reason = "tensor parallelism stopped: rank 1 exited with code -9"
         wait_for(lambda: httpx.get(f"{running.base_url}/health").status_code == 503, 5,
                  "/health to say dead")
@@ -64,8 +64,9 @@ def test_an_idle_engine_that_dies_is_noticed() -> None:
         assert refused.status_code == 503 and "rank 1 exited" in refused.json()["error"]["message"]
 
 
-def test_serve_exits_non_zero_soon_after_the_engine_dies() -> None:
-    child, base = start_child(drain_s=20, step_delay=0.01)
+@MODES
+def test_serve_exits_non_zero_soon_after_the_engine_dies(mode: str) -> None:
+    child, base = start_child(drain_s=20, step_delay=0.01, mode=mode)
     try:
         started = threading.Event()
         other = stream_in_thread(base, 900, started)

@@ -14,12 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import fake_server
+from tests.server.conftest import fake_server, in_thread_engine
 from tests.server.fake_engine import FakeEngine
 from tests.server.harness import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 USER = [{"role": "user", "content": "hi"}]
+# Where `serve` runs the engine: a thread of the server, or its own process (the CLI's default).
+MODES = pytest.mark.parametrize("mode", ["thread", "process"])
 
 
 def status(running) -> dict:
@@ -54,7 +56,7 @@ def test_non_stream_disconnect_aborts(slow) -> None:
 
 
 def test_engine_thread_sleeps_when_idle_and_is_the_only_caller(slow) -> None:
-    engine: FakeEngine = slow.state.client.engine
+    engine = in_thread_engine(slow)
     httpx.post(f"{slow.base_url}/v1/completions", json={"prompt": "x", "max_tokens": 3})
     steps = engine.steps
     time.sleep(0.3)
@@ -133,10 +135,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_child(drain_s: float, step_delay: float) -> tuple[subprocess.Popen, str]:
+def start_child(drain_s: float, step_delay: float,
+                mode: str = "thread") -> tuple[subprocess.Popen, str]:
+    """`serve` over the fake engine in a child process; mode: the engine in a "thread" of it or
+    in its own "process"."""
     port = free_port()
     child = subprocess.Popen([sys.executable, "-m", "tests.server.serve_fake", str(port),
-                              str(drain_s), str(step_delay)], cwd=REPO,
+                              str(drain_s), str(step_delay), mode], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
 
@@ -175,8 +180,9 @@ def reap(child: subprocess.Popen) -> int:
             child.wait()
 
 
-def test_sigterm_drains_in_flight_requests_and_exits_0() -> None:
-    child, base = start_child(drain_s=20, step_delay=0.01)
+@MODES
+def test_sigterm_drains_in_flight_requests_and_exits_0(mode: str) -> None:
+    child, base = start_child(drain_s=20, step_delay=0.01, mode=mode)
     try:
         started = threading.Event()
         lines = stream_in_thread(base, 60, started)
@@ -207,8 +213,9 @@ def final_error(lines: list[str]) -> dict:
     return json.loads(lines[-2][6:])["error"]
 
 
-def test_sigterm_aborts_after_the_drain_timeout_with_an_error_event() -> None:
-    child, base = start_child(drain_s=0.3, step_delay=0.01)
+@MODES
+def test_sigterm_aborts_after_the_drain_timeout_with_an_error_event(mode: str) -> None:
+    child, base = start_child(drain_s=0.3, step_delay=0.01, mode=mode)
     try:
         lines = running_stream(base, 900)
         t0 = time.monotonic()
@@ -221,8 +228,9 @@ def test_sigterm_aborts_after_the_drain_timeout_with_an_error_event() -> None:
     assert "shutting down" in error["message"] and error["code"] == "service_unavailable"
 
 
-def test_second_sigterm_ends_streams_with_an_error_and_exits_non_zero() -> None:
-    child, base = start_child(drain_s=20, step_delay=0.01)
+@MODES
+def test_second_sigterm_ends_streams_with_an_error_and_exits_non_zero(mode: str) -> None:
+    child, base = start_child(drain_s=20, step_delay=0.01, mode=mode)
     try:
         lines = running_stream(base, 900)
         child.send_signal(signal.SIGTERM)

@@ -19,6 +19,7 @@ from homelab_llm.engine.cache.page_pool import PagePool
 from homelab_llm.engine.cache.radix import RadixCache
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StateSlots
+from homelab_llm.engine.cache.verify_slots import keep_row, release_spares, take_spares
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.sequence import Sequence
 
@@ -106,20 +107,19 @@ class KVCacheManager:
         if self.state_slots is not None and seq.state_slot < 0:
             seq.state_slot = self.state_slots.alloc_running()
 
-    def backup_state(self, seq: Sequence) -> None:
-        """Hybrid models, before a verify step: copy the sequence's state aside, since the verify
-        forward advances it over drafts that may be rejected. A no-op on other models."""
+    def take_verify_slots(self, seq: Sequence, k: int, keep_free: int) -> bool:
+        """Hybrid models, before a verify step of k drafts: the spare state slots its rows write
+        into (cache/verify_slots.py), unless that would leave fewer than keep_free free running
+        slots. Always True on other models."""
         if self.state_slots is None or seq.state_slot < 0:
-            return
-        if seq.spec_backup_slot < 0:
-            seq.spec_backup_slot = self.state_slots.alloc_running()
-        self.copies.state.add(seq.state_slot, seq.spec_backup_slot)
+            return True
+        return take_spares(self.state_slots, seq, k, keep_free)
 
-    def restore_state(self, seq: Sequence) -> None:
-        """Hybrid models, after rejected drafts: the state from before the verify step returns
-        (the copy runs before the next forward, ahead of any snapshot copy queued after it)."""
-        assert self.state_slots is not None and seq.spec_backup_slot >= 0
-        self.copies.state.add(seq.spec_backup_slot, seq.state_slot)
+    def keep_verified_state(self, seq: Sequence, row: int) -> None:
+        """Hybrid models, after a verify step: the state after group row `row` (the last token
+        the sequence keeps) becomes its own; the other slots of the group are freed."""
+        if self.state_slots is not None and seq.state_slot >= 0:
+            keep_row(self.state_slots, seq, row)
 
     def record_admission(self, seq: Sequence) -> None:
         """Count a request's prefix lookup once, when it is first admitted (not on retries of a
@@ -190,9 +190,8 @@ class KVCacheManager:
         if seq.state_slot >= 0 and self.state_slots is not None:
             self.state_slots.free_running(seq.state_slot)
             seq.state_slot = -1
-        if seq.spec_backup_slot >= 0 and self.state_slots is not None:
-            self.state_slots.free_running(seq.spec_backup_slot)
-            seq.spec_backup_slot = -1
+        if seq.verify_slots and self.state_slots is not None:
+            release_spares(self.state_slots, seq)
 
     def release_outside_window(self, seq: Sequence) -> None:
         """Return the pages no later query of `seq` can see (see the module docstring). The next

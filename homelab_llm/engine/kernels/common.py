@@ -167,11 +167,26 @@ def hadamard_dot(x, rows, cols, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr):
 # -- the tile steps of both attention kernels (decode: rows are query heads; prefill: tokens) -----
 
 @triton.jit
+def fwht(x, LOG2_D: tl.constexpr):
+    """x [R, 2**LOG2_D] float32 @ H (ref.kv_rotation's +-1 Walsh-Hadamard matrix, unscaled) by
+    LOG2_D butterfly stages in fp32: element i pairs with i ^ 2^b. Unlike hadamard_dot it never
+    holds H: building the D x D matrix in registers took ~80 registers per thread (D 128) and
+    halved the decode kernel's occupancy for int8 KV."""
+    R: tl.constexpr = x.shape[0]
+    D: tl.constexpr = 1 << LOG2_D
+    for b in tl.static_range(LOG2_D):
+        y = tl.permute(tl.reshape(x, [R, D >> (b + 1), 2, 1 << b]), [0, 1, 3, 2])
+        u, v = tl.split(y)
+        x = tl.reshape(tl.permute(tl.join(u + v, u - v), [0, 1, 3, 2]), [R, D])
+    return x
+
+
+@triton.jit
 def prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr,
               ROTATE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
     """q in the dtype the score dot takes; against rotated int8 rows, q @ H / D scores the same."""
     if ROTATE:
-        q = hadamard_dot(q.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
+        q = fwht(q.to(tl.float32), LOG2_D) * (1.0 / HEAD_DIM)
     if DOT_F32:
         q = q.to(tl.float32)
     elif INT8_KV:
@@ -209,5 +224,5 @@ def unrotate_out(out, offs_d, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTA
                  DOT_F32: tl.constexpr):
     """Back from rotated rows (linear, so split-KV partials merge the same either way)."""
     if ROTATE:
-        out = hadamard_dot(out, offs_d, offs_d, LOG2_D, DOT_F32) * (1.0 / HEAD_DIM)
+        out = fwht(out, LOG2_D) * (1.0 / HEAD_DIM)
     return out

@@ -1,10 +1,13 @@
-"""Paged decode attention, flash-decoding style: one query token per sequence.
+"""Paged decode attention, flash-decoding style: one query token per sequence (or per row of a
+speculative verify group, below).
 
 Stage 1 splits each sequence's KV into NUM_SPLITS ranges; a program owns one (sequence, KV head,
 split) and handles the whole group of query heads that share that KV head, so every K/V row is
 read from memory once per group rather than once per query head (GQA). It writes a partial output
 and its log-sum-exp. Stage 2 merges the splits. Splitting is what keeps a GPU busy at batch 1 with
-a long context: without it there would be only B * num_kv_heads programs.
+a long context: without it there would be only B * num_kv_heads programs. A decode graph fixes the
+split count for every length, so a split past a short sequence's end only writes an -inf
+log-sum-exp (no q rotation, no partial row) and the merge skips it.
 
 K/V rows are gathered token by token through the page table, so any page size works. int8 KV is
 dequantized inside the dot products: K's per-token scale multiplies the scores, V's multiplies the
@@ -14,6 +17,11 @@ A sliding-window layer (window > 0) reads only the last `window` keys: the split
 [seq_len - window, seq_len), so pages below it are never touched and may be freed. Sinks (gpt-oss)
 are a per-head logit with no value: split 0 starts its running max and sum from it (max = sink,
 sum = 1), which the merge then counts once.
+
+Verify steps (rows_per_seq = K+1): a sequence's last token and its K drafts are K+1 consecutive
+rows over one page table, row j seeing the first seq_len_j keys. One program takes the whole
+group: its tile holds (K+1) x GROUP query rows, so each K/V row is read once per group rather
+than once per verify row, and a per-row mask (key < seq_len_j) is the causal mask inside the block.
 """
 
 from __future__ import annotations
@@ -25,9 +33,12 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
                                                kv_cache_args, load_paged_kv, next_pow2, prepare_q,
                                                sink_start, tile_scores, unrotate_out)
-from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
+from homelab_llm.engine.kernels.tuning import AttentionTiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
+# Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
+# verify group would outgrow registers and RDNA3's 64 KB LDS, and its rows run one per program.
+MAX_TILE_ROWS = 64
 
 
 @triton.jit
@@ -43,28 +54,43 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
+    # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
+    first = tl.program_id(0) * ROWS
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     num_q_heads = tl.num_programs(1) * GROUP
 
-    seq_len = tl.load(seq_lens_ptr + b)
-    q_row = tl.load(query_start_ptr + b).to(tl.int64)
+    offs_g = tl.arange(0, GROUP_PAD)
+    g_mask = offs_g < ROWS * GROUP
+    row = first + offs_g // GROUP  # the query row of each tile row
+    heads = kv_head * GROUP + offs_g % GROUP
+    row_len = tl.load(seq_lens_ptr + row, mask=g_mask, other=0)
+    seq_len = tl.max(row_len, axis=0)
+    q_row = tl.load(query_start_ptr + row, mask=g_mask, other=0).to(tl.int64)
     lo = 0
     if HAS_WINDOW:
-        lo = tl.maximum(seq_len - window, 0)
+        lo = tl.maximum(tl.min(tl.where(g_mask, row_len, seq_len), axis=0) - window, 0)
     # Splits are whole BLOCK_N tiles so only the last tile of a sequence needs a mask.
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, seq_len)
+    if NUM_SPLITS > 1:
+        empty = start >= end
+        if HAS_SINKS:
+            empty = empty & (split > 0)  # split 0 carries the sink term even without keys
+        if empty:
+            # No keys here (a short context under a graph's fixed split count): only the -inf
+            # lse, which tells the merge to skip this split's (unwritten) partial output.
+            part = (row.to(tl.int64) * num_q_heads + heads) * NUM_SPLITS + split
+            tl.store(part_lse_ptr + part, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=g_mask)
+            return
 
-    offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    heads = kv_head * GROUP + offs_g
-    g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + q_row * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+    q = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
 
@@ -77,15 +103,23 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         k, v, page, slot = load_paged_kv(
-            k_ptr, v_ptr, page_table_ptr, b * stride_pt, offs_n, n_mask, offs_d, d_mask, kv_head,
+            k_ptr, v_ptr, page_table_ptr, first * stride_pt, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
             PAGE_SIZE, INT8_KV, DOT_F32)
         scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
                              n_mask, sm_scale_log2, INT8_KV, DOT_F32)  # [GROUP_PAD, BLOCK_N]
-        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        if ROWS == 1:
+            scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        else:  # each row sees its own keys: row j of a verify group the first seq_len_j (causal)
+            visible = n_mask[None, :] & (offs_n[None, :] < row_len[:, None])
+            if HAS_WINDOW:
+                visible = visible & (offs_n[None, :] >= row_len[:, None] - window)
+            scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        # a row with no visible key in this tile yet keeps max -inf: exponentiate against 0
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(scores - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = accumulate_pv(acc, alpha, p, v, vs_ptr, page, slot, kv_head, stride_sp, stride_ss,
                             stride_sh, n_mask, INT8_KV)
@@ -95,14 +129,14 @@ def _decode_split_kernel(
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     out = unrotate_out(out, offs_d, HEAD_DIM, LOG2_D, ROTATE, DOT_F32)
     if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
-        tl.store(out_ptr + q_row * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
         return
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    # partials: [B, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [B, Hq, NUM_SPLITS], contiguous
-    row = (b * num_q_heads + heads).to(tl.int64) * NUM_SPLITS + split
-    tl.store(part_out_ptr + row[:, None] * HEAD_DIM_PAD + offs_d[None, :], out, mask=g_mask[:, None])
-    tl.store(part_lse_ptr + row, lse, mask=g_mask)
+    # partials: [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [rows, Hq, NUM_SPLITS], contiguous
+    part = (row.to(tl.int64) * num_q_heads + heads) * NUM_SPLITS + split
+    tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], out, mask=g_mask[:, None])
+    tl.store(part_lse_ptr + part, lse, mask=g_mask)
 
 
 @triton.jit
@@ -116,7 +150,9 @@ def _decode_reduce_kernel(
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     lse = tl.load(part_lse_ptr + row0 + offs_s)
-    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :])
+    # An empty split wrote only its -inf lse: its partial output is not read (and never NaN).
+    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+                    mask=(lse > float("-inf"))[:, None], other=0.0)
     m = tl.max(lse, axis=0)
     m = tl.where(m == float("-inf"), 0.0, m)  # a padded, empty sequence: write zeros, not NaN
     w = tl.exp2(lse - m)
@@ -155,23 +191,33 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     window: int = 0,
     sinks: torch.Tensor | None = None,
+    rows_per_seq: int = 1,
+    tiles: AttentionTiles | None = None,
 ) -> torch.Tensor:
-    """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits."""
+    """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits.
+    rows_per_seq > 1: the rows come in groups of that many consecutive one-token rows sharing a
+    page table (a verify step's K+1 rows), attended by one program per group and KV head.
+    tiles: the split kernel's tiles instead of the arch table's (benchmarks/int8kv_decode.py)."""
     batch = seq_lens.shape[0]
+    if rows_per_seq < 1 or batch % rows_per_seq:
+        raise ValueError(f"{batch} decode rows do not split into groups of rows_per_seq={rows_per_seq}")
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads do not divide into {num_kv_heads} KV heads")
+    if next_pow2(rows_per_seq * num_q_heads // num_kv_heads) > MAX_TILE_ROWS:
+        rows_per_seq = 1  # rows are independent queries: one program each is the same result
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
-    tiles = tiles_for(q.device)
+    arch = tiles_for(q.device)
+    split_tiles = arch.decode if tiles is None else tiles
     if num_splits is None:
         if window > 0 and max_seq_len is not None:
             max_seq_len = min(max_seq_len, window)
-        num_splits = choose_num_splits(batch, num_kv_heads, q.device, max_seq_len)
+        num_splits = choose_num_splits(batch // rows_per_seq, num_kv_heads, q.device, max_seq_len)
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
     d_pad = next_pow2(head_dim)
@@ -184,23 +230,23 @@ def paged_decode_attention(
         part_out = torch.empty((batch, num_q_heads, num_splits, d_pad), dtype=torch.float32,
                                device=q.device)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
         q, k_cache, v_cache, kv.k_scale, kv.v_scale,
         page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks,
         softmax_scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
         page_table.stride(0),
-        PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=tiles.decode.block_n,
+        PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group * rows_per_seq)),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=split_tiles.block_n,
         NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-        num_warps=tiles.decode.num_warps, num_stages=tiles.decode.num_stages,
+        ROWS=rows_per_seq, num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
     )
     if num_splits == 1:
         return out
     _decode_reduce_kernel[(batch, num_q_heads)](
         part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits,
-        num_warps=tiles.elementwise_warps,
+        num_warps=arch.elementwise_warps,
     )
     return out

@@ -34,14 +34,17 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
 def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
                     decode_only: bool | None = None, num_kv_splits: int | None = None,
-                    window: int = 0, sinks: torch.Tensor | None = None):
+                    window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1):
     """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
     > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits.
 
     On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel;
     anything else the prefill/extend kernel. Which one is known from `decode_only` or the host
     query lengths; without either we take the extend kernel, which is right for every batch.
-    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits.
+    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits. rows_per_seq > 1
+    (decode only): rows come in groups sharing a page table (a speculative verify's K+1 rows, row
+    j seeing its own seq_len): the decode kernel reads each group's K/V once. Every row is an
+    independent query either way, so the reference ignores it.
     """
     if not use_triton(q):
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
@@ -55,7 +58,8 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
 
         return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                       softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
-                                      max_seq_len=max_seq_len, window=window, sinks=sinks)
+                                      max_seq_len=max_seq_len, window=window, sinks=sinks,
+                                      rows_per_seq=rows_per_seq)
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
     max_query_len = max(query_lens_host) if query_lens_host else None
@@ -70,6 +74,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
         return elementwise.rms_norm(x, weight, eps)
     return ref.rms_norm_ref(x, weight, eps)
+
+
+def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(qkv):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -131,13 +144,21 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
 
 
 def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
+              b2: torch.Tensor | None = None,
+              clamp: tuple[float, float] | None = None) -> torch.Tensor:
     """x [T, H] through the picked experts, router-weighted and summed -> [T, H] in x's dtype.
-    w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 and w2 None (4-bit)."""
+    w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 / MoeMx4 and w2 None.
+    gpt-oss: expert biases b13 [E, 2I] / b2 [E, H] and clamp = (alpha, limit) for its clamped
+    SwiGLU (kernels/moe_gptoss_ref.py)."""
     if use_triton(x):
         from homelab_llm.engine.kernels.fused_moe import fused_moe as fused_moe_triton
 
-        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, b13=b13, b2=b2, clamp=clamp)
+    if clamp is not None:
+        from homelab_llm.engine.kernels.moe_gptoss_ref import gptoss_experts_ref
+
+        return gptoss_experts_ref(x, w13, b13, w2, b2, topk_weights, topk_ids, *clamp)
     from homelab_llm.engine.kernels.moe_ref import moe_experts_ref
 
     return moe_experts_ref(x, w13, w2, topk_weights, topk_ids)

@@ -1,4 +1,5 @@
-"""Row-wise kernels: RMSNorm (optionally fused with the residual add), SiLU-and-mul, and RoPE.
+"""Row-wise kernels: RMSNorm (optionally fused with the residual add), the per-head q/k RMSNorm
+of QK-norm attention in one launch, SiLU-and-mul, and RoPE.
 
 All three are memory bound: each reads its inputs once and computes in fp32. The fused add writes
 the summed residual (rounded to the activation dtype, as the next layer would see it) and normalizes
@@ -64,6 +65,40 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
             x2, r2, weight, out, summed, eps, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n,
             BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps)
     return out.view(x.shape), summed.view(x.shape)
+
+
+@triton.jit
+def _qk_norm_kernel(x_ptr, qw_ptr, kw_ptr, out_ptr, eps, stride_x, stride_o, Q_HEADS, D,
+                    BLOCK: tl.constexpr):
+    """Program (t, h): head h of token t, read from the fused projection's q | k columns (head h
+    starts at h * D for q and k alike), normalized with the q or the k weight."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    x = tl.load(x_ptr + t * stride_x + h * D + offs, mask=mask, other=0.0).to(tl.float32)
+    q_end = tl.where(h < Q_HEADS, D, 0)  # as a vector compare: q weight below it, k weight above
+    w = tl.load(qw_ptr + offs, mask=offs < q_end, other=0.0).to(tl.float32)
+    w += tl.load(kw_ptr + offs, mask=mask & (offs >= q_end), other=0.0).to(tl.float32)
+    var = tl.sum(x * x, axis=0) / D
+    y = x * tl.math.rsqrt(var + eps) * w
+    tl.store(out_ptr + t * stride_o + h * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_weight: torch.Tensor,
+            k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """[T, >= (q_heads + kv_heads) * head_dim] (q | k | ...) -> [T, q_heads + kv_heads, head_dim]:
+    every q head normalized with q_weight and every k head with k_weight (one launch instead of
+    two norms and a concatenation)."""
+    if qkv.stride(-1) != 1:
+        raise ValueError("qk_norm: the projection's last dimension must be contiguous")
+    tokens, heads = qkv.shape[0], q_heads + kv_heads
+    out = torch.empty((tokens, heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if tokens:
+        _qk_norm_kernel[(tokens, heads)](
+            qkv, q_weight, k_weight, out, eps, qkv.stride(0), heads * head_dim, q_heads, head_dim,
+            BLOCK=next_pow2(head_dim), num_warps=tiles_for(qkv.device).elementwise_warps)
+    return out
 
 
 @triton.jit

@@ -13,11 +13,15 @@ Decode (T*K up to 64 slots, T <= 8 at top-8): a token picks an expert at most on
 BLOCK_M >= T every active expert fills exactly one block, and each (expert, column tile) is read
 by exactly one program: each active expert's weights are read once per step. That is the
 "decode path" — the same kernel with the table's small-M tiles and a grid of ~T*K blocks.
-4-bit experts at T <= 8 take a GEMV kernel instead (fused_moe_gemv.py: no tl.dot, words read once).
+4-bit experts at T <= 8 take a GEMV kernel instead (fused_moe_gemv.py: no tl.dot, words read once),
+and so do MXFP4 experts (fused_moe_mx4.py).
 
-Weights: dense w13 [E, 2I, H] / w2 [E, H, I] (HF layout, B tiles read transposed), or 4-bit
+Weights: dense w13 [E, 2I, H] / w2 [E, H, I] (HF layout, B tiles read transposed), 4-bit
 (moe_ref.MoeW4: stacked W4Weight [E, K // 8, N] with per-group scales/biases, dequantized in
-registers as in w4a16.py; BLOCK_K is capped at the group size so a tile needs one group row).
+registers as in w4a16.py; BLOCK_K is capped at the group size so a tile needs one group row), or
+MXFP4 as gpt-oss publishes it (moe_ref.MoeMx4: e2m1 codes [E, N, K // 2] and e8m0 scales per 32
+weights, decoded in registers: about a quarter of bf16's bytes resident and read).
+gpt-oss adds per-expert biases on both projections and its clamped SwiGLU (the `clamp` argument).
 """
 
 from __future__ import annotations
@@ -28,17 +32,20 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32
 from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, decode_block_m, moe_w4_gemv
+from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
-from homelab_llm.engine.kernels.moe_ref import MoeW4
+from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
 
 
 @triton.jit
 def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
-                 stride_we, stride_wn, stride_wk, stride_se, stride_sg,
-                 W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Expert e's weight tile [BLOCK_K, BLOCK_N] as fp32 (dense: w[e, n, k]; W4: dequantized)."""
-    if W4:
+                 stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
+                 WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Expert e's weight tile [BLOCK_K, BLOCK_N] as fp32. WFMT 0 dense (w[e, n, k]); 1 int4 words
+    (w[e, k // 8, n], per-group scale and bias); 2 MXFP4 (bytes w[e, n, k // 2], two e2m1 codes
+    a byte, low nibble first; an e8m0 scale s[e, n, k // 32])."""
+    if WFMT == 1:
         shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
         packed = tl.load(w_ptr + e * stride_we + (offs_k // 8)[:, None] * stride_wk
                          + offs_n[None, :], mask=n_mask[None, :], other=0)
@@ -47,6 +54,17 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
         s = tl.load(s_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)
         b = tl.load(b_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)
         return q * s.to(tl.float32)[None, :] + b.to(tl.float32)[None, :]
+    if WFMT == 2:
+        mask = n_mask[None, :] & k_mask[:, None]
+        byte = tl.load(w_ptr + e * stride_we + offs_n[None, :] * stride_wn + (offs_k // 2)[:, None],
+                       mask=mask, other=0).to(tl.int32)
+        code = (byte >> ((offs_k % 2) * 4)[:, None]) & 0xF
+        ex = (code >> 1) & 3
+        half = (code & 1).to(tl.float32) * 0.5
+        mag = tl.where(ex == 0, half, (1.0 + half) * tl.exp2((ex - 1).to(tl.float32)))
+        scale = tl.load(s_ptr + e * stride_se + offs_n[None, :] * stride_sn
+                        + (offs_k // 32)[:, None] * stride_sg, mask=mask, other=127).to(tl.float32)
+        return tl.where(code >= 8, -mag, mag) * tl.exp2(scale - 127.0)
     w = tl.load(w_ptr + e * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                 mask=n_mask[None, :] & k_mask[:, None], other=0.0)
     return w.to(tl.float32)
@@ -54,13 +72,17 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, w_ptr, s_ptr, b_ptr, out_ptr, sorted_ptr, block_expert_ptr,
-    num_slots, N, K, top_k,
-    stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_om,
-    GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr,
+    a_ptr, w_ptr, s_ptr, b_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr,
+    num_slots, N, K, top_k, alpha, limit,
+    stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn, stride_be,
+    stride_om,
+    GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
-    """out[slot, n] for the slots of block pid_m: GATED -> silu(a @ w[:, n]) * (a @ w[:, n + N])."""
+    """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
+    + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
+    with g = min(gate, limit); else a @ w[:, n] (+ bias[n])."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -80,21 +102,32 @@ def _moe_gemm_kernel(
         a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_mask[None, :], other=0.0)
         w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask, stride_we,
-                         stride_wn, stride_wk, stride_se, stride_sg, W4, GROUP_SIZE, BLOCK_K)
+                         stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
+                         BLOCK_K)
         if DOT_F32:
             acc += tl.dot(a.to(tl.float32), w)
         else:
             acc += tl.dot(a, w.to(a.dtype))
         if GATED:
             w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
-                                stride_we, stride_wn, stride_wk, stride_se, stride_sg, W4,
-                                GROUP_SIZE, BLOCK_K)
+                                stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
+                                WFMT, GROUP_SIZE, BLOCK_K)
             if DOT_F32:
                 acc_up += tl.dot(a.to(tl.float32), w_up)
             else:
                 acc_up += tl.dot(a, w_up.to(a.dtype))
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + e * stride_be + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(bias_ptr + e * stride_be + N + offs_n, mask=n_mask,
+                              other=0.0).to(tl.float32)[None, :]
     if GATED:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        if CLAMPED:
+            gate = tl.minimum(acc, limit)
+            up = tl.minimum(tl.maximum(acc_up, -limit), limit)
+            acc = (up + 1.0) * gate / (1.0 + tl.exp(-alpha * gate))
+        else:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out = out_ptr + tl.where(valid, slots, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
@@ -119,27 +152,35 @@ def moe_tiles(num_slots: int, num_experts: int, device: torch.device) -> GemmTil
 
 
 def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
-          tiles: GemmTiles):
-    """One grouped GEMM launch; weight is a dense [E, N', K] tensor or a stacked W4Weight."""
-    w4 = not isinstance(weight, torch.Tensor)
+          tiles: GemmTiles, bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None):
+    """One grouped GEMM launch; weight is a dense [E, N', K] tensor, a stacked W4Weight or an
+    Mx4Weight; bias [E, N'] or None; clamp (alpha, limit) selects gpt-oss's activation."""
     block_n = tiles.block_n
-    if w4:
+    if isinstance(weight, Mx4Weight):
+        w, s = weight.blocks, weight.scales
+        strides = (w.stride(0), w.stride(1), 1, s.stride(0), s.stride(2), s.stride(1))
+        wfmt, group, block_k = 2, 32, min(tiles.block_k, 64)
+    elif not isinstance(weight, torch.Tensor):
         # A 4-bit tile is loaded as int32 words per k row (4 bytes a weight in shared memory) and
         # the gated GEMM holds two of them: half the table's width keeps it within the budget
         # the table's W4A16 GEMM has (sm80's 99 KB at three stages).
         block_n = block_n // 2 if gated else block_n
-        w, s, b = weight.qweight, weight.scales, weight.biases
-        strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1))
-        group, block_k = weight.group_size, min(tiles.block_k, weight.group_size)
+        w, s = weight.qweight, weight.scales
+        strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1), 0)
+        wfmt, group, block_k = 1, weight.group_size, min(tiles.block_k, weight.group_size)
     else:
-        w = s = b = weight
-        strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0)
-        group, block_k = 0, tiles.block_k
+        w = s = weight
+        strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0, 0)
+        wfmt, group, block_k = 0, 0, tiles.block_k
+    biases = weight.biases if wfmt == 1 else s
+    alpha, limit = clamp or (1.0, 0.0)
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _moe_gemm_kernel[grid](
-        a, w, s, b, out, sorted_slots, block_expert, num_slots, n, k, top_k,
-        a.stride(0), *strides, out.stride(0),
-        GATED=gated, A_BY_TOKEN=by_token, W4=w4, GROUP_SIZE=group, BLOCK_M=tiles.block_m,
+        a, w, s, biases, out if bias is None else bias, out, sorted_slots, block_expert,
+        num_slots, n, k, top_k, alpha, limit,
+        a.stride(0), *strides, 0 if bias is None else bias.stride(0), out.stride(0),
+        GATED=gated, A_BY_TOKEN=by_token, WFMT=wfmt, GROUP_SIZE=group, HAS_BIAS=bias is not None,
+        CLAMPED=clamp is not None, BLOCK_M=tiles.block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
@@ -156,33 +197,39 @@ def moe_combine(y: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | None,
+def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Tensor | None,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              tiles: GemmTiles | None = None, decode_gemv: bool = True) -> torch.Tensor:
+              tiles: GemmTiles | None = None, decode_gemv: bool = True,
+              b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
+              clamp: tuple[float, float] | None = None) -> torch.Tensor:
     """x [T, H] (bf16/fp16) through the router's picks -> [T, H] (see the module doc).
-    decode_gemv=False keeps 4-bit decode on the GEMM path (benchmarks compare the two)."""
+    decode_gemv=False keeps 4-bit decode on the GEMM path (benchmarks compare the two).
+    gpt-oss: b13 [E, 2I] / b2 [E, H] expert biases and clamp = (alpha, limit)."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
-    if isinstance(w13, MoeW4):
+    if isinstance(w13, (MoeW4, MoeMx4)):
         gate_up, down = w13.w13, w13.w2
-        num_experts, inter = gate_up.qweight.shape[0], gate_up.qweight.shape[2] // 2
     else:
         gate_up, down = w13, w2
-        num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    num_experts, inter = expert_shape(w13)
     num_slots = t * top_k
     if t == 0:
         return torch.empty_like(x)
     x = x.contiguous()
-    if isinstance(w13, MoeW4) and decode_gemv and tiles is None and t <= DECODE_MAX_TOKENS:
+    plain = b13 is None and b2 is None and clamp is None
+    decode = decode_gemv and tiles is None and t <= DECODE_MAX_TOKENS
+    if isinstance(w13, MoeW4) and plain and decode:
         return w4_decode(x, w13, topk_weights, topk_ids)
+    if isinstance(w13, MoeMx4) and clamp is not None and decode:
+        return mx4_decode(x, w13, topk_weights, topk_ids, b13, b2, clamp)
     tiles = tiles or moe_tiles(num_slots, num_experts, x.device)
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,
-          gated=True, by_token=True, tiles=tiles)
+          gated=True, by_token=True, tiles=tiles, bias=b13, clamp=clamp)
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     _gemm(act, down, y, sorted_slots, block_expert, num_slots, hidden, inter, top_k,
-          gated=False, by_token=False, tiles=tiles)
+          gated=False, by_token=False, tiles=tiles, bias=b2)
     return moe_combine(y, topk_weights)
 
 
@@ -216,4 +263,22 @@ def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: 
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     moe_w4_gemv(act, w4.w2, y, sorted_slots, block_expert, num_slots, hidden, top_k,
                 gated=False, by_token=False, block_m=block_m, **gemv_tiles)
+    return moe_combine(y, topk_weights)
+
+
+def mx4_decode(x: torch.Tensor, mx4: MoeMx4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               b13: torch.Tensor | None, b2: torch.Tensor | None,
+               clamp: tuple[float, float], **gemv_tiles) -> torch.Tensor:
+    """gpt-oss's MXFP4 experts at decode: two GEMVs over every (token, pick) slot, combine.
+    gemv_tiles (block_n, groups, num_warps) override the defaults for sweeps."""
+    t, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    _, inter = expert_shape(mx4)
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    act = torch.empty((ids.numel(), inter), dtype=x.dtype, device=x.device)
+    mx4_gemv(x, mx4.w13, act, ids, inter, top_k, gated=True, by_token=True, bias=b13, clamp=clamp,
+             **gemv_tiles)
+    y = torch.empty((ids.numel(), hidden), dtype=x.dtype, device=x.device)
+    mx4_gemv(act, mx4.w2, y, ids, hidden, top_k, gated=False, by_token=False, bias=b2, clamp=clamp,
+             **gemv_tiles)
     return moe_combine(y, topk_weights)

@@ -14,13 +14,11 @@ Contract (all tensors on one device; T tokens of a varlen batch of B sequences; 
   head serves Hv/Hk consecutive value heads.
 - The decode functions are CUDA-graph capturable: no host syncs, shapes fixed by B.
 
-Speculative decoding (issue 17), not built yet: a verify of K+1 draft tokens runs the prefill
-rule over those tokens; to roll back to an accepted prefix it needs the state after each token.
-The planned extension is an optional `intermediate_states [B, K+1, Hv, Dk, Dv]` argument to
-gated_delta_rule_prefill (and `intermediate_conv [B, K+1, W-1, C]` to the conv): the chunk kernel
-already holds the state at every chunk start, and within a chunk the state after token i is
-e^(c_i) S0 + sum_{j<=i} e^(c_i-c_j) k_j u_j^T, one extra rank-(i+1) update per position, cheap
-for K+1 <= 16. Until then, the decode kernel called K+1 times keeps a state per position.
+Speculative decoding (issue 17): a verify step decodes groups of R = K+1 consecutive rows of one
+sequence (`rows_per_seq`); the group starts from the slot of its first row and the state after
+row j is written to row j's slot, so every verified position's state exists after the step and
+rolling back to the last accepted one means using its slot (cache/verify_slots.py). R = 1 is the
+plain decode. Rows past a sequence's drafts carry slot -1 (zeros out, no state written).
 """
 
 from __future__ import annotations
@@ -31,10 +29,12 @@ from homelab_llm.engine.kernels import gdn_ref
 from homelab_llm.engine.kernels.dispatch import use_triton
 
 
-def _check_slots(state_indices: torch.Tensor, batch: int) -> None:
+def _check_slots(state_indices: torch.Tensor, batch: int, rows_per_seq: int = 1) -> None:
     if state_indices.dtype != torch.int32 or tuple(state_indices.shape) != (batch,):
         raise ValueError(f"state_indices must be int32 [{batch}], got {state_indices.dtype} "
                          f"{tuple(state_indices.shape)}")
+    if rows_per_seq < 1 or batch % rows_per_seq:
+        raise ValueError(f"{batch} decode rows do not split into groups of rows_per_seq={rows_per_seq}")
 
 
 def _check_varlen(cu_seqlens: torch.Tensor, state_indices: torch.Tensor, has_initial_state: torch.Tensor) -> None:
@@ -87,15 +87,17 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 def causal_conv1d_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         conv_state: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
-    """One new token per sequence, x [B, C] -> y [B, C]; conv_state updated in place."""
+                         conv_state: torch.Tensor, state_indices: torch.Tensor,
+                         rows_per_seq: int = 1) -> torch.Tensor:
+    """Decode rows, x [N, C] -> y [N, C], in groups of rows_per_seq tokens of one sequence (one
+    token per sequence by default); conv_state updated in place (see the module docstring)."""
     _check_conv(x, weight, conv_state)
-    _check_slots(state_indices, x.shape[0])
+    _check_slots(state_indices, x.shape[0], rows_per_seq)
     if use_triton(x):
         from homelab_llm.engine.kernels import gdn_conv
 
-        return gdn_conv.conv1d_decode(x, weight, bias, conv_state, state_indices)
-    return gdn_ref.causal_conv1d_decode_ref(x, weight, bias, conv_state, state_indices)
+        return gdn_conv.conv1d_decode(x, weight, bias, conv_state, state_indices, rows_per_seq)
+    return gdn_ref.causal_conv1d_decode_ref(x, weight, bias, conv_state, state_indices, rows_per_seq)
 
 
 def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -116,15 +118,17 @@ def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                             beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
-                            scale: float | None = None) -> torch.Tensor:
-    """One token per sequence: q, k [B, Hk, Dk], v [B, Hv, Dv] -> o [B, Hv, Dv]; state in place."""
+                            scale: float | None = None, rows_per_seq: int = 1) -> torch.Tensor:
+    """Decode rows: q, k [N, Hk, Dk], v [N, Hv, Dv] -> o [N, Hv, Dv], in groups of rows_per_seq
+    tokens of one sequence (one token per sequence by default); state in place."""
     _check_rule(q, k, v, g, beta, ssm_state)
-    _check_slots(state_indices, q.shape[0])
+    _check_slots(state_indices, q.shape[0], rows_per_seq)
     if use_triton(q):
         from homelab_llm.engine.kernels import gdn_recurrent
 
-        return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale)
-    return gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale)
+        return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
+                                                        rows_per_seq)
+    return gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq)
 
 
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor

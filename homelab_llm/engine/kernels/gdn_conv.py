@@ -5,7 +5,9 @@ block of channels; positions before the sequence read the slot's saved inputs) a
 kernel that writes each slot's last W-1 inputs. Two launches because a sequence's first block
 reads the old state while its last block would write the new one. Decode is one launch, each
 program reading its slot's W-1 rows before overwriting them, so it is CUDA-graph safe (no host
-reads, grid fixed by B). Math in fp32; y and the state keep x's dtype.
+reads, grid fixed by the row count). A verify step decodes groups of K+1 rows of one sequence in
+one program and writes the state after each row to that row's slot (speculative rollback picks
+the slot of the last accepted row). Math in fp32; y and the state keep x's dtype.
 """
 
 from __future__ import annotations
@@ -92,31 +94,52 @@ def _conv_decode_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, state_ptr, slots_ptr,
     stride_x, stride_y, stride_wc, stride_ws, stride_w, C,
     WIDTH: tl.constexpr, HIST_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    """A group of ROWS tokens of one sequence (1: a decode). Input i of the window (history ++
+    the group's x) is saved row i for i < W-1, else x row i - (W-1): the indices are compile-time
+    constants, so each tap reads the right source directly."""
+    first = tl.program_id(0) * ROWS
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < C
-    slot = tl.load(slots_ptr + b).to(tl.int64)
+    slot = tl.load(slots_ptr + first).to(tl.int64)
     if slot < 0:
-        tl.store(y_ptr + b * stride_y + offs_c, tl.zeros([BLOCK_C], tl.float32).to(y_ptr.dtype.element_ty),
-                 mask=c_mask)
+        for j in tl.static_range(ROWS):
+            tl.store(y_ptr + (first + j) * stride_y + offs_c,
+                     tl.zeros([BLOCK_C], tl.float32).to(y_ptr.dtype.element_ty), mask=c_mask)
         return
+    base = state_ptr + slot * stride_ws + offs_c
+    for j in tl.static_range(ROWS):
+        acc = tl.zeros([BLOCK_C], tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_c, mask=c_mask, other=0.0).to(tl.float32)
+        for tap in tl.static_range(WIDTH):
+            if j + tap < WIDTH - 1:
+                xv = tl.load(base + (j + tap) * stride_w, mask=c_mask, other=0.0)
+            else:
+                xv = tl.load(x_ptr + (first + j + tap - (WIDTH - 1)) * stride_x + offs_c, mask=c_mask, other=0.0)
+            acc += xv.to(tl.float32) * tl.load(w_ptr + offs_c * stride_wc + tap, mask=c_mask, other=0.0).to(tl.float32)
+        y = acc / (1.0 + tl.exp(-acc))
+        live = tl.load(slots_ptr + first + j) >= 0
+        tl.store(y_ptr + (first + j) * stride_y + offs_c, tl.where(live, y, 0.0).to(y_ptr.dtype.element_ty),
+                 mask=c_mask)
+    # The state after row j is window inputs j+1 .. j+W-1. Row 0 overwrites the saved rows every
+    # other row reads, so it goes last, behind a barrier.
     r = tl.arange(0, HIST_PAD)
     h_mask = (r < WIDTH - 1)[:, None] & c_mask[None, :]
-    base = state_ptr + slot * stride_ws + offs_c[None, :]
-    hist = tl.load(base + r[:, None] * stride_w, mask=h_mask, other=0.0)
-    shifted = tl.load(base + (r + 1)[:, None] * stride_w, mask=h_mask & (r < WIDTH - 2)[:, None], other=0.0)
-    x = tl.load(x_ptr + b * stride_x + offs_c, mask=c_mask, other=0.0)
-    w_hist = tl.load(w_ptr + offs_c[None, :] * stride_wc + r[:, None], mask=h_mask, other=0.0).to(tl.float32)
-    w_last = tl.load(w_ptr + offs_c * stride_wc + (WIDTH - 1), mask=c_mask, other=0.0).to(tl.float32)
-    acc = tl.sum(hist.to(tl.float32) * w_hist, axis=0) + x.to(tl.float32) * w_last
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_c, mask=c_mask, other=0.0).to(tl.float32)
-    y = acc / (1.0 + tl.exp(-acc))
-    tl.store(y_ptr + b * stride_y + offs_c, y.to(y_ptr.dtype.element_ty), mask=c_mask)
-    new = tl.where((r == WIDTH - 2)[:, None], x.to(state_ptr.dtype.element_ty)[None, :], shifted)
-    tl.debug_barrier()
-    tl.store(base + r[:, None] * stride_w, new, mask=h_mask)
+    for back in tl.static_range(ROWS):
+        j = ROWS - 1 - back
+        src = j + 1 + r  # window index of state row r
+        hist = tl.load(base[None, :] + src[:, None] * stride_w, mask=h_mask & (src < WIDTH - 1)[:, None], other=0.0)
+        xr = (first + src - (WIDTH - 1)).to(tl.int64)
+        xv = tl.load(x_ptr + xr[:, None] * stride_x + offs_c[None, :], mask=h_mask & (src >= WIDTH - 1)[:, None],
+                     other=0.0)
+        new = tl.where((src >= WIDTH - 1)[:, None], xv.to(state_ptr.dtype.element_ty), hist)
+        dst = tl.load(slots_ptr + first + j).to(tl.int64)
+        if j == 0:
+            tl.debug_barrier()  # every lane has read the saved rows before they are overwritten
+        if dst >= 0:
+            tl.store(state_ptr + dst * stride_ws + r[:, None] * stride_w + offs_c[None, :], new, mask=h_mask)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> None:
@@ -149,17 +172,18 @@ def conv1d_prefill(x, weight, bias, cu_seqlens, conv_state, state_indices, has_i
     return y
 
 
-def conv1d_decode(x, weight, bias, conv_state, state_indices) -> torch.Tensor:
+def conv1d_decode(x, weight, bias, conv_state, state_indices, rows_per_seq: int = 1) -> torch.Tensor:
+    """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.causal_conv1d_decode_ref)."""
     _check(x, weight, conv_state)
-    batch, channels = x.shape
+    rows, channels = x.shape
     y = torch.empty_like(x)
-    if batch == 0:
+    if rows == 0:
         return y
     tiles = gdn_tiles(x.device)
     width = weight.shape[1]
-    _conv_decode_kernel[(batch, triton.cdiv(channels, tiles.conv_c))](
+    _conv_decode_kernel[(rows // rows_per_seq, triton.cdiv(channels, tiles.conv_c))](
         x, weight, bias if bias is not None else weight, y, conv_state, state_indices,
         x.stride(0), y.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), channels,
         WIDTH=width, HIST_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, BLOCK_C=tiles.conv_c,
-        num_warps=tiles.conv_warps)
+        ROWS=rows_per_seq, num_warps=tiles.conv_warps)
     return y

@@ -5,8 +5,15 @@ One program per (sequence, value head, block of value columns): it reads the slo
 back in place. q/k are L2-normalized in the program (each program of a head group redoes the Dk
 sums: cheaper than another launch). Memory bound: the state is read and written once per token.
 
-CUDA/HIP-graph capturable: the grid depends only on B and the shapes, there are no host reads,
-and a negative slot (padding row) writes zeros to its output and touches no state.
+Verify steps (speculative decoding): rows come in groups of ROWS = K+1 consecutive tokens of one
+sequence; the program carries the state tile through the group in registers and stores the state
+after row j into that row's slot, so the state after every verified position exists when the step
+ends and a rollback is a change of slot, not a copy nor a recompute. Row 0's slot is the group's
+own (read first, then overwritten in place, exactly as a plain decode with ROWS = 1).
+
+CUDA/HIP-graph capturable: the grid depends only on the row count and the shapes, there are no
+host reads, and a negative slot (padding group or row) writes zeros to its output and touches no
+state.
 """
 
 from __future__ import annotations
@@ -26,50 +33,59 @@ def _recurrent_step_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_bb,
     stride_ob, stride_oh, stride_ss, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = offs_v < DV
-    o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_v
-    slot = tl.load(slots_ptr + b).to(tl.int64)
+    slot = tl.load(slots_ptr + first).to(tl.int64)
     if slot < 0:
-        tl.store(o_ptrs, tl.zeros([BLOCK_V], tl.float32).to(o_ptr.dtype.element_ty), mask=v_mask)
+        for j in tl.static_range(ROWS):
+            tl.store(o_ptr + (first + j) * stride_ob + h * stride_oh + offs_v,
+                     tl.zeros([BLOCK_V], tl.float32).to(o_ptr.dtype.element_ty), mask=v_mask)
         return
     offs_k = tl.arange(0, DK_PAD)
     k_mask = offs_k < DK
     kh = h // GROUP
-    q = tl.load(q_ptr + b * stride_qb + kh * stride_qh + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + b * stride_kb + kh * stride_kh + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    q = l2_normalize_rows(q, 0) * scale
-    k = l2_normalize_rows(k, 0)
-    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-    decay = tl.exp(tl.load(g_ptr + b * stride_gb + h).to(tl.float32))
-    beta = tl.load(beta_ptr + b * stride_bb + h).to(tl.float32)
-
-    s_ptrs = state_ptr + slot * stride_ss + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_offs = h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     s_mask = k_mask[:, None] & v_mask[None, :]
-    s = tl.load(s_ptrs, mask=s_mask, other=0.0) * decay
-    u = beta * (v - tl.sum(s * k[:, None], axis=0))
-    s = s + k[:, None] * u[None, :]
-    tl.store(o_ptrs, tl.sum(s * q[:, None], axis=0).to(o_ptr.dtype.element_ty), mask=v_mask)
-    tl.store(s_ptrs, s, mask=s_mask)
+    s = tl.load(state_ptr + slot * stride_ss + s_offs, mask=s_mask, other=0.0)
+    for j in tl.static_range(ROWS):
+        b = first + j
+        q = tl.load(q_ptr + b * stride_qb + kh * stride_qh + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + b * stride_kb + kh * stride_kh + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        q = l2_normalize_rows(q, 0) * scale
+        k = l2_normalize_rows(k, 0)
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_v, mask=v_mask, other=0.0).to(tl.float32)
+        decay = tl.exp(tl.load(g_ptr + b * stride_gb + h).to(tl.float32))
+        beta = tl.load(beta_ptr + b * stride_bb + h).to(tl.float32)
+        s = s * decay
+        u = beta * (v - tl.sum(s * k[:, None], axis=0))
+        s = s + k[:, None] * u[None, :]
+        dst = tl.load(slots_ptr + b).to(tl.int64)  # row 0: the group's own slot
+        o = tl.where(dst >= 0, tl.sum(s * q[:, None], axis=0), 0.0)
+        tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_v, o.to(o_ptr.dtype.element_ty), mask=v_mask)
+        if dst >= 0:
+            tl.store(state_ptr + dst * stride_ss + s_offs, s, mask=s_mask)
 
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
-                               scale: float | None = None) -> torch.Tensor:
+                               scale: float | None = None, rows_per_seq: int = 1) -> torch.Tensor:
+    """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref)."""
     check_rows(q, k, v, g, beta, ssm_state)
-    batch, hk, dk = q.shape
+    rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     out = torch.empty_like(v)
-    if batch == 0:
+    if rows == 0:
         return out
     tiles = gdn_tiles(q.device)
     block_v = min(tiles.decode_block_v, next_pow2(dv))
-    _recurrent_step_kernel[(batch, hv, triton.cdiv(dv, block_v))](
+    _recurrent_step_kernel[(rows // rows_per_seq, hv, triton.cdiv(dv, block_v))](
         q, k, v, g, beta, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
-        DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, num_warps=tiles.decode_warps)
+        DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
+        num_warps=tiles.decode_warps)
     return out

@@ -67,15 +67,24 @@ def causal_conv1d_prefill_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch
 
 
 def causal_conv1d_decode_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                             conv_state: torch.Tensor, state_indices: torch.Tensor) -> torch.Tensor:
-    """One new token per sequence: y [B, C]; conv_state shifts left by one, in place."""
+                             conv_state: torch.Tensor, state_indices: torch.Tensor,
+                             rows_per_seq: int = 1) -> torch.Tensor:
+    """Decode rows in groups of R = rows_per_seq consecutive tokens of one sequence (R = 1: a
+    plain decode; R = K+1: a verify). Group b reads the history of slot state_indices[b*R] and
+    row j writes the last W-1 inputs after it to slot state_indices[b*R + j] (skipped when < 0).
+    y [B*R, C]; rows with a negative slot get zeros."""
     y = torch.zeros_like(x)
-    for b, slot in enumerate(state_indices.tolist()):
-        if slot < 0:
+    width = weight.shape[1]
+    slots = state_indices.tolist()
+    for first in range(0, len(slots), rows_per_seq):
+        if slots[first] < 0:
             continue
-        xx = torch.cat([conv_state[slot].float(), x[b:b + 1].float()])
-        y[b] = _conv_silu(xx, weight, bias, 1)[0].to(x.dtype)
-        conv_state[slot] = xx[1:].to(conv_state.dtype)
+        xx = torch.cat([conv_state[slots[first]].float(), x[first:first + rows_per_seq].float()])
+        out = _conv_silu(xx, weight, bias, rows_per_seq).to(x.dtype)
+        for j in range(rows_per_seq):
+            if slots[first + j] >= 0:
+                y[first + j] = out[j]
+                conv_state[slots[first + j]] = xx[j + 1:j + width].to(conv_state.dtype)
     return y
 
 
@@ -153,19 +162,27 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     return (state * q[..., None]).sum(-2), state
 
 
-def gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale: float | None = None
-                                ) -> torch.Tensor:
-    """One token per sequence: o [B, Hv, Dv]; ssm_state[slot] updated in place."""
+def gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale: float | None = None,
+                                rows_per_seq: int = 1) -> torch.Tensor:
+    """Decode rows in groups of R = rows_per_seq tokens of one sequence (R = 1: one token per
+    sequence; R = K+1: a verify). Group b starts from slot state_indices[b*R]; the state after
+    row j goes to slot state_indices[b*R + j] (skipped when < 0, and that row's output is zero),
+    so the state after every verified position survives the step. o [B*R, Hv, Dv]."""
     out = torch.zeros_like(v)
-    live = (state_indices >= 0).nonzero().flatten()
+    groups = state_indices.view(-1, rows_per_seq)
+    live = (groups[:, 0] >= 0).nonzero().flatten()
     if live.numel() == 0:
         return out
-    slots = state_indices[live].long()
-    qf, kf = prepare_qk(q[live], k[live], v.shape[1], scale)  # [Hv, n, Dk]
-    o, state = recurrent_step(qf.transpose(0, 1), kf.transpose(0, 1), v[live].float(), g[live].float(),
-                              beta[live].float(), ssm_state[slots].float())
-    out[live] = o.to(v.dtype)
-    ssm_state[slots] = state.to(ssm_state.dtype)
+    state = ssm_state[groups[live, 0].long()].float()
+    for j in range(rows_per_seq):
+        rows = live * rows_per_seq + j
+        qf, kf = prepare_qk(q[rows], k[rows], v.shape[1], scale)  # [Hv, n, Dk]
+        o, state = recurrent_step(qf.transpose(0, 1), kf.transpose(0, 1), v[rows].float(), g[rows].float(),
+                                  beta[rows].float(), state)
+        dst = groups[live, j]
+        keep = dst >= 0
+        out[rows[keep]] = o[keep].to(v.dtype)
+        ssm_state[dst[keep].long()] = state[keep].to(ssm_state.dtype)
     return out
 
 

@@ -42,6 +42,39 @@ class MoeW4:
         return W4Weight(w.qweight[e], w.scales[e], w.biases[e], w.group_size)
 
 
+@dataclass
+class Mx4Weight:
+    """MXFP4 weights of E experts as gpt-oss publishes them: blocks uint8 [E, N, K // 2] (two e2m1
+    codes a byte, low nibble first) and scales uint8 [E, N, K // 32] (e8m0: 2 ** (s - 127))."""
+
+    blocks: torch.Tensor
+    scales: torch.Tensor
+
+    def dense(self, e: int, dtype: torch.dtype) -> torch.Tensor:
+        """Expert e as [N, K] in dtype (the reference's view)."""
+        from homelab_llm.engine.kernels.moe_gptoss_ref import dequantize_mxfp4_ref
+
+        n, half = self.blocks.shape[1:]
+        return dequantize_mxfp4_ref(self.blocks[e].reshape(n, half // 16, 16), self.scales[e], dtype)
+
+
+@dataclass
+class MoeMx4:
+    """MXFP4 experts: gate_up (N = 2I, gate rows then up rows; K = H) and down (N = H, K = I)."""
+
+    w13: Mx4Weight
+    w2: Mx4Weight
+
+
+def expert_shape(w13: torch.Tensor | MoeW4 | MoeMx4) -> tuple[int, int]:
+    """(experts, intermediate width) of the gate_up weights in any of the three layouts."""
+    if isinstance(w13, MoeW4):
+        return w13.w13.qweight.shape[0], w13.w13.qweight.shape[2] // 2
+    if isinstance(w13, MoeMx4):
+        return w13.w13.blocks.shape[0], w13.w13.blocks.shape[1] // 2
+    return w13.shape[0], w13.shape[1] // 2
+
+
 def _expert_linear(x: torch.Tensor, weight: torch.Tensor | MoeW4, which: str, e: int) -> torch.Tensor:
     """x [n, in] through expert e's `which` ("w13" or "w2") projection, in x's dtype."""
     if isinstance(weight, MoeW4):

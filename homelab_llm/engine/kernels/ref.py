@@ -247,6 +247,17 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return (xf * weight.float()).to(x.dtype)
 
 
+def qk_norm_ref(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
+                q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The q heads and the k heads of a fused projection, each RMS-normalized per head with their
+    own weight, side by side: [T, q_heads + kv_heads, head_dim]."""
+    tokens, q_size = qkv.shape[0], q_heads * head_dim
+    q = rms_norm_ref(qkv[:, :q_size].reshape(tokens, q_heads, head_dim), q_weight, eps)
+    k = rms_norm_ref(qkv[:, q_size:q_size + kv_heads * head_dim].reshape(tokens, kv_heads, head_dim),
+                     k_weight, eps)
+    return torch.cat((q, k), dim=1)
+
+
 def add_rms_norm_ref(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

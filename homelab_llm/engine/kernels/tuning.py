@@ -44,6 +44,22 @@ class GemmTiles:
 
 
 @dataclass(frozen=True)
+class RowsTiles:
+    """W4A16 multi-row GEMV (w4a16_rows.py). block_n: output columns per program; it should be
+    4 x 32 x num_warps x c (c = 1, 2) so each thread owns whole 16-byte vectors of every word row
+    and the K sum stays inside the thread. wrows: packed word rows per K step (8 x wrows values of
+    k; clamped to the group). waves: programs per SM that K-splitting aims for; min_steps: K
+    steps a split keeps at least."""
+
+    block_n: int
+    wrows: int
+    num_warps: int
+    num_stages: int = 1
+    waves: int = 4
+    min_steps: int = 2
+
+
+@dataclass(frozen=True)
 class ArchTiles:
     name: str
     num_sms: int  # fallback when the device cannot be asked
@@ -57,7 +73,11 @@ class ArchTiles:
     # rows per K step (>= 128), split_k = programs per SM below which K is split.
     w4a16_dot: GemmTiles
     elementwise_warps: int  # norms, rope, silu
-    max_kv_splits: int  # split-KV decode: upper bound on splits per sequence
+    # split-KV decode: upper bound on splits per sequence (eager path), and the batch-1 split count
+    # of decode graphs on long contexts (cuda_graphs.kv_splits_for; shared out as batches grow)
+    max_kv_splits: int
+    # W4A16 multi-row GEMV: (max_rows, tiles), the first entry with m <= max_rows serves m rows.
+    w4a16_rows: tuple[tuple[int, RowsTiles], ...]
 
 
 TABLE: dict[str, ArchTiles] = {
@@ -71,7 +91,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
-        elementwise_warps=4, max_kv_splits=16),
+        elementwise_warps=4, max_kv_splits=64,
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
@@ -83,7 +104,11 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
         # H200 sweep 2026-12-01 (docs/BENCHMARKS.md 8.7): 128 columns x 8 warps won at 8 rows.
         w4a16_dot=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
-        elementwise_warps=8, max_kv_splits=16),
+        elementwise_warps=8, max_kv_splits=64,
+        # 1-2 rows: 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step:
+        # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
+        # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -94,7 +119,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
-        elementwise_warps=4, max_kv_splits=16),
+        elementwise_warps=4, max_kv_splits=64,
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
@@ -105,7 +131,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
-        elementwise_warps=4, max_kv_splits=16),
+        elementwise_warps=4, max_kv_splits=32,
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
         name="interpret", num_sms=4,
@@ -116,7 +143,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm_small=GemmTiles(16, 32, 32, num_warps=1, num_stages=1, split_k=1),
         gemm=GemmTiles(16, 32, 32, num_warps=1, num_stages=1),
         w4a16_dot=GemmTiles(16, 32, 128, num_warps=1, num_stages=1, split_k=2),
-        elementwise_warps=1, max_kv_splits=4),
+        elementwise_warps=1, max_kv_splits=4,
+        w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),)),
 }
 
 
@@ -163,23 +191,34 @@ def device_sms(device: torch.device) -> int:
 
 
 # Which W4A16 kernel serves M rows, per arch: the first (max_rows, kernel) with m <= max_rows.
-# "gemv": w4a16_gemv.py (reads each word once, CUDA-core FMAs; best at 1-2 rows); "dot":
-# w4a16_dot.py (dequantize once, tensor-core dots; a few rows); "gemm": w4a16.py (prefill).
-# Update from `python benchmarks/w4a16_sweep.py` (its last table prints a suggested row).
+# "rows": w4a16_rows.py (multi-row GEMV: reads each word once for all rows, CUDA-core FMAs);
+# "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
+# tensor-core dots; a few rows); "gemm": w4a16.py (prefill). Each kernel's tiles come from its
+# ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
+    # H200 sweep (benchmarks/w4a16_sweep.py --quick, 8B shapes, one step's linears): 1 row: the
+    # older GEMV 2.88 ms, the multi-row GEMV 3.46-3.61, the dot kernel 3.95; 8 rows: dot 4.19 ms
+    # (1.46x the 1-row time), the multi-row GEMV 10.4. The multi-row kernel ("rows") compiles
+    # everywhere and stays in the interpreter's entry (its tests route through it) until a device
+    # measures it ahead; the others keep the older GEMV where they were not measured.
     "sm80": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    # H200 sweep: the GEMV wins at 1 row only (2 rows: 26 ms vs 12 ms a step); the GEMM kernel
-    # ties the few-row kernel by 32 rows.
+    # H200 sweep 8.7: the GEMM kernel ties the few-row kernel by 32 rows.
     "sm90": ((1, "gemv"), (16, "dot"), (1 << 62, "gemm")),
     "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
-    "interpret": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
+    "interpret": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
 }
 
 
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("gemv", "dot" or "gemm") the table picks for m rows on this device."""
+    """The W4A16 kernel ("rows", "gemv", "dot" or "gemm") the table picks for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
+
+
+def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
+    """The multi-row GEMV tiles (w4a16_rows.py) this device's table gives m rows."""
+    entries = tiles_for(device).w4a16_rows
+    return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 
 def gemm_tiles(m: int, device: torch.device | None) -> GemmTiles:

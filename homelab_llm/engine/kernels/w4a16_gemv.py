@@ -123,11 +123,12 @@ def _w4a16_gemv_kernel(
 
 @triton.jit
 def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M, N, stride_om,
-                    SPLIT: tl.constexpr):
+                    SPLIT):
     """Epilogue shared by the W4A16 kernels: part [BLOCK_M, BLOCK_N] fp32 goes straight to `out`
     (SPLIT 1), or to split pid_k's slot of the fp32 workspace [SPLIT, M, N]; the last program of
     this output tile to take its ticket sums the slots in split order (deterministic) and resets
-    the ticket, so the launch replays inside CUDA/HIP graphs."""
+    the ticket, so the launch replays inside CUDA/HIP graphs. SPLIT may be a constexpr or a
+    runtime value (one compiled kernel for every split count)."""
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT == 1:

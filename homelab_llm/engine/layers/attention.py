@@ -60,7 +60,7 @@ class Attention(nn.Module):
             q, self.k_cache, self.v_cache, ctx.page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
-            sinks=sinks)
+            sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1)
         return out.reshape(q.shape[0], -1)
 
     @staticmethod

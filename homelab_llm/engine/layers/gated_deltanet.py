@@ -7,7 +7,9 @@ recurrent state; a gated RMSNorm with z and the out-projection finish.
 
 State: each sequence owns a slot (ForwardContext.state_indices) in this layer's conv state
 [slots, W-1, C_rank] and recurrent state [slots, Hv_rank, Dk, Dv] (fp32), bound by the runner like
-the KV cache. Chunked prefill resumes from the slot when has_initial_state says so.
+the KV cache. Chunked prefill resumes from the slot when has_initial_state says so. A speculative
+verify step's decode rows (ForwardContext.decode_rows, in groups of verify_width) go through the
+decode kernels, which keep the state after every verified row in that row's slot.
 
 Tensor parallelism: key heads, value heads and the conv channels split with them: every part of
 q|k|v|z and b|a is sharded by heads, so a rank's conv channels are [its q | its k | its v] and
@@ -92,24 +94,35 @@ class GatedDeltaNet(nn.Module):
         mixed, z = qkvz[:, :self.conv_dim], qkvz[:, self.conv_dim:]
         ba = self.in_proj_ba(hidden)
         b, a = ba[:, :self.num_v_heads], ba[:, self.num_v_heads:]
-        weight = self.conv1d.weight
-        if ctx.decode_only:
-            mixed = gdn.causal_conv1d_decode(mixed.contiguous(), weight, None, self.conv_state,
-                                             ctx.state_indices)
-        else:
-            mixed = gdn.causal_conv1d_prefill(mixed.contiguous(), weight, None, ctx.query_start_loc,
-                                              self.conv_state, ctx.state_indices,
-                                              ctx.has_initial_state)
+        # Decode-form rows first (all of a decode_only step; a hybrid verify's groups of K+1 rows
+        # in a mixed one), varlen sequences after them.
+        d = tokens if ctx.decode_only else ctx.decode_rows
+        mixed = self._rows(ctx, d, gdn.causal_conv1d_decode, gdn.causal_conv1d_prefill, (mixed.contiguous(),),
+                           (self.conv1d.weight, None), self.conv_state)
         kd = self.key_dim
         q = mixed[:, :kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = mixed[:, kd:2 * kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         v = mixed[:, 2 * kd:].reshape(tokens, self.num_v_heads, self.head_v_dim)
         g, beta = gdn.gdn_gating(a.contiguous(), b.contiguous(), self.A_log, self.dt_bias)
-        if ctx.decode_only:
-            o = gdn.gated_delta_rule_decode(q, k, v, g, beta, self.ssm_state, ctx.state_indices)
-        else:
-            o = gdn.gated_delta_rule_prefill(q, k, v, g, beta, ctx.query_start_loc, self.ssm_state,
-                                             ctx.state_indices, ctx.has_initial_state)
+        o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill, (q, k, v, g, beta), (),
+                       self.ssm_state)
         o = gdn.gated_rms_norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                self.norm.weight, self.eps)
         return self.out_proj(o.reshape(tokens, self.value_dim))
+
+    @staticmethod
+    def _rows(ctx, d: int, decode, prefill, row_args: tuple[torch.Tensor, ...], const_args: tuple,
+              state: torch.Tensor) -> torch.Tensor:
+        """decode(...) over the first d rows (a state slot per row, chained in groups of
+        ctx.verify_width), prefill(...) over the varlen rest; one call when the step is all one
+        or the other. Both kernels take (row tensors, constants, [cu_seqlens,] state, slots, ...)."""
+        total = row_args[0].shape[0]
+        out = []
+        if d:
+            out.append(decode(*(t[:d] for t in row_args), *const_args, state, ctx.state_indices[:d],
+                              rows_per_seq=ctx.verify_width))
+        if d < total or total == 0:
+            qsl = ctx.query_start_loc[d:] - d if d else ctx.query_start_loc
+            out.append(prefill(*(t[d:] for t in row_args), *const_args, qsl, state, ctx.state_indices[d:],
+                               ctx.has_initial_state[d:]))
+        return out[0] if len(out) == 1 else torch.cat(out)

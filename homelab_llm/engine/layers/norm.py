@@ -38,3 +38,11 @@ class OffsetRMSNorm(RMSNorm):
         if tuple(param.shape) != tuple(tensor.shape):
             raise ValueError(f"shape {tuple(tensor.shape)} != {tuple(param.shape)}")
         param.data.copy_(tensor.float() + 1.0)
+
+
+def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: RMSNorm,
+            k_norm: RMSNorm) -> torch.Tensor:
+    """QK-norm attention's per-head norms over a fused projection's q | k columns, in one launch:
+    [T, q_heads + kv_heads, head_dim] (q heads first)."""
+    return dispatch.qk_norm(qkv, q_heads, kv_heads, head_dim, q_norm.weight, k_norm.weight,
+                            q_norm.eps)

@@ -11,11 +11,12 @@ from typing import Any, Mapping
 from homelab_llm.errors import HomelabError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_5", "qwen3_moe",
-                           "qwen3_5_moe", "gemma3", "gpt_oss")
-# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py).
-MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "gpt_oss")
-# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py).
-HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe")
+                           "qwen3_5_moe", "qwen3_next", "gemma3", "gpt_oss")
+# Families whose MLP is a mixture of experts (model/qwen3_moe.py, model/qwen3_5_moe.py,
+# model/qwen3_next.py).
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_5_moe", "qwen3_next", "gpt_oss")
+# Hybrid (Gated DeltaNet) families (model/qwen3_5.py, model/qwen3_5_moe.py, model/qwen3_next.py).
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_FULL = "full_attention"
 LAYER_LINEAR = "linear_attention"  # Gated DeltaNet
 LAYER_SLIDING = "sliding_attention"  # attention over the last sliding_window keys only
@@ -41,6 +42,7 @@ _HF_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen3_5MoeForCausalLM": "qwen3_5_moe",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "GptOssForCausalLM": "gpt_oss",
@@ -116,6 +118,7 @@ class ModelConfig:
     o_proj_bias: bool = False
     swiglu_alpha: float = 0.0  # 0: plain SiLU experts
     swiglu_limit: float = 0.0
+    experts_mxfp4: bool = False  # gpt-oss as published: experts resident in MXFP4, decoded in-kernel
 
     @property
     def is_hybrid(self) -> bool:
@@ -336,8 +339,9 @@ def window_fields(raw: Mapping[str, Any], arch: str, where: str) -> dict[str, An
 
 
 def checkpoint_quantization(raw: Mapping[str, Any], arch: str) -> Mapping[str, Any] | None:
-    """The quantization_config the loader acts on: gpt-oss's published MXFP4 experts are
-    dequantized at load (model/gpt_oss.py), so for them there is none."""
+    """The quantization_config the loader acts on: gpt-oss's published MXFP4 experts are the
+    experts' own format (ModelConfig.experts_mxfp4, layers/moe_gptoss.py), not a linear-layer
+    quantization, so for them there is none."""
     quant = raw.get("quantization_config")
     if arch == "gpt_oss" and isinstance(quant, Mapping) and str(quant.get("quant_method")).lower() == "mxfp4":
         return None
@@ -348,9 +352,11 @@ def gpt_oss_fields(raw: Mapping[str, Any], arch: str) -> dict[str, Any]:
     """gpt-oss's attention sinks, o_proj bias and clamped-SwiGLU experts ({} for others)."""
     if arch != "gpt_oss":
         return {}
+    quant = raw.get("quantization_config")
+    mxfp4 = isinstance(quant, Mapping) and str(quant.get("quant_method")).lower() == "mxfp4"
     return dict(attention_sinks=True, o_proj_bias=bool(raw.get("attention_bias", True)),
                 swiglu_alpha=float(raw.get("swiglu_alpha") or 1.702),
-                swiglu_limit=float(raw.get("swiglu_limit") or 7.0))
+                swiglu_limit=float(raw.get("swiglu_limit") or 7.0), experts_mxfp4=mxfp4)
 
 
 def _text_part(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -404,7 +410,7 @@ def _hybrid_fields(raw: Mapping[str, Any], rope_params: Mapping[str, Any], where
 
 def config_from_hf(raw: Mapping[str, Any], name: str = "", where: str = "config.json") -> ModelConfig:
     """An HF config.json dict -> ModelConfig (Llama, Mistral, Qwen2/2.5, Qwen3, Qwen3.5/3.6,
-    Qwen3-MoE, Gemma 3, gpt-oss)."""
+    Qwen3-MoE, Qwen3.5/3.6-MoE, Qwen3-Next, Gemma 3, gpt-oss)."""
     raw = _text_part(raw)
     arch = str(raw.get("model_type") or "").lower()
     arch = _MODEL_TYPE_ALIASES.get(arch, arch)

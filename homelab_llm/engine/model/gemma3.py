@@ -26,6 +26,7 @@ from homelab_llm.engine.layers.norm import OffsetRMSNorm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaAttention, LlamaMLP
+from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 SKIPPED_PREFIXES = ("model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
@@ -89,7 +90,7 @@ class Gemma3ForCausalLM(nn.Module):
     """The CausalLM contract (see llama.LlamaForCausalLM)."""
 
     packed_modules = PACKED_MODULES
-    split_modules: dict[str, tuple[str, list[tuple[str, int]]]] = {}
+    split_modules: dict[str, SplitTensor] = {}
 
     def __init__(self, config: ModelConfig):
         super().__init__()

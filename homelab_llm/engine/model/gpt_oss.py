@@ -4,9 +4,10 @@ mixture of experts on every layer (layers/moe_gptoss.py: biased router and exper
 SwiGLU). Checkpoint names follow transformers 5 (`mlp.router`, `mlp.experts.gate_up_proj`...).
 
 The published checkpoints hold the experts in MXFP4 (`gate_up_proj_blocks` + `_scales`,
-[E, out, in / 32, 16] and [E, out, in / 32]): combine_checkpoint dequantizes each pair at load to
-the bf16 layout ([E, in, out]), so the experts run in the model dtype (about 42 GB for 20B; a 4-bit
-expert kernel is not written yet).
+[E, out, in / 32, 16] and [E, out, in / 32], quant_method "mxfp4"): those stay resident in MXFP4
+(config.experts_mxfp4; about 13 GB for 20B instead of 42 GB in bf16) and the fused MoE kernels
+decode them in registers. combine_checkpoint dequantizes a pair at load only when the config does
+not announce MXFP4 (a checkpoint mixing the two layouts).
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ from homelab_llm.engine.model.llama import LlamaForCausalLM
 class GptOssForCausalLM(LlamaForCausalLM):
     def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
         return GptOssMoe(config.hidden_size, config.num_experts, config.num_experts_per_tok,
-                         config.moe_intermediate_size, config.swiglu_alpha, config.swiglu_limit)
+                         config.moe_intermediate_size, config.swiglu_alpha, config.swiglu_limit,
+                         mxfp4=config.experts_mxfp4)
 
     def combine_checkpoint(self, weights: Iterator[tuple[str, torch.Tensor, Any]]
                            ) -> Iterator[tuple[str, torch.Tensor, Any]]:
-        """Each MXFP4 `X_blocks` + `X_scales` pair -> `X` dequantized (see module docstring)."""
+        """Each MXFP4 `X_blocks` + `X_scales` pair -> `X` dequantized, unless the experts stay
+        MXFP4 (see module docstring)."""
+        if self.config.experts_mxfp4:
+            yield from weights
+            return
         pending: dict[str, dict[str, torch.Tensor]] = {}
         dtype = self.model.embed_tokens.weight.dtype
         for name, tensor, blocks in weights:

@@ -20,9 +20,10 @@ from homelab_llm.engine.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
-from homelab_llm.engine.layers.norm import RMSNorm
+from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 # checkpoint module name -> (our fused module, shard_id)
@@ -73,10 +74,8 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         qk_size = self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, d)
-        if self.qk_norm:
-            q = self.q_norm(qkv[:, : self.q_size].view(tokens, self.num_heads, d))
-            k = self.k_norm(qkv[:, self.q_size : qk_size].view(tokens, self.num_kv_heads, d))
-            qk = torch.cat((q, k), dim=1)
+        if self.qk_norm:  # one launch normalizes q's and k's heads, each with its own weight
+            qk = qk_norm(qkv, self.num_heads, self.num_kv_heads, d, self.q_norm, self.k_norm)
         else:
             qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
@@ -157,7 +156,7 @@ class LlamaForCausalLM(nn.Module):
     """The CausalLM contract: model(input_ids, positions) -> hidden; compute_logits(hidden)."""
 
     packed_modules = PACKED_MODULES
-    split_modules: dict[str, tuple[str, list[tuple[str, int]]]] = {}  # none: see qwen3_5.py
+    split_modules: dict[str, SplitTensor] = {}  # none: see qwen3_5.py
 
     @staticmethod
     def checkpoint_name(name: str) -> str | None:

@@ -32,6 +32,7 @@ from homelab_llm.engine.model.quant_config import parse_quant_config
 from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 from homelab_llm.engine.model.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
+from homelab_llm.engine.model.qwen3_next import Qwen3NextForCausalLM
 from homelab_llm.engine.parallel import state as parallel_state
 
 LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
@@ -42,6 +43,7 @@ DUMMY_STD = 0.02  # small enough that 60+ random layers keep activations finite
 MODEL_CLASSES: dict[str, type[nn.Module]] = {"qwen3_5": Qwen3_5ForCausalLM,
                                              "qwen3_moe": Qwen3MoeForCausalLM,
                                              "qwen3_5_moe": Qwen3_5MoeForCausalLM,
+                                             "qwen3_next": Qwen3NextForCausalLM,
                                              "gemma3": Gemma3ForCausalLM,
                                              "gpt_oss": GptOssForCausalLM}
 
@@ -253,7 +255,7 @@ def route(model: nn.Module, name: str) -> tuple[str, Any]:
         return expert
     parts = name.split(".")
     if split_id:
-        fused = model.split_modules[parts[-2]][0]
+        fused = model.split_modules[parts[-2]].fused
         return ".".join(parts[:-2] + [fused, parts[-1]]), split_id
     if len(parts) >= 2 and parts[-2] in model.packed_modules:
         fused, shard_id = model.packed_modules[parts[-2]]
@@ -278,10 +280,11 @@ def split_parts(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor, Any
         if "#" in name or len(parts) < 2 or parts[-2] not in splits or tensor is None:
             yield name, tensor, blocks
             continue
-        sizes = [size for _, size in splits[parts[-2]][1]]
-        if tensor.shape[0] != sum(sizes):
-            raise ModelLoadError(f"tensor {name}: {tensor.shape[0]} rows, expected {sum(sizes)}")
-        for (part, _), piece in zip(splits[parts[-2]][1], tensor.split(sizes)):
+        try:
+            pieces = splits[parts[-2]].take(tensor)
+        except ValueError as err:
+            raise ModelLoadError(f"tensor {name}: {err}") from None
+        for part, piece in pieces:
             yield f"{name}#{part}", piece, blocks
 
 
@@ -317,7 +320,8 @@ def _covered_parts(model: nn.Module, target: str, shard_id: Any) -> list[Any]:
 def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Deterministic random weights: each tensor seeded from its name, drawn on its own device.
 
-    Norm weights stay 1 (as trained models roughly are); everything else ~ N(0, DUMMY_STD).
+    Norm weights stay 1 (as trained models roughly are); everything else ~ N(0, DUMMY_STD), but
+    MXFP4 expert bytes (uint8): random codes with scales near 2^-7.
     Each rank draws its own shard, so a TP>1 dummy model is not the TP=1 one split.
     """
     for name, param in model.named_parameters():
@@ -326,4 +330,8 @@ def fill_dummy_weights(model: nn.Module, seed: int = 0) -> None:
             continue
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed + zlib.crc32(f"{name}@{parallel_state.tp_rank()}".encode()))
+        if param.dtype == torch.uint8:  # MXFP4 experts: random e2m1 codes, e8m0 scales ~ 2^-7
+            low, high = (119, 122) if name.endswith("_scales") else (0, 256)
+            param.data.random_(low, high, generator=gen)
+            continue
         param.data.normal_(0.0, DUMMY_STD, generator=gen)

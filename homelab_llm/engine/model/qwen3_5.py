@@ -31,6 +31,7 @@ from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
+from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
 QWEN3_5_PACKED = {
@@ -155,9 +156,8 @@ class Qwen3_5ForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.tp_rank, self.tp_size = tp_rank(), tp_size()
-        kd, vd = config.linear_key_dim, config.linear_value_dim
         # Checkpoint tensors that hold several parts of one fused weight, split as they load.
-        self.split_modules = {"in_proj_qkv": ("in_proj_qkvz", [("q", kd), ("k", kd), ("v", vd)])}
+        self.split_modules = self.checkpoint_splits(config)
         self.model = Qwen3_5Model(config, self.make_mlp)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if config.tie_word_embeddings:
@@ -169,6 +169,13 @@ class Qwen3_5ForCausalLM(nn.Module):
     def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
         """The MLP of decoder layer `layer`; the MoE variant (qwen3_5_moe.py) overrides this."""
         return LlamaMLP(config)
+
+    @staticmethod
+    def checkpoint_splits(config: ModelConfig) -> dict[str, SplitTensor]:
+        """Qwen3.5 stores Gated DeltaNet's q|k|v as one tensor, parts one after another
+        (Qwen3-Next overrides this: its tensors interleave per key head)."""
+        kd, vd = config.linear_key_dim, config.linear_value_dim
+        return {"in_proj_qkv": SplitTensor("in_proj_qkvz", (("q", kd), ("k", kd), ("v", vd)))}
 
     @staticmethod
     def checkpoint_name(name: str) -> str | None:

@@ -25,11 +25,15 @@ def sparse_moe_block(config: ModelConfig) -> SparseMoeBlock:
                           config.moe_intermediate_size, config.norm_topk_prob, shared)
 
 
+def moe_or_dense_mlp(config: ModelConfig, layer: int) -> nn.Module:
+    """HF's rule for Qwen3-MoE and Qwen3-Next: experts on config.moe_layers, a dense MLP of
+    intermediate_size on the others (mlp_only_layers, decoder_sparse_step)."""
+    return sparse_moe_block(config) if layer in config.moe_layers else LlamaMLP(config)
+
+
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
     """Llama's decoder and weight routing; only the MLP of the sparse layers differs (the
     loader routes expert tensors for every family through layers.moe.expert_target)."""
 
     def make_mlp(self, config: ModelConfig, layer: int) -> nn.Module:
-        if layer in config.moe_layers:
-            return sparse_moe_block(config)
-        return LlamaMLP(config)
+        return moe_or_dense_mlp(config, layer)

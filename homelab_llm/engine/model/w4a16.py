@@ -17,9 +17,9 @@ def checkpoint_names(model: nn.Module, module_name: str, module: LinearBase) -> 
     """HF tensor names fused into `module`'s weight, in part order."""
     parent, _, leaf = module_name.rpartition(".")
     by_part = {sid: ckpt for ckpt, (fused, sid) in model.packed_modules.items() if fused == leaf}
-    for ckpt, (fused, parts) in model.split_modules.items():  # one tensor, several parts
-        if fused == leaf:
-            by_part.update({sid: ckpt for sid, _ in parts})
+    for ckpt, split in model.split_modules.items():  # one tensor, several parts
+        if split.fused == leaf:
+            by_part.update({sid: ckpt for sid, _ in split.parts})
     if not by_part:
         return [f"{module_name}.weight"]
     return [f"{parent}.{by_part[sid]}.weight" for sid in module.part_ids()]

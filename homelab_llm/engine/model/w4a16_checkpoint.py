@@ -181,15 +181,13 @@ def _route(model: nn.Module, prefix: str, w: W4Weight) -> list[tuple[str, Any, W
     fused-module table; a tensor holding several parts (split_modules) gives one per part."""
     parts = prefix.split(".")
     if parts[-1] in model.split_modules:
-        fused, pieces = model.split_modules[parts[-1]]
-        module, out, start = ".".join(parts[:-1] + [fused]), [], 0
-        if w.out_features != sum(size for _, size in pieces):
-            raise ModelLoadError(f"{prefix}: {w.out_features} outputs, expected "
-                                 f"{sum(size for _, size in pieces)}")
-        for shard_id, size in pieces:
-            out.append((module, shard_id, w.narrow_out(start, size)))
-            start += size
-        return out
+        split = model.split_modules[parts[-1]]
+        module = ".".join(parts[:-1] + [split.fused])
+        if w.out_features != split.rows:
+            raise ModelLoadError(f"{prefix}: {w.out_features} outputs, expected {split.rows}")
+        # Grouped parts (Qwen3-Next) gather their column spans; one source, so one act order.
+        return [(module, shard_id, fuse_parts([w.narrow_out(s, n) for s, n in spans]))
+                for shard_id, spans in split.spans()]
     if parts[-1] in model.packed_modules:
         fused, shard_id = model.packed_modules[parts[-1]]
         return [(".".join(parts[:-1] + [fused]), shard_id, w)]

@@ -1,14 +1,13 @@
 """Tensor parallelism: what every rank needs to start: the size check (sharding.py's rule as a flag
 error), the launch record a spawned rank receives, its device, its process group (plus, on GPUs,
-the peer-buffer all-reduce), and a worker's tie to the process that started it."""
+the peer-buffer all-reduce). A worker's tie to the process that started it is
+parent_watch.die_with_parent."""
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
 import shutil
-import signal
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -49,15 +48,6 @@ def rendezvous_url(args: EngineArgs) -> str:
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
         return f"file://{folder}/store"
     return f"tcp://{args.master_addr}:{args.master_port or free_port()}"
-
-
-def die_with_parent() -> None:
-    """Linux: get SIGKILL when the process that started us dies, so no worker is orphaned."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def device_for(device_type: str, local_rank: int) -> torch.device:

@@ -18,13 +18,13 @@ from homelab_llm.engine.args import EngineArgs, EngineArgsError
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.channel import open_channel, receive_patch
-from homelab_llm.engine.parallel.launch import (LaunchSpec, check_tp_flag, device_for,
-                                                die_with_parent, init_group)
+from homelab_llm.engine.parallel.launch import LaunchSpec, check_tp_flag, device_for, init_group
 from homelab_llm.engine.parallel.ring import ShmRing
 from homelab_llm.engine.parallel.shutdown import SHUTDOWN_WAIT_S, default_store, leave, wait_done
 from homelab_llm.engine.runner import ModelRunner
 from homelab_llm.engine.step_plan import (CMD_ALLOCATE, CMD_GRAPHS, CMD_MEMORY, CMD_PAGES,
                                           CMD_SHUTDOWN, CMD_STEP)
+from homelab_llm.parent_watch import die_with_parent
 
 
 def worker_loop(launch: LaunchSpec, rank: int, local_rank: int) -> None:

@@ -82,7 +82,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_dot,
-                                            w4a16_gemv)
+                                            w4a16_gemv, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
@@ -100,6 +100,9 @@ def _scenarios():
         w = torch.ones(hidden, dtype=dt)
         yield lambda x=x, w=w: elementwise.rms_norm(x, w, 1e-5)
         yield lambda x=x, w=w: elementwise.add_rms_norm(x, x.clone(), w, 1e-5)
+        yield lambda dt=dt: elementwise.qk_norm(torch.zeros((4, 48 * 128), dtype=dt), 32, 8, 128,
+                                                torch.ones(128, dtype=dt), torch.ones(128, dtype=dt),
+                                                1e-6)
         yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt))
     cos_sin = torch.zeros((256, d), dtype=torch.float32)
     pos = torch.arange(4, dtype=i64)
@@ -127,6 +130,25 @@ def _scenarios():
         yield lambda kc=kc, vc=vc, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, num_splits=splits, max_seq_len=8192,
             window=128, sinks=sinks)
+    # speculative verify groups: 2 sequences x K+1 = 5 rows, one program per group
+    rows = 10
+    verify_q = torch.zeros((rows, hq, d), dtype=bf16)
+    verify_table = page_table.repeat_interleave(5, dim=0)
+    verify_lens = torch.arange(300, 300 + rows, dtype=i32)
+    verify_qsl = torch.arange(rows + 1, dtype=i32)
+    for cdt, splits in ((bf16, None), (i8, 1)):
+        kc, vc, ks, vs = caches(cdt)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
+            verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, ks, vs, num_splits=splits,
+            max_seq_len=8192, rows_per_seq=5)
+    kc, vc, _, _ = caches(bf16)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        verify_q, kc, vc, verify_table, verify_qsl, verify_lens, 0.088, max_seq_len=8192, window=128,
+        sinks=sinks, rows_per_seq=5)
+    # the largest group one program takes (MAX_TILE_ROWS = 16 rows x 4 query heads)
+    yield lambda kc=kc, vc=vc: decode_attention.paged_decode_attention(
+        torch.zeros((32, hq, d), dtype=bf16), kc, vc, page_table.repeat_interleave(16, dim=0),
+        torch.arange(33, dtype=i32), torch.arange(300, 332, dtype=i32), 0.088, max_seq_len=8192, rows_per_seq=16)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
     for cdt in (bf16, i8):
@@ -154,10 +176,19 @@ def _scenarios():
                      (16, 128, bf16), (48, 128, bf16), (256, 128, bf16), (256, 128, fp16)):
         yield lambda m=m, g=g, dt=dt: w4a16.w4a16_matmul(torch.zeros((m, k_in), dtype=dt), weights[g])
     x1 = torch.zeros((1, k_in), dtype=bf16)
-    # SPLIT is a constexpr: 1 writes `out` directly (the calls above pick >1 at this N)
-    yield lambda: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16), split=1)
-    for m, g in ((8, 32), (8, 128), (64, 128)):  # the few-row kernel: per-row and per-step scales, SPLIT 1
+    # SPLIT is a constexpr: 1 writes `out` directly, >1 reduces through the tickets
+    for split in (1, None):
+        yield lambda split=split: w4a16_gemv.w4a16_gemv(x1, weights[128], torch.zeros((1, n_out), dtype=bf16),
+                                                        split=split)
+    # The multi-row GEMV: each row-count entry of the arch's w4a16_rows table, split 1 and the table's
+    for m, g, split in ((1, 128, 1), (1, 128, None), (2, 32, None), (4, 128, None), (8, 128, None),
+                        (16, 128, None)):
         x = torch.zeros((m, k_in), dtype=bf16)
+        yield lambda x=x, g=g, split=split: w4a16_rows.w4a16_rows(
+            x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
+    for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
+        # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
+        x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
@@ -205,10 +236,39 @@ def _moe_scenarios():
                 x, quant, None, weights, ids, decode_gemv=False)
             yield lambda x=x, ids=ids, weights=weights: fused_moe.w4_decode(
                 x, quant, weights, ids, split=1)
+    yield from _gptoss_moe_scenarios()
     yield lambda: moe_align.moe_align(torch.zeros((4, 10), dtype=torch.int32), 512, 64)
     # Qwen3-MoE's router (128 experts, top 8, bf16 logits) and Qwen3-Next's (512, top 10, unnormalised)
     yield lambda: moe_router.route_topk(torch.zeros((4, e), dtype=torch.bfloat16), top_k, True)
     yield lambda: moe_router.route_topk(torch.zeros((4, 512)), 10, False)
+
+
+def _gptoss_moe_scenarios():
+    """gpt-oss-20b's experts (32, top 4, hidden and width 2880; TP=2 halves the width): biases and
+    the clamped SwiGLU, bf16 and MXFP4 weights, decode (the MXFP4 GEMV) and prefill."""
+    import torch
+
+    from homelab_llm.engine.kernels import fused_moe
+    from homelab_llm.engine.kernels.moe_ref import MoeMx4, Mx4Weight
+
+    e, top_k, hidden, inter = 32, 4, 2880, 1440
+
+    def mx4(n, k):
+        return Mx4Weight(torch.zeros((e, n, k // 2), dtype=torch.uint8),
+                         torch.full((e, n, k // 32), 127, dtype=torch.uint8))
+
+    w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
+    w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
+    b13 = torch.zeros((e, 2 * inter), dtype=torch.bfloat16)
+    b2 = torch.zeros((e, hidden), dtype=torch.bfloat16)
+    packed = MoeMx4(mx4(2 * inter, hidden), mx4(hidden, inter))
+    for tokens in (1, 512):
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        ids = torch.zeros((tokens, top_k), dtype=torch.int32)
+        weights = torch.ones((tokens, top_k), dtype=torch.float32)
+        kw = dict(b13=b13, b2=b2, clamp=(1.702, 7.0))
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids, **kw)
+        yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, packed, None, weights, ids, **kw)
 
 
 def _gdn_scenarios():
@@ -238,6 +298,8 @@ def _gdn_scenarios():
     for bias in (None, torch.zeros(channels, dtype=bf16)):
         yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
         yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
+    verify_idx = torch.arange(40, dtype=i32) % slots  # a verify step: 8 sequences x K+1 = 5 rows
+    yield lambda: gdn_conv.conv1d_decode(x[:40], weight, None, conv_state, verify_idx, rows_per_seq=5)
     yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
                                           1e-6)
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
@@ -249,6 +311,8 @@ def _gdn_scenarios():
         if batch > 1:
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
+            yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
 
 
 def capture(arch: str) -> list[dict]:

@@ -80,3 +80,32 @@ def test_short_context_uses_one_split_long_context_many(device: torch.device) ->
 
     assert choose_num_splits(1, 8, device, max_seq_len=40) == 1
     assert choose_num_splits(1, 1, device, max_seq_len=32768) == tiles_for(device).max_kv_splits
+
+
+def test_graph_splits_shrink_with_the_batch() -> None:
+    """Decode graphs: the batch-1 split count (capped by the arch table and by the model length),
+    shared out over the batch, never below 8 (or the batch-1 count), always a power of two."""
+    from homelab_llm.engine.cuda_graphs import kv_splits_at, kv_splits_for
+
+    assert kv_splits_for(32768, 16, 64) == 64 and kv_splits_for(2048, 16, 64) == 16
+    assert [kv_splits_at(64, bs) for bs in (1, 2, 3, 4, 8, 16, 256)] == [64, 32, 16, 16, 8, 8, 8]
+    assert kv_splits_at(4, 1) == 4 and kv_splits_at(4, 64) == 4 and kv_splits_at(1, 8) == 1
+
+
+def test_many_splits_on_a_short_context(device: torch.device, paged_kv) -> None:
+    """A graph's fixed split count far above what a short context needs: the empty splits only
+    write a -inf lse, and the merge must skip their (never written) partial rows."""
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(3)
+    for kv_dtype in (torch.bfloat16, torch.int8):
+        k_cache, v_cache, ks, vs, page_table = paged_kv([3, 40], 2, 32, 4, kv_dtype, device, gen)
+        q = torch.randn(2, 4, 32, generator=gen).to(device, torch.bfloat16)
+        qsl = torch.arange(3, dtype=torch.int32, device=device)
+        sl = torch.tensor([3, 40], dtype=torch.int32, device=device)
+        kc = k_cache if kv_dtype == torch.int8 else k_cache.float()
+        vc = v_cache if kv_dtype == torch.int8 else v_cache.float()
+        want = paged_attention_ref(q.float(), kc, vc, page_table, qsl, sl, 0.2, ks, vs)
+        got = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, 0.2, ks, vs, num_splits=16)
+        # bf16 q/out on unit-variance values: 2e-2 absolute, as in test_decode_matches_reference.
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)

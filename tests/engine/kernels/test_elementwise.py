@@ -101,3 +101,21 @@ def test_unknown_rope_scaling_is_a_clear_error() -> None:
 
     with pytest.raises(HomelabError, match="yarn"):
         ref.rope_inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm(dtype: torch.dtype, device: torch.device, full_shapes: bool) -> None:
+    """One launch == the two per-head norms and the concatenation, on a projection that also
+    carries v columns (which must be left out) and a head_dim that is not a power of two."""
+    from homelab_llm.engine.kernels.elementwise import qk_norm
+
+    gen = torch.Generator().manual_seed(1)
+    tokens, hq, hk, d = (16, 32, 4, 128) if full_shapes else (3, 4, 2, 48)
+    qkv = (torch.randn(tokens, (hq + 2 * hk) * d, generator=gen) * 3).to(device, dtype)
+    qw = (1 + 0.2 * torch.randn(d, generator=gen)).to(device, dtype)
+    kw = (1 + 0.2 * torch.randn(d, generator=gen)).to(device, dtype)
+    got = qk_norm(qkv, hq, hk, d, qw, kw, 1e-6)
+    want = ref.qk_norm_ref(qkv, hq, hk, d, qw, kw, 1e-6)
+    assert got.shape == (tokens, hq + hk, d)
+    # One rounding of the output (the bound of test_rms_norm); q and k weights not swapped.
+    torch.testing.assert_close(got, want, atol=_tol(dtype), rtol=_tol(dtype))

@@ -215,5 +215,22 @@ def test_routes_cover_every_row_count() -> None:
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
-        assert {k for _, k in routes} <= {"gemv", "dot", "gemm"} and routes[-1][1] == "gemm", arch
-    assert tuning.w4a16_route(1) == "gemv" and tuning.w4a16_route(8) == "dot" and tuning.w4a16_route(4096) == "gemm"
+        assert {k for _, k in routes} <= {"rows", "gemv", "dot", "gemm"} and routes[-1][1] == "gemm", arch
+    assert tuning.w4a16_route(1) == "rows" and tuning.w4a16_route(8) == "dot" and tuning.w4a16_route(4096) == "gemm"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dot_kernel_magic_number_nibbles(dtype: torch.dtype, device: torch.device) -> None:
+    """One group per K step: the dot kernel takes nibbles as 128 + q (bf16) or 1024 + q (fp16)
+    and subtracts the offset times sum(x) per step. fp32 output against an fp64 reference: the
+    subtraction costs ~7 (bf16) or ~10 (fp16) of fp32's 24 bits, so 2e-4 of each row's norm
+    bounds it with room (measured 2e-6 / 3e-5); a wrong nibble or offset is >1e-2."""
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+
+    gen = torch.Generator().manual_seed(21)
+    for m, k, n, split, symmetric in ((1, 256, 96, None, True), (5, 384, 40, 2, False)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
+        x = torch.randn(m, k, generator=gen).to(device, dtype)
+        want = x.double() @ dequantize_w4_ref(w).double()
+        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split)
+        assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
