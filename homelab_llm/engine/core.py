@@ -36,6 +36,7 @@ from homelab_llm.engine.spec.mtp_draft import MtpDrafter, collect_work
 from homelab_llm.engine.spec.stats import SpecDecodeStats
 from homelab_llm.engine.spec.verify import accept, sampler_rows
 from homelab_llm.engine.structured.matcher import GrammarState
+from homelab_llm.engine.structured.prefetch import MaskPrefetcher
 from homelab_llm.errors import HomelabError
 from homelab_llm.load_progress import LOAD
 
@@ -108,6 +109,7 @@ class LLMEngine:
         eos = tuple(getattr(self.tokenizer, "eos_token_ids", ()) or self.model_config.eos_token_ids)
         self.eos_token_ids = eos
         self.sampler = Sampler(eos)
+        self.masks = MaskPrefetcher()  # grammar masks for the next sample, off the step loop
         self.outputs = OutputProcessor(self.tokenizer, eos, self.max_model_len)
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []  # ended early (abort or fault): reported next step
@@ -264,6 +266,8 @@ class LLMEngine:
             return results
         if self.drafter is not None:
             self.drafter.draft(self.scheduler.running)
+        # Masks for this step's samples (and drafts) fill on a worker while the forward runs.
+        self.masks.start(self.scheduler.running)
         plan = self.scheduler.schedule()
         ran, logits = run_isolated(
             plan.scheduled, lambda items: self._forward(items, plan.copies),
@@ -382,13 +386,15 @@ class LLMEngine:
 
     def _run_ahead_ok(self, seqs: list[Sequence]) -> bool:
         """May this step's tokens stay on the device while the next step is launched? Only when
-        nothing needs them on the host first (logprobs, penalties, min_tokens masking, a grammar
-        that must consume the token before it can mask the next one)."""
+        nothing needs them on the host first (logprobs, penalties, min_tokens masking). A grammar
+        does not: the next step's forward is launched first, then `_finish_pending` reads this
+        step's token and the matcher consumes it, and the next mask is filled while that forward
+        runs (masks for step k+1 computed during step k+1's forward, not after it)."""
         if not self._async or self.drafter is not None:  # drafting reads the tokens on the host
             return False
         for seq in seqs:
             p = seq.params
-            if seq.grammar is not None or p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
+            if p.logprobs is not None or p.needs_penalties or seq.num_output_tokens < p.min_tokens:
                 return False
         return True
 
@@ -445,6 +451,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         for rid in list(self._seqs):
             self.abort_request(rid)
+        self.masks.close()
         self.runner.shutdown()
 
     @property

@@ -14,7 +14,9 @@
     completions.py    completions: prompt batches, echo, legacy logprobs
     generation.py     Batch: one HTTP request's engine requests, merged outputs, abort on exit
     chat_text.py      routes chat text to reasoning_content / tool_calls / content
-    reasoning_parser.py, tool_parser.py, text_scan.py   <think> and Hermes <tool_call> parsing
+    reasoning_parser.py, text_scan.py   <think> parsing, and what the stream parsers share
+    tool_parser.py    the --tool-call-parser table: tool_hermes.py (<tool_call>), tool_json.py
+                      (llama3_json, mistral), tool_call.py (the call, the delta, the content gate)
     client_base.py    the routes' engine client: per-request queues, drain, abort, lifecycle state
     engine_process.py the engine in its own process (serve's default): one pipe, outputs per step
     engine_core.py    that process: load the engine, run the step loop, die with the server

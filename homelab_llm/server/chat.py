@@ -4,6 +4,7 @@ and answer as one JSON body or as an SSE stream of chunks."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from homelab_llm.engine.structured.grammar import CallWrap
 from homelab_llm.engine.tokenizer import DEFAULT_CHAT_TEMPLATE, Tokenizer
 from homelab_llm.server.chat_text import ChatDelta, ChatTextRouter
 from homelab_llm.server.errors import APIError, bad_request, internal_error
@@ -25,6 +27,7 @@ from homelab_llm.server.reasoning_parser import prompt_opens_think
 from homelab_llm.server.sse import DONE, SSEResponse, sse, sse_error
 from homelab_llm.server.state import ServerState
 from homelab_llm.server.structured import prepare_grammar
+from homelab_llm.server.tool_parser import tool_format
 from homelab_llm.server.tool_template import adapt_messages
 
 
@@ -42,15 +45,15 @@ def render_prompt(tokenizer: Tokenizer, req: ChatCompletionRequest) -> str:
         raise bad_request(f"the chat template rejected the messages: {err}", "messages") from err
 
 
-def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest,
-             bound: PromptBound) -> tuple[str, list[int], str | None]:
+def _prepare(tokenizer: Tokenizer, req: ChatCompletionRequest, bound: PromptBound,
+             call: CallWrap) -> tuple[str, list[int], str | None]:
     # Both length checks are O(1) per message: an absurd prompt is refused before the template
     # runs, and a template-inflated one before the tokenizer does.
     bound.check(message_chars(req.template_messages()), "messages")
     text = render_prompt(tokenizer, req)
     bound.check(len(text), "messages")
     ids = encode_text(tokenizer, text, False, "messages")
-    return text, ids, prepare_grammar(tokenizer, req.constraint())
+    return text, ids, prepare_grammar(tokenizer, req.constraint(call))
 
 
 def finish_reason(choice: ChoiceState, router: ChatTextRouter) -> str | None:
@@ -70,7 +73,9 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
     # Templating and tokenizing a 100K-token agent prompt takes tens of milliseconds: off the
     # event loop, so other streams keep flowing meanwhile.
     bound = await state.ready_prompt_bound(engine)
-    prompt_text, prompt_ids, grammar = await asyncio.to_thread(_prepare, tokenizer, req, bound)
+    tools = tool_format(state.config.tool_call_parser)
+    call = CallWrap(tools.call_open, tools.call_close, tools.args_key)
+    prompt_text, prompt_ids, grammar = await asyncio.to_thread(_prepare, tokenizer, req, bound, call)
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = check_max_tokens(len(prompt_ids), req.requested_max_tokens(),
                                   engine.max_model_len, param)
@@ -78,10 +83,13 @@ async def create_chat_completion(state: ServerState, request: Request, req: Chat
     starts_inside = think and prompt_opens_think(prompt_text)
     harmony = is_harmony(tokenizer)  # gpt-oss: its own output format (server/harmony.py)
     routers: list[Any] = [HarmonyRouter(req.tools_enabled) if harmony else
-                          ChatTextRouter(think, starts_inside, req.tools_enabled) for _ in range(req.n)]
+                          ChatTextRouter(think, starts_inside, req.tools_enabled,
+                                         state.config.tool_call_parser) for _ in range(req.n)]
     params = [req.sampling_params(max_tokens, logprobs, i, vocab_size=tokenizer.vocab_size,
                                   grammar=grammar, grammar_after_think=starts_inside)
               for i in range(req.n)]
+    if req.tools_enabled and tools.keep_special_tokens:  # the format's markers are special tokens
+        params = [dataclasses.replace(p, skip_special_tokens=False) for p in params]
     batch = Batch(state, new_id("chatcmpl"),
                   [(prompt_ids, harmony_params(p) if harmony else p) for p in params])
     await batch.submit(request)

@@ -1,13 +1,14 @@
 """Routes a chat choice's text: `<think>` blocks to reasoning_content (when the template uses
-them), then Hermes `<tool_call>` blocks to tool_calls (when the request has tools), the rest to
-content. Streaming and non-streaming go through the same object."""
+them), then tool calls to tool_calls (when the request has tools; in the format of the
+`--tool-call-parser`, Hermes `<tool_call>` blocks by default), the rest to content. Streaming and non-streaming go through the same object."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from homelab_llm.server.reasoning_parser import ReasoningDelta, ReasoningStream
-from homelab_llm.server.tool_parser import ToolCall, ToolCallStream
+from homelab_llm.server.tool_call import ToolCall
+from homelab_llm.server.tool_parser import tool_format
 
 
 @dataclass
@@ -18,9 +19,10 @@ class ChatDelta:
 
 
 class ChatTextRouter:
-    def __init__(self, think: bool, starts_inside: bool, tools: bool) -> None:
+    def __init__(self, think: bool, starts_inside: bool, tools: bool,
+                 tool_parser: str | None = None) -> None:
         self.reasoning = ReasoningStream(starts_inside) if think else None
-        self.tools = ToolCallStream() if tools else None
+        self.tools = tool_format(tool_parser).make() if tools else None
         self.num_calls = 0
 
     def _route(self, r: ReasoningDelta, final: bool) -> ChatDelta:

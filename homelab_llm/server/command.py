@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_seqs_per_request=args.max_seqs_per_request,
                           reasoning_parser=compat.reasoning_parser,
-                          max_logprobs=compat.max_logprobs)
+                          max_logprobs=compat.max_logprobs,
+                          tool_call_parser=compat.tool_call_parser)
 
     log.info("loading %s", args.model)
     # A partial of a module-level function: it pickles, so it can run in the engine process.

@@ -23,7 +23,7 @@ import uuid
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.server.chat_text import ChatDelta
 from homelab_llm.server.text_scan import split_holdback
-from homelab_llm.server.tool_parser import ToolCall
+from homelab_llm.server.tool_call import ToolCall
 
 MESSAGE = "<|message|>"
 # What ends a message body: end of turn, end of the answer, a tool call, or the next message.

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from homelab_llm.engine.sampling_params import SamplingParams, SamplingParamsError
-from homelab_llm.engine.structured.grammar import GrammarSpec
+from homelab_llm.engine.structured.grammar import CallWrap, GrammarSpec
 from homelab_llm.engine.tokenizer import Tokenizer
 from homelab_llm.server.errors import APIError, bad_request
 from homelab_llm.server.structured import StructuredFields, single_spec, tool_spec
@@ -196,13 +196,14 @@ class ChatCompletionRequest(SamplingFields):
                 raise bad_request(f"tool_choice names {self.tool_choice.function.name!r}, "
                                   f"which is not among the tools {names}", "tool_choice")
 
-    def constraint(self) -> tuple[str, GrammarSpec] | None:
-        """As SamplingFields.constraint, with tool_choice "required" / a named function first."""
+    def constraint(self, call: CallWrap = CallWrap()) -> tuple[str, GrammarSpec] | None:
+        """As SamplingFields.constraint, with tool_choice "required" / a named function first
+        (the call written in the `call` form: the server's tool parser's)."""
         specs = self.grammar_specs()
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
         choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, NamedToolChoice) \
             else self.tool_choice
-        spec = tool_spec(tools, choice) if tools else None
+        spec = tool_spec(tools, choice, call) if tools else None
         if spec is not None:
             specs.insert(0, ("tool_choice", spec))
         return single_spec(specs)

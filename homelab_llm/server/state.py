@@ -25,6 +25,7 @@ class ServerConfig:
     max_seqs_per_request: int = 256  # prompts x n of one request; more is a 400
     reasoning_parser: str | None = None  # --reasoning-parser: route <think> whatever the template
     max_logprobs: int = 20  # --max-logprobs: the most top logprobs a request may ask for
+    tool_call_parser: str | None = None  # --tool-call-parser: server/tool_parser.py (None: hermes)
 
 
 @dataclass

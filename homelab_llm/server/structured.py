@@ -3,7 +3,7 @@
 OpenAI's `response_format` (json_object, json_schema), vLLM's `structured_outputs` object and its
 older `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar` fields, and for chat
 `tool_choice` "required" or a named function (the output is a call of the allowed tool(s), in the
-Hermes `<tool_call>` form the tool parser reads). At most one constraint per request: two would
+form the server's tool parser reads: server/tool_parser.py). At most one constraint per request: two would
 have to agree, and a silent pick would be a wrong answer. `prepare_grammar` runs in the request's
 prepare thread, so compiling (cached by grammar text) never stalls the event loop or the engine.
 """
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from homelab_llm.engine.structured.grammar import GrammarError, GrammarSpec, to_grammar
+from homelab_llm.engine.structured.grammar import CallWrap, GrammarError, GrammarSpec, to_grammar
 from homelab_llm.server.errors import bad_request
 
 
@@ -90,14 +90,16 @@ def _guided(field: str | None, schema: dict[str, Any] | str | None, regex: str |
     return out
 
 
-def tool_spec(tools: list[dict[str, Any]], tool_choice: Any) -> GrammarSpec | None:
-    """tool_choice "required": a call of any tool; a named function: a call of that one."""
+def tool_spec(tools: list[dict[str, Any]], tool_choice: Any,
+              call: CallWrap = CallWrap()) -> GrammarSpec | None:
+    """tool_choice "required": a call of any tool; a named function: a call of that one; written
+    in the `call` form."""
     if tool_choice == "required":
-        return GrammarSpec("tool_call", json.dumps(tools))
+        return GrammarSpec("tool_call", json.dumps(tools), call)
     if isinstance(tool_choice, dict):
         name = tool_choice["function"]["name"]
         return GrammarSpec("tool_call", json.dumps(
-            [t for t in tools if t["function"]["name"] == name]))
+            [t for t in tools if t["function"]["name"] == name]), call)
     return None
 
 

@@ -1,108 +1,51 @@
-"""Hermes-style tool calls: the model writes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-(Qwen2.5/3, Hermes, SmolLM2 templates). Each closed block becomes one OpenAI tool call; a block
-that is not valid JSON stays in the content, as the model's text, rather than vanishing. Streaming
-emits a call whole when its closing tag arrives; the non-streaming answer is the concatenation of
-the streamed pieces."""
+"""The tool-call parsers, by the names `--tool-call-parser` takes (vLLM's spelling), in one table.
+
+Each entry says how to read a model's calls (a streaming parser: server/tool_call.py's ToolParser)
+and how a constrained call is written (`tool_choice` "required" or a named function: the grammar
+wraps one call object in `call_open` ... `call_close`, its arguments under `args_key`), so a forced
+call always comes back in the form the same parser reads. `keep_special_tokens`: the format's
+markers are special tokens (Mistral's [TOOL_CALLS]) that detokenizing would otherwise drop.
+Without the flag, requests with tools use hermes (what SmolLM2, Qwen and Hermes models write).
+"""
 
 from __future__ import annotations
 
-import json
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from homelab_llm.server.text_scan import split_holdback
-
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
+from homelab_llm.server.tool_call import ToolCall, ToolParser
+from homelab_llm.server.tool_hermes import CLOSE, OPEN, HermesToolParser
+from homelab_llm.server.tool_json import TOOL_CALLS, Llama3JsonToolParser, MistralToolParser
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-    def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "type": "function",
-                               "function": {"name": self.name, "arguments": self.arguments}}
-        if index is not None:
-            out["index"] = index
-        return out
+class ToolFormat:
+    make: Callable[[], ToolParser]
+    call_open: str
+    call_close: str
+    args_key: str = "arguments"
+    keep_special_tokens: bool = False
 
 
-@dataclass
-class ToolDelta:
-    content: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
+_HERMES = ToolFormat(HermesToolParser, OPEN + "\n", "\n" + CLOSE)
+
+TOOL_FORMATS: dict[str, ToolFormat] = {
+    "hermes": _HERMES,
+    "qwen": _HERMES,
+    "qwen25": _HERMES,
+    "llama3_json": ToolFormat(Llama3JsonToolParser, "", "", args_key="parameters"),
+    "mistral": ToolFormat(MistralToolParser, TOOL_CALLS + "[", "]", keep_special_tokens=True),
+}
+DEFAULT_TOOL_PARSER = "hermes"
 
 
-def parse_call(body: str) -> ToolCall | None:
-    try:
-        obj = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    arguments = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", obj["name"], arguments)
+def tool_format(name: str | None) -> ToolFormat:
+    return TOOL_FORMATS[name or DEFAULT_TOOL_PARSER]
 
 
-class ToolCallStream:
-    def __init__(self) -> None:
-        self._buffer = ""
-        self._inside = False
-        self._pending_space = ""  # whitespace between calls is not content worth sending
-        self.calls: list[ToolCall] = []
-
-    def _content(self, text: str, out: ToolDelta) -> None:
-        if not text:
-            return
-        if text.strip():
-            out.content += self._pending_space + text
-            self._pending_space = ""
-        else:
-            self._pending_space += text
-
-    def push(self, delta: str) -> ToolDelta:
-        self._buffer += delta
-        out = ToolDelta()
-        while self._buffer:
-            if not self._inside:
-                start = self._buffer.find(OPEN)
-                if start < 0:
-                    emit, self._buffer = split_holdback(self._buffer, OPEN)
-                    self._content(emit, out)
-                    break
-                self._content(self._buffer[:start], out)
-                self._buffer = self._buffer[start:]
-                self._inside = True
-            end = self._buffer.find(CLOSE)
-            if end < 0:
-                break
-            block = self._buffer[:end + len(CLOSE)]
-            self._buffer = self._buffer[end + len(CLOSE):]
-            self._inside = False
-            call = parse_call(block[len(OPEN):-len(CLOSE)].strip())
-            if call is None:
-                self._content(block, out)
-            else:
-                self.calls.append(call)
-                out.calls.append(call)
-        return out
-
-    def flush(self) -> ToolDelta:
-        """End of output: an unclosed block or a held-back partial tag is plain content."""
-        out = ToolDelta()
-        text, self._buffer = self._buffer, ""
-        self._content(text, out)
-        return out
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content or None, calls) of a whole output."""
-    parser = ToolCallStream()
-    a, b = parser.push(text), parser.flush()
+def parse_tool_calls(text: str, parser: str | None = None) -> tuple[str | None, list[ToolCall]]:
+    """(content or None, calls) of a whole output: the concatenation of its streamed pieces."""
+    stream = tool_format(parser).make()
+    a, b = stream.push(text), stream.flush()
     content = a.content + b.content
     return (content or None), a.calls + b.calls

@@ -4,7 +4,7 @@ A template that handles tools (Qwen2.5/3, Llama 3.1+, Mistral, Hermes) gets the 
 apply_chat_template would pass them. A template that never reads `tool_calls` would drop the
 assistant's calls (or fail on `'...' + None`), and one that never reads `tools` would hide the
 tools from the model. For those, and only those, the turn is written in the Hermes form our tool
-parser reads (`server/tool_parser.py`): the tools go into the system message, an assistant's calls
+parser reads (`server/tool_hermes.py`): the tools go into the system message, an assistant's calls
 become `<tool_call>` blocks in its content, and a missing content becomes "".
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from homelab_llm.server.tool_parser import CLOSE, OPEN
+from homelab_llm.server.tool_hermes import CLOSE, OPEN
 
 TOOLS_PREAMBLE = (
     "You may call one or more functions to assist with the user query. The functions are listed "

@@ -4,14 +4,16 @@
 | --- | --- |
 | `--chat-template PATH_OR_TEXT` | replaces the model's chat template (a file, or the template itself) |
 | `--enable-auto-tool-choice` | accepted; tool calls are always parsed when a request sends tools |
-| `--tool-call-parser hermes/qwen` | the Hermes `<tool_call>` parser (what Qwen2.5/3, Hermes, SmolLM2 use) |
+| `--tool-call-parser hermes/qwen` | the Hermes `<tool_call>` parser (what Qwen2.5/3, Hermes, SmolLM2 use; the default) |
+| `--tool-call-parser llama3_json` | Llama 3.1+ JSON calls, `<|python_tag|>` optional, several joined by `;` |
+| `--tool-call-parser mistral` | `[TOOL_CALLS]` + a JSON list of calls, or `[TOOL_CALLS]name[ARGS]{...}` |
 | `--reasoning-parser deepseek_r1/qwen3` | `<think>` text goes to `reasoning_content` even when the template does not show think tags |
 | `--trust-remote-code` | accepted and ignored: no model code is ever run, only weights are read |
 | `--disable-log-requests` | accepted and ignored: request bodies are never logged |
 | `--max-logprobs N` | a request asking for more top logprobs than N gets a 400 (vLLM's default 20) |
 
-`--tool-call-parser llama3_json` / `mistral` are refused with a one-line error until their
-parsers exist: accepting them would leave those models' calls in the text, unparsed.
+The parser also decides how a forced call (`tool_choice` "required" or a named function) is
+written, so it always parses (server/tool_parser.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from homelab_llm.errors import HomelabError
+from homelab_llm.server.tool_parser import TOOL_FORMATS
 
-TOOL_PARSERS = ("hermes", "qwen", "qwen25", "llama3_json", "mistral")
-WORKING_TOOL_PARSERS = ("hermes", "qwen", "qwen25")
+TOOL_PARSERS = tuple(TOOL_FORMATS)
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
 MAX_LOGPROBS = 20
 
@@ -32,6 +34,7 @@ MAX_LOGPROBS = 20
 class VllmFlags:
     chat_template: str | None = None  # the template text, read from the file when given a path
     reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
     max_logprobs: int = MAX_LOGPROBS
 
 
@@ -42,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted for vLLM compatibility: tool calls are always parsed")
     g.add_argument("--tool-call-parser", default=None, choices=TOOL_PARSERS,
-                   help="hermes/qwen: <tool_call> blocks (the only parser so far)")
+                   help="how the model writes tool calls: hermes/qwen <tool_call> blocks (the "
+                        "default), llama3_json, mistral [TOOL_CALLS]")
     g.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="route <think>...</think> to reasoning_content")
     g.add_argument("--trust-remote-code", action="store_true",
@@ -56,9 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def resolve(args: argparse.Namespace) -> VllmFlags:
     """Check the flags (one-line HomelabErrors naming the flag) and read --chat-template."""
     parser = getattr(args, "tool_call_parser", None)
-    if parser is not None and parser not in WORKING_TOOL_PARSERS:
-        raise HomelabError(f"--tool-call-parser {parser} is not supported yet; use hermes (Qwen, "
-                           f"Hermes, SmolLM2 <tool_call> format) or leave it out")
+    if parser is not None and parser not in TOOL_FORMATS:  # argparse checks; a preset may not
+        raise HomelabError(f"--tool-call-parser {parser} is unknown; one of {', '.join(TOOL_FORMATS)}")
     max_logprobs = getattr(args, "max_logprobs", MAX_LOGPROBS)
     if not 0 <= max_logprobs <= MAX_LOGPROBS:
         raise HomelabError(f"--max-logprobs must be in [0, {MAX_LOGPROBS}], got {max_logprobs}")
@@ -78,4 +81,5 @@ def resolve(args: argparse.Namespace) -> VllmFlags:
         except ChatTemplateError as err:
             raise HomelabError(f"--chat-template: {err}") from err
     return VllmFlags(chat_template=template, reasoning_parser=getattr(args, "reasoning_parser", None),
+                     tool_call_parser=parser,
                      max_logprobs=max_logprobs)

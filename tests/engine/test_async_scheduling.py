@@ -3,16 +3,19 @@ tokens of the synchronous loop, finishes every request, and leaks no KV page.
 
 The loop is forced on here on the CPU (where it brings no speed) so that CI checks its bookkeeping:
 placeholders, input patching, sequences that end on a token the host has not read yet, aborts
-with a token in flight, and the fallback steps that need tokens on the host (logprobs, penalties,
-min_tokens)."""
+with a token in flight, the fallback steps that need tokens on the host (logprobs, penalties,
+min_tokens), and grammar-constrained requests, which run ahead too."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from homelab_llm.engine.pending import PLACEHOLDER
 from homelab_llm.engine.sampling_params import SamplingParams
-from tests.engine.engine_fixtures import prompts, tiny_llm
+from homelab_llm.engine.structured.grammar import GrammarSpec, to_grammar
+from tests.engine.engine_fixtures import prompts, tiny_llm, write_config
 
 
 def _params() -> list[SamplingParams]:
@@ -106,3 +109,34 @@ def test_tensor_parallel_ranks_get_the_in_flight_tokens(tmp_path: Path) -> None:
         assert llm.engine._pending is None
     finally:
         llm.shutdown()
+
+
+def test_constrained_requests_run_ahead_with_the_same_tokens(tmp_path: Path) -> None:
+    """A grammar keeps async scheduling on: the next forward is launched before the token is read,
+    the matcher consumes it, then masks the next sample; the tokens equal the synchronous loop's."""
+    regex = to_grammar(GrammarSpec("regex", "[a-f]{3}(-[0-9]{2}){4}"))
+    schema = to_grammar(GrammarSpec("json_schema", json.dumps({
+        "type": "object", "required": ["k"], "properties": {"k": {"enum": ["xy", "zw"]}}})))
+    params = [SamplingParams(max_tokens=20, temperature=0.0, grammar=regex),
+              SamplingParams(max_tokens=20, temperature=0.8, seed=2, grammar=schema),
+              SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True)]
+    ps = prompts(3, seed=7)
+    outs = []
+    for run_ahead in (False, True):
+        llm = tiny_llm(tmp_path, max_num_seqs=4, tokenizer=str(write_config(tmp_path)))  # bytes
+        engine = llm.engine
+        engine._async = run_ahead
+        ahead_with_grammar = 0
+        for i, (p, sp) in enumerate(zip(ps, params)):
+            engine.add_request(f"r{i}", p, sp)
+        done: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                done.setdefault(out.request_id, []).extend(out.new_token_ids)
+            pending = engine._pending
+            ahead_with_grammar += pending is not None and any(s.grammar is not None for s in pending.seqs)
+        outs.append(done)
+        assert (ahead_with_grammar > 0) == run_ahead
+    assert outs[0] == outs[1]
+    text = bytes(t for t in outs[0]["r0"] if t < 256).decode()  # the end-of-sequence token dropped
+    assert re.fullmatch("[a-f]{3}(-[0-9]{2}){4}", text), text

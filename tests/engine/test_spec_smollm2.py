@@ -1,6 +1,8 @@
 """Speculative decoding on the real SmolLM2 (n-gram drafts): greedy output equals the run without
 speculation, token for token, on a copy-heavy chat and a normal one, single and batched, with the
-prefix cache on; drafts are accepted (the copy is real), and TP=2 over gloo equals TP=1."""
+prefix cache on, and for grammar-constrained requests (json_schema, regex: drafts checked against
+the grammar, verify rows masked per position); drafts are accepted (the copy is real), and TP=2
+over gloo equals TP=1."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from homelab_llm.engine.llm import LLM
 from homelab_llm.engine.sampling_params import SamplingParams
+from homelab_llm.engine.structured.grammar import GrammarSpec, to_grammar
 from tests.engine.model_reference import make_hf_model
 from tests.engine.test_tensor_parallel import SHAPE, byte_tokenizer
 
@@ -45,6 +48,32 @@ def test_smollm2_greedy_equals_no_speculation(smollm2_path: Path) -> None:
     pool = spec.engine.kv.pool
     spec.engine.kv.radix.evict(pool.num_pages)
     assert pool.num_free == pool.num_pages
+
+
+ROWS = {"type": "array", "minItems": 2, "maxItems": 2, "items": {
+    "type": "object", "additionalProperties": False, "required": ["name", "score"],
+    "properties": {"name": {"enum": ["alpha", "beta", "gamma"]},
+                   "score": {"type": "integer", "minimum": 0, "maximum": 9}}}}
+
+
+@pytest.mark.slow
+def test_smollm2_constrained_greedy_equals_no_speculation(smollm2_path: Path) -> None:
+    kw = dict(device="cpu", dtype="float32", kv_cache_memory_bytes=64 << 20, max_model_len=512)
+    plain = LLM(str(smollm2_path), **kw)
+    prompts = [_chat(plain, 'Copy this JSON exactly: [{"name": "alpha", "score": 3}, '
+                            '{"name": "beta", "score": 5}]'),
+               _chat(plain, "Say yes or no six times, separated by commas.")]
+    params = [SamplingParams(max_tokens=28, temperature=0.0,
+                             grammar=to_grammar(GrammarSpec("json_schema", json.dumps(ROWS)))),
+              SamplingParams(max_tokens=14, temperature=0.0,
+                             grammar=to_grammar(GrammarSpec("regex", r"(yes|no)(, (yes|no)){5}")))]
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    spec = LLM(str(smollm2_path), speculative_config=NGRAM, **kw)
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    text = [plain.tokenizer.decode(ids) for ids in want]
+    assert [row["name"] for row in json.loads(text[0])] == ["alpha", "beta"]
+    stats = spec.engine.status()["spec_decode"]
+    assert stats["drafts"] > 0 and stats["accepted_tokens"] >= 4, stats
 
 
 def test_tp2_with_ngram_equals_tp1(tmp_path: Path) -> None:

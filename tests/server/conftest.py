@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,6 +41,22 @@ def openai_client(running: Running, api_key: str = "unused") -> openai.OpenAI:
     # No retries: a 429 or 503 must reach the test, not be retried away.
     return openai.OpenAI(base_url=f"{running.base_url}/v1", api_key=api_key, max_retries=0,
                          timeout=30)
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2_path) -> Iterator[Running]:
+    """The real engine (SmolLM2-135M on the CPU) behind the app, served as "smollm2"."""
+    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.core import LLMEngine
+
+    # fp32 KV on the CPU is 45 KiB/token for this model: 128 MiB holds ~2900 tokens.
+    args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
+                      kv_cache_memory_bytes=128 << 20, max_num_seqs=32)
+    # As `serve` runs it by default: the engine (and its grammar matching) in its own process.
+    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)),
+                    functools.partial(LLMEngine, args), engine_process=True)
+    with serve_in_thread(app, timeout=240) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -99,11 +99,14 @@ def test_vllm_flags_keep_their_meaning(tmp_path) -> None:
             "hermes", "--reasoning-parser", "qwen3", "--trust-remote-code", "--disable-log-requests",
             "--max-logprobs", "5"]
     flags = vllm_flags.resolve(resolve_args(build_parser(argv).parse_args(argv)))
-    assert flags == vllm_flags.VllmFlags(chat_template=HERMES, reasoning_parser="qwen3", max_logprobs=5)
+    assert flags == vllm_flags.VllmFlags(chat_template=HERMES, reasoning_parser="qwen3",
+                                         tool_call_parser="hermes", max_logprobs=5)
+    for name in ("llama3_json", "mistral"):
+        argv = ["serve", "--tool-call-parser", name]
+        assert vllm_flags.resolve(resolve_args(build_parser(argv).parse_args(argv))).tool_call_parser == name
     inline = ["serve", "--chat-template", SMOLLM2]
     assert vllm_flags.resolve(resolve_args(build_parser(inline).parse_args(inline))).chat_template == SMOLLM2
-    for bad, needle in ((["--tool-call-parser", "mistral"], "--tool-call-parser mistral"),
-                        (["--max-logprobs", "99"], "--max-logprobs"),
+    for bad, needle in ((["--max-logprobs", "99"], "--max-logprobs"),
                         (["--chat-template", "{% if %}"], "--chat-template"),
                         (["--chat-template", str(tmp_path / "missing.jinja")], "cannot read")):
         argv = ["serve", *bad]

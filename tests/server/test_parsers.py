@@ -44,7 +44,7 @@ def test_prompt_opens_think() -> None:
 
 def test_tool_calls_whole() -> None:
     content, calls = parse_tool_calls(f"Let me check.\n{CALL}\n{CALL}")
-    assert content == "Let me check.\n"
+    assert content == "Let me check."
     assert [c.name for c in calls] == ["get_weather", "get_weather"]
     assert json.loads(calls[0].arguments) == {"city": "Oslo"}
     assert calls[0].id != calls[1].id and calls[0].id.startswith("call_")

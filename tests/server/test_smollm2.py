@@ -3,7 +3,6 @@ the module, small max_tokens (a decode step takes ~0.1-2 s on a shared 2-core bo
 
 from __future__ import annotations
 
-import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,28 +10,15 @@ import httpx
 import openai
 import pytest
 
-from homelab_llm.server.app import build_app
-from homelab_llm.server.state import ServerConfig
 from tests.server.conftest import openai_client
-from tests.server.harness import serve_in_thread
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_path):
-    from homelab_llm.engine.args import EngineArgs
-    from homelab_llm.engine.core import LLMEngine
-
-    # fp32 KV on the CPU is 45 KiB/token for this model: 128 MiB holds ~2900 tokens.
-    args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
-                      kv_cache_memory_bytes=128 << 20, max_num_seqs=32)
-    # As `serve` runs it by default: the engine in its own process.
-    app = build_app(ServerConfig(("smollm2",), model_path=str(smollm2_path)),
-                    functools.partial(LLMEngine, args), engine_process=True)
-    with serve_in_thread(app, timeout=240) as running:
-        yield running
+def smol(smollm2_server):
+    return smollm2_server
 
 
 @pytest.fixture

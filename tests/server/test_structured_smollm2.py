@@ -5,7 +5,6 @@ answers. One server for the module; requests run concurrently to share decode st
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -14,10 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from homelab_llm.server.app import build_app
-from homelab_llm.server.state import ServerConfig
 from tests.server.conftest import openai_client
-from tests.server.harness import serve_in_thread
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2"
@@ -42,17 +38,8 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 
 @pytest.fixture(scope="module")
-def client(smollm2_path) -> openai.OpenAI:
-    from homelab_llm.engine.args import EngineArgs
-    from homelab_llm.engine.core import LLMEngine
-
-    args = EngineArgs(model=str(smollm2_path), device="cpu", max_model_len=2048,
-                      kv_cache_memory_bytes=128 << 20, max_num_seqs=16)
-    # As `serve` runs it by default: the engine (and its grammar matching) in its own process.
-    app = build_app(ServerConfig((MODEL,), model_path=str(smollm2_path)),
-                    functools.partial(LLMEngine, args), engine_process=True)
-    with serve_in_thread(app, timeout=240) as running:
-        yield openai_client(running).with_options(timeout=600)
+def client(smollm2_server) -> openai.OpenAI:
+    return openai_client(smollm2_server).with_options(timeout=600)
 
 
 def chat(client: openai.OpenAI, content: str, **kwargs):

@@ -2,8 +2,11 @@
 
 The proposer (n-gram or MTP) guesses; the drafter bounds the guess so that verification can never
 overshoot the request: at most max_tokens - (outputs so far) - 1 drafts (the verify step emits up
-to K+1 tokens) and never past the context limit. A sequence that cannot take a draft simply runs a
-plain decode (one row), so near its end a request falls back by itself.
+to K+1 tokens) and never past the context limit. A constrained sequence's draft is cut at the
+first token its grammar refuses (GrammarState.check_draft), so every drafted row has a mask: the
+verify step masks row j with the grammar after the first j drafts (spec/verify.py). A sequence that
+cannot take a draft simply runs a plain decode (one row), so near its end a request falls back by
+itself.
 """
 
 from __future__ import annotations
@@ -39,11 +42,10 @@ class Drafter:
             # Decodes, and outputs being recomputed (after a hybrid rollback or a preemption):
             # drafts follow the last token either way.
             room = room_for_drafts(seq, k, self.max_model_len) if seq.num_output_tokens > 0 else 0
-            if seq.grammar is not None:
-                # Grammar masks exist for the current state only; checking drafts against the
-                # grammar (GrammarState.check_draft) is not wired in, so constrained rows decode plainly.
-                room = 0
-            seq.spec_token_ids = self.proposer.propose(seq.request_id, seq.token_ids, room) if room else []
+            draft = self.proposer.propose(seq.request_id, seq.token_ids, room) if room else []
+            if draft and seq.grammar is not None:
+                draft = draft[:seq.grammar.check_draft(draft)]
+            seq.spec_token_ids = draft
 
     def forget(self, seq: Sequence) -> None:
         seq.spec_token_ids = []

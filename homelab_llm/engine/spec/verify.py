@@ -15,6 +15,8 @@ x_j == d_j is that same rule (P(accept) = p_j(d_j); given rejection x_j ~ p_j re
 tokens != d_j). Because x_j is the very draw a non-speculative run makes at that position, the
 output is identical token for token to the run without speculation, for greedy and seeded sampling
 alike, and a seed reproduces. `residual_sample` spells out the explicit form for the tests.
+Constrained rows: p_j is the target distribution masked by the grammar after d_0..d_{j-1}, which
+is exactly the mask a plain decode applies at that position once those drafts are its outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from homelab_llm.engine.sampling_params import SamplingParams
 from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.structured.matcher import GrammarView
 
 
 @dataclass(eq=False)
@@ -44,11 +47,13 @@ class DraftRow:
         return self.seq.seed
 
     @property
-    def grammar(self):
-        """A constrained sequence never drafts (drafter.py), so only its offset-0 row exists and
-        the sequence's own grammar state masks it."""
-        assert self.seq.grammar is None or self.offset == 0, "drafts past a grammar state"
-        return self.seq.grammar
+    def grammar(self) -> GrammarView | None:
+        """The grammar after this row's drafts: the mask at position j depends on drafts 0..j-1
+        (the drafter checked them against the grammar, so the matcher can take them). The view
+        consumes them, fills the mask and rolls them back; the sequence's own state only ever
+        advances by the tokens the verify step emits."""
+        state = self.seq.grammar
+        return None if state is None else state.after(tuple(self.drafts[:self.offset]))
 
     @property
     def num_output_tokens(self) -> int:

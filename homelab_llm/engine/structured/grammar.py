@@ -5,8 +5,9 @@
 
 Kinds: json_schema, json_object (any JSON object), regex, choice (a JSON list of strings), grammar
 (Lark, or GBNF/EBNF as llama.cpp and vLLM's guided_grammar take it), and tool_call (a JSON list of
-OpenAI tool definitions: the output is one Hermes `<tool_call>` block calling one of them with
-arguments valid against its `parameters` schema). The grammar text is the cache key of the compiled
+OpenAI tool definitions: the output is one call object `{"name", <args_key>}` of one of them, with
+arguments valid against its `parameters` schema, between the spec's `call` wrapper: a Hermes
+`<tool_call>` block by default, the server passes the form its tool parser reads). The grammar text is the cache key of the compiled
 matcher (structured/matcher.py), so equal requests compile once.
 """
 
@@ -27,9 +28,18 @@ class GrammarError(HomelabError, ValueError):
 
 
 @dataclass(frozen=True)
+class CallWrap:
+    """How a constrained tool call is written: `open` + {"name", args_key} + `close`."""
+    open: str = "<tool_call>\n"
+    close: str = "\n</tool_call>"
+    args_key: str = "arguments"
+
+
+@dataclass(frozen=True)
 class GrammarSpec:
     kind: str
     source: str = ""  # schema JSON, regex, choices JSON, grammar text or tools JSON, per kind
+    call: CallWrap = CallWrap()  # tool_call only
 
 
 def _json_grammar(schema: Any, what: str) -> str:
@@ -65,15 +75,15 @@ def _load_json(text: str, what: str) -> Any:
         raise GrammarError(f"{what} is not valid JSON: {err}") from None
 
 
-def tool_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON a Hermes tool-call block holds, for a call of any of `tools`."""
+def tool_call_schema(tools: list[dict[str, Any]], args_key: str = "arguments") -> dict[str, Any]:
+    """The JSON object of one call of any of `tools`, its arguments under `args_key`."""
     options = []
     for tool in tools:
         fn = tool.get("function") or {}
         params = fn.get("parameters") or {"type": "object"}
         options.append({"type": "object", "properties": {
-            "name": {"const": fn.get("name", "")}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False})
+            "name": {"const": fn.get("name", "")}, args_key: params},
+            "required": ["name", args_key], "additionalProperties": False})
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     # Compact separators: free whitespace lets a small model pad the call with spaces and newlines.
     return {**schema, "x-guidance": {"whitespace_flexible": False}}
@@ -123,5 +133,7 @@ def _build(spec: GrammarSpec) -> str:
     tools = _load_json(spec.source, "the tools")
     if not (isinstance(tools, list) and tools):
         raise GrammarError("a tool-call constraint needs at least one tool")
-    schema = json.dumps(tool_call_schema(tools))
-    return _lark_grammar(f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {schema}')
+    schema = json.dumps(tool_call_schema(tools, spec.call.args_key))
+    wrap = " ".join([json.dumps(spec.call.open)] * bool(spec.call.open) + ["call"]
+                    + [json.dumps(spec.call.close)] * bool(spec.call.close))
+    return _lark_grammar(f"start: {wrap}\ncall: %json {schema}")
