@@ -51,7 +51,6 @@ def engine_args(args: argparse.Namespace):
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    smollm2 = str(default_model_path())
     kw = dict(device=device, max_model_len=2048, max_num_seqs=4 * args.streams)
     if device == "cpu":
         kw["kv_cache_memory_bytes"] = 256 << 20
@@ -61,10 +60,10 @@ def engine_args(args: argparse.Namespace):
         return EngineArgs(model=args.model, tokenizer=args.tokenizer, **kw)
     dummy = args.dummy or (GPU_CONFIG if device != "cpu" else None)
     if dummy is None:
-        return EngineArgs(model=smollm2, **kw)
+        return EngineArgs(model=str(default_model_path()), **kw)
     from homelab_llm.engine.tokenizer import load_tokenizer
 
-    tokenizer = args.tokenizer or smollm2
+    tokenizer = args.tokenizer or str(default_model_path())  # a GPU box may carry only the tokenizer
     vocab = load_tokenizer(tokenizer).vocab_size
     return EngineArgs(model=str(assets_dir() / "model_configs" / dummy), load_format="dummy",
                       dtype="float32" if device == "cpu" else "bfloat16", tokenizer=tokenizer,
