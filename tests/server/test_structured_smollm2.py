@@ -122,14 +122,16 @@ def test_streamed_equals_non_streamed(client: openai.OpenAI) -> None:
     jobs = [("Weather in Oslo?", tool_kw, False), ("Weather in Oslo?", tool_kw, True),
             ("A person:", json_kw, False), ("A person:", json_kw, True)]
 
-    def one(job):  # all four at once: they share decode steps
+    def one(job):
         prompt, kwargs, stream = job
         if not stream:
             return chat(client, prompt, **kwargs).choices[0]
         return list(chat(client, prompt, stream=True, **kwargs))
 
-    with ThreadPoolExecutor(4) as pool:
-        whole_call, call_chunks, whole_json, json_chunks = pool.map(one, jobs)
+    # One at a time: each request then sees the same batch shapes in both forms. The CPU default
+    # (4-bit weights through torch's int4 kernel) is not batch-invariant, so two seeded requests
+    # sharing steps at different rows may sample differently; that is numerics, not streaming.
+    whole_call, call_chunks, whole_json, json_chunks = [one(job) for job in jobs]
     calls = [tc for c in call_chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert [(c.function.name, c.function.arguments) for c in calls] == \
            [(c.function.name, c.function.arguments) for c in whole_call.message.tool_calls]
