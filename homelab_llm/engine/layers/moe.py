@@ -81,12 +81,18 @@ class FusedExperts(nn.Module):
     """E gated-SiLU expert MLPs; forward takes the router's picks and returns the weighted sum
     (this rank's partial sum under TP: the caller all-reduces)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
+                 dense: bool = True):
+        """dense=False: the subclass holds the experts in its own packed format (no w13/w2)."""
         super().__init__()
         self.tp_rank, self.tp_size = parallel.tp_rank(), parallel.tp_size()
         self.inter_start, inter = even_shard(intermediate_size, self.tp_size, self.tp_rank,
                                              "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_local = num_experts, hidden_size, inter
+        self.w4: MoeW4 | None = None
+        if not dense:
+            self.w13 = self.w2 = None
+            return
         # Deferred (W4A16 loads): meta placeholders, so no dense copy of 4-bit experts exists.
         device = "meta" if weights_deferred() else None
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden_size, device=device),
@@ -95,7 +101,6 @@ class FusedExperts(nn.Module):
                                requires_grad=False)
         self.w13.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         self.w2.weight_loader = self.weight_loader  # type: ignore[attr-defined]
-        self.w4: MoeW4 | None = None
 
     def part_ids(self, param_name: str) -> list[ExpertPart]:
         projs = ("gate", "up") if param_name == "w13" else ("down",)

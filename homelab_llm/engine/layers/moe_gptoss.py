@@ -45,7 +45,7 @@ MX4_GROUP = 32  # weights per e8m0 scale
 class GptOssExperts(FusedExperts):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
                  alpha: float, limit: float, mxfp4: bool = False):
-        super().__init__(num_experts, hidden_size, intermediate_size)
+        super().__init__(num_experts, hidden_size, intermediate_size, dense=not mxfp4)
         self.alpha, self.limit = alpha, limit
         inter = self.intermediate_local
         self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * inter), requires_grad=False)
@@ -58,8 +58,6 @@ class GptOssExperts(FusedExperts):
                 raise ModelLoadError(f"MXFP4 experts: this rank's width {inter} and hidden size "
                                      f"{hidden_size} must be multiples of {MX4_GROUP}; use a "
                                      "tensor-parallel size that splits the experts in whole groups")
-            self.w13 = None  # type: ignore[assignment]
-            self.w2 = None  # type: ignore[assignment]
             shapes = {"gate_up_proj": (2 * inter, hidden_size), "down_proj": (hidden_size, inter)}
             for proj, (rows, k) in shapes.items():
                 for kind, cols in (("blocks", k // 2), ("scales", k // MX4_GROUP)):
