@@ -17,6 +17,7 @@ from homelab_llm.engine.cache.state_pool import StateSlots
 from homelab_llm.engine.device import resolve_target
 from homelab_llm.engine.faults import (EngineDeadError, FaultKind, SequenceFault, classify,
                                        describe)
+from homelab_llm.engine.host_copy import select_rows
 from homelab_llm.engine.isolate import run_isolated
 from homelab_llm.engine.layers.sampler import Sampler
 from homelab_llm.engine.model.context_limit import check_max_model_len
@@ -311,7 +312,7 @@ class LLMEngine:
         ahead = self._run_ahead_ok([seq for _, seq in rows])
 
         def run(items: list[tuple[int, Sequence]]):
-            picked = logits[[row for row, _ in items]]
+            picked = select_rows(logits, [row for row, _ in items])
             seqs = [seq for _, seq in items]
             return self.sampler.sample_on_device(picked, seqs) if ahead else self.sampler(picked, seqs)
 

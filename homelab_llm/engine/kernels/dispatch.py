@@ -12,6 +12,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from homelab_llm.engine.host_copy import upload_pinned
 from homelab_llm.engine.kernels import ref
 
 
@@ -198,5 +199,5 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch
     """Grammar masks (int32 bits, one row per constrained sequence) onto `logits[rows]`, in place.
     One function on both paths: a gather, a shift and a masked fill, a few kernels on the GPU for
     the handful of constrained rows (ref.apply_token_bitmask_ref)."""
-    ref.apply_token_bitmask_ref(logits, bitmask.to(logits.device, non_blocking=True),
-                                rows.to(logits.device, non_blocking=True))
+    ref.apply_token_bitmask_ref(logits, upload_pinned(bitmask, logits.device),
+                                upload_pinned(rows, logits.device))

@@ -1,0 +1,117 @@
+"""Where a W4A16 batch-1 decode step goes, runnable against any checkout of this repository.
+
+    python3 benchmarks/w4a16_regress.py [--root DIR] [--config Llama-3.1-8B.json] [--eager-profile]
+
+Builds the dummy W4A16 engine from the checkout at --root (default: this one), then prints one
+line each: batch-1 decode tok/s over 128 tokens with graphs, the graph replay's GPU time per step
+(CUDA events around DecodeGraphs.run) and the wall time per step; with --eager-profile, the top
+kernels of an eager step. Uses only the engine API that every checkout since the W4A16 GEMV has,
+so two checkouts can be compared in one device run (bisecting a regression).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", default=str(Path(__file__).resolve().parents[1]))
+    p.add_argument("--config", default="Llama-3.1-8B.json")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--eager-profile", action="store_true")
+    p.add_argument("--label", default="")
+    p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
+    a = p.parse_args()
+    sys.path.insert(0, a.root)
+    import torch
+
+    from homelab_llm.assets import assets_dir
+    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.core import LLMEngine
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    label = a.label or Path(a.root).name
+    cfg = str(assets_dir() / "model_configs" / a.config)
+
+    def engine(**kw):
+        args = dict(model=cfg, load_format="dummy", device="cuda", dtype="bfloat16", max_num_seqs=8,
+                    max_num_batched_tokens=2048, gpu_memory_utilization=0.4, max_model_len=4096,
+                    quantization="w4a16")
+        args.update(kw)
+        return LLMEngine(EngineArgs(**args))
+
+    eng = engine()
+    graphs = eng.runner.graphs
+    events: list = []
+    replay = graphs.run
+
+    def timed(*x, **kw):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        out = replay(*x, **kw)
+        e.record()
+        events.append((s, e))
+        return out
+
+    graphs.run = timed
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prompt = list(range(100, 132))
+    for rid, n in (("warm", 16), ("run", a.tokens)):
+        eng.add_request(rid, prompt, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
+        steps = 0
+        while eng.has_unfinished_requests():
+            if steps == 1:
+                torch.cuda.synchronize()
+                events.clear()
+                t = time.perf_counter()
+                if a.cprofile and rid == "run":
+                    prof.enable()
+            eng.step()
+            steps += 1
+        torch.cuda.synchronize()
+    prof.disable()
+    wall = (time.perf_counter() - t) / (steps - 1) * 1e3
+    gpu = sum(s.elapsed_time(e) for s, e in events) / max(1, len(events))
+    print(f"REGRESS {label}: b1 {1e3 / wall:.1f} tok/s, wall {wall:.3f} ms/step, graph GPU "
+          f"{gpu:.3f} ms/step over {len(events)} replays", flush=True)
+    if a.cprofile:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    del eng, graphs
+    gc.collect()
+    torch.cuda.empty_cache()
+    if a.eager_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        eng = engine(enforce_eager=True)
+        eng.add_request("p", prompt, SamplingParams(max_tokens=64, ignore_eos=True))
+        for _ in range(8):
+            eng.step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(16):
+                eng.step()
+            torch.cuda.synchronize()
+        rows = []
+        for evt in prof.key_averages():
+            us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+            if us and evt.count:
+                rows.append((us / 16, evt.count / 16, evt.key))
+        rows.sort(reverse=True)
+        print(f"REGRESS {label}: eager step kernels {sum(r[0] for r in rows):.0f} us, "
+              f"{sum(r[1] for r in rows):.0f} launches", flush=True)
+        for us, count, name in rows[:14]:
+            print(f"  {us:8.1f} us {count:6.1f}/step {name[:90]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
