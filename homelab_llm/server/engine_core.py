@@ -6,7 +6,8 @@ The wire is one duplex multiprocessing pipe (a socket pair: no network, nothing 
 Server -> engine: step_loop's Add / Abort / Call objects (tickets are ints), None to stop.
 Engine -> server, tuples: ("load", snapshot) while loading, then ("ready", EngineInfo) or
 ("failed", one line); ("out", rows) once per step with every output of the step (each row is a
-RequestOutput's fields, in order); ("settle", ticket, result, error); ("dead", reason).
+RequestOutput's fields, in order; token ids only: the engine runs with detokenize off and the
+server decodes, server/detokenize.py); ("settle", ticket, result, error); ("dead", reason).
 
 Invariants: the process dies with the server (PR_SET_PDEATHSIG, plus EOF on the pipe ends the
 loop); it ignores SIGINT/SIGTERM (a Ctrl-C in the terminal reaches the whole group: the server
@@ -146,6 +147,7 @@ def engine_core_main(factory: Callable[[], Engine], conn: Connection, parent: in
         sys.exit(1)
     loaded.set()
     reporter.join()
+    engine.set_detokenize(False)  # the server decodes: text stays off this loop
     host.send(("load", LOAD.snapshot()))
     host.send(("ready", EngineInfo(engine.tokenizer, engine.max_model_len)))
     host.serve(engine)

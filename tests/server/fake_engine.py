@@ -46,6 +46,7 @@ class FakeTokenizer:
     eos_token_ids = (EOS,)
     bos_token_id = BOS
     special_ids = frozenset(SPECIALS)
+    sentencepiece_spaces = False
     chat_template = "fake-chatml: renders tools itself; tool_calls as content"
 
     def __init__(self, uses_think_tags: bool = False) -> None:
@@ -147,6 +148,7 @@ class FakeEngine:
         self.shut_down = False
         self.dead_reason: str | None = None  # a test may set it: a rank died while idle
         self.last_params: SamplingParams | None = None
+        self.detokenize = True  # False (the engine process): token ids only, the server decodes
 
     def _thread(self) -> None:
         self.thread_ids.add(threading.get_ident())
@@ -176,6 +178,10 @@ class FakeEngine:
                 if seq.request_id == request_id:
                     queue.remove(seq)
                     self.aborted.append(request_id)
+
+    def set_detokenize(self, enabled: bool) -> None:
+        self._thread()
+        self.detokenize = enabled
 
     def has_unfinished_requests(self) -> bool:
         self._thread()
@@ -252,7 +258,7 @@ class FakeEngine:
         finished, reason, stop_reason = False, None, None
         if token == EOS:
             finished, reason, stop_reason = True, "stop", EOS
-        else:
+        elif self.detokenize:
             seq.text += seq.decoder.decode(bytes([token - OFFSET]))
             for stop in p.stop:
                 at = seq.text.find(stop, max(0, seq.emitted - len(stop)))
