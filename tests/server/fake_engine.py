@@ -144,6 +144,7 @@ class FakeEngine:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.steps = 0
+        self.generated = 0  # tokens produced, all requests (status()["config"]: the split's tests)
         self.thread_ids: set[int] = set()
         self.shut_down = False
         self.dead_reason: str | None = None  # a test may set it: a rank died while idle
@@ -216,7 +217,8 @@ class FakeEngine:
         used = sum(len(s.prompt_ids) + len(s.output_ids) for s in self.running)
         return {
             "config": {"model": "fake", "max_model_len": self.max_model_len,
-                       "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": 1},
+                       "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": 1,
+                       "fake_generated_tokens": self.generated},
             "devices": [{"name": "cpu", "total": 1 << 30, "weights": 1 << 20,
                          "activations_peak": 1 << 20, "graphs": 0, "kv_cache": 1 << 24,
                          "state": 0, "other": 0, "free": (1 << 30) - (1 << 24) - (2 << 20)}],
@@ -253,6 +255,7 @@ class FakeEngine:
         else:
             token = ord(" ") + OFFSET  # ignore_eos / min_tokens: pad with spaces
         seq.output_ids.append(token)
+        self.generated += 1
         now = time.monotonic()
         seq.first_token_time = seq.first_token_time or now
         finished, reason, stop_reason = False, None, None
