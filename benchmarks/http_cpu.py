@@ -15,7 +15,9 @@ SmolLM2-shape rates at 1/8/32 streams, the issue-19 target) and then unpaced, an
 - ceiling: 1e6 / HTTP ms/1k, the token rate at which the HTTP process would fill one core;
 - paced lost: delivered vs paced decode rate (wall time: noisy on a busy machine);
 - unpaced tok/s: what the whole pipeline delivers with no model (engine, server and client share
-  this machine's cores, so it understates a bigger box).
+  this machine's cores, so it understates a bigger box), and both processes' CPU per 1k tokens then;
+- offline: the null engine stepped in this process with no server (its text decoded, as offline
+  LLMEngine does): engine ms/1k above minus this is what the split costs the engine's loop.
 Every request asks for the same as server_overhead.py's (temperature 0, ignore_eos, include_usage
 and continuous_usage_stats), so the costs are those of the GPU run.
 """
@@ -108,8 +110,17 @@ def engine_pid(server_pid: int) -> int:
 
 
 def cpu_s(pid: int) -> float:
+    """CPU time of every live thread of `pid`, in ns resolution (schedstat) where the kernel has
+    it, else in clock ticks (which would blur the engine's few ms per run)."""
+    try:
+        ns = sum(int((task / "schedstat").read_text().split()[0])
+                 for task in Path(f"/proc/{pid}/task").iterdir())
+    except (OSError, ValueError):
+        ns = 0
+    if ns:
+        return ns / 1e9
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime + stime, every thread's
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime + stime, dead threads' too
 
 
 def baseline_tree(ref: str, into: Path) -> Path:
@@ -182,6 +193,23 @@ def measure(server: Server, n: int, tokens: int, pace_us: int, runs: int, contin
         m.best_tps = max(m.best_tps, sum(x.tokens - 1 for x in results) / span if span > 0 else 0)
 
 
+def offline_ms_per_1k(n: int, tokens: int, min_tokens: int) -> float:
+    """CPU ms per 1k tokens of the null engine stepped here, no server (unpaced)."""
+    sys.path.insert(0, str(BENCH))
+    import null_engine
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    engine = null_engine.NullEngine()
+    done, start = 0, time.process_time()
+    while done < 4 * min_tokens:  # process_time ticks: more tokens for the same precision
+        for i in range(n):
+            engine.add_request(f"{done}-{i}", [1, 2, 3], SamplingParams(max_tokens=tokens,
+                                                                        ignore_eos=True))
+        while engine.has_unfinished_requests():
+            done += sum(len(out.new_token_ids) for out in engine.step())
+    return 1e6 * (time.process_time() - start) / done
+
+
 # ---- main ---------------------------------------------------------------------------------------
 
 def main() -> int:
@@ -228,8 +256,11 @@ def main() -> int:
                     rows.append(f"| {n} | {s.label} | {rate:.0f} | {m.best_tps:.0f} | "
                                 f"{100 * (1 - m.best_tps / rate):+.1f}% | {http:.1f} | "
                                 f"{1e6 * m.engine_cpu_s / m.tokens:.1f} | {1e6 / http:.0f} | "
-                                f"{f.best_tps:.0f} | {1e6 * f.http_cpu_s / f.tokens:.1f} |")
+                                f"{f.best_tps:.0f} | {1e6 * f.http_cpu_s / f.tokens:.1f} | "
+                                f"{1e6 * f.engine_cpu_s / f.tokens:.1f} |")
                     print(rows[-1], flush=True)
+                offline = offline_ms_per_1k(n, a.tokens, a.min_tokens)
+                rows.append(f"| {n} | offline (no server) | | | | | | | | | {offline:.1f} |")
         finally:
             for server in servers:
                 server.child.terminate()
@@ -241,8 +272,9 @@ def main() -> int:
     print(f"\n{a.tokens} tokens/stream, continuous_usage_stats {continuous}, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}\n")
     print("| streams | checkout | paced tok/s | delivered | paced lost | HTTP ms/1k tok | "
-          "engine ms/1k tok | HTTP ceiling tok/s | unpaced tok/s | unpaced HTTP ms/1k |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "engine ms/1k tok | HTTP ceiling tok/s | unpaced tok/s | unpaced HTTP ms/1k | "
+          "unpaced engine ms/1k |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -62,12 +63,25 @@ def portable_error(err: BaseException) -> BaseException:
         return HomelabError(str(err)) if isinstance(err, HomelabError) else RuntimeError(describe(err))
 
 
+class Readable:
+    """Whether a connection has input, through one poll object for the connection's life
+    (Connection.poll builds a selector per call, and both ends of the pipe ask every step)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.poller = select.poll()
+        self.poller.register(conn.fileno(), select.POLLIN)
+
+    def __call__(self, timeout: float = 0.0) -> bool:
+        return bool(self.poller.poll(max(0.0, timeout) * 1000))  # milliseconds
+
+
 class PipeHost:
     """The step loop's host over the pipe."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.lock = threading.Lock()  # the load reporter also sends
+        self.has_input = Readable(conn)
         self.stopping = False
         self.dead = False
         self.grammars: GrammarPrefetch | None = None  # set once the engine (its tokenizer) is up
@@ -81,9 +95,12 @@ class PipeHost:
             self.grammars.close()
 
     def send(self, message: tuple) -> None:
+        self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, data: bytes) -> None:
         with self.lock:
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(data)
             except OSError:  # the server is gone: the next take() ends the loop
                 self.stopping = True
 
@@ -93,8 +110,8 @@ class PipeHost:
         if grammars is not None and grammars.pending:
             timeout = min(timeout, PREFETCH_POLL_S)  # wake for a finished compile
         try:
-            if timeout <= 0 or self.conn.poll(timeout):
-                while not self.stopping and self.conn.poll(0):
+            if self.has_input(timeout):
+                while not self.stopping and self.has_input(0):
                     item = self.conn.recv()
                     if item is None:
                         self.stopping = True

@@ -32,7 +32,7 @@ from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.load_progress import LOAD
 from homelab_llm.server.client_base import ClientBase, Engine, EngineNotReady
 from homelab_llm.server.detokenize import TextOutputs
-from homelab_llm.server.engine_core import engine_core_main
+from homelab_llm.server.engine_core import Readable, engine_core_main
 from homelab_llm.server.step_loop import Abort, Add, Call, Command
 
 log = logging.getLogger("homelab_llm.server")
@@ -87,6 +87,7 @@ class ProcessEngineClient(ClientBase):
         self._proc.start()
         theirs.close()
         self._conn = ours
+        self._readable = Readable(ours)
         self._loop.add_reader(ours.fileno(), self._on_readable)
         threading.Thread(target=self._write_loop, name="engine-writer", daemon=True).start()
         # A forced exit (a second signal) skips the lifespan shutdown; multiprocessing's own exit
@@ -174,7 +175,7 @@ class ProcessEngineClient(ClientBase):
     def _on_readable(self) -> None:
         conn = self._conn
         try:
-            while conn is not None and conn.poll():
+            while conn is not None and self._readable():
                 self._handle(conn.recv())
         except (EOFError, OSError):
             self._loop.remove_reader(conn.fileno())
