@@ -32,11 +32,9 @@ import re
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
-from io import BytesIO
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -121,13 +119,6 @@ def cpu_s(pid: int) -> float:
         return ns / 1e9
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * TICK_S  # utime + stime, dead threads' too
-
-
-def baseline_tree(ref: str, into: Path) -> Path:
-    data = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return into
 
 
 # ---- the client ---------------------------------------------------------------------------------
@@ -232,6 +223,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"this": REPO}
         if a.baseline:
+            # Imported here, not at the top: the serve child must not put this checkout first.
+            from server_overhead import baseline_tree
+
             roots[f"base {a.baseline}"] = baseline_tree(a.baseline, Path(tmp))
         servers = [start_server(label, root) for label, root in roots.items()]
         try:

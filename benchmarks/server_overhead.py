@@ -9,6 +9,8 @@ in both engine modes: "http-process" (the engine loop in its own process, serve'
         [--json out.json]
     python benchmarks/server_overhead.py --gpu-smollm2   # H200: dummy SmolLM2 shape, 1/8/32 streams
     python benchmarks/server_overhead.py --cpu-smoke     # here: embedded SmolLM2, 1/8 streams, short
+        [--baseline REF]      # also "http-process@REF": `serve` from `git archive REF`, same run
+        [--profile-engine]    # cProfile the engine process's loop and the offline steps; print both
 
 Target (issue 19): HTTP loses <= 5% of offline decode tok/s at 1, 8 and 32 streams on the GPU.
 
@@ -82,7 +84,8 @@ def prompts(n: int, words: int, salt: str) -> list[str]:
 
 # ---- offline ------------------------------------------------------------------------------------
 
-def run_offline(engine, n: int, max_tokens: int, words: int, salt: str) -> RunResult:
+def run_offline(engine, n: int, max_tokens: int, words: int, salt: str,
+                profile: Any = None) -> RunResult:
     from homelab_llm.engine.sampling_params import SamplingParams
 
     timings: dict[str, StreamTiming] = {}
@@ -92,7 +95,7 @@ def run_offline(engine, n: int, max_tokens: int, words: int, salt: str) -> RunRe
         engine.add_request(rid, text, SamplingParams(max_tokens=max_tokens, temperature=0.0,
                                                      ignore_eos=True))
     while engine.has_unfinished_requests():
-        outputs = engine.step()
+        outputs = profile.runcall(engine.step) if profile is not None else engine.step()
         now = time.perf_counter()
         for out in outputs:
             timings[out.request_id].token_times += [now] * len(out.new_token_ids)
@@ -140,8 +143,10 @@ class Server:
     log: Any  # its stderr, a temporary file: nobody reads it while it runs (a pipe would fill)
 
 
-def start_server(model: str, engine_flags: list[str]) -> Server:
-    """`serve` in a child process; wait_ready() before sending it anything."""
+def start_server(model: str, engine_flags: list[str], root: Path = REPO,
+                 env: dict[str, str] | None = None) -> Server:
+    """`serve` of the checkout at `root` in a child process; wait_ready() before sending it
+    anything."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -149,8 +154,32 @@ def start_server(model: str, engine_flags: list[str]) -> Server:
     child = subprocess.Popen(
         [sys.executable, "-m", "homelab_llm", "serve", model, "--port", str(port),
          "--served-model-name", "bench", "--uvicorn-log-level", "warning", *engine_flags],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=log, text=True)
     return Server(child, f"http://127.0.0.1:{port}", log)
+
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """This repository at `ref` (git archive), to serve from."""
+    import tarfile
+    from io import BytesIO
+
+    data = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def print_profile(title: str, path: Path) -> None:
+    """The top of a cProfile dump: the engine step's mean time, then the costliest functions."""
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    for (file, _, name), (_, calls, _, cumtime, _) in stats.stats.items():
+        if name == "step" and file.endswith("engine/core.py") and calls:
+            print(f"\n{title}: LLMEngine.step {calls} calls, {1e3 * cumtime / calls:.3f} ms each "
+                  f"(under the profiler)")
+    stats.sort_stats("tottime").print_stats(25)
 
 
 def wait_ready(server: Server, timeout_s: float = 600) -> None:
@@ -226,6 +255,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="preset: embedded SmolLM2 on the CPU, 1/8 streams, 16 tokens, once")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--baseline", default=None,
+                        help="a git ref: also measure `serve` (engine process) of that checkout")
+    parser.add_argument("--profile-engine", action="store_true",
+                        help="cProfile the engine process's loop and the offline steps (slower)")
     args = parser.parse_args()
     defaults = dict(model="", device="cpu", load_format="auto", max_tokens=64, prompt_words=96,
                     streams=[1, 4, 8], repeats=2)
@@ -259,10 +292,22 @@ def main() -> int:
     # The servers' engines idle (sleep) while the others run.
     servers: dict[str, Server] = {}
     engine = None
+    scratch = tempfile.TemporaryDirectory()
+    profile_dump = Path(scratch.name) / "engine.prof"
+    offline_profile = None
+    if args.profile_engine:
+        import cProfile
+
+        offline_profile = cProfile.Profile()
     try:
         for mode in args.engine_modes:  # they load while the offline engine does
             extra = ["--engine-in-process"] if mode == "thread" else []
-            servers[f"http-{mode}"] = start_server(model, flags + extra)
+            env = ({"HOMELAB_LLM_ENGINE_PROFILE": str(profile_dump)}
+                   if args.profile_engine and mode == "process" else None)
+            servers[f"http-{mode}"] = start_server(model, flags + extra, env=env)
+        if args.baseline:
+            root = baseline_tree(args.baseline, Path(scratch.name) / "baseline")
+            servers[f"http-process@{args.baseline}"] = start_server(model, flags, root)
         engine = LLMEngine(EngineArgs(model=model, device=args.device, load_format=args.load_format,
                                       max_model_len=args.max_model_len,
                                       kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory_bytes),
@@ -276,7 +321,8 @@ def main() -> int:
         for n in args.streams:
             best: dict[str, RunResult] = {}
             for r in range(args.repeats):
-                runs = [run_offline(engine, n, args.max_tokens, args.prompt_words, f"off{n}.{r}")]
+                runs = [run_offline(engine, n, args.max_tokens, args.prompt_words, f"off{n}.{r}",
+                                    offline_profile)]
                 for mode, server in servers.items():
                     runs.append(asyncio.run(run_http_async(
                         server.base, "bench", n, args.max_tokens, args.prompt_words, f"{mode}{n}.{r}",
@@ -291,6 +337,12 @@ def main() -> int:
             stop_server(server)
         if engine is not None:
             engine.shutdown()
+        if offline_profile is not None and profile_dump.exists():
+            offline_dump = Path(scratch.name) / "offline.prof"
+            offline_profile.dump_stats(str(offline_dump))
+            print_profile("offline", offline_dump)
+            print_profile("engine process (http-process)", profile_dump)
+        scratch.cleanup()
 
     results.sort(key=lambda r: (r.streams, r.mode != "offline", r.mode))
     import torch

@@ -16,6 +16,7 @@ drains and then stops us); it exits 0 after a stop, 1 after the engine died."""
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import select
 import signal
@@ -37,6 +38,9 @@ from homelab_llm.server.grammar_prefetch import GrammarPrefetch
 from homelab_llm.server.step_loop import Command, Engine, EngineNotReady, StepLoop
 
 LOAD_REPORT_S = 0.25
+# A file path: the step loop runs under cProfile and its stats are written there when it ends
+# (benchmarks/server_overhead.py --profile-engine: where the engine process's time goes).
+PROFILE_ENV = "HOMELAB_LLM_ENGINE_PROFILE"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -167,5 +171,18 @@ def engine_core_main(factory: Callable[[], Engine], conn: Connection, parent: in
     engine.set_detokenize(False)  # the server decodes: text stays off this loop
     host.send(("load", LOAD.snapshot()))
     host.send(("ready", EngineInfo(engine.tokenizer, engine.max_model_len)))
-    host.serve(engine)
+    if profile_path := os.environ.get(PROFILE_ENV):
+        serve_profiled(host, engine, profile_path)
+    else:
+        host.serve(engine)
     sys.exit(1 if host.dead else 0)
+
+
+def serve_profiled(host: PipeHost, engine: Engine, path: str) -> None:
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(host.serve, engine)
+    finally:
+        profile.dump_stats(path)
