@@ -219,13 +219,13 @@ def main() -> int:
         return serve_child(a.serve[0], int(a.serve[1]))
     if len(a.rates) != len(a.streams):
         p.error("--rates needs one rate per --streams entry")
+    # Imported here, not at the top: the serve child must not put this checkout first on its path.
+    from server_overhead import baseline_tree, stop_child
+
     continuous = not a.no_continuous_usage
     with tempfile.TemporaryDirectory() as tmp:
         roots = {"this": REPO}
         if a.baseline:
-            # Imported here, not at the top: the serve child must not put this checkout first.
-            from server_overhead import baseline_tree
-
             roots[f"base {a.baseline}"] = baseline_tree(a.baseline, Path(tmp))
         servers = [start_server(label, root) for label, root in roots.items()]
         try:
@@ -257,12 +257,7 @@ def main() -> int:
                 rows.append(f"| {n} | offline (no server) | | | | | | | | | {offline:.1f} |")
         finally:
             for server in servers:
-                server.child.terminate()
-                try:
-                    server.child.wait(30)
-                except subprocess.TimeoutExpired:
-                    server.child.kill()
-                    server.child.wait()
+                stop_child(server.child)
     print(f"\n{a.tokens} tokens/stream, continuous_usage_stats {continuous}, {os.cpu_count()} CPUs, "
           f"{time.strftime('%Y-%m-%d %H:%M')}\n")
     print("| streams | checkout | paced tok/s | delivered | paced lost | HTTP ms/1k tok | "

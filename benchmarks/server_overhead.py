@@ -201,13 +201,18 @@ def wait_ready(server: Server, timeout_s: float = 600) -> None:
         time.sleep(0.2)
 
 
-def stop_server(server: Server) -> None:
-    server.child.terminate()
+def stop_child(child: subprocess.Popen, wait_s: float = 60) -> None:
+    """SIGTERM (serve drains and stops its engine), SIGKILL after wait_s."""
+    child.terminate()
     try:
-        server.child.wait(60)
+        child.wait(wait_s)
     except subprocess.TimeoutExpired:
-        server.child.kill()
-        server.child.wait()
+        child.kill()
+        child.wait()
+
+
+def stop_server(server: Server) -> None:
+    stop_child(server.child)
     server.log.close()
 
 
