@@ -89,3 +89,33 @@ def test_a_request_whose_decoding_raises_fails_alone() -> None:
         assert "decoding the output failed: ValueError: no bytes" in bad.json()["error"]["message"]
         assert good["choices"][0]["text"] == "all is well, all is well"
         wait_for(lambda: status(base)["requests"]["running"] == 0, 5, "the engine to drop both")
+
+
+class BurstEngine(FakeEngine):
+    """Three tokens per request per step, as speculative decoding appends accepted drafts."""
+
+    def _advance(self, seq):  # noqa: ANN001, ANN202 - the fake's own signature
+        outs = [super()._advance(seq)]
+        while len(outs) < 3 and not outs[-1].finished:
+            outs.append(super()._advance(seq))
+        last = outs[-1]
+        last.new_token_ids = [t for o in outs for t in o.new_token_ids]
+        last.new_text = "".join(o.new_text for o in outs)
+        last.logprobs = [lp for o in outs for lp in o.logprobs]
+        return last
+
+
+@pytest.mark.parametrize("engine_process", [True, False])
+def test_several_tokens_of_one_step_stream_as_one_chunk(engine_process: bool) -> None:
+    with fake_server(BurstEngine, engine_process=engine_process) as running:
+        body = {"prompt": "SAY[[née à Zürich]]", "max_tokens": 40, "stream": True, "logprobs": 1,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        with httpx.stream("POST", f"{running.base_url}/v1/completions", json=body, timeout=30) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    with_choices = [c for c in chunks if c["choices"]]
+    tokens = len("SAY[[née à Zürich]]".encode()) - len("SAY[[]]") + 1  # its bytes, then EOS
+    assert "".join(c["choices"][0]["text"] for c in with_choices) == "née à Zürich"
+    assert [c["usage"]["completion_tokens"] for c in with_choices] == \
+        [min(3 * k, tokens) for k in range(1, -(-tokens // 3) + 1)]  # one chunk per step
+    streamed_logprobs = [t for c in with_choices for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert len(streamed_logprobs) == tokens  # one entry per token, EOS's too
