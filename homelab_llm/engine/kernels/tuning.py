@@ -203,18 +203,22 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # (1.46x the 1-row time), the multi-row GEMV 10.4. The multi-row kernel ("rows") compiles
     # everywhere and stays in the interpreter's entry (its tests route through it) until a device
     # measures it ahead; the others keep the older GEMV where they were not measured.
-    "sm80": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    # H200 sweep 10.2 (27B shapes, one step's linears): 16-row dot programs with permuted x beat
-    # the prefill GEMM up to 64 rows (40 rows: 28.7 ms vs 80.7; 64: 38.9 vs 80.2).
-    "sm90": ((1, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
-    "interpret": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
+    # Prefill chunks ("deq": the weight dequantized once into the BLAS GEMM, w4a16_deq.py): on the
+    # H200 the Triton GEMM ran a 27B model's linears at 2,048 rows in 420 ms, bf16 BLAS in 126;
+    # a margin that wide is taken on every GPU above 256 rows until each is measured.
+    "sm80": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
+    # H200 sweep 10.2 (27B shapes, one step's linears): 16-row dot programs with permuted x up to
+    # 40 rows (28.9 ms; deq 29.8, the Triton GEMM 80.7), then deq (64 rows 30.5 ms vs dot 39.2;
+    # 256: 35.5 vs GEMM 71.4; 2,048: 142.7 vs GEMM 420.9, bf16 BLAS 127.7).
+    "sm90": ((1, "gemv"), (40, "dot"), (1 << 62, "deq")),
+    "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
+    "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
+    "interpret": ((2, "rows"), (32, "dot"), (64, "gemm"), (1 << 62, "deq")),
 }
 
 
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("rows", "gemv", "dot" or "gemm") the table picks for m rows on this device."""
+    """The W4A16 kernel ("rows", "gemv", "dot", "gemm" or "deq") the table picks for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 
