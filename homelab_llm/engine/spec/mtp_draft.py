@@ -20,6 +20,9 @@ chain is shorter.
 
 Each head forward is one runner call (Runner.run_mtp): a step plan like any other, plus which
 hidden-state rows feed it, run on every tensor-parallel rank; rank 0 reads the argmax tokens.
+The pass lays a sequence's kept rows out as decode rows (one-token queries) after a decode or
+verify step, so a pass over decode and verify steps only, like every chain step, is decode-only
+and replays the head's captured graphs (spec/mtp_graphs.py); a prefill chunk's pass runs eagerly.
 
 Prefix caching: cached pages carry the head's KV of the positions passed before they were cached.
 The last position of a match was passed with the cached sequence's next token, and positions a
@@ -71,15 +74,22 @@ class _Rows:
     def empty(cls) -> _Rows:
         return cls([], [], [], [], [], [], [])
 
-    def add(self, seq: Sequence, ids: list[int], start: int, page_size: int) -> None:
+    def add(self, seq: Sequence, ids: list[int], start: int, page_size: int, split: bool = False) -> None:
+        """Tokens `ids` at positions start..: one query, or with `split` one one-token query per
+        token (decode rows: row j sees positions up to start + j, as the one query's row j would)."""
         end = start + len(ids)
         self.ids.extend(ids)
         self.positions.extend(range(start, end))
         pt = seq.page_table
         self.slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, end))
-        self.query_lens.append(len(ids))
-        self.seq_lens.append(end)
-        self.tables.append(pt)
+        if split:
+            self.query_lens.extend([1] * len(ids))
+            self.seq_lens.extend(range(start + 1, end + 1))
+            self.tables.extend([pt] * len(ids))
+        else:
+            self.query_lens.append(len(ids))
+            self.seq_lens.append(end)
+            self.tables.append(pt)
 
 
 class MtpDrafter:
@@ -115,7 +125,8 @@ class MtpDrafter:
             kept = min(w.num_rows, seq.num_tokens - 1 - w.start) if not seq.is_finished else 0
             if kept <= 0:
                 continue
-            rows.add(seq, seq.token_ids[w.start + 1:w.start + 1 + kept], w.start, self.page_size)
+            rows.add(seq, seq.token_ids[w.start + 1:w.start + 1 + kept], w.start, self.page_size,
+                     split=pass_as_decode_rows(kept, self.proposer.k))
             hidden_rows.extend(range(w.first_row, w.first_row + kept))
             if w.start + kept == seq.num_tokens - 1 and seq.num_output_tokens > 0:
                 k = self.reserve_chain(seq, num_running)
@@ -144,6 +155,14 @@ class MtpDrafter:
         plan = plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens,
                                rows.tables, rows.logits_rows)
         return self.runner.run_mtp(plan, hidden_rows, step).tolist()
+
+
+def pass_as_decode_rows(kept: int, k: int) -> bool:
+    """Whether a sequence's pass rows go in as decode rows (one-token queries) rather than one
+    query: after a decode or verify step (at most K+1 kept rows). A pass of decode rows only is
+    decode-only, so the head's captured graphs (spec/mtp_graphs.py) replay it; a prefill chunk
+    stays one query (decode rows would read its prefix once per row)."""
+    return kept <= k + 1
 
 
 def _positions_in(active: list[int], chains: list[tuple[Sequence, int]], step: int) -> list[int]:
