@@ -57,6 +57,7 @@ from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
 import mtp_graphs_check  # noqa: E402
+from mtp_graphs_check import TINY  # noqa: E402  (--cpu-smoke: configs shrunk to this width)
 from verify_cost import capture, check, measure  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
@@ -64,10 +65,6 @@ QUICK = False
 CPU_SMOKE = False
 VERIFY_KS = [1, 2, 3, 4]
 VERIFY_BATCHES = [1, 8]
-# --cpu-smoke: the model configs shrunk to a few layers of small width (same families and layouts).
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "vocab_size": 512, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 32, "linear_value_head_dim": 32}
 
 
 class FixedDrafts:
