@@ -294,7 +294,7 @@ class ModelRunner:
             self.head_graphs = HeadGraphs(self.model.mtp, self.model.model.embed_tokens,
                                           self.model.compute_logits, self.config.hidden_size, self.dtype,
                                           self.device, max(sizes), max_pages, self.page_size, splits,
-                                          capturer)
+                                          self.args.max_num_seqs, capturer)
             self.head_graphs.capture(sizes)
             self.memory.graphs += self.head_graphs.memory_bytes
 
@@ -391,7 +391,7 @@ class ModelRunner:
         batch = self.batch_from_plan(*plan)
         rows = torch.tensor(hidden_rows, device=source.device)
         graphs = self.head_graphs
-        if graphs is not None and graphs.fits(batch.context, batch.num_tokens):
+        if graphs is not None and graphs.fits(batch.context, batch.num_tokens, batch.logits_indices.numel()):
             self.mtp_hidden, tokens = graphs.run(batch.input_ids, batch.context, source, rows,
                                                  batch.logits_indices, step)
             self.last_hidden = None

@@ -89,10 +89,11 @@ def test_head_graph_rows_and_fit() -> None:
     assert head_graph_rows(3, 1) == [1, 2, 3]
     assert head_graph_rows(20, 2) == [1, 2, 4, 8, 16, 20, 32, 40]
     captured = head_graph_rows(8, 4)
-    assert head_graph_fits(True, 5, 10, 10, captured)  # padded to 8 rows
-    assert not head_graph_fits(True, 33, 10, 10, captured)  # more rows than any graph
-    assert not head_graph_fits(False, 4, 10, 10, captured)  # a prefill chunk's pass: eager
-    assert not head_graph_fits(True, 4, 11, 10, captured)  # longer than the graphs' page tables
+    assert head_graph_fits(True, 5, 2, 10, 10, 8, captured)  # padded to 8 rows
+    assert not head_graph_fits(True, 33, 2, 10, 10, 8, captured)  # more rows than any graph
+    assert not head_graph_fits(False, 4, 2, 10, 10, 8, captured)  # a prefill chunk's pass: eager
+    assert not head_graph_fits(True, 4, 2, 11, 10, 8, captured)  # longer than the graphs' page tables
+    assert not head_graph_fits(True, 16, 9, 10, 10, 8, captured)  # more chains than sequences
 
 
 def test_pass_layout_rule() -> None:

@@ -9,9 +9,10 @@ queries) runs eagerly.
 
 Static inputs: token ids, positions, the input hidden rows [rows, H] (gathered from the target's
 or the previous link's output before the replay), KV slots, sequence lengths and page tables of
-the head's KV layer. Outputs: the head's states h' [rows, H] and the argmax token of every row
-(the logits stay inside the graph). Padding rows write no KV (slot -1) and attend over one
-position; what they compute is never read.
+the head's KV layer, and the logits rows (the chains' rows: at most one per running sequence, so
+min(rows, max_num_seqs) of them; padding entries point at row 0). Outputs: the head's states h'
+of the logits rows [L, H] and their argmax tokens (the logits stay inside the graph). Padding
+rows write no KV (slot -1) and attend over one position; what they compute is never read.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ def head_graph_rows(max_num_seqs: int, verify_width: int) -> list[int]:
     return sorted({bs * w for bs in graph_batch_sizes(max_num_seqs) for w in {1, verify_width}})
 
 
-def head_graph_fits(decode_only: bool, rows: int, pages: int, max_pages: int, captured: list[int]) -> bool:
-    """Whether a head forward of `rows` rows over `pages` page-table columns replays a graph."""
-    return decode_only and pages <= max_pages and any(rows <= size for size in captured)
+def head_graph_fits(decode_only: bool, rows: int, num_logits: int, pages: int, max_pages: int,
+                    max_logits: int, captured: list[int]) -> bool:
+    """Whether a head forward of `rows` rows (`num_logits` of them logits rows) over `pages`
+    page-table columns replays a graph."""
+    return (decode_only and pages <= max_pages and num_logits <= max_logits
+            and any(rows <= size for size in captured))
 
 
 class HeadGraphs:
@@ -46,10 +50,12 @@ class HeadGraphs:
 
     def __init__(self, mtp: nn.Module, embed: nn.Module, compute_logits: Callable[[torch.Tensor], torch.Tensor],
                  hidden_size: int, dtype: torch.dtype, device: torch.device, max_rows: int,
-                 max_pages: int, page_size: int, num_kv_splits: int, capturer: Capturer) -> None:
+                 max_pages: int, page_size: int, num_kv_splits: int, max_logits: int,
+                 capturer: Capturer) -> None:
         self.mtp, self.embed, self.compute_logits = mtp, embed, compute_logits
         self.max_pages, self.page_size, self.num_kv_splits = max_pages, page_size, num_kv_splits
         self.capturer = capturer
+        self.max_logits = max_logits  # logits rows per forward: one per running sequence at most
         n, h = max_rows, hidden_size
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
@@ -58,6 +64,7 @@ class HeadGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.page_table = torch.zeros((n, max_pages), dtype=torch.int32, device=device)
+        self.logits_rows = torch.zeros(min(n, max_logits), dtype=torch.long, device=device)
         self.graphs: dict[tuple[int, int], tuple[Replayable, Outputs]] = {}  # (rows, layer)
         self.sizes: list[int] = []
         self.memory_bytes = 0
@@ -73,8 +80,9 @@ class HeadGraphs:
     def _forward(self, n: int, layer: int) -> Outputs:
         with forward_context(self._context(n)):
             out = self.mtp(self.input_ids[:n], self.positions[:n], self.hidden[:n], self.embed, layer)
-            tokens = self.compute_logits(out).argmax(dim=-1)
-        return out, tokens
+            picked = out.index_select(0, self.logits_rows[:min(n, self.max_logits)])
+            tokens = self.compute_logits(picked).argmax(dim=-1)
+        return picked, tokens
 
     @torch.inference_mode()
     def capture(self, sizes: list[int]) -> None:
@@ -93,8 +101,9 @@ class HeadGraphs:
         self.graphs.clear()
         self.sizes = []
 
-    def fits(self, ctx: ForwardContext, rows: int) -> bool:
-        return head_graph_fits(ctx.decode_only, rows, ctx.page_table.shape[1], self.max_pages, self.sizes)
+    def fits(self, ctx: ForwardContext, rows: int, num_logits: int) -> bool:
+        return head_graph_fits(ctx.decode_only, rows, num_logits, ctx.page_table.shape[1], self.max_pages,
+                               self.max_logits, self.sizes)
 
     def run(self, input_ids: torch.Tensor, ctx: ForwardContext, source: torch.Tensor,
             hidden_rows: torch.Tensor, logits_indices: torch.Tensor, step: int
@@ -108,9 +117,12 @@ class HeadGraphs:
         self.seq_lens[:n].copy_(ctx.seq_lens)
         self.page_table[:n, :ctx.page_table.shape[1]].copy_(ctx.page_table)
         self.hidden[:n].copy_(source.index_select(0, hidden_rows))
+        r = logits_indices.numel()
+        self.logits_rows[:r].copy_(logits_indices)
+        self.logits_rows[r:].zero_()  # a row of this forward (a stale one may be past its rows)
         if size > n:
             self.slot_mapping[n:size].fill_(-1)  # padding rows write nowhere
             self.seq_lens[n:size].fill_(1)
-        graph, (out, tokens) = self.graphs[size, step % len(self.mtp.layers)]
+        graph, (picked, tokens) = self.graphs[size, step % len(self.mtp.layers)]
         graph.replay()
-        return out[:n][logits_indices], tokens[:n][logits_indices]
+        return picked[:r], tokens[:r]
