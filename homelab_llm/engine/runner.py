@@ -115,6 +115,7 @@ class ModelRunner:
         # and the head's output rows of its last draft step (run_mtp).
         self.last_hidden: torch.Tensor | None = None
         self.mtp_hidden: torch.Tensor | None = None
+        self.mtp_tokens: torch.Tensor | None = None  # ... and their argmax tokens
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
@@ -341,7 +342,7 @@ class ModelRunner:
             self.unbind_kv()
         self.pool = None
         self.state_pool = None
-        self.last_hidden = self.mtp_hidden = None
+        self.last_hidden = self.mtp_hidden = self.mtp_tokens = None
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
@@ -382,26 +383,29 @@ class ModelRunner:
     def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
                 step: int) -> torch.Tensor:
         """One forward of the MTP head (model/mtp.py) over `plan`: its input hidden states are
-        rows of the last forward's (step 0) or of the previous head forward's logits rows.
+        rows of the last forward's (step 0) or of the previous head forward's logits rows; in a
+        chain step (step > 0) so are its input tokens (that forward's argmax at the same rows:
+        the plan's ids are placeholders, and no draft goes through the host mid-chain).
         Returns the argmax token of each logits row (on the device)."""
         mtp = self.model.mtp
         assert mtp is not None, "the model was built without its MTP head"
         source = self.last_hidden if step == 0 else self.mtp_hidden
         assert source is not None, "no hidden states to draft from"
         batch = self.batch_from_plan(*plan)
-        rows = torch.tensor(hidden_rows, device=source.device)
+        rows = self.stager.upload(torch.tensor(hidden_rows, dtype=torch.long))  # pinned: no sync
+        input_ids = batch.input_ids if step == 0 else self.mtp_tokens.index_select(0, rows)
+        self.last_hidden = None  # kept only until the head has read it
         graphs = self.head_graphs
         if graphs is not None and graphs.fits(batch.context, batch.num_tokens, batch.logits_indices.numel()):
-            self.mtp_hidden, tokens = graphs.run(batch.input_ids, batch.context, source, rows,
-                                                 batch.logits_indices, step)
-            self.last_hidden = None
-            return tokens
+            self.mtp_hidden, self.mtp_tokens = graphs.run(input_ids, batch.context, source, rows,
+                                                          batch.logits_indices, step)
+            return self.mtp_tokens
         with forward_context(batch.context):
-            out = mtp(batch.input_ids, batch.positions, source.index_select(0, rows),
+            out = mtp(input_ids, batch.positions, source.index_select(0, rows),
                       self.model.model.embed_tokens, step)
-        self.last_hidden = None  # kept only until the head has read it
         self.mtp_hidden = out[batch.logits_indices]
-        return self.model.compute_logits(self.mtp_hidden).argmax(dim=-1)
+        self.mtp_tokens = self.model.compute_logits(self.mtp_hidden).argmax(dim=-1)
+        return self.mtp_tokens
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:

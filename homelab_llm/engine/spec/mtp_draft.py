@@ -19,7 +19,9 @@ while one free page per running sequence remains (as the scheduler's drafts); sh
 chain is shorter.
 
 Each head forward is one runner call (Runner.run_mtp): a step plan like any other, plus which
-hidden-state rows feed it, run on every tensor-parallel rank; rank 0 reads the argmax tokens.
+hidden-state rows feed it, run on every tensor-parallel rank. A chain step's input tokens are
+the previous forward's argmax rows, taken on the device (Runner.run_mtp): rank 0 reads all the
+drafts once, after the last forward.
 The pass lays a sequence's kept rows out as decode rows (one-token queries) after a decode or
 verify step, so a pass over decode and verify steps only, like every chain step, is decode-only
 and replays the head's captured graphs (spec/mtp_graphs.py); a prefill chunk's pass runs eagerly.
@@ -33,6 +35,8 @@ output (every draft is verified).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.runner_protocol import Runner
@@ -135,26 +139,38 @@ class MtpDrafter:
                     chains.append((seq, k))
         if not rows.ids:
             return
-        tokens = self._run(rows, hidden_rows, step=0)
-        drafts = [[t] for t in tokens]
+        outputs = [self._run(rows, hidden_rows, step=0)]  # draft 1 of every chain
         for step in range(1, max((k for _, k in chains), default=0)):
             active = [i for i, (_, k) in enumerate(chains) if k > step]
             rows = _Rows.empty()
             for i in active:
                 seq = chains[i][0]
-                rows.add(seq, [drafts[i][-1]], seq.num_tokens - 2 + step, self.page_size)
+                # the input token is draft `step`: the runner takes it from the previous output
+                rows.add(seq, [0], seq.num_tokens - 2 + step, self.page_size)
             rows.logits_rows.extend(range(len(active)))
-            tokens = self._run(rows, _positions_in(active, chains, step), step)
-            for i, t in zip(active, tokens):
-                drafts[i].append(t)
-        for (seq, _), tokens in zip(chains, drafts):
-            self.proposer.store(seq.request_id, seq.num_tokens, tokens)
+            outputs.append(self._run(rows, _positions_in(active, chains, step), step))
+        if chains:
+            for (seq, _), tokens in zip(chains, _chain_drafts(outputs, chains)):
+                self.proposer.store(seq.request_id, seq.num_tokens, tokens)
 
-    def _run(self, rows: _Rows, hidden_rows: list[int], step: int) -> list[int]:
-        """One head forward: the argmax token of each logits row."""
+    def _run(self, rows: _Rows, hidden_rows: list[int], step: int) -> torch.Tensor:
+        """One head forward: the argmax token of each logits row (on the device)."""
         plan = plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens,
                                rows.tables, rows.logits_rows)
-        return self.runner.run_mtp(plan, hidden_rows, step).tolist()
+        return self.runner.run_mtp(plan, hidden_rows, step)
+
+
+def _chain_drafts(outputs: list[torch.Tensor], chains: list[tuple[Sequence, int]]) -> list[list[int]]:
+    """Each chain's drafts from the head forwards' argmax rows (forward s holds the chains still
+    running at step s, in order), read to the host at once: the only sync of the drafting."""
+    host = torch.cat(outputs).tolist()
+    drafts: list[list[int]] = [[] for _ in chains]
+    at = 0
+    for step in range(len(outputs)):
+        for i in (i for i, (_, k) in enumerate(chains) if k > step):
+            drafts[i].append(host[at])
+            at += 1
+    return drafts
 
 
 def pass_as_decode_rows(kept: int, k: int) -> bool:

@@ -108,7 +108,8 @@ class HeadGraphs:
     def run(self, input_ids: torch.Tensor, ctx: ForwardContext, source: torch.Tensor,
             hidden_rows: torch.Tensor, logits_indices: torch.Tensor, step: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head forward (fits() said yes): (h' of the logits rows, their argmax tokens)."""
+        """One head forward (fits() said yes): (h' of the logits rows, their argmax tokens).
+        h' is the static output (valid until this graph replays again); the tokens are a copy."""
         n = input_ids.shape[0]
         size = min(s for s in self.sizes if s >= n)
         self.input_ids[:n].copy_(input_ids)
@@ -125,4 +126,4 @@ class HeadGraphs:
             self.seq_lens[n:size].fill_(1)
         graph, (picked, tokens) = self.graphs[size, step % len(self.mtp.layers)]
         graph.replay()
-        return picked[:r], tokens[:r]
+        return picked[:r], tokens[:r].clone()  # the drafter reads every link's tokens at the end
