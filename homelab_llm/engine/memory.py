@@ -330,16 +330,16 @@ def graph_bytes(config: ModelConfig, max_num_seqs: int, dtype: str, tp_size: int
                 enforce_eager: bool = False) -> int:
     """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead.
     An MTP model (config.use_mtp) adds its head's graphs in the same pool (spec/mtp_graphs.py):
-    their overhead, and the hidden-state rows every decode graph and head graph keeps as static
-    input or output (each [rows, hidden], model dtype)."""
+    their overhead, the hidden-state rows each decode/verify graph keeps as a static output
+    ([rows, hidden], model dtype: about one row per captured row) and the head's static input."""
     if enforce_eager:
         return 0
     sizes = graph_capture_sizes(max_num_seqs)
     pool = activation_bytes(config, max(sizes), dtype, tp_size, max_num_seqs=max(sizes))
     mtp = 0
     if config.mtp_layers:
-        rows = sum(sizes) * config.hidden_size * dtype_bytes(dtype)
-        mtp = 3 * rows + len(sizes) * config.mtp_layers * GRAPH_OVERHEAD_BYTES
+        row = config.hidden_size * dtype_bytes(dtype)
+        mtp = (sum(sizes) + max(sizes)) * row + len(sizes) * config.mtp_layers * GRAPH_OVERHEAD_BYTES
     return pool + len(sizes) * GRAPH_OVERHEAD_BYTES + mtp
 
 
