@@ -19,8 +19,8 @@ from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
-from homelab_llm.engine.graph_capture import Capturer
 from homelab_llm.engine.device import fast_cpu_default
+from homelab_llm.engine.graph_capture import Capturer
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows

@@ -38,6 +38,8 @@ def _run(folder, k: int, graphs: bool) -> tuple[list[list[int]], list[tuple], di
     llm = our_llm(folder, speculative_config=mtp(k), max_num_seqs=4)
     engine, runner = llm.engine, llm.engine.runner
     replays = {"decode": 0, "head": 0}
+    # an MTP model no longer forces eager steps; on a CPU capture_graphs captures nothing
+    assert not runner.eager and runner.graphs is None and runner.head_graphs is None
     if graphs:
         runner.install_graphs(engine.max_model_len, EagerCapture())
         for name, graph_set in (("decode", runner.graphs), ("head", runner.head_graphs)):
