@@ -78,6 +78,10 @@ DOT_TILES = {
     "dot.bn256w8": GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4),
     "dot.bn256w8s2": GemmTiles(64, 256, 128, num_warps=8, num_stages=2, split_k=4),
     "dot.bn128w4": GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4),
+    # 16 or 32 rows a program: more programs read each weight tile (from L2 after the first)
+    "dot.bm16": GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    "dot.bm16w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
+    "dot.bm32": GemmTiles(32, 128, 128, num_warps=8, num_stages=3, split_k=4),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm"}  # family -> default variant
 
@@ -92,6 +96,8 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
         if m in at and (not quick or name == "rows.c8k8w8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
+    if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
+        v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
         for name, t in DOT_TILES.items():
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t))

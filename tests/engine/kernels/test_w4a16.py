@@ -234,3 +234,26 @@ def test_dot_kernel_magic_number_nibbles(dtype: torch.dtype, device: torch.devic
         want = x.double() @ dequantize_w4_ref(w).double()
         got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split)
         assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_dot_kernel_permuted_x_is_the_same_sum(group_size: int, device: torch.device) -> None:
+    """Past 16 rows the dot kernel reads x permuted per K step (contiguous loads instead of
+    stride-8 gathers). The eight per-nibble dots see the same values in the same order, so the
+    output equals the unpermuted kernel's bit for bit, and both are within 1e-2 per row of the
+    dequantized reference."""
+    from homelab_llm.engine.kernels.w4a16_dot import permute_steps, w4a16_dot
+
+    gen = torch.Generator().manual_seed(31 + group_size)
+    x = torch.arange(2 * 256, dtype=torch.float32).view(2, 256)
+    xp = permute_steps(x, 128)
+    assert xp[0, 16 * 3 + 5] == x[0, 8 * 5 + 3] and xp[1, 128 + 16 * 7 + 2] == x[1, 128 + 8 * 2 + 7]
+    for m, k, n, split in ((20, 256, 40, None), (5, 384, 72, 2), (33, 128, 24, 1)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, group_size, False).to(device)
+        x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+        plain = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                          permute=False)
+        perm = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                         permute=True)
+        assert torch.equal(plain, perm), (m, k, split)
+        assert _rel_err(perm, x.float() @ dequantize_w4_ref(w)) < 1e-2
