@@ -123,7 +123,8 @@ def generate(engine: LLMEngine, prompts: list[list[int]], n: int) -> tuple[list[
     proposer.store = lambda rid, num, tokens: (drafts.append(list(tokens)), store(rid, num, tokens))
     tag = time.monotonic_ns()
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"g{tag}-{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        engine.add_request(f"g{tag}-{i}", prompt, params)
     outputs: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -186,7 +187,8 @@ def run_model(tag: str, model: Path, quantization: str | None, timed: bool) -> N
                 for batch in (1, 8):
                     for k in range(K + 1):
                         engine.drafter.proposer.k = k
-                        timings[graphs, batch, k] = step_times(engine, batch, 64 if CPU else 512, 6 if QUICK else 16)
+                        timings[graphs, batch, k] = step_times(engine, batch, 64 if CPU else 512,
+                                                               6 if QUICK else 16)
                     engine.drafter.proposer.k = K
         finally:
             engine.shutdown()
@@ -199,7 +201,8 @@ def run_model(tag: str, model: Path, quantization: str | None, timed: bool) -> N
            f"of {len(eager_drafts)} stored drafts")
     if timings:
         print(f"\n{tag}: step ms (verify + MTP pass/chain) | MTP drafting ms, median")
-        print(f"{'batch':>5} {'K':>2} {'eager step':>11} {'graph step':>11} {'x':>6} {'eager draft':>12} {'graph draft':>12}")
+        print(f"{'batch':>5} {'K':>2} {'eager step':>11} {'graph step':>11} {'x':>6} "
+              f"{'eager draft':>12} {'graph draft':>12}")
         for batch in (1, 8):
             for k in range(K + 1):
                 (es, ed), (gs, gd) = timings[False, batch, k], timings[True, batch, k]

@@ -48,7 +48,8 @@ def head_graph_fits(decode_only: bool, rows: int, num_logits: int, pages: int, m
 class HeadGraphs:
     """Graphs of `mtp` (a MultiTokenPredictor) with the target's embedding and logits."""
 
-    def __init__(self, mtp: nn.Module, embed: nn.Module, compute_logits: Callable[[torch.Tensor], torch.Tensor],
+    def __init__(self, mtp: nn.Module, embed: nn.Module,
+                 compute_logits: Callable[[torch.Tensor], torch.Tensor],
                  hidden_size: int, dtype: torch.dtype, device: torch.device, max_rows: int,
                  max_pages: int, page_size: int, num_kv_splits: int, max_logits: int,
                  capturer: Capturer) -> None:
