@@ -5,8 +5,9 @@
                                                         # eagerly (graph_capture.EagerCapture)
 Also `python benchmarks/spec_gpu.py --sections mtp_graphs`.
 
-Two models, each built twice (enforce_eager on, then graphs: decode/verify graphs that keep the
-final hidden rows, and the MTP head's own graphs, spec/mtp_graphs.py), K = 3:
+Two models, K = 3, each built once with its graphs (decode/verify graphs that keep the final
+hidden rows, and the MTP head's own graphs, spec/mtp_graphs.py) and run with the graphs set aside
+(the runner's eager path, as --enforce-eager) and then with them; no prefix cache:
   tiny   a tiny random Qwen3.5-shaped hybrid (4 layers, fp32, dummy weights) with an MTP layer
   27b    the dummy Qwen3.6-27B W4A16 shape with its MTP layer (bf16)
 Both heads are turned into "echo" heads after loading (as tests/engine/mtp_reference.py does: fc
@@ -46,6 +47,7 @@ from homelab_llm.engine.args import EngineArgs  # noqa: E402
 from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.graph_capture import EagerCapture  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
+from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
@@ -95,19 +97,27 @@ def lean_to_repeats(model, alpha: float = 0.2) -> None:
     w[:n] += alpha * e[:n].to(w.dtype)
 
 
-def build(model: Path, quantization: str | None, graphs: bool) -> LLMEngine:
-    device = "cpu" if CPU else "cuda"
+def build(model: Path, quantization: str | None) -> LLMEngine:
+    """An MTP engine with its graphs captured (CPU: EagerCapture stand-ins), echo head, no
+    prefix cache (both modes must compute every position)."""
     engine = LLMEngine(EngineArgs(
-        model=str(model), load_format="dummy", device=device,
+        model=str(model), load_format="dummy", device="cpu" if CPU else "cuda",
         dtype="float32" if quantization is None else "bfloat16", quantization=quantization,
         max_num_seqs=8, max_model_len=2048, kv_cache_memory_bytes=(64 << 20) if CPU else (4 << 30),
-        enforce_eager=not graphs or CPU, page_size=16,
+        enforce_eager=CPU, page_size=16, enable_prefix_caching=False,
         speculative_config=json.dumps({"method": "mtp", "num_speculative_tokens": K})))
-    if graphs and CPU:
+    if CPU:
         engine.runner.install_graphs(engine.max_model_len, EagerCapture())
     echo_head(engine.runner.model)
     lean_to_repeats(engine.runner.model)
     return engine
+
+
+def set_mode(engine: LLMEngine, captured: tuple, graphs: bool) -> None:
+    """Graphs on (the captured ones back) or off (the runner's eager path, as --enforce-eager)."""
+    runner = engine.runner
+    runner.graphs, runner.head_graphs = captured if graphs else (None, None)
+    engine.spec_stats = SpecDecodeStats(K)
 
 
 def sync() -> None:
@@ -177,9 +187,11 @@ def run_model(tag: str, model: Path, quantization: str | None, timed: bool) -> N
     prompts = [span + span[:12], span[5:] + span, span[:9] * 3, span[::-1]]
     n = 24 if QUICK else 48
     results, timings = {}, {}
-    for graphs in (False, True):
-        engine = build(model, quantization, graphs)
-        try:
+    engine = build(model, quantization)
+    captured = engine.runner.graphs, engine.runner.head_graphs
+    try:
+        for graphs in (False, True):
+            set_mode(engine, captured, graphs)
             results[graphs] = generate(engine, prompts, n)
             report(f"mtp_graphs_{tag}_{'graph' if graphs else 'eager'}_acceptance",
                    engine.status()["spec_decode"]["acceptance_rate"], "(echo head)")
@@ -190,8 +202,9 @@ def run_model(tag: str, model: Path, quantization: str | None, timed: bool) -> N
                         timings[graphs, batch, k] = step_times(engine, batch, 64 if CPU else 512,
                                                                6 if QUICK else 16)
                     engine.drafter.proposer.k = K
-        finally:
-            engine.shutdown()
+    finally:
+        set_mode(engine, captured, True)  # shutdown releases them
+        engine.shutdown()
     (eager_out, eager_drafts), (graph_out, graph_drafts) = results[False], results[True]
     report(f"mtp_graphs_{tag}_same_tokens", float(eager_out == graph_out), "(1 = identical)")
     diffs = [j for a, b in zip(eager_out, graph_out) for j, (x, y) in enumerate(zip(a, b)) if x != y]
