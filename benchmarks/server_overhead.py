@@ -300,6 +300,7 @@ def main() -> int:
     from homelab_llm.assets import default_model_path
     from homelab_llm.engine.args import EngineArgs, parse_bytes
     from homelab_llm.engine.core import LLMEngine
+    from homelab_llm.server.engine_core import PROFILE_ENV
 
     model = args.model or str(default_model_path())
     if args.torch_threads:
@@ -326,7 +327,7 @@ def main() -> int:
     try:
         for mode in args.engine_modes:  # they load while the offline engine does
             extra = ["--engine-in-process"] if mode == "thread" else []
-            env = ({"HOMELAB_LLM_ENGINE_PROFILE": str(profile_dump)}
+            env = ({PROFILE_ENV: str(profile_dump)}
                    if args.profile_engine and mode == "process" else None)
             servers[f"http-{mode}"] = start_server(model, flags + extra, env=env)
         if args.baseline:
