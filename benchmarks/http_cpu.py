@@ -14,8 +14,9 @@ SmolLM2-shape rates at 1/8/32 streams, the issue-19 target) and then unpaced, an
   the pipe; a null step costs nothing else);
 - ceiling: 1e6 / HTTP ms/1k, the token rate at which the HTTP process would fill one core;
 - paced lost: delivered vs paced decode rate (wall time: noisy on a busy machine);
-- unpaced tok/s: what the whole pipeline delivers with no model (engine, server and client share
-  this machine's cores, so it understates a bigger box), and both processes' CPU per 1k tokens then;
+- unpaced tok/s: what the whole pipeline delivers with no model, from the requests sent to the last
+  byte (engine, server and client share this machine's cores, so it understates a bigger box),
+  and both processes' CPU per 1k tokens then;
 - offline: the null engine stepped in this process with no server (its text decoded, as offline
   LLMEngine does): engine ms/1k above minus this is what the split costs the engine's loop.
 Every request asks for the same as server_overhead.py's (temperature 0, ignore_eos, include_usage
@@ -125,6 +126,7 @@ def cpu_s(pid: int) -> float:
 
 @dataclass
 class StreamResult:
+    sent: float
     first: float  # when the first token's chunk arrived
     last: float  # when [DONE] arrived
     tokens: int
@@ -136,6 +138,7 @@ USAGE = re.compile(rb'"completion_tokens":(\d+)')
 async def one_stream(port: int, body: bytes) -> StreamResult:
     """Raw HTTP/1.1: the client reads bytes and looks only at the last usage, so its own cost
     per token is a fraction of the server's."""
+    sent = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  b"Content-Type: application/json\r\nConnection: close\r\n"
@@ -151,7 +154,7 @@ async def one_stream(port: int, body: bytes) -> StreamResult:
     writer.close()
     if b"data: [DONE]" not in tail or b'"error"' in tail:
         raise SystemExit(f"a stream failed: {tail[-800:]!r}")
-    return StreamResult(first, last, int(USAGE.findall(tail)[-1]))
+    return StreamResult(sent, first, last, int(USAGE.findall(tail)[-1]))
 
 
 async def run_streams(port: int, n: int, tokens: int, pace_us: int, continuous: bool,
@@ -180,8 +183,15 @@ def measure(server: Server, n: int, tokens: int, pace_us: int, runs: int, contin
         m.http_cpu_s += cpu_s(server.child.pid) - h0
         m.engine_cpu_s += cpu_s(server.engine_pid) - e0
         m.tokens += sum(x.tokens for x in results)
-        span = max(x.last for x in results) - min(x.first for x in results)
-        m.best_tps = max(m.best_tps, sum(x.tokens - 1 for x in results) / span if span > 0 else 0)
+        # Paced: the decode rate (first token to last). Unpaced, a stream's tokens can all come
+        # in one read, so from the request on: tokens / (last byte - first request sent).
+        if pace_us:
+            span = max(x.last for x in results) - min(x.first for x in results)
+            made = sum(x.tokens - 1 for x in results)
+        else:
+            span = max(x.last for x in results) - min(x.sent for x in results)
+            made = sum(x.tokens for x in results)
+        m.best_tps = max(m.best_tps, made / span if span > 0 else 0)
 
 
 def offline_ms_per_1k(n: int, tokens: int, min_tokens: int) -> float:
