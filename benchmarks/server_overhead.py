@@ -169,7 +169,8 @@ def start_server(model: str, engine_flags: list[str], root: Path = REPO,
     child = subprocess.Popen(
         [sys.executable, "-m", "homelab_llm", "serve", model, "--port", str(port),
          "--served-model-name", "bench", "--uvicorn-log-level", "warning", *engine_flags],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+        cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p), **(env or {})},
         stdout=subprocess.DEVNULL, stderr=log, text=True)
     return Server(child, f"http://127.0.0.1:{port}", log)
 
