@@ -78,6 +78,8 @@ class ArchTiles:
     max_kv_splits: int
     # W4A16 multi-row GEMV: (max_rows, tiles), the first entry with m <= max_rows serves m rows.
     w4a16_rows: tuple[tuple[int, RowsTiles], ...]
+    # W4A16 packed-half GEMV (w4a16_h2.py), the same shape of entries as w4a16_rows.
+    w4a16_h2: tuple[tuple[int, RowsTiles], ...]
 
 
 TABLE: dict[str, ArchTiles] = {
@@ -92,7 +94,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
@@ -108,7 +111,8 @@ TABLE: dict[str, ArchTiles] = {
         # 1-2 rows: 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step:
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
         # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -120,7 +124,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
@@ -132,7 +137,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=32,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
         name="interpret", num_sms=4,
@@ -144,7 +150,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(16, 32, 32, num_warps=1, num_stages=1),
         w4a16_dot=GemmTiles(16, 32, 128, num_warps=1, num_stages=1, split_k=2),
         elementwise_warps=1, max_kv_splits=4,
-        w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),)),
+        w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
+        w4a16_h2=((8, RowsTiles(32, 4, 1, waves=2, min_steps=1)),)),
 }
 
 
@@ -218,6 +225,12 @@ def w4a16_route(m: int, device: torch.device | None = None) -> str:
 def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     """The multi-row GEMV tiles (w4a16_rows.py) this device's table gives m rows."""
     entries = tiles_for(device).w4a16_rows
+    return next((t for rows, t in entries if m <= rows), entries[-1][1])
+
+
+def h2_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
+    """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows."""
+    entries = tiles_for(device).w4a16_h2
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 

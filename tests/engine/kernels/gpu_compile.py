@@ -82,7 +82,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_dot,
-                                            w4a16_gemv, w4a16_rows)
+                                            w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
@@ -185,6 +185,13 @@ def _scenarios():
                         (16, 128, None)):
         x = torch.zeros((m, k_in), dtype=bf16)
         yield lambda x=x, g=g, split=split: w4a16_rows.w4a16_rows(
+            x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
+    # The packed-half GEMV: each row-count entry of the arch's w4a16_h2 table (fp16 too: the
+    # prologue converts), split 1 and the table's split; group 32 shrinks the K step.
+    for m, g, split, dt in ((1, 128, 1, bf16), (1, 128, None, bf16), (2, 32, None, bf16), (4, 128, None, bf16),
+                            (8, 128, None, fp16)):
+        x = torch.zeros((m, k_in), dtype=dt)
+        yield lambda x=x, g=g, split=split: w4a16_h2.w4a16_h2(
             x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1

@@ -1,0 +1,123 @@
+"""W4A16 decode GEMV in packed half math (M = 1..8 rows): ~1.6 instructions per weight at 1 row.
+
+Why (issue 19): the fp32 GEMVs (w4a16_gemv.py, w4a16_rows.py) spend ~3 instructions per weight
+on the nibble (AND-OR, subtract, FMA), with the integer op at half rate on sm_90, and read only
+34-45% of the copy rate at batch 1. Here (w4a16_half2.py has the arithmetic) one shift, four
+LOP3s and four packed fixes turn a word into four fp16 pairs (q_j, q_j+4), and each pair costs
+one fma.rn.f16x2 per activation row: 13 instructions per word (8 weights) at 1 row, plus 4 per
+extra row. The activations come pre-scaled and pre-paired:
+
+  prologue  each program converts its own K range of x (whole K steps) into fp16 pairs scaled
+            by 2^-e per (row, K step), plus each step's sum of x and 2^e (prep_x_pairs), into a
+            small scratch buffer [M, K] fp16 + [2, M, K / BLOCK_K] fp32; programs that share a K
+            range write identical bits. A barrier, then every thread reads the pairs as uniform
+            loads.
+  main loop per K step (8 * WROWS values of k inside one group): word rows -> fp16x2 sums, one
+            packed accumulator per (row, column); at the end of the step
+            acc += (lo + hi) * 2^e * scale + sum_k(x) * bias in fp32 (W = q s + b per group).
+
+Thin matrices split K across programs exactly like w4a16_rows.py (the fp32 partials reduced by
+the last program of each column block: w4a16_gemv.store_or_reduce). K ranges are whole steps
+(each step's 2^e is computed by whichever programs cover it, identically). Tiles: the arch
+table's w4a16_h2 entry (tuning.RowsTiles: block_n = 4 x 32 x warps x columns-per-thread/4).
+
+Invariants: qweight [K // 8, N] int32, K a multiple of the group size, BLOCK_M = next pow2 >= M
+(padding rows read row M - 1, their results are dropped), 8 * WROWS <= group size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.tuning import RowsTiles, device_sms, h2_tiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
+from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, sums_f32, word_row_dot
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.kernels.w4a16_rows import rows_split
+
+MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
+
+
+@triton.jit
+def _w4a16_h2_kernel(
+    x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_qw, stride_sg, stride_om,
+    num_splits,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
+    CHUNK_SEGS: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    BLOCK_K: tl.constexpr = WROWS * 8
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
+                 SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS)
+    tl.debug_barrier()  # the program's own pairs are written before any thread reads them
+    n_segs = K // BLOCK_K
+    row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
+    xp_rows = xp_ptr + row.to(tl.int64) * (K // 2)  # int32 pairs, 4 per word row
+    xg_rows = xg_ptr + row * n_segs
+    w_cols = qw_ptr + offs_n[None, :]
+    w_mask = n_mask[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        w_step = w_cols + (k0 // 8) * stride_qw
+        xp_step = xp_rows + k0 // 2
+        seg = k0 // BLOCK_K
+        g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
+        s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        x_sum = tl.load(xg_rows + seg)
+        undo = tl.load(xg_rows + M * n_segs + seg)
+        if USE_ASM:
+            lo = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)  # packed fp16 pair (+0, +0)
+            hi = lo
+        else:
+            lo = tl.zeros([BLOCK_M, BLOCK_N], tl.float16)
+            hi = tl.zeros([BLOCK_M, BLOCK_N], tl.float16)
+        for r in tl.static_range(WROWS):
+            word = tl.load(w_step + r * stride_qw, mask=w_mask, other=0)
+            lo, hi = word_row_dot(word, xp_step + 4 * r, lo, hi, USE_ASM)
+        acc += sums_f32(lo, hi, USE_ASM) * undo * s + x_sum * b
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
+                    num_splits)
+
+
+def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
+             split: int | None = None) -> torch.Tensor:
+    """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
+    row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
+    M rows unless given (the sweep passes variants); split: K splits (None: rows_split)."""
+    m, k = x2.shape
+    n = w.out_features
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
+    t = tiles or h2_tiles(m, x2.device)
+    group = w.group_size
+    wrows = min(t.wrows, group // 8)
+    block_k = wrows * 8
+    n_blocks = triton.cdiv(n, t.block_n)
+    split = split or rows_split(n_blocks, k, block_k, device_sms(x2.device), t)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)  # no empty splits
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+    xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
+    tickets = ticket_buffer(x2.device, n_blocks)
+    _w4a16_h2_kernel[(n_blocks, split)](
+        x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
+        m, n, k, k_per_split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split,
+        GROUP_SIZE=group, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows,
+        CHUNK_SEGS=max(1, 512 // block_k), USE_ASM=tiles_for(x2.device).name.startswith("sm"),
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return out
