@@ -199,6 +199,7 @@ def device_sms(device: torch.device) -> int:
 
 # Which W4A16 kernel serves M rows, per arch: the first (max_rows, kernel) with m <= max_rows.
 # "rows": w4a16_rows.py (multi-row GEMV: reads each word once for all rows, CUDA-core FMAs);
+# "h2": w4a16_h2.py (1-8 rows, packed fp16x2 dequant and FMAs: two weights per instruction);
 # "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
 # tensor-core dots; a few rows); "gemm": w4a16.py (prefill). Each kernel's tiles come from its
 # ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary prints a row).
@@ -213,12 +214,14 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     "sm90": ((1, "gemv"), (16, "dot"), (1 << 62, "gemm")),
     "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
-    "interpret": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
+    # The interpreter routes decode rows to the packed-half GEMV so the engine's CPU tests run it
+    # (its plain-Triton twin of the PTX); GPUs keep their measured kernels until a sweep says.
+    "interpret": ((2, "h2"), (32, "dot"), (1 << 62, "gemm")),
 }
 
 
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("rows", "gemv", "dot" or "gemm") the table picks for m rows on this device."""
+    """The W4A16 kernel ("rows", "h2", "gemv", "dot" or "gemm") the table picks for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 

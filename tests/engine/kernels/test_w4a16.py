@@ -215,8 +215,8 @@ def test_routes_cover_every_row_count() -> None:
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
-        assert {k for _, k in routes} <= {"rows", "gemv", "dot", "gemm"} and routes[-1][1] == "gemm", arch
-    assert tuning.w4a16_route(1) == "rows" and tuning.w4a16_route(8) == "dot" and tuning.w4a16_route(4096) == "gemm"
+        assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "gemm"} and routes[-1][1] == "gemm", arch
+    assert tuning.w4a16_route(1) == "h2" and tuning.w4a16_route(8) == "dot" and tuning.w4a16_route(4096) == "gemm"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
