@@ -34,7 +34,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.tuning import RowsTiles, device_sms, h2_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
-from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, sums_f32, word_row_dot
+from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, tile_dot
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import rows_split
 
@@ -48,7 +48,7 @@ def _w4a16_h2_kernel(
     stride_xm, stride_qw, stride_sg, stride_om,
     num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    CHUNK_SEGS: tl.constexpr, USE_ASM: tl.constexpr,
+    CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -63,30 +63,27 @@ def _w4a16_h2_kernel(
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
-    xp_rows = xp_ptr + row.to(tl.int64) * (K // 2)  # int32 pairs, 4 per word row
+    wr = tl.arange(0, WROWS)
+    xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr[None, :, None]  # [BM, WROWS, 1]
     xg_rows = xg_ptr + row * n_segs
-    w_cols = qw_ptr + offs_n[None, :]
-    w_mask = n_mask[None, :]
+    w_tile = qw_ptr + wr[None, :, None] * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
-        w_step = w_cols + (k0 // 8) * stride_qw
-        xp_step = xp_rows + k0 // 2
         seg = k0 // BLOCK_K
-        g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
-        s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        # 4 columns per vector, as the words (16 bytes): 8 would need a shared-memory shuffle
+        g_off = (k0 // GROUP_SIZE) * stride_sg + tl.max_contiguous(offs_n, 4)
+        if EVEN_N:  # unmasked: a masked load zero-fills its registers first (one move per 2 words)
+            words = tl.load(w_tile + (k0 // 8) * stride_qw)
+            s = tl.load(scales_ptr + g_off).to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off).to(tl.float32)[None, :]
+        else:
+            words = tl.load(w_tile + (k0 // 8) * stride_qw, mask=n_mask[None, None, :], other=0)
+            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         x_sum = tl.load(xg_rows + seg)
         undo = tl.load(xg_rows + M * n_segs + seg)
-        if USE_ASM:
-            lo = tl.zeros([BLOCK_M, BLOCK_N], tl.int32)  # packed fp16 pair (+0, +0)
-            hi = lo
-        else:
-            lo = tl.zeros([BLOCK_M, BLOCK_N], tl.float16)
-            hi = tl.zeros([BLOCK_M, BLOCK_N], tl.float16)
-        for r in tl.static_range(WROWS):
-            word = tl.load(w_step + r * stride_qw, mask=w_mask, other=0)
-            lo, hi = word_row_dot(word, xp_step + 4 * r, lo, hi, USE_ASM)
-        acc += sums_f32(lo, hi, USE_ASM) * undo * s + x_sum * b
+        inner = tile_dot(words, xp_rows + k0 // 2, USE_ASM)
+        acc += inner * undo * s + x_sum * b
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits)
 
@@ -117,7 +114,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         m, n, k, k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split,
         GROUP_SIZE=group, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows,
-        CHUNK_SEGS=max(1, 512 // block_k), USE_ASM=tiles_for(x2.device).name.startswith("sm"),
+        CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0, USE_ASM=tiles_for(x2.device).name.startswith("sm"),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

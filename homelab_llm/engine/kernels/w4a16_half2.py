@@ -89,32 +89,43 @@ def pair_f16(word, j: tl.constexpr):
 
 
 @triton.jit
-def word_row_dot(word, xp_ptr, lo, hi, USE_ASM: tl.constexpr):
-    """One word row of the step: lo/hi += sum_j (q_j, q_j+4) * (x_j, x_j+4) per activation row.
-    word [1, BLOCK_N] int32; xp_ptr [BLOCK_M, 1] pointers to the row's four activation pairs
-    (int32 bits, prep_x_pairs' layout); USE_ASM: lo is the packed fp16x2 sum (int32) and hi is
-    unused, else lo/hi are the two fp16 halves' sums."""
-    if USE_ASM:
-        p0, p1, p2, p3 = pairs_h2(word)
-        lo = hfma2(p0, tl.load(xp_ptr), lo)
-        lo = hfma2(p1, tl.load(xp_ptr + 1), lo)
-        lo = hfma2(p2, tl.load(xp_ptr + 2), lo)
-        lo = hfma2(p3, tl.load(xp_ptr + 3), lo)
-    else:
-        for j in tl.static_range(4):
-            xp = tl.load(xp_ptr + j)
-            q_lo, q_hi = pair_f16(word, j)
-            lo += q_lo * half_lo(xp)
-            hi += q_hi * half_hi(xp)
-    return lo, hi
+def hmul2(a, b):
+    """a * b on packed fp16 pairs held as int32 bits (one mul.rn.f16x2). PTX only."""
+    return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
-def sums_f32(lo, hi, USE_ASM: tl.constexpr):
-    """The fp16 step sums (word_row_dot's lo/hi) as one fp32 sum of both halves."""
+def hadd2(a, b):
+    """a + b on packed fp16 pairs held as int32 bits (one add.f16x2; a tl.reduce combiner). PTX only."""
+    return tl.inline_asm_elementwise("add.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def tile_dot(words, xp_ptr, USE_ASM: tl.constexpr):
+    """sum_k x W-nibbles for one K step, fp32 [BLOCK_M, BLOCK_N]: words [1, WROWS, BLOCK_N] int32
+    (one load: every word row's loads issue before any math, and each thread keeps all WROWS rows
+    of its columns, so the row sum below stays inside the thread); xp_ptr [BLOCK_M, WROWS, 1]
+    pointers to each word row's four activation pairs (int32 bits, prep_x_pairs' layout).
+    A (row, word) chains its four pairs in fp16x2, the word rows add in fp16x2, then fp32."""
     if USE_ASM:
-        return half_lo(lo).to(tl.float32) + half_hi(lo).to(tl.float32)
-    return lo.to(tl.float32) + hi.to(tl.float32)
+        p0, p1, p2, p3 = pairs_h2(words)
+        part = hmul2(p0, tl.load(xp_ptr))
+        part = hfma2(p1, tl.load(xp_ptr + 1), part)
+        part = hfma2(p2, tl.load(xp_ptr + 2), part)
+        part = hfma2(p3, tl.load(xp_ptr + 3), part)
+        both = tl.reduce(part, 1, hadd2)
+        return half_lo(both).to(tl.float32) + half_hi(both).to(tl.float32)
+    else:
+        lo = tl.zeros([xp_ptr.shape[0], words.shape[1], words.shape[2]], tl.float16)
+        hi = tl.zeros([xp_ptr.shape[0], words.shape[1], words.shape[2]], tl.float16)
+        for j in tl.static_range(4):
+            xp = tl.load(xp_ptr + j)
+            q_lo, q_hi = pair_f16(words, j)
+            lo += q_lo * half_lo(xp)
+            hi += q_hi * half_hi(xp)
+        return tl.sum(lo.to(tl.float32) + hi.to(tl.float32), axis=1)
 
 
 @triton.jit
