@@ -11,7 +11,8 @@ the same run, torch bf16 matmul as the peer, and the worst per-row relative erro
 dequantized reference (bound 1e-2: bf16 output rounding is ~4e-3).
 
 Variants: "gemv" the older one-row GEMV, "rows*" the multi-row GEMV (tiles.RowsTiles; "rows" is
-the arch table's entry, the others the candidates in ROWS_TILES), "dot*" the few-row tensor-core
+the arch table's entry, the others the candidates in ROWS_TILES), "h2*" the packed-half GEMV
+(1-8 rows; "h2" the table's entry, the others H2_TILES), "dot*" the few-row tensor-core
 kernel, "gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one
 decode step's linear time per variant, the cost of M rows over 1 row, and the W4A16_ROUTES row
 for engine/kernels/tuning.py that the numbers suggest.
@@ -35,6 +36,7 @@ from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles  
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
 
@@ -79,7 +81,21 @@ DOT_TILES = {
     "dot.bn256w8s2": GemmTiles(64, 256, 128, num_warps=8, num_stages=2, split_k=4),
     "dot.bn128w4": GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4),
 }
-DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm"}  # family -> default variant
+# Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
+# rows>[w<waves>]. sm_90 compiles (SASS instructions per weight; registers): 1 row c8k8 2.2 (84),
+# c16k8 2.1 (124), c8k16 2.0 (153), c4k16 2.2 (96); 2 rows c8k8 3.2 (130), c8k4 3.5 (95); 4 rows
+# c8k4 5.6 (168), c8k2 6.7 (137), c4k4 6.7 (128); 8 rows c4k2 11.9 (168), c8k2 10.9 (255).
+H2_TILES = {
+    "h2.c8k8w4": (RowsTiles(1024, 8, 4), (1, 2)),
+    "h2.c16k8w8": (RowsTiles(2048, 8, 4, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k16w8": (RowsTiles(1024, 16, 4, waves=8, min_steps=1), (1,)),
+    "h2.c4k16w8": (RowsTiles(512, 16, 4, waves=8, min_steps=1), (1,)),
+    "h2.c8k8w16": (RowsTiles(1024, 8, 4, waves=16, min_steps=1), (1, 2)),
+    "h2.c8k4w8": (RowsTiles(1024, 4, 4, waves=8, min_steps=1), (2, 4, 5)),
+    "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5)),
+    "h2.c4k2w8": (RowsTiles(512, 2, 4, waves=8, min_steps=1), (5, 8)),
+}
+DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "h2": "h2"}  # family -> default variant
 
 
 def variants(m: int, dev: torch.device, quick: bool) -> dict:
@@ -91,6 +107,11 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, (t, at) in ROWS_TILES.items():
         if m in at and (not quick or name == "rows.c8k8w8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
+    if m <= H2_MAX_ROWS:
+        v["h2"] = ("h2", lambda x, w, out: w4a16_h2(x, w, out))
+        for name, (t, at) in H2_TILES.items():
+            if m in at and not quick:
+                v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
         for name, t in DOT_TILES.items():
@@ -184,6 +205,7 @@ def main() -> int:
     summary(results, shapes, ms_list)
     print("rows tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in ROWS_TILES.items()))
     print("dot tiles:", "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
+    print("h2 tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in H2_TILES.items()))
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1
 

@@ -82,6 +82,16 @@ class ArchTiles:
     w4a16_h2: tuple[tuple[int, RowsTiles], ...]
 
 
+# Packed-half GEMV (w4a16_h2.py) for 1, 2, 3-4 and 5-8 rows: 8 columns per thread (two 128-bit
+# loads per word row), fewer word rows as rows grow (each thread holds rows x word rows x columns
+# fp16x2 partial sums). sm_90 compiles (SASS instructions per weight; registers): 1 row 2.2
+# (84); 2 rows 3.2 (130); 4 rows 5.6 (168); 8 rows 11.9 (168) -- the fp32 GEMVs: 4.7-6.1 at 1
+# row. Not measured on a device yet: benchmarks/w4a16_sweep.py times candidates beside them.
+# 1-2 rows aim at 8 programs per SM: 84-130 registers leave room, and a decode GEMV is bound by
+# the bytes in flight.
+H2_TILES = ((2, RowsTiles(1024, 8, 4, waves=8, min_steps=1)), (4, RowsTiles(1024, 4, 4)),
+            (8, RowsTiles(512, 2, 4)))
+
 TABLE: dict[str, ArchTiles] = {
     # Ampere / Ada (A100, RTX 3090/4090): 164/100 KB shared memory per SM.
     "sm80": ArchTiles(
@@ -95,7 +105,7 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
-        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
+        w4a16_h2=H2_TILES),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
@@ -112,7 +122,7 @@ TABLE: dict[str, ArchTiles] = {
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
         # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
-        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
+        w4a16_h2=H2_TILES),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -125,7 +135,7 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
-        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
+        w4a16_h2=H2_TILES),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
@@ -138,7 +148,7 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=32,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
-        w4a16_h2=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 4, 4)))),
+        w4a16_h2=H2_TILES),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
         name="interpret", num_sms=4,
