@@ -82,18 +82,21 @@ DOT_TILES = {
     "dot.bn128w4": GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4),
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
-# rows>[w<waves>]. sm_90 compiles (SASS instructions per weight; registers): 1 row c8k8 2.2 (84),
-# c16k8 2.1 (124), c8k16 2.0 (153), c4k16 2.2 (96); 2 rows c8k8 3.2 (130), c8k4 3.5 (95); 4 rows
-# c8k4 5.6 (168), c8k2 6.7 (137), c4k4 6.7 (128); 8 rows c4k2 11.9 (168), c8k2 10.9 (255).
+# rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
+# 1 row c8k8 2.2 (84; p 168), c16k8 2.1 (124), c8k16 2.0 (153), c4k16 2.2 (96); 2 rows c8k8 3.2
+# (130), c8k4 3.5 (95); 4 rows c8k4 5.6 (168), c8k2 6.7 (137), c4k4 6.7 (128); 8 rows c4k2 11.9
+# (168), c8k2 10.9 (255). The table's own entry is the plain "h2".
 H2_TILES = {
-    "h2.c8k8w4": (RowsTiles(1024, 8, 4), (1, 2)),
-    "h2.c16k8w8": (RowsTiles(2048, 8, 4, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k8w8": (RowsTiles(1024, 8, 4, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k8w4p": (RowsTiles(1024, 8, 4, prefetch=True), (1, 2)),
+    "h2.c16k8w8": (RowsTiles(2048, 8, 4, waves=8, min_steps=1), (1,)),
     "h2.c8k16w8": (RowsTiles(1024, 16, 4, waves=8, min_steps=1), (1,)),
     "h2.c4k16w8": (RowsTiles(512, 16, 4, waves=8, min_steps=1), (1,)),
     "h2.c8k8w16": (RowsTiles(1024, 8, 4, waves=16, min_steps=1), (1, 2)),
-    "h2.c8k4w8": (RowsTiles(1024, 4, 4, waves=8, min_steps=1), (2, 4, 5)),
+    "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (2, 4, 5)),
     "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5)),
     "h2.c4k2w8": (RowsTiles(512, 2, 4, waves=8, min_steps=1), (5, 8)),
+    "h2.c4k2p": (RowsTiles(512, 2, 4, prefetch=True), (8,)),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "h2": "h2"}  # family -> default variant
 

@@ -49,7 +49,8 @@ class RowsTiles:
     4 x 32 x num_warps x c (c = 1, 2) so each thread owns whole 16-byte vectors of every word row
     and the K sum stays inside the thread. wrows: packed word rows per K step (8 x wrows values of
     k; clamped to the group). waves: programs per SM that K-splitting aims for; min_steps: K
-    steps a split keeps at least."""
+    steps a split keeps at least. prefetch (w4a16_h2.py only): request the next K step's words
+    before this step's math (twice the word registers, more bytes in flight)."""
 
     block_n: int
     wrows: int
@@ -57,6 +58,7 @@ class RowsTiles:
     num_stages: int = 1
     waves: int = 4
     min_steps: int = 2
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,13 @@ class ArchTiles:
 
 # Packed-half GEMV (w4a16_h2.py) for 1, 2, 3-4 and 5-8 rows: 8 columns per thread (two 128-bit
 # loads per word row), fewer word rows as rows grow (each thread holds rows x word rows x columns
-# fp16x2 partial sums). sm_90 compiles (SASS instructions per weight; registers): 1 row 2.2
-# (84); 2 rows 3.2 (130); 4 rows 5.6 (168); 8 rows 11.9 (168) -- the fp32 GEMVs: 4.7-6.1 at 1
-# row. Not measured on a device yet: benchmarks/w4a16_sweep.py times candidates beside them.
-# 1-2 rows aim at 8 programs per SM: 84-130 registers leave room, and a decode GEMV is bound by
-# the bytes in flight.
-H2_TILES = ((2, RowsTiles(1024, 8, 4, waves=8, min_steps=1)), (4, RowsTiles(1024, 4, 4)),
-            (8, RowsTiles(512, 2, 4)))
+# fp16x2 partial sums). sm_90 compiles (SASS instructions per weight; registers): 1 row 2.1
+# (168 with the prefetch, 84 without); 2 rows 3.2 (130; 255 with); 4 rows 5.6 (168); 8 rows 11.9
+# (168) -- the fp32 GEMVs: 4.7-6.1 at 1 row. Not measured on a device yet:
+# benchmarks/w4a16_sweep.py times candidates beside them. A decode GEMV is bound by the bytes in
+# flight: 1 row prefetches the next step, 1-2 rows aim at 8 programs per SM.
+H2_TILES = ((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
+            (2, RowsTiles(1024, 8, 4, waves=8, min_steps=1)), (4, RowsTiles(1024, 4, 4)), (8, RowsTiles(512, 2, 4)))
 
 TABLE: dict[str, ArchTiles] = {
     # Ampere / Ada (A100, RTX 3090/4090): 164/100 KB shared memory per SM.

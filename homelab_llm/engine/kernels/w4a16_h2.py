@@ -42,13 +42,22 @@ MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong 
 
 
 @triton.jit
+def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
+    """One K step's [1, WROWS, BLOCK_N] packed words; unmasked when N fills the column blocks (a
+    masked load zero-fills its registers first: one extra move per two words)."""
+    if EVEN_N:
+        return tl.load(w_tile + offset)
+    return tl.load(w_tile + offset, mask=n_mask[None, None, :], other=0)
+
+
+@triton.jit
 def _w4a16_h2_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om,
     num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr,
+    CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -58,32 +67,42 @@ def _w4a16_h2_kernel(
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    wr3 = tl.arange(0, WROWS)[None, :, None]
+    w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
+    if PREFETCH:
+        # The first step's words are requested before the prologue, so its latency hides
+        # theirs; then each step requests the next one's before its math (register double buffer).
+        words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
                  SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
-    wr = tl.arange(0, WROWS)
-    xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr[None, :, None]  # [BM, WROWS, 1]
+    xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
     xg_rows = xg_ptr + row * n_segs
-    w_tile = qw_ptr + wr[None, :, None] * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
+        if PREFETCH:
+            # The last step re-requests itself (unmasked; the bytes are still in L2).
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)
+            words_next = load_words(w_tile, k_next // 8 * stride_qw, n_mask, EVEN_N)
+        else:
+            words = load_words(w_tile, k0 // 8 * stride_qw, n_mask, EVEN_N)
         seg = k0 // BLOCK_K
         # 4 columns per vector, as the words (16 bytes): 8 would need a shared-memory shuffle
         g_off = (k0 // GROUP_SIZE) * stride_sg + tl.max_contiguous(offs_n, 4)
-        if EVEN_N:  # unmasked: a masked load zero-fills its registers first (one move per 2 words)
-            words = tl.load(w_tile + (k0 // 8) * stride_qw)
+        if EVEN_N:  # unmasked: a masked load zero-fills its registers first
             s = tl.load(scales_ptr + g_off).to(tl.float32)[None, :]
             b = tl.load(biases_ptr + g_off).to(tl.float32)[None, :]
         else:
-            words = tl.load(w_tile + (k0 // 8) * stride_qw, mask=n_mask[None, None, :], other=0)
             s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         x_sum = tl.load(xg_rows + seg)
         undo = tl.load(xg_rows + M * n_segs + seg)
         inner = tile_dot(words, xp_rows + k0 // 2, USE_ASM)
         acc += inner * undo * s + x_sum * b
+        if PREFETCH:
+            words = words_next
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits)
 
@@ -114,7 +133,8 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         m, n, k, k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split,
         GROUP_SIZE=group, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows,
-        CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0, USE_ASM=tiles_for(x2.device).name.startswith("sm"),
+        CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
+        PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out
