@@ -32,11 +32,11 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.tuning import RowsTiles, device_sms, h2_tiles, tiles_for
+from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, tile_dot
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.w4a16_rows import rows_split
+from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
 MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
 
@@ -117,22 +117,18 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
     t = tiles or h2_tiles(m, x2.device)
-    group = w.group_size
-    wrows = min(t.wrows, group // 8)
-    block_k = wrows * 8
-    n_blocks = triton.cdiv(n, t.block_n)
-    split = split or rows_split(n_blocks, k, block_k, device_sms(x2.device), t)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)  # no empty splits
-    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    p = split_plan(n, k, w.group_size, t, x2.device, split)
+    block_k = p.wrows * 8
+    ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
+    # prep_x_pairs' scratch: the activations as scaled fp16 pairs, and per K step sum(x) and 2^e
     xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
     xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
-    tickets = ticket_buffer(x2.device, n_blocks)
-    _w4a16_h2_kernel[(n_blocks, split)](
+    tickets = ticket_buffer(x2.device, p.n_blocks)
+    _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
-        m, n, k, k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split,
-        GROUP_SIZE=group, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows,
+        m, n, k, p.k_per_split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), p.split,
+        GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"),
         num_warps=t.num_warps, num_stages=t.num_stages,
