@@ -1,20 +1,21 @@
-"""W4A16 decode GEMV in packed half math (M = 1..8 rows): ~1.6 instructions per weight at 1 row.
+"""W4A16 decode GEMV in packed half math (M = 1..8 rows): ~1.1 instructions per weight at 1 row.
 
 Why (issue 19): the fp32 GEMVs (w4a16_gemv.py, w4a16_rows.py) spend ~3 instructions per weight
 on the nibble (AND-OR, subtract, FMA), with the integer op at half rate on sm_90, and read only
-34-45% of the copy rate at batch 1. Here (w4a16_half2.py has the arithmetic) one shift, four
-LOP3s and four packed fixes turn a word into four fp16 pairs (q_j, q_j+4), and each pair costs
-one fma.rn.f16x2 per activation row: 13 instructions per word (8 weights) at 1 row, plus 4 per
-extra row. The activations come pre-scaled and pre-paired:
+34-45% of the copy rate at batch 1. Here (w4a16_half2.py has the arithmetic) one shift and four
+LOP3s turn a word into four exact fp16 pairs (q_j, q_j+4) (subnormals: the powers of two go into
+the activations), and each pair costs one fma.rn.f16x2 per activation row: 9 instructions per
+word (8 weights) at 1 row, plus 4 per extra row. The activations come pre-scaled and paired:
 
   prologue  each program converts its own K range of x (whole K steps) into fp16 pairs scaled
             by 2^-e per (row, K step), plus each step's sum of x and 2^e (prep_x_pairs), into a
             small scratch buffer [M, K] fp16 + [2, M, K / BLOCK_K] fp32; programs that share a K
             range write identical bits. A barrier, then every thread reads the pairs as uniform
             loads.
-  main loop per K step (8 * WROWS values of k inside one group): word rows -> fp16x2 sums, one
-            packed accumulator per (row, column); at the end of the step
-            acc += (lo + hi) * 2^e * scale + sum_k(x) * bias in fp32 (W = q s + b per group).
+  main loop per K step (8 * WROWS values of k inside one group): one [WROWS, BLOCK_N] load of
+            words (each thread all word rows of its columns), fp16x2 products chained per word
+            and summed over word rows in-thread, then in fp32
+            acc += inner * 2^e * scale + sum_k(x) * bias (W = q s + b within a group).
 
 Thin matrices split K across programs exactly like w4a16_rows.py (the fp32 partials reduced by
 the last program of each column block: w4a16_gemv.store_or_reduce). K ranges are whole steps
