@@ -83,9 +83,9 @@ DOT_TILES = {
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
 # rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
-# 1 row c8k8 2.2 (84; p 168), c16k8 2.1 (124), c8k16 2.0 (153), c4k16 2.2 (96); 2 rows c8k8 3.2
-# (130), c8k4 3.5 (95); 4 rows c8k4 5.6 (168), c8k2 6.7 (137), c4k4 6.7 (128); 8 rows c4k2 11.9
-# (168), c8k2 10.9 (255). The table's own entry is the plain "h2".
+# 1 row c8k8 1.65 (80; p 168), c16k8 1.55 (122), c8k16 1.53 (154), c4k16 1.67 (96); 2 rows c8k8
+# 2.7 (130; p 255), c8k4p 3.0 (168); 4 rows c8k4 5.1 (168), c4k4 6.1 (128); 8 rows c4k2 11.3
+# (168), c8k4p 9.9 (255). The table's own entry is the plain "h2".
 H2_TILES = {
     "h2.c8k8w8": (RowsTiles(1024, 8, 4, waves=8, min_steps=1), (1, 2)),
     "h2.c8k8w4p": (RowsTiles(1024, 8, 4, prefetch=True), (1, 2)),

@@ -86,9 +86,9 @@ class ArchTiles:
 
 # Packed-half GEMV (w4a16_h2.py) for 1, 2, 3-4 and 5-8 rows: 8 columns per thread (two 128-bit
 # loads per word row), fewer word rows as rows grow (each thread holds rows x word rows x columns
-# fp16x2 partial sums). sm_90 compiles (SASS instructions per weight; registers): 1 row 2.1
-# (168 with the prefetch, 84 without); 2 rows 3.2 (130; 255 with); 4 rows 5.6 (168); 8 rows 11.9
-# (168) -- the fp32 GEMVs: 4.7-6.1 at 1 row. Not measured on a device yet:
+# fp16x2 partial sums). sm_90 compiles (SASS instructions per weight; registers): 1 row 1.6
+# (168 with the prefetch, 80 without); 2 rows 2.7 (130); 4 rows 5.1 (168); 8 rows 11.3 (168)
+# -- the fp32 GEMVs: 4.7 (rows) and 6.1 (gemv) at 1 row. Not measured on a device yet:
 # benchmarks/w4a16_sweep.py times candidates beside them. A decode GEMV is bound by the bytes in
 # flight: 1 row prefetches the next step, 1-2 rows aim at 8 programs per SM.
 H2_TILES = ((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
