@@ -83,20 +83,17 @@ DOT_TILES = {
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
 # rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
-# 1 row c8k8 1.65 (80; p 168), c16k8 1.55 (122), c8k16 1.53 (154), c4k16 1.67 (96); 2 rows c8k8
-# 2.7 (130; p 255), c8k4p 3.0 (168); 4 rows c8k4 5.1 (168), c4k4 6.1 (128); 8 rows c4k2 11.3
-# (168), c8k4p 9.9 (255). The table's own entry is the plain "h2".
+# 1 row c8k8 1.65 (80; p 168), c16k8 1.55 (122), c8k16 1.53 (154); 2 rows c8k8 2.7 (130; p
+# 255), c8k16 (~2.5); 4 rows c8k4 5.1 (168; p 249), c4k4 6.1 (128); 8 rows c4k2 11.3 (168),
+# c4k4 9.1 (255). The table's own entry is the plain "h2" (tuning.H2_TILES).
 H2_TILES = {
-    "h2.c8k8w8": (RowsTiles(1024, 8, 4, waves=8, min_steps=1), (1, 2)),
-    "h2.c8k8w4p": (RowsTiles(1024, 8, 4, prefetch=True), (1, 2)),
+    "h2.c8k8w8": (RowsTiles(1024, 8, 4, waves=8, min_steps=1), (1,)),
     "h2.c16k8w8": (RowsTiles(2048, 8, 4, waves=8, min_steps=1), (1,)),
-    "h2.c8k16w8": (RowsTiles(1024, 16, 4, waves=8, min_steps=1), (1,)),
-    "h2.c4k16w8": (RowsTiles(512, 16, 4, waves=8, min_steps=1), (1,)),
+    "h2.c8k16w8": (RowsTiles(1024, 16, 4, waves=8, min_steps=1), (1, 2)),
     "h2.c8k8w16": (RowsTiles(1024, 8, 4, waves=16, min_steps=1), (1, 2)),
-    "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (2, 4, 5)),
-    "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5)),
-    "h2.c4k2w8": (RowsTiles(512, 2, 4, waves=8, min_steps=1), (5, 8)),
-    "h2.c4k2p": (RowsTiles(512, 2, 4, prefetch=True), (8,)),
+    "h2.c8k8w8p": (RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True), (2,)),
+    "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (4, 5)),
+    "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5, 8)),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "h2": "h2"}  # family -> default variant
 
