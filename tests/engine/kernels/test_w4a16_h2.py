@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref
 from homelab_llm.engine.kernels.tuning import RowsTiles
+from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, hfma2, nibble_pairs
 
 FP32_BOUND, BF16_BOUND = 5e-3, 1e-2
 
@@ -118,3 +121,40 @@ def test_matmul_routes_decode_rows_to_h2_in_the_interpreter(device: torch.device
     w, x, want = _case(2, 256, 48, 64, False, torch.bfloat16, 1.0, device)
     got = w4a16_matmul(x.view(1, 2, 256), w)
     assert got.shape == (1, 2, 48) and _row_rel_err(got.view(2, 48), want) < BF16_BOUND
+
+
+@triton.jit
+def _pairs_probe(words_ptr, out_ptr, a_ptr, b_ptr, c_ptr, fma_ptr, N: tl.constexpr, USE_ASM: tl.constexpr):
+    offs = tl.arange(0, N)
+    pairs = nibble_pairs(tl.load(words_ptr + offs))
+    for j in tl.static_range(4):
+        p = pairs[j]
+        tl.store(out_ptr + (2 * j) * N + offs, half_lo(p).to(tl.float32))
+        tl.store(out_ptr + (2 * j + 1) * N + offs, half_hi(p).to(tl.float32))
+    if USE_ASM:
+        tl.store(fma_ptr + offs, hfma2(tl.load(a_ptr + offs), tl.load(b_ptr + offs), tl.load(c_ptr + offs)))
+
+
+def test_nibble_pairs_are_exact_subnormals(device: torch.device) -> None:
+    """Pair j of a word is (q_j, q_j+4) * 2^-24 (even j) or 2^-20 (odd j), exactly -- what the
+    activations' 2^14 / 2^10 pre-scale assumes; on NVIDIA also one fma.rn.f16x2 against torch
+    (exact product, one rounding: within 1 ulp of torch's fp32-then-fp16)."""
+    n = 256
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randint(0, 16, (8, n), generator=gen, dtype=torch.int64)
+    words = sum(q[j] << (4 * j) for j in range(8))
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).to(device)
+    halves = torch.randn(3, n, 2, generator=gen).to(torch.float16) * 4
+    a, b, c = (h.contiguous().view(torch.int32).view(n).to(device) for h in halves)
+    out = torch.empty((8, n), dtype=torch.float32, device=device)
+    fma = torch.zeros(n, dtype=torch.int32, device=device)
+    use_asm = device.type == "cuda" and torch.version.hip is None
+    _pairs_probe[(1,)](words, out, a, b, c, fma, N=n, USE_ASM=use_asm)
+    for j in range(4):
+        unit = 2.0 ** (-24 if j % 2 == 0 else -20)
+        assert torch.equal(out[2 * j].cpu(), q[j].float() * unit), j
+        assert torch.equal(out[2 * j + 1].cpu(), q[j + 4].float() * unit), j
+    if use_asm:
+        want = (halves[0].float() * halves[1].float() + halves[2].float()).half().view(n * 2).float()
+        got = fma.cpu().view(torch.float16).float()
+        assert ((got - want).abs() <= want.abs() * 2.0 ** -10 + 2.0 ** -24).all()
