@@ -11,7 +11,8 @@ the same run, torch bf16 matmul as the peer, and the worst per-row relative erro
 dequantized reference (bound 1e-2: bf16 output rounding is ~4e-3).
 
 Variants: "gemv" the older one-row GEMV, "rows*" the multi-row GEMV (tiles.RowsTiles; "rows" is
-the arch table's entry, the others the candidates in ROWS_TILES), "dot*" the few-row tensor-core
+the arch table's entry, the others the candidates in ROWS_TILES), "h2*" the packed-half GEMV
+(1-8 rows; "h2" the table's entry, the others H2_TILES), "dot*" the few-row tensor-core
 kernel, "gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one
 decode step's linear time per variant, the cost of M rows over 1 row, and the W4A16_ROUTES row
 for engine/kernels/tuning.py that the numbers suggest.
@@ -36,6 +37,7 @@ from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
 
@@ -84,7 +86,21 @@ DOT_TILES = {
     "dot.bm16w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
     "dot.bm32": GemmTiles(32, 128, 128, num_warps=8, num_stages=3, split_k=4),
 }
-DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq"}  # family -> default variant
+# Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
+# rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
+# 1 row c8k8 1.65 (80; p 168), c16k8 1.55 (122), c8k16 1.53 (154); 2 rows c8k8 2.7 (130; p
+# 255), c8k16 (~2.5); 4 rows c8k4 5.1 (168; p 249), c4k4 6.1 (128); 8 rows c4k2 11.3 (168),
+# c4k4 9.1 (255). The table's own entry is the plain "h2" (tuning.H2_TILES).
+H2_TILES = {
+    "h2.c8k8w8": (RowsTiles(1024, 8, 4, waves=8, min_steps=1), (1,)),
+    "h2.c16k8w8": (RowsTiles(2048, 8, 4, waves=8, min_steps=1), (1,)),
+    "h2.c8k16w8": (RowsTiles(1024, 16, 4, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k8w16": (RowsTiles(1024, 8, 4, waves=16, min_steps=1), (1, 2)),
+    "h2.c8k8w8p": (RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True), (2,)),
+    "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (4, 5)),
+    "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5, 8)),
+}
+DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 
 
 def variants(m: int, dev: torch.device, quick: bool) -> dict:
@@ -96,6 +112,11 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, (t, at) in ROWS_TILES.items():
         if m in at and (not quick or name == "rows.c8k8w8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
+    if m <= H2_MAX_ROWS:
+        v["h2"] = ("h2", lambda x, w, out: w4a16_h2(x, w, out))
+        for name, (t, at) in H2_TILES.items():
+            if m in at and not quick:
+                v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
@@ -192,6 +213,7 @@ def main() -> int:
     summary(results, shapes, ms_list)
     print("rows tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in ROWS_TILES.items()))
     print("dot tiles:", "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
+    print("h2 tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in H2_TILES.items()))
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1
 

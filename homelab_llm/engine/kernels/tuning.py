@@ -49,7 +49,8 @@ class RowsTiles:
     4 x 32 x num_warps x c (c = 1, 2) so each thread owns whole 16-byte vectors of every word row
     and the K sum stays inside the thread. wrows: packed word rows per K step (8 x wrows values of
     k; clamped to the group). waves: programs per SM that K-splitting aims for; min_steps: K
-    steps a split keeps at least."""
+    steps a split keeps at least. prefetch (w4a16_h2.py only): request the next K step's words
+    before this step's math (twice the word registers, more bytes in flight)."""
 
     block_n: int
     wrows: int
@@ -57,6 +58,7 @@ class RowsTiles:
     num_stages: int = 1
     waves: int = 4
     min_steps: int = 2
+    prefetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,19 @@ class ArchTiles:
     max_kv_splits: int
     # W4A16 multi-row GEMV: (max_rows, tiles), the first entry with m <= max_rows serves m rows.
     w4a16_rows: tuple[tuple[int, RowsTiles], ...]
+    # W4A16 packed-half GEMV (w4a16_h2.py), the same shape of entries as w4a16_rows.
+    w4a16_h2: tuple[tuple[int, RowsTiles], ...]
 
+
+# Packed-half GEMV (w4a16_h2.py) for 1, 2, 3-4 and 5-8 rows: 8 columns per thread (two 128-bit
+# loads per word row), fewer word rows as rows grow (each thread holds rows x word rows x columns
+# fp16x2 partial sums). sm_90 compiles (SASS instructions per weight; registers): 1 row 1.6
+# (168 with the prefetch, 80 without); 2 rows 2.7 (130); 4 rows 5.1 (168); 8 rows 11.3 (168)
+# -- the fp32 GEMVs: 4.7 (rows) and 6.1 (gemv) at 1 row. Not measured on a device yet:
+# benchmarks/w4a16_sweep.py times candidates beside them. A decode GEMV is bound by the bytes in
+# flight: 1 row prefetches the next step, 1-2 rows aim at 8 programs per SM.
+H2_TILES = ((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
+            (2, RowsTiles(1024, 8, 4, waves=8, min_steps=1)), (4, RowsTiles(1024, 4, 4)), (8, RowsTiles(512, 2, 4)))
 
 TABLE: dict[str, ArchTiles] = {
     # Ampere / Ada (A100, RTX 3090/4090): 164/100 KB shared memory per SM.
@@ -92,7 +106,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=H2_TILES),
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
@@ -110,7 +125,8 @@ TABLE: dict[str, ArchTiles] = {
         # 1-2 rows: 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step:
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
         # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=H2_TILES),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -122,7 +138,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 128, 64, num_warps=4, num_stages=3),
         w4a16_dot=GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
         elementwise_warps=4, max_kv_splits=64,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=H2_TILES),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
@@ -134,7 +151,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=32,
-        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4)))),
+        w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
+        w4a16_h2=H2_TILES),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
     "interpret": ArchTiles(
         name="interpret", num_sms=4,
@@ -146,7 +164,8 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(16, 32, 32, num_warps=1, num_stages=1),
         w4a16_dot=GemmTiles(16, 32, 128, num_warps=1, num_stages=1, split_k=2),
         elementwise_warps=1, max_kv_splits=4,
-        w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),)),
+        w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
+        w4a16_h2=((8, RowsTiles(32, 4, 1, waves=2, min_steps=1)),)),
 }
 
 
@@ -194,6 +213,7 @@ def device_sms(device: torch.device) -> int:
 
 # Which W4A16 kernel serves M rows, per arch: the first (max_rows, kernel) with m <= max_rows.
 # "rows": w4a16_rows.py (multi-row GEMV: reads each word once for all rows, CUDA-core FMAs);
+# "h2": w4a16_h2.py (1-8 rows, packed fp16x2 dequant and FMAs: two weights per instruction);
 # "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
 # tensor-core dots; a few rows); "gemm": w4a16.py (prefill). Each kernel's tiles come from its
 # ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary prints a row).
@@ -213,18 +233,26 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     "sm90": ((1, "gemv"), (40, "dot"), (1 << 62, "deq")),
     "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
-    "interpret": ((2, "rows"), (32, "dot"), (64, "gemm"), (1 << 62, "deq")),
+    # The interpreter routes decode rows to the packed-half GEMV so the kernel tests run it
+    # (its plain-Triton twin of the PTX); GPUs keep their measured kernels until a sweep says.
+    "interpret": ((2, "h2"), (32, "dot"), (64, "gemm"), (1 << 62, "deq")),
 }
 
 
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("rows", "gemv", "dot", "gemm" or "deq") the table picks for m rows on this device."""
+    """The W4A16 kernel ("rows", "h2", "gemv", "dot", "gemm" or "deq") the table picks for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 
 def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     """The multi-row GEMV tiles (w4a16_rows.py) this device's table gives m rows."""
     entries = tiles_for(device).w4a16_rows
+    return next((t for rows, t in entries if m <= rows), entries[-1][1])
+
+
+def h2_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
+    """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows."""
+    entries = tiles_for(device).w4a16_h2
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 

@@ -1,8 +1,8 @@
 """W4A16 matmul: activations in bf16/fp16, weights in our packed int4 layout (see w4a16_pack.py).
 
 The table tuning.W4A16_ROUTES picks the kernel by row count: a GEMV (w4a16_rows.py for 1-16
-rows, or the older one-row w4a16_gemv.py), the few-row tensor-core kernel (w4a16_dot.py) for
-decode batches, for prefill chunks the weight dequantized once into the BLAS GEMM
+rows, the packed-half w4a16_h2.py for 1-8, or the older one-row w4a16_gemv.py), the few-row
+tensor-core kernel (w4a16_dot.py) for decode batches, for prefill chunks the weight dequantized once into the BLAS GEMM
 (w4a16_deq.py), and the GEMM kernel here where that does not apply: each
 program dequantizes a [BLOCK_K, BLOCK_N] weight tile in registers and feeds tl.dot. BLOCK_K never exceeds the group
 size, so a tile needs one row of scales/biases. Skinny shapes split K across programs
@@ -21,6 +21,7 @@ from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, gemm_tiles,
 from homelab_llm.engine.kernels.w4a16_deq import fits_scratch, w4a16_deq_matmul
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
+from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows
 
@@ -92,6 +93,8 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
     route = "gemm" if tiles is not None else w4a16_route(m, x.device)
     if route == "rows":
         return w4a16_rows(x2, w, out, split=split_k).view(*lead, n)
+    if route == "h2":
+        return w4a16_h2(x2, w, out, split=split_k).view(*lead, n)
     if route == "gemv":
         return w4a16_gemv(x2, w, out, split=split_k).view(*lead, n)
     if route == "dot":

@@ -33,6 +33,8 @@ BLOCK_M a power of two >= M, WROWS a power of two with 8 * WROWS <= group size.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -111,6 +113,28 @@ def rows_split(n_blocks: int, k: int, block_k: int, sms: int, tiles: RowsTiles) 
     return split
 
 
+@dataclass(frozen=True)
+class SplitPlan:
+    """How a multi-row GEMV launch covers [K, N]: word rows per K step, column blocks, K splits
+    (none empty) and the K range of each (whole steps)."""
+
+    wrows: int
+    n_blocks: int
+    split: int
+    k_per_split: int
+
+
+def split_plan(n: int, k: int, group_size: int, tiles: RowsTiles, device: torch.device,
+               split: int | None = None) -> SplitPlan:
+    """The launch plan for tiles on this device; split None: rows_split's choice."""
+    wrows = min(tiles.wrows, group_size // 8)
+    block_k = wrows * 8
+    n_blocks = triton.cdiv(n, tiles.block_n)
+    split = split or rows_split(n_blocks, k, block_k, device_sms(device), tiles)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    return SplitPlan(wrows, n_blocks, triton.cdiv(k, k_per_split), k_per_split)
+
+
 def w4a16_rows(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
                split: int | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
@@ -121,19 +145,14 @@ def w4a16_rows(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTile
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_rows takes 1..{MAX_ROWS} rows, got {m}")
     t = tiles or rows_tiles(m, x2.device)
-    wrows = min(t.wrows, w.group_size // 8)
-    block_k = wrows * 8
-    n_blocks = triton.cdiv(n, t.block_n)
-    split = split or rows_split(n_blocks, k, block_k, device_sms(x2.device), t)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)  # no empty splits
-    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
-    tickets = ticket_buffer(x2.device, n_blocks)
-    _w4a16_rows_kernel[(n_blocks, split)](
+    p = split_plan(n, k, w.group_size, t, x2.device, split)
+    ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
+    tickets = ticket_buffer(x2.device, p.n_blocks)
+    _w4a16_rows_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets,
-        m, n, k, k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split,
-        GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=wrows,
+        m, n, k, p.k_per_split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), p.split,
+        GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

@@ -82,7 +82,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_deq,
-                                            w4a16_dot, w4a16_gemv, w4a16_rows)
+                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
     from homelab_llm.engine.kernels.tuning import gemm_tiles
 
@@ -194,6 +194,16 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=bf16)
         yield lambda x=x, g=g, split=split: w4a16_rows.w4a16_rows(
             x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=split)
+    # The packed-half GEMV: each row-count entry of the arch's w4a16_h2 table (fp16 too: the
+    # prologue converts), split 1 and the table's split; group 32 shrinks the K step; 2048
+    # columns: no partial column block (EVEN_N), 512: a partial one.
+    wide = wp.W4Weight(torch.zeros((k_in // 8, 2048), dtype=i32), torch.ones((k_in // 128, 2048), dtype=fp16),
+                       torch.zeros((k_in // 128, 2048), dtype=fp16), 128)
+    for m, w, split, dt in ((1, weights[128], 1, bf16), (1, wide, None, bf16), (2, weights[32], None, bf16),
+                            (4, wide, None, bf16), (8, weights[128], None, fp16), (8, wide, None, bf16)):
+        x = torch.zeros((m, k_in), dtype=dt)
+        yield lambda x=x, w=w, split=split: w4a16_h2.w4a16_h2(
+            x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), split=split)
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
         x = torch.zeros((m, k_in), dtype=dt)

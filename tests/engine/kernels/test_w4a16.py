@@ -215,9 +215,9 @@ def test_routes_cover_every_row_count() -> None:
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
-        assert {k for _, k in routes} <= {"rows", "gemv", "dot", "gemm", "deq"}, arch
+        assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "gemm", "deq"}, arch
         assert routes[-1][1] in ("gemm", "deq"), arch
-    assert tuning.w4a16_route(1) == "rows" and tuning.w4a16_route(8) == "dot"
+    assert tuning.w4a16_route(1) == "h2" and tuning.w4a16_route(8) == "dot"
     assert tuning.w4a16_route(64) == "gemm" and tuning.w4a16_route(4096) == "deq"
 
 

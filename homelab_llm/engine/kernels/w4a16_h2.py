@@ -1,0 +1,137 @@
+"""W4A16 decode GEMV in packed half math (M = 1..8 rows): ~1.1 instructions per weight at 1 row.
+
+Why (issue 19): the fp32 GEMVs (w4a16_gemv.py, w4a16_rows.py) spend ~3 instructions per weight
+on the nibble (AND-OR, subtract, FMA), with the integer op at half rate on sm_90, and read only
+34-45% of the copy rate at batch 1. Here (w4a16_half2.py has the arithmetic) one shift and four
+LOP3s turn a word into four exact fp16 pairs (q_j, q_j+4) (subnormals: the powers of two go into
+the activations), and each pair costs one fma.rn.f16x2 per activation row: 9 instructions per
+word (8 weights) at 1 row, plus 4 per extra row. The activations come pre-scaled and paired:
+
+  prologue  each program converts its own K range of x (whole K steps) into fp16 pairs scaled
+            by 2^-e per (row, K step), plus each step's sum of x and 2^e (prep_x_pairs), into a
+            small scratch buffer [M, K] fp16 + [2, M, K / BLOCK_K] fp32; programs that share a K
+            range write identical bits. A barrier, then every thread reads the pairs as uniform
+            loads.
+  main loop per K step (8 * WROWS values of k inside one group): one [WROWS, BLOCK_N] load of
+            words (each thread all word rows of its columns), fp16x2 products chained per word
+            and summed over word rows in-thread, then in fp32
+            acc += inner * 2^e * scale + sum_k(x) * bias (W = q s + b within a group).
+
+Thin matrices split K across programs exactly like w4a16_rows.py (the fp32 partials reduced by
+the last program of each column block: w4a16_gemv.store_or_reduce). K ranges are whole steps
+(each step's 2^e is computed by whichever programs cover it, identically). Tiles: the arch
+table's w4a16_h2 entry (tuning.RowsTiles: block_n = 4 x 32 x warps x columns-per-thread/4).
+
+Invariants: qweight [K // 8, N] int32, K a multiple of the group size, BLOCK_M = next pow2 >= M
+(padding rows read row M - 1, their results are dropped), 8 * WROWS <= group size.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
+from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, tile_dot
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.kernels.w4a16_rows import split_plan
+
+MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
+
+
+@triton.jit
+def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
+    """One K step's [1, WROWS, BLOCK_N] packed words; unmasked when N fills the column blocks (a
+    masked load zero-fills its registers first: one extra move per two words)."""
+    if EVEN_N:
+        return tl.load(w_tile + offset)
+    return tl.load(w_tile + offset, mask=n_mask[None, None, :], other=0)
+
+
+@triton.jit
+def _w4a16_h2_kernel(
+    x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_qw, stride_sg, stride_om,
+    num_splits,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
+    CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    BLOCK_K: tl.constexpr = WROWS * 8
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    wr3 = tl.arange(0, WROWS)[None, :, None]
+    w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
+    if PREFETCH:
+        # The first step's words are requested before the prologue, so its latency hides
+        # theirs; then each step requests the next one's before its math (register double buffer).
+        words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
+    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
+                 SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS)
+    tl.debug_barrier()  # the program's own pairs are written before any thread reads them
+    n_segs = K // BLOCK_K
+    row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
+    xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
+    xg_rows = xg_ptr + row * n_segs
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if PREFETCH:
+            # The last step re-requests itself (unmasked; the bytes are still in L2).
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)
+            words_next = load_words(w_tile, k_next // 8 * stride_qw, n_mask, EVEN_N)
+        else:
+            words = load_words(w_tile, k0 // 8 * stride_qw, n_mask, EVEN_N)
+        seg = k0 // BLOCK_K
+        # 4 columns per vector, as the words (16 bytes): 8 would need a shared-memory shuffle
+        g_off = (k0 // GROUP_SIZE) * stride_sg + tl.max_contiguous(offs_n, 4)
+        if EVEN_N:  # unmasked: a masked load zero-fills its registers first
+            s = tl.load(scales_ptr + g_off).to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off).to(tl.float32)[None, :]
+        else:
+            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        x_sum = tl.load(xg_rows + seg)
+        undo = tl.load(xg_rows + M * n_segs + seg)
+        inner = tile_dot(words, xp_rows + k0 // 2, USE_ASM)
+        acc += inner * undo * s + x_sum * b
+        if PREFETCH:
+            words = words_next
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
+                    num_splits)
+
+
+def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
+             split: int | None = None) -> torch.Tensor:
+    """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
+    row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
+    M rows unless given (the sweep passes variants); split: K splits (None: rows_split)."""
+    m, k = x2.shape
+    n = w.out_features
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
+    t = tiles or h2_tiles(m, x2.device)
+    p = split_plan(n, k, w.group_size, t, x2.device, split)
+    block_k = p.wrows * 8
+    ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
+    # prep_x_pairs' scratch: the activations as scaled fp16 pairs, and per K step sum(x) and 2^e
+    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+    xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
+    tickets = ticket_buffer(x2.device, p.n_blocks)
+    _w4a16_h2_kernel[(p.n_blocks, p.split)](
+        x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
+        m, n, k, p.k_per_split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), p.split,
+        GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
+        CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
+        PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"),
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return out

@@ -1,0 +1,145 @@
+"""Packed-half W4A16 building blocks: two weights dequantized and multiplied per instruction.
+
+Shared by the half2 GEMV (w4a16_h2.py) and meant for other decode GEMVs over the same packed
+layout (w4a16_pack.W4Weight: nibble j of a word holds k = 8r + j), e.g. the MoE expert GEMV.
+
+Nibbles to fp16, two per instruction, exact, with no conversion or fix-up instruction: a nibble
+in the low mantissa bits of an fp16 with a zero exponent IS a subnormal, q 2^-24 (bits 0-3) or
+q 2^-20 (bits 4-7), so
+  word & 0x000F000F          = the fp16 pair (q0, q4) * 2^-24
+  word & 0x00F000F0          = (q1, q5) * 2^-20
+  (word >> 8) & 0x000F000F   = (q2, q6) * 2^-24,    (word >> 8) & 0x00F000F0 = (q3, q7) * 2^-20
+(one shift and four LOP3s per word: eight weights). The powers of two go into the activations,
+which prep_x_pairs stores as the fp16 pairs (x_j, x_j+4) * 2^-e * (2^14 for even j, 2^10 odd),
+so every product is q x 2^-e 2^-10, and each (q pair, x pair) costs ONE fma.rn.f16x2 per
+activation row (no .ftz: subnormal operands are exact, at full rate).
+
+Precision: 2^-e puts max|x| 2^-e in [1, 2) per (row, K step) (exact; undone in fp32 per step,
+with the 2^10): products are below 30 * 2^-10 and a K step's sums (<= 64 products per fp16
+lane) below 2 -- no overflow for any finite input -- and products round at 2^-11 relative
+(below 2^-14, subnormal, at 2^-25 absolute: < 1e-6 of the step's scale). A K step's sum
+carries ~sqrt(terms) 2^-11 of its magnitude (~2e-3 worst seen per output row), then goes to
+fp32.
+
+NVIDIA builds use PTX for the packed FMAs (tl.inline_asm_elementwise); USE_ASM=False is the
+same arithmetic in plain Triton fp16 (the two halves as separate tensors): what TRITON_INTERPRET
+(CPU tests) and gfx1100 run, so the CPU tests check the packing order, the pre-scales and the
+group math, and the GPU tests the PTX.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+X_SCALE_EVEN = tl.constexpr(16384.0)  # 2^14: pairs (q0, q4), (q2, q6) are q 2^-24
+X_SCALE_ODD = tl.constexpr(1024.0)  # 2^10: pairs (q1, q5), (q3, q7) are q 2^-20
+PRODUCT_UNDO = tl.constexpr(1024.0)  # every product is q x 2^-e 2^-10
+
+
+@triton.jit
+def nibble_pairs(word):
+    """The word's nibbles as four packed fp16 pairs (int32 bits, low half first): (q0, q4) 2^-24,
+    (q1, q5) 2^-20, (q2, q6) 2^-24, (q3, q7) 2^-20 -- subnormals, exact. Plain integer ops."""
+    hi = word >> 8  # the arithmetic shift's sign bits land outside both masks
+    return word & 0x000F000F, word & 0x00F000F0, hi & 0x000F000F, hi & 0x00F000F0
+
+
+@triton.jit
+def hfma2(a, b, c):
+    """a * b + c on packed fp16 pairs held as int32 bits (one fma.rn.f16x2). PTX only."""
+    return tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def half_lo(bits):
+    """The low fp16 of a packed pair (int32 bits)."""
+    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def half_hi(bits):
+    """The high fp16 of a packed pair (int32 bits)."""
+    return ((bits >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def hmul2(a, b):
+    """a * b on packed fp16 pairs held as int32 bits (one mul.rn.f16x2). PTX only."""
+    return tl.inline_asm_elementwise("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def hadd2(a, b):
+    """a + b on packed fp16 pairs held as int32 bits (one add.f16x2; a tl.reduce combiner). PTX only."""
+    return tl.inline_asm_elementwise("add.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def tile_dot(words, xp_ptr, USE_ASM: tl.constexpr):
+    """sum_k x W-nibbles for one K step, fp32 [BLOCK_M, BLOCK_N]: words [1, WROWS, BLOCK_N] int32
+    (one load: every word row's loads issue before any math, and each thread keeps all WROWS rows
+    of its columns, so the row sum below stays inside the thread); xp_ptr [BLOCK_M, WROWS, 1]
+    pointers to each word row's four activation pairs (int32 bits, prep_x_pairs' layout).
+    A (row, word) chains its four pairs in fp16x2, the word rows add in fp16x2, then fp32."""
+    p0, p1, p2, p3 = nibble_pairs(words)
+    if USE_ASM:
+        part = hmul2(p0, tl.load(xp_ptr))
+        part = hfma2(p1, tl.load(xp_ptr + 1), part)
+        part = hfma2(p2, tl.load(xp_ptr + 2), part)
+        part = hfma2(p3, tl.load(xp_ptr + 3), part)
+        both = tl.reduce(part, 1, hadd2)
+        return half_lo(both).to(tl.float32) + half_hi(both).to(tl.float32)
+    else:
+        lo = half_lo(p0) * half_lo(tl.load(xp_ptr))
+        hi = half_hi(p0) * half_hi(tl.load(xp_ptr))
+        lo += half_lo(p1) * half_lo(tl.load(xp_ptr + 1))
+        hi += half_hi(p1) * half_hi(tl.load(xp_ptr + 1))
+        lo += half_lo(p2) * half_lo(tl.load(xp_ptr + 2))
+        hi += half_hi(p2) * half_hi(tl.load(xp_ptr + 2))
+        lo += half_lo(p3) * half_lo(tl.load(xp_ptr + 3))
+        hi += half_hi(p3) * half_hi(tl.load(xp_ptr + 3))
+        return tl.sum(lo.to(tl.float32) + hi.to(tl.float32), axis=1)
+
+
+@triton.jit
+def prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
+                 SEG: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK_SEGS: tl.constexpr):
+    """Activations of k in [k_start, k_end) (whole segments of SEG = one K step) for the half2
+    dot, by one program:
+      xh [M, K] fp16: x * 2^-e(row, segment) * (2^14 for even j, 2^10 odd), stored so that
+         int32 pair 4r + j of a row is (x[8r + j], x[8r + j + 4]) -- the order and powers of
+         two nibble_pairs gives the weights;
+      xg [2, M, K // SEG] fp32: the segment's sum of x (unscaled), and 2^e * 2^10 (undoes a
+         product's scale).
+    2^e is the largest power of two <= max|x| over the segment (0 for an all-zero segment), so
+    the scaled values lie in (-2, 2). Programs sharing a K range write identical bits (the same
+    arithmetic in the same order), so their overlapping stores race harmlessly."""
+    CHUNK: tl.constexpr = CHUNK_SEGS * SEG
+    n_segs = K // SEG
+    offs_m = tl.arange(0, BLOCK_M)[:, None, None]
+    offs_s = tl.arange(0, CHUNK_SEGS)[None, :, None]
+    offs_e = tl.arange(0, SEG)[None, None, :]
+    m_ok = offs_m < M
+    m2 = tl.arange(0, BLOCK_M)[:, None]
+    for c0 in range(k_start, k_end, CHUNK):
+        k = c0 + offs_s * SEG + offs_e  # [1, CHUNK_SEGS, SEG]
+        ok = m_ok & (k < k_end)
+        x = tl.load(x_ptr + offs_m.to(tl.int64) * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=2)  # [BLOCK_M, CHUNK_SEGS]
+        expo = amax.to(tl.int32, bitcast=True) & 0x7F800000
+        undo = expo.to(tl.float32, bitcast=True)  # 2^floor(log2 amax); 0 when amax is 0/subnormal
+        inv = (0x7F000000 - expo).to(tl.float32, bitcast=True)  # 2^-floor(log2 amax), exact
+        # nibble_pairs' powers of two: pairs j = k % 4 even take 2^14, odd 2^10 (exact)
+        xs = (x * inv[:, :, None] * tl.where((k & 1) == 0, X_SCALE_EVEN, X_SCALE_ODD)).to(tl.float16)
+        # k = 8r + j + 4h (j < 4, h 0/1) goes to fp16 slot 8r + 2j + h: int32 pair 4r + j.
+        dest = (k & ~7) + 2 * (k & 3) + ((k >> 2) & 1)
+        tl.store(xh_ptr + offs_m.to(tl.int64) * K + dest, xs, mask=ok)
+        seg = (c0 // SEG + tl.arange(0, CHUNK_SEGS))[None, :]
+        s_ok = (m2 < M) & (seg < k_end // SEG)
+        s_offs = m2 * n_segs + seg
+        tl.store(xg_ptr + s_offs, tl.sum(x, axis=2), mask=s_ok)
+        tl.store(xg_ptr + M * n_segs + s_offs, undo * PRODUCT_UNDO, mask=s_ok)
