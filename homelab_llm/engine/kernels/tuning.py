@@ -126,7 +126,9 @@ TABLE: dict[str, ArchTiles] = {
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
         # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
-        w4a16_h2=H2_TILES),
+        # H200 sweep 10.7 (27B step linears): 1 row the table's prefetching tiles 6.52 ms (the
+        # older GEMV 8.49); 2 rows 16 word rows a step 9.24 ms (the dot kernel 12.37).
+        w4a16_h2=((1, H2_TILES[0][1]), (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:]),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -229,8 +231,9 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     "sm80": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     # H200 sweep 10.2 (27B shapes, one step's linears): 16-row dot programs with permuted x up to
     # 40 rows (28.9 ms; deq 29.8, the Triton GEMM 80.7), then deq (64 rows 30.5 ms vs dot 39.2;
-    # 256: 35.5 vs GEMM 71.4; 2,048: 142.7 vs GEMM 420.9, bf16 BLAS 127.7).
-    "sm90": ((1, "gemv"), (40, "dot"), (1 << 62, "deq")),
+    # 256: 35.5 vs GEMM 71.4; 2,048: 142.7 vs GEMM 420.9, bf16 BLAS 127.7). 1-2 rows: the
+    # packed-half GEMV (sweep 10.7: 6.52 / 9.24 ms vs the older GEMV 8.49 / the dot kernel 12.37).
+    "sm90": ((2, "h2"), (40, "dot"), (1 << 62, "deq")),
     "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
     # The interpreter routes decode rows to the packed-half GEMV so the kernel tests run it
