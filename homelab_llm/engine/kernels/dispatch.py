@@ -155,6 +155,18 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
     return route_topk_ref(router_logits, top_k, renormalize)
 
 
+def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
+                    renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router from hidden states: route_topk(F.linear(x, gate_weight)). On GPUs at decode
+    sizes one launch computes the logits and routes (kernels/moe_router.py: no cuBLAS call)."""
+    if use_triton(x):
+        from homelab_llm.engine.kernels import moe_router
+
+        if x.shape[0] <= moe_router.FUSED_MAX_TOKENS:
+            return moe_router.route_gate_topk(x, gate_weight, top_k, renormalize)
+    return route_topk(F.linear(x, gate_weight), top_k, renormalize)
+
+
 def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
               b2: torch.Tensor | None = None,

@@ -182,7 +182,10 @@ class SparseMoeBlock(nn.Module):
                                    if shared_expert is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = dispatch.route_topk(self.gate(x), self.top_k, self.renormalize)
+        if self.gate.w4 is None and self.gate.bias is None:  # logits and routing in one launch
+            weights, ids = dispatch.route_gate_topk(x, self.gate.weight, self.top_k, self.renormalize)
+        else:
+            weights, ids = dispatch.route_topk(self.gate(x), self.top_k, self.renormalize)
         out = self.experts(x, weights, ids)
         if self.experts.tp_size > 1:
             out = parallel.all_reduce(out)

@@ -1,0 +1,330 @@
+"""The MoE layer at decode sizes (T <= DECODE_MAX_TOKENS) in two launches: gate_up with
+SiLU-and-mul, then down with the router-weighted combine. Reference: moe_ref.moe_experts_ref.
+
+At batch 1-8 the layer is bound by reading the active experts' weights once, and at these sizes
+by latency: a program whose K loop walks several steps waits on each step's loads in turn. So
+every program here takes few K steps (tuning.MoeDecodeTiles.steps, one on GPUs) and the grid
+(blocks x column blocks x K splits) is wide enough to keep all loads of the layer in flight at once.
+
+Work split, with slots s = t * top_k + k and blocks of one expert (decode_blocks):
+  launch 1, program (b, n, s): block b's slots (<= 2) through expert e's gate and up columns
+    [n * BLOCK_N, +BLOCK_N), K range s; the last of the SPLIT programs of (b, n) to finish (an
+    atomic ticket) sums the fp32 partials of every split at once and stores silu(gate) * up.
+  launch 2, program (b, n, s): the same over down's columns, each slot's partial times its router
+    weight; the last of the top_k x SPLIT programs of (token, n) to finish sums that token's
+    partials -- every pick, every split -- and stores the layer's output row. No [T*K, H] buffer,
+    no combine launch.
+Both reductions load all partials as one tile and sum it with tl.sum: a fixed order, whichever
+program finishes last, so results are deterministic (graph == eager), and the split count depends
+on K alone, so a token's output does not depend on the batch it rides in. Tickets reset
+themselves and nothing is read back to the host: CUDA/HIP graphs replay it.
+
+Weights: 4-bit (moe_ref.MoeW4: words [E, K // 8, N], nibbles walked as in w4a16_gemv) or dense
+(w13 [E, 2I, H], w2 [E, H, I]: rows of K contiguous values, HF layout).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, row_mask
+from homelab_llm.engine.kernels.moe_align import moe_align
+from homelab_llm.engine.kernels.moe_ref import MoeW4, expert_shape
+from homelab_llm.engine.kernels.tuning import MoeDecodeTiles, moe_decode_tiles
+from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, ticket_buffer, unscale_pow2
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+
+@triton.jit
+def _w4_step(w, s, b, offs_n, n_mask, k0, x0, x1, stride_wr, stride_sg,
+             GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, TWO: tl.constexpr):
+    """x0 (and x1) [k0, k0 + BLOCK_K) through one [BLOCK_K / 8, BLOCK_N] tile of packed words:
+    [BLOCK_N] fp32 each. W = q * scale + bias within a group, so the tile's sum is
+    sum(q * x) * scale + sum(x) * bias."""
+    ROWS: tl.constexpr = BLOCK_K // 8
+    word_rows = k0 // 8 + tl.arange(0, ROWS)
+    packed = tl.load(w + word_rows[:, None].to(tl.int64) * stride_wr + offs_n[None, :],
+                     mask=n_mask[None, :], other=0)
+    high = packed >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
+    g = (k0 // GROUP_SIZE) * stride_sg
+    scale = tl.load(s + g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    bias = tl.load(b + g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    inner0 = tl.zeros(packed.shape, tl.float32)
+    inner1 = tl.zeros(packed.shape, tl.float32)
+    x_sum0 = tl.zeros([ROWS], tl.float32)
+    x_sum1 = tl.zeros([ROWS], tl.float32)
+    for j in tl.static_range(8):
+        if j < 5:
+            q = nibble_f32(packed, j)
+        else:
+            q = nibble_f32(high, j)
+        xj = tl.load(x0 + word_rows * 8 + j).to(tl.float32)
+        inner0 += q * unscale_pow2(xj, j)[:, None]
+        x_sum0 += xj
+        if TWO:
+            xj = tl.load(x1 + word_rows * 8 + j).to(tl.float32)
+            inner1 += q * unscale_pow2(xj, j)[:, None]
+            x_sum1 += xj
+    part0 = tl.sum(inner0, axis=0) * scale + tl.sum(x_sum0, axis=0) * bias
+    part1 = tl.sum(inner1, axis=0) * scale + tl.sum(x_sum1, axis=0) * bias
+    return part0, part1
+
+
+@triton.jit
+def _dense_step(w, offs_n, n_mask, k0, K, x0, x1, stride_wr, BLOCK_K: tl.constexpr,
+                TWO: tl.constexpr):
+    """x0 (and x1) [k0, k0 + BLOCK_K) through the weight rows offs_n (K contiguous)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_mask = offs_k < K
+    tile = tl.load(w + offs_n[:, None].to(tl.int64) * stride_wr + offs_k[None, :],
+                   mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+    x = tl.load(x0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+    part0 = tl.sum(tile * x[None, :], axis=1)
+    part1 = part0
+    if TWO:
+        x = tl.load(x1 + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        part1 = tl.sum(tile * x[None, :], axis=1)
+    return part0, part1
+
+
+@triton.jit
+def _columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
+             W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr, TWO: tl.constexpr):
+    """Rows x0 (and x1) over K range [k_start, k_end) through one expert's columns offs_n (w, s, b
+    already point at the expert): fp32 [BLOCK_N] partial sums."""
+    acc0 = tl.zeros([BLOCK_N], tl.float32)
+    acc1 = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if W4:
+            p0, p1 = _w4_step(w, s, b, offs_n, n_mask, k0, x0, x1, stride_wr, stride_sg,
+                              GROUP_SIZE, BLOCK_K, TWO)
+        else:
+            p0, p1 = _dense_step(w, offs_n, n_mask, k0, k_end, x0, x1, stride_wr, BLOCK_K, TWO)
+        acc0 += p0
+        acc1 += p1
+    return acc0, acc1
+
+
+@triton.jit
+def _block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots, BLOCK_M: tl.constexpr):
+    """Block pid_m's expert (>= 0) and its slots: (e, slot0, valid0, slot1, valid1); an invalid
+    slot reads as 0 (an unused block, e -1, has none)."""
+    e = tl.load(block_expert_ptr + pid_m)
+    limit = tl.where(e >= 0, num_slots, 0)
+    slot0 = tl.load(sorted_ptr + pid_m * BLOCK_M)
+    valid0 = slot0 < limit
+    slot1 = slot0
+    if BLOCK_M == 2:
+        slot1 = tl.load(sorted_ptr + pid_m * BLOCK_M + 1)
+    valid1 = (slot1 < limit) & (BLOCK_M == 2)
+    slot0 = tl.where(valid0, slot0, 0).to(tl.int64)
+    slot1 = tl.where(valid1, slot1, 0).to(tl.int64)
+    return tl.maximum(e, 0).to(tl.int64), slot0, valid0, slot1, valid1
+
+
+@triton.jit
+def _store_act(act_ptr, ws_ptr, slot, valid, offs_n, n_mask, N, split_stride, stride_act,
+               SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr):
+    """silu(gate) * up of one slot from the fp32 partials of all SPLIT programs, summed as one
+    [SPLIT_P2, BLOCK_N] tile (a fixed order)."""
+    splits = tl.arange(0, SPLIT_P2)
+    at = ws_ptr + splits[:, None] * split_stride + slot * (2 * N) + offs_n[None, :]
+    mask = (splits < SPLIT)[:, None] & n_mask[None, :]
+    gate = tl.sum(tl.load(at, mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
+    up = tl.sum(tl.load(at + N, mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(act_ptr + slot * stride_act + offs_n, act.to(act_ptr.dtype.element_ty),
+             mask=row_mask(offs_n, n_mask, valid))
+
+
+@triton.jit
+def _moe_decode_up_kernel(
+    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, ws_ptr, ticket_ptr, sorted_ptr, block_expert_ptr,
+    num_slots, N, K, k_per_split,
+    stride_x, stride_we, stride_wr, stride_se, stride_sg, stride_act,
+    TOP_K: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+):
+    """act[slot, n] = silu(x[t] @ W_e[:, n]) * (x[t] @ W_e[:, n + N]), t = slot // TOP_K."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    e, slot0, valid0, slot1, valid1 = _block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
+                                                   BLOCK_M)
+    if valid0:  # a used block's first slot is always filled
+        x0 = x_ptr + (slot0 // TOP_K) * stride_x
+        x1 = x_ptr + (slot1 // TOP_K) * stride_x
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        w = w_ptr + e * stride_we
+        s = s_ptr + e * stride_se
+        b = b_ptr + e * stride_se
+        up = N if W4 else N * stride_wr  # up columns (4-bit) or rows (dense) follow the gate's
+        g0, g1 = _columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
+                          W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
+        u0, u1 = _columns(w + up, s + N, b + N, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr,
+                          stride_sg, W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
+        split_stride = num_slots * 2 * N
+        ws0 = ws_ptr + pid_k * split_stride + slot0 * (2 * N) + offs_n
+        tl.store(ws0, g0, mask=n_mask)
+        tl.store(ws0 + N, u0, mask=n_mask)
+        if BLOCK_M == 2:
+            ws1 = ws_ptr + pid_k * split_stride + slot1 * (2 * N) + offs_n
+            tl.store(ws1, g1, mask=row_mask(offs_n, n_mask, valid1))
+            tl.store(ws1 + N, u1, mask=row_mask(offs_n, n_mask, valid1))
+        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+        ticket_at = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
+        if tl.atomic_add(ticket_at, 1, sem="acq_rel") == SPLIT - 1:
+            _store_act(act_ptr, ws_ptr, slot0, valid0, offs_n, n_mask, N, split_stride, stride_act,
+                       SPLIT, SPLIT_P2)
+            if BLOCK_M == 2:
+                if valid1:
+                    _store_act(act_ptr, ws_ptr, slot1, valid1, offs_n, n_mask, N, split_stride,
+                               stride_act, SPLIT, SPLIT_P2)
+            tl.atomic_xchg(ticket_at, 0)
+
+
+@triton.jit
+def _finish_token(out_ptr, ws_ptr, ticket_ptr, token, pid_n, offs_n, n_mask, split_stride, N,
+                  stride_out, TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, SPLIT: tl.constexpr,
+                  SPLIT_P2: tl.constexpr):
+    """Take token's ticket for column block pid_n; the last of its TOP_K x SPLIT programs sums
+    the weighted partials of every pick and split as one tile and stores the output row."""
+    ticket_at = ticket_ptr + token * tl.num_programs(1) + pid_n
+    if tl.atomic_add(ticket_at, 1, sem="acq_rel") == TOP_K * SPLIT - 1:
+        r = tl.arange(0, TOPK_P2 * SPLIT_P2)
+        pick, split = r // SPLIT_P2, r % SPLIT_P2
+        at = (ws_ptr + split[:, None] * split_stride + (token * TOP_K + pick)[:, None] * N
+              + offs_n[None, :])
+        mask = ((pick < TOP_K) & (split < SPLIT))[:, None] & n_mask[None, :]
+        total = tl.sum(tl.load(at, mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
+        tl.store(out_ptr + token * stride_out + offs_n, total.to(out_ptr.dtype.element_ty),
+                 mask=n_mask)
+        tl.atomic_xchg(ticket_at, 0)
+
+
+@triton.jit
+def _moe_decode_down_kernel(
+    act_ptr, w_ptr, s_ptr, b_ptr, topk_w_ptr, out_ptr, ws_ptr, ticket_ptr, sorted_ptr,
+    block_expert_ptr, num_slots, N, K, k_per_split,
+    stride_act, stride_we, stride_wr, stride_se, stride_sg, stride_out,
+    TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr,
+):
+    """out[t, n] = sum_k topk_w[t, k] * (act[t * TOP_K + k] @ W_e(t, k)[:, n])."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    e, slot0, valid0, slot1, valid1 = _block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
+                                                   BLOCK_M)
+    if valid0:
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        p0, p1 = _columns(w_ptr + e * stride_we, s_ptr + e * stride_se, b_ptr + e * stride_se,
+                          offs_n, n_mask, k_start, k_end, act_ptr + slot0 * stride_act,
+                          act_ptr + slot1 * stride_act, stride_wr, stride_sg,
+                          W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
+        split_stride = num_slots * N
+        ws = ws_ptr + pid_k * split_stride + offs_n
+        tl.store(ws + slot0 * N, p0 * tl.load(topk_w_ptr + slot0), mask=n_mask)
+        if BLOCK_M == 2:
+            tl.store(ws + slot1 * N, p1 * tl.load(topk_w_ptr + slot1),
+                     mask=row_mask(offs_n, n_mask, valid1))
+        tl.debug_barrier()  # every thread's partial is written before a ticket is taken
+        _finish_token(out_ptr, ws_ptr, ticket_ptr, slot0 // TOP_K, pid_n, offs_n, n_mask,
+                      split_stride, N, stride_out, TOP_K, TOPK_P2, SPLIT, SPLIT_P2)
+        if BLOCK_M == 2:
+            if valid1:  # the two slots of a block are two tokens (a token picks an expert once)
+                _finish_token(out_ptr, ws_ptr, ticket_ptr, slot1 // TOP_K, pid_n, offs_n, n_mask,
+                              split_stride, N, stride_out, TOP_K, TOPK_P2, SPLIT, SPLIT_P2)
+
+
+_SLOT_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def decode_blocks(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(sorted_slots, block_expert, block_m) for T <= DECODE_MAX_TOKENS: at T = 1 the K picks are
+    K distinct experts, so slot k is block k and no align launch runs; above, moe_align in
+    blocks of two slots (few experts repeat, so a block rarely wastes a row)."""
+    t, top_k = topk_ids.shape
+    if t == 1:
+        key = (top_k, topk_ids.device)
+        if key not in _SLOT_ORDER:  # made once and kept: captured graphs hold its address
+            _SLOT_ORDER[key] = torch.arange(top_k, dtype=torch.int32, device=topk_ids.device)
+        return _SLOT_ORDER[key], topk_ids.reshape(-1).to(torch.int32), 1
+    sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, 2)
+    return sorted_slots, block_expert, 2
+
+
+def _weight_args(weight: torch.Tensor | W4Weight, k: int, tiles: MoeDecodeTiles) -> tuple:
+    """(w, s, b, stride_we, stride_wr, stride_se, stride_sg, group, block_k) of one projection."""
+    if isinstance(weight, W4Weight):
+        qw, s = weight.qweight, weight.scales
+        block_k = min(tiles.block_k, weight.group_size)
+        args = (qw, s, weight.biases, qw.stride(0), qw.stride(1), s.stride(0), s.stride(1),
+                weight.group_size, block_k)
+        if k % block_k:  # groups tile K; a 4-bit step stays within one group
+            raise ValueError(f"MoE decode: K={k} is not a multiple of the {block_k}-wide K step")
+    else:  # dense steps mask K's tail
+        block_k = tiles.block_k
+        args = (weight, weight, weight, weight.stride(0), weight.stride(1), 0, 0, 0, block_k)
+    return args
+
+
+def _split(k: int, block_k: int, steps: int) -> tuple[int, int]:
+    """(split, k_per_split): K / (block_k x steps) programs, by K alone."""
+    k_per_split = block_k * steps
+    return triton.cdiv(k, k_per_split), k_per_split
+
+
+def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | None,
+               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+               tiles: MoeDecodeTiles | None = None) -> torch.Tensor:
+    """x [T, H] (T <= DECODE_MAX_TOKENS) through the picked experts -> [T, H] in x's dtype.
+    w13/w2 dense [E, 2I, H] / [E, H, I], or w13 a MoeW4 and w2 None. tiles override the table
+    (sweeps)."""
+    t, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    if not 0 < t <= DECODE_MAX_TOKENS:
+        raise ValueError(f"moe_decode: {t} tokens (1 to {DECODE_MAX_TOKENS})")
+    num_experts, inter = expert_shape(w13)
+    w4 = isinstance(w13, MoeW4)
+    up_w, down_w = (w13.w13, w13.w2) if w4 else (w13, w2)
+    table = moe_decode_tiles(x.device)
+    tiles = tiles or (table.w4 if w4 else table.dense)
+    x = x.contiguous()
+    num_slots = t * top_k
+    sorted_slots, block_expert, block_m = decode_blocks(topk_ids, num_experts)
+    num_blocks = block_expert.numel()
+    tickets = ticket_buffer(x.device, max(num_blocks * triton.cdiv(inter, tiles.block_n),
+                                          t * triton.cdiv(hidden, tiles.block_n)))
+    act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
+    wargs = _weight_args(up_w, hidden, tiles)
+    split, k_per_split = _split(hidden, wargs[-1], tiles.steps)
+    ws = torch.empty((split, num_slots, 2 * inter), dtype=torch.float32, device=x.device)
+    _moe_decode_up_kernel[(num_blocks, triton.cdiv(inter, tiles.block_n), split)](
+        x, *wargs[:3], act, ws, tickets, sorted_slots, block_expert,
+        num_slots, inter, hidden, k_per_split, x.stride(0), *wargs[3:7], act.stride(0),
+        TOP_K=top_k, W4=w4, GROUP_SIZE=wargs[7], BLOCK_M=block_m, BLOCK_N=tiles.block_n,
+        BLOCK_K=wargs[8], SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
+        num_warps=tiles.num_warps, num_stages=1)
+    out = torch.empty_like(x)
+    wargs = _weight_args(down_w, inter, tiles)
+    split, k_per_split = _split(inter, wargs[-1], tiles.steps)
+    ws = torch.empty((split, num_slots, hidden), dtype=torch.float32, device=x.device)
+    _moe_decode_down_kernel[(num_blocks, triton.cdiv(hidden, tiles.block_n), split)](
+        act, *wargs[:3], topk_weights.float().contiguous(), out, ws, tickets, sorted_slots,
+        block_expert, num_slots, hidden, inter, k_per_split, act.stride(0), *wargs[3:7],
+        out.stride(0),
+        TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), W4=w4, GROUP_SIZE=wargs[7],
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=wargs[8], SPLIT=split,
+        SPLIT_P2=triton.next_power_of_2(split), num_warps=tiles.num_warps, num_stages=1)
+    return out
