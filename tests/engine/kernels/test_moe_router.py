@@ -36,3 +36,51 @@ def test_router_rejects_bad_top_k(device):
 
     with pytest.raises(ValueError, match="top_k 9 of 8"):
         route_topk(torch.zeros(2, 8, device=device), 9, True)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 128, 8), (5, 60, 4), (8, 512, 10)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_router_matches_reference(tokens, experts, top_k, renormalize, dtype, device):
+    """route_gate_topk (the gate matmul fused in) vs route_topk_ref(F.linear(x, W)). The hidden
+    states pick one column of W per token, whose entries are distinct values exact in bf16, so
+    the logits are exact on both sides and the ids compare exactly; weights within 1e-6."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    hidden = 96
+    gen = torch.Generator().manual_seed(tokens * experts + top_k + 1)
+    step = min(1.0, 256 / experts)
+    cols = [(torch.randperm(experts, generator=gen).float() - experts / 2) * step / 8
+            for _ in range(hidden)]
+    weight = torch.stack(cols, dim=1).to(dtype).to(device)  # [E, H]
+    x = torch.zeros(tokens, hidden)
+    x[torch.arange(tokens), torch.randint(0, hidden, (tokens,), generator=gen)] = 1.0
+    x = x.to(dtype).to(device)
+    weights, ids = route_gate_topk(x, weight, top_k, renormalize)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), top_k, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-6, rtol=0)
+
+
+def test_fused_router_random_logits(device):
+    """Dense random x and W (fp32): the fused logits are the linear layer's within rounding, so
+    the picked sets agree (random fp32 logits have no near ties at this size)."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 200, generator=gen).to(device)  # 200: a partial last hidden step
+    weight = torch.randn(64, 200, generator=gen).to(device)
+    weights, ids = route_gate_topk(x, weight, 6, True)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), 6, True)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-5, rtol=0)
+
+
+def test_fused_router_rejects_bad_shapes(device):
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    with pytest.raises(ValueError, match="9 tokens"):
+        route_gate_topk(torch.zeros(9, 16, device=device), torch.zeros(8, 16, device=device), 2, True)
+    with pytest.raises(ValueError, match=r"\(8, 12\)"):
+        route_gate_topk(torch.zeros(1, 16, device=device), torch.zeros(8, 12, device=device), 2, True)
