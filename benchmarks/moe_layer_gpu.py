@@ -144,34 +144,19 @@ MOE_KERNELS = ("moe", "route", "align", "combine")
 def section_launches(config: str, steps: int = 8) -> None:
     """Eager batch-1 decode of the dummy W4A16 model: launches and GPU time per step, all kernels
     and the MoE ones (names containing one of MOE_KERNELS)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from engine_gpu import make_engine
-    from homelab_llm.engine.sampling_params import SamplingParams
+    from engine_gpu import kernel_totals, make_engine
 
     engine = make_engine(config, quantization="w4a16", max_model_len=4096, max_num_seqs=8,
                          enforce_eager=True)
-    engine.add_request("launches", list(range(100, 132)),
-                       SamplingParams(max_tokens=16 + steps, ignore_eos=True))
-    for _ in range(6):
-        engine.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            engine.step()
-        torch.cuda.synchronize()
+    totals = kernel_totals(engine, list(range(100, 132)), "launches", steps)
     layers = engine.model_config.num_hidden_layers
-    total = moe = total_us = moe_us = 0.0
-    for evt in prof.key_averages():
-        us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-        if not us or not evt.count:
-            continue
-        total, total_us = total + evt.count / steps, total_us + us / steps
-        if any(word in evt.key.lower() for word in MOE_KERNELS):
-            moe, moe_us = moe + evt.count / steps, moe_us + us / steps
-            print(f"  {us / steps:8.1f} us  {evt.count / steps:6.1f}/step  {evt.key[:90]}", flush=True)
-    report("launches.w4a16.b1.per_step", total, f"{total_us:.0f} us of kernels a step (eager)")
+    moe = {name: v for name, v in totals.items() if any(w in name.lower() for w in MOE_KERNELS)}
+    for name, (us, count) in sorted(moe.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {us:8.1f} us  {count:6.1f}/step  {name[:90]}", flush=True)
+    total = sum(v[1] for v in totals.values())
+    report("launches.w4a16.b1.per_step", total,
+           f"{sum(v[0] for v in totals.values()):.0f} us of kernels a step (eager)")
     report("launches.w4a16.b1.per_layer", total / layers, f"{layers} layers")
-    report("launches.w4a16.b1.moe_per_layer", moe / layers, f"{moe_us / layers:.1f} us a layer")
-    engine.abort_request("launches")
+    report("launches.w4a16.b1.moe_per_layer", sum(v[1] for v in moe.values()) / layers,
+           f"{sum(v[0] for v in moe.values()) / layers:.1f} us a layer (router + experts)")
     del engine

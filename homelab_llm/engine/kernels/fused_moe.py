@@ -36,7 +36,7 @@ from homelab_llm.engine.kernels.fused_moe_decode import decode_blocks, moe_decod
 from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, moe_w4_gemv
 from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
-from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, expert_shape
+from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
 
 
@@ -203,8 +203,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               tiles: GemmTiles | None = None, decode: str = "fused",
               b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-              clamp: tuple[float, float] | None = None) -> torch.Tensor:
+              clamp: tuple[float, float] | None = None,
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (bf16/fp16) through the router's picks -> [T, H] (see the module doc).
+    shared: (a shared expert's output [T, H], its gate [T]) added as moe_ref.add_shared_ref
+    does -- inside the decode kernels' combine when they run.
     decode (T <= 8, benchmarks compare them): "fused" the decode kernels, "gemv" the older 4-bit
     GEMV + combine (dense experts: the GEMM path), "gemm" the tl.dot GEMM path.
     gpt-oss: b13 [E, 2I] / b2 [E, H] expert biases and clamp = (alpha, limit)."""
@@ -224,7 +227,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     plain = b13 is None and b2 is None and clamp is None
     small = tiles is None and t <= DECODE_MAX_TOKENS and decode != "gemm"
     if plain and small and decode == "fused" and not isinstance(w13, MoeMx4):
-        return moe_decode(x, w13, w2, topk_weights, topk_ids)
+        return moe_decode(x, w13, w2, topk_weights, topk_ids, shared=shared)
+    if shared is not None:
+        out = fused_moe(x, w13, w2, topk_weights, topk_ids, tiles, decode, b13, b2, clamp)
+        return add_shared_ref(out, *shared)
     if isinstance(w13, MoeW4) and plain and small:
         return w4_decode(x, w13, topk_weights, topk_ids)
     if isinstance(w13, MoeMx4) and clamp is not None and small:

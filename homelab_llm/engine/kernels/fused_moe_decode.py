@@ -19,6 +19,10 @@ program finishes last, so results are deterministic (graph == eager), and the sp
 on K alone, so a token's output does not depend on the batch it rides in. Tickets reset
 themselves and nothing is read back to the host: CUDA/HIP graphs replay it.
 
+A gated shared expert (Qwen3.5-MoE, Qwen3-Next), computed beforehand, can ride in launch 2's
+final sum: out[t] += sigmoid(g x_t) * shared[t] (moe_ref.add_shared_ref), no launches of its own
+for the gate product and the add.
+
 Weights: 4-bit (moe_ref.MoeW4: words [E, K // 8, N], nibbles walked as in w4a16_gemv) or dense
 (w13 [E, 2I, H], w2 [E, H, I]: rows of K contiguous values, HF layout).
 """
@@ -190,11 +194,13 @@ def _moe_decode_up_kernel(
 
 
 @triton.jit
-def _finish_token(out_ptr, ws_ptr, ticket_ptr, token, pid_n, offs_n, n_mask, split_stride, N,
-                  stride_out, TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, SPLIT: tl.constexpr,
-                  SPLIT_P2: tl.constexpr):
+def _finish_token(out_ptr, ws_ptr, ticket_ptr, shared_ptr, shared_w_ptr, token, pid_n, offs_n,
+                  n_mask, split_stride, N, stride_out, stride_shared,
+                  TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, SPLIT: tl.constexpr,
+                  SPLIT_P2: tl.constexpr, SHARED: tl.constexpr):
     """Take token's ticket for column block pid_n; the last of its TOP_K x SPLIT programs sums
-    the weighted partials of every pick and split as one tile and stores the output row."""
+    the weighted partials of every pick and split as one tile (SHARED: plus the gated shared
+    expert's row) and stores the output row."""
     ticket_at = ticket_ptr + token * tl.num_programs(1) + pid_n
     if tl.atomic_add(ticket_at, 1, sem="acq_rel") == TOP_K * SPLIT - 1:
         r = tl.arange(0, TOPK_P2 * SPLIT_P2)
@@ -203,6 +209,9 @@ def _finish_token(out_ptr, ws_ptr, ticket_ptr, token, pid_n, offs_n, n_mask, spl
               + offs_n[None, :])
         mask = ((pick < TOP_K) & (split < SPLIT))[:, None] & n_mask[None, :]
         total = tl.sum(tl.load(at, mask=mask, other=0.0, cache_modifier=".cg"), axis=0)
+        if SHARED:
+            shared = tl.load(shared_ptr + token * stride_shared + offs_n, mask=n_mask, other=0.0)
+            total += tl.load(shared_w_ptr + token) * shared.to(tl.float32)
         tl.store(out_ptr + token * stride_out + offs_n, total.to(out_ptr.dtype.element_ty),
                  mask=n_mask)
         tl.atomic_xchg(ticket_at, 0)
@@ -211,13 +220,14 @@ def _finish_token(out_ptr, ws_ptr, ticket_ptr, token, pid_n, offs_n, n_mask, spl
 @triton.jit
 def _moe_decode_down_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, topk_w_ptr, out_ptr, ws_ptr, ticket_ptr, sorted_ptr,
-    block_expert_ptr, num_slots, N, K, k_per_split,
-    stride_act, stride_we, stride_wr, stride_se, stride_sg, stride_out,
+    block_expert_ptr, shared_ptr, shared_w_ptr, num_slots, N, K, k_per_split,
+    stride_act, stride_we, stride_wr, stride_se, stride_sg, stride_out, stride_shared,
     TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    SPLIT_P2: tl.constexpr,
+    SPLIT_P2: tl.constexpr, SHARED: tl.constexpr,
 ):
-    """out[t, n] = sum_k topk_w[t, k] * (act[t * TOP_K + k] @ W_e(t, k)[:, n])."""
+    """out[t, n] = sum_k topk_w[t, k] * (act[t * TOP_K + k] @ W_e(t, k)[:, n])
+    (SHARED: + shared_w[t] * shared[t, n])."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -239,12 +249,14 @@ def _moe_decode_down_kernel(
             tl.store(ws + slot1 * N, p1 * tl.load(topk_w_ptr + slot1),
                      mask=row_mask(offs_n, n_mask, valid1))
         tl.debug_barrier()  # every thread's partial is written before a ticket is taken
-        _finish_token(out_ptr, ws_ptr, ticket_ptr, slot0 // TOP_K, pid_n, offs_n, n_mask,
-                      split_stride, N, stride_out, TOP_K, TOPK_P2, SPLIT, SPLIT_P2)
+        _finish_token(out_ptr, ws_ptr, ticket_ptr, shared_ptr, shared_w_ptr, slot0 // TOP_K,
+                      pid_n, offs_n, n_mask, split_stride, N, stride_out, stride_shared,
+                      TOP_K, TOPK_P2, SPLIT, SPLIT_P2, SHARED)
         if BLOCK_M == 2:
             if valid1:  # the two slots of a block are two tokens (a token picks an expert once)
-                _finish_token(out_ptr, ws_ptr, ticket_ptr, slot1 // TOP_K, pid_n, offs_n, n_mask,
-                              split_stride, N, stride_out, TOP_K, TOPK_P2, SPLIT, SPLIT_P2)
+                _finish_token(out_ptr, ws_ptr, ticket_ptr, shared_ptr, shared_w_ptr,
+                              slot1 // TOP_K, pid_n, offs_n, n_mask, split_stride, N, stride_out,
+                              stride_shared, TOP_K, TOPK_P2, SPLIT, SPLIT_P2, SHARED)
 
 
 _SLOT_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -287,10 +299,12 @@ def _split(k: int, block_k: int, steps: int) -> tuple[int, int]:
 
 def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | None,
                topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-               tiles: MoeDecodeTiles | None = None) -> torch.Tensor:
+               tiles: MoeDecodeTiles | None = None,
+               shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (T <= DECODE_MAX_TOKENS) through the picked experts -> [T, H] in x's dtype.
-    w13/w2 dense [E, 2I, H] / [E, H, I], or w13 a MoeW4 and w2 None. tiles override the table
-    (sweeps)."""
+    w13/w2 dense [E, 2I, H] / [E, H, I], or w13 a MoeW4 and w2 None. shared: (a shared
+    expert's output [T, H], its gate float32 [T]) added in the combine (moe_ref.add_shared_ref).
+    tiles override the table (sweeps)."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
     if not 0 < t <= DECODE_MAX_TOKENS:
@@ -320,11 +334,17 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
     wargs = _weight_args(down_w, inter, tiles)
     split, k_per_split = _split(inter, wargs[-1], tiles.steps)
     ws = torch.empty((split, num_slots, hidden), dtype=torch.float32, device=x.device)
+    shared_out, shared_w = shared if shared is not None else (out, topk_weights)
+    if shared is not None and (shared_out.shape != x.shape or shared_out.stride(1) != 1
+                               or shared_w.shape != (t,)):
+        raise ValueError(f"moe_decode: shared expert output {tuple(shared_out.shape)} and gate "
+                         f"{tuple(shared_w.shape)}, expected {tuple(x.shape)} and ({t},)")
     _moe_decode_down_kernel[(num_blocks, triton.cdiv(hidden, tiles.block_n), split)](
         act, *wargs[:3], topk_weights.float().contiguous(), out, ws, tickets, sorted_slots,
-        block_expert, num_slots, hidden, inter, k_per_split, act.stride(0), *wargs[3:7],
-        out.stride(0),
+        block_expert, shared_out, shared_w.float().contiguous(), num_slots, hidden, inter,
+        k_per_split, act.stride(0), *wargs[3:7], out.stride(0), shared_out.stride(0),
         TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), W4=w4, GROUP_SIZE=wargs[7],
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=wargs[8], SPLIT=split,
-        SPLIT_P2=triton.next_power_of_2(split), num_warps=tiles.num_warps, num_stages=1)
+        SPLIT_P2=triton.next_power_of_2(split), SHARED=shared is not None,
+        num_warps=tiles.num_warps, num_stages=1)
     return out

@@ -73,14 +73,15 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
 
 
 @triton.jit
-def _route_gate_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, ticket_ptr,
-                       T, E, H, stride_x, stride_w,
+def _route_gate_kernel(x_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr, ids_ptr,
+                       shared_w_ptr, ticket_ptr, T, E, H, stride_x, stride_w,
                        TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                        BLOCK_H: tl.constexpr, E_POW2: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORMALIZE: tl.constexpr):
+                       RENORMALIZE: tl.constexpr, SHARED: tl.constexpr):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
-    as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace; the last program to
-    finish (an atomic ticket, reset after) routes every token from the whole workspace."""
+    as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
+    shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
+    ticket, reset after) routes every token from the whole workspace (and stores sigmoid(g x))."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -93,10 +94,16 @@ def _route_gate_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, ticket_pt
                     mask=t_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
         w = tl.load(w_ptr + offs_e[:, None].to(tl.int64) * stride_w + offs_h[None, :],
                     mask=e_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+        if SHARED:  # row E: the shared expert's gate (masked off in every other program)
+            w += tl.load(g_ptr + offs_e[:, None] * 0 + offs_h[None, :],
+                         mask=(offs_e == E)[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
     acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(logits_ptr + offs_t[:, None] * E_POW2 + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
+    if SHARED:
+        tl.store(shared_ptr + offs_t[:, None] + offs_e[None, :] * 0, acc,
+                 mask=t_mask[:, None] & (offs_e == E)[None, :])
     tl.debug_barrier()  # every thread's logits are written before the ticket is taken
     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
         offs = tl.arange(0, E_POW2)[None, :]
@@ -105,6 +112,9 @@ def _route_gate_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, ticket_pt
                          other=-float("inf"), cache_modifier=".cg")
         weights, ids = _softmax_topk(logits, offs < E, offs, TOP_K, E_POW2, BLOCK_K, RENORMALIZE)
         _store_picks(weights_ptr, ids_ptr, weights, ids, offs_t, t_mask, TOP_K, BLOCK_K)
+        if SHARED:
+            g = tl.load(shared_ptr + offs_t, mask=t_mask, other=0.0, cache_modifier=".cg")
+            tl.store(shared_w_ptr + offs_t, 1.0 / (1.0 + tl.exp(-g)), mask=t_mask)
         tl.atomic_xchg(ticket_ptr, 0)
 
 
@@ -133,9 +143,11 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
 
 
 def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
-                    tiles: RouterTiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    shared_gate: torch.Tensor | None = None, tiles: RouterTiles | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x [T, H] (T <= FUSED_MAX_TOKENS) and the router's weight [E, H] -> route_topk(x @ W.T),
-    the logits rounded to x's dtype as the linear layer rounds them, in one launch."""
+    the logits rounded to x's dtype as the linear layer rounds them, in one launch; with the
+    shared expert's gate [1, H] also sigmoid(x @ g.T) float32 [T] (else None)."""
     t, hidden = x.shape
     num_experts = gate_weight.shape[0]
     _check_pick(top_k, num_experts)
@@ -145,14 +157,20 @@ def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, reno
     tiles = tiles or moe_decode_tiles(x.device).router
     x = x if x.stride(1) == 1 else x.contiguous()
     w = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
+    if shared_gate is not None and tuple(shared_gate.shape) != (1, hidden):
+        raise ValueError(f"fused router: shared expert gate {tuple(shared_gate.shape)}, expected "
+                         f"(1, {hidden})")
     e_pow2 = triton.next_power_of_2(num_experts)
     logits = torch.empty((t, e_pow2), dtype=torch.float32, device=x.device)
     weights = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
-    _route_gate_kernel[(triton.cdiv(num_experts, tiles.block_e),)](
-        x, w, logits, weights, ids, ticket_buffer(x.device, 1), t, num_experts, hidden,
-        x.stride(0), w.stride(0),
+    shared = torch.empty((2, t), dtype=torch.float32, device=x.device)  # logit, sigmoid
+    g = w if shared_gate is None else shared_gate.contiguous()
+    rows = num_experts + (shared_gate is not None)
+    _route_gate_kernel[(triton.cdiv(rows, tiles.block_e),)](
+        x, w, g, logits, shared[0], weights, ids, shared[1], ticket_buffer(x.device, 1),
+        t, num_experts, hidden, x.stride(0), w.stride(0),
         TOP_K=top_k, BLOCK_T=triton.next_power_of_2(t), BLOCK_E=tiles.block_e,
         BLOCK_H=tiles.block_k, E_POW2=e_pow2, BLOCK_K=triton.next_power_of_2(top_k),
-        RENORMALIZE=renormalize, num_warps=tiles.num_warps)
-    return weights, ids
+        RENORMALIZE=renormalize, SHARED=shared_gate is not None, num_warps=tiles.num_warps)
+    return weights, ids, (shared[1] if shared_gate is not None else None)

@@ -234,6 +234,9 @@ def _moe_scenarios():
         x, ids = torch.zeros((8, hidden), dtype=torch.bfloat16), torch.zeros((8, top_k), dtype=torch.int32)
         yield lambda x=x, ids=ids, w=w, w_2=w_2: fused_moe.moe_decode(
             x, w, w_2, torch.ones((8, top_k)), ids)
+        # Qwen3.5-MoE / Qwen3-Next: the gated shared expert added in the combine
+        yield lambda x=x, ids=ids, w=w, w_2=w_2: fused_moe.moe_decode(
+            x, w, w_2, torch.ones((8, top_k)), ids, shared=(x, torch.ones(8)))
     for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)
@@ -259,7 +262,8 @@ def _moe_scenarios():
         yield lambda x=x: moe_router.route_gate_topk(
             x, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True)
         yield lambda x=x: moe_router.route_gate_topk(
-            x, torch.zeros((512, hidden), dtype=torch.bfloat16), 10, False)
+            x, torch.zeros((512, hidden), dtype=torch.bfloat16), 10, False,
+            torch.zeros((1, hidden), dtype=torch.bfloat16))
 
 
 def _gptoss_moe_scenarios():

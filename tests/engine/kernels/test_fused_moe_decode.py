@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from homelab_llm.engine.kernels.moe_ref import MoeW4, moe_experts_ref, route_topk_ref
+from homelab_llm.engine.kernels.moe_ref import MoeW4, add_shared_ref, moe_experts_ref, route_topk_ref
 from homelab_llm.engine.kernels.tuning import MoeDecodeTiles
 from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err
 
@@ -83,6 +83,22 @@ def test_decode_is_deterministic(w4, device, full_shapes):
         assert rel_err(alone, batch[3:4]) < 1e-2
     else:
         assert torch.equal(alone, batch[3:4])
+
+
+@pytest.mark.parametrize("tokens,decode", [(1, "fused"), (3, "fused"), (3, "gemm")])
+def test_shared_expert_in_the_combine(tokens, decode, device, full_shapes):
+    """A gated shared expert's output added in the down launch's final sum (the fused path) or
+    after it (the others) vs add_shared_ref(moe_experts_ref(...))."""
+    from homelab_llm.engine.kernels.fused_moe import fused_moe
+
+    gen = torch.Generator().manual_seed(900 + tokens)
+    w13, w2, e, h, top_k, dtype = _experts(gen, True, full_shapes, device)
+    x, weights, ids = _batch(gen, tokens, e, h, top_k, dtype, device)
+    shared_out = (torch.randn(tokens, h, generator=gen) * 0.5).to(dtype).to(device)
+    shared_w = torch.rand(tokens, generator=gen).to(device)
+    got = fused_moe(x, w13, w2, weights, ids, decode=decode, shared=(shared_out, shared_w))
+    want = add_shared_ref(moe_experts_ref(x, w13, w2, weights, ids), shared_out, shared_w)
+    assert rel_err(got, want) < (2e-2 if full_shapes else 1e-4), rel_err(got, want)
 
 
 def test_decode_rejects_bad_shapes(device):

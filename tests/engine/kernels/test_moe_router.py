@@ -56,7 +56,7 @@ def test_fused_router_matches_reference(tokens, experts, top_k, renormalize, dty
     x = torch.zeros(tokens, hidden)
     x[torch.arange(tokens), torch.randint(0, hidden, (tokens,), generator=gen)] = 1.0
     x = x.to(dtype).to(device)
-    weights, ids = route_gate_topk(x, weight, top_k, renormalize)
+    weights, ids, _ = route_gate_topk(x, weight, top_k, renormalize)
     want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), top_k, renormalize)
     assert ids.dtype == torch.int32 and weights.dtype == torch.float32
     assert torch.equal(ids.cpu(), want_ids.cpu())
@@ -71,7 +71,7 @@ def test_fused_router_random_logits(device):
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(4, 200, generator=gen).to(device)  # 200: a partial last hidden step
     weight = torch.randn(64, 200, generator=gen).to(device)
-    weights, ids = route_gate_topk(x, weight, 6, True)
+    weights, ids, _ = route_gate_topk(x, weight, 6, True)
     want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), 6, True)
     assert torch.equal(ids.cpu(), want_ids.cpu())
     torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-5, rtol=0)
@@ -84,3 +84,24 @@ def test_fused_router_rejects_bad_shapes(device):
         route_gate_topk(torch.zeros(9, 16, device=device), torch.zeros(8, 16, device=device), 2, True)
     with pytest.raises(ValueError, match=r"\(8, 12\)"):
         route_gate_topk(torch.zeros(1, 16, device=device), torch.zeros(8, 12, device=device), 2, True)
+
+
+@pytest.mark.parametrize("tokens,block_e", [(1, 1), (3, 4), (8, 2)])
+def test_fused_router_shared_gate(tokens, block_e, device):
+    """The shared expert's gate as the extra row E (in whichever program holds it): its
+    sigmoid(x @ g) within 1e-6 of the reference, the routed picks unchanged by it."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+    from homelab_llm.engine.kernels.tuning import RouterTiles
+
+    gen = torch.Generator().manual_seed(40 + tokens)
+    x = torch.randn(tokens, 48, generator=gen).to(device)
+    weight = torch.randn(10, 48, generator=gen).to(device)
+    gate = (torch.randn(1, 48, generator=gen) * 0.2).to(device)
+    tiles = RouterTiles(block_e=block_e, block_k=32, num_warps=1 if device.type == "cpu" else 4)
+    weights, ids, shared_w = route_gate_topk(x, weight, 3, True, gate, tiles=tiles)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), 3, True)
+    want_shared = torch.sigmoid(torch.nn.functional.linear(x, gate)).reshape(-1)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-5, rtol=0)
+    assert shared_w.shape == (tokens,) and shared_w.dtype == torch.float32
+    torch.testing.assert_close(shared_w.cpu(), want_shared.cpu(), atol=1e-6, rtol=0)
