@@ -23,8 +23,8 @@ A gated shared expert (Qwen3.5-MoE, Qwen3-Next), computed beforehand, can ride i
 final sum: out[t] += sigmoid(g x_t) * shared[t] (moe_ref.add_shared_ref), no launches of its own
 for the gate product and the add.
 
-Weights: 4-bit (moe_ref.MoeW4: words [E, K // 8, N], nibbles walked as in w4a16_gemv) or dense
-(w13 [E, 2I, H], w2 [E, H, I]: rows of K contiguous values, HF layout).
+Weights: 4-bit (moe_ref.MoeW4) or dense (w13 [E, 2I, H], w2 [E, H, I]); the dot products of
+one program live in moe_decode_dot.py.
 """
 
 from __future__ import annotations
@@ -35,98 +35,11 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, row_mask
 from homelab_llm.engine.kernels.moe_align import moe_align
+from homelab_llm.engine.kernels.moe_decode_dot import block_slots, expert_columns
 from homelab_llm.engine.kernels.moe_ref import MoeW4, expert_shape
 from homelab_llm.engine.kernels.tuning import MoeDecodeTiles, moe_decode_tiles
-from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, ticket_buffer, unscale_pow2
+from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-
-
-@triton.jit
-def _w4_step(w, s, b, offs_n, n_mask, k0, x0, x1, stride_wr, stride_sg,
-             GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, TWO: tl.constexpr):
-    """x0 (and x1) [k0, k0 + BLOCK_K) through one [BLOCK_K / 8, BLOCK_N] tile of packed words:
-    [BLOCK_N] fp32 each. W = q * scale + bias within a group, so the tile's sum is
-    sum(q * x) * scale + sum(x) * bias."""
-    ROWS: tl.constexpr = BLOCK_K // 8
-    word_rows = k0 // 8 + tl.arange(0, ROWS)
-    packed = tl.load(w + word_rows[:, None].to(tl.int64) * stride_wr + offs_n[None, :],
-                     mask=n_mask[None, :], other=0)
-    high = packed >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
-    g = (k0 // GROUP_SIZE) * stride_sg
-    scale = tl.load(s + g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    bias = tl.load(b + g + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    inner0 = tl.zeros(packed.shape, tl.float32)
-    inner1 = tl.zeros(packed.shape, tl.float32)
-    x_sum0 = tl.zeros([ROWS], tl.float32)
-    x_sum1 = tl.zeros([ROWS], tl.float32)
-    for j in tl.static_range(8):
-        if j < 5:
-            q = nibble_f32(packed, j)
-        else:
-            q = nibble_f32(high, j)
-        xj = tl.load(x0 + word_rows * 8 + j).to(tl.float32)
-        inner0 += q * unscale_pow2(xj, j)[:, None]
-        x_sum0 += xj
-        if TWO:
-            xj = tl.load(x1 + word_rows * 8 + j).to(tl.float32)
-            inner1 += q * unscale_pow2(xj, j)[:, None]
-            x_sum1 += xj
-    part0 = tl.sum(inner0, axis=0) * scale + tl.sum(x_sum0, axis=0) * bias
-    part1 = tl.sum(inner1, axis=0) * scale + tl.sum(x_sum1, axis=0) * bias
-    return part0, part1
-
-
-@triton.jit
-def _dense_step(w, offs_n, n_mask, k0, K, x0, x1, stride_wr, BLOCK_K: tl.constexpr,
-                TWO: tl.constexpr):
-    """x0 (and x1) [k0, k0 + BLOCK_K) through the weight rows offs_n (K contiguous)."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_mask = offs_k < K
-    tile = tl.load(w + offs_n[:, None].to(tl.int64) * stride_wr + offs_k[None, :],
-                   mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-    x = tl.load(x0 + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-    part0 = tl.sum(tile * x[None, :], axis=1)
-    part1 = part0
-    if TWO:
-        x = tl.load(x1 + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        part1 = tl.sum(tile * x[None, :], axis=1)
-    return part0, part1
-
-
-@triton.jit
-def _columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
-             W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, TWO: tl.constexpr):
-    """Rows x0 (and x1) over K range [k_start, k_end) through one expert's columns offs_n (w, s, b
-    already point at the expert): fp32 [BLOCK_N] partial sums."""
-    acc0 = tl.zeros([BLOCK_N], tl.float32)
-    acc1 = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        if W4:
-            p0, p1 = _w4_step(w, s, b, offs_n, n_mask, k0, x0, x1, stride_wr, stride_sg,
-                              GROUP_SIZE, BLOCK_K, TWO)
-        else:
-            p0, p1 = _dense_step(w, offs_n, n_mask, k0, k_end, x0, x1, stride_wr, BLOCK_K, TWO)
-        acc0 += p0
-        acc1 += p1
-    return acc0, acc1
-
-
-@triton.jit
-def _block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots, BLOCK_M: tl.constexpr):
-    """Block pid_m's expert (>= 0) and its slots: (e, slot0, valid0, slot1, valid1); an invalid
-    slot reads as 0 (an unused block, e -1, has none)."""
-    e = tl.load(block_expert_ptr + pid_m)
-    limit = tl.where(e >= 0, num_slots, 0)
-    slot0 = tl.load(sorted_ptr + pid_m * BLOCK_M)
-    valid0 = slot0 < limit
-    slot1 = slot0
-    if BLOCK_M == 2:
-        slot1 = tl.load(sorted_ptr + pid_m * BLOCK_M + 1)
-    valid1 = (slot1 < limit) & (BLOCK_M == 2)
-    slot0 = tl.where(valid0, slot0, 0).to(tl.int64)
-    slot1 = tl.where(valid1, slot1, 0).to(tl.int64)
-    return tl.maximum(e, 0).to(tl.int64), slot0, valid0, slot1, valid1
 
 
 @triton.jit
@@ -156,7 +69,7 @@ def _moe_decode_up_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    e, slot0, valid0, slot1, valid1 = _block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
+    e, slot0, valid0, slot1, valid1 = block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
                                                    BLOCK_M)
     if valid0:  # a used block's first slot is always filled
         x0 = x_ptr + (slot0 // TOP_K) * stride_x
@@ -169,9 +82,9 @@ def _moe_decode_up_kernel(
         s = s_ptr + e * stride_se
         b = b_ptr + e * stride_se
         up = N if W4 else N * stride_wr  # up columns (4-bit) or rows (dense) follow the gate's
-        g0, g1 = _columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
+        g0, g1 = expert_columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
                           W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
-        u0, u1 = _columns(w + up, s + N, b + N, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr,
+        u0, u1 = expert_columns(w + up, s + N, b + N, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr,
                           stride_sg, W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
         split_stride = num_slots * 2 * N
         ws0 = ws_ptr + pid_k * split_stride + slot0 * (2 * N) + offs_n
@@ -231,14 +144,14 @@ def _moe_decode_down_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    e, slot0, valid0, slot1, valid1 = _block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
+    e, slot0, valid0, slot1, valid1 = block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
                                                    BLOCK_M)
     if valid0:
         k_start = pid_k * k_per_split
         k_end = tl.minimum(k_start + k_per_split, K)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        p0, p1 = _columns(w_ptr + e * stride_we, s_ptr + e * stride_se, b_ptr + e * stride_se,
+        p0, p1 = expert_columns(w_ptr + e * stride_we, s_ptr + e * stride_se, b_ptr + e * stride_se,
                           offs_n, n_mask, k_start, k_end, act_ptr + slot0 * stride_act,
                           act_ptr + slot1 * stride_act, stride_wr, stride_sg,
                           W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
