@@ -110,9 +110,9 @@ def section_layer(layers: dict[str, Layer], copy_gbps: float) -> None:
 
 DECODE_SWEEP = [  # (block_n, block_k, steps, num_warps)
     (64, 128, 1, 4), (32, 128, 1, 4), (128, 128, 1, 4), (64, 128, 1, 2), (128, 128, 1, 8),
-    (64, 128, 2, 4), (32, 128, 2, 2), (64, 64, 1, 2), (256, 128, 1, 8), (128, 128, 2, 4),
+    (64, 128, 2, 4), (64, 64, 1, 2), (256, 128, 1, 8),
 ]
-ROUTER_SWEEP = [(1, 1024, 4), (1, 2048, 4), (2, 512, 4), (4, 256, 4), (1, 512, 2), (2, 1024, 8)]
+ROUTER_SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 512, 4), (4, 256, 4)]
 
 
 def section_sweep_decode(layers: dict[str, Layer]) -> None:

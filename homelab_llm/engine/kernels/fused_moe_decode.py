@@ -178,7 +178,9 @@ _SLOT_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
 def decode_blocks(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(sorted_slots, block_expert, block_m) for T <= DECODE_MAX_TOKENS: at T = 1 the K picks are
     K distinct experts, so slot k is block k and no align launch runs; above, moe_align in
-    blocks of two slots (few experts repeat, so a block rarely wastes a row)."""
+    blocks of two slots (few experts repeat, so a block rarely wastes a row). Either way the
+    used blocks come first and number at most T * K (each holds a slot): the grids launch
+    min(blocks, T * K) rows, not moe_align's worst-case count."""
     t, top_k = topk_ids.shape
     if t == 1:
         key = (top_k, topk_ids.device)
@@ -230,7 +232,7 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
     x = x.contiguous()
     num_slots = t * top_k
     sorted_slots, block_expert, block_m = decode_blocks(topk_ids, num_experts)
-    num_blocks = block_expert.numel()
+    num_blocks = min(block_expert.numel(), num_slots)  # the used blocks (see decode_blocks)
     tickets = ticket_buffer(x.device, max(num_blocks * triton.cdiv(inter, tiles.block_n),
                                           t * triton.cdiv(hidden, tiles.block_n)))
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)

@@ -101,6 +101,23 @@ def test_shared_expert_in_the_combine(tokens, decode, device, full_shapes):
     assert rel_err(got, want) < (2e-2 if full_shapes else 1e-4), rel_err(got, want)
 
 
+def test_every_slot_a_distinct_expert(device):
+    """The worst case for the grid: T * K slots on T * K distinct experts use T * K blocks of one
+    slot each -- exactly the rows the grids launch (min(blocks, T * K))."""
+    from homelab_llm.engine.kernels.fused_moe_decode import moe_decode
+
+    gen = torch.Generator().manual_seed(31)
+    e, h, i, tokens, top_k = 32, 32, 32, 8, 4
+    w13 = torch.randn(e, 2 * i, h, generator=gen).to(device) * h ** -0.5
+    w2 = torch.randn(e, h, i, generator=gen).to(device) * i ** -0.5
+    x = torch.randn(tokens, h, generator=gen).to(device)
+    ids = torch.randperm(e, generator=gen)[: tokens * top_k].reshape(tokens, top_k)
+    ids = ids.to(torch.int32).to(device)
+    weights = torch.rand(tokens, top_k, generator=gen).to(device)
+    got = moe_decode(x, w13, w2, weights, ids)
+    assert rel_err(got, moe_experts_ref(x, w13, w2, weights, ids)) < 1e-4
+
+
 def test_decode_rejects_bad_shapes(device):
     from homelab_llm.engine.kernels.fused_moe_decode import moe_decode
 
