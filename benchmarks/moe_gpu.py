@@ -16,7 +16,8 @@ Sections (each reports even if another fails):
            Same picks every replay, so the active experts sit in the L2: `layer` is the honest one
   prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, and the
            torch loop
-  router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph
+  router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph;
+           and with the gate matmul: cuBLAS + the router vs route_gate_topk (one launch)
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
            tuning.py entries (fused_moe uses the table's gemv/gemm rows today), and the W4A16
            decode GEMV (fused_moe_gemv.py, the table's gemv_rows today) under block_n/rows/warps
@@ -184,7 +185,7 @@ def section_decode(setup: Setup, quick: bool, copy_gbps: float) -> None:
 
 
 def section_router(quick: bool) -> None:
-    from homelab_llm.engine.kernels.moe_router import route_topk
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk, route_topk
 
     for tokens in (1, 8, 32):
         # fp32 logits for the id check: bf16 randn over 128 experts ties often, and the two
@@ -197,6 +198,13 @@ def section_router(quick: bool) -> None:
         report(f"router.b{tokens}.triton_ms", bench_graph(lambda: route_topk(logits, TOP_K, True)))
         report(f"router.b{tokens}.torch_ms",
                bench_graph(lambda: route_topk_ref(logits, TOP_K, True)))
+        if tokens <= 8:  # the gate matmul too: cuBLAS + the router kernel vs the fused launch
+            x = torch.randn(tokens, HIDDEN, device=DEV).bfloat16()
+            gate = (torch.randn(E, HIDDEN, device=DEV) * 0.02).bfloat16()
+            report(f"router.b{tokens}.gate_cublas_then_triton_ms",
+                   bench_graph(lambda: route_topk(x @ gate.T, TOP_K, True)))
+            report(f"router.b{tokens}.gate_fused_ms",
+                   bench_graph(lambda: route_gate_topk(x, gate, TOP_K, True)))
 
 
 def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
