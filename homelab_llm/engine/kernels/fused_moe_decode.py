@@ -70,7 +70,7 @@ def _moe_decode_up_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     e, slot0, valid0, slot1, valid1 = block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
-                                                   BLOCK_M)
+                                                  BLOCK_M)
     if valid0:  # a used block's first slot is always filled
         x0 = x_ptr + (slot0 // TOP_K) * stride_x
         x1 = x_ptr + (slot1 // TOP_K) * stride_x
@@ -82,10 +82,11 @@ def _moe_decode_up_kernel(
         s = s_ptr + e * stride_se
         b = b_ptr + e * stride_se
         up = N if W4 else N * stride_wr  # up columns (4-bit) or rows (dense) follow the gate's
-        g0, g1 = expert_columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
-                          W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
-        u0, u1 = expert_columns(w + up, s + N, b + N, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr,
-                          stride_sg, W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
+        g0, g1 = expert_columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr,
+                                stride_sg, W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
+        u0, u1 = expert_columns(w + up, s + N, b + N, offs_n, n_mask, k_start, k_end, x0, x1,
+                                stride_wr, stride_sg, W4, GROUP_SIZE, BLOCK_N, BLOCK_K,
+                                BLOCK_M == 2)
         split_stride = num_slots * 2 * N
         ws0 = ws_ptr + pid_k * split_stride + slot0 * (2 * N) + offs_n
         tl.store(ws0, g0, mask=n_mask)
@@ -145,16 +146,17 @@ def _moe_decode_down_kernel(
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     e, slot0, valid0, slot1, valid1 = block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
-                                                   BLOCK_M)
+                                                  BLOCK_M)
     if valid0:
         k_start = pid_k * k_per_split
         k_end = tl.minimum(k_start + k_per_split, K)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
-        p0, p1 = expert_columns(w_ptr + e * stride_we, s_ptr + e * stride_se, b_ptr + e * stride_se,
-                          offs_n, n_mask, k_start, k_end, act_ptr + slot0 * stride_act,
-                          act_ptr + slot1 * stride_act, stride_wr, stride_sg,
-                          W4, GROUP_SIZE, BLOCK_N, BLOCK_K, BLOCK_M == 2)
+        p0, p1 = expert_columns(w_ptr + e * stride_we, s_ptr + e * stride_se,
+                                b_ptr + e * stride_se, offs_n, n_mask, k_start, k_end,
+                                act_ptr + slot0 * stride_act, act_ptr + slot1 * stride_act,
+                                stride_wr, stride_sg, W4, GROUP_SIZE, BLOCK_N, BLOCK_K,
+                                BLOCK_M == 2)
         split_stride = num_slots * N
         ws = ws_ptr + pid_k * split_stride + offs_n
         tl.store(ws + slot0 * N, p0 * tl.load(topk_w_ptr + slot0), mask=n_mask)

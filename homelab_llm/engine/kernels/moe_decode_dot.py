@@ -18,7 +18,7 @@ from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, unscale_pow2
 
 @triton.jit
 def w4_step(w, s, b, offs_n, n_mask, k0, x0, x1, stride_wr, stride_sg,
-             GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, TWO: tl.constexpr):
+            GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, TWO: tl.constexpr):
     """x0 (and x1) [k0, k0 + BLOCK_K) through one [BLOCK_K / 8, BLOCK_N] tile of packed words:
     [BLOCK_N] fp32 each. W = q * scale + bias within a group, so the tile's sum is
     sum(q * x) * scale + sum(x) * bias."""
@@ -70,8 +70,8 @@ def dense_step(w, offs_n, n_mask, k0, K, x0, x1, stride_wr, BLOCK_K: tl.constexp
 
 @triton.jit
 def expert_columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, stride_sg,
-             W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr, TWO: tl.constexpr):
+                   W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, TWO: tl.constexpr):
     """Rows x0 (and x1) over K range [k_start, k_end) through one expert's columns offs_n (w, s, b
     already point at the expert): fp32 [BLOCK_N] partial sums."""
     acc0 = tl.zeros([BLOCK_N], tl.float32)
@@ -79,7 +79,7 @@ def expert_columns(w, s, b, offs_n, n_mask, k_start, k_end, x0, x1, stride_wr, s
     for k0 in range(k_start, k_end, BLOCK_K):
         if W4:
             p0, p1 = w4_step(w, s, b, offs_n, n_mask, k0, x0, x1, stride_wr, stride_sg,
-                              GROUP_SIZE, BLOCK_K, TWO)
+                             GROUP_SIZE, BLOCK_K, TWO)
         else:
             p0, p1 = dense_step(w, offs_n, n_mask, k0, k_end, x0, x1, stride_wr, BLOCK_K, TWO)
         acc0 += p0

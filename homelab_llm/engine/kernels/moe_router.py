@@ -27,10 +27,11 @@ FUSED_MAX_TOKENS = 8  # route_gate_topk's last program holds [T, E] logits in re
 
 
 @triton.jit
-def _softmax_topk(x, mask, offs_e, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
                   BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
     """Logit rows x [R, BLOCK_E] (fp32, mask: real experts) -> (weights [R, BLOCK_K] fp32, ids
-    [R, BLOCK_K] int32): softmax, then the TOP_K largest by repeated max, ties to the lowest id."""
+    [R, BLOCK_K] int32): softmax, then the TOP_K largest by repeated max, ties to the lowest id.
+    A NaN row still gets ids < E (the expert kernels index weights and count picks by them)."""
     p = tl.exp(x - tl.max(x, axis=1)[:, None])
     p = tl.where(mask, p, 0.0)
     p = p / tl.sum(p, axis=1)[:, None]
@@ -40,7 +41,7 @@ def _softmax_topk(x, mask, offs_e, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
     ids = tl.zeros([x.shape[0], BLOCK_K], tl.int32)
     for k in tl.static_range(TOP_K):
         best = tl.max(remaining, axis=1)[:, None]
-        idx = tl.min(tl.where(remaining == best, offs_e, BLOCK_E), axis=1)[:, None]
+        idx = tl.minimum(tl.min(tl.where(remaining == best, offs_e, BLOCK_E), axis=1), E - 1)[:, None]
         weights = tl.where(k_offs == k, best, weights)
         ids = tl.where(k_offs == k, idx, ids)
         remaining = tl.where(offs_e == idx, -1.0, remaining)
@@ -68,7 +69,7 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
     mask = offs < E
     x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + offs, mask=mask,
                 other=-float("inf")).to(tl.float32)
-    weights, ids = _softmax_topk(x, mask, offs, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE)
+    weights, ids = _softmax_topk(x, mask, offs, E, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE)
     _store_picks(weights_ptr, ids_ptr, weights, ids, rows, rows >= 0, TOP_K, BLOCK_K)
 
 
@@ -110,7 +111,8 @@ def _route_gate_kernel(x_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr,
         mask = t_mask[:, None] & (offs < E)
         logits = tl.load(logits_ptr + offs_t[:, None] * E_POW2 + offs, mask=mask,
                          other=-float("inf"), cache_modifier=".cg")
-        weights, ids = _softmax_topk(logits, offs < E, offs, TOP_K, E_POW2, BLOCK_K, RENORMALIZE)
+        weights, ids = _softmax_topk(logits, offs < E, offs, E, TOP_K, E_POW2, BLOCK_K,
+                                     RENORMALIZE)
         _store_picks(weights_ptr, ids_ptr, weights, ids, offs_t, t_mask, TOP_K, BLOCK_K)
         if SHARED:
             g = tl.load(shared_ptr + offs_t, mask=t_mask, other=0.0, cache_modifier=".cg")

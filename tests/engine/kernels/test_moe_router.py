@@ -105,3 +105,13 @@ def test_fused_router_shared_gate(tokens, block_e, device):
     torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-5, rtol=0)
     assert shared_w.shape == (tokens,) and shared_w.dtype == torch.float32
     torch.testing.assert_close(shared_w.cpu(), want_shared.cpu(), atol=1e-6, rtol=0)
+
+
+def test_nan_logits_still_pick_real_experts(device):
+    """A NaN row (an overflowed activation) must not send the expert kernels out of range."""
+    from homelab_llm.engine.kernels.moe_router import route_topk
+
+    logits = torch.randn(2, 60).to(device)
+    logits[1] = float("nan")
+    _, ids = route_topk(logits, 4, True)
+    assert int(ids.min()) >= 0 and int(ids.max()) < 60
