@@ -25,6 +25,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--eager-profile", action="store_true")
     p.add_argument("--label", default="")
+    p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
     a = p.parse_args()
     sys.path.insert(0, a.root)
@@ -41,7 +42,7 @@ def main() -> int:
     def engine(**kw):
         args = dict(model=cfg, load_format="dummy", device="cuda", dtype="bfloat16", max_num_seqs=8,
                     max_num_batched_tokens=2048, gpu_memory_utilization=0.4, max_model_len=4096,
-                    quantization="w4a16")
+                    quantization=None if a.quant == "none" else a.quant)
         args.update(kw)
         return LLMEngine(EngineArgs(**args))
 

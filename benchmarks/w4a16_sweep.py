@@ -33,6 +33,7 @@ from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precom
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref  # noqa: E402
 from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles  # noqa: E402
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
@@ -78,8 +79,12 @@ DOT_TILES = {
     "dot.bn256w8": GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4),
     "dot.bn256w8s2": GemmTiles(64, 256, 128, num_warps=8, num_stages=2, split_k=4),
     "dot.bn128w4": GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4),
+    # 16 or 32 rows a program: more programs read each weight tile (from L2 after the first)
+    "dot.bm16": GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    "dot.bm16w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
+    "dot.bm32": GemmTiles(32, 128, 128, num_warps=8, num_stages=3, split_k=4),
 }
-DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm"}  # family -> default variant
+DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq"}  # family -> default variant
 
 
 def variants(m: int, dev: torch.device, quick: bool) -> dict:
@@ -92,11 +97,14 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
         if m in at and (not quick or name == "rows.c8k8w8"):
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
+    if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
+        v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
         for name, t in DOT_TILES.items():
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t))
     if m >= 16:
         v["gemm"] = ("gemm", lambda x, w, out: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))
+        v["deq"] = ("deq", lambda x, w, out: w4a16_deq_matmul(x, w, out))
     return v
 
 
@@ -220,10 +228,10 @@ def suggest_routes(families: dict[int, str]) -> str:
     found = sorted(families)
     routes = [(m, families[m]) for i, m in enumerate(found)
               if i + 1 == len(found) or families[found[i + 1]] != families[m]]
-    if routes[-1][1] == "gemm":
-        routes[-1] = (1 << 62, "gemm")
+    if routes[-1][1] in ("gemm", "deq"):
+        routes[-1] = (1 << 62, routes[-1][1])
     else:
-        routes.append((1 << 62, "gemm"))
+        routes.append((1 << 62, "deq"))
     return "(" + ", ".join(f"({'1 << 62' if r == 1 << 62 else r}, {f!r})" for r, f in routes) + ")"
 
 

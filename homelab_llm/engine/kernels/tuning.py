@@ -102,8 +102,10 @@ TABLE: dict[str, ArchTiles] = {
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
         gemm=GemmTiles(128, 128, 64, num_warps=8, num_stages=3),
-        # H200 sweep 2026-12-01 (docs/BENCHMARKS.md 8.7): 128 columns x 8 warps won at 8 rows.
-        w4a16_dot=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
+        # H200 sweeps (docs/BENCHMARKS.md 8.7, 10.2): 128 columns x 8 warps won at 8 rows; 16
+        # rows a program (x permuted past 16 rows) at 24-64 rows: 27B step linears at 40 rows
+        # 28.7 ms vs 55.6 with 64-row programs (the same at 8 and 16 rows).
+        w4a16_dot=GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
         elementwise_warps=8, max_kv_splits=64,
         # 1-2 rows: 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step:
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
@@ -201,17 +203,22 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # (1.46x the 1-row time), the multi-row GEMV 10.4. The multi-row kernel ("rows") compiles
     # everywhere and stays in the interpreter's entry (its tests route through it) until a device
     # measures it ahead; the others keep the older GEMV where they were not measured.
-    "sm80": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    # H200 sweep 8.7: the GEMM kernel ties the few-row kernel by 32 rows.
-    "sm90": ((1, "gemv"), (16, "dot"), (1 << 62, "gemm")),
-    "sm120": ((2, "gemv"), (64, "dot"), (1 << 62, "gemm")),
-    "gfx1100": ((2, "gemv"), (32, "dot"), (1 << 62, "gemm")),
-    "interpret": ((2, "rows"), (32, "dot"), (1 << 62, "gemm")),
+    # Prefill chunks ("deq": the weight dequantized once into the BLAS GEMM, w4a16_deq.py): on the
+    # H200 the Triton GEMM ran a 27B model's linears at 2,048 rows in 420 ms, bf16 BLAS in 126;
+    # a margin that wide is taken on every GPU above 256 rows until each is measured.
+    "sm80": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
+    # H200 sweep 10.2 (27B shapes, one step's linears): 16-row dot programs with permuted x up to
+    # 40 rows (28.9 ms; deq 29.8, the Triton GEMM 80.7), then deq (64 rows 30.5 ms vs dot 39.2;
+    # 256: 35.5 vs GEMM 71.4; 2,048: 142.7 vs GEMM 420.9, bf16 BLAS 127.7).
+    "sm90": ((1, "gemv"), (40, "dot"), (1 << 62, "deq")),
+    "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
+    "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
+    "interpret": ((2, "rows"), (32, "dot"), (64, "gemm"), (1 << 62, "deq")),
 }
 
 
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("rows", "gemv", "dot" or "gemm") the table picks for m rows on this device."""
+    """The W4A16 kernel ("rows", "gemv", "dot", "gemm" or "deq") the table picks for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 

@@ -2,7 +2,8 @@
 
 The table tuning.W4A16_ROUTES picks the kernel by row count: a GEMV (w4a16_rows.py for 1-16
 rows, or the older one-row w4a16_gemv.py), the few-row tensor-core kernel (w4a16_dot.py) for
-decode batches, and the GEMM kernel here for prefill: each
+decode batches, for prefill chunks the weight dequantized once into the BLAS GEMM
+(w4a16_deq.py), and the GEMM kernel here where that does not apply: each
 program dequantizes a [BLOCK_K, BLOCK_N] weight tile in registers and feeds tl.dot. BLOCK_K never exceeds the group
 size, so a tile needs one row of scales/biases. Skinny shapes split K across programs
 (`split_k`) into an fp32 workspace that is summed afterwards: deterministic, unlike atomics.
@@ -17,6 +18,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32
 from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, gemm_tiles, w4a16_route
+from homelab_llm.engine.kernels.w4a16_deq import fits_scratch, w4a16_deq_matmul
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -94,6 +96,8 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
         return w4a16_gemv(x2, w, out, split=split_k).view(*lead, n)
     if route == "dot":
         return w4a16_dot(x2, w, out, split=split_k).view(*lead, n)
+    if route == "deq" and fits_scratch(w, x2.dtype):
+        return w4a16_deq_matmul(x2, w, out).view(*lead, n)
     tiles = tiles or gemm_tiles(m, x.device)
     block_k = min(tiles.block_k, w.group_size)
     split = split_k or _pick_split_k(tiles, m, n, k, block_k, x.device)

@@ -51,9 +51,15 @@ def nibble_pair(packed, j: tl.constexpr, X_F16: tl.constexpr):
 
 
 @triton.jit
-def dot_step(acc, x_rows, word_rows, j: tl.constexpr, m_mask, r_mask, w, DOT_F32: tl.constexpr):
-    """acc + x[:, 8 r + j] @ w for the step's word rows r (w: nibble j's [WROWS, BLOCK_N] tile)."""
-    xj = tl.load(x_rows + (word_rows * 8 + j)[None, :], mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_PERM: tl.constexpr,
+             DOT_F32: tl.constexpr):
+    """acc + x[:, 8 r + j] @ w for the step's word rows r (w: nibble j's [WROWS, BLOCK_N] tile).
+    X_PERM: x was permuted per K step (permute_steps), so the slice is contiguous."""
+    if X_PERM:
+        cols = k0 + j * (word_rows.shape[0]) + (word_rows - k0 // 8)
+    else:
+        cols = word_rows * 8 + j
+    xj = tl.load(x_rows + cols[None, :], mask=m_mask[:, None] & r_mask[None, :], other=0.0)
     if DOT_F32:
         return acc + tl.dot(xj.to(tl.float32), w.to(tl.float32))
     return acc + tl.dot(xj, w.to(xj.dtype))
@@ -65,7 +71,7 @@ def _w4a16_dot_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
+    SPLIT: tl.constexpr, X_PERM: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -105,8 +111,9 @@ def _w4a16_dot_kernel(
             inner = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for j in tl.static_range(4):
                 lo, hi = nibble_pair(packed, j, X_F16)
-                inner = dot_step(inner, x_rows, word_rows, j, m_mask, r_mask, lo, DOT_F32)
-                inner = dot_step(inner, x_rows, word_rows, j + 4, m_mask, r_mask, hi, DOT_F32)
+                inner = dot_step(inner, x_rows, k0, word_rows, j, m_mask, r_mask, lo, X_PERM, DOT_F32)
+                inner = dot_step(inner, x_rows, k0, word_rows, j + 4, m_mask, r_mask, hi, X_PERM,
+                                 DOT_F32)
             acc += (inner - OFFSET * x_sum) * s + x_sum * b
         else:
             high = packed >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
@@ -117,13 +124,25 @@ def _w4a16_dot_kernel(
                     w = nibble_f32(packed, j) * unscale_pow2(s, j) + b
                 else:
                     w = nibble_f32(high, j) * unscale_pow2(s, j) + b
-                acc = dot_step(acc, x_rows, word_rows, j, m_mask, r_mask, w, DOT_F32)
+                acc = dot_step(acc, x_rows, k0, word_rows, j, m_mask, r_mask, w, X_PERM, DOT_F32)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
     store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, SPLIT=SPLIT)
 
 
+PERMUTE_ABOVE = 16  # rows: past one MMA row block, x's stride-8 gathers cost more than a permute
+
+
+def permute_steps(x2: torch.Tensor, block_k: int) -> torch.Tensor:
+    """x with each K step of block_k values reordered from k = 8 r + j to j * (block_k / 8) + r,
+    so the kernel's eight per-nibble slices of a step are contiguous loads. Without it every
+    program gathers x at a stride of 8 elements (16 bytes), one 32-byte sector per two values:
+    at 40 rows those gathers, repeated by every column block, cost more than the weights."""
+    m, k = x2.shape
+    return x2.view(m, k // block_k, block_k // 8, 8).transpose(2, 3).contiguous().view(m, k)
+
+
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
-              split: int | None = None) -> torch.Tensor:
+              split: int | None = None, permute: bool | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows)."""
@@ -138,6 +157,11 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     split = split or pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k)
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
+    if permute is None:
+        permute = m > PERMUTE_ABOVE
+    permute = permute and k % block_k == 0
+    if permute:
+        x2 = permute_steps(x2, block_k)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
     _w4a16_dot_kernel[(grid_m, grid_n, split)](
@@ -145,6 +169,6 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
         m, n, k, k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
         GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows, SPLIT=split,
-        DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages,
+        X_PERM=permute, DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

@@ -210,13 +210,15 @@ def test_dot_kernel_rows_groups_splits_act_order(group_size: int, device: torch.
 
 
 def test_routes_cover_every_row_count() -> None:
-    """Every arch's W4A16 route table ends in the prefill GEMM and names only known kernels."""
+    """Every arch's W4A16 route table ends in a prefill kernel and names only known kernels."""
     from homelab_llm.engine.kernels import tuning
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
-        assert {k for _, k in routes} <= {"rows", "gemv", "dot", "gemm"} and routes[-1][1] == "gemm", arch
-    assert tuning.w4a16_route(1) == "rows" and tuning.w4a16_route(8) == "dot" and tuning.w4a16_route(4096) == "gemm"
+        assert {k for _, k in routes} <= {"rows", "gemv", "dot", "gemm", "deq"}, arch
+        assert routes[-1][1] in ("gemm", "deq"), arch
+    assert tuning.w4a16_route(1) == "rows" and tuning.w4a16_route(8) == "dot"
+    assert tuning.w4a16_route(64) == "gemm" and tuning.w4a16_route(4096) == "deq"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -234,3 +236,60 @@ def test_dot_kernel_magic_number_nibbles(dtype: torch.dtype, device: torch.devic
         want = x.double() @ dequantize_w4_ref(w).double()
         got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split)
         assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_dot_kernel_permuted_x_is_the_same_sum(group_size: int, device: torch.device) -> None:
+    """Past 16 rows the dot kernel reads x permuted per K step (contiguous loads instead of
+    stride-8 gathers). The eight per-nibble dots see the same values in the same order, so the
+    output equals the unpermuted kernel's bit for bit, and both are within 1e-2 per row of the
+    dequantized reference."""
+    from homelab_llm.engine.kernels.w4a16_dot import permute_steps, w4a16_dot
+
+    gen = torch.Generator().manual_seed(31 + group_size)
+    x = torch.arange(2 * 256, dtype=torch.float32).view(2, 256)
+    xp = permute_steps(x, 128)
+    assert xp[0, 16 * 3 + 5] == x[0, 8 * 5 + 3] and xp[1, 128 + 16 * 7 + 2] == x[1, 128 + 8 * 2 + 7]
+    for m, k, n, split in ((20, 256, 40, None), (5, 384, 72, 2), (33, 128, 24, 1)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, group_size, False).to(device)
+        x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+        plain = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                          permute=False)
+        perm = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                         permute=True)
+        assert torch.equal(plain, perm), (m, k, split)
+        assert _rel_err(perm, x.float() @ dequantize_w4_ref(w)) < 1e-2
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_dequantized_blas_route(group_size: int, device: torch.device) -> None:
+    """Prefill rows take the dequantize-then-BLAS route: the dequantized weight is the reference
+    dequantization rounded once to the activations' dtype (within one bf16 ulp, 2^-7 relative:
+    the interpreter truncates where GPUs round to nearest), and
+    the matmul through w4a16_matmul (act-order included) is within 1e-2 per row of the fp32
+    reference. A weight past the scratch cap falls back to the GEMM kernel (same bound)."""
+    from homelab_llm.engine.kernels import w4a16_deq
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+
+    gen = torch.Generator().manual_seed(41 + group_size)
+    for m, k, n, sym in ((70, 256, 40, False), (65, 384, 72, True)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, group_size, sym).to(device)
+        ref = dequantize_w4_ref(w)
+        got = w4a16_deq.dequantize_w4(w, torch.bfloat16).float()
+        assert torch.allclose(got, ref, rtol=2 ** -7, atol=1e-6), (k, n)
+        x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+        assert _rel_err(w4a16_matmul(x, w), x.float() @ ref) < 1e-2
+    q = torch.randint(0, 16, (256, 48), generator=gen, dtype=torch.uint8)
+    scales = (torch.rand(256 // group_size, 48, generator=gen) * 0.02 + 0.005).half()
+    g_idx = (torch.arange(256) // group_size)[torch.randperm(256, generator=gen)]
+    w = wp.repack_gptq(wp.pack_int4(q), None, scales, group_size, g_idx=g_idx, sym=True).to(device)
+    x = torch.randn(80, 256, generator=gen).to(device, torch.bfloat16)
+    want = x.float() @ ((q.float() - 8) * scales.float()[g_idx]).to(device)
+    assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
+    cap = w4a16_deq.MAX_SCRATCH_BYTES
+    try:
+        w4a16_deq.MAX_SCRATCH_BYTES = 16
+        assert not w4a16_deq.fits_scratch(w, torch.bfloat16)
+        assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
+    finally:
+        w4a16_deq.MAX_SCRATCH_BYTES = cap
