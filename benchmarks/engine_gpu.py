@@ -198,11 +198,10 @@ def section_w4a16(quick: bool) -> None:
     cleanup()
 
 
-def profile_decode_steps(engine: LLMEngine, prompt: list[int], label: str, steps: int = 16,
-                         top: int = 25) -> float:
-    """GPU time per kernel name over `steps` eager decode steps of one request (the engine must
-    run with enforce_eager, so every launch is visible); prints the top kernels, returns the
-    step's total kernel time in microseconds."""
+def kernel_totals(engine: LLMEngine, prompt: list[int], label: str,
+                  steps: int = 16) -> dict[str, list[float]]:
+    """Kernel name -> [GPU us, launches] per step over `steps` eager decode steps of one request
+    (the engine must run with enforce_eager, so every launch is visible)."""
     from torch.profiler import ProfilerActivity, profile
 
     engine.add_request(f"prof-{label}", prompt,
@@ -219,6 +218,14 @@ def profile_decode_steps(engine: LLMEngine, prompt: list[int], label: str, steps
         t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
         if t and evt.count:
             totals[evt.key] = [t / steps, evt.count / steps]
+    return totals
+
+
+def profile_decode_steps(engine: LLMEngine, prompt: list[int], label: str, steps: int = 16,
+                         top: int = 25) -> float:
+    """GPU time per kernel name over `steps` eager decode steps of one request (kernel_totals);
+    prints the top kernels, returns the step's total kernel time in microseconds."""
+    totals = kernel_totals(engine, prompt, label, steps)
     whole = sum(v[0] for v in totals.values())
     print(f"{label}: GPU kernel time per eager decode step: {whole:.0f} us, "
           f"{sum(v[1] for v in totals.values()):.0f} launches", flush=True)

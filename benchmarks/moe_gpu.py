@@ -6,23 +6,32 @@ width 768; --tp 2 halves the width as one rank of TP=2 holds it).
 Sections (each reports even if another fails):
   check    full-shape correctness of moe_align, the bf16 and W4A16 fused paths and the combine
            against the torch references (kernels/moe_ref.py), relative Frobenius error
-  decode   batch 1 / 8 / 32 of one MoE layer, bf16 and W4A16, timed inside a CUDA graph: the
+  layer    (moe_layer_gpu.py) one whole MoE layer, router + experts, batch 1 and 8, bf16 and
+           W4A16, old path vs new (route_gate_topk + fused_moe_decode), experts read from HBM:
+           microseconds and % of the copy rate of the active bytes
+  decode   batch 1 / 8 / 32 of the experts alone, bf16 and W4A16, timed inside a CUDA graph: the
            expert bytes the batch's picks imply (each distinct active expert read once) over the
            time, as a share of the measured copy bandwidth (the roofline); the torch
-           grouped-GEMM loop (moe_experts_ref: one matmul per active expert) timed beside it
+           grouped-GEMM loop (moe_experts_ref: one matmul per active expert) timed beside it.
+           Same picks every replay, so the active experts sit in the L2: `layer` is the honest one
   prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, and the
            torch loop
-  router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph
+  router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph;
+           and with the gate matmul: cuBLAS + the router vs route_gate_topk (one launch)
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
            tuning.py entries (fused_moe uses the table's gemv/gemm rows today), and the W4A16
            decode GEMV (fused_moe_gemv.py, the table's gemv_rows today) under block_n/rows/warps
-W4A16 decode (b <= 8) runs the GEMV path; `decode.w4a16.bN.gemm_path_ms` is the old tl.dot path
-timed in the same run (fused_moe(..., decode_gemv=False)).
+Decode (b <= 8) runs fused_moe_decode; `decode.KIND.bN.gemv_path_ms` / `gemm_path_ms` are the
+older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
   engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
            batch-1 and batch-8 decode tok/s, and the batch-1 roofline from the bytes one token
            reads (all weights but the 120 unpicked experts per layer and the embedding table)
+  launches the same model eager at batch 1: kernel launches per decode step, all and MoE ones
   profile  (not default) the same model at batch 1: graph GPU time vs wall time per step and the
            host functions between, then the eager step's kernels by GPU time
+  sweep_decode (not default) fused_moe_decode and the fused router under tile variants
+The issue-15 decode numbers in one run (< 4 min on an H200):
+    python3 benchmarks/moe_gpu.py --quick --sections check,layer,engine,launches
 Targets (issue 15): decode b1 >= 50% of the active-bytes roofline; prefill >= 50% of the matmul
 rate. Routing is random (softmax of N(0, 1) logits), so experts are spread about evenly.
 """
@@ -47,6 +56,7 @@ from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
     route_topk_ref,
 )
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight  # noqa: E402
+from moe_layer_gpu import section_launches, section_layer, section_sweep_decode  # noqa: E402
 
 E, TOP_K, HIDDEN, INTER, GROUP = 128, 8, 2048, 768, 128
 ENGINE_CONFIG = "Qwen3-30B-A3B.json"  # the assets/model_configs entry the engine section runs
@@ -103,6 +113,13 @@ class Setup:
             return params * 2
         return params // 2 + (HIDDEN // GROUP * 2 * inter + inter // GROUP * HIDDEN) * 4
 
+    def layers(self) -> dict:
+        """The moe_layer_gpu sections' view of the experts, bf16 and W4A16."""
+        from moe_layer_gpu import Layer
+
+        return {kind: Layer(w13, w2, self.expert_bytes(kind == "w4a16"), E, TOP_K, HIDDEN)
+                for kind, w13, w2 in (("bf16", self.w13, self.w2), ("w4a16", self.w4, None))}
+
     def batch(self, tokens: int, seed: int = 1):
         gen = torch.Generator(device=DEV).manual_seed(seed)
         x = torch.randn(tokens, HIDDEN, device=DEV, generator=gen).bfloat16()
@@ -129,8 +146,12 @@ def section_check(setup: Setup, quick: bool) -> None:
         w4 = rel_err(fused_moe(x, setup.w4, None, weights, ids), want_w4)
         report(f"check.w4a16.t{tokens}.rel_err", w4, "(bound 2e-2)")
         if tokens <= 8:
-            old = rel_err(fused_moe(x, setup.w4, None, weights, ids, decode_gemv=False), want_w4)
-            report(f"check.w4a16_gemm_path.t{tokens}.rel_err", old, "(bound 2e-2)")
+            for path in ("gemv", "gemm"):
+                old = rel_err(fused_moe(x, setup.w4, None, weights, ids, decode=path), want_w4)
+                report(f"check.w4a16_{path}_path.t{tokens}.rel_err", old, "(bound 2e-2)")
+            again = torch.equal(fused_moe(x, setup.w4, None, weights, ids),
+                                fused_moe(x, setup.w4, None, weights, ids))
+            report(f"check.w4a16.t{tokens}.repeat_bitwise_equal", float(again), "(must be 1)")
 
 
 def _timings(setup: Setup, tokens: int, w4: bool) -> tuple[float, float]:
@@ -156,16 +177,15 @@ def section_decode(setup: Setup, quick: bool, copy_gbps: float) -> None:
             report(f"decode.{kind}.b{tokens}.pct_roofline", 100 * roof_ms / ours, "% (target >= 50 at b1)")
             report(f"decode.{kind}.b{tokens}.layer_tok_s", tokens / ours * 1e3, "tok/s through one layer")
             report(f"decode.{kind}.b{tokens}.torch_loop_ms", loop)
-            if w4 and tokens <= 8:
+            for path in (("gemv", "gemm") if w4 else ("gemm",)) if tokens <= 8 else ():
                 x, weights, ids = setup.batch(tokens)
-                old = bench_graph(lambda: fused_moe(x, setup.w4, None, weights, ids,
-                                                    decode_gemv=False))
-                report(f"decode.{kind}.b{tokens}.gemm_path_ms", old,
-                       f"old tl.dot path: {100 * roof_ms / old:.1f}% of roofline")
+                old = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, decode=path))
+                report(f"decode.{kind}.b{tokens}.{path}_path_ms", old,
+                       f"older {path} path: {100 * roof_ms / old:.1f}% of roofline")
 
 
 def section_router(quick: bool) -> None:
-    from homelab_llm.engine.kernels.moe_router import route_topk
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk, route_topk
 
     for tokens in (1, 8, 32):
         # fp32 logits for the id check: bf16 randn over 128 experts ties often, and the two
@@ -178,6 +198,13 @@ def section_router(quick: bool) -> None:
         report(f"router.b{tokens}.triton_ms", bench_graph(lambda: route_topk(logits, TOP_K, True)))
         report(f"router.b{tokens}.torch_ms",
                bench_graph(lambda: route_topk_ref(logits, TOP_K, True)))
+        if tokens <= 8:  # the gate matmul too: cuBLAS + the router kernel vs the fused launch
+            x = torch.randn(tokens, HIDDEN, device=DEV).bfloat16()
+            gate = (torch.randn(E, HIDDEN, device=DEV) * 0.02).bfloat16()
+            report(f"router.b{tokens}.gate_cublas_then_triton_ms",
+                   bench_graph(lambda: route_topk(x @ gate.T, TOP_K, True)))
+            report(f"router.b{tokens}.gate_fused_ms",
+                   bench_graph(lambda: route_gate_topk(x, gate, TOP_K, True)))
 
 
 def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
@@ -309,8 +336,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
-    p.add_argument("--sections", default="check,decode,router,prefill,engine",
-                   help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv")
+    p.add_argument("--sections", default="check,layer,decode,router,prefill,engine,launches",
+                   help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv, "
+                        "sweep_decode, profile")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     setup = Setup(INTER // a.tp)
@@ -327,6 +355,9 @@ def main() -> int:
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),
         "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
         "profile": lambda: section_profile(a.quick),
+        "layer": lambda: section_layer(setup.layers(), copy_gbps),
+        "sweep_decode": lambda: section_sweep_decode(setup.layers()),
+        "launches": lambda: section_launches(ENGINE_CONFIG),
     }
     return run_sections(sections, a.sections, a.json)
 

@@ -155,18 +155,43 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
     return route_topk_ref(router_logits, top_k, renormalize)
 
 
+def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
+                    shared_gate: torch.Tensor | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The router from hidden states: route_topk(F.linear(x, gate_weight)), and with a shared
+    expert's gate [1, H] its weight sigmoid(F.linear(x, shared_gate)) as float32 [T] (else None).
+    On GPUs at decode sizes one launch does it all (kernels/moe_router.py: no cuBLAS call)."""
+    if use_triton(x):
+        from homelab_llm.engine.kernels import moe_router
+
+        if x.shape[0] <= moe_router.FUSED_MAX_TOKENS:
+            return moe_router.route_gate_topk(x, gate_weight, top_k, renormalize, shared_gate)
+    weights, ids = route_topk(F.linear(x, gate_weight), top_k, renormalize)
+    if shared_gate is None:
+        return weights, ids, None
+    return weights, ids, torch.sigmoid(F.linear(x, shared_gate).float()).reshape(-1)
+
+
 def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
               b2: torch.Tensor | None = None,
-              clamp: tuple[float, float] | None = None) -> torch.Tensor:
+              clamp: tuple[float, float] | None = None,
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] through the picked experts, router-weighted and summed -> [T, H] in x's dtype.
     w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 / MoeMx4 and w2 None.
     gpt-oss: expert biases b13 [E, 2I] / b2 [E, H] and clamp = (alpha, limit) for its clamped
-    SwiGLU (kernels/moe_gptoss_ref.py)."""
+    SwiGLU (kernels/moe_gptoss_ref.py). shared: (a shared expert's output [T, H], its gate
+    float32 [T]) added in (moe_ref.add_shared_ref; on GPUs at decode sizes inside the combine)."""
     if use_triton(x):
         from homelab_llm.engine.kernels.fused_moe import fused_moe as fused_moe_triton
 
-        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, b13=b13, b2=b2, clamp=clamp)
+        return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, b13=b13, b2=b2, clamp=clamp,
+                                shared=shared)
+    if shared is not None:
+        from homelab_llm.engine.kernels.moe_ref import add_shared_ref
+
+        return add_shared_ref(fused_moe(x, w13, w2, topk_weights, topk_ids, b13, b2, clamp),
+                              *shared)
     if clamp is not None:
         from homelab_llm.engine.kernels.moe_gptoss_ref import gptoss_experts_ref
 

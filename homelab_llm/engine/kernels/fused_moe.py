@@ -13,8 +13,9 @@ Decode (T*K up to 64 slots, T <= 8 at top-8): a token picks an expert at most on
 BLOCK_M >= T every active expert fills exactly one block, and each (expert, column tile) is read
 by exactly one program: each active expert's weights are read once per step. That is the
 "decode path" — the same kernel with the table's small-M tiles and a grid of ~T*K blocks.
-4-bit experts at T <= 8 take a GEMV kernel instead (fused_moe_gemv.py: no tl.dot, words read once),
-and so do MXFP4 experts (fused_moe_mx4.py).
+At T <= 8, bf16 and 4-bit experts take the fused decode kernels instead (fused_moe_decode.py: two
+launches, the combine folded into down; no tl.dot), MXFP4 experts a GEMV (fused_moe_mx4.py). The
+older 4-bit decode GEMV (fused_moe_gemv.py, then a combine launch) stays selectable for comparison.
 
 Weights: dense w13 [E, 2I, H] / w2 [E, H, I] (HF layout, B tiles read transposed), 4-bit
 (moe_ref.MoeW4: stacked W4Weight [E, K // 8, N] with per-group scales/biases, dequantized in
@@ -31,10 +32,11 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32
-from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, decode_block_m, moe_w4_gemv
+from homelab_llm.engine.kernels.fused_moe_decode import decode_blocks, moe_decode
+from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, moe_w4_gemv
 from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
-from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, expert_shape
+from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
 
 
@@ -199,11 +201,15 @@ def moe_combine(y: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Tensor | None,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              tiles: GemmTiles | None = None, decode_gemv: bool = True,
+              tiles: GemmTiles | None = None, decode: str = "fused",
               b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
-              clamp: tuple[float, float] | None = None) -> torch.Tensor:
+              clamp: tuple[float, float] | None = None,
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (bf16/fp16) through the router's picks -> [T, H] (see the module doc).
-    decode_gemv=False keeps 4-bit decode on the GEMM path (benchmarks compare the two).
+    shared: (a shared expert's output [T, H], its gate [T]) added as moe_ref.add_shared_ref
+    does -- inside the decode kernels' combine when they run.
+    decode (T <= 8, benchmarks compare them): "fused" the decode kernels, "gemv" the older 4-bit
+    GEMV + combine (dense experts: the GEMM path), "gemm" the tl.dot GEMM path.
     gpt-oss: b13 [E, 2I] / b2 [E, H] expert biases and clamp = (alpha, limit)."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -216,11 +222,18 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     if t == 0:
         return torch.empty_like(x)
     x = x.contiguous()
+    if decode not in ("fused", "gemv", "gemm"):
+        raise ValueError(f"fused_moe: decode is 'fused', 'gemv' or 'gemm', got {decode!r}")
     plain = b13 is None and b2 is None and clamp is None
-    decode = decode_gemv and tiles is None and t <= DECODE_MAX_TOKENS
-    if isinstance(w13, MoeW4) and plain and decode:
+    small = tiles is None and t <= DECODE_MAX_TOKENS and decode != "gemm"
+    if plain and small and decode == "fused" and not isinstance(w13, MoeMx4):
+        return moe_decode(x, w13, w2, topk_weights, topk_ids, shared=shared)
+    if shared is not None:
+        out = fused_moe(x, w13, w2, topk_weights, topk_ids, tiles, decode, b13, b2, clamp)
+        return add_shared_ref(out, *shared)
+    if isinstance(w13, MoeW4) and plain and small:
         return w4_decode(x, w13, topk_weights, topk_ids)
-    if isinstance(w13, MoeMx4) and clamp is not None and decode:
+    if isinstance(w13, MoeMx4) and clamp is not None and small:
         return mx4_decode(x, w13, topk_weights, topk_ids, b13, b2, clamp)
     tiles = tiles or moe_tiles(num_slots, num_experts, x.device)
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
@@ -233,30 +246,15 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     return moe_combine(y, topk_weights)
 
 
-_SLOT_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _slot_order(num_slots: int, device: torch.device) -> torch.Tensor:
-    """arange(num_slots) as int32, made once per (size, device) and kept: graphs hold its address."""
-    key = (num_slots, device)
-    if key not in _SLOT_ORDER:
-        _SLOT_ORDER[key] = torch.arange(num_slots, dtype=torch.int32, device=device)
-    return _SLOT_ORDER[key]
-
-
 def w4_decode(x: torch.Tensor, w4: MoeW4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               **gemv_tiles) -> torch.Tensor:
-    """The 4-bit decode path: align in blocks of decode_block_m, two grouped GEMVs, combine.
+    """The older 4-bit decode path: align (decode_blocks), two grouped GEMVs, a combine launch.
     gemv_tiles (block_n, rows, split, num_warps) override the table for sweeps."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_experts, inter = w4.w13.qweight.shape[0], w4.w13.qweight.shape[2] // 2
-    num_slots, block_m = t * top_k, decode_block_m(t)
-    if t == 1:  # the K picks are K distinct experts: slot k is block k, no align launch needed
-        sorted_slots = _slot_order(top_k, x.device)
-        block_expert = topk_ids.reshape(-1).to(torch.int32)
-    else:
-        sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, block_m)
+    num_slots = t * top_k
+    sorted_slots, block_expert, block_m = decode_blocks(topk_ids, num_experts)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     moe_w4_gemv(x, w4.w13, act, sorted_slots, block_expert, num_slots, inter, top_k,
                 gated=True, by_token=True, block_m=block_m, **gemv_tiles)

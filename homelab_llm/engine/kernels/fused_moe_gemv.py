@@ -7,7 +7,7 @@ and expands every int32 word to eight K rows; this kernel keeps a [ROWS, BLOCK_N
 words in registers and walks its eight nibbles with a static loop (w4a16_gemv.nibble_f32: one
 AND-OR, a subtraction and an FMA per nibble), accumulating in fp32.
 
-Work split, after moe_align with block_m = decode_block_m(T):
+Work split, after fused_moe_decode.decode_blocks (block_m 1 at T = 1, else 2):
   program (b, n, s): block b (one expert, <= block_m slots), columns [n * BLOCK_N, +BLOCK_N)
   (gated: those gate columns and the matching up columns), K range s of SPLIT.
 (At T = 1 fused_moe skips moe_align: slot k is block k, its expert topk_ids[0, k].)
@@ -31,11 +31,6 @@ from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, pick_split, ticket
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 DECODE_MAX_TOKENS = 8
-
-
-def decode_block_m(tokens: int) -> int:
-    """Slots per block: one at T = 1 (no masked rows), two above (few experts repeat)."""
-    return 1 if tokens == 1 else 2
 
 
 @triton.jit
@@ -62,7 +57,7 @@ def _slot_dot(x_ptr, word_rows, packed, high, packed_up, high_up,
 
 
 @triton.jit
-def _row_mask(offs_n, n_mask, valid):
+def row_mask(offs_n, n_mask, valid):
     """The columns to write of a row that exists (valid, a scalar) -- as a vector compare."""
     return n_mask & (offs_n >= tl.where(valid, 0, 1 << 30))
 
@@ -73,7 +68,7 @@ def _store_row(out_ptr, slot, valid, offs_n, n_mask, part, part_up, stride_om, G
     if GATED:
         part = part / (1.0 + tl.exp(-part)) * part_up
     tl.store(out_ptr + slot * stride_om + offs_n, part.to(out_ptr.dtype.element_ty),
-             mask=_row_mask(offs_n, n_mask, valid))
+             mask=row_mask(offs_n, n_mask, valid))
 
 
 @triton.jit
@@ -82,7 +77,7 @@ def _reduce_row(ws_ptr, slot, valid, offs_n, n_mask, N, width, split_stride,
     """Sum a slot's fp32 partials over the K splits, in split order (deterministic)."""
     total = tl.zeros([BLOCK_N], tl.float32)
     total_up = tl.zeros([BLOCK_N], tl.float32)
-    mask = _row_mask(offs_n, n_mask, valid)
+    mask = row_mask(offs_n, n_mask, valid)
     for s_idx in range(SPLIT):
         at = ws_ptr + s_idx * split_stride + slot * width + offs_n
         total += tl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
@@ -167,14 +162,14 @@ def _moe_w4_gemv_kernel(
         width = 2 * N if GATED else N
         split_stride = num_slots * width
         ws0 = ws_ptr + pid_k * split_stride + slot0 * width + offs_n
-        tl.store(ws0, part0, mask=_row_mask(offs_n, n_mask, valid0))
+        tl.store(ws0, part0, mask=row_mask(offs_n, n_mask, valid0))
         if GATED:
-            tl.store(ws0 + N, part0_up, mask=_row_mask(offs_n, n_mask, valid0))
+            tl.store(ws0 + N, part0_up, mask=row_mask(offs_n, n_mask, valid0))
         if BLOCK_M == 2:
             ws1 = ws_ptr + pid_k * split_stride + slot1 * width + offs_n
-            tl.store(ws1, part1, mask=_row_mask(offs_n, n_mask, valid1))
+            tl.store(ws1, part1, mask=row_mask(offs_n, n_mask, valid1))
             if GATED:
-                tl.store(ws1 + N, part1_up, mask=_row_mask(offs_n, n_mask, valid1))
+                tl.store(ws1 + N, part1_up, mask=row_mask(offs_n, n_mask, valid1))
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket_at = ticket_ptr + pid_m * n_blocks + pid_n
         ticket = tl.atomic_add(ticket_at, 1, sem="acq_rel")

@@ -143,3 +143,10 @@ def moe_combine_ref(expert_out: torch.Tensor, topk_weights: torch.Tensor) -> tor
     t, k = topk_weights.shape
     y = expert_out.float().view(t, k, -1) * topk_weights.float()[:, :, None]
     return y.sum(dim=1).to(expert_out.dtype)
+
+
+def add_shared_ref(out: torch.Tensor, shared_out: torch.Tensor,
+                   shared_weight: torch.Tensor) -> torch.Tensor:
+    """out + shared_weight[t] * shared_out[t] (a gated shared expert), summed in float32: what the
+    decode kernels fold into their combine (fused_moe_decode's `shared`)."""
+    return (out.float() + shared_weight.float()[:, None] * shared_out.float()).to(out.dtype)

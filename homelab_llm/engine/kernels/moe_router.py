@@ -5,6 +5,12 @@ Reference: moe_ref.route_topk_ref (torch softmax + topk: four to five launches p
 One program per token holds its whole logit row in registers (E <= MAX_EXPERTS) and picks the
 top_k by repeated max: ties go to the lowest expert id. Output: weights float32 [T, K], ids int32
 [T, K], in descending weight order as torch.topk gives them. No host reads: graph-capturable.
+
+At decode sizes (T <= FUSED_MAX_TOKENS) route_gate_topk also computes the logits, x @ W.T for the
+router's [E, H] weight (reference: F.linear, then route_topk_ref), in the same launch: each program
+takes a few experts' rows for every token, and the last program to finish (an atomic ticket, as
+in w4a16_gemv) routes all tokens -- no cuBLAS call, one launch instead of two. Each logit is one
+program's fixed-order sum, so the picks are deterministic.
 """
 
 from __future__ import annotations
@@ -13,46 +19,118 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.tuning import tiles_for
+from homelab_llm.engine.kernels.tuning import RouterTiles, moe_decode_tiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 
 MAX_EXPERTS = 1024
+FUSED_MAX_TOKENS = 8  # route_gate_topk's last program holds [T, E] logits in registers
+
+
+@triton.jit
+def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    """Logit rows x [R, BLOCK_E] (fp32, mask: real experts) -> (weights [R, BLOCK_K] fp32, ids
+    [R, BLOCK_K] int32): softmax, then the TOP_K largest by repeated max, ties to the lowest id.
+    A NaN row still gets ids < E (the expert kernels index weights and count picks by them)."""
+    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    p = tl.where(mask, p, 0.0)
+    p = p / tl.sum(p, axis=1)[:, None]
+    remaining = tl.where(mask, p, -1.0)  # probabilities are >= 0: -1 marks taken or padding
+    k_offs = tl.arange(0, BLOCK_K)[None, :]
+    weights = tl.zeros([x.shape[0], BLOCK_K], tl.float32)
+    ids = tl.zeros([x.shape[0], BLOCK_K], tl.int32)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(remaining, axis=1)[:, None]
+        idx = tl.minimum(tl.min(tl.where(remaining == best, offs_e, BLOCK_E), axis=1), E - 1)[:, None]
+        weights = tl.where(k_offs == k, best, weights)
+        ids = tl.where(k_offs == k, idx, ids)
+        remaining = tl.where(offs_e == idx, -1.0, remaining)
+    if RENORMALIZE:
+        weights = weights / tl.sum(weights, axis=1)[:, None]
+    return weights, ids
+
+
+@triton.jit
+def _store_picks(weights_ptr, ids_ptr, weights, ids, rows, row_mask,
+                 TOP_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    k_offs = tl.arange(0, BLOCK_K)[None, :]
+    at = rows[:, None].to(tl.int64) * TOP_K + k_offs
+    mask = row_mask[:, None] & (k_offs < TOP_K)
+    tl.store(weights_ptr + at, weights, mask=mask)
+    tl.store(ids_ptr + at, ids, mask=mask)
 
 
 @triton.jit
 def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
                        TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                        RENORMALIZE: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_E)
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    offs = tl.arange(0, BLOCK_E)[None, :]
     mask = offs < E
-    x = tl.load(logits_ptr + t * stride_l + offs, mask=mask, other=-float("inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    p = tl.where(mask, p, 0.0)
-    p = p / tl.sum(p, axis=0)
-    remaining = tl.where(mask, p, -1.0)  # probabilities are >= 0: -1 marks taken or padding
-    k_offs = tl.arange(0, BLOCK_K)
-    weights = tl.zeros([BLOCK_K], tl.float32)
-    ids = tl.zeros([BLOCK_K], tl.int32)
-    for k in tl.static_range(TOP_K):
-        best = tl.max(remaining, axis=0)
-        idx = tl.min(tl.where(remaining == best, offs, BLOCK_E), axis=0)
-        weights = tl.where(k_offs == k, best, weights)
-        ids = tl.where(k_offs == k, idx, ids)
-        remaining = tl.where(offs == idx, -1.0, remaining)
-    if RENORMALIZE:
-        weights = weights / tl.sum(weights, axis=0)
-    k_mask = k_offs < TOP_K
-    tl.store(weights_ptr + t * TOP_K + k_offs, weights, mask=k_mask)
-    tl.store(ids_ptr + t * TOP_K + k_offs, ids, mask=k_mask)
+    x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + offs, mask=mask,
+                other=-float("inf")).to(tl.float32)
+    weights, ids = _softmax_topk(x, mask, offs, E, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE)
+    _store_picks(weights_ptr, ids_ptr, weights, ids, rows, rows >= 0, TOP_K, BLOCK_K)
+
+
+@triton.jit
+def _route_gate_kernel(x_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr, ids_ptr,
+                       shared_w_ptr, ticket_ptr, T, E, H, stride_x, stride_w,
+                       TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_H: tl.constexpr, E_POW2: tl.constexpr, BLOCK_K: tl.constexpr,
+                       RENORMALIZE: tl.constexpr, SHARED: tl.constexpr):
+    """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
+    as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
+    shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
+    ticket, reset after) routes every token from the whole workspace (and stores sigmoid(g x))."""
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    t_mask = offs_t < T
+    e_mask = offs_e < E
+    acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        h_mask = offs_h < H
+        x = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_h[None, :],
+                    mask=t_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs_e[:, None].to(tl.int64) * stride_w + offs_h[None, :],
+                    mask=e_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+        if SHARED:  # row E: the shared expert's gate (masked off in every other program)
+            w += tl.load(g_ptr + offs_e[:, None] * 0 + offs_h[None, :],
+                         mask=(offs_e == E)[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(logits_ptr + offs_t[:, None] * E_POW2 + offs_e[None, :], acc,
+             mask=t_mask[:, None] & e_mask[None, :])
+    if SHARED:
+        tl.store(shared_ptr + offs_t[:, None] + offs_e[None, :] * 0, acc,
+                 mask=t_mask[:, None] & (offs_e == E)[None, :])
+    tl.debug_barrier()  # every thread's logits are written before the ticket is taken
+    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        offs = tl.arange(0, E_POW2)[None, :]
+        mask = t_mask[:, None] & (offs < E)
+        logits = tl.load(logits_ptr + offs_t[:, None] * E_POW2 + offs, mask=mask,
+                         other=-float("inf"), cache_modifier=".cg")
+        weights, ids = _softmax_topk(logits, offs < E, offs, E, TOP_K, E_POW2, BLOCK_K,
+                                     RENORMALIZE)
+        _store_picks(weights_ptr, ids_ptr, weights, ids, offs_t, t_mask, TOP_K, BLOCK_K)
+        if SHARED:
+            g = tl.load(shared_ptr + offs_t, mask=t_mask, other=0.0, cache_modifier=".cg")
+            tl.store(shared_w_ptr + offs_t, 1.0 / (1.0 + tl.exp(-g)), mask=t_mask)
+        tl.atomic_xchg(ticket_ptr, 0)
+
+
+def _check_pick(top_k: int, num_experts: int) -> None:
+    if not 0 < top_k <= num_experts or num_experts > MAX_EXPERTS:
+        raise ValueError(f"router: top_k {top_k} of {num_experts} experts (at most "
+                         f"{MAX_EXPERTS}) is not a valid pick")
 
 
 def route_topk(router_logits: torch.Tensor, top_k: int,
                renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [T, E] -> (weights float32 [T, K], ids int32 [T, K]); see the module doc."""
     t, num_experts = router_logits.shape
-    if not 0 < top_k <= num_experts or num_experts > MAX_EXPERTS:
-        raise ValueError(f"router: top_k {top_k} of {num_experts} experts (at most "
-                         f"{MAX_EXPERTS}) is not a valid pick")
+    _check_pick(top_k, num_experts)
     weights = torch.empty((t, top_k), dtype=torch.float32, device=router_logits.device)
     ids = torch.empty((t, top_k), dtype=torch.int32, device=router_logits.device)
     if t == 0:
@@ -64,3 +142,37 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
         num_warps=tiles_for(logits.device).elementwise_warps)
     return weights, ids
+
+
+def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
+                    shared_gate: torch.Tensor | None = None, tiles: RouterTiles | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [T, H] (T <= FUSED_MAX_TOKENS) and the router's weight [E, H] -> route_topk(x @ W.T),
+    the logits rounded to x's dtype as the linear layer rounds them, in one launch; with the
+    shared expert's gate [1, H] also sigmoid(x @ g.T) float32 [T] (else None)."""
+    t, hidden = x.shape
+    num_experts = gate_weight.shape[0]
+    _check_pick(top_k, num_experts)
+    if not 0 < t <= FUSED_MAX_TOKENS or gate_weight.shape[1] != hidden:
+        raise ValueError(f"fused router: {t} tokens of {hidden} (1 to {FUSED_MAX_TOKENS}) against "
+                         f"a {tuple(gate_weight.shape)} weight")
+    tiles = tiles or moe_decode_tiles(x.device).router
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = gate_weight if gate_weight.stride(1) == 1 else gate_weight.contiguous()
+    if shared_gate is not None and tuple(shared_gate.shape) != (1, hidden):
+        raise ValueError(f"fused router: shared expert gate {tuple(shared_gate.shape)}, expected "
+                         f"(1, {hidden})")
+    e_pow2 = triton.next_power_of_2(num_experts)
+    logits = torch.empty((t, e_pow2), dtype=torch.float32, device=x.device)
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=x.device)
+    shared = torch.empty((2, t), dtype=torch.float32, device=x.device)  # logit, sigmoid
+    g = w if shared_gate is None else shared_gate.contiguous()
+    rows = num_experts + (shared_gate is not None)
+    _route_gate_kernel[(triton.cdiv(rows, tiles.block_e),)](
+        x, w, g, logits, shared[0], weights, ids, shared[1], ticket_buffer(x.device, 1),
+        t, num_experts, hidden, x.stride(0), w.stride(0),
+        TOP_K=top_k, BLOCK_T=triton.next_power_of_2(t), BLOCK_E=tiles.block_e,
+        BLOCK_H=tiles.block_k, E_POW2=e_pow2, BLOCK_K=triton.next_power_of_2(top_k),
+        RENORMALIZE=renormalize, SHARED=shared_gate is not None, num_warps=tiles.num_warps)
+    return weights, ids, (shared[1] if shared_gate is not None else None)

@@ -305,3 +305,55 @@ GDN_TABLE: dict[str, GdnTiles] = {
 
 def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
     return GDN_TABLE[arch_name(device)]
+
+
+@dataclass(frozen=True)
+class MoeDecodeTiles:
+    """The fused MoE decode kernels (fused_moe_decode.py). block_n: output columns per program;
+    block_k: K values per step (4-bit: 8 x word rows, capped at the group); steps: K steps per
+    program, so K splits into K / (block_k x steps) programs whatever the batch (results do not
+    depend on T); num_warps."""
+
+    block_n: int
+    block_k: int
+    steps: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class RouterTiles:
+    """The fused router (moe_router.route_gate_topk): block_e experts' logits per program, block_k
+    hidden values per step."""
+
+    block_e: int
+    block_k: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class MoeDecodeArch:
+    w4: MoeDecodeTiles
+    dense: MoeDecodeTiles  # bf16/fp16 experts: a [block_n, block_k] tile of rows, K contiguous
+    router: RouterTiles
+
+
+# Decode is latency bound at batch 1: one K step per program keeps every load of a program in
+# flight at once, and the grid (experts x column blocks x K splits) fills the device in one wave.
+# Starting points, to be measured with `python3 benchmarks/moe_gpu.py --sections sweep_decode`.
+MOE_DECODE_TABLE: dict[str, MoeDecodeArch] = {
+    "sm80": MoeDecodeArch(MoeDecodeTiles(64, 128, 1, 4), MoeDecodeTiles(32, 128, 2, 4),
+                          RouterTiles(1, 1024, 4)),
+    "sm90": MoeDecodeArch(MoeDecodeTiles(64, 128, 1, 4), MoeDecodeTiles(32, 128, 2, 4),
+                          RouterTiles(1, 1024, 4)),
+    "sm120": MoeDecodeArch(MoeDecodeTiles(64, 128, 1, 4), MoeDecodeTiles(32, 128, 2, 4),
+                           RouterTiles(1, 1024, 4)),
+    # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; fewer SMs (96): same tiles.
+    "gfx1100": MoeDecodeArch(MoeDecodeTiles(64, 128, 1, 4), MoeDecodeTiles(32, 128, 2, 4),
+                             RouterTiles(1, 1024, 4)),
+    "interpret": MoeDecodeArch(MoeDecodeTiles(32, 32, 1, 1), MoeDecodeTiles(16, 32, 2, 1),
+                               RouterTiles(4, 32, 1)),
+}
+
+
+def moe_decode_tiles(device: torch.device | None = None) -> MoeDecodeArch:
+    return MOE_DECODE_TABLE[arch_name(device)]

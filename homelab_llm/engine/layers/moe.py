@@ -161,11 +161,12 @@ class FusedExperts(nn.Module):
                               for w in ("w13", "w2")))
         return module
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """shared: (a shared expert's output, its gate [T]) added in (dispatch.fused_moe)."""
         if self.w4 is not None:
-            return dispatch.fused_moe(x, self.w4, None, topk_weights, topk_ids)
-        return dispatch.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids)
+            return dispatch.fused_moe(x, self.w4, None, topk_weights, topk_ids, shared=shared)
+        return dispatch.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, shared=shared)
 
 
 class SparseMoeBlock(nn.Module):
@@ -181,8 +182,24 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = (ReplicatedLinear(hidden_size, 1, bias=False)
                                    if shared_expert is not None else None)
 
+    def fold_shared(self) -> bool:
+        """The shared expert's gate rides in the router's launch and its gated output in the
+        experts' combine: one rank (under TP its down projection all-reduces on its own) and
+        plain bf16 gates."""
+        gate = self.shared_expert_gate
+        return (gate is not None and self.experts.tp_size == 1 and gate.w4 is None
+                and gate.bias is None and self.gate.w4 is None and self.gate.bias is None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = dispatch.route_topk(self.gate(x), self.top_k, self.renormalize)
+        if self.gate.w4 is not None or self.gate.bias is not None:
+            weights, ids = dispatch.route_topk(self.gate(x), self.top_k, self.renormalize)
+        else:  # logits and routing (and the shared expert's gate) in one launch
+            fold = self.fold_shared()
+            weights, ids, shared_w = dispatch.route_gate_topk(
+                x, self.gate.weight, self.top_k, self.renormalize,
+                self.shared_expert_gate.weight if fold else None)
+            if fold:
+                return self.experts(x, weights, ids, shared=(self.shared_expert(x), shared_w))
         out = self.experts(x, weights, ids)
         if self.experts.tp_size > 1:
             out = parallel.all_reduce(out)

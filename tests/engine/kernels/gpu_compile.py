@@ -243,15 +243,30 @@ def _moe_scenarios():
     w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
     w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
     quant = MoeW4(w4(hidden, 2 * inter), w4(inter, hidden))
-    for tokens in (1, 8, 2048):  # decode (small-M tiles; 4-bit: the GEMV, block_m 1 and 2), prefill
+    # fused_moe_decode's K splits are constexprs set by K: the TP=1 width (768) splits down's K
+    # in 6 where TP=2's splits it in 3
+    wide = 768
+    for w, w_2 in ((torch.zeros((e, 2 * wide, hidden), dtype=torch.bfloat16),
+                    torch.zeros((e, hidden, wide), dtype=torch.bfloat16)),
+                   (MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)), None)):
+        x, ids = torch.zeros((8, hidden), dtype=torch.bfloat16), torch.zeros((8, top_k), dtype=torch.int32)
+        yield lambda x=x, ids=ids, w=w, w_2=w_2: fused_moe.moe_decode(
+            x, w, w_2, torch.ones((8, top_k)), ids)
+        # Qwen3.5-MoE / Qwen3-Next: the gated shared expert added in the combine
+        yield lambda x=x, ids=ids, w=w, w_2=w_2: fused_moe.moe_decode(
+            x, w, w_2, torch.ones((8, top_k)), ids, shared=(x, torch.ones(8)))
+    for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)
         weights = torch.ones((tokens, top_k), dtype=torch.float32)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, quant, None, weights, ids)
-        if tokens <= 8:  # the 4-bit tl.dot path at decode sizes, and the GEMV without K splits
+        if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
+            for w, w_2 in ((w13, w2), (quant, None)):
+                yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
+                    x, w, w_2, weights, ids, decode="gemm")
             yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
-                x, quant, None, weights, ids, decode_gemv=False)
+                x, quant, None, weights, ids, decode="gemv")
             yield lambda x=x, ids=ids, weights=weights: fused_moe.w4_decode(
                 x, quant, weights, ids, split=1)
     yield from _gptoss_moe_scenarios()
@@ -259,6 +274,14 @@ def _moe_scenarios():
     # Qwen3-MoE's router (128 experts, top 8, bf16 logits) and Qwen3-Next's (512, top 10, unnormalised)
     yield lambda: moe_router.route_topk(torch.zeros((4, e), dtype=torch.bfloat16), top_k, True)
     yield lambda: moe_router.route_topk(torch.zeros((4, 512)), 10, False)
+    # the same with the gate matmul fused in (decode sizes, the largest tile at T = 8)
+    for tokens in (1, 8):
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        yield lambda x=x: moe_router.route_gate_topk(
+            x, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True)
+        yield lambda x=x: moe_router.route_gate_topk(
+            x, torch.zeros((512, hidden), dtype=torch.bfloat16), 10, False,
+            torch.zeros((1, hidden), dtype=torch.bfloat16))
 
 
 def _gptoss_moe_scenarios():

@@ -25,6 +25,25 @@ def test_cpu_routes_to_reference() -> None:
     assert not dispatch.use_triton(x)
 
 
+def test_cpu_moe_router_and_shared_expert_routes() -> None:
+    """route_gate_topk on the CPU: the linear layer then the reference router, and the shared
+    expert's gate as sigmoid(x @ g); fused_moe's `shared` as moe_ref.add_shared_ref."""
+    from homelab_llm.engine.kernels.moe_ref import add_shared_ref, moe_experts_ref, route_topk_ref
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 32, generator=gen)
+    gate, shared_gate = torch.randn(8, 32, generator=gen), torch.randn(1, 32, generator=gen)
+    weights, ids, shared_w = dispatch.route_gate_topk(x, gate, 2, True, shared_gate)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, gate), 2, True)
+    assert torch.equal(ids, want_ids) and torch.equal(weights, want_w)
+    assert torch.equal(shared_w, torch.sigmoid(torch.nn.functional.linear(x, shared_gate)).reshape(-1))
+    assert dispatch.route_gate_topk(x, gate, 2, True)[2] is None
+    w13, w2 = torch.randn(8, 24, 32, generator=gen), torch.randn(8, 32, 12, generator=gen)
+    shared = (torch.randn(3, 32, generator=gen), shared_w)
+    got = dispatch.fused_moe(x, w13, w2, weights, ids, shared=shared)
+    assert torch.equal(got, add_shared_ref(moe_experts_ref(x, w13, w2, weights, ids), *shared))
+
+
 def test_cpu_sampling_is_seeded_and_greedy_is_argmax() -> None:
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 50, generator=gen)

@@ -163,7 +163,7 @@ def test_fused_moe_mxfp4_matches_reference(tokens, device, full_shapes):
     weights, ids = _picks(gen, tokens, e, top_k, device)
     got = fused_moe(x, mx4, None, weights, ids, b13=b13, b2=b2, clamp=(1.702, 7.0))
     dot_path = fused_moe(x, mx4, None, weights, ids, b13=b13, b2=b2, clamp=(1.702, 7.0),
-                         decode_gemv=False)
+                         decode="gemm")
     w13 = torch.stack([mx4.w13.dense(j, dtype) for j in range(e)])
     w2 = torch.stack([mx4.w2.dense(j, dtype) for j in range(e)])
     want = gptoss_experts_ref(x, w13, b13, w2, b2, weights, ids, 1.702, 7.0)

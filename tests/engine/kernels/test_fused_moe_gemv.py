@@ -27,14 +27,14 @@ def _setup(gen, tokens, full_shapes, device):
     return w4, x, weights, ids, (2e-2 if full_shapes else 1e-4)
 
 
-@pytest.mark.parametrize("tokens,decode_gemv", [(1, True), (3, True), (8, True), (3, False)])
-def test_decode_path_matches_reference(tokens, decode_gemv, device, full_shapes):
-    """The GEMV path at T <= 8, and the tl.dot path it replaced (decode_gemv=False) still right."""
+@pytest.mark.parametrize("tokens,decode", [(1, "gemv"), (3, "gemv"), (8, "gemv"), (3, "gemm")])
+def test_decode_path_matches_reference(tokens, decode, device, full_shapes):
+    """The older GEMV path at T <= 8, and the tl.dot path before it, still right."""
     from homelab_llm.engine.kernels.fused_moe import fused_moe
 
     gen = torch.Generator().manual_seed(500 + tokens)
     w4, x, weights, ids, bound = _setup(gen, tokens, full_shapes, device)
-    got = fused_moe(x, w4, None, weights, ids, decode_gemv=decode_gemv)
+    got = fused_moe(x, w4, None, weights, ids, decode=decode)
     want = moe_experts_ref(x, w4, None, weights, ids)
     assert got.shape == x.shape and got.dtype == x.dtype
     assert rel_err(got, want) < bound

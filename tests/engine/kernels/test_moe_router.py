@@ -36,3 +36,82 @@ def test_router_rejects_bad_top_k(device):
 
     with pytest.raises(ValueError, match="top_k 9 of 8"):
         route_topk(torch.zeros(2, 8, device=device), 9, True)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 128, 8), (5, 60, 4), (8, 512, 10)])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_router_matches_reference(tokens, experts, top_k, renormalize, dtype, device):
+    """route_gate_topk (the gate matmul fused in) vs route_topk_ref(F.linear(x, W)). The hidden
+    states pick one column of W per token, whose entries are distinct values exact in bf16, so
+    the logits are exact on both sides and the ids compare exactly; weights within 1e-6."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    hidden = 96
+    gen = torch.Generator().manual_seed(tokens * experts + top_k + 1)
+    step = min(1.0, 256 / experts)
+    cols = [(torch.randperm(experts, generator=gen).float() - experts / 2) * step / 8
+            for _ in range(hidden)]
+    weight = torch.stack(cols, dim=1).to(dtype).to(device)  # [E, H]
+    x = torch.zeros(tokens, hidden)
+    x[torch.arange(tokens), torch.randint(0, hidden, (tokens,), generator=gen)] = 1.0
+    x = x.to(dtype).to(device)
+    weights, ids, _ = route_gate_topk(x, weight, top_k, renormalize)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), top_k, renormalize)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-6, rtol=0)
+
+
+def test_fused_router_random_logits(device):
+    """Dense random x and W (fp32): the fused logits are the linear layer's within rounding, so
+    the picked sets agree (random fp32 logits have no near ties at this size)."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 200, generator=gen).to(device)  # 200: a partial last hidden step
+    weight = torch.randn(64, 200, generator=gen).to(device)
+    weights, ids, _ = route_gate_topk(x, weight, 6, True)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), 6, True)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-5, rtol=0)
+
+
+def test_fused_router_rejects_bad_shapes(device):
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    with pytest.raises(ValueError, match="9 tokens"):
+        route_gate_topk(torch.zeros(9, 16, device=device), torch.zeros(8, 16, device=device), 2, True)
+    with pytest.raises(ValueError, match=r"\(8, 12\)"):
+        route_gate_topk(torch.zeros(1, 16, device=device), torch.zeros(8, 12, device=device), 2, True)
+
+
+@pytest.mark.parametrize("tokens,block_e", [(1, 1), (3, 4), (8, 2)])
+def test_fused_router_shared_gate(tokens, block_e, device):
+    """The shared expert's gate as the extra row E (in whichever program holds it): its
+    sigmoid(x @ g) within 1e-6 of the reference, the routed picks unchanged by it."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+    from homelab_llm.engine.kernels.tuning import RouterTiles
+
+    gen = torch.Generator().manual_seed(40 + tokens)
+    x = torch.randn(tokens, 48, generator=gen).to(device)
+    weight = torch.randn(10, 48, generator=gen).to(device)
+    gate = (torch.randn(1, 48, generator=gen) * 0.2).to(device)
+    tiles = RouterTiles(block_e=block_e, block_k=32, num_warps=1 if device.type == "cpu" else 4)
+    weights, ids, shared_w = route_gate_topk(x, weight, 3, True, gate, tiles=tiles)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(x, weight), 3, True)
+    want_shared = torch.sigmoid(torch.nn.functional.linear(x, gate)).reshape(-1)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-5, rtol=0)
+    assert shared_w.shape == (tokens,) and shared_w.dtype == torch.float32
+    torch.testing.assert_close(shared_w.cpu(), want_shared.cpu(), atol=1e-6, rtol=0)
+
+
+def test_nan_logits_still_pick_real_experts(device):
+    """A NaN row (an overflowed activation) must not send the expert kernels out of range."""
+    from homelab_llm.engine.kernels.moe_router import route_topk
+
+    logits = torch.randn(2, 60).to(device)
+    logits[1] = float("nan")
+    _, ids = route_topk(logits, 4, True)
+    assert int(ids.min()) >= 0 and int(ids.max()) < 60
