@@ -274,3 +274,33 @@ GDN_TABLE: dict[str, GdnTiles] = {
 
 def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
     return GDN_TABLE[arch_name(device)]
+
+
+@dataclass(frozen=True)
+class DenseGemvTiles:
+    """bf16/fp16 decode GEMV (dense_gemv.py): block_n weight rows x block_k columns per K step
+    (block_k / (32 x num_warps) x 8 = 16-byte loads per thread per row), waves: programs per SM
+    that split-K aims for (w4a16_gemv.pick_split). max_rows: the most activation rows it serves
+    (more go to the BLAS GEMM); 0 turns the route off on that arch."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 1
+    waves: int = 4
+    max_rows: int = 4
+
+
+# Not yet measured per device: benchmarks/bf16_gemv_gpu.py sweeps these and prints the best row.
+DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
+    "sm80": DenseGemvTiles(16, 512, 4),
+    "sm90": DenseGemvTiles(16, 512, 4),
+    "sm120": DenseGemvTiles(16, 512, 4),
+    # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; a smaller K step keeps VGPRs low.
+    "gfx1100": DenseGemvTiles(16, 256, 4),
+    "interpret": DenseGemvTiles(4, 32, 1, waves=2),
+}
+
+
+def dense_gemv_tiles(device: torch.device | None = None) -> DenseGemvTiles:
+    return DENSE_GEMV_TABLE[arch_name(device)]
