@@ -32,12 +32,13 @@ from homelab_llm.engine.kernels.w4a16_gemv import pick_split, store_or_reduce, t
 @triton.jit
 def _load_input(x_ptr, res_ptr, kk, offs_m, m_mask, k_mask, stride_xm, stride_rm,
                 RESIDUAL: tl.constexpr):
-    """x[:, kk], or x + residual rounded to x's dtype (the unfused add's `summed`), in x's dtype."""
-    mask = m_mask[:, None] & k_mask[None, :]
-    rows = offs_m[:, None].to(tl.int64)
-    xs = tl.load(x_ptr + rows * stride_xm + kk[None, :], mask=mask, other=0.0)
+    """x[:, kk] ([BLOCK_M, *kk.shape]), or x + residual rounded to x's dtype (the unfused
+    add's `summed`), in x's dtype."""
+    mask = m_mask[:, None, None] & k_mask[None, :, :]
+    rows = offs_m[:, None, None].to(tl.int64)
+    xs = tl.load(x_ptr + rows * stride_xm + kk[None, :, :], mask=mask, other=0.0)
     if RESIDUAL:
-        r = tl.load(res_ptr + rows * stride_rm + kk[None, :], mask=mask, other=0.0)
+        r = tl.load(res_ptr + rows * stride_rm + kk[None, :, :], mask=mask, other=0.0)
         xs = (xs.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
     return xs
 
@@ -51,26 +52,31 @@ def _dense_gemv_kernel(
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
+    # A K step is [BLOCK_K / VEC, VEC]: each thread loads VEC contiguous values (16 bytes) and
+    # sums them in registers first, so the accumulator is [BLOCK_M, BLOCK_N, BLOCK_K / VEC] and
+    # not a full fp32 copy of the tile (that took 255 registers at 4 rows).
+    VEC: tl.constexpr = 8
+    KV: tl.constexpr = BLOCK_K // VEC
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_k = tl.arange(0, KV)[:, None] * VEC + tl.arange(0, VEC)[None, :]
     m_mask = offs_m < M
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    sumsq = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    sumsq = tl.zeros([BLOCK_M, KV], tl.float32)
     if NORM and SPLIT > 1:  # this program sees only part of K: gather the whole row's squares
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             s = _load_input(x_ptr, res_ptr, kk, offs_m, m_mask, kk < K, stride_xm, stride_rm,
                             RESIDUAL).to(tl.float32)
-            sumsq += s * s
-    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+            sumsq += tl.sum(s * s, axis=2)
+    acc = tl.zeros([BLOCK_M, BLOCK_N, KV], tl.float32)
     if GATED:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N, KV], tl.float32)
+    w_rows = w_ptr + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + offs_k
         if EVEN_K:
@@ -79,20 +85,20 @@ def _dense_gemv_kernel(
             k_mask = kk < k_end
         xs = _load_input(x_ptr, res_ptr, kk, offs_m, m_mask, k_mask, stride_xm, stride_rm, RESIDUAL)
         if RESIDUAL:  # column block 0 writes the new residual stream
-            res_mask = (offs_m < tl.where(pid_n == 0, M, 0))[:, None] & k_mask[None, :]
-            tl.store(new_res_ptr + offs_m[:, None].to(tl.int64) * stride_nm + kk[None, :], xs,
-                     mask=res_mask)
+            res_mask = (offs_m < tl.where(pid_n == 0, M, 0))[:, None, None] & k_mask[None, :, :]
+            tl.store(new_res_ptr + offs_m[:, None, None].to(tl.int64) * stride_nm + kk[None, :, :],
+                     xs, mask=res_mask)
         xs = xs.to(tl.float32)
         if NORM:
             if SPLIT == 1:
-                sumsq += xs * xs
-            xs = xs * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        w_mask = n_mask[:, None] & k_mask[None, :]
+                sumsq += tl.sum(xs * xs, axis=2)
+            xs = xs * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :, :]
+        w_mask = n_mask[:, None, None] & k_mask[None, :, :]
         w = tl.load(w_rows + k0, mask=w_mask, other=0.0).to(tl.float32)
-        acc += w[None, :, :] * xs[:, None, :]
+        acc += tl.sum(w[None, :, :, :] * xs[:, None, :, :], axis=3)
         if GATED:
             wu = tl.load(w_rows + HALF * stride_wn + k0, mask=w_mask, other=0.0).to(tl.float32)
-            acc_up += wu[None, :, :] * xs[:, None, :]
+            acc_up += tl.sum(wu[None, :, :, :] * xs[:, None, :, :], axis=3)
     part = tl.sum(acc, axis=2)
     if GATED:
         up = tl.sum(acc_up, axis=2)
@@ -129,7 +135,10 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     if residual is not None and norm_weight is None:
         raise ValueError("dense_gemv: a residual is added only in front of the norm")
     t = dense_gemv_tiles(x.device)
-    block_n, block_k = block_n or t.block_n, block_k or t.block_k
+    block_n = block_n or t.block_n
+    block_k = block_k or (t.block_k if m == 1 else t.rows_block_k)
+    if block_k % 8:
+        raise ValueError(f"dense_gemv: block_k {block_k} is not a multiple of 8 (16-byte vectors)")
     n_total = weight.shape[0]
     n = n_total // 2 if gated else n_total
     n_blocks = triton.cdiv(n, block_n)

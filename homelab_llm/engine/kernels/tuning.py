@@ -289,6 +289,9 @@ class DenseGemvTiles:
     num_stages: int = 1
     waves: int = 4
     max_rows: int = 4
+    # K step at 2-4 rows: registers grow with rows x block_k (x and the products are fp32), so
+    # a shorter step keeps them under the 255 cap (sm_90 compile: 255 at 4 rows x 512)
+    rows_block_k: int = 256
 
 
 # Not yet measured per device: benchmarks/bf16_gemv_gpu.py sweeps these and prints the best row.
@@ -297,8 +300,8 @@ DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
     "sm90": DenseGemvTiles(16, 512, 4),
     "sm120": DenseGemvTiles(16, 512, 4),
     # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; a smaller K step keeps VGPRs low.
-    "gfx1100": DenseGemvTiles(16, 256, 4),
-    "interpret": DenseGemvTiles(4, 32, 1, waves=2),
+    "gfx1100": DenseGemvTiles(16, 256, 4, rows_block_k=128),
+    "interpret": DenseGemvTiles(4, 32, 1, waves=2, rows_block_k=16),
 }
 
 
