@@ -9,8 +9,9 @@ Sections:
            gate_up with the SiLU epilogue) vs the unfused ops it replaces (add_rms_norm kernel +
            cuBLAS + silu_and_mul) vs the cuBLAS matmul alone, each as % of the copy rate, plus
            the max row-relative error of ours vs the unfused ops
-  sweep    (--sweep) tiles per shape at 1 row: block_n x block_k x num_warps (x split for the
-           plain shapes); prints the best row for tuning.DENSE_GEMV_TABLE
+  sweep    (--sweep, a few minutes more) tiles per shape at 1 row: block_n x block_k x
+           num_warps x num_stages, and split 1 / 4 for the plain shapes (compiles in parallel
+           first); prints the best row for tuning.DENSE_GEMV_TABLE
   engine   dummy Llama-3.1-8B bf16: batch-1 (and batch-4) decode tok/s with CUDA graphs, with
            HOMELAB_LLM_DENSE_GEMV=0 (cuBLAS + separate norm/silu kernels) and =1 (the GEMV
            route); logits of a 1-token and a 4-token prompt (the routed row counts) of both
@@ -35,7 +36,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from engine_gpu import cleanup, decode_rate, make_engine, random_prompt  # noqa: E402
 from gpu_harness import report, results, run_sections  # noqa: E402
-from gpu_timing import copies_for, copy_rate_gbs, graph_ms  # noqa: E402
+from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 
 from homelab_llm.engine.kernels import elementwise  # noqa: E402
 from homelab_llm.engine.kernels.dense_gemv import dense_gemv  # noqa: E402
@@ -54,9 +55,10 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 class Shape:
     """One step linear's weights (enough copies to overflow the L2) and its inputs at m rows."""
 
-    def __init__(self, n: int, k: int, kind: str, m: int, dev: torch.device):
+    def __init__(self, n: int, k: int, kind: str, m: int, dev: torch.device,
+                 copies: int | None = None):
         self.kind, self.bytes = kind, n * k * 2
-        self.copies = copies_for(self.bytes, cap=8)
+        self.copies = copies or copies_for(self.bytes, cap=8)
         gen = torch.Generator(device=dev).manual_seed(n + k)
         self.w = [torch.randn((n, k), generator=gen, device=dev, dtype=torch.bfloat16) * k ** -0.5
                   for _ in range(self.copies)]
@@ -107,16 +109,32 @@ def section_kernels(quick: bool) -> None:
     report("gemv_8b_layers_ms_unfused_m1", 32 * total["unfused"], "ms")
 
 
+def _sweep_variants(kind: str) -> list[dict]:
+    """Tiles x warps x stages at the table's split, then splits 1 and 4 (plain shapes)."""
+    tiles = [dict(block_n=bn, block_k=bk, num_warps=w, num_stages=st) for bn, bk, w, st in
+             itertools.product((8, 16, 32), (256, 512, 1024), (4, 8), (1, 3))]
+    if kind == "plain":
+        tiles += [dict(block_n=16, block_k=512, num_warps=4, split=sp) for sp in (1, 4)]
+    return tiles
+
+
+def compile_variant(n: int, k: int, kind: str, tiles: dict) -> None:
+    """A precompile worker: one call of the variant at the sweep's shape (fills Triton's cache)."""
+    Shape(n, k, kind, 1, torch.device("cuda"), copies=1).ours(0, **tiles)
+    torch.cuda.synchronize()
+
+
 def section_sweep() -> None:
     dev = torch.device("cuda")
     if "gemv_copy_rate_GBps" not in results:
         report("gemv_copy_rate_GBps", copy_rate_gbs(dev), "GB/s")
+    jobs = [(n, k, kind, t) for _, n, k, kind in SHAPES for t in _sweep_variants(kind)]
+    print(f"precompiling {len(jobs)} variants: {precompile(compile_variant, jobs, default_jobs()):.0f} s",
+          flush=True)
     for name, n, k, kind in SHAPES:
         s = Shape(n, k, kind, 1, dev)
-        splits = (None,) if kind == "gated" else (None, 1, 4)
         best = None
-        for bn, bk, warps, split in itertools.product((8, 16, 32), (256, 512, 1024), (4, 8), splits):
-            tiles = dict(block_n=bn, block_k=bk, num_warps=warps, split=split)
+        for tiles in _sweep_variants(kind):
             try:
                 ms = graph_ms(lambda i: s.ours(i, **tiles), s.copies)
             except Exception as exc:  # e.g. out of registers/shared memory: skip the config
@@ -169,7 +187,7 @@ def section_engine(quick: bool) -> None:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="1 row only, shorter decode runs")
-    p.add_argument("--sweep", action="store_true", help="also sweep tiles per shape (~2 min)")
+    p.add_argument("--sweep", action="store_true", help="also sweep tiles per shape (minutes)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)

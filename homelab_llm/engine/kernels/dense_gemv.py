@@ -94,10 +94,12 @@ def _dense_gemv_kernel(
                 sumsq += tl.sum(xs * xs, axis=2)
             xs = xs * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :, :]
         w_mask = n_mask[:, None, None] & k_mask[None, :, :]
-        w = tl.load(w_rows + k0, mask=w_mask, other=0.0).to(tl.float32)
+        # The weight streams through once: let it leave the L2 first so x stays resident
+        w = tl.load(w_rows + k0, mask=w_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         acc += tl.sum(w[None, :, :, :] * xs[:, None, :, :], axis=3)
         if GATED:
-            wu = tl.load(w_rows + HALF * stride_wn + k0, mask=w_mask, other=0.0).to(tl.float32)
+            wu = tl.load(w_rows + HALF * stride_wn + k0, mask=w_mask, other=0.0,
+                         eviction_policy="evict_first").to(tl.float32)
             acc_up += tl.sum(wu[None, :, :, :] * xs[:, None, :, :], axis=3)
     part = tl.sum(acc, axis=2)
     if GATED:
@@ -122,7 +124,8 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                residual: torch.Tensor | None = None, gated: bool = False,
                block_n: int | None = None, block_k: int | None = None, split: int | None = None,
-               num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               num_warps: int | None = None, num_stages: int | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out, new_residual) for x [M, K] (M <= 4 rows), weight [N, K] in x's dtype.
 
     norm_weight: RMSNorm the input first (eps its epsilon); residual: add it before the norm and
@@ -160,6 +163,6 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         BLOCK_M=1 << max(0, (m - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, EVEN_K=k % block_k == 0,
-        num_warps=num_warps or t.num_warps, num_stages=t.num_stages,
+        num_warps=num_warps or t.num_warps, num_stages=num_stages or t.num_stages,
     )
     return out, new_res

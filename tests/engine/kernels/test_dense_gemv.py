@@ -92,3 +92,18 @@ def test_dense_gemv_rejects_mismatched_weight(device) -> None:
         dense_gemv(x, torch.zeros((8, 64), dtype=FP16, device=device))
     with pytest.raises(ValueError, match="residual"):
         dense_gemv(x, torch.zeros((8, 64), dtype=BF16, device=device), residual=x)
+
+
+def test_cpu_routes_to_the_unfused_ops() -> None:
+    """Off the GPU the dispatch never takes the GEMV: dispatch.linear is F.linear and
+    dispatch.norm_linear the reference composition, bit for bit."""
+    from homelab_llm.engine.kernels import dispatch
+
+    a = _inputs(2, 64, 24, BF16, True, True, True, True, torch.device("cpu"))
+    assert not dispatch.dense_gemv_route(a["x"], a["weight"])
+    assert torch.equal(dispatch.linear(a["x"], a["weight"], a["bias"]),
+                       torch.nn.functional.linear(a["x"], a["weight"], a["bias"]))
+    got = dispatch.norm_linear(a["x"], a["residual"], a["norm_weight"], 1e-6, a["weight"],
+                               a["bias"], gated=True)
+    want = norm_linear_ref(**a, eps=1e-6, gated=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
