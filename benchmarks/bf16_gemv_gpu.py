@@ -15,7 +15,9 @@ Sections:
   engine   dummy Llama-3.1-8B bf16: batch-1 (and batch-4) decode tok/s with CUDA graphs, with
            HOMELAB_LLM_DENSE_GEMV=0 (cuBLAS + separate norm/silu kernels) and =1 (the GEMV
            route); logits of a 1-token and a 4-token prompt (the routed row counts) of both
-           engines compared (same dummy weights: seeded per tensor name)
+           engines compared (same dummy weights: seeded per tensor name); the graph replay's
+           GPU time per batch-1 step (llama8b_<route>_b1_graph_gpu_ms; 232 tok/s needs <= 4.31)
+  profile  (--profile) kernels and launches per eager batch-1 step, route off and on
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from engine_gpu import cleanup, decode_rate, make_engine, random_prompt  # noqa: E402
+from engine_gpu import (cleanup, decode_rate, host_vs_graph, make_engine,  # noqa: E402
+                        profile_decode_steps, random_prompt)
 from gpu_harness import report, results, run_sections  # noqa: E402
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 
@@ -173,6 +176,8 @@ def section_engine(quick: bool) -> None:
                "tok/s")
         if not quick:
             report(f"llama8b_bf16_b4_tok_s_{label}", decode_rate(engine, 4, 32, 128), "tok/s")
+        # the graph replay's GPU time per batch-1 step (reported as llama8b_<label>_b1_graph_gpu_ms)
+        host_vs_graph(engine, list(range(100, 132)), f"llama8b_{label}", steps=100, top=3)
         del engine
         cleanup()
     os.environ.pop(ENV, None)
@@ -184,16 +189,32 @@ def section_engine(quick: bool) -> None:
            / results["llama8b_bf16_b1_tok_s_cublas"], "x")
 
 
+def section_profile() -> None:
+    """Kernels and launches per eager batch-1 step, route off then on (graphs off: every launch
+    is visible)."""
+    for route, label in (("0", "cublas"), ("1", "gemv")):
+        os.environ[ENV] = route
+        engine = make_engine("Llama-3.1-8B.json", max_model_len=2048, enforce_eager=True,
+                             max_num_seqs=4)
+        report(f"llama8b_eager_step_gpu_kernel_us_{label}",
+               profile_decode_steps(engine, list(range(100, 132)), label, top=12), "us")
+        del engine
+        cleanup()
+    os.environ.pop(ENV, None)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="1 row only, shorter decode runs")
     p.add_argument("--sweep", action="store_true", help="also sweep tiles per shape (minutes)")
+    p.add_argument("--profile", action="store_true",
+                   help="also list kernels and launches per eager step, route off and on (~1 min)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     sections = {"kernels": lambda: section_kernels(a.quick), "sweep": section_sweep,
-                "engine": lambda: section_engine(a.quick)}
-    names = "kernels,sweep,engine" if a.sweep else "kernels,engine"
+                "engine": lambda: section_engine(a.quick), "profile": section_profile}
+    names = ",".join(["kernels"] + ["sweep"] * a.sweep + ["engine"] + ["profile"] * a.profile)
     return run_sections(sections, names, a.json)
 
 
