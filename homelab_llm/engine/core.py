@@ -201,6 +201,11 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         self._end(request_id, "abort")
 
+    def set_detokenize(self, enabled: bool) -> None:
+        """Off: outputs carry token ids only and stop strings are not checked here; whoever
+        reads the outputs decodes them (the server's engine process: server/detokenize.py)."""
+        self.outputs.detokenize = enabled
+
     def _end(self, request_id: str, reason: str, error: str | None = None) -> None:
         """Finish a request early (abort, or a fault of its own): pages freed at once, its final
         output reported by the next step. Idempotent."""

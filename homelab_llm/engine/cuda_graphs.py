@@ -10,6 +10,11 @@ carry state slot -1 and KV slot -1: they write nothing.
 
 A model with a sliding page group (cache/page_groups.py) gets a second static slot mapping and
 page table of the same shapes, which its sliding layers read in the captured graph.
+
+With `keep_hidden` (a model with an MTP head, spec/mtp_draft.py) each graph also returns the
+model's final hidden states of every row (padding included) in a static output, and run() leaves
+the replayed step's rows in `hidden`: the same rows, in the same layout, as the eager forward's.
+The capture itself goes through graph_capture.py, so tests run all of this on a CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from homelab_llm.engine.context import ForwardContext, forward_context
+from homelab_llm.engine.graph_capture import Capturer, CudaCapture, Outputs, Replayable
 from homelab_llm.load_progress import LOAD
 
 log = logging.getLogger("homelab_llm.engine.graphs")
@@ -56,15 +62,20 @@ def kv_splits_at(batch_1_splits: int, batch: int, floor: int = 8) -> int:
 
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    graph: Replayable
     logits: torch.Tensor
+    hidden: torch.Tensor | None  # keep_hidden: every row's final hidden state
 
 
 class DecodeGraphs:
     def __init__(self, model, device: torch.device, max_rows: int, max_pages: int,
-                 page_size: int, num_kv_splits: int, sliding: bool = False) -> None:
+                 page_size: int, num_kv_splits: int, sliding: bool = False,
+                 keep_hidden: bool = False, capturer: Capturer | None = None) -> None:
         self.model = model
         self.device = device
+        self.keep_hidden = keep_hidden
+        self.capturer = capturer if capturer is not None else CudaCapture(device)
+        self.hidden: torch.Tensor | None = None  # keep_hidden: the last run's rows [rows, H]
         self.max_pages = max_pages
         self.page_size = page_size
         self.num_kv_splits = num_kv_splits
@@ -82,7 +93,6 @@ class DecodeGraphs:
         self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
         self.has_initial_state = torch.ones(n, dtype=torch.bool, device=device)
         self.graphs: dict[tuple[int, int], _Graph] = {}  # (rows, verify_width)
-        self.pool = None
         self.memory_bytes = 0
 
     def _context(self, bs: int, width: int) -> ForwardContext:
@@ -98,29 +108,23 @@ class DecodeGraphs:
             sliding_slot_mapping=self.sliding_slot_mapping[:bs] if sliding else None,
             sliding_page_table=self.sliding_page_table[:bs] if sliding else None)
 
+    def _forward(self, bs: int, width: int) -> Outputs:
+        """The captured function: the model over the first `bs` static rows."""
+        with forward_context(self._context(bs, width)):
+            hidden = self.model(self.input_ids[:bs], self.positions[:bs])
+            logits = self.model.compute_logits(hidden)
+        return (logits, hidden) if self.keep_hidden else (logits,)
+
     @torch.inference_mode()
     def capture(self, shapes: list[tuple[int, int]]) -> None:
         """Capture each (rows, verify_width) shape (graph_shapes)."""
-        torch.cuda.synchronize(self.device)
-        before = torch.cuda.memory_allocated(self.device)
+        before = self.capturer.allocated()
         # largest first: later graphs reuse its pool
         for done, (bs, width) in enumerate(sorted(shapes, reverse=True)):
             LOAD.step(done, len(shapes), f"(batch {bs})" if width == 1 else f"(verify {bs} rows)")
-            ctx = self._context(bs, width)
-            with forward_context(ctx):
-                for _ in range(2):  # warm up: Triton compiles and autotunes outside the capture
-                    hidden = self.model(self.input_ids[:bs], self.positions[:bs])
-                    self.model.compute_logits(hidden)
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    hidden = self.model(self.input_ids[:bs], self.positions[:bs])
-                    logits = self.model.compute_logits(hidden)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bs, width] = _Graph(graph, logits)
-        torch.cuda.synchronize(self.device)
-        self.memory_bytes = max(0, torch.cuda.memory_allocated(self.device) - before)
+            graph, out = self.capturer(lambda bs=bs, width=width: self._forward(bs, width))
+            self.graphs[bs, width] = _Graph(graph, out[0], out[1] if self.keep_hidden else None)
+        self.memory_bytes = max(0, self.capturer.allocated() - before)
         log.info("captured %d decode graphs (rows, width: %s), %.1f MiB", len(shapes), shapes,
                  self.memory_bytes / 2**20)
 
@@ -160,5 +164,7 @@ class DecodeGraphs:
             self.state_indices[bs:size].fill_(-1)  # nor read or write any state
         pages = ctx.page_table.shape[1]
         self.page_table[:bs, :pages].copy_(ctx.page_table)
-        self.graphs[shape].graph.replay()
-        return self.graphs[shape].logits[:bs][logits_indices]
+        graph = self.graphs[shape]
+        graph.graph.replay()
+        self.hidden = graph.hidden[:bs] if graph.hidden is not None else None
+        return graph.logits[:bs][logits_indices]

@@ -328,12 +328,19 @@ GRAPH_OVERHEAD_BYTES = 2 << 20
 
 def graph_bytes(config: ModelConfig, max_num_seqs: int, dtype: str, tp_size: int,
                 enforce_eager: bool = False) -> int:
-    """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead."""
+    """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead.
+    An MTP model (config.use_mtp) adds its head's graphs in the same pool (spec/mtp_graphs.py):
+    their overhead, the hidden-state rows each decode/verify graph keeps as a static output
+    ([rows, hidden], model dtype: about one row per captured row) and the head's static input."""
     if enforce_eager:
         return 0
     sizes = graph_capture_sizes(max_num_seqs)
     pool = activation_bytes(config, max(sizes), dtype, tp_size, max_num_seqs=max(sizes))
-    return pool + len(sizes) * GRAPH_OVERHEAD_BYTES
+    mtp = 0
+    if config.mtp_layers:
+        row = config.hidden_size * dtype_bytes(dtype)
+        mtp = (sum(sizes) + max(sizes)) * row + len(sizes) * config.mtp_layers * GRAPH_OVERHEAD_BYTES
+    return pool + len(sizes) * GRAPH_OVERHEAD_BYTES + mtp
 
 
 # Memory outside torch's allocator: CUDA/HIP context, cuBLAS/hipBLASLt workspaces, and with TP the
@@ -419,7 +426,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     method = quantization_method(config, quantization)
     budget = int(gpu_memory_bytes * gpu_memory_utilization)
     activation = activation_bytes(config, max_num_batched_tokens, dtype, tp, max_num_seqs)
-    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager or config.use_mtp)  # runner.eager
+    graphs = graph_bytes(config, max_num_seqs, dtype, tp, enforce_eager)  # runner.eager
     other = NON_TORCH_BYTES + (NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
     buffers = rope_table_bytes(config)
     layout = StateLayout.for_model(config, tp, dtype)

@@ -1,7 +1,12 @@
 """After sampling: append tokens, detokenize incrementally, check stop conditions, build outputs.
 
-Stop strings are matched on text and cut from it (unless include_stop_str_in_output). Text that
-could still be the start of a stop string is held back until it cannot be.
+Stop strings are matched on text and cut from it (unless include_stop_str_in_output); text that
+could still be the start of a stop string is held back until it cannot be (engine/stop_text.py).
+
+With `detokenize` off (the server's engine process: the server detokenizes, vLLM v1's split) the
+outputs carry token ids only (new_text ""), and only the stop conditions that need no text are
+checked here: EOS, stop token ids, max_tokens, min_tokens, the context limit. A sequence whose
+grammar waits for the end of a reasoning section still decodes its text here, for that check only.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import time
 
 from homelab_llm.engine.outputs import RequestOutput, TokenLogprob
 from homelab_llm.engine.sequence import Sequence
+from homelab_llm.engine.stop_text import cut_at_stop, find_stop, releasable_end
 
 
 class OutputProcessor:
@@ -17,11 +23,13 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.max_model_len = max_model_len
+        self.detokenize = True  # False: token ids only, the server decodes (see the docstring)
 
     def start(self, seq: Sequence) -> None:
         from homelab_llm.engine.tokenizer import IncrementalDetokenizer
 
-        if self.tokenizer is not None:
+        needs_text = self.detokenize or (seq.grammar is not None and not seq.grammar.active)
+        if self.tokenizer is not None and needs_text:
             seq.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, seq.prompt_token_ids, seq.params.skip_special_tokens)
 
@@ -45,8 +53,10 @@ class OutputProcessor:
                 seq.output_text += seq.detokenizer.push([token])
             if seq.grammar is not None:
                 seq.grammar.advance(token, seq.output_text)
-            if seq.detokenizer is not None and p.stop and n_out >= p.min_tokens \
-                    and self._check_stop_strings(seq):
+                if not self.detokenize and seq.grammar.active:
+                    seq.detokenizer = None  # it decoded only to find the reasoning's end
+            if self.detokenize and seq.detokenizer is not None and p.stop \
+                    and n_out >= p.min_tokens and self._check_stop_strings(seq):
                 return
             if n_out >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
                 seq.finish_reason = "length"
@@ -54,20 +64,11 @@ class OutputProcessor:
             seq.output_text += seq.detokenizer.flush()  # trailing partial bytes become U+FFFD
 
     def _check_stop_strings(self, seq: Sequence) -> bool:
-        text = seq.output_text
-        longest = max(len(s) for s in seq.params.stop)
-        search_from = max(0, seq.emitted_text_len - longest)
-        best: tuple[int, str] | None = None
-        for s in seq.params.stop:
-            if not s:
-                continue
-            idx = text.find(s, search_from)
-            if idx != -1 and (best is None or idx < best[0]):
-                best = (idx, s)
+        best = find_stop(seq.output_text, seq.params.stop, seq.emitted_text_len)
         if best is None:
             return False
         idx, s = best
-        seq.output_text = text[: idx + len(s)] if seq.params.include_stop_str_in_output else text[:idx]
+        seq.output_text = cut_at_stop(seq.output_text, idx, s, seq.params.include_stop_str_in_output)
         seq.finish_reason = "stop"
         seq.stop_reason = s
         return True
@@ -75,12 +76,9 @@ class OutputProcessor:
     def make_output(self, seq: Sequence) -> RequestOutput | None:
         """The delta since the last output of this sequence, or None if there is nothing new."""
         finished = seq.finish_reason is not None
-        text = seq.output_text
-        end = len(text)
-        if not finished and seq.params.stop:
-            # Hold back what may still grow into a stop string.
-            end = max(seq.emitted_text_len, end - (max(len(s) for s in seq.params.stop) - 1))
-        new_tokens = seq.output_token_ids[seq.emitted_token_count:]
+        text = seq.output_text if self.detokenize else ""
+        end = releasable_end(len(text), seq.emitted_text_len, seq.params.stop, finished)
+        new_tokens = seq.token_ids[seq.num_prompt_tokens + seq.emitted_token_count:]
         if not new_tokens and end == seq.emitted_text_len and not finished:
             return None
         new_text = text[seq.emitted_text_len:end]

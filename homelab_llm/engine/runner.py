@@ -20,6 +20,7 @@ from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.device import fast_cpu_default
+from homelab_llm.engine.graph_capture import Capturer
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
@@ -105,14 +106,16 @@ class ModelRunner:
         self.memory = MemorySplit(name=name, weights=weights)
         self.pool: PagePool | None = None
         self.graphs = None  # DecodeGraphs once captured
+        self.head_graphs = None  # MTP models: HeadGraphs (spec/mtp_graphs.py) once captured
         self.stager = HostStager(device)
         # Rows of the RoPE table (layers/rotary.py sizes it by the same rule).
         self.max_positions = rope_table_rows(config.max_position_embeddings, config.rope_scaling)
         self.failure = None  # one device: nothing dies under it (ParallelRunner sets its own)
-        # MTP models (config.use_mtp, eager): the last forward's final hidden states [T, H],
+        # MTP models (config.use_mtp): the last forward's final hidden states [T, H],
         # and the head's output rows of its last draft step (run_mtp).
         self.last_hidden: torch.Tensor | None = None
         self.mtp_hidden: torch.Tensor | None = None
+        self.mtp_tokens: torch.Tensor | None = None  # ... and their argmax tokens
         # Tests inject faults here (e.g. a simulated device error): called with each batch
         # before its forward.
         self.fault_hook: Callable[[StepBatch], None] | None = None
@@ -258,15 +261,21 @@ class ModelRunner:
 
     @property
     def eager(self) -> bool:
-        """No decode graphs: asked for, or an MTP model (spec/mtp_draft.py reads every step's
-        final hidden states, which a graph does not give back)."""
-        return self.args.enforce_eager or self.config.use_mtp
+        """No decode graphs: asked for (--enforce-eager)."""
+        return self.args.enforce_eager
 
     def capture_graphs(self, max_model_len: int) -> None:
         """Decode graphs for every padded batch size up to max_num_seqs, and when speculating the
-        verify shapes beside them (cuda_graphs.graph_shapes). GPU only."""
+        verify shapes beside them (cuda_graphs.graph_shapes); an MTP model's head gets its own
+        (spec/mtp_graphs.py). GPU only."""
         if self.device.type != "cuda" or self.eager:
             return
+        from homelab_llm.engine.graph_capture import CudaCapture
+
+        self.install_graphs(max_model_len, CudaCapture(self.device))
+
+    def install_graphs(self, max_model_len: int, capturer: Capturer) -> None:
+        """capture_graphs' work with any capturer (tests pass graph_capture.EagerCapture)."""
         from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_shapes, kv_splits_for
         from homelab_llm.engine.kernels.tuning import tiles_for
 
@@ -275,9 +284,28 @@ class ModelRunner:
         splits = kv_splits_for(max_model_len, self.page_size, tiles_for(self.device).max_kv_splits)
         self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
                                    self.page_size, splits,
-                                   sliding=self.pool is not None and self.pool.sliding is not None)
+                                   sliding=self.pool is not None and self.pool.sliding is not None,
+                                   keep_hidden=self.config.use_mtp, capturer=capturer)
         self.graphs.capture(shapes)
         self.memory.graphs = self.graphs.memory_bytes
+        if self.config.use_mtp:
+            from homelab_llm.engine.spec.mtp_graphs import HeadGraphs, head_graph_rows
+
+            sizes = head_graph_rows(self.args.max_num_seqs, self.verify_width)
+            self.head_graphs = HeadGraphs(self.model.mtp, self.model.model.embed_tokens,
+                                          self.model.compute_logits, self.config.hidden_size, self.dtype,
+                                          self.device, max(sizes), max_pages, self.page_size, splits,
+                                          self.args.max_num_seqs, capturer)
+            self.head_graphs.capture(sizes)
+            self.memory.graphs += self.head_graphs.memory_bytes
+
+    def release_graphs(self) -> None:
+        """Destroy every captured graph (what they captured, collectives included, is let go);
+        steps run eagerly afterwards."""
+        for graphs in (self.graphs, self.head_graphs):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.head_graphs = None
 
     def memory_splits(self) -> list[MemorySplit]:
         return [self.memory]
@@ -309,14 +337,12 @@ class ModelRunner:
         """Let go of the device memory this runner holds (decode graphs, KV cache, weights,
         staging buffers) at engine shutdown, so it returns even while something still refers to
         the runner. The runner cannot step afterwards. Idempotent."""
-        graphs, self.graphs = self.graphs, None
-        if graphs is not None:
-            graphs.release()
+        self.release_graphs()
         if getattr(self, "model", None) is not None:
             self.unbind_kv()
         self.pool = None
         self.state_pool = None
-        self.last_hidden = self.mtp_hidden = None
+        self.last_hidden = self.mtp_hidden = self.mtp_tokens = None
         self.model = None
         self.stager = HostStager(self.device)  # empty: its pinned buffers and events go
 
@@ -357,20 +383,29 @@ class ModelRunner:
     def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
                 step: int) -> torch.Tensor:
         """One forward of the MTP head (model/mtp.py) over `plan`: its input hidden states are
-        rows of the last forward's (step 0) or of the previous head forward's logits rows.
+        rows of the last forward's (step 0) or of the previous head forward's logits rows; in a
+        chain step (step > 0) so are its input tokens (that forward's argmax at the same rows:
+        the plan's ids are placeholders, and no draft goes through the host mid-chain).
         Returns the argmax token of each logits row (on the device)."""
         mtp = self.model.mtp
         assert mtp is not None, "the model was built without its MTP head"
         source = self.last_hidden if step == 0 else self.mtp_hidden
         assert source is not None, "no hidden states to draft from"
         batch = self.batch_from_plan(*plan)
-        rows = torch.tensor(hidden_rows, device=source.device)
-        with forward_context(batch.context):
-            out = mtp(batch.input_ids, batch.positions, source.index_select(0, rows),
-                      self.model.model.embed_tokens, step)
+        rows = self.stager.upload(torch.tensor(hidden_rows, dtype=torch.long))  # pinned: no sync
+        input_ids = batch.input_ids if step == 0 else self.mtp_tokens.index_select(0, rows)
         self.last_hidden = None  # kept only until the head has read it
+        graphs = self.head_graphs
+        if graphs is not None and graphs.fits(batch.context, batch.num_tokens, batch.logits_indices.numel()):
+            self.mtp_hidden, self.mtp_tokens = graphs.run(input_ids, batch.context, source, rows,
+                                                          batch.logits_indices, step)
+            return self.mtp_tokens
+        with forward_context(batch.context):
+            out = mtp(input_ids, batch.positions, source.index_select(0, rows),
+                      self.model.model.embed_tokens, step)
         self.mtp_hidden = out[batch.logits_indices]
-        return self.model.compute_logits(self.mtp_hidden).argmax(dim=-1)
+        self.mtp_tokens = self.model.compute_logits(self.mtp_hidden).argmax(dim=-1)
+        return self.mtp_tokens
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch) -> torch.Tensor:
@@ -387,7 +422,9 @@ class ModelRunner:
             assert self.state_pool is not None, "state copies on a model without GDN layers"
             self.state_pool.copy(copies.state.src, copies.state.dst)
         if self.graphs is not None and self.graphs.fits(batch.context, batch.num_tokens):
-            return self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
+            logits = self.graphs.run(batch.input_ids, batch.context, batch.logits_indices)
+            self.last_hidden = self.graphs.hidden  # the static rows: read before the next replay
+            return logits
         with forward_context(batch.context):
             hidden = self.model(batch.input_ids, batch.positions)
             self.last_hidden = hidden if self.config.use_mtp else None

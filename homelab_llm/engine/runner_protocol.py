@@ -40,7 +40,8 @@ class Runner(Protocol):
     def patch_inputs(self, batch: StepBatch, plan_rows: list[int], pending_rows: list[int],
                      tokens: torch.Tensor) -> None: ...
     def forward(self, batch: StepBatch) -> torch.Tensor: ...
-    # MTP models: one head forward on every rank (spec/mtp_draft.py), argmax tokens per row.
+    # MTP models: one head forward on every rank (spec/mtp_draft.py), argmax tokens per row (on
+    # the device); a chain step (step > 0) takes its input tokens from the previous forward's.
     def run_mtp(self, plan: tuple[PlanHeader, torch.Tensor], hidden_rows: list[int],
                 step: int) -> torch.Tensor: ...
 

@@ -6,7 +6,8 @@ The wire is one duplex multiprocessing pipe (a socket pair: no network, nothing 
 Server -> engine: step_loop's Add / Abort / Call objects (tickets are ints), None to stop.
 Engine -> server, tuples: ("load", snapshot) while loading, then ("ready", EngineInfo) or
 ("failed", one line); ("out", rows) once per step with every output of the step (each row is a
-RequestOutput's fields, in order); ("settle", ticket, result, error); ("dead", reason).
+RequestOutput's fields, in order; token ids only: the engine runs with detokenize off and the
+server decodes, server/detokenize.py); ("settle", ticket, result, error); ("dead", reason).
 
 Invariants: the process dies with the server (PR_SET_PDEATHSIG, plus EOF on the pipe ends the
 loop); it ignores SIGINT/SIGTERM (a Ctrl-C in the terminal reaches the whole group: the server
@@ -15,7 +16,9 @@ drains and then stops us); it exits 0 after a stop, 1 after the engine died."""
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -35,6 +38,9 @@ from homelab_llm.server.grammar_prefetch import GrammarPrefetch
 from homelab_llm.server.step_loop import Command, Engine, EngineNotReady, StepLoop
 
 LOAD_REPORT_S = 0.25
+# A file path: the step loop runs under cProfile and its stats are written there when it ends
+# (benchmarks/server_overhead.py --profile-engine: where the engine process's time goes).
+PROFILE_ENV = "HOMELAB_LLM_ENGINE_PROFILE"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -61,12 +67,25 @@ def portable_error(err: BaseException) -> BaseException:
         return HomelabError(str(err)) if isinstance(err, HomelabError) else RuntimeError(describe(err))
 
 
+class Readable:
+    """Whether a connection has input, through one poll object for the connection's life
+    (Connection.poll builds a selector per call, and both ends of the pipe ask every step)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.poller = select.poll()
+        self.poller.register(conn.fileno(), select.POLLIN)
+
+    def __call__(self, timeout: float = 0.0) -> bool:
+        return bool(self.poller.poll(max(0.0, timeout) * 1000))  # milliseconds
+
+
 class PipeHost:
     """The step loop's host over the pipe."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.lock = threading.Lock()  # the load reporter also sends
+        self.has_input = Readable(conn)
         self.stopping = False
         self.dead = False
         self.grammars: GrammarPrefetch | None = None  # set once the engine (its tokenizer) is up
@@ -80,9 +99,12 @@ class PipeHost:
             self.grammars.close()
 
     def send(self, message: tuple) -> None:
+        self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, data: bytes) -> None:
         with self.lock:
             try:
-                self.conn.send(message)
+                self.conn.send_bytes(data)
             except OSError:  # the server is gone: the next take() ends the loop
                 self.stopping = True
 
@@ -92,8 +114,8 @@ class PipeHost:
         if grammars is not None and grammars.pending:
             timeout = min(timeout, PREFETCH_POLL_S)  # wake for a finished compile
         try:
-            if timeout <= 0 or self.conn.poll(timeout):
-                while not self.stopping and self.conn.poll(0):
+            if self.has_input(timeout):
+                while not self.stopping and self.has_input(0):
                     item = self.conn.recv()
                     if item is None:
                         self.stopping = True
@@ -146,7 +168,21 @@ def engine_core_main(factory: Callable[[], Engine], conn: Connection, parent: in
         sys.exit(1)
     loaded.set()
     reporter.join()
+    engine.set_detokenize(False)  # the server decodes: text stays off this loop
     host.send(("load", LOAD.snapshot()))
     host.send(("ready", EngineInfo(engine.tokenizer, engine.max_model_len)))
-    host.serve(engine)
+    if profile_path := os.environ.get(PROFILE_ENV):
+        serve_profiled(host, engine, profile_path)
+    else:
+        host.serve(engine)
     sys.exit(1 if host.dead else 0)
+
+
+def serve_profiled(host: PipeHost, engine: Engine, path: str) -> None:
+    import cProfile
+
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(host.serve, engine)
+    finally:
+        profile.dump_stats(path)

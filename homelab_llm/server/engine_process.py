@@ -1,8 +1,10 @@
 """The engine in its own process (the default of `serve`): the server's side of the pipe to
 engine_core.py. Same interface as the in-thread client (client_base.py), so routes never know.
 
-Outputs arrive once per engine step and are read on the event loop itself (`add_reader` on the
-pipe: no thread, no GIL hand-off per step); commands leave through a writer thread, so a full pipe
+Outputs arrive once per engine step, as token ids only, and are read on the event loop itself
+(`add_reader` on the pipe: no thread, no GIL hand-off per step); they are decoded here, stop
+strings included (detokenize.py: vLLM v1's split, so the engine's loop never waits on text), and a
+request a stop string ends is aborted in the engine. Commands leave through a writer thread, so a full pipe
 never blocks the event loop and the two sides can never block each other's sends.
 
 Death: if the engine process exits while it should be serving (a fatal fault it reported, a
@@ -29,8 +31,9 @@ from typing import Any
 from homelab_llm.engine.outputs import RequestOutput
 from homelab_llm.load_progress import LOAD
 from homelab_llm.server.client_base import ClientBase, Engine, EngineNotReady
-from homelab_llm.server.engine_core import engine_core_main
-from homelab_llm.server.step_loop import Add, Call, Command
+from homelab_llm.server.detokenize import TextOutputs
+from homelab_llm.server.engine_core import Readable, engine_core_main
+from homelab_llm.server.step_loop import Abort, Add, Call, Command
 
 log = logging.getLogger("homelab_llm.server")
 
@@ -66,6 +69,7 @@ class ProcessEngineClient(ClientBase):
         self._next_ticket = itertools.count()
         self._gone = False  # the pipe hit EOF: the process has ended or is ending
         self._stopping = False
+        self._text: TextOutputs | None = None  # set when the engine (its tokenizer) is ready
 
     @property
     def pid(self) -> int | None:
@@ -83,6 +87,7 @@ class ProcessEngineClient(ClientBase):
         self._proc.start()
         theirs.close()
         self._conn = ours
+        self._readable = Readable(ours)
         self._loop.add_reader(ours.fileno(), self._on_readable)
         threading.Thread(target=self._write_loop, name="engine-writer", daemon=True).start()
         # A forced exit (a second signal) skips the lifespan shutdown; multiprocessing's own exit
@@ -143,7 +148,14 @@ class ProcessEngineClient(ClientBase):
             return
         if future is not None:
             self._tickets[ticket] = future
+        if isinstance(item, Add) and self._text is not None:
+            self._text.start(item.request_id, item.prompt, item.params)
         self._outbox.put(data)
+
+    def _forget(self, request_id: str) -> None:
+        super()._forget(request_id)
+        if self._text is not None:
+            self._text.forget(request_id)
 
     def _write_loop(self) -> None:
         while True:
@@ -163,7 +175,7 @@ class ProcessEngineClient(ClientBase):
     def _on_readable(self) -> None:
         conn = self._conn
         try:
-            while conn is not None and conn.poll():
+            while conn is not None and self._readable():
                 self._handle(conn.recv())
         except (EOFError, OSError):
             self._loop.remove_reader(conn.fileno())
@@ -173,7 +185,10 @@ class ProcessEngineClient(ClientBase):
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "out":
-            self._deliver([RequestOutput(*row) for row in message[1]])
+            step = self._text.apply(message[1])
+            self._deliver(step.outputs)
+            for request_id in step.cut:  # ended here by a stop string: free it in the engine
+                self._post(Abort(request_id))
         elif kind == "settle":
             _, ticket, result, error = message
             future = self._tickets.pop(ticket, None)
@@ -186,6 +201,7 @@ class ProcessEngineClient(ClientBase):
             LOAD.mirror(message[1])
         elif kind == "ready":
             self.engine = message[1]
+            self._text = TextOutputs(self.engine.tokenizer)
             self.state = "ready"
             self._ready.set()
         elif kind == "failed":

@@ -15,6 +15,8 @@ from homelab_llm.engine.cuda_graphs import DecodeGraphs
 from homelab_llm.engine.llm import LLM
 from homelab_llm.engine.parallel import runner as pw
 from homelab_llm.engine.parallel import shutdown as tsd
+from homelab_llm.engine.runner import ModelRunner
+from homelab_llm.engine.spec.mtp_graphs import HeadGraphs
 from homelab_llm.engine.sampling_params import SamplingParams
 from tests.engine.model_reference import make_hf_model
 
@@ -64,6 +66,13 @@ class _BarrierChannel:
         self.b.wait(timeout_s)
 
 
+def _runner(graphs, head_graphs) -> SimpleNamespace:
+    """A fake runner with the real release_graphs."""
+    runner = SimpleNamespace(graphs=graphs, head_graphs=head_graphs, device=None)
+    runner.release_graphs = lambda: ModelRunner.release_graphs(runner)
+    return runner
+
+
 def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     log, world = _Log(), 3
     barrier = threading.Barrier(world)
@@ -72,7 +81,9 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
         graphs = SimpleNamespace(graphs={1: SimpleNamespace(graph=_Graph(log, r)),
                                          8: SimpleNamespace(graph=_Graph(log, r))})
         graphs.release = lambda g=graphs: DecodeGraphs.release(g)  # the real method on the fakes
-        runners.append(SimpleNamespace(graphs=graphs, device=None))
+        head = SimpleNamespace(graphs={(1, 0): (_Graph(log, r), ())}, sizes=[1])  # an MTP head's
+        head.release = lambda h=head: HeadGraphs.release(h)
+        runners.append(_runner(graphs, head))
 
     def rank(r: int) -> None:
         if r == 1:
@@ -85,19 +96,19 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     for t in threads:
         t.join(10)
     assert not any(t.is_alive() for t in threads)
-    assert all(r.graphs is None for r in runners)  # nothing can replay a destroyed graph
+    assert all(r.graphs is None and r.head_graphs is None for r in runners)  # none can replay
     last_reset = max(i for i, (w, _) in enumerate(log.events) if w == "graph_reset")
     first_unmap = min(log.index("unmap_peers", r) for r in range(world))
     last_unmap = max(log.index("unmap_peers", r) for r in range(world))
     first_free = min(log.index("free_own", r) for r in range(world))
     assert last_reset < first_unmap  # every GPU idle and graph-free before a buffer goes
     assert last_unmap < first_free  # an owner frees only after every importer unmapped
-    assert sum(w == "graph_reset" for w, _ in log.events) == 2 * world
+    assert sum(w == "graph_reset" for w, _ in log.events) == 3 * world
 
 
 def test_leave_on_cpu_ranks_skips_the_buffer_barrier() -> None:
     log = _Log()
-    runner = SimpleNamespace(graphs=None, device=None)
+    runner = _runner(None, None)
     tsd.leave(_BarrierChannel(threading.Barrier(1), log, 0), runner, None, "cpu", 1.0)
     assert log.events == [("barrier", 0)]
 

@@ -46,6 +46,7 @@ class FakeTokenizer:
     eos_token_ids = (EOS,)
     bos_token_id = BOS
     special_ids = frozenset(SPECIALS)
+    sentencepiece_spaces = False
     chat_template = "fake-chatml: renders tools itself; tool_calls as content"
 
     def __init__(self, uses_think_tags: bool = False) -> None:
@@ -143,10 +144,12 @@ class FakeEngine:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.steps = 0
+        self.generated = 0  # tokens produced, all requests (status()["config"]: the split's tests)
         self.thread_ids: set[int] = set()
         self.shut_down = False
         self.dead_reason: str | None = None  # a test may set it: a rank died while idle
         self.last_params: SamplingParams | None = None
+        self.detokenize = True  # False (the engine process): token ids only, the server decodes
 
     def _thread(self) -> None:
         self.thread_ids.add(threading.get_ident())
@@ -176,6 +179,10 @@ class FakeEngine:
                 if seq.request_id == request_id:
                     queue.remove(seq)
                     self.aborted.append(request_id)
+
+    def set_detokenize(self, enabled: bool) -> None:
+        self._thread()
+        self.detokenize = enabled
 
     def has_unfinished_requests(self) -> bool:
         self._thread()
@@ -210,7 +217,8 @@ class FakeEngine:
         used = sum(len(s.prompt_ids) + len(s.output_ids) for s in self.running)
         return {
             "config": {"model": "fake", "max_model_len": self.max_model_len,
-                       "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": 1},
+                       "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": 1,
+                       "fake_generated_tokens": self.generated},
             "devices": [{"name": "cpu", "total": 1 << 30, "weights": 1 << 20,
                          "activations_peak": 1 << 20, "graphs": 0, "kv_cache": 1 << 24,
                          "state": 0, "other": 0, "free": (1 << 30) - (1 << 24) - (2 << 20)}],
@@ -247,12 +255,13 @@ class FakeEngine:
         else:
             token = ord(" ") + OFFSET  # ignore_eos / min_tokens: pad with spaces
         seq.output_ids.append(token)
+        self.generated += 1
         now = time.monotonic()
         seq.first_token_time = seq.first_token_time or now
         finished, reason, stop_reason = False, None, None
         if token == EOS:
             finished, reason, stop_reason = True, "stop", EOS
-        else:
+        elif self.detokenize:
             seq.text += seq.decoder.decode(bytes([token - OFFSET]))
             for stop in p.stop:
                 at = seq.text.find(stop, max(0, seq.emitted - len(stop)))

@@ -47,10 +47,9 @@ def _release_graphs(runner: ModelRunner) -> None:
     every CUDA graph that captured one of its collectives is destroyed, and the decode graphs hold
     the logits all-gather (and any all-reduce on the NCCL path): left alive they hang it, and
     when they are finally freed at interpreter exit the woken teardown thread aborts the process.
-    The runner falls back to eager steps (there are none left: the engine is shutting down)."""
-    graphs, runner.graphs = runner.graphs, None
-    if graphs is not None:
-        graphs.release()
+    The runner falls back to eager steps (there are none left: the engine is shutting down).
+    An MTP model's head graphs hold the same all-gather: they go too."""
+    runner.release_graphs()
 
 
 def leave(channel: PlanChannel, runner: ModelRunner, comm: PeerAllReduce | None,

@@ -19,7 +19,12 @@ while one free page per running sequence remains (as the scheduler's drafts); sh
 chain is shorter.
 
 Each head forward is one runner call (Runner.run_mtp): a step plan like any other, plus which
-hidden-state rows feed it, run on every tensor-parallel rank; rank 0 reads the argmax tokens.
+hidden-state rows feed it, run on every tensor-parallel rank. A chain step's input tokens are
+the previous forward's argmax rows, taken on the device (Runner.run_mtp): rank 0 reads all the
+drafts once, after the last forward.
+The pass lays a sequence's kept rows out as decode rows (one-token queries) after a decode or
+verify step, so a pass over decode and verify steps only, like every chain step, is decode-only
+and replays the head's captured graphs (spec/mtp_graphs.py); a prefill chunk's pass runs eagerly.
 
 Prefix caching: cached pages carry the head's KV of the positions passed before they were cached.
 The last position of a match was passed with the cached sequence's next token, and positions a
@@ -30,6 +35,8 @@ output (every draft is verified).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from homelab_llm.engine.cache.kv_manager import KVCacheManager
 from homelab_llm.engine.runner_protocol import Runner
@@ -71,15 +78,22 @@ class _Rows:
     def empty(cls) -> _Rows:
         return cls([], [], [], [], [], [], [])
 
-    def add(self, seq: Sequence, ids: list[int], start: int, page_size: int) -> None:
+    def add(self, seq: Sequence, ids: list[int], start: int, page_size: int, split: bool = False) -> None:
+        """Tokens `ids` at positions start..: one query, or with `split` one one-token query per
+        token (decode rows: row j sees positions up to start + j, as the one query's row j would)."""
         end = start + len(ids)
         self.ids.extend(ids)
         self.positions.extend(range(start, end))
         pt = seq.page_table
         self.slots.extend(pt[p // page_size] * page_size + p % page_size for p in range(start, end))
-        self.query_lens.append(len(ids))
-        self.seq_lens.append(end)
-        self.tables.append(pt)
+        if split:
+            self.query_lens.extend([1] * len(ids))
+            self.seq_lens.extend(range(start + 1, end + 1))
+            self.tables.extend([pt] * len(ids))
+        else:
+            self.query_lens.append(len(ids))
+            self.seq_lens.append(end)
+            self.tables.append(pt)
 
 
 class MtpDrafter:
@@ -115,7 +129,8 @@ class MtpDrafter:
             kept = min(w.num_rows, seq.num_tokens - 1 - w.start) if not seq.is_finished else 0
             if kept <= 0:
                 continue
-            rows.add(seq, seq.token_ids[w.start + 1:w.start + 1 + kept], w.start, self.page_size)
+            rows.add(seq, seq.token_ids[w.start + 1:w.start + 1 + kept], w.start, self.page_size,
+                     split=pass_as_decode_rows(kept, self.proposer.k))
             hidden_rows.extend(range(w.first_row, w.first_row + kept))
             if w.start + kept == seq.num_tokens - 1 and seq.num_output_tokens > 0:
                 k = self.reserve_chain(seq, num_running)
@@ -124,26 +139,46 @@ class MtpDrafter:
                     chains.append((seq, k))
         if not rows.ids:
             return
-        tokens = self._run(rows, hidden_rows, step=0)
-        drafts = [[t] for t in tokens]
+        outputs = [self._run(rows, hidden_rows, step=0)]  # draft 1 of every chain
         for step in range(1, max((k for _, k in chains), default=0)):
             active = [i for i, (_, k) in enumerate(chains) if k > step]
             rows = _Rows.empty()
             for i in active:
                 seq = chains[i][0]
-                rows.add(seq, [drafts[i][-1]], seq.num_tokens - 2 + step, self.page_size)
+                # the input token is draft `step`: the runner takes it from the previous output
+                rows.add(seq, [0], seq.num_tokens - 2 + step, self.page_size)
             rows.logits_rows.extend(range(len(active)))
-            tokens = self._run(rows, _positions_in(active, chains, step), step)
-            for i, t in zip(active, tokens):
-                drafts[i].append(t)
-        for (seq, _), tokens in zip(chains, drafts):
-            self.proposer.store(seq.request_id, seq.num_tokens, tokens)
+            outputs.append(self._run(rows, _positions_in(active, chains, step), step))
+        if chains:
+            for (seq, _), tokens in zip(chains, _chain_drafts(outputs, chains)):
+                self.proposer.store(seq.request_id, seq.num_tokens, tokens)
 
-    def _run(self, rows: _Rows, hidden_rows: list[int], step: int) -> list[int]:
-        """One head forward: the argmax token of each logits row."""
+    def _run(self, rows: _Rows, hidden_rows: list[int], step: int) -> torch.Tensor:
+        """One head forward: the argmax token of each logits row (on the device)."""
         plan = plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens,
                                rows.tables, rows.logits_rows)
-        return self.runner.run_mtp(plan, hidden_rows, step).tolist()
+        return self.runner.run_mtp(plan, hidden_rows, step)
+
+
+def _chain_drafts(outputs: list[torch.Tensor], chains: list[tuple[Sequence, int]]) -> list[list[int]]:
+    """Each chain's drafts from the head forwards' argmax rows (forward s holds the chains still
+    running at step s, in order), read to the host at once: the only sync of the drafting."""
+    host = torch.cat(outputs).tolist()
+    drafts: list[list[int]] = [[] for _ in chains]
+    at = 0
+    for step in range(len(outputs)):
+        for i in (i for i, (_, k) in enumerate(chains) if k > step):
+            drafts[i].append(host[at])
+            at += 1
+    return drafts
+
+
+def pass_as_decode_rows(kept: int, k: int) -> bool:
+    """Whether a sequence's pass rows go in as decode rows (one-token queries) rather than one
+    query: after a decode or verify step (at most K+1 kept rows). A pass of decode rows only is
+    decode-only, so the head's captured graphs (spec/mtp_graphs.py) replay it; a prefill chunk
+    stays one query (decode rows would read its prefix once per row)."""
+    return kept <= k + 1
 
 
 def _positions_in(active: list[int], chains: list[tuple[Sequence, int]], step: int) -> list[int]:

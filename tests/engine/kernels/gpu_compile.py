@@ -84,6 +84,7 @@ def _scenarios():
                                             prefill_attention, sampling, w4a16, w4a16_deq,
                                             w4a16_dot, w4a16_gemv, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
+    from homelab_llm.engine.kernels.tuning import gemm_tiles
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
@@ -177,6 +178,11 @@ def _scenarios():
         yield lambda m=m, g=g, dt=dt: w4a16.w4a16_matmul(torch.zeros((m, k_in), dtype=dt), weights[g])
     for g, dt in ((32, bf16), (128, bf16), (128, fp16)):  # prefill: dequantized once for the BLAS GEMM
         yield lambda g=g, dt=dt: w4a16_deq.dequantize_w4(weights[g], dt)
+    # the Triton GEMM also where the route table sends prefill rows to dequantize + BLAS (a weight
+    # past the scratch cap, archs that keep it): tiles given explicitly pick it
+    for m, dt in ((256, bf16), (256, fp16)):
+        yield lambda m=m, dt=dt: w4a16.w4a16_matmul(torch.zeros((m, k_in), dtype=dt), weights[128],
+                                                    tiles=gemm_tiles(m, None))
     x1 = torch.zeros((1, k_in), dtype=bf16)
     # SPLIT is a constexpr: 1 writes `out` directly, >1 reduces through the tickets
     for split in (1, None):
