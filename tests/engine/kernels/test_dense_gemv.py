@@ -44,6 +44,10 @@ def _fp32(t):
     return None if t is None else t.float()
 
 
+def _rel_rows(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float(((got.float() - want).norm(dim=1) / want.norm(dim=1)).max())
+
+
 def _assert_same_residual(got: torch.Tensor, want: torch.Tensor) -> None:
     """The unfused add's result bit for bit; the interpreter's bf16 cast truncates where a GPU
     rounds to nearest, so there one bf16 ulp (2^-7 relative)."""
@@ -62,7 +66,7 @@ def test_dense_gemv_matches_reference(m, k, n, split, dtype, norm, residual, gat
         out, new_res = dense_gemv(a["x"], a["weight"], a["bias"], norm_weight=a["norm_weight"],
                                   eps=1e-5, residual=a["residual"], gated=gated, split=split)
         assert out.shape == (m, n) and out.dtype == dtype
-        err = float(((out.float() - want).norm(dim=1) / want.norm(dim=1)).max())
+        err = _rel_rows(out, want)
         assert err < BOUND[dtype], (m, k, n, split, dtype, err)
     if residual:
         _assert_same_residual(new_res, (a["x"].float() + a["residual"].float()).to(dtype))
@@ -80,7 +84,7 @@ def test_dense_gemv_close_to_unfused_path(device) -> None:
     out, new_res = dense_gemv(a["x"], a["weight"], norm_weight=a["norm_weight"], eps=1e-6,
                               residual=a["residual"], gated=True)
     _assert_same_residual(new_res, want_res)
-    err = float(((out.float() - want.float()).norm(dim=1) / want.float().norm(dim=1)).max())
+    err = _rel_rows(out, want.float())
     assert err < 2e-2, err
 
 
@@ -107,3 +111,20 @@ def test_cpu_routes_to_the_unfused_ops() -> None:
                                a["bias"], gated=True)
     want = norm_linear_ref(**a, eps=1e-6, gated=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_dense_gemv_8b_shapes(m: int, device, full_shapes: bool) -> None:
+    """On a GPU: the Llama-3.1-8B step's shapes with the table's tiles and splits (the
+    interpreter would take minutes here)."""
+    if not full_shapes:
+        pytest.skip("full shapes run on a GPU")
+    from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+
+    for k, n, norm, gated in ((4096, 6144, True, False), (4096, 4096, False, False),
+                              (4096, 2 * 14336, True, True), (14336, 4096, False, False)):
+        a = _inputs(m, k, n // 2 if gated else n, BF16, norm, norm, gated, False, device)
+        want, _ = norm_linear_ref(**{key: _fp32(v) for key, v in a.items()}, eps=1e-5, gated=gated)
+        out, _ = dense_gemv(a["x"], a["weight"], norm_weight=a["norm_weight"], eps=1e-5,
+                            residual=a["residual"], gated=gated)
+        assert _rel_rows(out, want) < BOUND[BF16], (m, k, n)
