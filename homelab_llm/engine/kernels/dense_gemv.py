@@ -30,17 +30,70 @@ from homelab_llm.engine.kernels.w4a16_gemv import pick_split, store_or_reduce, t
 
 
 @triton.jit
-def _load_input(x_ptr, res_ptr, kk, offs_m, m_mask, k_mask, stride_xm, stride_rm,
-                RESIDUAL: tl.constexpr):
-    """x[:, kk] ([BLOCK_M, *kk.shape]), or x + residual rounded to x's dtype (the unfused
-    add's `summed`), in x's dtype."""
-    mask = m_mask[:, None, None] & k_mask[None, :, :]
-    rows = offs_m[:, None, None].to(tl.int64)
-    xs = tl.load(x_ptr + rows * stride_xm + kk[None, :, :], mask=mask, other=0.0)
+def _row_input(x_ptr, res_ptr, row, kk, k_mask, stride_xm, stride_rm, RESIDUAL: tl.constexpr):
+    """Row `row`'s K step [KV, VEC] in x's dtype: x, or x + residual rounded to x's dtype (the
+    unfused add's `summed`)."""
+    r64 = row.to(tl.int64)
+    xs = tl.load(x_ptr + r64 * stride_xm + kk, mask=k_mask, other=0.0)
     if RESIDUAL:
-        r = tl.load(res_ptr + rows * stride_rm + kk[None, :, :], mask=mask, other=0.0)
+        r = tl.load(res_ptr + r64 * stride_rm + kk, mask=k_mask, other=0.0)
         xs = (xs.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
     return xs
+
+
+@triton.jit
+def _row_sumsq(x_ptr, res_ptr, row, K, offs_k, stride_xm, stride_rm, BLOCK_K: tl.constexpr,
+               RESIDUAL: tl.constexpr):
+    """Squares of a whole input row summed per vector lane ([KV]): split programs need all of K."""
+    sq = tl.sum(tl.zeros(offs_k.shape, tl.float32), axis=1)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + offs_k
+        s = _row_input(x_ptr, res_ptr, row, kk, kk < K, stride_xm, stride_rm, RESIDUAL)
+        s = s.to(tl.float32)
+        sq += tl.sum(s * s, axis=1)
+    return sq
+
+
+@triton.jit
+def _row_step(acc, up, sq, w, wu, nw, x_ptr, res_ptr, new_res_ptr, row, kk, k_mask, res_mask,
+              stride_xm, stride_rm, stride_nm, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
+              GATHER_SQ: tl.constexpr, GATED: tl.constexpr):
+    """One row's K step: acc [BLOCK_N, KV] += W . x' within each thread's 16-byte vectors (the
+    product keeps the weight tile's layout: no shuffles or shared memory per step), up the same
+    for the gated half; sq gathers the row's squares; column block 0 stores the new residual."""
+    xs = _row_input(x_ptr, res_ptr, row, kk, k_mask, stride_xm, stride_rm, RESIDUAL)
+    if RESIDUAL:
+        tl.store(new_res_ptr + row.to(tl.int64) * stride_nm + kk, xs, mask=res_mask)
+    xs = xs.to(tl.float32)
+    if GATHER_SQ:
+        sq += tl.sum(xs * xs, axis=1)
+    if NORM:
+        xs = xs * nw
+    acc += tl.sum(w * xs[None, :, :], axis=2)
+    if GATED:
+        up += tl.sum(wu * xs[None, :, :], axis=2)
+    return acc, up, sq
+
+
+@triton.jit
+def _row_out(acc, up, sq, bias, bias_up, K, eps, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+             GATED: tl.constexpr):
+    """One row's [BLOCK_N] result: the K lanes summed, scaled by 1 / rms, biased, gated."""
+    part = tl.sum(acc, axis=1)
+    if GATED:
+        gate_up = tl.sum(up, axis=1)
+    if NORM:
+        rstd = tl.math.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        part = part * rstd
+        if GATED:
+            gate_up = gate_up * rstd
+    if HAS_BIAS:
+        part += bias
+        if GATED:
+            gate_up += bias_up
+    if GATED:
+        part = part / (1.0 + tl.exp(-part)) * gate_up
+    return part
 
 
 @triton.jit
@@ -53,29 +106,39 @@ def _dense_gemv_kernel(
     EVEN_K: tl.constexpr,
 ):
     # A K step is [BLOCK_K / VEC, VEC]: each thread loads VEC contiguous values (16 bytes) and
-    # sums them in registers first, so the accumulator is [BLOCK_M, BLOCK_N, BLOCK_K / VEC] and
-    # not a full fp32 copy of the tile (that took 255 registers at 4 rows).
+    # sums them in registers. Rows (at most 4) are unrolled, each with its own [BLOCK_N, KV]
+    # accumulator in the weight tile's layout: a [rows, N, K] broadcast made the compiler move
+    # the weight tile through shared memory every step. Rows past M re-read row M - 1 (no masks;
+    # the store drops them).
     VEC: tl.constexpr = 8
     KV: tl.constexpr = BLOCK_K // VEC
+    GATHER_SQ: tl.constexpr = NORM and SPLIT == 1
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, KV)[:, None] * VEC + tl.arange(0, VEC)[None, :]
-    m_mask = offs_m < M
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    sumsq = tl.zeros([BLOCK_M, KV], tl.float32)
-    if NORM and SPLIT > 1:  # this program sees only part of K: gather the whole row's squares
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            s = _load_input(x_ptr, res_ptr, kk, offs_m, m_mask, kk < K, stride_xm, stride_rm,
-                            RESIDUAL).to(tl.float32)
-            sumsq += tl.sum(s * s, axis=2)
-    acc = tl.zeros([BLOCK_M, BLOCK_N, KV], tl.float32)
-    if GATED:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N, KV], tl.float32)
+    row0 = tl.minimum(0, M - 1)
+    row1 = tl.minimum(1, M - 1)
+    row2 = tl.minimum(2, M - 1)
+    row3 = tl.minimum(3, M - 1)
+    zero = tl.zeros([BLOCK_N, KV], tl.float32)
+    acc0, up0, acc1, up1, acc2, up2, acc3, up3 = zero, zero, zero, zero, zero, zero, zero, zero
+    sq_zero = tl.sum(tl.zeros([KV, VEC], tl.float32), axis=1)
+    sq0, sq1, sq2, sq3 = sq_zero, sq_zero, sq_zero, sq_zero
+    if NORM and SPLIT > 1:  # this program sees only part of K: gather the whole rows' squares
+        sq0 = _row_sumsq(x_ptr, res_ptr, row0, K, offs_k, stride_xm, stride_rm, BLOCK_K, RESIDUAL)
+        if BLOCK_M > 1:
+            sq1 = _row_sumsq(x_ptr, res_ptr, row1, K, offs_k, stride_xm, stride_rm, BLOCK_K,
+                             RESIDUAL)
+        if BLOCK_M > 2:
+            sq2 = _row_sumsq(x_ptr, res_ptr, row2, K, offs_k, stride_xm, stride_rm, BLOCK_K,
+                             RESIDUAL)
+            sq3 = _row_sumsq(x_ptr, res_ptr, row3, K, offs_k, stride_xm, stride_rm, BLOCK_K,
+                             RESIDUAL)
     w_rows = w_ptr + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
     for k0 in range(k_start, k_end, BLOCK_K):
         kk = k0 + offs_k
@@ -83,39 +146,48 @@ def _dense_gemv_kernel(
             k_mask = offs_k < BLOCK_K
         else:
             k_mask = kk < k_end
-        xs = _load_input(x_ptr, res_ptr, kk, offs_m, m_mask, k_mask, stride_xm, stride_rm, RESIDUAL)
-        if RESIDUAL:  # column block 0 writes the new residual stream
-            res_mask = (offs_m < tl.where(pid_n == 0, M, 0))[:, None, None] & k_mask[None, :, :]
-            tl.store(new_res_ptr + offs_m[:, None, None].to(tl.int64) * stride_nm + kk[None, :, :],
-                     xs, mask=res_mask)
-        xs = xs.to(tl.float32)
+        res_mask = kk < tl.where(pid_n == 0, k_end, 0)  # column block 0 writes the residual
+        nw = zero
         if NORM:
-            if SPLIT == 1:
-                sumsq += tl.sum(xs * xs, axis=2)
-            xs = xs * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :, :]
+            nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
         w_mask = n_mask[:, None, None] & k_mask[None, :, :]
         # The weight streams through once: let it leave the L2 first so x stays resident
         w = tl.load(w_rows + k0, mask=w_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        acc += tl.sum(w[None, :, :, :] * xs[:, None, :, :], axis=3)
+        wu = w
         if GATED:
             wu = tl.load(w_rows + HALF * stride_wn + k0, mask=w_mask, other=0.0,
                          eviction_policy="evict_first").to(tl.float32)
-            acc_up += tl.sum(wu[None, :, :, :] * xs[:, None, :, :], axis=3)
-    part = tl.sum(acc, axis=2)
-    if GATED:
-        up = tl.sum(acc_up, axis=2)
-    if NORM:
-        rstd = tl.math.rsqrt(tl.sum(sumsq, axis=1) / K + eps)
-        part = part * rstd[:, None]
-        if GATED:
-            up = up * rstd[:, None]
+        acc0, up0, sq0 = _row_step(acc0, up0, sq0, w, wu, nw, x_ptr, res_ptr, new_res_ptr, row0,
+                                   kk, k_mask, res_mask, stride_xm, stride_rm, stride_nm,
+                                   RESIDUAL, NORM, GATHER_SQ, GATED)
+        if BLOCK_M > 1:
+            acc1, up1, sq1 = _row_step(acc1, up1, sq1, w, wu, nw, x_ptr, res_ptr, new_res_ptr,
+                                       row1, kk, k_mask, res_mask, stride_xm, stride_rm,
+                                       stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED)
+        if BLOCK_M > 2:
+            acc2, up2, sq2 = _row_step(acc2, up2, sq2, w, wu, nw, x_ptr, res_ptr, new_res_ptr,
+                                       row2, kk, k_mask, res_mask, stride_xm, stride_rm,
+                                       stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED)
+            acc3, up3, sq3 = _row_step(acc3, up3, sq3, w, wu, nw, x_ptr, res_ptr, new_res_ptr,
+                                       row3, kk, k_mask, res_mask, stride_xm, stride_rm,
+                                       stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED)
+    bias = tl.zeros([BLOCK_N], tl.float32)
+    bias_up = bias
     if HAS_BIAS:  # split 0 alone adds it, so the reduction counts it once
         first = offs_n < tl.where(pid_k == 0, N, 0)  # a vector compare: n_mask on split 0 only
-        part += tl.load(bias_ptr + offs_n, mask=first, other=0.0).to(tl.float32)[None, :]
+        bias = tl.load(bias_ptr + offs_n, mask=first, other=0.0).to(tl.float32)
         if GATED:
-            up += tl.load(bias_ptr + HALF + offs_n, mask=first, other=0.0).to(tl.float32)[None, :]
-    if GATED:
-        part = part / (1.0 + tl.exp(-part)) * up
+            bias_up = tl.load(bias_ptr + HALF + offs_n, mask=first, other=0.0).to(tl.float32)
+    out0 = _row_out(acc0, up0, sq0, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+    part = tl.where(offs_m[:, None] == 0, out0[None, :], 0.0)
+    if BLOCK_M > 1:
+        out1 = _row_out(acc1, up1, sq1, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+        part = tl.where(offs_m[:, None] == 1, out1[None, :], part)
+    if BLOCK_M > 2:
+        out2 = _row_out(acc2, up2, sq2, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+        part = tl.where(offs_m[:, None] == 2, out2[None, :], part)
+        out3 = _row_out(acc3, up3, sq3, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+        part = tl.where(offs_m[:, None] == 3, out3[None, :], part)
     store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N,
                     stride_om, SPLIT=SPLIT)
 
@@ -137,6 +209,8 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                          f"{tuple(weight.shape)} {weight.dtype} (row-contiguous, same dtype)")
     if residual is not None and norm_weight is None:
         raise ValueError("dense_gemv: a residual is added only in front of the norm")
+    if not 0 < m <= 4:
+        raise ValueError(f"dense_gemv: {m} rows; it serves 1 to 4")
     t = dense_gemv_tiles(x.device)
     block_n = block_n or t.block_n
     block_k = block_k or (t.block_k if m == 1 else t.rows_block_k)

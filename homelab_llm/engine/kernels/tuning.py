@@ -289,8 +289,9 @@ class DenseGemvTiles:
     num_stages: int = 1
     waves: int = 4
     max_rows: int = 4
-    # K step at 2-4 rows: registers grow with rows x block_k (x and the products are fp32), so
-    # a shorter step keeps them under the 255 cap (sm_90 compile: 255 at 4 rows x 512)
+    # K step at 2-4 rows: each row keeps its own [block_n, block_k / 8] accumulator, so a
+    # shorter step keeps registers near the 1-row kernel's (sm_90 compile: 1 row x 512 80-94,
+    # gated 166; 4 rows x 256 96-122, gated 168; no spills)
     rows_block_k: int = 256
 
 
