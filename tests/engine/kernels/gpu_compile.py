@@ -217,7 +217,7 @@ def _scenarios():
 def _dense_gemv_scenarios():
     """The bf16/fp16 decode GEMV at the 8B step's shapes: o_proj / down_proj plain (the table's
     split and none), qkv with the norm prologue + residual (and Qwen2's bias), gate_up gated;
-    1 and 4 rows; the norm with split K. torch.empty: the weights are never read."""
+    1 and 4 rows; the norm with split K; fp16 at 1 row. torch.empty: the weights are never read."""
     import torch
 
     from homelab_llm.engine.kernels.dense_gemv import dense_gemv
@@ -228,7 +228,7 @@ def _dense_gemv_scenarios():
         o_w, down_w = torch.empty((hidden, hidden), dtype=dt), torch.empty((hidden, inter), dtype=dt)
         qkv_w, qkv_b = torch.empty((6144, hidden), dtype=dt), torch.zeros(6144, dtype=dt)
         gate_up_w = torch.empty((2 * inter, hidden), dtype=dt)
-        for m in (1, 4):
+        for m in (1, 4) if dt == torch.bfloat16 else (1,):
             x, act = torch.zeros((m, hidden), dtype=dt), torch.zeros((m, inter), dtype=dt)
             yield lambda x=x, w=o_w: dense_gemv(x, w)
             yield lambda x=x, w=o_w: dense_gemv(x, w, split=1)
