@@ -95,6 +95,46 @@ def add_rms_norm(x, residual, weight, eps):
     return ref.add_rms_norm_ref(x, residual, weight, eps)
 
 
+def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """x [M, K] @ weight.T takes the decode GEMV (kernels/dense_gemv.py): a GPU, 1 to the arch
+    table's max_rows rows (tuning.DENSE_GEMV_TABLE), bf16/fp16 in the weight's dtype, rows
+    contiguous. HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM (benchmarks compare both)."""
+    if not use_triton(x) or x.dim() != 2 or os.environ.get("HOMELAB_LLM_DENSE_GEMV", "1") == "0":
+        return False
+    from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
+
+    return (0 < x.shape[0] <= dense_gemv_tiles(x.device).max_rows
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and x.stride(1) == 1 and weight.stride(1) == 1)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias): the decode GEMV where dense_gemv_route says so (its split-K
+    reduces in-kernel: no second launch), else F.linear."""
+    if dense_gemv_route(x, weight):
+        from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+
+        return dense_gemv(x, weight, bias)[0]
+    return F.linear(x, weight, bias)
+
+
+def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                gated: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(linear(rms_norm(x + residual)), x + residual or None without a residual); gated: the
+    merged [gate | up] weight, out = silu(gate) * up. One launch on the decode GEMV's route,
+    the unfused reference ops elsewhere (dense_gemv_ref.norm_linear_ref)."""
+    if dense_gemv_route(x, weight):
+        from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+
+        return dense_gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
+                          gated=gated)
+    from homelab_llm.engine.kernels.dense_gemv_ref import norm_linear_ref
+
+    return norm_linear_ref(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
+                           gated=gated)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         from homelab_llm.engine.kernels import elementwise

@@ -357,3 +357,37 @@ MOE_DECODE_TABLE: dict[str, MoeDecodeArch] = {
 
 def moe_decode_tiles(device: torch.device | None = None) -> MoeDecodeArch:
     return MOE_DECODE_TABLE[arch_name(device)]
+
+
+@dataclass(frozen=True)
+class DenseGemvTiles:
+    """bf16/fp16 decode GEMV (dense_gemv.py): block_n weight rows x block_k columns per K step
+    (block_k / (32 x num_warps) x 8 = 16-byte loads per thread per row), waves: programs per SM
+    that split-K aims for (w4a16_gemv.pick_split). max_rows: the most activation rows it serves
+    (more go to the BLAS GEMM); 0 turns the route off on that arch."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int = 1
+    waves: int = 4
+    max_rows: int = 4
+    # K step at 2-4 rows: each row keeps its own [block_n, block_k / 8] accumulator, so a
+    # shorter step keeps registers near the 1-row kernel's (sm_90 compile: 1 row x 512 80-94,
+    # gated 166; 4 rows x 256 96-122, gated 168; no spills)
+    rows_block_k: int = 256
+
+
+# Not yet measured per device: benchmarks/bf16_gemv_gpu.py sweeps these and prints the best row.
+DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
+    "sm80": DenseGemvTiles(16, 512, 4),
+    "sm90": DenseGemvTiles(16, 512, 4),
+    "sm120": DenseGemvTiles(16, 512, 4),
+    # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; a smaller K step keeps VGPRs low.
+    "gfx1100": DenseGemvTiles(16, 256, 4, rows_block_k=128),
+    "interpret": DenseGemvTiles(4, 32, 1, waves=2, rows_block_k=16),
+}
+
+
+def dense_gemv_tiles(device: torch.device | None = None) -> DenseGemvTiles:
+    return DENSE_GEMV_TABLE[arch_name(device)]

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.parallel.state import all_reduce, tp_rank, tp_size
@@ -64,7 +63,7 @@ class LinearBase(nn.Module):
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.w4 is None:
-            return F.linear(x, self.weight, bias)
+            return dispatch.linear(x, self.weight, bias)
         out = dispatch.w4a16_matmul(x, self.w4)
         return out if bias is None else out + bias
 

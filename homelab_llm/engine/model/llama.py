@@ -21,6 +21,7 @@ from homelab_llm.engine.layers.linear import (
     RowParallelLinear,
 )
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
+from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.split_tensor import SplitTensor
@@ -70,8 +71,11 @@ class LlamaAttention(nn.Module):
             self.attn.sinks = self.sinks
 
     def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        tokens, d = hidden.shape[0], self.head_dim
-        qkv = self.qkv_proj(hidden)
+        return self.attend(self.qkv_proj(hidden), rope)
+
+    def attend(self, qkv: torch.Tensor, rope: RopeTables) -> torch.Tensor:
+        """Everything after the fused q | k | v projection: norms, rotation, attention, o_proj."""
+        tokens, d = qkv.shape[0], self.head_dim
         qk_size = self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, d)
         if self.qk_norm:  # one launch normalizes q's and k's heads, each with its own weight
@@ -92,6 +96,8 @@ class LlamaMLP(nn.Module):
         inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
         self.act = GeluTanhAndMul() if config.hidden_act == "gelu_pytorch_tanh" else SiluAndMul()
+        # The decode GEMV can apply SiLU-and-mul in its epilogue (layers/norm_linear.py).
+        self.silu_gated = isinstance(self.act, SiluAndMul)
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,7 +105,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention then MLP; `mlp` is any [T, H] -> [T, H] module (dense or experts)."""
+    """Pre-norm attention then MLP; `mlp` is any [T, H] -> [T, H] module (dense or experts).
+
+    At decode sizes on a GPU (layers/norm_linear.fuses) each norm and its residual add run inside
+    the next projection's GEMV: input_layernorm in qkv_proj's, post_attention_layernorm and the
+    SiLU-and-mul in a dense SiLU MLP's gate_up_proj (an experts block keeps its norm)."""
 
     def __init__(self, config: ModelConfig, mlp: nn.Module | None = None, layer: int = 0):
         super().__init__()
@@ -109,11 +119,21 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+        qkv_proj = self.self_attn.qkv_proj
+        if fuses(hidden, qkv_proj):
+            qkv, residual = norm_then_linear(hidden, residual, self.input_layernorm, qkv_proj)
+            hidden = self.self_attn.attend(qkv, rope)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(hidden, rope)
+            if residual is None:
+                residual, hidden = hidden, self.input_layernorm(hidden)
+            else:
+                hidden, residual = self.input_layernorm(hidden, residual)
+            hidden = self.self_attn(hidden, rope)
+        mlp = self.mlp
+        if isinstance(mlp, LlamaMLP) and mlp.silu_gated and fuses(hidden, mlp.gate_up_proj):
+            act, residual = norm_then_linear(hidden, residual, self.post_attention_layernorm,
+                                             mlp.gate_up_proj, gated=True)
+            return mlp.down_proj(act), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

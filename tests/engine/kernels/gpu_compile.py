@@ -211,6 +211,7 @@ def _scenarios():
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
 
+    yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()
     yield from _moe_scenarios()
 
@@ -221,6 +222,34 @@ def _scenarios():
         ptrs = torch.zeros(world, dtype=i64)
         yield lambda x=x, ptrs=ptrs, world=world: allreduce.one_shot_all_reduce(
             x, x, ptrs, ptrs, 1 << 20, world - 1, world, 32, AR_BLOCK, AR_WARPS)
+
+
+def _dense_gemv_scenarios():
+    """The bf16/fp16 decode GEMV at the 8B step's shapes: o_proj / down_proj plain (the table's
+    split and none), qkv with the norm prologue + residual (and Qwen2's bias), gate_up gated;
+    1 and 4 rows; the norm with split K; fp16 at 1 row. torch.empty: the weights are never read."""
+    import torch
+
+    from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+
+    hidden, inter = 4096, 14336
+    for dt in (torch.bfloat16, torch.float16):
+        norm_w = torch.ones(hidden, dtype=dt)
+        o_w, down_w = torch.empty((hidden, hidden), dtype=dt), torch.empty((hidden, inter), dtype=dt)
+        qkv_w, qkv_b = torch.empty((6144, hidden), dtype=dt), torch.zeros(6144, dtype=dt)
+        gate_up_w = torch.empty((2 * inter, hidden), dtype=dt)
+        for m in (1, 4) if dt == torch.bfloat16 else (1,):
+            x, act = torch.zeros((m, hidden), dtype=dt), torch.zeros((m, inter), dtype=dt)
+            yield lambda x=x, w=o_w: dense_gemv(x, w)
+            yield lambda x=x, w=o_w: dense_gemv(x, w, split=1)
+            yield lambda act=act, w=down_w: dense_gemv(act, w)
+            yield lambda x=x, w=qkv_w, nw=norm_w: dense_gemv(x, w, norm_weight=nw, eps=1e-5,
+                                                             residual=x.clone())
+            yield lambda x=x, w=qkv_w, b=qkv_b, nw=norm_w: dense_gemv(x, w, b, norm_weight=nw,
+                                                                      eps=1e-5, residual=x.clone())
+            yield lambda x=x, w=gate_up_w, nw=norm_w: dense_gemv(x, w, norm_weight=nw, eps=1e-5,
+                                                                 residual=x.clone(), gated=True)
+            yield lambda x=x, w=o_w, nw=norm_w: dense_gemv(x, w, norm_weight=nw, eps=1e-5, split=4)
 
 
 def _moe_scenarios():

@@ -1,0 +1,70 @@
+"""The Llama-style decoder layer's fused decode path (norms and SiLU folded into the GEMVs,
+layers/norm_linear.py) against its unfused path, through the Triton interpreter.
+
+On the CPU the route is off (the engine's parity tests run the unfused ops), so here it is
+forced on: qkv_proj and gate_up_proj take dense_gemv with the norm prologue, o_proj and
+down_proj the plain GEMV, all interpreted. The attention is replaced by a fixed map of qkv so the
+test isolates the norm / projection wiring (attention has its own kernel tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import dispatch
+from homelab_llm.engine.model.config import ModelConfig
+from homelab_llm.engine.model.llama import LlamaDecoderLayer
+
+
+def _layer(act: str, bias: bool, qk_norm: bool) -> LlamaDecoderLayer:
+    config = ModelConfig(
+        architecture="llama", vocab_size=64, hidden_size=64, intermediate_size=80,
+        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=64, torch_dtype="bfloat16", name="tiny", hidden_act=act,
+        attention_bias=bias, qk_norm=qk_norm)
+    layer = LlamaDecoderLayer(config)
+    gen = torch.Generator().manual_seed(3)
+    for name, p in layer.named_parameters():
+        if "norm" in name:
+            p.data = torch.rand(p.shape, generator=gen) + 0.5
+        else:
+            p.data = torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5
+    layer = layer.to(torch.bfloat16)
+    attn = layer.self_attn
+
+    def attend(qkv: torch.Tensor, rope) -> torch.Tensor:  # stands in for rope + attention
+        q = qkv[:, :attn.q_size] * 0.5 + qkv[:, attn.q_size:attn.q_size + 16].repeat(1, 4)
+        return attn.o_proj(q.contiguous())
+
+    attn.attend = attend
+    return layer
+
+
+def _run(layer, hidden, residual, fused: bool, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    monkeypatch.setattr(dispatch, "dense_gemv_route", lambda x, w: fused)
+    return layer(hidden, residual, None)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a.float() - b.float()).norm(dim=1) / b.float().norm(dim=1)).max())
+
+
+@pytest.mark.parametrize("rows,act,bias,qk_norm,first", [
+    (1, "silu", False, False, True),     # the first layer: no residual yet
+    (3, "silu", True, False, False),     # Qwen2-style qkv bias, 3 rows
+    (2, "gelu_pytorch_tanh", False, True, False),  # Gemma's GELU MLP keeps its norm; Qwen3 q/k norms
+])
+def test_fused_layer_matches_unfused(rows, act, bias, qk_norm, first, monkeypatch) -> None:
+    layer = _layer(act, bias, qk_norm)
+    gen = torch.Generator().manual_seed(rows)
+    hidden = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    residual = None if first else torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    want, want_res = _run(layer, hidden, residual, False, monkeypatch)
+    got, got_res = _run(layer, hidden, residual, True, monkeypatch)
+    # Row-relative bounds: the output passes 4 GEMVs (the residual 2), each result rounded to
+    # bf16 by both paths, and the unfused path also rounds its normalized inputs and gate/up: a
+    # few bf16 roundings (2^-8 each, the interpreter's cast truncates: 2^-7) compound to ~2e-2
+    # at most; a wrong norm, residual, bias or gate is of order 1.
+    assert _rel(got_res, want_res) < 2e-2
+    assert _rel(got, want) < 3e-2
+    assert layer.mlp.silu_gated == (act == "silu")
