@@ -82,7 +82,7 @@ def _new_layer(layer: Layer, tiles: MoeDecodeTiles | None = None,
     from homelab_llm.engine.kernels.fused_moe_decode import moe_decode
 
     def step(x, w):
-        weights, ids = route_gate_topk(x, w, layer.top_k, True, tiles=router)
+        weights, ids, _ = route_gate_topk(x, w, layer.top_k, True, tiles=router)
         return moe_decode(x, layer.w13, layer.w2, weights, ids, tiles=tiles)
     return step
 

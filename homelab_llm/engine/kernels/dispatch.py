@@ -95,15 +95,21 @@ def add_rms_norm(x, residual, weight, eps):
     return ref.add_rms_norm_ref(x, residual, weight, eps)
 
 
+FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
+
+
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """x [M, K] @ weight.T takes the decode GEMV (kernels/dense_gemv.py): a GPU, 1 to the arch
     table's max_rows rows (tuning.DENSE_GEMV_TABLE), bf16/fp16 in the weight's dtype, rows
-    contiguous. HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM (benchmarks compare both)."""
-    if not use_triton(x) or x.dim() != 2 or os.environ.get("HOMELAB_LLM_DENSE_GEMV", "1") == "0":
+    contiguous. HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to
+    FORCED_GEMV_ROWS rows where the table has it off (benchmarks compare both)."""
+    forced = os.environ.get("HOMELAB_LLM_DENSE_GEMV", "")
+    if not use_triton(x) or x.dim() != 2 or forced == "0":
         return False
     from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 
-    return (0 < x.shape[0] <= dense_gemv_tiles(x.device).max_rows
+    max_rows = dense_gemv_tiles(x.device).max_rows or (FORCED_GEMV_ROWS if forced == "1" else 0)
+    return (0 < x.shape[0] <= max_rows
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and x.stride(1) == 1 and weight.stride(1) == 1)
 

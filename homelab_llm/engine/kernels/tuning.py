@@ -378,13 +378,17 @@ class DenseGemvTiles:
     rows_block_k: int = 256
 
 
-# Not yet measured per device: benchmarks/bf16_gemv_gpu.py sweeps these and prints the best row.
+# Off (max_rows 0) on every GPU: on the H200 (docs/BENCHMARKS.md 10.9) these tiles read 79-104%
+# of the copy rate where cuBLAS reads 84-143% (its GEMV keeps data in L2 across calls the
+# benchmark's cycling cannot defeat), and the 8B engine fell from 214.6 to 182.0 tok/s with the
+# route on. HOMELAB_LLM_DENSE_GEMV=1 turns it on for measurement (benchmarks/bf16_gemv_gpu.py
+# sweeps the tiles); an arch gets max_rows > 0 only once a device measures it ahead.
 DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
-    "sm80": DenseGemvTiles(16, 512, 4),
-    "sm90": DenseGemvTiles(16, 512, 4),
-    "sm120": DenseGemvTiles(16, 512, 4),
+    "sm80": DenseGemvTiles(16, 512, 4, max_rows=0),
+    "sm90": DenseGemvTiles(16, 512, 4, max_rows=0),
+    "sm120": DenseGemvTiles(16, 512, 4, max_rows=0),
     # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; a smaller K step keeps VGPRs low.
-    "gfx1100": DenseGemvTiles(16, 256, 4, rows_block_k=128),
+    "gfx1100": DenseGemvTiles(16, 256, 4, rows_block_k=128, max_rows=0),
     "interpret": DenseGemvTiles(4, 32, 1, waves=2, rows_block_k=16),
 }
 
