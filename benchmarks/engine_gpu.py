@@ -36,7 +36,7 @@ from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from gpu_harness import report, results, run_sections  # noqa: E402
+from gpu_harness import ReplayTimer, report, results, run_sections  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
 
@@ -250,25 +250,13 @@ def host_vs_graph(engine: LLMEngine, prompt: list[int], label: str, steps: int =
     import cProfile
     import pstats
 
-    graphs = engine.runner.graphs
-    gpu_ms: list = []
-    replay = graphs.run
-
-    def timed_run(*a, **kw):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = replay(*a, **kw)
-        end.record()
-        gpu_ms.append((start, end))
-        return out
-
-    graphs.run = timed_run
+    timer = ReplayTimer(engine.runner.graphs)
     engine.add_request(f"hp-{label}", prompt,
                        SamplingParams(max_tokens=steps + 40, ignore_eos=True))
     for _ in range(20):
         engine.step()
     torch.cuda.synchronize()
-    gpu_ms.clear()
+    timer.events.clear()
     prof = cProfile.Profile()
     t = time.perf_counter()
     prof.enable()
@@ -277,11 +265,11 @@ def host_vs_graph(engine: LLMEngine, prompt: list[int], label: str, steps: int =
     prof.disable()
     torch.cuda.synchronize()
     wall = (time.perf_counter() - t) / steps * 1e3
-    gpu = sum(a.elapsed_time(b) for a, b in gpu_ms) / max(1, len(gpu_ms))
+    gpu = timer.mean_ms()
     report(f"{label}_b1_step_wall_ms_cprofiled", wall, "ms")
     report(f"{label}_b1_graph_gpu_ms", gpu, "ms")
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
-    graphs.run = replay
+    timer.restore()
     engine.abort_request(f"hp-{label}")
     return wall, gpu
 

@@ -46,3 +46,29 @@ def run_sections(sections: dict[str, Callable[[], None]], names: str, json_path:
     for key, value in results.items():
         print(f"{key:48s} {value:12.4f}")
     return 0
+
+
+class ReplayTimer:
+    """CUDA events around every `graphs.run` (a DecodeGraphs' replay) until `restore()`: the GPU
+    time of the captured step, apart from the host's time around it."""
+
+    def __init__(self, graphs) -> None:
+        self.graphs, self.replay, self.events = graphs, graphs.run, []
+        graphs.run = self._timed
+
+    def _timed(self, *args, **kwargs):
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = self.replay(*args, **kwargs)
+        end.record()
+        self.events.append((start, end))
+        return out
+
+    def mean_ms(self) -> float:
+        """Mean GPU milliseconds a replay since the last `events.clear()` (synchronize first)."""
+        return sum(s.elapsed_time(e) for s, e in self.events) / max(1, len(self.events))
+
+    def restore(self) -> None:
+        self.graphs.run = self.replay

@@ -17,6 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_harness import ReplayTimer  # noqa: E402
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
@@ -47,19 +50,7 @@ def main() -> int:
         return LLMEngine(EngineArgs(**args))
 
     eng = engine()
-    graphs = eng.runner.graphs
-    events: list = []
-    replay = graphs.run
-
-    def timed(*x, **kw):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        out = replay(*x, **kw)
-        e.record()
-        events.append((s, e))
-        return out
-
-    graphs.run = timed
+    timer = ReplayTimer(eng.runner.graphs)
     import cProfile
     import pstats
 
@@ -71,7 +62,7 @@ def main() -> int:
         while eng.has_unfinished_requests():
             if steps == 1:
                 torch.cuda.synchronize()
-                events.clear()
+                timer.events.clear()
                 t = time.perf_counter()
                 if a.cprofile and rid == "run":
                     prof.enable()
@@ -80,13 +71,14 @@ def main() -> int:
         torch.cuda.synchronize()
     prof.disable()
     wall = (time.perf_counter() - t) / (steps - 1) * 1e3
-    gpu = sum(s.elapsed_time(e) for s, e in events) / max(1, len(events))
+    gpu = timer.mean_ms()
     print(f"REGRESS {label}: b1 {1e3 / wall:.1f} tok/s, wall {wall:.3f} ms/step, graph GPU "
-          f"{gpu:.3f} ms/step over {len(events)} replays", flush=True)
+          f"{gpu:.3f} ms/step over {len(timer.events)} replays", flush=True)
     if a.cprofile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
-    del eng, graphs
+    timer.restore()
+    del eng, timer
     gc.collect()
     torch.cuda.empty_cache()
     if a.eager_profile:
