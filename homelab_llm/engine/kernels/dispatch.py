@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from homelab_llm.engine.host_copy import upload_pinned
-from homelab_llm.engine.kernels import ref
+from homelab_llm.engine.kernels import attention_cpu, ref
 
 
 def _kernels_env() -> str:
@@ -29,6 +29,9 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
         from homelab_llm.engine.kernels import kv_store
 
         kv_store.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return
+    if key.device.type == "cpu" and _kernels_env() != "ref" and \
+            attention_cpu.store_kv(key, value, k_cache, v_cache, slot_mapping):
         return
     ref.store_kv_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
@@ -49,6 +52,12 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
     independent query either way, so the reference ignores it.
     """
     if not use_triton(q):
+        if (q.device.type == "cpu" and query_lens_host == [1] and seq_lens_host is not None
+                and window == 0 and sinks is None and _kernels_env() != "ref"):
+            out = attention_cpu.decode_one_sequence(q, k_cache, v_cache, page_table,
+                                                    seq_lens_host[0], softmax_scale)
+            if out is not None:
+                return out
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                        softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
                                        window=window, sinks=sinks)
