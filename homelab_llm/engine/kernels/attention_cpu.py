@@ -45,7 +45,9 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     if k_cache.dtype == torch.int8 or slot_mapping.dtype != torch.int64 \
             or slot_mapping.numel() == 0 or int(slot_mapping.min()) < 0:
         return False
+    if key.dtype != k_cache.dtype:
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
     rows = k_cache.shape[0] * k_cache.shape[1]
-    k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    k_cache.view(rows, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(rows, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
     return True
