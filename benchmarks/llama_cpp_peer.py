@@ -1,10 +1,11 @@
 """llama.cpp as the CPU peer of benchmarks/cpu_decode.py: its own `llama-bench` binary, or
 llama-cpp-python, on the same GGUF file and thread count.
 
-Where the binary comes from: `--llama-bench PATH`, else $LLAMA_BENCH, else `llama-bench` on PATH.
-benchmarks/build_llama_bench.sh builds one from llama.cpp's sources as PyPI ships them (the
-llama-cpp-python sdist vendors them), natively for this CPU, in ~20-40 minutes on 2 cores.
-Without either, the peer is "not found" and the benchmark prints our rows alone.
+Where the binary comes from: `--llama-bench PATH`, else $LLAMA_BENCH, else `llama-bench` on PATH;
+llama.cpp's llama-bench or benchmarks/llama_mini_bench.cpp (the same pp/tg tests and JSON fields
+on the public llama.h API). benchmarks/build_llama_bench.sh builds them from llama.cpp's sources
+as PyPI ships them (the llama-cpp-python sdist vendors them), natively for this CPU. Without a
+binary or llama-cpp-python the peer is "not found" and the benchmark prints our rows alone.
 
 A run returns (decode tok/s, prompt tok/s): llama-bench's tg test (batch 1, from an empty
 context) and pp test (one prompt of that many tokens), one repetition each, so the caller can
@@ -23,7 +24,7 @@ from typing import Callable
 
 Rates = tuple[float, float]  # (decode tok/s, prompt tok/s)
 PeerRun = Callable[[list[int], int], Rates]
-# A 135M model's pp512 + tg128 takes seconds; a minute means something is stuck.
+# A 135M model's pp512 + tg128 takes seconds on an idle box; minutes on a crowded one.
 RUN_TIMEOUT_S = 300
 
 
