@@ -4,7 +4,8 @@ A CPU decode step of a small model spends about as much time dispatching small o
 matmuls, so the per-layer attention of batch-1 decode (one sequence, one new token) skips the
 reference's general machinery (per-sequence loop, masks, output scatter) and runs as: gather the
 sequence's pages, one fused SDPA call with the query heads grouped under their KV head (no K/V
-expansion), views. The store writes K/V rows with index_copy_.
+expansion), on one thread (kernels/cpu_threads.py), views. The store writes K/V rows with
+index_copy_.
 
 Covered: fp32/bf16/fp16 caches (not int8), no sliding window, no attention sinks, every slot
 valid. Anything else returns None / False and the caller runs the reference (kernels/ref.py);
@@ -16,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from homelab_llm.engine.kernels.cpu_threads import single_thread
+
 
 def decode_one_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         page_table: torch.Tensor, seq_len: int,
@@ -26,15 +29,18 @@ def decode_one_sequence(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         return None
     page_size, hkv, d = k_cache.shape[1:]
     hq = q.shape[1]
-    pages = page_table[0, : (seq_len + page_size - 1) // page_size]
-    k = k_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len].transpose(0, 1)
-    v = v_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len].transpose(0, 1)
-    if k.dtype != q.dtype:
-        k, v = k.to(q.dtype), v.to(q.dtype)
-    # Query head h reads KV head h // (hq // hkv): the group's queries are its "query rows".
-    grouped = q.reshape(1, hkv, hq // hkv, d)
-    out = F.scaled_dot_product_attention(grouped, k.unsqueeze(0), v.unsqueeze(0),
-                                         scale=softmax_scale)
+    # One thread (kernels/cpu_threads.py): the gather and the fused kernel's few KV-head work
+    # items cost less than the pool's fork/join, 30 times per token.
+    with single_thread():
+        pages = page_table[0, : (seq_len + page_size - 1) // page_size]
+        k = k_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len].transpose(0, 1)
+        v = v_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len].transpose(0, 1)
+        if k.dtype != q.dtype:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        # Query head h reads KV head h // (hq // hkv): the group's queries are its "query rows".
+        grouped = q.reshape(1, hkv, hq // hkv, d)
+        out = F.scaled_dot_product_attention(grouped, k.unsqueeze(0), v.unsqueeze(0),
+                                             scale=softmax_scale)
     return out.view(1, hq, d)
 
 

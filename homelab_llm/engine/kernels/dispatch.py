@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from homelab_llm.engine.host_copy import upload_pinned
 from homelab_llm.engine.kernels import attention_cpu, ref
+from homelab_llm.engine.kernels.cpu_threads import single_thread
 
 
 def _kernels_env() -> str:
@@ -194,7 +195,8 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=None) -
 
         return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=modes)
     if not bool((temperature > 0).any()):  # all greedy: no noise to draw
-        return torch.argmax(logits.float(), dim=-1)
+        with single_thread():  # a few rows: less work than the thread pool's fork/join
+            return torch.argmax(logits.float(), dim=-1)
     noise = torch.ones(logits.shape, dtype=torch.float32)
     rows = zip(seeds.tolist(), steps.tolist(), (temperature > 0).tolist())
     for row, (seed, step, draws) in enumerate(rows):
