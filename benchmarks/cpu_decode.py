@@ -15,6 +15,7 @@ this runs on may be shared, and alternating spreads the neighbours' load over al
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,6 +92,12 @@ def main() -> int:
         names.append("ours, --dtype float32 (exact)")
         runs.append(ours("float32", args.threads))
     peer = find_peer(default_model_path(), args.threads, args.llama_bench)
+    if peer is not None:
+        try:
+            peer[1](prompt_ids(16, 0), 4)
+        except (OSError, RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+            print(f"{peer[0]} failed, left out: {exc}")
+            peer = None
     if peer is not None:
         names.append(peer[0])
         runs.append(peer[1])
