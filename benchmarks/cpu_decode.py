@@ -1,16 +1,21 @@
 """CPU decode and prompt processing on the embedded SmolLM2-135M Q4_1 GGUF: our default flags,
-our exact mode (--dtype float32) and llama.cpp (llama-cpp-python, if installed) on the same file.
+our exact mode (--dtype float32) and llama.cpp on the same file (benchmarks/llama_cpp_peer.py:
+its llama-bench binary via --llama-bench / $LLAMA_BENCH / PATH, else llama-cpp-python; without
+either the peer row says "not found").
 
     python benchmarks/cpu_decode.py [--quick] [--threads 2] [--new-tokens 128] [--prompt 512]
+        [--llama-bench PATH] [--no-exact]
 
 Decode: batch 1, greedy, the time from the first output token to the last. Prompt processing:
-one prompt of --prompt tokens, the time to its first token (prefill), prefix cache off. Best of
---repeats runs each. The box this runs on may be shared: numbers move with the neighbours' load.
+one prompt of --prompt tokens, the time to its first token (prefill), prefix cache off. The
+engines take turns, one run each per round, and each keeps its best of --repeats rounds: the box
+this runs on may be shared, and alternating spreads the neighbours' load over all of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,8 +30,7 @@ from homelab_llm.assets import default_model_path  # noqa: E402
 from homelab_llm.engine.args import EngineArgs  # noqa: E402
 from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
-
-Rates = tuple[float, float]  # (decode tok/s, prompt tok/s)
+from llama_cpp_peer import Rates, find_peer  # noqa: E402
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:
@@ -56,37 +60,18 @@ def ours(dtype: str, threads: int) -> Callable[[list[int], int], Rates]:
     return run
 
 
-def llama_cpp(threads: int) -> Callable[[list[int], int], Rates] | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(model_path=str(default_model_path()), n_ctx=2048, n_threads=threads,
-                n_threads_batch=threads, n_batch=512, verbose=False)
-
-    def run(prompt: list[int], new_tokens: int) -> Rates:
-        llm.reset()
-        start = time.perf_counter()
-        llm.eval(prompt)
-        prefill = time.perf_counter() - start
-        token = int(llm.scores[llm.n_tokens - 1].argmax())
-        start = time.perf_counter()
-        for _ in range(new_tokens - 1):
-            llm.eval([token])
-            token = int(llm.scores[llm.n_tokens - 1].argmax())
-        return (new_tokens - 1) / (time.perf_counter() - start), len(prompt) / prefill
-
-    return run
-
-
-def best(run: Callable[[list[int], int], Rates], args: argparse.Namespace) -> Rates:
-    run(prompt_ids(16, 0), 4)  # warm up
-    decode = prefill = 0.0
+def best_alternating(runs: list[Callable[[list[int], int], Rates]],
+                     args: argparse.Namespace) -> list[Rates]:
+    """Each engine's best (decode, prompt) over --repeats rounds, one run of each per round."""
+    for run in runs:
+        run(prompt_ids(16, 0), 4)  # warm up
+    decode, prefill = [0.0] * len(runs), [0.0] * len(runs)
     for i in range(args.repeats):
-        d, _ = run(prompt_ids(16, 100 + i), args.new_tokens)
-        _, p = run(prompt_ids(args.prompt, 200 + i), 2)
-        decode, prefill = max(decode, d), max(prefill, p)
-    return decode, prefill
+        for j, run in enumerate(runs):
+            d, _ = run(prompt_ids(16, 100 + i), args.new_tokens)
+            _, p = run(prompt_ids(args.prompt, 200 + i), 2)
+            decode[j], prefill[j] = max(decode[j], d), max(prefill[j], p)
+    return list(zip(decode, prefill))
 
 
 def main() -> int:
@@ -96,24 +81,36 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--llama-bench", default=None, help="path of llama.cpp's llama-bench binary")
+    ap.add_argument("--no-exact", action="store_true", help="skip the --dtype float32 row")
     args = ap.parse_args()
     if args.quick:
         args.new_tokens, args.prompt, args.repeats = 32, 128, 1
-    rows: list[tuple[str, Rates | None]] = []
-    rows.append(("ours, default flags", best(ours("auto", args.threads), args)))
-    rows.append(("ours, --dtype float32 (exact)", best(ours("float32", args.threads), args)))
-    peer = llama_cpp(args.threads)
-    rows.append(("llama.cpp (llama-cpp-python)", best(peer, args) if peer else None))
+    names = ["ours, default flags"]
+    runs = [ours("auto", args.threads)]
+    if not args.no_exact:
+        names.append("ours, --dtype float32 (exact)")
+        runs.append(ours("float32", args.threads))
+    peer = find_peer(default_model_path(), args.threads, args.llama_bench)
+    if peer is not None:
+        try:
+            peer[1](prompt_ids(16, 0), 4)
+        except (OSError, RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+            print(f"{peer[0]} failed, left out: {exc}")
+            peer = None
+    if peer is not None:
+        names.append(peer[0])
+        runs.append(peer[1])
+    results = best_alternating(runs, args)
     print(f"SmolLM2-135M Q4_1, {args.threads} threads, decode batch 1 x {args.new_tokens} "
-          f"tokens, prompt {args.prompt} tokens, best of {args.repeats}")
+          f"tokens, prompt {args.prompt} tokens, best of {args.repeats} alternating rounds")
     print(f"{'engine':32} {'decode tok/s':>13} {'prompt tok/s':>13} {'vs llama.cpp':>16}")
-    ref = rows[-1][1]
-    for name, rates in rows:
-        if rates is None:
-            print(f"{name:32} {'not installed':>13}")
-            continue
+    ref = results[-1] if peer is not None else None
+    for name, rates in zip(names, results):
         ratio = f"{rates[0] / ref[0]:.2f}x / {rates[1] / ref[1]:.2f}x" if ref else "-"
         print(f"{name:32} {rates[0]:13.1f} {rates[1]:13.1f} {ratio:>16}")
+    if peer is None:
+        print(f"{'llama.cpp':32} {'peer not found':>13} (build one: benchmarks/build_llama_bench.sh)")
     return 0
 
 

@@ -116,3 +116,19 @@ def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
     harness.step({"s": ids[:-4]})
     steps = torch.cat([harness.step({"s": [t]}) for t in ids[-4:]])
     assert _rel(steps, whole[-4:]) < 0.05
+
+
+def test_small_model_keeps_dense_copies_for_prompts(models):
+    """SmolLM2's 4-bit linears fit w4a16_cpu.DENSE_CACHE_BYTES as bf16: each keeps its dequantized
+    copy, and a many-row matmul through it equals dequantizing on the fly, bit for bit."""
+    _, fast = models
+    linears = [m for m in fast.modules() if isinstance(m, LinearBase)]
+    assert all(m.w4.cpu_pack.dense is not None for m in linears)
+    layer = linears[0]
+    x = torch.randn(w4a16_cpu.DENSE_ROWS, layer.in_features)
+    cached = w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4)
+    dense, layer.w4.cpu_pack.dense = layer.w4.cpu_pack.dense, None
+    try:
+        assert torch.equal(cached, w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4))
+    finally:
+        layer.w4.cpu_pack.dense = dense

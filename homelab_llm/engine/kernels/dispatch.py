@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from homelab_llm.engine.host_copy import upload_pinned
-from homelab_llm.engine.kernels import ref
+from homelab_llm.engine.kernels import attention_cpu, ref
+from homelab_llm.engine.kernels.cpu_threads import single_thread
 
 
 def _kernels_env() -> str:
@@ -29,6 +30,9 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
         from homelab_llm.engine.kernels import kv_store
 
         kv_store.store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        return
+    if key.device.type == "cpu" and _kernels_env() != "ref" and \
+            attention_cpu.store_kv(key, value, k_cache, v_cache, slot_mapping):
         return
     ref.store_kv_ref(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
@@ -49,6 +53,12 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
     independent query either way, so the reference ignores it.
     """
     if not use_triton(q):
+        if (q.device.type == "cpu" and query_lens_host == [1] and seq_lens_host is not None
+                and window == 0 and sinks is None and _kernels_env() != "ref"):
+            out = attention_cpu.decode_one_sequence(q, k_cache, v_cache, page_table,
+                                                    seq_lens_host[0], softmax_scale)
+            if out is not None:
+                return out
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                        softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
                                        window=window, sinks=sinks)
@@ -256,7 +266,8 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=None) -
 
         return sampling.sample(logits, temperature, top_k, top_p, min_p, seeds, steps, modes=modes)
     if not bool((temperature > 0).any()):  # all greedy: no noise to draw
-        return torch.argmax(logits.float(), dim=-1)
+        with single_thread():  # a few rows: less work than the thread pool's fork/join
+            return torch.argmax(logits.float(), dim=-1)
     noise = torch.ones(logits.shape, dtype=torch.float32)
     rows = zip(seeds.tolist(), steps.tolist(), (temperature > 0).tolist())
     for row, (seed, step, draws) in enumerate(rows):

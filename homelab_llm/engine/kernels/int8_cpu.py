@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from homelab_llm.engine.kernels.cpu_threads import single_thread
+
 INT8_GROUP_SIZE = 32
 
 
@@ -68,4 +70,5 @@ def int8_matmul_cpu(x: torch.Tensor, w: CpuInt8Weight) -> torch.Tensor:
     both = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x.to(torch.bfloat16).contiguous(), w.packed, INT8_GROUP_SIZE, w.scales_and_zeros)
     n = w.out_features
-    return both[:, :n].float().add_(both[:, n:])
+    with single_thread():  # two passes over one row: less than the pool's fork/join
+        return both[:, :n].float().add_(both[:, n:])

@@ -5,6 +5,9 @@ through an int8 copy (kernels/int8_cpu.py). Applied once, after the weights are 
 Per decode token this reads the 4-bit weights and the int8 head instead of an fp32 copy of
 everything (SmolLM2-135M: ~100 MB instead of ~540 MB). The exact mode (--dtype float32) never
 comes here.
+
+A small model (its 4-bit linears <= w4a16_cpu.DENSE_CACHE_BYTES as bf16) also keeps a dense bf16
+copy of each for prompt processing, which otherwise dequantizes every weight on every call.
 """
 
 from __future__ import annotations
@@ -12,14 +15,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from homelab_llm.engine.kernels import w4a16_cpu
 from homelab_llm.engine.layers.embedding import ParallelLMHead
 from homelab_llm.engine.layers.linear import LinearBase
 
 
 def use_cpu_kernels(model: nn.Module) -> None:
+    packed = []
     for module in model.modules():
         if isinstance(module, LinearBase) and module.w4 is not None:
             module.compute_w4_in(torch.bfloat16)
+            if module.w4.cpu_pack is not None:
+                packed.append(module)
+    dense_bytes = sum(2 * m.w4.in_features * m.w4.out_features for m in packed)
+    if dense_bytes <= w4a16_cpu.DENSE_CACHE_BYTES:
+        for module in packed:
+            module.w4.cpu_pack.dense = w4a16_cpu.dequantize_bf16(module.w4)
+            # Registered so memory accounting counts it.
+            module.register_buffer("w4_cpu_dense", module.w4.cpu_pack.dense, persistent=False)
     head = getattr(model, "lm_head", None)
     if isinstance(head, ParallelLMHead):
         head.quantize_for_cpu()
