@@ -71,9 +71,12 @@ def test_packed_bytes_match_the_memory_plan(config_path):
         assert params + w4 < dense
 
 
-def test_engine_status_reports_the_packed_size(config_path):
+def test_engine_status_reports_the_packed_size(config_path, monkeypatch):
+    """Status counts every weight byte the engine holds: the packed weights (under half the dense
+    model's), and, when a small model keeps a dense bf16 copy for prompt rows on the CPU, that too."""
     from homelab_llm.engine.args import EngineArgs
     from homelab_llm.engine.core import LLMEngine
+    from homelab_llm.engine.kernels import w4a16_cpu
 
     def weights(quantization):
         engine = LLMEngine(EngineArgs(model=str(config_path), load_format="dummy", device="cpu",
@@ -84,10 +87,15 @@ def test_engine_status_reports_the_packed_size(config_path):
         finally:
             engine.shutdown()
 
-    packed, model = weights("w4a16")
+    def held(model) -> int:
+        return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
     dense, _ = weights(None)
-    every = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    assert packed == every  # fp32 CPU engine: no int4-kernel copy is made
+    with_copy, model = weights("w4a16")
+    assert with_copy == held(model)  # the int4 packs and the dense bf16 copy are buffers, counted
+    monkeypatch.setattr(w4a16_cpu, "DENSE_CACHE_BYTES", 0)  # no dense copy: the packed weights alone
+    packed, model = weights("w4a16")
+    assert packed == held(model) and packed < with_copy
     assert packed < 0.5 * dense
 
 
