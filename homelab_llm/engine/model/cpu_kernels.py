@@ -8,6 +8,7 @@ comes here.
 
 A small model (its 4-bit linears <= w4a16_cpu.DENSE_CACHE_BYTES as bf16) also keeps a dense bf16
 copy of each for prompt processing, which otherwise dequantizes every weight on every call.
+A Llama-style model also gets its one-sequence decode plan (model/cpu_decode_layer.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from torch import nn
 from homelab_llm.engine.kernels import w4a16_cpu
 from homelab_llm.engine.layers.embedding import ParallelLMHead
 from homelab_llm.engine.layers.linear import LinearBase
+from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
+from homelab_llm.engine.model.llama import LlamaModel
 
 
 def use_cpu_kernels(model: nn.Module) -> None:
@@ -36,3 +39,6 @@ def use_cpu_kernels(model: nn.Module) -> None:
     head = getattr(model, "lm_head", None)
     if isinstance(head, ParallelLMHead):
         head.quantize_for_cpu()
+    decoder = getattr(model, "model", None)
+    if isinstance(decoder, LlamaModel):
+        decoder.cpu_decode = CpuDecodePlan.build(decoder)

@@ -7,11 +7,12 @@ says how a checkpoint tensor finds its place in a fused weight).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from homelab_llm.engine.context import get_context
 from homelab_llm.engine.layers.activation import GeluTanhAndMul, SiluAndMul
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -149,7 +150,10 @@ class PreNormDecoder(nn.Module):
     norm: nn.Module
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        return self.run_layers(self.embed_tokens(input_ids), positions)
+
+    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The layers and the final norm over embeddings `hidden`."""
         rope = self.rotary.lookup(positions, hidden.dtype)
         residual = None
         for layer in self.layers:
@@ -170,6 +174,18 @@ class LlamaModel(PreNormDecoder):
             LlamaDecoderLayer(config, make_mlp(config, i) if make_mlp else None, i)
             for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # A model/cpu_decode_layer.CpuDecodePlan, set by model/cpu_kernels.use_cpu_kernels when
+        # the CPU default applies: one-sequence decode steps then take its few-op path.
+        self.cpu_decode: Any = None
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        plan = self.cpu_decode
+        if plan is not None and hidden.shape[0] == 1 and plan.current(self):
+            summed = plan.decode(hidden, positions, get_context())
+            if summed is not None:
+                return self.norm(summed)
+        return self.run_layers(hidden, positions)
 
 
 class LlamaForCausalLM(nn.Module):
