@@ -204,7 +204,10 @@ class HomelabApp(ServiceActions, App[int]):
     def on_service_event_message(self, message: ServiceEventMessage) -> None:
         event = message.event
         if isinstance(event, LogLine):
-            logs = self.get_screen("logs")
+            try:
+                logs = self.get_screen("logs")
+            except KeyError:  # a line from before the screens are installed or after they went:
+                return  # the service keeps every line in its own buffer (the logs screen reads it)
             if isinstance(logs, LogsScreen) and logs.is_mounted:
                 logs.append(event.text)
         elif isinstance(event, StateChanged):

@@ -46,6 +46,12 @@ async def test_start_chat_stop_with_real_server(smollm2_path: Path, user_presets
         assert timing is not None and timing.first_token_at is not None and timing.tokens > 0
         assert chat.messages[-1]["role"] == "assistant" and chat.messages[-1]["content"]
 
+        # The dashboard polls /v1/status every 0.25 s: a snapshot from while the reply streamed
+        # still counts it in flight, and stopping then asks first (a dialog this test would not
+        # answer). Stop once the dashboard shows the server idle, as a user would see it.
+        while ((app.snapshot.running or 0) + (app.snapshot.waiting or 0)) > 0 and \
+                time.monotonic() < deadline:
+            await pilot.pause(0.2)
         await pilot.press("escape", "s")  # leave the chat box, then stop
         while app.service_status.state is not ServiceState.STOPPED and time.monotonic() < deadline:
             await pilot.pause(0.2)
