@@ -58,7 +58,7 @@ def dequantize_w4(w: W4Weight, dtype: torch.dtype) -> torch.Tensor:
 
 def fits_scratch(w: W4Weight, dtype: torch.dtype) -> bool:
     """Whether this weight's dequantized copy stays within the scratch cap."""
-    return w.in_features * w.out_features * torch.tensor([], dtype=dtype).element_size() <= MAX_SCRATCH_BYTES
+    return w.in_features * w.out_features * dtype.itemsize <= MAX_SCRATCH_BYTES
 
 
 def w4a16_deq_matmul(x2: torch.Tensor, w: W4Weight, out: torch.Tensor) -> torch.Tensor:

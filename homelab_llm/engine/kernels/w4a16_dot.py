@@ -56,7 +56,7 @@ def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_P
     """acc + x[:, 8 r + j] @ w for the step's word rows r (w: nibble j's [WROWS, BLOCK_N] tile).
     X_PERM: x was permuted per K step (permute_steps), so the slice is contiguous."""
     if X_PERM:
-        cols = k0 + j * (word_rows.shape[0]) + (word_rows - k0 // 8)
+        cols = k0 + j * word_rows.shape[0] + (word_rows - k0 // 8)  # slice j: k0 + WROWS j + r
     else:
         cols = word_rows * 8 + j
     xj = tl.load(x_rows + cols[None, :], mask=m_mask[:, None] & r_mask[None, :], other=0.0)

@@ -262,7 +262,7 @@ def test_dot_kernel_permuted_x_is_the_same_sum(group_size: int, device: torch.de
 
 
 @pytest.mark.parametrize("group_size", [32, 128])
-def test_dequantized_blas_route(group_size: int, device: torch.device) -> None:
+def test_dequantized_blas_route(group_size: int, device: torch.device, monkeypatch) -> None:
     """Prefill rows take the dequantize-then-BLAS route: the dequantized weight is the reference
     dequantization rounded once to the activations' dtype (within one bf16 ulp, 2^-7 relative:
     the interpreter truncates where GPUs round to nearest), and
@@ -286,10 +286,6 @@ def test_dequantized_blas_route(group_size: int, device: torch.device) -> None:
     x = torch.randn(80, 256, generator=gen).to(device, torch.bfloat16)
     want = x.float() @ ((q.float() - 8) * scales.float()[g_idx]).to(device)
     assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
-    cap = w4a16_deq.MAX_SCRATCH_BYTES
-    try:
-        w4a16_deq.MAX_SCRATCH_BYTES = 16
-        assert not w4a16_deq.fits_scratch(w, torch.bfloat16)
-        assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
-    finally:
-        w4a16_deq.MAX_SCRATCH_BYTES = cap
+    monkeypatch.setattr(w4a16_deq, "MAX_SCRATCH_BYTES", 16)
+    assert not w4a16_deq.fits_scratch(w, torch.bfloat16)
+    assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
