@@ -117,10 +117,12 @@ def int8_to_fp16(x):
 @triton.jit
 def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
                   stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, like,
-                  PAGE_SIZE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+                  PAGE_SIZE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+                  RAW_K: tl.constexpr = False):
     """One tile of K and V rows (tokens offs_n of one sequence, one KV head) gathered through the
-    page table, in the dtype the dot products take (`like`'s, or fp16 for int8 KV). Returns the
-    tiles and each token's (page, slot) for reading its int8 scales."""
+    page table, in the dtype the dot products take (`like`'s, or fp16 for int8 KV; RAW_K: int8 K
+    stays int8, for int8 score dots). Returns the tiles and each token's (page, slot) for reading
+    its int8 scales."""
     page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=n_mask, other=0)
     page = page.to(tl.int64)
     slot = offs_n % PAGE_SIZE
@@ -130,10 +132,12 @@ def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs
     v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
                 + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
     if INT8_KV and not DOT_F32:
-        k = int8_to_fp16(k)
+        if not RAW_K:
+            k = int8_to_fp16(k)
         v = int8_to_fp16(v)
     else:
-        k = k.to(like.dtype)
+        if not RAW_K:
+            k = k.to(like.dtype)
         v = v.to(like.dtype)
     return k, v, page, slot
 
@@ -200,10 +204,18 @@ def prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.const
 def tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask,
                 sm_scale_log2, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
     """q @ k^T in log2 units (the softmax scale applied, int8 K's per-token scales too)."""
+    ks = sm_scale_log2  # unused unless INT8_KV
+    if INT8_KV:
+        ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+    return scaled_scores(q, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
+
+
+@triton.jit
+def scaled_scores(q, k, ks, sm_scale_log2, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+    """tile_scores with int8 K's per-token scales `ks` [BLOCK_N] already loaded."""
     scores = tl.dot(q, tl.trans(k))
     if INT8_KV:
-        scores = scores * load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss,
-                                            stride_sh, n_mask)[None, :]
+        scores = scores * ks[None, :]
     if not INT8_KV or DOT_F32:
         scores = scores * sm_scale_log2
     return scores
@@ -213,9 +225,17 @@ def tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_
 def accumulate_pv(acc, alpha, p, v, vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
                   n_mask, INT8_KV: tl.constexpr):
     """acc * alpha + p @ v (int8 V's per-token scales folded into p)."""
+    vs = alpha  # unused unless INT8_KV
     if INT8_KV:
-        p = p * load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
-                                  n_mask)[None, :]
+        vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+    return scaled_pv(acc, alpha, p, v, vs, INT8_KV)
+
+
+@triton.jit
+def scaled_pv(acc, alpha, p, v, vs, INT8_KV: tl.constexpr):
+    """accumulate_pv with int8 V's per-token scales `vs` [BLOCK_N] already loaded."""
+    if INT8_KV:
+        p = p * vs[None, :]
     return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
 
 

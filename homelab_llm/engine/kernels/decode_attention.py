@@ -4,14 +4,17 @@ speculative verify group, below).
 Stage 1 splits each sequence's KV into NUM_SPLITS ranges; a program owns one (sequence, KV head,
 split) and handles the whole group of query heads that share that KV head, so every K/V row is
 read from memory once per group rather than once per query head (GQA). It writes a partial output
-and its log-sum-exp. Stage 2 merges the splits. Splitting is what keeps a GPU busy at batch 1 with
+and its log-sum-exp. Stage 2 merges the splits (decode_merge.py: a second kernel, or fused into
+the last split program of each group). Splitting is what keeps a GPU busy at batch 1 with
 a long context: without it there would be only B * num_kv_heads programs. A decode graph fixes the
 split count for every length, so a split past a short sequence's end only writes an -inf
 log-sum-exp (no q rotation, no partial row) and the merge skips it.
 
 K/V rows are gathered token by token through the page table, so any page size works. int8 KV is
 dequantized inside the dot products: K's per-token scale multiplies the scores, V's multiplies the
-probabilities, which is exact because the scale is constant along head_dim.
+probabilities, which is exact because the scale is constant along head_dim. Variants the arch
+table (tuning.AttentionTiles) or a benchmark's tiles switch on: int8 x int8 score dots and scale
+prefetch for int8 KV (decode_int8.py), the fused merge (decode_merge.py).
 
 A sliding-window layer (window > 0) reads only the last `window` keys: the splits cover
 [seq_len - window, seq_len), so pages below it are never touched and may be freed. Sinks (gpt-oss)
@@ -30,9 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
-                                               kv_cache_args, load_paged_kv, next_pow2, prepare_q,
-                                               sink_start, tile_scores, unrotate_out)
+from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv_cache_args,
+                                               load_paged_kv, load_token_scales, next_pow2,
+                                               prepare_q, scaled_pv, scaled_scores, sink_start,
+                                               unrotate_out)
+from homelab_llm.engine.kernels.decode_int8 import int8_dot_scores, split_q_int8, tile_pages, tile_scales
+from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
 from homelab_llm.engine.kernels.tuning import AttentionTiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -44,7 +50,7 @@ MAX_TILE_ROWS = 64
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
-    part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr, ticket_ptr,
     sm_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -54,10 +60,12 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH: tl.constexpr, FUSED_MERGE: tl.constexpr,
 ):
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
     # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
+    # INT8_DOT / PREFETCH (int8 KV only) and FUSED_MERGE (ROWS 1, NUM_SPLITS > 1 only): the
+    # variants of decode_int8.py and decode_merge.py.
     first = tl.program_id(0) * ROWS
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -86,13 +94,27 @@ def _decode_split_kernel(
             # lse, which tells the merge to skip this split's (unwritten) partial output.
             part = (row.to(tl.int64) * num_q_heads + heads) * NUM_SPLITS + split
             tl.store(part_lse_ptr + part, tl.full([GROUP_PAD], float("-inf"), tl.float32), mask=g_mask)
+            if FUSED_MERGE:
+                finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
+                             tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
+                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS)
             return
 
+    row_offset = first * stride_pt
+    if PREFETCH:  # the first tile's scales and the second tile's pages, before q's math
+        ks_next, vs_next = tile_scales(
+            ks_ptr, vs_ptr, tile_pages(page_table_ptr, row_offset, start, end, BLOCK_N, PAGE_SIZE),
+            start, end, kv_head, stride_sp, stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
+        pages_next = tile_pages(page_table_ptr, row_offset, start + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
+    if INT8_DOT:  # rotated fp32 q, the softmax scale folded in, split into int8 halves
+        q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, False, True)
+        q_hi, q_lo, q_step = split_q_int8(q * sm_scale_log2)
+    else:
+        q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -103,11 +125,23 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         k, v, page, slot = load_paged_kv(
-            k_ptr, v_ptr, page_table_ptr, first * stride_pt, offs_n, n_mask, offs_d, d_mask, kv_head,
+            k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
-            PAGE_SIZE, INT8_KV, DOT_F32)
-        scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
-                             n_mask, sm_scale_log2, INT8_KV, DOT_F32)  # [GROUP_PAD, BLOCK_N]
+            PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT)
+        ks = sm_scale_log2  # the per-token scales of int8 KV (unused otherwise)
+        vs = sm_scale_log2
+        if PREFETCH:  # this tile's scales came a tile ago; request the next tile's now
+            ks, vs = ks_next, vs_next
+            ks_next, vs_next = tile_scales(ks_ptr, vs_ptr, pages_next, n0 + BLOCK_N, end, kv_head,
+                                           stride_sp, stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
+            pages_next = tile_pages(page_table_ptr, row_offset, n0 + 2 * BLOCK_N, end, BLOCK_N, PAGE_SIZE)
+        elif INT8_KV:
+            ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+            vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+        if INT8_DOT:
+            scores = int8_dot_scores(q_hi, q_lo, q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
+        else:
+            scores = scaled_scores(q, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
         if ROWS == 1:
             scores = tl.where(n_mask[None, :], scores, float("-inf"))
         else:  # each row sees its own keys: row j of a verify group the first seq_len_j (causal)
@@ -121,8 +155,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_ref)
         p = tl.exp2(scores - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = accumulate_pv(acc, alpha, p, v, vs_ptr, page, slot, kv_head, stride_sp, stride_ss,
-                            stride_sh, n_mask, INT8_KV)
+        acc = scaled_pv(acc, alpha, p, v, vs, INT8_KV)
         m_i = m_new
 
     has_keys = l_i > 0.0
@@ -137,30 +170,10 @@ def _decode_split_kernel(
     part = (row.to(tl.int64) * num_q_heads + heads) * NUM_SPLITS + split
     tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], out, mask=g_mask[:, None])
     tl.store(part_lse_ptr + part, lse, mask=g_mask)
-
-
-@triton.jit
-def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-):
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    row0 = (b * tl.num_programs(1) + head).to(tl.int64) * NUM_SPLITS
-    offs_s = tl.arange(0, NUM_SPLITS)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    lse = tl.load(part_lse_ptr + row0 + offs_s)
-    # An empty split wrote only its -inf lse: its partial output is not read (and never NaN).
-    parts = tl.load(part_out_ptr + (row0 + offs_s)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
-                    mask=(lse > float("-inf"))[:, None], other=0.0)
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # a padded, empty sequence: write zeros, not NaN
-    w = tl.exp2(lse - m)
-    total = tl.sum(w, axis=0)
-    out = tl.sum(parts * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
-    q_row = tl.load(query_start_ptr + b).to(tl.int64)
-    tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    if FUSED_MERGE:
+        finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
+                     tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
+                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device,
@@ -224,15 +237,17 @@ def paged_decode_attention(
     out = torch.empty_like(q) if out is None else out
     if batch == 0:
         return out
+    fused = split_tiles.fused_merge and rows_per_seq == 1 and num_splits > 1
     if num_splits == 1:  # the split kernel writes `out` itself
         part_out = part_lse = out
     else:
         part_out = torch.empty((batch, num_q_heads, num_splits, d_pad), dtype=torch.float32,
                                device=q.device)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    tickets = decode_tickets(q.device, batch, num_kv_heads) if fused else out
     _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
         q, k_cache, v_cache, kv.k_scale, kv.v_scale,
-        page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks,
+        page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks, tickets,
         softmax_scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
         page_table.stride(0),
@@ -240,13 +255,10 @@ def paged_decode_attention(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=split_tiles.block_n,
         NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-        ROWS=rows_per_seq, num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
+        ROWS=rows_per_seq, INT8_DOT=kv.int8 and split_tiles.int8_dot,
+        PREFETCH=kv.int8 and split_tiles.prefetch_scales, FUSED_MERGE=fused,
+        num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
     )
-    if num_splits == 1:
-        return out
-    _decode_reduce_kernel[(batch, num_q_heads)](
-        part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits,
-        num_warps=arch.elementwise_warps,
-    )
+    if num_splits > 1 and not fused:
+        merge_partials(part_out, part_lse, out, query_start_loc, head_dim, arch.elementwise_warps)
     return out

@@ -20,9 +20,19 @@ import torch
 
 @dataclass(frozen=True)
 class AttentionTiles:
-    block_n: int  # KV tokens per inner step
+    """block_n: KV tokens per inner step (block_n / page_size pages gathered through the page
+    table per step). The decode split kernel's variants (decode_attention.py; the prefill kernel
+    reads only the first three): int8_dot: int8 KV scores as int8 x int8 dots (K never converted);
+    prefetch_scales: int8 KV's per-token scales (and the page indices they need) requested a tile
+    ahead; fused_merge: the last split of a (sequence, KV head) merges the partials, no second
+    kernel (decode_int8.py, decode_merge.py). Swept by benchmarks/int8kv_decode.py."""
+
+    block_n: int
     num_warps: int
     num_stages: int
+    int8_dot: bool = False
+    prefetch_scales: bool = False
+    fused_merge: bool = False
 
 
 @dataclass(frozen=True)

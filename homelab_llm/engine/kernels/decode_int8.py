@@ -1,0 +1,62 @@
+"""int8-KV steps of the decode split kernel (decode_attention.py) that its variants switch on.
+
+Scale prefetch (AttentionTiles.prefetch_scales): the per-token fp16 scales are 2-byte gathers
+that Triton's pipeliner leaves synchronous (only loads feeding a tl.dot become async copies), so
+each tile used to wait for a page-table load and then a scale load, two round trips the K/V
+pipeline does not hide. The prefetching loop carries the next tile's scales and the tile after
+that's page indices, so those loads are issued a tile (two for the pages) before they are used.
+
+int8 score dots (AttentionTiles.int8_dot): K stays int8 and q is split into two int8 halves,
+q ~= (254 * hi + lo) * step per row (|error| <= step / 2 = max|q| / 64516, finer than the fp16 q
+of the fp16 dots), so q @ k^T is two int8 x int8 -> int32 dots (mma m16n8k32 on sm_80/sm_90,
+WMMA iu8 on RDNA3) with no int8 -> fp16 conversion of K. The int32 sum is exact: |254 hi.k +
+lo.k| <= 255 * 127 * 127 * D < 2^31 for D <= 256.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def split_q_int8(q):
+    """q [M, D] float32 -> (hi, lo, step): int8 [M, D] halves and the fp32 [M] step per row, with
+    q ~= (254 * hi + lo) * step. An all-zero row gets step 1 and zero halves."""
+    amax = tl.max(tl.abs(q), axis=1)
+    coarse = tl.where(amax > 0.0, amax / 127.0, 1.0)
+    hi = tl.minimum(tl.maximum(tl.floor(q / coarse[:, None] + 0.5), -127.0), 127.0)
+    step = coarse / 254.0
+    lo = tl.floor((q - hi * coarse[:, None]) / step[:, None] + 0.5)
+    lo = tl.minimum(tl.maximum(lo, -127.0), 127.0)
+    return hi.to(tl.int8), lo.to(tl.int8), step
+
+
+@triton.jit
+def int8_dot_scores(q_hi, q_lo, q_step, k, ks):
+    """Scores of int8 K rows k [N, D] against split_q_int8's halves of the (already scaled) q,
+    times K's per-token scales ks [N]: float32 [M, N]."""
+    s = tl.dot(q_hi, tl.trans(k), out_dtype=tl.int32)
+    s = tl.dot(q_lo, tl.trans(k), acc=s * 254)
+    return s.to(tl.float32) * q_step[:, None] * ks[None, :]
+
+
+@triton.jit
+def tile_pages(page_table_ptr, row_offset, n0, end, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Page index (int64) of each token n0 .. n0 + BLOCK_N of one sequence (0 past `end`)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=offs_n < end, other=0)
+    return page.to(tl.int64)
+
+
+@triton.jit
+def tile_scales(ks_ptr, vs_ptr, page, n0, end, kv_head, stride_sp, stride_ss, stride_sh,
+                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """K and V per-token scales (float32 [BLOCK_N], 0 past `end`) of tokens n0 .. n0 + BLOCK_N
+    of one KV head, `page` from tile_pages."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    at = page * stride_sp + (offs_n % PAGE_SIZE) * stride_ss + kv_head * stride_sh
+    ks = tl.load(ks_ptr + at, mask=n_mask, other=0.0).to(tl.float32)
+    vs = tl.load(vs_ptr + at, mask=n_mask, other=0.0).to(tl.float32)
+    return ks, vs
