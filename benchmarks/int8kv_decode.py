@@ -1,17 +1,26 @@
-"""Decode attention at batch 1 over long contexts, int8 vs bf16 KV, split and tile variants (H200).
+"""Paged decode attention over long contexts, int8 vs bf16 KV: the split kernel's variants side by
+side with the kernel as it was, against the copy rate of the same bytes (H200, issue 19).
 
-    python3 benchmarks/int8kv_decode.py [--quick] [--ctx 64,1024,16384,65536]
+    python3 benchmarks/int8kv_decode.py [--quick] [--ctx 1024,4096,16384,65536] [--batch 1,8]
+        [--variants old,sc.dot,...] [--splits table|N,...] [--jobs N]
 
 Llama-3.1-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, page 16), one query
-token, the pages scattered through the pool. Each call runs inside a CUDA graph that cycles
-through enough copies of the cache to overflow the L2 (gpu_timing.py). Reported: microseconds per
-layer, the GB/s of K + V (+ the int8 scales) and % of the copy rate of the same bytes in the same
-run, and x32 layers: the milliseconds a decode step spends in attention at that context.
+token per sequence, every sequence ctx tokens long, pages scattered through the pool. Each call
+runs in a CUDA graph that cycles through enough copies of the caches to overflow the L2
+(gpu_timing.py), so K/V come from HBM as in a decode step. Per (KV dtype, context, batch) it
+prints each variant's microseconds per layer (split kernel + merge) and the % of the copy rate:
+the bytes of K + V (+ int8 scales) over the time, against a device-to-device copy of the same
+byte count timed the same way in the same run (read + write, gpu_timing.copy_rate_gbs). Then the
+max |error| of every variant against paged_attention_ref (fp32) at full shape, and per dtype the
+fastest variant per cell with its speedup over "old".
 
-Variants: "sN" = N KV splits (the engine's decode graphs use cuda_graphs.kv_splits_for; the
-default row "table" is what paged_decode_attention picks without a split count), then the split
-kernel's tiles ("b64w4s3" = block_n 64, 4 warps, 3 stages; tuning.TABLE[arch].decode is the
-unmarked one). The last lines name the fastest int8 variant per context and its ratio to bf16.
+Variants (tuning.AttentionTiles; "b64w4s3" = block_n 64, 4 warps, 3 stages): "old" is the sm_90
+table entry before issue 19 (b64w4s3, no switches: the kernel as it was, except that its merge
+kernel now issues the lse and partial loads together); "table" is this device's current entry.
+Switch names: sc = prefetch_scales (int8 only), dot = int8_dot (int8 only), kv = prefetch_kv (num_stages 1),
+fm = fused_merge, r128 = max_regs 128. The winner goes into tuning.TABLE[arch].decode.
+Splits: "table" = what paged_decode_attention picks for the batch without a length
+(choose_num_splits); numbers: fixed split counts (powers of two).
 """
 
 from __future__ import annotations
@@ -27,140 +36,197 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
-from homelab_llm.engine.cuda_graphs import kv_splits_for  # noqa: E402
-from homelab_llm.engine.kernels.decode_attention import paged_decode_attention  # noqa: E402
+from homelab_llm.engine.kernels.decode_attention import choose_num_splits, paged_decode_attention  # noqa: E402
+from homelab_llm.engine.kernels.ref import paged_attention_ref  # noqa: E402
 from homelab_llm.engine.kernels.tuning import AttentionTiles, tiles_for  # noqa: E402
 
 HQ, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 32
-TILES = {
-    "b64w4s1": AttentionTiles(64, 4, 1),
-    "b64w4s2": AttentionTiles(64, 4, 2),
-    "b128w8s2": AttentionTiles(128, 8, 2),
-    "b32w4s2": AttentionTiles(32, 4, 2),
+T = AttentionTiles
+# name -> (tiles or None for the device's table entry, KV dtypes it applies to)
+VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
+    "old": (T(64, 4, 3), ("int8", "bf16")),
+    "table": (None, ("int8", "bf16")),
+    "fm": (T(64, 4, 3, fused_merge=True), ("int8", "bf16")),
+    "b128w8s3": (T(128, 8, 3), ("int8", "bf16")),
+    "kv.w4": (T(64, 4, 1, prefetch_kv=True), ("bf16",)),
+    "kv.w8": (T(64, 8, 1, prefetch_kv=True), ("bf16",)),
+    "kv.w8.fm": (T(64, 8, 1, prefetch_kv=True, fused_merge=True), ("bf16",)),
+    "kv.b128w8": (T(128, 8, 1, prefetch_kv=True), ("bf16",)),
+    "sc": (T(64, 4, 3, prefetch_scales=True), ("int8",)),
+    "sc.dot": (T(64, 4, 3, int8_dot=True, prefetch_scales=True), ("int8",)),
+    "sc.dot.fm": (T(64, 4, 3, int8_dot=True, prefetch_scales=True, fused_merge=True), ("int8",)),
+    "sc.dot.r128": (T(64, 4, 3, int8_dot=True, prefetch_scales=True, max_regs=128), ("int8",)),
+    "sc.dot.w8": (T(64, 8, 3, int8_dot=True, prefetch_scales=True), ("int8",)),
+    "sc.dot.b128w8": (T(128, 8, 3, int8_dot=True, prefetch_scales=True), ("int8",)),
+    "sc.dot.kv.w4": (T(64, 4, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), ("int8",)),
+    "sc.dot.kv.w8": (T(64, 8, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), ("int8",)),
+    "sc.dot.kv.b128w8": (T(128, 8, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), ("int8",)),
 }
-SPLITS = (16, 32, 64, 128)
+QUICK = ("old", "table", "fm", "kv.w8", "sc", "sc.dot", "sc.dot.fm", "sc.dot.kv.w8")
+DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
 
 
-def make_cache(ctx: int, dtype: torch.dtype, gen: torch.Generator, dev: torch.device):
-    """(k, v, k_scale, v_scale, page_table, nbytes) for one sequence of ctx tokens."""
-    pages = -(-ctx // PAGE) + 1
+def make_cache(ctx: int, batch: int, dtype: torch.dtype, gen: torch.Generator, dev: torch.device):
+    """(k, v, k_scale, v_scale, page_table, nbytes) for `batch` sequences of ctx tokens."""
+    per_seq = -(-ctx // PAGE)
+    pages = per_seq * batch + 1
     shape = (pages, PAGE, HKV, D)
     if dtype == torch.int8:
         k = torch.randint(-127, 128, shape, generator=gen, device=dev, dtype=torch.int8)
         v = torch.randint(-127, 128, shape, generator=gen, device=dev, dtype=torch.int8)
         ks = (torch.rand(pages, PAGE, HKV, generator=gen, device=dev) * 0.02 + 0.01).half()
         vs = (torch.rand(pages, PAGE, HKV, generator=gen, device=dev) * 0.02 + 0.01).half()
-        nbytes = 2 * ctx * HKV * (D + 2)
     else:
         k = torch.randn(shape, generator=gen, device=dev).to(dtype)
         v = torch.randn(shape, generator=gen, device=dev).to(dtype)
         ks = vs = None
-        nbytes = 2 * ctx * HKV * D * 2
-    table = torch.randperm(pages, generator=gen, device=dev).to(torch.int32)[None, :]
-    return k, v, ks, vs, table, nbytes
+    perm = torch.randperm(pages, generator=gen, device=dev).to(torch.int32)
+    table = perm[: per_seq * batch].view(batch, per_seq)
+    return k, v, ks, vs, table, kv_bytes(ctx, batch, dtype)
 
 
-def variants(ctx: int, quick: bool) -> dict:
-    """name -> (num_splits or None, tiles or None)."""
-    table = tiles_for(torch.device("cuda")).decode
-    out = {"table": (None, None)}
-    for s in SPLITS:
-        out[f"s{s}"] = (s, None)
-        if ctx == 16384 and not quick:  # the full tile grid where the target is measured
-            for name, t in TILES.items():
-                if t != table:
-                    out[f"s{s}.{name}"] = (s, t)
-    if quick or ctx != 16384:
-        for s in (32, 64):
-            out[f"s{s}.b64w4s1"] = (s, TILES["b64w4s1"])
+def kv_bytes(ctx: int, batch: int, dtype: torch.dtype) -> int:
+    """Bytes one call reads: K + V rows (+ their fp16 scales for int8)."""
+    row = D + 2 if dtype == torch.int8 else D * dtype.itemsize
+    return 2 * batch * ctx * HKV * row
+
+
+def split_counts(batch: int, spec: str) -> list[int]:
+    if spec == "table":
+        return [choose_num_splits(batch, HKV, torch.device("cuda"))]
+    return [int(s) for s in spec.split(",")]
+
+
+def cell_variants(label: str, names: list[str], batch: int, splits: str) -> dict[str, tuple]:
+    """'name' or 'name/sN' -> (tiles or None, num_splits) for one dtype and batch."""
+    counts = split_counts(batch, splits)
+    out = {}
+    for name in names:
+        tiles, kinds = VARIANTS[name]
+        if label in kinds:
+            for s in counts:
+                out[name if len(counts) == 1 else f"{name}/s{s}"] = (tiles, s)
     return out
 
 
-DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
-
-
-def bench_ctx(ctx: int, label: str, quick: bool, compile_only: str = "") -> tuple[dict, float]:
-    """variant -> ms per call at this context, and the bytes a call reads; compile_only: call
-    that one variant once on a short cache (a precompile worker; the compiled code does not
-    depend on the length)."""
-    dev = torch.device("cuda")
+def inputs(ctx: int, batch: int, label: str, copies: int, dev: torch.device):
     gen = torch.Generator(device=dev)
-    gen.manual_seed(ctx)
-    variant_set = variants(ctx, quick)
-    if compile_only:
-        variant_set = {compile_only: variant_set[compile_only]}
-        ctx = min(ctx, 1024)
-    first = make_cache(ctx, DTYPES[label], gen, dev)
-    nbytes = first[-1]
-    copies = 1 if compile_only else copies_for(nbytes, cap=32)
-    caches = [first] + [make_cache(ctx, DTYPES[label], gen, dev) for _ in range(copies - 1)]
-    q = torch.randn(1, HQ, D, generator=gen, device=dev).to(torch.bfloat16)
-    qsl = torch.arange(2, dtype=torch.int32, device=dev)
-    sl = torch.tensor([ctx], dtype=torch.int32, device=dev)
+    gen.manual_seed(ctx * 16 + batch)
+    caches = [make_cache(ctx, batch, DTYPES[label], gen, dev) for _ in range(copies)]
+    q = torch.randn(batch, HQ, D, generator=gen, device=dev).to(torch.bfloat16)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
+    sl = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    return caches, q, qsl, sl
+
+
+def call(caches, i, q, qsl, sl, tiles, splits, out=None):
+    k, v, ks, vs, table, _ = caches[i]
+    return paged_decode_attention(q, k, v, table, qsl, sl, D ** -0.5, ks, vs, num_splits=splits, out=out,
+                                  tiles=tiles)
+
+
+def compile_task(label: str, batch: int, name: str, splits: str) -> None:
+    """Precompile worker: one call of one variant on a short cache (the compiled kernel does not
+    depend on the length or the batch beyond the split count)."""
+    dev = torch.device("cuda")
+    tiles, s = cell_variants(label, [name.split("/")[0]], batch, splits)[name]
+    caches, q, qsl, sl = inputs(256, batch, label, 1, dev)
+    call(caches, 0, q, qsl, sl, tiles, s)
+    torch.cuda.synchronize()
+
+
+def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: str) -> tuple[dict, int]:
+    dev = torch.device("cuda")
+    nbytes = kv_bytes(ctx, batch, DTYPES[label])
+    copies = copies_for(nbytes, cap=32)
+    caches, q, qsl, sl = inputs(ctx, batch, label, copies, dev)
     out = torch.empty_like(q)
     res = {}
-    for name, (splits, tiles) in variant_set.items():
-        def step(i, splits=splits, tiles=tiles):
-            k, v, ks, vs, table, _ = caches[i]
-            return paged_decode_attention(q, k, v, table, qsl, sl, D ** -0.5, ks, vs, num_splits=splits,
-                                          out=out, tiles=tiles)
+    for name, (tiles, s) in cell_variants(label, names, batch, splits).items():
         try:
-            if compile_only:
-                step(0)
-            else:
-                res[name] = graph_ms(step, copies)
+            res[name] = graph_ms(lambda i, t=tiles, s=s: call(caches, i, q, qsl, sl, t, s, out), copies)
         except Exception as exc:  # a variant that fails is reported, not fatal
-            if not compile_only:
-                print(f"  ctx {ctx} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-    torch.cuda.synchronize()
+            print(f"  {label} ctx {ctx} b{batch} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     return res, nbytes
+
+
+def error_check(label: str, names: list[str], splits: str, ctx: int, batch: int) -> dict[str, float]:
+    """max |variant - paged_attention_ref| (fp32 reference) at full shape."""
+    dev = torch.device("cuda")
+    caches, q, qsl, sl = inputs(ctx, batch, label, 1, dev)
+    k, v, ks, vs, table, _ = caches[0]
+    kf = k if label == "int8" else k.float()
+    vf = v if label == "int8" else v.float()
+    want = paged_attention_ref(q.float(), kf, vf, table, qsl, sl, D ** -0.5, ks, vs)
+    errs = {}
+    for name, (tiles, s) in cell_variants(label, names, batch, splits).items():
+        try:
+            errs[name] = (call(caches, 0, q, qsl, sl, tiles, s).float() - want).abs().max().item()
+        except Exception as exc:  # noqa: BLE001
+            errs[name] = float("nan")
+            print(f"  error check {label} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    return errs
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="fewer tile variants")
-    p.add_argument("--ctx", default="64,1024,16384,65536")
+    p.add_argument("--quick", action="store_true", help=f"only {','.join(QUICK)}, contexts 4K and 16K")
+    p.add_argument("--ctx", default="1024,4096,16384,65536")
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--variants", default="", help=f"comma list of {','.join(VARIANTS)}")
+    p.add_argument("--splits", default="table", help="'table' or comma list of split counts")
     p.add_argument("--jobs", type=int, default=default_jobs(), help="processes that compile first (1: none)")
-    p.add_argument("--step-ms", type=float, default=4.97,
-                   help="a short-context decode step without attention (default: the 8B bf16 engine's)")
     a = p.parse_args()
     dev = torch.device("cuda")
     t0 = time.perf_counter()
-    print(f"{torch.cuda.get_device_name(dev)}: copy rate {copy_rate_gbs(dev):,.0f} GB/s (read + write, 1 GiB); "
-          f"table decode tiles {tiles_for(dev).decode}", flush=True)
-    ctxs = [int(c) for c in a.ctx.split(",")]
-    tasks = {(variants(c, a.quick)[v], label): (c, label, a.quick, v) for c in ctxs for label in DTYPES
-             for v in variants(c, a.quick)}  # one task per distinct (splits, tiles, dtype)
-    secs = precompile(bench_ctx, list(tasks.values()), a.jobs)
-    print(f"[{time.perf_counter() - t0:4.0f}s] compiled in {a.jobs} processes ({secs:.0f} s)", flush=True)
-    best: dict[tuple[int, str], tuple[str, float]] = {}
-    for ctx in ctxs:
-        for label in DTYPES:
-            res, nbytes = bench_ctx(ctx, label, a.quick)
-            torch.cuda.empty_cache()  # the context's cache copies went with bench_ctx's frame
-            if not res:
-                continue
-            copy = copy_rate_gbs(dev, nbytes)
-            cells = [f"{n} {ms * 1e3:6.1f}us {100 * nbytes / ms / 1e6 / copy:3.0f}%"
-                     for n, ms in sorted(res.items(), key=lambda kv: kv[1])]
-            name, ms = min(res.items(), key=lambda kv: kv[1])
-            best[(ctx, label)] = (name, ms)
-            print(f"[{time.perf_counter() - t0:4.0f}s] ctx {ctx:6d} {label} {nbytes / 1e6:7.1f}MB copy {copy:5.0f}GB/s "
-                  f"| table {res.get('table', float('nan')) * 1e3:6.1f}us | best {name} x{LAYERS} layers = "
-                  f"{ms * LAYERS:.3f} ms/step | " + " | ".join(cells[:8]), flush=True)
-    print("\nSUMMARY (best variant per context; ms per decode step = x32 layers)")
-    for (ctx, label), (name, ms) in sorted(best.items()):
-        bf = best.get((ctx, "bf16"))
-        ratio = f" int8/bf16 time {ms / bf[1]:.2f}" if label == "int8" and bf else ""
-        print(f"ctx {ctx:6d} {label}: {name} {ms * 1e3:.1f} us/layer, {ms * LAYERS:.3f} ms/step{ratio}")
-    graph = kv_splits_for(17408, PAGE, tiles_for(dev).max_kv_splits)
-    print(f"engine decode graphs at batch 1 (engine_gpu's long section, max_model_len 17408): s{graph}")
-    short = best.get((min(ctxs), "int8"))
-    for ctx in ctxs:
-        if short and (ctx, "int8") in best and ctx > min(ctxs):
-            extra = (best[(ctx, "int8")][1] - short[1]) * LAYERS
-            print(f"int8 KV ctx {ctx} / ctx {min(ctxs)} decode rate with a {a.step_ms} ms step: "
-                  f"{a.step_ms / (a.step_ms + extra):.3f} (target at 16K: >= 0.95)")
+    names = a.variants.split(",") if a.variants else list(QUICK if a.quick else VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {unknown}; choose from {','.join(VARIANTS)}")
+    ctxs = [4096, 16384] if a.quick and a.ctx == p.get_default("ctx") else [int(c) for c in a.ctx.split(",")]
+    batches = [int(b) for b in a.batch.split(",")]
+    print(f"{torch.cuda.get_device_name(dev)}: table decode tiles {tiles_for(dev).decode}; splits "
+          + ", ".join(f"b{b} {split_counts(b, a.splits)}" for b in batches), flush=True)
+    tasks = {(label, str(tiles), s): (label, b, n, a.splits) for label in DTYPES for b in batches
+             for n, (tiles, s) in cell_variants(label, names, b, a.splits).items()}  # distinct compiles
+    secs = precompile(compile_task, list(tasks.values()), a.jobs)
+    print(f"[{time.perf_counter() - t0:4.0f}s] compiled {len(tasks)} launches in {a.jobs} processes ({secs:.0f} s)",
+          flush=True)
+    table: dict[tuple[str, int, int], tuple[dict, float]] = {}
+    for label in DTYPES:
+        for ctx in ctxs:
+            for b in batches:
+                res, nbytes = bench_cell(ctx, b, label, names, a.splits)
+                torch.cuda.empty_cache()
+                copy = copy_rate_gbs(dev, nbytes)
+                table[(label, ctx, b)] = ({n: (ms, 100 * nbytes / ms / 1e6 / copy) for n, ms in res.items()}, copy)
+                print(f"[{time.perf_counter() - t0:4.0f}s] {label} ctx {ctx} b{b}: {nbytes / 1e6:.1f} MB, "
+                      f"copy {copy:,.0f} GB/s", flush=True)
+    cells = [(ctx, b) for ctx in ctxs for b in batches]
+    for label in DTYPES:
+        rows = sorted({n for (lb, _, _), (r, _) in table.items() if lb == label for n in r},
+                      key=lambda n: list(VARIANTS).index(n.split("/")[0]))
+        print(f"\n{label} KV: us per layer (% of the copy rate of its bytes)")
+        print(f"{'variant':18s}" + "".join(f"{f'{c // 1024}K b{b}':>16s}" for c, b in cells))
+        for n in rows:
+            line = f"{n:18s}"
+            for c, b in cells:
+                r = table[(label, c, b)][0].get(n)
+                line += f"{'-':>16s}" if r is None else f"{f'{r[0] * 1e3:7.1f} ({r[1]:3.0f}%)':>16s}"
+            print(line)
+        best = []
+        for c, b in cells:
+            r = table[(label, c, b)][0]
+            if r:
+                name, (ms, pct) = min(r.items(), key=lambda kv: kv[1][0])
+                old = r.get("old", (float("nan"),))[0]
+                best.append(f"{c // 1024}K b{b}: {name} {ms * 1e3:.1f}us {pct:.0f}% (old/best {old / ms:.2f}x)")
+        print("best: " + " | ".join(best))
+    for label in DTYPES:
+        for ctx, b in ((16384, 1), (4096, 8)):
+            errs = error_check(label, names, a.splits, ctx, b)
+            print(f"max |err| vs fp32 reference, {label} ctx {ctx} b{b}: "
+                  + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
     print(f"{time.perf_counter() - t0:.0f} s")
     return 0
 

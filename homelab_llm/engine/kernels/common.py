@@ -126,11 +126,27 @@ def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs
     page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=n_mask, other=0)
     page = page.to(tl.int64)
     slot = offs_n % PAGE_SIZE
+    k, v = gather_kv(k_ptr, v_ptr, page, slot, n_mask, offs_d, d_mask, kv_head,
+                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
+    k, v = kv_for_dots(k, v, like, INT8_KV, DOT_F32, RAW_K)
+    return k, v, page, slot
+
+
+@triton.jit
+def gather_kv(k_ptr, v_ptr, page, slot, n_mask, offs_d, d_mask, kv_head,
+              stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh):
+    """K and V rows of tokens at (page int64, slot), as stored (0 where masked)."""
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_ks
                 + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
                 + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    return k, v
+
+
+@triton.jit
+def kv_for_dots(k, v, like, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, RAW_K: tl.constexpr):
+    """Stored K/V tiles in the dtype the dot products take (see load_paged_kv)."""
     if INT8_KV and not DOT_F32:
         if not RAW_K:
             k = int8_to_fp16(k)
@@ -139,7 +155,7 @@ def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs
         if not RAW_K:
             k = k.to(like.dtype)
         v = v.to(like.dtype)
-    return k, v, page, slot
+    return k, v
 
 
 @triton.jit

@@ -34,10 +34,11 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv_cache_args,
-                                               load_paged_kv, load_token_scales, next_pow2,
-                                               prepare_q, scaled_pv, scaled_scores, sink_start,
-                                               unrotate_out)
-from homelab_llm.engine.kernels.decode_int8 import int8_dot_scores, split_q_int8, tile_pages, tile_scales
+                                               kv_for_dots, load_paged_kv, load_token_scales,
+                                               next_pow2, prepare_q, scaled_pv, scaled_scores,
+                                               sink_start, unrotate_out)
+from homelab_llm.engine.kernels.decode_int8 import (int8_dot_scores, split_q_int8, tile_kv, tile_pages,
+                                                    tile_scales)
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
 from homelab_llm.engine.kernels.tuning import AttentionTiles, device_sms, tiles_for
 
@@ -60,12 +61,13 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
+    PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr,
 ):
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
     # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
-    # INT8_DOT / PREFETCH (int8 KV only) and FUSED_MERGE (ROWS 1, NUM_SPLITS > 1 only): the
-    # variants of decode_int8.py and decode_merge.py.
+    # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV and FUSED_MERGE (ROWS 1, NUM_SPLITS > 1
+    # only): the variants of decode_int8.py and decode_merge.py.
     first = tl.program_id(0) * ROWS
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -101,13 +103,17 @@ def _decode_split_kernel(
             return
 
     row_offset = first * stride_pt
-    if PREFETCH:  # the first tile's scales and the second tile's pages, before q's math
-        ks_next, vs_next = tile_scales(
-            ks_ptr, vs_ptr, tile_pages(page_table_ptr, row_offset, start, end, BLOCK_N, PAGE_SIZE),
-            start, end, kv_head, stride_sp, stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
-        pages_next = tile_pages(page_table_ptr, row_offset, start + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
+    if PREFETCH_SCALES or PREFETCH_KV:  # the first tile's loads and the second's pages, before q's math
+        pages = tile_pages(page_table_ptr, row_offset, start, end, BLOCK_N, PAGE_SIZE)
+        if PREFETCH_SCALES:
+            ks_next, vs_next = tile_scales(ks_ptr, vs_ptr, pages, start, end, kv_head, stride_sp,
+                                           stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
+        if PREFETCH_KV:
+            k_next, v_next = tile_kv(k_ptr, v_ptr, pages, start, end, offs_d, d_mask, kv_head, stride_kp,
+                                     stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, BLOCK_N, PAGE_SIZE)
+        pages_next = tile_pages(page_table_ptr, row_offset, start + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
     q = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     if INT8_DOT:  # rotated fp32 q, the softmax scale folded in, split into int8 halves
@@ -124,20 +130,30 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
-        k, v, page, slot = load_paged_kv(
-            k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
-            PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT)
+        if PREFETCH_KV:  # this tile's rows came a tile ago; request the next tile's now
+            k, v = kv_for_dots(k_next, v_next, q, INT8_KV, DOT_F32, INT8_DOT)
+            k_next, v_next = tile_kv(k_ptr, v_ptr, pages_next, n0 + BLOCK_N, end, offs_d, d_mask, kv_head,
+                                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                                     BLOCK_N, PAGE_SIZE)
+        else:
+            k, v, page, slot = load_paged_kv(
+                k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
+                stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
+                PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT)
         ks = sm_scale_log2  # the per-token scales of int8 KV (unused otherwise)
         vs = sm_scale_log2
-        if PREFETCH:  # this tile's scales came a tile ago; request the next tile's now
+        if PREFETCH_SCALES:  # as the rows: this tile's scales came a tile ago
             ks, vs = ks_next, vs_next
             ks_next, vs_next = tile_scales(ks_ptr, vs_ptr, pages_next, n0 + BLOCK_N, end, kv_head,
                                            stride_sp, stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
-            pages_next = tile_pages(page_table_ptr, row_offset, n0 + 2 * BLOCK_N, end, BLOCK_N, PAGE_SIZE)
         elif INT8_KV:
+            if PREFETCH_KV:  # (page, slot) of this tile, which the prefetching loop did not keep
+                page = tile_pages(page_table_ptr, row_offset, n0, end, BLOCK_N, PAGE_SIZE)
+                slot = offs_n % PAGE_SIZE
             ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
             vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+        if PREFETCH_SCALES or PREFETCH_KV:
+            pages_next = tile_pages(page_table_ptr, row_offset, n0 + 2 * BLOCK_N, end, BLOCK_N, PAGE_SIZE)
         if INT8_DOT:
             scores = int8_dot_scores(q_hi, q_lo, q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
         else:
@@ -256,8 +272,10 @@ def paged_decode_attention(
         NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
         ROWS=rows_per_seq, INT8_DOT=kv.int8 and split_tiles.int8_dot,
-        PREFETCH=kv.int8 and split_tiles.prefetch_scales, FUSED_MERGE=fused,
+        PREFETCH_SCALES=kv.int8 and split_tiles.prefetch_scales, PREFETCH_KV=split_tiles.prefetch_kv,
+        FUSED_MERGE=fused,
         num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
+        **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
     )
     if num_splits > 1 and not fused:
         merge_partials(part_out, part_lse, out, query_start_loc, head_dim, arch.elementwise_warps)

@@ -5,6 +5,10 @@ that Triton's pipeliner leaves synchronous (only loads feeding a tl.dot become a
 each tile used to wait for a page-table load and then a scale load, two round trips the K/V
 pipeline does not hide. The prefetching loop carries the next tile's scales and the tile after
 that's page indices, so those loads are issued a tile (two for the pages) before they are used.
+K/V prefetch (AttentionTiles.prefetch_kv; meant with num_stages 1, Triton's own pipelining off):
+the pipeliner keeps one K/V buffer for this gather (the page-table load takes a stage), so a
+program waited a whole round trip every tile; this loop requests the next tile's K/V rows into
+registers before the current tile's math instead, converting them for the dots a tile later.
 
 int8 score dots (AttentionTiles.int8_dot): K stays int8 and q is split into two int8 halves,
 q ~= (254 * hi + lo) * step per row (|error| <= step / 2 = max|q| / 64516, finer than the fp16 q
@@ -17,6 +21,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from homelab_llm.engine.kernels.common import gather_kv, load_token_scales
 
 
 @triton.jit
@@ -56,7 +62,17 @@ def tile_scales(ks_ptr, vs_ptr, page, n0, end, kv_head, stride_sp, stride_ss, st
     of one KV head, `page` from tile_pages."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
-    at = page * stride_sp + (offs_n % PAGE_SIZE) * stride_ss + kv_head * stride_sh
-    ks = tl.load(ks_ptr + at, mask=n_mask, other=0.0).to(tl.float32)
-    vs = tl.load(vs_ptr + at, mask=n_mask, other=0.0).to(tl.float32)
+    slot = offs_n % PAGE_SIZE
+    ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+    vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
     return ks, vs
+
+
+@triton.jit
+def tile_kv(k_ptr, v_ptr, page, n0, end, offs_d, d_mask, kv_head, stride_kp, stride_ks, stride_kh,
+            stride_vp, stride_vs, stride_vh, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """K and V rows as stored of tokens n0 .. n0 + BLOCK_N, `page` from tile_pages: the register
+    prefetch of AttentionTiles.prefetch_kv (converted for the dots a tile later)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    return gather_kv(k_ptr, v_ptr, page, offs_n % PAGE_SIZE, offs_n < end, offs_d, d_mask, kv_head,
+                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)

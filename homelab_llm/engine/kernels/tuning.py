@@ -24,7 +24,7 @@ class AttentionTiles:
     table per step). The decode split kernel's variants (decode_attention.py; the prefill kernel
     reads only the first three): int8_dot: int8 KV scores as int8 x int8 dots (K never converted);
     prefetch_scales: int8 KV's per-token scales (and the page indices they need) requested a tile
-    ahead; fused_merge: the last split of a (sequence, KV head) merges the partials, no second
+    ahead; prefetch_kv: the K/V rows too, into registers (with num_stages 1); fused_merge: the last split of a (sequence, KV head) merges the partials, no second
     kernel (decode_int8.py, decode_merge.py). Swept by benchmarks/int8kv_decode.py."""
 
     block_n: int
@@ -32,7 +32,9 @@ class AttentionTiles:
     num_stages: int
     int8_dot: bool = False
     prefetch_scales: bool = False
+    prefetch_kv: bool = False
     fused_merge: bool = False
+    max_regs: int = 0  # NVIDIA only: registers per thread the compiler must fit in (0: its choice)
 
 
 @dataclass(frozen=True)

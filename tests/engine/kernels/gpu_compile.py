@@ -125,6 +125,21 @@ def _scenarios():
         kc, vc, ks, vs = caches(cdt)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192)
+    # the split kernel's switches (tuning.AttentionTiles) at the arch's tile sizes: int8 score
+    # dots, scale and K/V prefetch, fused merge; one split (no merge) too
+    import dataclasses
+
+    from homelab_llm.engine.kernels.tuning import tiles_for
+    arch_tiles = tiles_for(None).decode
+    on = dict(int8_dot=True, prefetch_scales=True, fused_merge=True)
+    for cdt, splits, switches in ((i8, None, on), (i8, 1, on), (i8, None, dict(on, prefetch_kv=True, num_stages=1)),
+                                  (i8, None, dict(prefetch_scales=True)),
+                                  (bf16, None, dict(prefetch_kv=True, fused_merge=True, num_stages=1))):
+        kc, vc, ks, vs = caches(cdt)
+        t = dataclasses.replace(arch_tiles, **switches)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits, t=t: decode_attention.paged_decode_attention(
+            qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192,
+            tiles=t)
     sinks = torch.zeros(hq, dtype=torch.float32)
     kc, vc, _, _ = caches(bf16)
     for splits in (1, None):  # sliding window + sinks (gpt-oss, Gemma 3 local layers)
