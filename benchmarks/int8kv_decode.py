@@ -2,7 +2,7 @@
 side with the kernel as it was, against the copy rate of the same bytes (H200, issue 19).
 
     python3 benchmarks/int8kv_decode.py [--quick] [--ctx 1024,4096,16384,65536] [--batch 1,8]
-        [--variants old,sc.dot,...] [--splits table|N,...] [--jobs N]
+        [--many 64] [--variants old,sc.dot,...] [--splits table,N,...] [--jobs N]
 
 Llama-3.1-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, page 16), one query
 token per sequence, every sequence ctx tokens long, pages scattered through the pool. Each call
@@ -17,10 +17,12 @@ fastest variant per cell with its speedup over "old".
 Variants (tuning.AttentionTiles; "b64w4s3" = block_n 64, 4 warps, 3 stages): "old" is the sm_90
 table entry before issue 19 (b64w4s3, no switches: the kernel as it was, except that its merge
 kernel now issues the lse and partial loads together); "table" is this device's current entry.
-Switch names: sc = prefetch_scales (int8 only), dot = int8_dot (int8 only), kv = prefetch_kv (num_stages 1),
-fm = fused_merge, r128 = max_regs 128. The winner goes into tuning.TABLE[arch].decode.
+Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch_kv (num_stages
+1), fm = fused_merge, rN = max_regs N (NVIDIA only). The winners go into tuning.TABLE["sm90"]: the
+bf16 one as `decode`, the int8 one as `decode_int8` (the summary prints both as Python).
 Splits: "table" = what paged_decode_attention picks for the batch without a length
-(choose_num_splits); numbers: fixed split counts (powers of two).
+(choose_num_splits); numbers: fixed split counts (powers of two). --many B adds 1K and 4K
+contexts at batch B (a full server's decode batch: the variants must not slow it).
 """
 
 from __future__ import annotations
@@ -38,31 +40,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.decode_attention import choose_num_splits, paged_decode_attention  # noqa: E402
 from homelab_llm.engine.kernels.ref import paged_attention_ref  # noqa: E402
-from homelab_llm.engine.kernels.tuning import AttentionTiles, tiles_for  # noqa: E402
+from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles  # noqa: E402
 
 HQ, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 32
 T = AttentionTiles
-# name -> (tiles or None for the device's table entry, KV dtypes it applies to)
+I8, BF, BOTH = ("int8",), ("bf16",), ("int8", "bf16")
+# name -> (tiles or None for the device's table entry, KV dtypes it applies to). Compiled for sm_90
+# (tests/engine/kernels/gpu_compile.py's path; registers per thread, no spills anywhere): old int8
+# 182 (2 programs of 4 warps per SM), sc.dot 182, sc.dot.w8s5 111, .r80 80 (3 programs of 8
+# warps); s5 = two K/V buffers in flight (the pipeliner keeps one at s3-s4: the page-table load
+# takes a stage); bf16 w8s5 84 registers, 72 KB shared.
 VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
-    "old": (T(64, 4, 3), ("int8", "bf16")),
-    "table": (None, ("int8", "bf16")),
-    "fm": (T(64, 4, 3, fused_merge=True), ("int8", "bf16")),
-    "b128w8s3": (T(128, 8, 3), ("int8", "bf16")),
-    "kv.w4": (T(64, 4, 1, prefetch_kv=True), ("bf16",)),
-    "kv.w8": (T(64, 8, 1, prefetch_kv=True), ("bf16",)),
-    "kv.w8.fm": (T(64, 8, 1, prefetch_kv=True, fused_merge=True), ("bf16",)),
-    "kv.b128w8": (T(128, 8, 1, prefetch_kv=True), ("bf16",)),
-    "sc": (T(64, 4, 3, prefetch_scales=True), ("int8",)),
-    "sc.dot": (T(64, 4, 3, int8_dot=True, prefetch_scales=True), ("int8",)),
-    "sc.dot.fm": (T(64, 4, 3, int8_dot=True, prefetch_scales=True, fused_merge=True), ("int8",)),
-    "sc.dot.r128": (T(64, 4, 3, int8_dot=True, prefetch_scales=True, max_regs=128), ("int8",)),
-    "sc.dot.w8": (T(64, 8, 3, int8_dot=True, prefetch_scales=True), ("int8",)),
-    "sc.dot.b128w8": (T(128, 8, 3, int8_dot=True, prefetch_scales=True), ("int8",)),
-    "sc.dot.kv.w4": (T(64, 4, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), ("int8",)),
-    "sc.dot.kv.w8": (T(64, 8, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), ("int8",)),
-    "sc.dot.kv.b128w8": (T(128, 8, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), ("int8",)),
+    "old": (T(64, 4, 3), BOTH),
+    "table": (None, BOTH),
+    "fm": (T(64, 4, 3, fused_merge=True), BOTH),
+    "s5": (T(64, 4, 5), BOTH),
+    "w8s5": (T(64, 8, 5), BF),
+    "w8s5.fm": (T(64, 8, 5, fused_merge=True), BF),
+    "b128w8s5": (T(128, 8, 5), BF),
+    "kv.w8": (T(64, 8, 1, prefetch_kv=True), BF),
+    "sc": (T(64, 4, 3, prefetch_scales=True), I8),
+    "sc.s5": (T(64, 4, 5, prefetch_scales=True), I8),
+    "sc.dot": (T(64, 4, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.s5": (T(64, 4, 5, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.s5.r128": (T(64, 4, 5, int8_dot=True, prefetch_scales=True, max_regs=128), I8),
+    "sc.dot.w8s5": (T(64, 8, 5, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.w8s5.r80": (T(64, 8, 5, int8_dot=True, prefetch_scales=True, max_regs=80), I8),
+    "sc.dot.w8s5.r80.fm": (T(64, 8, 5, int8_dot=True, prefetch_scales=True, max_regs=80, fused_merge=True), I8),
+    "sc.dot.b128w8s5.r128": (T(128, 8, 5, int8_dot=True, prefetch_scales=True, max_regs=128), I8),
+    "sc.dot.kv.w8": (T(64, 8, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), I8),
 }
-QUICK = ("old", "table", "fm", "kv.w8", "sc", "sc.dot", "sc.dot.fm", "sc.dot.kv.w8")
+QUICK = ("old", "table", "fm", "s5", "w8s5", "sc", "sc.dot", "sc.dot.s5", "sc.dot.w8s5.r80", "sc.dot.w8s5.r80.fm")
 DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
 
 
@@ -92,9 +100,8 @@ def kv_bytes(ctx: int, batch: int, dtype: torch.dtype) -> int:
 
 
 def split_counts(batch: int, spec: str) -> list[int]:
-    if spec == "table":
-        return [choose_num_splits(batch, HKV, torch.device("cuda"))]
-    return [int(s) for s in spec.split(",")]
+    table = choose_num_splits(batch, HKV, torch.device("cuda"))
+    return sorted({table if s == "table" else int(s) for s in spec.split(",")})
 
 
 def cell_variants(label: str, names: list[str], batch: int, splits: str) -> dict[str, tuple]:
@@ -168,11 +175,63 @@ def error_check(label: str, names: list[str], splits: str, ctx: int, batch: int)
     return errs
 
 
+def old_of(name: str) -> str:
+    """The "old" row a variant compares with: the same split count."""
+    return "old" + name[len(name.split("/")[0]):]
+
+
+def long_pick(table: dict, label: str, cells: list[tuple[int, int]]) -> str:
+    """The variant with the least summed time over the long-context cells, as its tiles (Python,
+    for tuning.TABLE), with its worst slowdown against "old" over every cell (short ones too)."""
+    long = [(c, b) for c, b in cells if c >= 4096 and b <= 8]
+    totals: dict[str, float] = {}
+    for c, b in long:
+        for n, (ms, _) in table[(label, c, b)][0].items():
+            totals[n] = totals.get(n, 0.0) + ms
+    full = {n: t for n, t in totals.items() if all(n in table[(label, c, b)][0] for c, b in long)}
+    if not full:
+        return "none"
+    name = min(full, key=full.get)
+    ref = old_of(name)
+    worst = max(((table[(label, c, b)][0][name][0] / table[(label, c, b)][0][ref][0], f"{c // 1024}K b{b}")
+                 for c, b in cells if name in table[(label, c, b)][0] and ref in table[(label, c, b)][0]),
+                default=(float("nan"), "-"))
+    tiles = VARIANTS[name.split("/")[0]][0]
+    return f"{name} = {tiles!r} (worst cell vs old: {worst[0]:.2f}x at {worst[1]})"
+
+
+def print_tables(table: dict, cells: list[tuple[int, int]]) -> None:
+    """Per KV dtype: variants x cells (us per layer, % of the copy rate), the best per cell, the pick."""
+    width = max(len(n) for n in VARIANTS) + 6
+    for label in DTYPES:
+        rows = sorted({n for (lb, _, _), (r, _) in table.items() if lb == label for n in r},
+                      key=lambda n: list(VARIANTS).index(n.split("/")[0]))
+        print(f"\n{label} KV: us per layer (% of the copy rate of its bytes)")
+        print(f"{'variant':{width}s}" + "".join(f"{f'{c // 1024}K b{b}':>16s}" for c, b in cells))
+        for n in rows:
+            line = f"{n:{width}s}"
+            for c, b in cells:
+                r = table[(label, c, b)][0].get(n)
+                line += f"{'-':>16s}" if r is None else f"{f'{r[0] * 1e3:7.1f} ({r[1]:3.0f}%)':>16s}"
+            print(line)
+        best = []
+        for c, b in cells:
+            r = table[(label, c, b)][0]
+            if r:
+                name, (ms, pct) = min(r.items(), key=lambda kv: kv[1][0])
+                old = r.get(old_of(name), (float("nan"),))[0]
+                best.append(f"{c // 1024}K b{b}: {name} {ms * 1e3:.1f}us {pct:.0f}% (old/best {old / ms:.2f}x)")
+        print("best: " + " | ".join(best))
+        print(f"{label} long-context pick (least total time over the cells >= 4K at batch <= 8): "
+              + long_pick(table, label, cells))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=f"only {','.join(QUICK)}, contexts 4K and 16K")
     p.add_argument("--ctx", default="1024,4096,16384,65536")
     p.add_argument("--batch", default="1,8")
+    p.add_argument("--many", type=int, default=64, help="batch of the extra 1K/4K cells (0: none)")
     p.add_argument("--variants", default="", help=f"comma list of {','.join(VARIANTS)}")
     p.add_argument("--splits", default="table", help="'table' or comma list of split counts")
     p.add_argument("--jobs", type=int, default=default_jobs(), help="processes that compile first (1: none)")
@@ -185,43 +244,26 @@ def main() -> int:
         p.error(f"--variants: unknown {unknown}; choose from {','.join(VARIANTS)}")
     ctxs = [4096, 16384] if a.quick and a.ctx == p.get_default("ctx") else [int(c) for c in a.ctx.split(",")]
     batches = [int(b) for b in a.batch.split(",")]
-    print(f"{torch.cuda.get_device_name(dev)}: table decode tiles {tiles_for(dev).decode}; splits "
-          + ", ".join(f"b{b} {split_counts(b, a.splits)}" for b in batches), flush=True)
-    tasks = {(label, str(tiles), s): (label, b, n, a.splits) for label in DTYPES for b in batches
+    cells = [(ctx, b) for ctx in ctxs for b in batches]
+    cells += [(ctx, a.many) for ctx in (1024, 4096) if a.many and (ctx, a.many) not in cells]
+    print(f"{torch.cuda.get_device_name(dev)}: table decode tiles bf16 {decode_tiles(dev, False)}, int8 "
+          f"{decode_tiles(dev, True)}; splits " + ", ".join(f"b{b} {split_counts(b, a.splits)}" for b in
+                                                            sorted({b for _, b in cells})), flush=True)
+    tasks = {(label, str(tiles), s): (label, b, n, a.splits) for label in DTYPES for b in sorted({b for _, b in cells})
              for n, (tiles, s) in cell_variants(label, names, b, a.splits).items()}  # distinct compiles
     secs = precompile(compile_task, list(tasks.values()), a.jobs)
     print(f"[{time.perf_counter() - t0:4.0f}s] compiled {len(tasks)} launches in {a.jobs} processes ({secs:.0f} s)",
           flush=True)
     table: dict[tuple[str, int, int], tuple[dict, float]] = {}
     for label in DTYPES:
-        for ctx in ctxs:
-            for b in batches:
-                res, nbytes = bench_cell(ctx, b, label, names, a.splits)
-                torch.cuda.empty_cache()
-                copy = copy_rate_gbs(dev, nbytes)
-                table[(label, ctx, b)] = ({n: (ms, 100 * nbytes / ms / 1e6 / copy) for n, ms in res.items()}, copy)
-                print(f"[{time.perf_counter() - t0:4.0f}s] {label} ctx {ctx} b{b}: {nbytes / 1e6:.1f} MB, "
-                      f"copy {copy:,.0f} GB/s", flush=True)
-    cells = [(ctx, b) for ctx in ctxs for b in batches]
-    for label in DTYPES:
-        rows = sorted({n for (lb, _, _), (r, _) in table.items() if lb == label for n in r},
-                      key=lambda n: list(VARIANTS).index(n.split("/")[0]))
-        print(f"\n{label} KV: us per layer (% of the copy rate of its bytes)")
-        print(f"{'variant':18s}" + "".join(f"{f'{c // 1024}K b{b}':>16s}" for c, b in cells))
-        for n in rows:
-            line = f"{n:18s}"
-            for c, b in cells:
-                r = table[(label, c, b)][0].get(n)
-                line += f"{'-':>16s}" if r is None else f"{f'{r[0] * 1e3:7.1f} ({r[1]:3.0f}%)':>16s}"
-            print(line)
-        best = []
-        for c, b in cells:
-            r = table[(label, c, b)][0]
-            if r:
-                name, (ms, pct) = min(r.items(), key=lambda kv: kv[1][0])
-                old = r.get("old", (float("nan"),))[0]
-                best.append(f"{c // 1024}K b{b}: {name} {ms * 1e3:.1f}us {pct:.0f}% (old/best {old / ms:.2f}x)")
-        print("best: " + " | ".join(best))
+        for ctx, b in cells:
+            res, nbytes = bench_cell(ctx, b, label, names, a.splits)
+            torch.cuda.empty_cache()
+            copy = copy_rate_gbs(dev, nbytes)
+            table[(label, ctx, b)] = ({n: (ms, 100 * nbytes / ms / 1e6 / copy) for n, ms in res.items()}, copy)
+            print(f"[{time.perf_counter() - t0:4.0f}s] {label} ctx {ctx} b{b}: {nbytes / 1e6:.1f} MB, "
+                  f"copy {copy:,.0f} GB/s", flush=True)
+    print_tables(table, cells)
     for label in DTYPES:
         for ctx, b in ((16384, 1), (4096, 8)):
             errs = error_check(label, names, a.splits, ctx, b)

@@ -40,7 +40,7 @@ from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv
 from homelab_llm.engine.kernels.decode_int8 import (int8_dot_scores, split_q_int8, tile_kv, tile_pages,
                                                     tile_scales)
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
-from homelab_llm.engine.kernels.tuning import AttentionTiles, device_sms, tiles_for
+from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
 # Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
@@ -242,7 +242,7 @@ def paged_decode_attention(
     extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
     arch = tiles_for(q.device)
-    split_tiles = arch.decode if tiles is None else tiles
+    split_tiles = decode_tiles(q.device, kv.int8) if tiles is None else tiles
     if num_splits is None:
         if window > 0 and max_seq_len is not None:
             max_seq_len = min(max_seq_len, window)

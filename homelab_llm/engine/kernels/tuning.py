@@ -94,6 +94,9 @@ class ArchTiles:
     w4a16_rows: tuple[tuple[int, RowsTiles], ...]
     # W4A16 packed-half GEMV (w4a16_h2.py), the same shape of entries as w4a16_rows.
     w4a16_h2: tuple[tuple[int, RowsTiles], ...]
+    # The decode split kernel's tiles for int8 KV when they differ from `decode` (its int8-only
+    # switches, other tile sizes); None: `decode` serves both KV formats.
+    decode_int8: AttentionTiles | None = None
 
 
 # Packed-half GEMV (w4a16_h2.py) for 1, 2, 3-4 and 5-8 rows: 8 columns per thread (two 128-bit
@@ -212,6 +215,12 @@ def _cuda_arch_name(index: int) -> str:
 
 def tiles_for(device: torch.device | None = None) -> ArchTiles:
     return TABLE[arch_name(device)]
+
+
+def decode_tiles(device: torch.device | None, int8_kv: bool) -> AttentionTiles:
+    """The decode split kernel's tiles on this device for a KV format."""
+    t = tiles_for(device)
+    return t.decode_int8 if int8_kv and t.decode_int8 is not None else t.decode
 
 
 @functools.lru_cache(maxsize=None)
