@@ -3,17 +3,21 @@ program per group) against paged_attention_ref over the same rows taken one by o
 
 Row j of a group sees the first seq_len_j keys (the causal mask inside the block); rows past a
 short draft repeat row 0's length (step_plan padding); a whole group of CUDA-graph padding has
-seq_len 1 over page 0. Bounds as in test_decode_attention: 5e-3 for fp32 queries (tf32 dots on a
+seq_len 1 over page 0. Each case again with the split kernel's switches on (int8 score dots,
+prefetches). Bounds as in test_decode_attention: 5e-3 for fp32 queries (tf32 dots on a
 GPU), 2e-2 for bf16 inputs and outputs, on unit-variance values; the same with a sliding window
 and with sinks.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from homelab_llm.engine.kernels.ref import paged_attention_ref
+from homelab_llm.engine.kernels.tuning import decode_tiles
 
 
 def _rows(ctx_lens: list[int], drafts: list[int], width: int) -> tuple[list[int], list[int]]:
@@ -54,11 +58,14 @@ def test_verify_groups_match_reference(kv_dtype, window, sinks, device: torch.de
                                v_cache if kv_dtype == torch.int8 else v_cache.float(), page_table, qsl, sl,
                                scale, ks, vs, window=window, sinks=sink_logits)
     tol = 5e-3 if q_dtype == torch.float32 else 2e-2
-    for splits in (None, 1, 4):
+    # the table's tiles, and the split kernel's switches on (fused_merge is for one-row groups only)
+    switched = dataclasses.replace(decode_tiles(device, kv_dtype == torch.int8), int8_dot=True,
+                                   prefetch_scales=True, prefetch_kv=True, fused_merge=True)
+    for splits, tiles in ((None, None), (1, None), (4, None), (None, switched), (1, switched)):
         got = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, scale, ks, vs, num_splits=splits,
-                                     window=window, sinks=sink_logits, rows_per_seq=width)
+                                     window=window, sinks=sink_logits, rows_per_seq=width, tiles=tiles)
         assert torch.isfinite(got).all()
-        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"{splits=}: {m}")
+        torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol, msg=lambda m: f"{splits=} {tiles=}: {m}")
 
 
 def test_rows_must_fill_whole_groups(device: torch.device, paged_kv) -> None:
