@@ -126,6 +126,9 @@ TABLE: dict[str, ArchTiles] = {
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
+        # decode (bf16) and decode_int8: the tiles before issue 19's switches until
+        # `python3 benchmarks/int8kv_decode.py` measures them (it prints each KV format's pick);
+        # compiled: int8 182 registers (2 programs per SM), bf16 124 (one K/V buffer in flight).
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=3),
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
