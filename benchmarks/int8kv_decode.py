@@ -21,7 +21,8 @@ Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch
 1), fm = fused_merge, rN = max_regs N (NVIDIA only). The winners go into tuning.TABLE["sm90"]: the
 bf16 one as `decode`, the int8 one as `decode_int8` (the summary prints both as Python).
 Splits: "table" = what paged_decode_attention picks for the batch without a length
-(choose_num_splits); numbers: fixed split counts (powers of two). --many B adds 1K and 4K
+(choose_num_splits); numbers: fixed split counts (powers of two); at batch 1 a few variants also
+at --b1-splits (rows "name/sN"). --many B adds 1K and 4K
 contexts at batch B (a full server's decode batch: the variants must not slow it).
 """
 
@@ -31,6 +32,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -108,22 +110,35 @@ def kv_bytes(ctx: int, batch: int, dtype: torch.dtype) -> int:
     return 2 * batch * ctx * HKV * row
 
 
+@dataclass(frozen=True)
+class SplitPlan:
+    """Split counts per cell: `spec` ("table" and/or numbers) for every variant, plus at batch 1
+    the counts `extra` for the variants `extra_names` (wave quantization: 8 KV heads x 64 splits
+    = 512 programs against 2-4 resident per SM on 132 SMs)."""
+
+    spec: str = "table"
+    extra: tuple[int, ...] = ()
+    extra_names: tuple[str, ...] = ()
+
+
 def split_counts(batch: int, spec: str) -> list[int]:
     table = choose_num_splits(batch, HKV, torch.device("cuda"))
     return sorted({table if s == "table" else int(s) for s in spec.split(",")})
 
 
-def cell_variants(label: str, names: list[str], batch: int, splits: str) -> dict[str, tuple]:
+def cell_variants(label: str, names: list[str], batch: int, plan: SplitPlan) -> dict[str, tuple]:
     """'name' or 'name/sN' -> (tiles or None, num_splits) for one dtype and batch."""
-    counts = split_counts(batch, splits)
+    counts = split_counts(batch, plan.spec)
     out = {}
     for name in names:
         tiles, kinds = VARIANTS[name]
         if name == "table" and decode_tiles(torch.device("cuda"), label == "int8") == VARIANTS["old"][0]:
             continue  # the table still holds the old tiles: the "old" row is its row
-        if label in kinds:
-            for s in counts:
-                out[name if len(counts) == 1 else f"{name}/s{s}"] = (tiles, s)
+        if label not in kinds:
+            continue
+        extra = [s for s in plan.extra if s not in counts] if batch == 1 and name in plan.extra_names else []
+        for s in counts + extra:
+            out[name if len(counts) == 1 and s in counts else f"{name}/s{s}"] = (tiles, s)
     return out
 
 
@@ -143,7 +158,7 @@ def call(caches, i, q, qsl, sl, tiles, splits, out=None):
                                   tiles=tiles)
 
 
-def compile_task(label: str, batch: int, name: str, splits: str) -> None:
+def compile_task(label: str, batch: int, name: str, splits: SplitPlan) -> None:
     """Precompile worker: one call of one variant on a short cache (the compiled kernel does not
     depend on the length or the batch beyond the split count)."""
     dev = torch.device("cuda")
@@ -153,7 +168,7 @@ def compile_task(label: str, batch: int, name: str, splits: str) -> None:
     torch.cuda.synchronize()
 
 
-def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: str) -> tuple[dict, int]:
+def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: SplitPlan) -> tuple[dict, int]:
     dev = torch.device("cuda")
     nbytes = kv_bytes(ctx, batch, DTYPES[label])
     copies = copies_for(nbytes, cap=32)
@@ -168,7 +183,7 @@ def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: str) 
     return res, nbytes
 
 
-def error_check(label: str, names: list[str], splits: str, ctx: int, batch: int) -> dict[str, float]:
+def error_check(label: str, names: list[str], splits: SplitPlan, ctx: int, batch: int) -> dict[str, float]:
     """max |variant - paged_attention_ref| (fp32 reference) at full shape."""
     dev = torch.device("cuda")
     caches, q, qsl, sl = inputs(ctx, batch, label, 1, dev)
@@ -216,7 +231,7 @@ def print_tables(table: dict, cells: list[tuple[int, int]]) -> None:
     width = max(len(n) for n in VARIANTS) + 6
     for label in DTYPES:
         rows = sorted({n for (lb, _, _), (r, _) in table.items() if lb == label for n in r},
-                      key=lambda n: list(VARIANTS).index(n.split("/")[0]))
+                      key=lambda n: (list(VARIANTS).index(n.split("/")[0]), len(n), n))
         print(f"\n{label} KV: us per layer (% of the copy rate of its bytes)")
         print(f"{'variant':{width}s}" + "".join(f"{f'{c // 1024}K b{b}':>16s}" for c, b in cells))
         for n in rows:
@@ -244,10 +259,15 @@ def main() -> int:
     p.add_argument("--batch", default="1,8")
     p.add_argument("--many", type=int, default=64, help="batch of the extra 1K/4K cells (0: none)")
     p.add_argument("--variants", default="", help=f"comma list of {','.join(VARIANTS)}")
-    p.add_argument("--splits", default="table", help="'table' or comma list of split counts")
+    p.add_argument("--splits", default="table", help="'table' and/or split counts, comma separated")
+    p.add_argument("--b1-splits", default="32,128", help="more split counts at batch 1 for --b1-variants")
+    p.add_argument("--b1-variants", default="old,s5,w8s5,sc.dot.w8s5.r80,sc.dot.b128w4s5.r168",
+                   help="the variants also timed at --b1-splits")
     p.add_argument("--jobs", type=int, default=max(default_jobs(), min(16, (os.cpu_count() or 2) - 1)),
                    help="processes that compile first (1: none)")
     a = p.parse_args()
+    plan = SplitPlan(a.splits, tuple(int(x) for x in a.b1_splits.split(",") if x),
+                     tuple(n for n in a.b1_variants.split(",") if n))
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     names = a.variants.split(",") if a.variants else list(QUICK if a.quick else VARIANTS)
@@ -259,17 +279,17 @@ def main() -> int:
     cells = [(ctx, b) for ctx in ctxs for b in batches]
     cells += [(ctx, a.many) for ctx in (1024, 4096) if a.many and (ctx, a.many) not in cells]
     print(f"{torch.cuda.get_device_name(dev)}: table decode tiles bf16 {decode_tiles(dev, False)}, int8 "
-          f"{decode_tiles(dev, True)}; splits " + ", ".join(f"b{b} {split_counts(b, a.splits)}" for b in
+          f"{decode_tiles(dev, True)}; splits " + ", ".join(f"b{b} {split_counts(b, plan.spec)}" for b in
                                                             sorted({b for _, b in cells})), flush=True)
-    tasks = {(label, str(tiles), s): (label, b, n, a.splits) for label in DTYPES for b in sorted({b for _, b in cells})
-             for n, (tiles, s) in cell_variants(label, names, b, a.splits).items()}  # distinct compiles
+    tasks = {(label, str(tiles), s): (label, b, n, plan) for label in DTYPES for b in sorted({b for _, b in cells})
+             for n, (tiles, s) in cell_variants(label, names, b, plan).items()}  # distinct compiles
     secs = precompile(compile_task, list(tasks.values()), a.jobs)
     print(f"[{time.perf_counter() - t0:4.0f}s] compiled {len(tasks)} launches in {a.jobs} processes ({secs:.0f} s)",
           flush=True)
     table: dict[tuple[str, int, int], tuple[dict, float]] = {}
     for label in DTYPES:
         for ctx, b in cells:
-            res, nbytes = bench_cell(ctx, b, label, names, a.splits)
+            res, nbytes = bench_cell(ctx, b, label, names, plan)
             torch.cuda.empty_cache()
             copy = copy_rate_gbs(dev, nbytes)
             table[(label, ctx, b)] = ({n: (ms, 100 * nbytes / ms / 1e6 / copy) for n, ms in res.items()}, copy)
@@ -278,7 +298,7 @@ def main() -> int:
     print_tables(table, cells)
     for label in DTYPES:
         for ctx, b in ((16384, 1), (4096, 8)):
-            errs = error_check(label, names, a.splits, ctx, b)
+            errs = error_check(label, names, plan, ctx, b)
             print(f"max |err| vs fp32 reference, {label} ctx {ctx} b{b}: "
                   + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
     print(f"{time.perf_counter() - t0:.0f} s")
