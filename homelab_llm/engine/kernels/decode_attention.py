@@ -99,7 +99,7 @@ def _decode_split_kernel(
             if FUSED_MERGE:
                 finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
                              tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
-                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS)
+                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE, LOG2_D)
             return
 
     row_offset = first * stride_pt
@@ -176,20 +176,21 @@ def _decode_split_kernel(
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    out = unrotate_out(out, offs_d, HEAD_DIM, LOG2_D, ROTATE, DOT_F32)
     if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
+        out = unrotate_out(out, offs_d, HEAD_DIM, LOG2_D, ROTATE, DOT_F32)
         tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
         return
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    # partials: [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [rows, Hq, NUM_SPLITS], contiguous
+    # partials: [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [rows, Hq, NUM_SPLITS], contiguous; still
+    # rotated (int8 KV): the merge is linear, so it un-rotates once per output, not once per split
     part = (row.to(tl.int64) * num_q_heads + heads) * NUM_SPLITS + split
     tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], out, mask=g_mask[:, None])
     tl.store(part_lse_ptr + part, lse, mask=g_mask)
     if FUSED_MERGE:
         finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
                      tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
-                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS)
+                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE, LOG2_D)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device,
@@ -278,5 +279,6 @@ def paged_decode_attention(
         **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
     )
     if num_splits > 1 and not fused:
-        merge_partials(part_out, part_lse, out, query_start_loc, head_dim, arch.elementwise_warps)
+        merge_partials(part_out, part_lse, out, query_start_loc, head_dim, kv.rotate, kv.log2_d,
+                       arch.elementwise_warps)
     return out

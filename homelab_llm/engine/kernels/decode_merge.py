@@ -1,7 +1,8 @@
 """The merge of split-KV decode partials (decode_attention.py's stage 2), two ways.
 
-Partials: part_out [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] float32 (each split's normalized output)
-and part_lse [rows, Hq, NUM_SPLITS] (its log2-sum-exp; -inf for a split with no keys, whose
+Partials: part_out [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] float32 (each split's normalized output,
+still rotated for rotated int8 KV: the merge is linear, so it un-rotates once per output row) and
+part_lse [rows, Hq, NUM_SPLITS] (its log2-sum-exp; -inf for a split with no keys, whose
 partial output was never written and is never used, even as 0 * NaN).
 
 - A second kernel (merge_partials): one program per (row, query head).
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.common import fwht
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 
 
@@ -41,14 +43,25 @@ def merge_head(part_out_ptr, part_lse_ptr, row0, NUM_SPLITS: tl.constexpr, HEAD_
 
 
 @triton.jit
+def unrotate_row(out, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTATE: tl.constexpr):
+    """A merged output row [HEAD_DIM] back from rotated int8 rows (common.unrotate_out for one
+    row; with ROTATE, HEAD_DIM = 2^LOG2_D)."""
+    if ROTATE:
+        out = tl.reshape(fwht(tl.reshape(out, [1, HEAD_DIM]), LOG2_D), [HEAD_DIM]) * (1.0 / HEAD_DIM)
+    return out
+
+
+@triton.jit
 def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
     row0 = (b * tl.num_programs(1) + head).to(tl.int64) * NUM_SPLITS
     out = merge_head(part_out_ptr, part_lse_ptr, row0, NUM_SPLITS, HEAD_DIM_PAD)
+    out = unrotate_row(out, HEAD_DIM_PAD, LOG2_D, ROTATE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_row = tl.load(query_start_ptr + b).to(tl.int64)
     tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
@@ -58,7 +71,8 @@ def _decode_reduce_kernel(
 @triton.jit
 def finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, row, q_row, kv_head, num_q_heads,
                  stride_ot, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                 HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, ROTATE: tl.constexpr,
+                 LOG2_D: tl.constexpr):
     """Fused merge, called by every split program of one decode row (int64 `row`, its output row
     q_row) and KV head once its partials are stored: the last of the NUM_SPLITS to take the
     ticket writes the GROUP heads' merged outputs and resets the ticket."""
@@ -70,6 +84,7 @@ def finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, row, q_row, kv
             head = kv_head * GROUP + g
             out = merge_head(part_out_ptr, part_lse_ptr, (row * num_q_heads + head) * NUM_SPLITS,
                              NUM_SPLITS, HEAD_DIM_PAD)
+            out = unrotate_row(out, HEAD_DIM_PAD, LOG2_D, ROTATE)
             tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d,
                      out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
         tl.atomic_xchg(ticket_at, 0)
@@ -81,10 +96,13 @@ def decode_tickets(device: torch.device, rows: int, num_kv_heads: int) -> torch.
 
 
 def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
-                   query_start_loc: torch.Tensor, head_dim: int, num_warps: int) -> None:
-    """Stage 2 as its own kernel: out[query_start_loc[b], h] = the merge of row b, head h."""
+                   query_start_loc: torch.Tensor, head_dim: int, rotate: bool, log2_d: int,
+                   num_warps: int) -> None:
+    """Stage 2 as its own kernel: out[query_start_loc[b], h] = the merge of row b, head h
+    (un-rotated when the partials come from rotated int8 rows)."""
     batch, num_q_heads, num_splits, d_pad = part_out.shape
     _decode_reduce_kernel[(batch, num_q_heads)](
         part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits, num_warps=num_warps,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits, ROTATE=rotate, LOG2_D=log2_d,
+        num_warps=num_warps,
     )
