@@ -148,7 +148,7 @@ def _decode_split_kernel(
                                            stride_sp, stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
         elif INT8_KV:
             if PREFETCH_KV:  # (page, slot) of this tile, which the prefetching loop did not keep
-                page = tile_pages(page_table_ptr, row_offset, n0, end, BLOCK_N, PAGE_SIZE)
+                page = tile_pages(page_table_ptr, row_offset, n0, end, BLOCK_N, PAGE_SIZE).to(tl.int64)
                 slot = offs_n % PAGE_SIZE
             ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
             vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)

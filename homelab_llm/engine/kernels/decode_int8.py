@@ -49,10 +49,10 @@ def int8_dot_scores(q_hi, q_lo, q_step, k, ks):
 
 @triton.jit
 def tile_pages(page_table_ptr, row_offset, n0, end, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Page index (int64) of each token n0 .. n0 + BLOCK_N of one sequence (0 past `end`)."""
+    """Page index (int32, as stored: fewer registers to carry a tile ahead) of each token
+    n0 .. n0 + BLOCK_N of one sequence (0 past `end`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=offs_n < end, other=0)
-    return page.to(tl.int64)
+    return tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=offs_n < end, other=0)
 
 
 @triton.jit
@@ -63,6 +63,7 @@ def tile_scales(ks_ptr, vs_ptr, page, n0, end, kv_head, stride_sp, stride_ss, st
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     slot = offs_n % PAGE_SIZE
+    page = page.to(tl.int64)
     ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
     vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
     return ks, vs
@@ -74,5 +75,5 @@ def tile_kv(k_ptr, v_ptr, page, n0, end, offs_d, d_mask, kv_head, stride_kp, str
     """K and V rows as stored of tokens n0 .. n0 + BLOCK_N, `page` from tile_pages: the register
     prefetch of AttentionTiles.prefetch_kv (converted for the dots a tile later)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    return gather_kv(k_ptr, v_ptr, page, offs_n % PAGE_SIZE, offs_n < end, offs_d, d_mask, kv_head,
+    return gather_kv(k_ptr, v_ptr, page.to(tl.int64), offs_n % PAGE_SIZE, offs_n < end, offs_d, d_mask, kv_head,
                      stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
