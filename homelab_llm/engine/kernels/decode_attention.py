@@ -49,6 +49,34 @@ MAX_TILE_ROWS = 64
 
 
 @triton.jit
+def prepared_q_zeros(q, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+    """Zeros of q's shape in the dtype prepare_q gives it (LATE_Q's placeholder)."""
+    z = tl.zeros(q.shape, tl.float32)
+    if not DOT_F32:
+        if INT8_KV:
+            z = z.to(tl.float16)
+        else:
+            z = z.to(q.dtype)
+    return z
+
+
+@triton.jit
+def decode_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTATE: tl.constexpr,
+             INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, INT8_DOT: tl.constexpr):
+    """(q for the score dots, its int8 halves, their step): with INT8_DOT the halves of the rotated
+    fp32 q with the softmax scale folded in (split_q_int8) and zeros for q, else prepare_q's q and
+    zero halves."""
+    if INT8_DOT:
+        qf = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, False, True)
+        q_hi, q_lo, q_step = split_q_int8(qf * sm_scale_log2)
+        return prepared_q_zeros(q, INT8_KV, DOT_F32), q_hi, q_lo, q_step
+    else:
+        qp = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
+        hi = tl.zeros(q.shape, tl.int8)
+        return qp, hi, hi, tl.zeros([q.shape[0]], tl.float32)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
     part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr, ticket_ptr,
@@ -62,12 +90,12 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
-    PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr, LATE_Q: tl.constexpr,
 ):
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
     # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
-    # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV and FUSED_MERGE (ROWS 1, NUM_SPLITS > 1
-    # only): the variants of decode_int8.py and decode_merge.py.
+    # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV, LATE_Q and FUSED_MERGE (ROWS 1,
+    # NUM_SPLITS > 1 only): the variants of decode_int8.py and decode_merge.py.
     first = tl.program_id(0) * ROWS
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -114,13 +142,16 @@ def _decode_split_kernel(
             k_next, v_next = tile_kv(k_ptr, v_ptr, pages, start, end, offs_d, d_mask, kv_head, stride_kp,
                                      stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, BLOCK_N, PAGE_SIZE)
         pages_next = tile_pages(page_table_ptr, row_offset, start + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
-    q = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    if INT8_DOT:  # rotated fp32 q, the softmax scale folded in, split into int8 halves
-        q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, False, True)
-        q_hi, q_lo, q_step = split_q_int8(q * sm_scale_log2)
+    q_raw = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if LATE_Q:  # placeholders of the prepared q's types; the first tile prepares it
+        q = prepared_q_zeros(q_raw, INT8_KV, DOT_F32)
+        q_hi = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.int8)
+        q_lo = q_hi
+        q_step = tl.zeros([GROUP_PAD], tl.float32)
     else:
-        q = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
+        q, q_hi, q_lo, q_step = decode_q(q_raw, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV,
+                                         DOT_F32, INT8_DOT)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -128,6 +159,10 @@ def _decode_split_kernel(
         m_i, l_i = sink_start(sinks_ptr, heads, g_mask, split == 0, m_i, l_i)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     for n0 in range(start, end, BLOCK_N):
+        if LATE_Q:
+            if n0 == start:  # behind the first tiles' loads, which the pipeliner issues before the loop
+                q, q_hi, q_lo, q_step = decode_q(q_raw, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE,
+                                                 INT8_KV, DOT_F32, INT8_DOT)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PREFETCH_KV:  # this tile's rows came a tile ago; request the next tile's now
@@ -274,7 +309,7 @@ def paged_decode_attention(
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
         ROWS=rows_per_seq, INT8_DOT=kv.int8 and split_tiles.int8_dot,
         PREFETCH_SCALES=kv.int8 and split_tiles.prefetch_scales, PREFETCH_KV=split_tiles.prefetch_kv,
-        FUSED_MERGE=fused,
+        FUSED_MERGE=fused, LATE_Q=split_tiles.late_q,
         num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
         **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
     )

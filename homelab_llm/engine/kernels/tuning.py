@@ -35,6 +35,7 @@ class AttentionTiles:
     prefetch_kv: bool = False
     fused_merge: bool = False
     max_regs: int = 0  # NVIDIA only: registers per thread the compiler must fit in (0: its choice)
+    late_q: bool = False  # q prepared (rotation, int8 split) inside the first tile, after its loads
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ TABLE: dict[str, ArchTiles] = {
         name="sm90", num_sms=132,
         # decode (bf16) and decode_int8: the tiles before issue 19's switches until
         # `python3 benchmarks/int8kv_decode.py` measures them (it prints each KV format's pick);
-        # compiled: int8 182 registers (2 programs per SM), bf16 124 (one K/V buffer in flight).
+        # compiled: int8 155 registers (3 programs per SM), bf16 124 (4); one K/V buffer in flight.
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=3),
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),

@@ -126,13 +126,14 @@ def _scenarios():
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192)
     # the split kernel's switches (tuning.AttentionTiles) at the arch's tile sizes: int8 score
-    # dots, scale and K/V prefetch, fused merge; one split (no merge) too
+    # dots, scale and K/V prefetch, fused merge, late q; one split (no merge) too
     import dataclasses
 
     from homelab_llm.engine.kernels.tuning import tiles_for
     arch_tiles = tiles_for(None).decode
     on = dict(int8_dot=True, prefetch_scales=True, fused_merge=True)
-    for cdt, splits, switches in ((i8, None, on), (i8, 1, on), (i8, None, dict(on, prefetch_kv=True, num_stages=1)),
+    for cdt, splits, switches in ((i8, None, on), (i8, None, dict(on, late_q=True)), (i8, 1, dict(on, late_q=True)),
+                                  (i8, None, dict(on, prefetch_kv=True, num_stages=1)),
                                   (i8, None, dict(prefetch_scales=True)),
                                   (bf16, None, dict(prefetch_kv=True, fused_merge=True, num_stages=1))):
         kc, vc, ks, vs = caches(cdt)
@@ -501,7 +502,7 @@ def _target(name: str):
 
 def resource_usage(kernel, target: str) -> dict:
     """Registers and spills of a compiled kernel, read from its binary (no device needed).
-    CUDA: cuobjdump --dump-resource-usage on the cubin (REG; LOCAL = spilled bytes per thread);
+    CUDA: cuobjdump --dump-resource-usage on the cubin (REG; LOCAL + STACK = spilled bytes per thread);
     HIP: the code object's metadata (.vgpr_count, .vgpr_spill_count). {} when unreadable."""
     if TARGETS[target][0] == "hip":
         text = kernel.asm.get("amdgcn", "")
@@ -519,8 +520,10 @@ def resource_usage(kernel, target: str) -> dict:
                                  text=True, timeout=60).stdout
         except (OSError, subprocess.SubprocessError):
             return {}
-    regs, local = re.search(r"REG:(\d+)", out), re.search(r"LOCAL:(\d+)", out)
-    return {"regs": int(regs.group(1)), "spills": int(local.group(1)) if local else 0} if regs else {}
+    # spilled registers land in LOCAL or, with a register cap (maxnreg), in STACK
+    regs = re.search(r"REG:(\d+)", out)
+    spills = sum(int(m.group(1)) for m in re.finditer(r"(?:LOCAL|STACK):(\d+)", out))
+    return {"regs": int(regs.group(1)), "spills": spills} if regs else {}
 
 
 def compile_one(spec: dict, target: str, usage: bool = False) -> tuple[str | None, int] | tuple[str | None, int, dict]:

@@ -1,5 +1,5 @@
 """The decode split kernel's variants (tuning.AttentionTiles: int8 score dots, scale and K/V
-prefetch, fused merge, several pages per inner step) against paged_attention_ref: GQA groups of 1-8 query heads,
+prefetch, fused merge, q prepared in the first tile, several pages per inner step) against paged_attention_ref: GQA groups of 1-8 query heads,
 tails that end inside a page and inside a step, int8 rows with their per-token scales (rotated
 head_dim 32/64 and unrotated 48), sinks and windows, empty splits and empty sequences."""
 
@@ -20,7 +20,9 @@ VARIANTS = {
     "scales.b32": AttentionTiles(32, 1, 1, prefetch_scales=True),
     "kv.b16": AttentionTiles(16, 1, 1, prefetch_kv=True),
     "fused.b16": AttentionTiles(16, 1, 1, fused_merge=True),
-    "all.b32": AttentionTiles(32, 1, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True, fused_merge=True),
+    "lateq.dot.b16": AttentionTiles(16, 1, 1, int8_dot=True, late_q=True),
+    "all.b32": AttentionTiles(32, 1, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True, fused_merge=True,
+                              late_q=True),
 }
 # (seq_lens, q_heads, kv_heads, head_dim, page_size): page 4 with block_n 16/32 gathers 4-8 pages a
 # step; lengths end mid-page and mid-step; groups of 4, 8, 1 and 2 query heads.

@@ -60,7 +60,7 @@ def test_verify_groups_match_reference(kv_dtype, window, sinks, device: torch.de
     tol = 5e-3 if q_dtype == torch.float32 else 2e-2
     # the table's tiles, and the split kernel's switches on (fused_merge is for one-row groups only)
     switched = dataclasses.replace(decode_tiles(device, kv_dtype == torch.int8), int8_dot=True,
-                                   prefetch_scales=True, prefetch_kv=True, fused_merge=True)
+                                   prefetch_scales=True, prefetch_kv=True, fused_merge=True, late_q=True)
     for splits, tiles in ((None, None), (1, None), (4, None), (None, switched), (1, switched)):
         got = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, scale, ks, vs, num_splits=splits,
                                      window=window, sinks=sink_logits, rows_per_seq=width, tiles=tiles)
