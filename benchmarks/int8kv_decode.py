@@ -15,8 +15,10 @@ max |error| of every variant against paged_attention_ref (fp32) at full shape, a
 fastest variant per cell with its speedup over "old".
 
 Variants (tuning.AttentionTiles; "b64w4s3" = block_n 64, 4 warps, 3 stages): "old" is the sm_90
-table entry before issue 19 (b64w4s3, no switches: the kernel as it was, except that its merge
-kernel now issues the lse and partial loads together); "table" is this device's current entry.
+table entry before issue 19 (b64w4s3, switches off, every split un-rotating its own partial: the
+kernel as it was, except that the merge kernel now issues its lse and partial loads together);
+"b64w4s3" the same tiles with the merge un-rotating once per output (int8); "table" this
+device's current entry when it differs from "old".
 Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch_kv (num_stages
 1), fm = fused_merge, rN = max_regs N (NVIDIA only). The winners go into tuning.TABLE["sm90"]: the
 bf16 one as `decode`, the int8 one as `decode_int8` (the summary prints both as Python).
@@ -32,7 +34,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -50,15 +52,16 @@ T = AttentionTiles
 I8, BF, BOTH = ("int8",), ("bf16",), ("int8", "bf16")
 # name -> (tiles or None for the device's table entry, KV dtypes it applies to). sm_90 compiles
 # (regs per thread / spilled bytes, counted with STACK / programs per SM; SASS instructions per KB
-# of KV in the loop): int8 old 155/0/3, 255/KB; sc.dot 181/0/2, 198/KB; sc.dot.s5 146/0/3;
+# of KV in the loop): int8 old 182/0/2, b64w4s3 155/0/3, 255/KB; sc.dot 181/0/2, 198/KB; sc.dot.s5 146/0/3;
 # .r128 128/32/4 (6 spill ops in the loop); sc.dot.w8s5 107/0/2 (8 warps); .r80 80/104/3 (21 in the
 # loop); sc.dot.b128w4s5 204/0/2, 137/KB; lq (late_q) raises registers (s5.lq 188) since the q
 # preparation sits in the loop. bf16 old 124/0/4, 68/KB; fm 146/0/3; w8s5 84/0/3 (72 KB shared);
 # w8s5.fm.r84 79/0/3. s5 = two K/V buffers in flight (the pipeliner keeps one at s3-s4: the
 # page-table load takes a stage).
 VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
-    "old": (T(64, 4, 3), BOTH),
+    "old": (T(64, 4, 3, merge_unrotates=False), BOTH),
     "table": (None, BOTH),
+    "b64w4s3": (T(64, 4, 3), I8),
     "old.r128": (T(64, 4, 3, max_regs=128), I8),
     "fm": (T(64, 4, 3, fused_merge=True), BOTH),
     "s5": (T(64, 4, 5), BOTH),
@@ -128,14 +131,22 @@ def split_counts(batch: int, spec: str) -> list[int]:
     return sorted({table if s == "table" else int(s) for s in spec.split(",")})
 
 
+def same_kernel(a: AttentionTiles, b: AttentionTiles, label: str) -> bool:
+    """Whether two tiles run the same kernel on this KV dtype (bf16 ignores the int8 switches)."""
+    if label == "bf16":
+        a, b = (replace(t, int8_dot=False, prefetch_scales=False, merge_unrotates=True) for t in (a, b))
+    return a == b
+
+
 def cell_variants(label: str, names: list[str], batch: int, plan: SplitPlan) -> dict[str, tuple]:
     """'name' or 'name/sN' -> (tiles or None, num_splits) for one dtype and batch."""
     counts = split_counts(batch, plan.spec)
     out = {}
     for name in names:
         tiles, kinds = VARIANTS[name]
-        if name == "table" and decode_tiles(torch.device("cuda"), label == "int8") == VARIANTS["old"][0]:
-            continue  # the table still holds the old tiles: the "old" row is its row
+        if name == "table" and any(same_kernel(decode_tiles(torch.device("cuda"), label == "int8"), VARIANTS[n][0], label)
+                                   for n in names if n != "table" and label in VARIANTS[n][1]):
+            continue  # another row already times the table's tiles
         if label not in kinds:
             continue
         extra = [s for s in plan.extra if s not in counts] if batch == 1 and name in plan.extra_names else []

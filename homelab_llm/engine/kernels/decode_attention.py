@@ -91,11 +91,12 @@ def _decode_split_kernel(
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
     PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr, LATE_Q: tl.constexpr,
+    MERGE_UNROTATES: tl.constexpr,
 ):
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
     # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
-    # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV, LATE_Q and FUSED_MERGE (ROWS 1,
-    # NUM_SPLITS > 1 only): the variants of decode_int8.py and decode_merge.py.
+    # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV, LATE_Q, MERGE_UNROTATES and FUSED_MERGE
+    # (ROWS 1, NUM_SPLITS > 1 only): the variants of decode_int8.py and decode_merge.py.
     first = tl.program_id(0) * ROWS
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -127,7 +128,7 @@ def _decode_split_kernel(
             if FUSED_MERGE:
                 finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
                              tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
-                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE, LOG2_D)
+                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D)
             return
 
     row_offset = first * stride_pt
@@ -211,21 +212,23 @@ def _decode_split_kernel(
 
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
+    if NUM_SPLITS == 1 or not MERGE_UNROTATES:
         out = unrotate_out(out, offs_d, HEAD_DIM, LOG2_D, ROTATE, DOT_F32)
+    if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
         tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
         return
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    # partials: [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [rows, Hq, NUM_SPLITS], contiguous; still
-    # rotated (int8 KV): the merge is linear, so it un-rotates once per output, not once per split
+    # partials: [rows, Hq, NUM_SPLITS, HEAD_DIM_PAD] and [rows, Hq, NUM_SPLITS], contiguous; with
+    # MERGE_UNROTATES still rotated (int8 KV): the merge is linear, so it un-rotates once per
+    # output instead of once per split
     part = (row.to(tl.int64) * num_q_heads + heads) * NUM_SPLITS + split
     tl.store(part_out_ptr + part[:, None] * HEAD_DIM_PAD + offs_d[None, :], out, mask=g_mask[:, None])
     tl.store(part_lse_ptr + part, lse, mask=g_mask)
     if FUSED_MERGE:
         finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
                      tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
-                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE, LOG2_D)
+                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device,
@@ -309,11 +312,12 @@ def paged_decode_attention(
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
         ROWS=rows_per_seq, INT8_DOT=kv.int8 and split_tiles.int8_dot,
         PREFETCH_SCALES=kv.int8 and split_tiles.prefetch_scales, PREFETCH_KV=split_tiles.prefetch_kv,
-        FUSED_MERGE=fused, LATE_Q=split_tiles.late_q,
+        FUSED_MERGE=fused, LATE_Q=split_tiles.late_q, MERGE_UNROTATES=split_tiles.merge_unrotates,
         num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
         **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
     )
     if num_splits > 1 and not fused:
-        merge_partials(part_out, part_lse, out, query_start_loc, head_dim, kv.rotate, kv.log2_d,
+        merge_partials(part_out, part_lse, out, query_start_loc, head_dim,
+                       kv.rotate and split_tiles.merge_unrotates, kv.log2_d,
                        arch.elementwise_warps)
     return out

@@ -36,6 +36,8 @@ class AttentionTiles:
     fused_merge: bool = False
     max_regs: int = 0  # NVIDIA only: registers per thread the compiler must fit in (0: its choice)
     late_q: bool = False  # q prepared (rotation, int8 split) inside the first tile, after its loads
+    # rotated int8 KV: the merge un-rotates each output once (False: every split program its partial)
+    merge_unrotates: bool = True
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ VARIANTS = {
     "kv.b16": AttentionTiles(16, 1, 1, prefetch_kv=True),
     "fused.b16": AttentionTiles(16, 1, 1, fused_merge=True),
     "lateq.dot.b16": AttentionTiles(16, 1, 1, int8_dot=True, late_q=True),
+    "split_unrotates.b16": AttentionTiles(16, 1, 1, merge_unrotates=False),
+    "split_unrotates.fused.b16": AttentionTiles(16, 1, 1, merge_unrotates=False, fused_merge=True),
     "all.b32": AttentionTiles(32, 1, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True, fused_merge=True,
                               late_q=True),
 }
