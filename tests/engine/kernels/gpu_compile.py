@@ -135,6 +135,7 @@ def _scenarios():
     for cdt, splits, switches in ((i8, None, on), (i8, None, dict(on, late_q=True)), (i8, 1, dict(on, late_q=True)),
                                   (i8, None, dict(on, prefetch_kv=True, num_stages=1)),
                                   (i8, None, dict(prefetch_scales=True)),
+                                  (i8, None, dict(merge_unrotates=False, fused_merge=True)),
                                   (bf16, None, dict(prefetch_kv=True, fused_merge=True, num_stages=1))):
         kc, vc, ks, vs = caches(cdt)
         t = dataclasses.replace(arch_tiles, **switches)
