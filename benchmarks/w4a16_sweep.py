@@ -26,17 +26,18 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref  # noqa: E402
-from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles  # noqa: E402
+from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles, tiles_for  # noqa: E402
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
@@ -85,6 +86,9 @@ DOT_TILES = {
     "dot.bm16": GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
     "dot.bm16w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
     "dot.bm32": GemmTiles(32, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    "dot.bm16bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+    "dot.bm16k256": GemmTiles(16, 128, 256, num_warps=8, num_stages=3, split_k=4),
+    "dot.bm16s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=8),
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
 # rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
@@ -103,6 +107,14 @@ H2_TILES = {
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 
 
+def pow2_split_dot(x: torch.Tensor, w) -> int:
+    """The few-row kernel's split before launch_fit (pick_split at tiles.split_k programs per SM)."""
+    t = tiles_for(x.device).w4a16_dot
+    block_m = min(t.block_m, max(16, 1 << (x.shape[0] - 1).bit_length()))
+    blocks = triton.cdiv(x.shape[0], block_m) * triton.cdiv(w.out_features, t.block_n)
+    return pick_split(blocks, x.shape[1], max(128, t.block_k), x.device, waves=t.split_k)
+
+
 def variants(m: int, dev: torch.device, quick: bool) -> dict:
     """name -> (family, fn(x, w, out)) for m rows."""
     v = {}
@@ -118,6 +130,7 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
+    v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
