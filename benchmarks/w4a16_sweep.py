@@ -1,6 +1,6 @@
 """W4A16 decode kernels on a model's linears, every variant in one run (< 4 min on an H200).
 
-    python3 benchmarks/w4a16_sweep.py [--quick] [--model 8b|27b] [--m 1,2,4,8,16] [--tp 1,2]
+    python3 benchmarks/w4a16_sweep.py [--quick] [--model 8b|27b|30b-a3b] [--m 1,2,4,8,16] [--tp 1,2]
 
 For each linear shape (8b: Llama-3.1-8B's qkv, o, gate_up, down x 32 layers and the lm_head;
 27b: the Qwen3.6-27B hybrid's; TP shards: column-parallel halves N, row-parallel halves K) and
@@ -50,6 +50,11 @@ MODELS = {
         "gate_up": (4096, 2 * 14336, 32, "col"),
         "down": (14336, 4096, 32, "row"),
         "lm_head": (4096, 128256, 1, "col"),
+    },
+    "30b-a3b": {  # Qwen3-30B-A3B's attention linears (the experts have their own kernels)
+        "attn.qkv": (2048, 32 * 128 + 2 * 4 * 128, 48, "col"),
+        "attn.o_proj": (32 * 128, 2048, 48, "row"),
+        "lm_head": (2048, 151936, 1, "col"),
     },
     "27b": {
         "gdn.in_proj_qkvz": (5120, 2 * 2048 + 2 * 6144, 48, "col"),
@@ -126,6 +131,9 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
     if m <= H2_MAX_ROWS:
         v["h2"] = ("h2", lambda x, w, out: w4a16_h2(x, w, out))
+        if m <= 2 and not quick:  # fixed K splits: small matrices pay the split reduction's tail
+            for sp in (2, 4, 8, 16):
+                v[f"h2.s{sp}"] = ("h2", lambda x, w, out, sp=sp: w4a16_h2(x, w, out, split=sp))
         for name, (t, at) in H2_TILES.items():
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
