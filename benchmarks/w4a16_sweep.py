@@ -138,7 +138,6 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
-    v["dot.one"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, one_dot=True))  # one dot a step
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))

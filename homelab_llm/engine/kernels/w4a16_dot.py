@@ -67,27 +67,12 @@ def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_P
 
 
 @triton.jit
-def step_tile(packed, X_F16: tl.constexpr):
-    """The step's [8 * WROWS, BLOCK_N] weight tile as OFFSET + q in natural k order (row 8 r + j
-    is nibble j of word row r), for ONE tensor-core dot a step. tl.join appends its new axis
-    last, so the innermost join (nibbles j, j + 4 of one AND-OR) is the slowest of the three new
-    axes: (j + 4 c) = 4 c + 2 b + a with a the outer join, b the middle one."""
-    l0, h0 = nibble_pair(packed, 0, X_F16)
-    l1, h1 = nibble_pair(packed, 1, X_F16)
-    l2, h2 = nibble_pair(packed, 2, X_F16)
-    l3, h3 = nibble_pair(packed, 3, X_F16)
-    w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)), tl.join(tl.join(l1, h1), tl.join(l3, h3)))
-    w = tl.permute(tl.reshape(w, [packed.shape[0], packed.shape[1], 8]), (0, 2, 1))
-    return tl.reshape(w, [packed.shape[0] * 8, packed.shape[1]])
-
-
-@triton.jit
 def _w4a16_dot_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    X_PERM: tl.constexpr, DOT_F32: tl.constexpr, ONE_DOT: tl.constexpr,
+    X_PERM: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -125,14 +110,7 @@ def _w4a16_dot_kernel(
             x_sum = tl.sum(tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None],
                                    other=0.0).to(tl.float32), axis=1)[:, None]
             inner = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            if ONE_DOT:  # the whole step in one dot: x contiguous, the tile in natural order
-                xt = tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None],
-                             other=0.0)
-                if DOT_F32:
-                    inner = tl.dot(xt.to(tl.float32), step_tile(packed, X_F16).to(tl.float32))
-                else:
-                    inner = tl.dot(xt, step_tile(packed, X_F16).to(xt.dtype))
-            for j in tl.static_range(4 * (1 - ONE_DOT)):
+            for j in tl.static_range(4):
                 lo, hi = nibble_pair(packed, j, X_F16)
                 inner = dot_step(inner, x_rows, k0, word_rows, j, m_mask, r_mask, lo, X_PERM, DOT_F32)
                 inner = dot_step(inner, x_rows, k0, word_rows, j + 4, m_mask, r_mask, hi, X_PERM,
@@ -165,12 +143,10 @@ def permute_steps(x2: torch.Tensor, block_k: int) -> torch.Tensor:
 
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
-              split: int | None = None, permute: bool | None = None, one_dot: bool = False) -> torch.Tensor:
+              split: int | None = None, permute: bool | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
-    block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows). one_dot: each
-    step as one dot over the whole dequantized tile (where one group covers a step; measured
-    with benchmarks/w4a16_sweep.py) instead of eight per-nibble dots."""
+    block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows)."""
     m, k = x2.shape
     n = w.out_features
     t = tiles or tiles_for(x2.device).w4a16_dot
@@ -180,12 +156,11 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, t.block_n)
     if permute is None:
         permute = m > PERMUTE_ABOVE
-    one_dot = one_dot and w.group_size % block_k == 0
-    permute = permute and k % block_k == 0 and not one_dot
+    permute = permute and k % block_k == 0
     if permute:
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
-                X_PERM=permute, DOT_F32=dot_in_fp32(), ONE_DOT=one_dot, num_warps=t.num_warps, num_stages=t.num_stages)
+                X_PERM=permute, DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 
     def args(ws: torch.Tensor, k_per_split: int, split: int) -> tuple:
