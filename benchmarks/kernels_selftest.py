@@ -73,6 +73,28 @@ def _shim() -> types.ModuleType:
     return mod
 
 
+class MonkeyPatch:
+    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setenv, undone after."""
+
+    def __init__(self) -> None:
+        self._undo: list = []
+
+    def setattr(self, target, name: str, value) -> None:
+        old = getattr(target, name)
+        self._undo.append(lambda: setattr(target, name, old))
+        setattr(target, name, value)
+
+    def setenv(self, name: str, value: str) -> None:
+        import os
+        old = os.environ.get(name)
+        self._undo.append(lambda: os.environ.pop(name, None) if old is None else os.environ.__setitem__(name, old))
+        os.environ[name] = value
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
 def _load(path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -88,6 +110,7 @@ def main() -> int:
     sys.modules["pytest"] = _shim()  # also where pytest exists: the shim records the parameters
     conftest = _load(TESTS / "conftest.py")
     fixtures = {name: getattr(conftest, name) for name in ("device", "full_shapes", "paged_kv")}
+    fixtures["monkeypatch"] = MonkeyPatch
     passed = failed = skipped = 0
     for path in sorted(TESTS.glob("test_*.py")):
         module = _load(path)
@@ -106,11 +129,11 @@ def main() -> int:
                     skipped += 1
                     continue
                 needed = fn.__code__.co_varnames[: fn.__code__.co_argcount]
-                for arg in needed:
-                    if arg not in kwargs:
-                        kwargs[arg] = fixtures[arg]()
                 start = time.perf_counter()
                 try:
+                    for arg in needed:
+                        if arg not in kwargs:
+                            kwargs[arg] = fixtures[arg]()
                     fn(**kwargs)
                     passed += 1
                     print(f"PASS {test_id} ({time.perf_counter() - start:.2f}s)", flush=True)
@@ -120,6 +143,9 @@ def main() -> int:
                 except Exception:
                     failed += 1
                     print(f"FAIL {test_id}\n{traceback.format_exc()}", flush=True)
+                finally:
+                    if isinstance(kwargs.get("monkeypatch"), MonkeyPatch):
+                        kwargs["monkeypatch"].undo()
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

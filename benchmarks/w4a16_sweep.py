@@ -1,6 +1,6 @@
 """W4A16 decode kernels on a model's linears, every variant in one run (< 4 min on an H200).
 
-    python3 benchmarks/w4a16_sweep.py [--quick] [--model 8b|27b] [--m 1,2,4,8,16] [--tp 1,2]
+    python3 benchmarks/w4a16_sweep.py [--quick] [--model 8b|27b|30b-a3b] [--m 1,2,4,8,16] [--tp 1,2]
 
 For each linear shape (8b: Llama-3.1-8B's qkv, o, gate_up, down x 32 layers and the lm_head;
 27b: the Qwen3.6-27B hybrid's; TP shards: column-parallel halves N, row-parallel halves K) and
@@ -26,17 +26,18 @@ import time
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref  # noqa: E402
-from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles  # noqa: E402
+from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles, tiles_for  # noqa: E402
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
@@ -49,6 +50,11 @@ MODELS = {
         "gate_up": (4096, 2 * 14336, 32, "col"),
         "down": (14336, 4096, 32, "row"),
         "lm_head": (4096, 128256, 1, "col"),
+    },
+    "30b-a3b": {  # Qwen3-30B-A3B's attention linears (the experts have their own kernels)
+        "attn.qkv": (2048, 32 * 128 + 2 * 4 * 128, 48, "col"),
+        "attn.o_proj": (32 * 128, 2048, 48, "row"),
+        "lm_head": (2048, 151936, 1, "col"),
     },
     "27b": {
         "gdn.in_proj_qkvz": (5120, 2 * 2048 + 2 * 6144, 48, "col"),
@@ -85,6 +91,9 @@ DOT_TILES = {
     "dot.bm16": GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
     "dot.bm16w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
     "dot.bm32": GemmTiles(32, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    "dot.bm16bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+    "dot.bm16k256": GemmTiles(16, 128, 256, num_warps=8, num_stages=3, split_k=4),
+    "dot.bm16s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=8),
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
 # rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
@@ -99,8 +108,24 @@ H2_TILES = {
     "h2.c8k8w8p": (RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True), (2,)),
     "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (4, 5)),
     "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5, 8)),
+    # s<n>: the K loop software-pipelined through shared memory (cp.async, n stages, no register
+    # prefetch). sm_90 compiles at 1 row: c8k8s3 100 registers 74 KB; c4k8s3 80 / 37 KB.
+    "h2.c8k8s3": (RowsTiles(1024, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k8s2": (RowsTiles(1024, 8, 4, num_stages=2, waves=8, min_steps=1), (1,)),
+    "h2.c4k8s3": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k8s4": (RowsTiles(512, 8, 4, num_stages=4, waves=8, min_steps=1), (1,)),
+    "h2.c8k16s2": (RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k4s3": (RowsTiles(512, 4, 4, num_stages=3, waves=8, min_steps=1), (4, 5, 8)),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
+
+
+def pow2_split_dot(x: torch.Tensor, w) -> int:
+    """The few-row kernel's split before launch_fit (pick_split at tiles.split_k programs per SM)."""
+    t = tiles_for(x.device).w4a16_dot
+    block_m = min(t.block_m, max(16, 1 << (x.shape[0] - 1).bit_length()))
+    blocks = triton.cdiv(x.shape[0], block_m) * triton.cdiv(w.out_features, t.block_n)
+    return pick_split(blocks, x.shape[1], max(128, t.block_k), x.device, waves=t.split_k)
 
 
 def variants(m: int, dev: torch.device, quick: bool) -> dict:
@@ -114,10 +139,14 @@ def variants(m: int, dev: torch.device, quick: bool) -> dict:
             v[name] = ("rows", lambda x, w, out, t=t: w4a16_rows(x, w, out, t))
     if m <= H2_MAX_ROWS:
         v["h2"] = ("h2", lambda x, w, out: w4a16_h2(x, w, out))
+        if m <= 2 and not quick:  # fixed K splits: small matrices pay the split reduction's tail
+            for sp in (2, 4, 8, 16):
+                v[f"h2.s{sp}"] = ("h2", lambda x, w, out, sp=sp: w4a16_h2(x, w, out, split=sp))
         for name, (t, at) in H2_TILES.items():
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
+    v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV

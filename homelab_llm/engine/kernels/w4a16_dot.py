@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
+from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
 from homelab_llm.engine.kernels.tuning import GemmTiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
@@ -69,9 +70,9 @@ def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_P
 def _w4a16_dot_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
     M, N, K, k_per_split,
-    stride_xm, stride_qw, stride_sg, stride_om,
+    stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    SPLIT: tl.constexpr, X_PERM: tl.constexpr, DOT_F32: tl.constexpr,
+    X_PERM: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -126,7 +127,7 @@ def _w4a16_dot_kernel(
                     w = nibble_f32(high, j) * unscale_pow2(s, j) + b
                 acc = dot_step(acc, x_rows, k0, word_rows, j, m_mask, r_mask, w, X_PERM, DOT_F32)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
-    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, SPLIT=SPLIT)
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
 
 
 PERMUTE_ABOVE = 16  # rows: past one MMA row block, x's stride-8 gathers cost more than a permute
@@ -153,22 +154,27 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     wrows = max(16, t.block_k // 8)
     block_k = wrows * 8
     grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, t.block_n)
-    # Fewer waves than the GEMV's: these programs are longer (tiles.split_k: programs per SM).
-    split = split or pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
-    split = triton.cdiv(k, k_per_split)
     if permute is None:
         permute = m > PERMUTE_ABOVE
     permute = permute and k % block_k == 0
     if permute:
         x2 = permute_steps(x2, block_k)
-    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
+                X_PERM=permute, DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
-    _w4a16_dot_kernel[(grid_m, grid_n, split)](
-        x2, w.qweight, w.scales, w.biases, out, ws, tickets,
-        m, n, k, k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0),
-        GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows, SPLIT=split,
-        X_PERM=permute, DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages,
-    )
+
+    def args(ws: torch.Tensor, k_per_split: int, split: int) -> tuple:
+        return (x2, w.qweight, w.scales, w.biases, out, ws, tickets, m, n, k, k_per_split,
+                x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split)
+
+    if split is None:
+        resident = resident_programs(_w4a16_dot_kernel, (x2.dtype,) + tuple(sorted(meta.items())),
+                                     x2.device, args(out, 2 * block_k, 2), meta)
+        # these programs are longer than the GEMV's (tiles.split_k: programs per SM otherwise)
+        split = (fit_split(grid_m * grid_n, triton.cdiv(k, block_k), resident, min_steps=2) if resident
+                 else pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    _w4a16_dot_kernel[(grid_m, grid_n, split)](*args(ws, k_per_split, split), **meta)
     return out

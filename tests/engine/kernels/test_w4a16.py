@@ -289,3 +289,4 @@ def test_dequantized_blas_route(group_size: int, device: torch.device, monkeypat
     monkeypatch.setattr(w4a16_deq, "MAX_SCRATCH_BYTES", 16)
     assert not w4a16_deq.fits_scratch(w, torch.bfloat16)
     assert _rel_err(w4a16_matmul(x, w), want) < 1e-2
+

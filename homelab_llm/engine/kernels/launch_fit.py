@@ -1,0 +1,79 @@
+"""K splits that fill whole waves of resident programs (the few-row W4A16 tensor-core kernel).
+
+The few-row kernel (w4a16_dot.py) used to split K in powers of two toward "tiles.split_k
+programs per SM": on an H200 a 27B gate_up at 4 rows ran 272 programs, half a wave of the 528
+the SM limits allow (Nsight Compute: 0.52 waves, 21% of the DRAM bandwidth). Here the split count
+is any integer, chosen by a cost model over the real residency of the compiled kernel (registers,
+shared memory, warps per SM):
+
+    cost(s) = waves(s) x (steps per program(s) + overhead),  waves(s) = ceil(blocks x s' / resident)
+
+where s' is the split count once every split covers whole K steps. The fewest splits within 5% of
+the least cost win (less reduction traffic). Residency comes from the compiled kernel
+(`JITFunction.warmup`, host only, no launch: safe inside graph capture) and is cached per kernel
+specialization; the interpreter and backends that do not report it get None, and callers keep
+their power-of-two rule.
+
+Measured (benchmarks/w4a16_sweep.py, H200, 27B linears of one step): 5 rows 13.16 -> 11.27 ms,
+8 rows 14.10 -> 12.29 ms. Not for the GEMVs: the packed-half GEMV ran slower with whole waves of
+long programs (1 row 6.52 -> 9.15 ms) than with its power-of-two split into more, shorter ones
+(a GEMV's program keeps few loads in flight, so more programs over time beat a clean last wave).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from homelab_llm.engine.kernels.tuning import device_sms, interpreting
+
+_RESIDENT: dict[tuple, int | None] = {}
+
+
+def programs_per_sm(n_regs: int, shared: int, num_warps: int, props) -> int:
+    """Programs of one kernel an SM holds at once, from its registers per thread, shared memory
+    per program and warps, and the SM's limits (torch device properties)."""
+    threads = 32 * num_warps
+    limits = [props.max_threads_per_multi_processor // threads, 32]
+    if n_regs:
+        # registers are allocated per warp in units of 256
+        per_warp = math.ceil(n_regs * 32 / 256) * 256
+        limits.append(props.regs_per_multiprocessor // (per_warp * num_warps))
+    if shared:
+        limits.append(props.shared_memory_per_multiprocessor // (shared + 1024))  # + driver reserve
+    return max(1, min(limits))
+
+
+def resident_programs(kernel, key: tuple, device: torch.device, args: tuple, meta: dict) -> int | None:
+    """Programs of `kernel` (a triton.jit function) resident on the whole device, for the launch
+    `kernel[grid](*args, **meta)`; key: what specializes it (constexprs, dtypes). None where the
+    backend does not say (interpreter, HIP)."""
+    if device.type != "cuda" or interpreting() or torch.version.hip:
+        return None
+    full = (kernel.fn.__name__, device.index) + key
+    if full not in _RESIDENT:
+        try:
+            compiled = kernel.warmup(*args, grid=(1,), **meta)
+            props = torch.cuda.get_device_properties(device)
+            per_sm = programs_per_sm(getattr(compiled, "n_regs", 0), compiled.metadata.shared,
+                                     meta.get("num_warps", 4), props)
+            _RESIDENT[full] = per_sm * device_sms(device)
+        except (AttributeError, TypeError):
+            _RESIDENT[full] = None
+    return _RESIDENT[full]
+
+
+def fit_split(n_blocks: int, k_steps: int, resident: int, min_steps: int = 1,
+              overhead: float = 1.0, slack: float = 0.05) -> int:
+    """The fewest K splits (each whole steps, at least min_steps) whose waves of resident programs
+    cost within `slack` of the least: waves x (steps per program + overhead). The slack keeps
+    splitting (reduction traffic, workspace) for gains the model cannot promise."""
+    costs = {}
+    for s in range(1, max(1, k_steps // max(1, min_steps)) + 1):
+        per = triton.cdiv(k_steps, s)
+        actual = triton.cdiv(k_steps, per)  # a larger s can land on the same split
+        costs[actual] = triton.cdiv(n_blocks * actual, resident) * (per + overhead)
+    best = min(costs.values())
+    return min(s for s, c in costs.items() if c <= best * (1 + slack))
