@@ -14,7 +14,7 @@ K/V rows are gathered token by token through the page table, so any page size wo
 dequantized inside the dot products: K's per-token scale multiplies the scores, V's multiplies the
 probabilities, which is exact because the scale is constant along head_dim. Variants the arch
 table (tuning.AttentionTiles) or a benchmark's tiles switch on: int8 x int8 score dots and scale
-prefetch for int8 KV (decode_int8.py), the fused merge (decode_merge.py).
+prefetch for int8 KV, q prepared in the first tile (decode_steps.py), the fused merge (decode_merge.py).
 
 A sliding-window layer (window > 0) reads only the last `window` keys: the splits cover
 [seq_len - window, seq_len), so pages below it are never touched and may be freed. Sinks (gpt-oss)
@@ -35,10 +35,10 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv_cache_args,
                                                kv_for_dots, load_paged_kv, load_token_scales,
-                                               next_pow2, prepare_q, scaled_pv, scaled_scores,
-                                               sink_start, unrotate_out)
-from homelab_llm.engine.kernels.decode_int8 import (int8_dot_scores, split_q_int8, tile_kv, tile_pages,
-                                                    tile_scales)
+                                               next_pow2, scaled_pv, scaled_scores, sink_start,
+                                               unrotate_out)
+from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, prepared_q_zeros, tile_kv,
+                                                     tile_pages, tile_scales)
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
 
@@ -46,34 +46,6 @@ _LOG2E = 1.4426950408889634
 # Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
 # verify group would outgrow registers and RDNA3's 64 KB LDS, and its rows run one per program.
 MAX_TILE_ROWS = 64
-
-
-@triton.jit
-def prepared_q_zeros(q, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
-    """Zeros of q's shape in the dtype prepare_q gives it (LATE_Q's placeholder)."""
-    z = tl.zeros(q.shape, tl.float32)
-    if not DOT_F32:
-        if INT8_KV:
-            z = z.to(tl.float16)
-        else:
-            z = z.to(q.dtype)
-    return z
-
-
-@triton.jit
-def decode_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTATE: tl.constexpr,
-             INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, INT8_DOT: tl.constexpr):
-    """(q for the score dots, its int8 halves, their step): with INT8_DOT the halves of the rotated
-    fp32 q with the softmax scale folded in (split_q_int8) and zeros for q, else prepare_q's q and
-    zero halves."""
-    if INT8_DOT:
-        qf = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, False, True)
-        q_hi, q_lo, q_step = split_q_int8(qf * sm_scale_log2)
-        return prepared_q_zeros(q, INT8_KV, DOT_F32), q_hi, q_lo, q_step
-    else:
-        qp = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
-        hi = tl.zeros(q.shape, tl.int8)
-        return qp, hi, hi, tl.zeros([q.shape[0]], tl.float32)
 
 
 @triton.jit
@@ -96,7 +68,7 @@ def _decode_split_kernel(
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
     # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
     # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV, LATE_Q, MERGE_UNROTATES and FUSED_MERGE
-    # (ROWS 1, NUM_SPLITS > 1 only): the variants of decode_int8.py and decode_merge.py.
+    # (ROWS 1, NUM_SPLITS > 1 only): the variants of decode_steps.py and decode_merge.py.
     first = tl.program_id(0) * ROWS
     kv_head = tl.program_id(1)
     split = tl.program_id(2)

@@ -25,7 +25,7 @@ class AttentionTiles:
     reads only the first three): int8_dot: int8 KV scores as int8 x int8 dots (K never converted);
     prefetch_scales: int8 KV's per-token scales (and the page indices they need) requested a tile
     ahead; prefetch_kv: the K/V rows too, into registers (with num_stages 1); fused_merge: the last split of a (sequence, KV head) merges the partials, no second
-    kernel (decode_int8.py, decode_merge.py). Swept by benchmarks/int8kv_decode.py."""
+    kernel (decode_steps.py, decode_merge.py). Swept by benchmarks/int8kv_decode.py."""
 
     block_n: int
     num_warps: int

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.decode_int8 import split_q_int8
+from homelab_llm.engine.kernels.decode_steps import split_q_int8
 from homelab_llm.engine.kernels.ref import paged_attention_ref
 from homelab_llm.engine.kernels.tuning import AttentionTiles
 

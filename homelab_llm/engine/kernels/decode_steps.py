@@ -1,4 +1,6 @@
-"""int8-KV steps of the decode split kernel (decode_attention.py) that its variants switch on.
+"""Steps of the decode split kernel (decode_attention.py) that its variants switch on: int8-KV
+scale prefetch and score dots, K/V register prefetch, q preparation (late_q: inside the first
+tile, so the pipeliner's first K/V loads are not queued behind q's rotation).
 
 Scale prefetch (AttentionTiles.prefetch_scales): the per-token fp16 scales are 2-byte gathers
 that Triton's pipeliner leaves synchronous (only loads feeding a tl.dot become async copies), so
@@ -22,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import gather_kv, load_token_scales
+from homelab_llm.engine.kernels.common import gather_kv, load_token_scales, prepare_q
 
 
 @triton.jit
@@ -77,3 +79,31 @@ def tile_kv(k_ptr, v_ptr, page, n0, end, offs_d, d_mask, kv_head, stride_kp, str
     offs_n = n0 + tl.arange(0, BLOCK_N)
     return gather_kv(k_ptr, v_ptr, page.to(tl.int64), offs_n % PAGE_SIZE, offs_n < end, offs_d, d_mask, kv_head,
                      stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
+
+
+@triton.jit
+def prepared_q_zeros(q, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
+    """Zeros of q's shape in the dtype prepare_q gives it (LATE_Q's placeholder)."""
+    z = tl.zeros(q.shape, tl.float32)
+    if not DOT_F32:
+        if INT8_KV:
+            z = z.to(tl.float16)
+        else:
+            z = z.to(q.dtype)
+    return z
+
+
+@triton.jit
+def decode_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTATE: tl.constexpr,
+             INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, INT8_DOT: tl.constexpr):
+    """(q for the score dots, its int8 halves, their step): with INT8_DOT the halves of the rotated
+    fp32 q with the softmax scale folded in (split_q_int8) and zeros for q, else prepare_q's q and
+    zero halves."""
+    if INT8_DOT:
+        qf = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, False, True)
+        q_hi, q_lo, q_step = split_q_int8(qf * sm_scale_log2)
+        return prepared_q_zeros(q, INT8_KV, DOT_F32), q_hi, q_lo, q_step
+    else:
+        qp = prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE, INT8_KV, DOT_F32)
+        hi = tl.zeros(q.shape, tl.int8)
+        return qp, hi, hi, tl.zeros([q.shape[0]], tl.float32)
