@@ -88,6 +88,11 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
 QUICK = ("old", "table", "fm", "s5", "w8s5", "w8s5.fm.r84", "sc", "sc.dot", "sc.dot.s5", "sc.dot.s5.r128",
          "sc.dot.w8s5", "sc.dot.w8s5.lq.r128", "sc.dot.b128w4s5")
 DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
+DEVICE = "cuda"  # a dry run of the script's logic sets "cpu" under TRITON_INTERPRET=1
+
+
+def device() -> torch.device:
+    return torch.device(DEVICE)
 
 
 def make_cache(ctx: int, batch: int, dtype: torch.dtype, gen: torch.Generator, dev: torch.device):
@@ -127,7 +132,7 @@ class SplitPlan:
 
 
 def split_counts(batch: int, spec: str) -> list[int]:
-    table = choose_num_splits(batch, HKV, torch.device("cuda"))
+    table = choose_num_splits(batch, HKV, device())
     return sorted({table if s == "table" else int(s) for s in spec.split(",")})
 
 
@@ -144,7 +149,7 @@ def cell_variants(label: str, names: list[str], batch: int, plan: SplitPlan) -> 
     out = {}
     for name in names:
         tiles, kinds = VARIANTS[name]
-        if name == "table" and any(same_kernel(decode_tiles(torch.device("cuda"), label == "int8"), VARIANTS[n][0], label)
+        if name == "table" and any(same_kernel(decode_tiles(device(), label == "int8"), VARIANTS[n][0], label)
                                    for n in names if n != "table" and label in VARIANTS[n][1]):
             continue  # another row already times the table's tiles
         if label not in kinds:
@@ -174,15 +179,16 @@ def call(caches, i, q, qsl, sl, tiles, splits, out=None):
 def compile_task(label: str, batch: int, name: str, splits: SplitPlan) -> None:
     """Precompile worker: one call of one variant on a short cache (the compiled kernel does not
     depend on the length or the batch beyond the split count)."""
-    dev = torch.device("cuda")
+    dev = device()
     tiles, s = cell_variants(label, [name.split("/")[0]], batch, splits)[name]
     caches, q, qsl, sl = inputs(256, batch, label, 1, dev)
     call(caches, 0, q, qsl, sl, tiles, s)
-    torch.cuda.synchronize()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: SplitPlan) -> tuple[dict, int]:
-    dev = torch.device("cuda")
+    dev = device()
     nbytes = kv_bytes(ctx, batch, DTYPES[label])
     copies = copies_for(nbytes, cap=32)
     caches, q, qsl, sl = inputs(ctx, batch, label, copies, dev)
@@ -198,7 +204,7 @@ def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: Split
 
 def error_check(label: str, names: list[str], splits: SplitPlan, ctx: int, batch: int) -> dict[str, float]:
     """max |variant - paged_attention_ref| (fp32 reference) at full shape."""
-    dev = torch.device("cuda")
+    dev = device()
     caches, q, qsl, sl = inputs(ctx, batch, label, 1, dev)
     k, v, ks, vs, table, _ = caches[0]
     kf = k if label == "int8" else k.float()
@@ -212,6 +218,10 @@ def error_check(label: str, names: list[str], splits: SplitPlan, ctx: int, batch
             errs[name] = float("nan")
             print(f"  error check {label} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
     return errs
+
+
+def cell_name(ctx: int, batch: int) -> str:
+    return f"{ctx // 1024 if ctx % 1024 == 0 else ctx}{'K' if ctx % 1024 == 0 else ''} b{batch}"
 
 
 def old_of(name: str) -> str:
@@ -232,7 +242,7 @@ def long_pick(table: dict, label: str, cells: list[tuple[int, int]]) -> str:
         return "none"
     name = min(full, key=full.get)
     ref = old_of(name)
-    worst = max(((table[(label, c, b)][0][name][0] / table[(label, c, b)][0][ref][0], f"{c // 1024}K b{b}")
+    worst = max(((table[(label, c, b)][0][name][0] / table[(label, c, b)][0][ref][0], cell_name(c, b))
                  for c, b in cells if name in table[(label, c, b)][0] and ref in table[(label, c, b)][0]),
                 default=(float("nan"), "-"))
     tiles = VARIANTS[name.split("/")[0]][0]
@@ -246,7 +256,7 @@ def print_tables(table: dict, cells: list[tuple[int, int]]) -> None:
         rows = sorted({n for (lb, _, _), (r, _) in table.items() if lb == label for n in r},
                       key=lambda n: (list(VARIANTS).index(n.split("/")[0]), len(n), n))
         print(f"\n{label} KV: us per layer (% of the copy rate of its bytes)")
-        print(f"{'variant':{width}s}" + "".join(f"{f'{c // 1024}K b{b}':>16s}" for c, b in cells))
+        print(f"{'variant':{width}s}" + "".join(f"{cell_name(c, b):>16s}" for c, b in cells))
         for n in rows:
             line = f"{n:{width}s}"
             for c, b in cells:
@@ -259,7 +269,7 @@ def print_tables(table: dict, cells: list[tuple[int, int]]) -> None:
             if r:
                 name, (ms, pct) = min(r.items(), key=lambda kv: kv[1][0])
                 old = r.get(old_of(name), (float("nan"),))[0]
-                best.append(f"{c // 1024}K b{b}: {name} {ms * 1e3:.1f}us {pct:.0f}% (old/best {old / ms:.2f}x)")
+                best.append(f"{cell_name(c, b)}: {name} {ms * 1e3:.1f}us {pct:.0f}% (old/best {old / ms:.2f}x)")
         print("best: " + " | ".join(best))
         print(f"{label} long-context pick (least total time over the cells >= 4K at batch <= 8): "
               + long_pick(table, label, cells))
@@ -276,12 +286,13 @@ def main() -> int:
     p.add_argument("--b1-splits", default="32,128", help="more split counts at batch 1 for --b1-variants")
     p.add_argument("--b1-variants", default="old,s5,w8s5,sc.dot.s5,sc.dot.w8s5,sc.dot.b128w4s5",
                    help="the variants also timed at --b1-splits")
+    p.add_argument("--check", default="16384x1,4096x8", help="CTXxBATCH cells of the max-error check")
     p.add_argument("--jobs", type=int, default=max(default_jobs(), min(16, (os.cpu_count() or 2) - 1)),
                    help="processes that compile first (1: none)")
     a = p.parse_args()
     plan = SplitPlan(a.splits, tuple(int(x) for x in a.b1_splits.split(",") if x),
                      tuple(n for n in a.b1_variants.split(",") if n))
-    dev = torch.device("cuda")
+    dev = device()
     t0 = time.perf_counter()
     names = a.variants.split(",") if a.variants else list(QUICK if a.quick else VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
@@ -291,7 +302,8 @@ def main() -> int:
     batches = [int(b) for b in a.batch.split(",")]
     cells = [(ctx, b) for ctx in ctxs for b in batches]
     cells += [(ctx, a.many) for ctx in (1024, 4096) if a.many and (ctx, a.many) not in cells]
-    print(f"{torch.cuda.get_device_name(dev)}: table decode tiles bf16 {decode_tiles(dev, False)}, int8 "
+    name = torch.cuda.get_device_name(dev) if DEVICE == "cuda" else DEVICE
+    print(f"{name}: table decode tiles bf16 {decode_tiles(dev, False)}, int8 "
           f"{decode_tiles(dev, True)}; splits " + ", ".join(f"b{b} {split_counts(b, plan.spec)}" for b in
                                                             sorted({b for _, b in cells})), flush=True)
     tasks = {(label, str(tiles), s): (label, b, n, plan) for label in DTYPES for b in sorted({b for _, b in cells})
@@ -303,14 +315,15 @@ def main() -> int:
     for label in DTYPES:
         for ctx, b in cells:
             res, nbytes = bench_cell(ctx, b, label, names, plan)
-            torch.cuda.empty_cache()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
             copy = copy_rate_gbs(dev, nbytes)
             table[(label, ctx, b)] = ({n: (ms, 100 * nbytes / ms / 1e6 / copy) for n, ms in res.items()}, copy)
             print(f"[{time.perf_counter() - t0:4.0f}s] {label} ctx {ctx} b{b}: {nbytes / 1e6:.1f} MB, "
                   f"copy {copy:,.0f} GB/s", flush=True)
     print_tables(table, cells)
     for label in DTYPES:
-        for ctx, b in ((16384, 1), (4096, 8)):
+        for ctx, b in ((int(c), int(bb)) for c, bb in (cell.split("x") for cell in a.check.split(",") if cell)):
             errs = error_check(label, names, plan, ctx, b)
             print(f"max |err| vs fp32 reference, {label} ctx {ctx} b{b}: "
                   + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
