@@ -89,12 +89,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
-            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+            q_step: int | None = None) -> torch.Tensor:
     if use_triton(qkv):
         from homelab_llm.engine.kernels import elementwise
 
-        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
-    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps, q_step)
+    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps, q_step)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [T, H * D] * sigmoid(gate [T, H, D]) (gate may be strided); one launch on a GPU."""
+    if use_triton(x):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.sigmoid_mul(x, gate)
+    return ref.sigmoid_mul_ref(x, gate)
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -106,19 +116,26 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
+# Outputs this narrow take the GEMV on every arch (up to FORCED_GEMV_ROWS rows): cuBLAS runs them
+# as split-K plus a second reduce launch (H200, Gated DeltaNet's in_proj_ba 5120 -> 96: 4.7 +
+# 1.6 us a call, 48 calls a 27B step), the GEMV reduces its splits in the same launch.
+SKINNY_GEMV_N = 256
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """x [M, K] @ weight.T takes the decode GEMV (kernels/dense_gemv.py): a GPU, 1 to the arch
-    table's max_rows rows (tuning.DENSE_GEMV_TABLE), bf16/fp16 in the weight's dtype, rows
-    contiguous. HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to
-    FORCED_GEMV_ROWS rows where the table has it off (benchmarks compare both)."""
+    table's max_rows rows (tuning.DENSE_GEMV_TABLE; FORCED_GEMV_ROWS for a weight of at most
+    SKINNY_GEMV_N outputs), bf16/fp16 in the weight's dtype, rows contiguous.
+    HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to FORCED_GEMV_ROWS
+    rows where the table has it off (benchmarks compare both)."""
     forced = os.environ.get("HOMELAB_LLM_DENSE_GEMV", "")
     if not use_triton(x) or x.dim() != 2 or forced == "0":
         return False
     from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 
-    max_rows = dense_gemv_tiles(x.device).max_rows or (FORCED_GEMV_ROWS if forced == "1" else 0)
+    max_rows = dense_gemv_tiles(x.device).max_rows
+    if not max_rows and (forced == "1" or weight.shape[0] <= SKINNY_GEMV_N):
+        max_rows = FORCED_GEMV_ROWS
     return (0 < x.shape[0] <= max_rows
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and x.stride(1) == 1 and weight.stride(1) == 1)

@@ -103,7 +103,7 @@ class GatedDeltaNet(nn.Module):
         q = mixed[:, :kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = mixed[:, kd:2 * kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         v = mixed[:, 2 * kd:].reshape(tokens, self.num_v_heads, self.head_v_dim)
-        g, beta = gdn.gdn_gating(a.contiguous(), b.contiguous(), self.A_log, self.dt_bias)
+        g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
         o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill, (q, k, v, g, beta), (),
                        self.ssm_state)
         o = gdn.gated_rms_norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
