@@ -413,6 +413,14 @@ def _gdn_scenarios():
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
             yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
+            # the gating in the kernel: raw a and b (bf16 / fp16 columns of in_proj_ba's output)
+            gates = (torch.zeros(hv), torch.zeros(hv))
+            yield lambda r=rule, idx=idx, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:idx.shape[0]] for t in r[:3]), r[4][:idx.shape[0]], r[4][:idx.shape[0]], ssm_state,
+                idx, gating=gates)
+            yield lambda r=rule, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
+                gating=gates)
 
 
 def capture(arch: str) -> list[dict]:
