@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_harness import ReplayTimer  # noqa: E402
+from gpu_harness import ReplayTimer, eager_kernel_totals  # noqa: E402
 
 
 def make_engine(config: str, quant: str = "w4a16", **kw):
@@ -38,28 +38,10 @@ def make_engine(config: str, quant: str = "w4a16", **kw):
 
 def eager_kernels(eng, prompt: list[int], steps: int = 16) -> list[tuple[float, float, str]]:
     """(us a step, launches a step, kernel name) of batch-1 decode steps of an eager engine,
-    most time first (torch.profiler, CUDA activity; 8 steps of warm-up first)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from homelab_llm.engine.sampling_params import SamplingParams
-
-    eng.add_request("p", prompt, SamplingParams(max_tokens=8 + steps + 8, ignore_eos=True))
-    for _ in range(8):
-        eng.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            eng.step()
-        torch.cuda.synchronize()
-    rows = []
-    for evt in prof.key_averages():
-        us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-        if us and evt.count:
-            rows.append((us / steps, evt.count / steps, evt.key))
-    rows.sort(reverse=True)
+    most time first."""
+    totals = eager_kernel_totals(eng, prompt, "p", steps)
     eng.abort_request("p")
-    return rows
+    return sorted(((us, count, name) for name, (us, count) in totals.items()), reverse=True)
 
 
 def graph_decode(eng, prompt: list[int], tokens: int, prof=None) -> tuple[float, float, int]:
