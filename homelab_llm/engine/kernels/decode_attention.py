@@ -141,8 +141,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, stride_ot, stride_oh,
+    part_out_ptr, part_lse_ptr, out_ptr, gate_ptr, query_start_ptr, stride_ot, stride_oh,
+    stride_gt, stride_gh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HAS_GATE: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -159,6 +161,10 @@ def _decode_reduce_kernel(
     total = tl.sum(w, axis=0)
     out = tl.sum(parts * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     q_row = tl.load(query_start_ptr + b).to(tl.int64)
+    if HAS_GATE:  # gated attention's output gate: out * sigmoid(gate), as elementwise.sigmoid_mul
+        g = tl.load(gate_ptr + q_row * stride_gt + head * stride_gh + offs_d, mask=offs_d < HEAD_DIM,
+                    other=0.0).to(tl.float32)
+        out = out / (1.0 + tl.exp(-g))
     tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
 
@@ -193,8 +199,11 @@ def paged_decode_attention(
     sinks: torch.Tensor | None = None,
     rows_per_seq: int = 1,
     tiles: AttentionTiles | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits.
+    gate [T, Hq, D] (a strided view is fine): the output times sigmoid(gate), in the merge kernel
+    (one launch fewer; elementwise.sigmoid_mul after the split kernel when there is no merge).
     rows_per_seq > 1: the rows come in groups of that many consecutive one-token rows sharing a
     page table (a verify step's K+1 rows), attended by one program per group and KV head.
     tiles: the split kernel's tiles instead of the arch table's (benchmarks/int8kv_decode.py)."""
@@ -209,6 +218,9 @@ def paged_decode_attention(
         rows_per_seq = 1  # rows are independent queries: one program each is the same result
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
+    if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1):
+        raise ValueError(f"gate must be [T, Hq, D] = {tuple(q.shape)} with D contiguous, got "
+                         f"{tuple(gate.shape)}")
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
@@ -243,10 +255,16 @@ def paged_decode_attention(
         ROWS=rows_per_seq, num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
     )
     if num_splits == 1:
-        return out
+        if gate is None:
+            return out
+        from homelab_llm.engine.kernels.elementwise import sigmoid_mul
+
+        return sigmoid_mul(out.view(out.shape[0], -1), gate).view(out.shape)
     _decode_reduce_kernel[(batch, num_q_heads)](
-        part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits,
+        part_out, part_lse, out, out if gate is None else gate, query_start_loc,
+        out.stride(0), out.stride(1), 0 if gate is None else gate.stride(0),
+        0 if gate is None else gate.stride(1),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits, HAS_GATE=gate is not None,
         num_warps=arch.elementwise_warps,
     )
     return out

@@ -40,18 +40,38 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
 def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
                     decode_only: bool | None = None, num_kv_splits: int | None = None,
-                    window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1):
+                    window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1,
+                    gate: torch.Tensor | None = None):
     """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
-    > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits.
+    > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits; gate
+    [T, Hq, D] (gated attention; may be strided) multiplies the output by sigmoid(gate).
 
-    On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel;
-    anything else the prefill/extend kernel. Which one is known from `decode_only` or the host
-    query lengths; without either we take the extend kernel, which is right for every batch.
-    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits. rows_per_seq > 1
-    (decode only): rows come in groups sharing a page table (a speculative verify's K+1 rows, row
-    j seeing its own seq_len): the decode kernel reads each group's K/V once. Every row is an
-    independent query either way, so the reference ignores it.
+    On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel
+    (which applies the gate in its merge); anything else the prefill/extend kernel. Which one is
+    known from `decode_only` or the host query lengths; without either we take the extend kernel,
+    which is right for every batch. A CUDA-graph runner passes decode_only=True and a fixed
+    num_kv_splits. rows_per_seq > 1 (decode only): rows come in groups sharing a page table (a
+    speculative verify's K+1 rows, row j seeing its own seq_len): the decode kernel reads each
+    group's K/V once. Every row is an independent query either way, so the reference ignores it.
     """
+    if use_triton(q) and (decode_only or (decode_only is None and query_lens_host is not None
+                                          and all(n == 1 for n in query_lens_host))):
+        from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+        max_seq_len = max(seq_lens_host) if seq_lens_host else None
+        return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                                      softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
+                                      max_seq_len=max_seq_len, window=window, sinks=sinks,
+                                      rows_per_seq=rows_per_seq, gate=gate)
+    out = _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                             softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
+                             window, sinks)
+    return out if gate is None else sigmoid_mul(out.reshape(q.shape[0], -1), gate).view(out.shape)
+
+
+def _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
+                       k_scale, v_scale, query_lens_host, seq_lens_host, window, sinks):
+    """paged_attention's reference and prefill/extend routes."""
     if not use_triton(q):
         if (q.device.type == "cpu" and query_lens_host == [1] and seq_lens_host is not None
                 and window == 0 and sinks is None and _kernels_env() != "ref"):
@@ -62,16 +82,6 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                        softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
                                        window=window, sinks=sinks)
-    if decode_only is None:
-        decode_only = query_lens_host is not None and all(n == 1 for n in query_lens_host)
-    max_seq_len = max(seq_lens_host) if seq_lens_host else None
-    if decode_only:
-        from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-
-        return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
-                                      softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
-                                      max_seq_len=max_seq_len, window=window, sinks=sinks,
-                                      rows_per_seq=rows_per_seq)
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
     max_query_len = max(query_lens_host) if query_lens_host else None

@@ -24,7 +24,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
@@ -87,7 +86,7 @@ class PartialRotary(nn.Module):
 class GatedAttention(nn.Module):
     """At decode on a GPU: qkv_proj, one q/k norm launch reading q (past each head's gate) and k
     straight from the projection, the rotation inside the KV store (Attention with the rope
-    tables), attention, one sigmoid-gate launch reading the gate from the projection, o_proj."""
+    tables), attention with the sigmoid gate (read from the projection) in its merge, o_proj."""
 
     def __init__(self, config: ModelConfig, rotary: PartialRotary):
         super().__init__()
@@ -113,15 +112,12 @@ class GatedAttention(nn.Module):
         qkv = self.qkv_proj(hidden)
         qk = qk_norm(qkv, h, self.num_kv_heads, d, self.q_norm, self.k_norm, self.q_step)
         v = qkv[:, self.q_rows + self.kv_size:].view(tokens, self.num_kv_heads, d)
+        # The output gate stays in the projection's output: a strided view, no copy.
+        gate = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., d:] if self.gated else None
         if rope.in_kernel:  # rotated in the kernel that stores K/V (q in place)
-            out = self.attn(qk[:, :h], qk[:, h:], v, rope)
-        else:
-            qk = self.rotary.rotate(qk, rope)
-            out = self.attn(qk[:, :h], qk[:, h:], v.contiguous())
-        if self.gated:
-            gate = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., d:]
-            out = dispatch.sigmoid_mul(out, gate)
-        return self.o_proj(out)
+            return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v, rope, gate))
+        qk = self.rotary.rotate(qk, rope)
+        return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v.contiguous(), gate=gate))
 
 
 class Qwen3_5DecoderLayer(nn.Module):

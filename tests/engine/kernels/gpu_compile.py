@@ -345,13 +345,14 @@ def _gptoss_moe_scenarios():
 def _gated_attention_scenarios():
     """Qwen3.6-27B's gated attention at decode (24 q heads of 256, each followed by its gate, 4
     kv heads, rotary over the first 64 dims; float32 1 + w norm weights): the q/k norm read past
-    the gates, the sigmoid gate read from the projection, the rotation inside the KV store (bf16
+    the gates, the sigmoid gate read from the projection (alone, and in the decode attention's
+    merge), the rotation inside the KV store (bf16
     cache; an int8 one at head_dim 256 falls back to rope + the Hadamard store, whose 256 x 256
     dot needs 128 KB of shared memory: over sm80's and gfx1100's limits, not this file's to fix),
     and Gated DeltaNet's in_proj_ba (5120 -> 96) on the one-launch GEMV."""
     import torch
 
-    from homelab_llm.engine.kernels import elementwise, kv_store
+    from homelab_llm.engine.kernels import decode_attention, elementwise, kv_store
     from homelab_llm.engine.kernels.dense_gemv import dense_gemv
 
     bf16, i64 = torch.bfloat16, torch.int64
@@ -362,6 +363,11 @@ def _gated_attention_scenarios():
         yield lambda qkv=qkv, w=w: elementwise.qk_norm(qkv, hq, hkv, d, w, w, 1e-6, q_step=2 * d)
         gate = qkv[:, :hq * 2 * d].view(m, hq, 2 * d)[..., d:]
         yield lambda gate=gate, m=m: elementwise.sigmoid_mul(torch.zeros((m, hq * d), dtype=bf16), gate)
+        kc, vc = torch.zeros((64, page, hkv, d), dtype=bf16), torch.zeros((64, page, hkv, d), dtype=bf16)
+        yield lambda gate=gate, m=m, kc=kc, vc=vc: decode_attention.paged_decode_attention(  # gate in the merge
+            torch.zeros((m, hq, d), dtype=bf16), kc, vc, torch.arange(m * 64, dtype=torch.int32).reshape(m, 64) % 64,
+            torch.arange(m + 1, dtype=torch.int32), torch.full((m,), 900, dtype=torch.int32), 0.0625,
+            max_seq_len=4096, gate=gate)
         qk = torch.zeros((m, hq + hkv, d), dtype=bf16)
         pos, slots = torch.arange(m, dtype=i64), torch.arange(m, dtype=i64)
         cos_sin = torch.zeros((256, rd), dtype=torch.float32)

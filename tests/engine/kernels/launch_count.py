@@ -53,7 +53,8 @@ class LaunchCounter(TorchDispatchMode):
 
 def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0):
     """TINY_QWEN3_5 with random weights, its KV pages and state slots bound, and the context of
-    one sequence decoding its 6th token (slot 0, pages 0-1 of size 4)."""
+    one sequence decoding its 6th token (state slot 1, pages 2 and 1 of size 4), its KV split
+    in 2 as a decode graph fixes it (so the attention's merge kernel runs)."""
     from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 
     config = TINY_QWEN3_5
@@ -74,7 +75,7 @@ def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0):
         query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
         seq_lens=torch.tensor([6], dtype=torch.int32),
         page_table=torch.tensor([[2, 1]], dtype=torch.int32), max_query_len=1, max_seq_len=6,
-        page_size=4, decode_only=True, query_lens_host=[1], seq_lens_host=[6],
+        page_size=4, decode_only=True, query_lens_host=[1], seq_lens_host=[6], num_kv_splits=2,
         state_indices=torch.tensor([1], dtype=torch.int32),
         has_initial_state=torch.tensor([True]))
     return model, ctx
