@@ -1,12 +1,14 @@
 """Kernel launches and GPU time of one batch-1 decode step (issues 17/19), on a CUDA machine.
 
     python3 benchmarks/launch_count_gpu.py [--config Qwen3.6-27B.json] [--quant w4a16] [--ab]
+                                           [--root DIR]
 
 Builds the dummy-weight engine (default: the reference deployment, Qwen3.6-27B W4A16) and prints
 the graph replay's GPU ms a step and batch-1 tok/s, then an eager step's launches and kernel time
 (torch.profiler) with the kernels grouped by name, most time first. --ab repeats both with
 HOMELAB_LLM_DENSE_GEMV=0 (narrow linears such as Gated DeltaNet's in_proj_ba back on cuBLAS,
-split-K + reduce), so the GEMV route's effect is measured on the same box. The CPU test
+split-K + reduce), so the GEMV route's effect is measured on the same box. --root runs another
+checkout's engine (e.g. main before issue 19) with this script, for a before/after. The CPU test
 tests/engine/kernels/test_launch_count.py pins the same count for a tiny model.
 Under 3 minutes on an H200 without --ab (two engine builds).
 """
@@ -20,7 +22,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from w4a16_regress import eager_kernels, graph_decode, make_engine  # noqa: E402
 
 PROMPT = list(range(100, 132))
@@ -48,6 +49,8 @@ def measure(config: str, quant: str, tokens: int, top: int, label: str) -> tuple
 
 def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--root", default=str(Path(__file__).resolve().parents[1]),
+                   help="the checkout whose engine runs (default: this one)")
     p.add_argument("--config", default="Qwen3.6-27B.json")
     p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--tokens", type=int, default=64)
@@ -55,7 +58,8 @@ def main() -> int:
     p.add_argument("--ab", action="store_true",
                    help="also measure with HOMELAB_LLM_DENSE_GEMV=0 (narrow linears on cuBLAS)")
     a = p.parse_args()
-    name = Path(a.config).stem
+    sys.path.insert(0, a.root)
+    name = f"{Path(a.root).name} {Path(a.config).stem}"
     gpu, launches = measure(a.config, a.quant, a.tokens, a.top, f"{name} {a.quant}")
     if a.ab:
         os.environ["HOMELAB_LLM_DENSE_GEMV"] = "0"
