@@ -108,6 +108,14 @@ H2_TILES = {
     "h2.c8k8w8p": (RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True), (2,)),
     "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (4, 5)),
     "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5, 8)),
+    # s<n>: the K loop software-pipelined through shared memory (cp.async, n stages, no register
+    # prefetch). sm_90 compiles at 1 row: c8k8s3 100 registers 74 KB; c4k8s3 80 / 37 KB.
+    "h2.c8k8s3": (RowsTiles(1024, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k8s2": (RowsTiles(1024, 8, 4, num_stages=2, waves=8, min_steps=1), (1,)),
+    "h2.c4k8s3": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k8s4": (RowsTiles(512, 8, 4, num_stages=4, waves=8, min_steps=1), (1,)),
+    "h2.c8k16s2": (RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k4s3": (RowsTiles(512, 4, 4, num_stages=3, waves=8, min_steps=1), (4, 5, 8)),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 

@@ -126,9 +126,11 @@ TABLE: dict[str, ArchTiles] = {
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
         # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
-        # H200 sweep 10.7 (27B step linears): 1 row the table's prefetching tiles 6.52 ms (the
-        # older GEMV 8.49); 2 rows 16 word rows a step 9.24 ms (the dot kernel 12.37).
-        w4a16_h2=((1, H2_TILES[0][1]), (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:]),
+        # H200 sweeps 10.7, 11.2 (step linears): 1 row 16 word rows a step streamed through
+        # shared memory in 2 stages, 27B 6.37 ms / 8B 2.57 (the prefetching tiles 6.54 / 2.69;
+        # the older GEMV 8.48 / 2.84); 2 rows 16 word rows a step 9.22 ms (the dot kernel 10.71).
+        w4a16_h2=((1, RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1)),
+                  (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:]),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

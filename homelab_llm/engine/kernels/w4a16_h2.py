@@ -59,6 +59,7 @@ def _w4a16_h2_kernel(
     num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -82,7 +83,9 @@ def _w4a16_h2_kernel(
     xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
     xg_rows = xg_ptr + row * n_segs
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # LOOP_STAGES > 1: the compiler streams the words through shared memory (cp.async), stages
+    # in flight without holding registers; 1: plain loads (with PREFETCH, a register double buffer)
+    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=LOOP_STAGES):
         if PREFETCH:
             # The last step re-requests itself (unmasked; the bytes are still in L2).
             k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)
@@ -131,7 +134,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), p.split,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
-        PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"),
+        PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"), LOOP_STAGES=t.num_stages,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out
