@@ -7,12 +7,20 @@ The dense GEMV route mirrors the H200 table (off for ordinary linears, see tunin
 in_proj_ba, the one narrow linear: dispatch.SKINNY_GEMV_N). What the count cannot see: BLAS
 internals (cuBLAS's split-K reduce is a second launch on the GPU; here a matmul counts once) and
 the W4A16 linears (the tiny model is dense).
+
+    TRITON_INTERPRET=1 python -m tests.engine.kernels.launch_count [--layers 64]
+
+prints the count by kernel for TINY_QWEN3_5's widths with Qwen3.6-27B's 64 layers (every 4th one
+full attention): the reference deployment's step minus lm_head and sampling, its 256 matmuls
+standing for the W4A16 GEMVs (one launch each).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import os
 from collections import Counter
 
 import torch
@@ -51,13 +59,13 @@ class LaunchCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0):
-    """TINY_QWEN3_5 with random weights, its KV pages and state slots bound, and the context of
+def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+                      config: ModelConfig = TINY_QWEN3_5):
+    """`config` (TINY_QWEN3_5) with random weights, its KV pages and state slots bound, and the context of
     one sequence decoding its 6th token (state slot 1, pages 2 and 1 of size 4), its KV split
     in 2 as a decode graph fixes it (so the attention's merge kernel runs)."""
     from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 
-    config = TINY_QWEN3_5
     torch.manual_seed(seed)
     model = Qwen3_5ForCausalLM(config)
     with torch.no_grad():
@@ -111,3 +119,26 @@ def count_launches(monkeypatch, model, ctx, input_ids: torch.Tensor) -> tuple[Co
     with torch.no_grad(), forward_context(ctx), counter:
         hidden = model(input_ids, ctx.positions)
     return counter.counts, hidden
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=64, help="layers, every 4th full attention")
+    a = p.parse_args()
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("launch_count: run with TRITON_INTERPRET=1 (it counts interpreted launches)")
+    import pytest
+
+    config = dataclasses.replace(TINY_QWEN3_5, num_hidden_layers=a.layers, layer_types=tuple(
+        LAYER_FULL if (i + 1) % 4 == 0 else LAYER_LINEAR for i in range(a.layers)))
+    model, ctx = tiny_decode_model(config=config)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        counts, _ = count_launches(monkeypatch, model, ctx, torch.tensor([7]))
+    for name, n in counts.most_common():
+        print(f"{n:5d} {name}")
+    print(f"{sum(counts.values()):5d} launches a decode step, {a.layers} layers")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
