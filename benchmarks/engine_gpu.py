@@ -36,7 +36,7 @@ from homelab_llm.engine.core import LLMEngine  # noqa: E402
 from homelab_llm.engine.sampling_params import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from gpu_harness import ReplayTimer, report, results, run_sections  # noqa: E402
+from gpu_harness import ReplayTimer, eager_kernel_totals, report, results, run_sections  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
 
@@ -202,23 +202,7 @@ def kernel_totals(engine: LLMEngine, prompt: list[int], label: str,
                   steps: int = 16) -> dict[str, list[float]]:
     """Kernel name -> [GPU us, launches] per step over `steps` eager decode steps of one request
     (the engine must run with enforce_eager, so every launch is visible)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    engine.add_request(f"prof-{label}", prompt,
-                       SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
-    for _ in range(8):
-        engine.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            engine.step()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = {}
-    for evt in prof.key_averages():
-        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-        if t and evt.count:
-            totals[evt.key] = [t / steps, evt.count / steps]
-    return totals
+    return eager_kernel_totals(engine, prompt, f"prof-{label}", steps)
 
 
 def profile_decode_steps(engine: LLMEngine, prompt: list[int], label: str, steps: int = 16,

@@ -1,5 +1,6 @@
 """What the GPU benchmark scripts share: a results table and a runner for named sections, where a
-failing section prints its traceback and the others still report."""
+failing section prints its traceback and the others still report; CUDA-event timing of graph
+replays; the kernels of eager decode steps from torch.profiler."""
 
 from __future__ import annotations
 
@@ -72,3 +73,28 @@ class ReplayTimer:
 
     def restore(self) -> None:
         self.graphs.run = self.replay
+
+
+def eager_kernel_totals(engine, prompt: list[int], request_id: str,
+                        steps: int = 16) -> dict[str, list[float]]:
+    """Kernel name -> [GPU us, launches] per step over `steps` decode steps of one request after
+    8 of warm-up (the engine must run with enforce_eager, so every launch is visible)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    engine.add_request(request_id, prompt, SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
+    for _ in range(8):
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for evt in prof.key_averages():
+        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if t and evt.count:
+            totals[evt.key] = [t / steps, evt.count / steps]
+    return totals

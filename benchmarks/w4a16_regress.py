@@ -18,7 +18,60 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_harness import ReplayTimer  # noqa: E402
+from gpu_harness import ReplayTimer, eager_kernel_totals  # noqa: E402
+
+
+def make_engine(config: str, quant: str = "w4a16", **kw):
+    """The dummy-weight engine of assets/model_configs/`config` on cuda in bf16 (quant "none":
+    bf16 weights); `kw` overrides EngineArgs (enforce_eager=True for profiling)."""
+    from homelab_llm.assets import assets_dir
+    from homelab_llm.engine.args import EngineArgs
+    from homelab_llm.engine.core import LLMEngine
+
+    args = dict(model=str(assets_dir() / "model_configs" / config), load_format="dummy",
+                device="cuda", dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=2048,
+                gpu_memory_utilization=0.4, max_model_len=4096,
+                quantization=None if quant == "none" else quant)
+    args.update(kw)
+    return LLMEngine(EngineArgs(**args))
+
+
+def eager_kernels(eng, prompt: list[int], steps: int = 16) -> list[tuple[float, float, str]]:
+    """(us a step, launches a step, kernel name) of batch-1 decode steps of an eager engine,
+    most time first."""
+    totals = eager_kernel_totals(eng, prompt, "p", steps)
+    eng.abort_request("p")
+    return sorted(((us, count, name) for name, (us, count) in totals.items()), reverse=True)
+
+
+def graph_decode(eng, prompt: list[int], tokens: int, prof=None) -> tuple[float, float, int]:
+    """(wall ms a step, graph GPU ms a replay, replays) of a batch-1 greedy decode of `tokens`
+    after a 16-token warm-up, the first (prefill) step of each left out; `prof` (a
+    cProfile.Profile) is enabled over the timed steps."""
+    import torch
+
+    from homelab_llm.engine.sampling_params import SamplingParams
+
+    timer = ReplayTimer(eng.runner.graphs)
+    for rid, n in (("warm", 16), ("run", tokens)):
+        eng.add_request(rid, prompt, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
+        steps = 0
+        while eng.has_unfinished_requests():
+            if steps == 1:
+                torch.cuda.synchronize()
+                timer.events.clear()
+                t = time.perf_counter()
+                if prof is not None and rid == "run":
+                    prof.enable()
+            eng.step()
+            steps += 1
+        torch.cuda.synchronize()
+    if prof is not None:
+        prof.disable()
+    wall = (time.perf_counter() - t) / (steps - 1) * 1e3
+    gpu, replays = timer.mean_ms(), len(timer.events)
+    timer.restore()
+    return wall, gpu, replays
 
 
 def main() -> int:
@@ -34,71 +87,28 @@ def main() -> int:
     sys.path.insert(0, a.root)
     import torch
 
-    from homelab_llm.assets import assets_dir
-    from homelab_llm.engine.args import EngineArgs
-    from homelab_llm.engine.core import LLMEngine
-    from homelab_llm.engine.sampling_params import SamplingParams
-
     label = a.label or Path(a.root).name
-    cfg = str(assets_dir() / "model_configs" / a.config)
 
     def engine(**kw):
-        args = dict(model=cfg, load_format="dummy", device="cuda", dtype="bfloat16", max_num_seqs=8,
-                    max_num_batched_tokens=2048, gpu_memory_utilization=0.4, max_model_len=4096,
-                    quantization=None if a.quant == "none" else a.quant)
-        args.update(kw)
-        return LLMEngine(EngineArgs(**args))
+        return make_engine(a.config, a.quant, **kw)
 
-    eng = engine()
-    timer = ReplayTimer(eng.runner.graphs)
     import cProfile
     import pstats
 
     prof = cProfile.Profile()
     prompt = list(range(100, 132))
-    for rid, n in (("warm", 16), ("run", a.tokens)):
-        eng.add_request(rid, prompt, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
-        steps = 0
-        while eng.has_unfinished_requests():
-            if steps == 1:
-                torch.cuda.synchronize()
-                timer.events.clear()
-                t = time.perf_counter()
-                if a.cprofile and rid == "run":
-                    prof.enable()
-            eng.step()
-            steps += 1
-        torch.cuda.synchronize()
-    prof.disable()
-    wall = (time.perf_counter() - t) / (steps - 1) * 1e3
-    gpu = timer.mean_ms()
+    eng = engine()
+    wall, gpu, replays = graph_decode(eng, prompt, a.tokens, prof if a.cprofile else None)
     print(f"REGRESS {label}: b1 {1e3 / wall:.1f} tok/s, wall {wall:.3f} ms/step, graph GPU "
-          f"{gpu:.3f} ms/step over {len(timer.events)} replays", flush=True)
+          f"{gpu:.3f} ms/step over {replays} replays", flush=True)
     if a.cprofile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
-    timer.restore()
-    del eng, timer
+    del eng
     gc.collect()
     torch.cuda.empty_cache()
     if a.eager_profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        eng = engine(enforce_eager=True)
-        eng.add_request("p", prompt, SamplingParams(max_tokens=64, ignore_eos=True))
-        for _ in range(8):
-            eng.step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(16):
-                eng.step()
-            torch.cuda.synchronize()
-        rows = []
-        for evt in prof.key_averages():
-            us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
-            if us and evt.count:
-                rows.append((us / 16, evt.count / 16, evt.key))
-        rows.sort(reverse=True)
+        rows = eager_kernels(engine(enforce_eager=True), prompt)
         print(f"REGRESS {label}: eager step kernels {sum(r[0] for r in rows):.0f} us, "
               f"{sum(r[1] for r in rows):.0f} launches", flush=True)
         for us, count, name in rows[:14]:

@@ -233,8 +233,11 @@ def paged_decode_attention(
     sinks: torch.Tensor | None = None,
     rows_per_seq: int = 1,
     tiles: AttentionTiles | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits.
+    gate [T, Hq, D] (a strided view is fine): the output times sigmoid(gate), in the merge kernel
+    (one launch fewer; elementwise.sigmoid_mul after the split kernel when there is no merge).
     rows_per_seq > 1: the rows come in groups of that many consecutive one-token rows sharing a
     page table (a verify step's K+1 rows), attended by one program per group and KV head.
     tiles: the split kernel's tiles instead of the arch table's (benchmarks/int8kv_decode.py)."""
@@ -249,6 +252,9 @@ def paged_decode_attention(
         rows_per_seq = 1  # rows are independent queries: one program each is the same result
     if q.stride(2) != 1:
         raise ValueError("q head_dim axis must be contiguous")
+    if gate is not None and (gate.shape != q.shape or gate.stride(2) != 1):
+        raise ValueError(f"gate must be [T, Hq, D] = {tuple(q.shape)} with D contiguous, got "
+                         f"{tuple(gate.shape)}")
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
@@ -288,8 +294,12 @@ def paged_decode_attention(
         num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
         **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
     )
-    if num_splits > 1 and not fused:
+    if num_splits > 1 and not fused:  # the merge applies the gate too
         merge_partials(part_out, part_lse, out, query_start_loc, head_dim,
                        kv.rotate and split_tiles.merge_unrotates, kv.log2_d,
-                       arch.elementwise_warps)
+                       arch.elementwise_warps, gate)
+    elif gate is not None:  # no second kernel ran: the gate in one launch of its own
+        from homelab_llm.engine.kernels.elementwise import sigmoid_mul
+
+        out = sigmoid_mul(out.view(out.shape[0], -1), gate).view(out.shape)
     return out

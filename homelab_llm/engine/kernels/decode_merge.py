@@ -53,9 +53,10 @@ def unrotate_row(out, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr, ROTATE: tl.c
 
 @triton.jit
 def _decode_reduce_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr, query_start_ptr, stride_ot, stride_oh,
+    part_out_ptr, part_lse_ptr, out_ptr, gate_ptr, query_start_ptr, stride_ot, stride_oh,
+    stride_gt, stride_gh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_GATE: tl.constexpr,
 ):
     b = tl.program_id(0)
     head = tl.program_id(1)
@@ -64,6 +65,10 @@ def _decode_reduce_kernel(
     out = unrotate_row(out, HEAD_DIM_PAD, LOG2_D, ROTATE)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     q_row = tl.load(query_start_ptr + b).to(tl.int64)
+    if HAS_GATE:  # gated attention's output gate: out * sigmoid(gate), as elementwise.sigmoid_mul
+        g = tl.load(gate_ptr + q_row * stride_gt + head * stride_gh + offs_d, mask=offs_d < HEAD_DIM,
+                    other=0.0).to(tl.float32)
+        out = out / (1.0 + tl.exp(-g))
     tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)
 
@@ -97,12 +102,15 @@ def decode_tickets(device: torch.device, rows: int, num_kv_heads: int) -> torch.
 
 def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
                    query_start_loc: torch.Tensor, head_dim: int, rotate: bool, log2_d: int,
-                   num_warps: int) -> None:
+                   num_warps: int, gate: torch.Tensor | None = None) -> None:
     """Stage 2 as its own kernel: out[query_start_loc[b], h] = the merge of row b, head h
-    (un-rotated when the partials come from rotated int8 rows)."""
+    (un-rotated when the partials come from rotated int8 rows), times sigmoid(gate[row, h]) when
+    a gate [T, Hq, D] (D contiguous) is given."""
     batch, num_q_heads, num_splits, d_pad = part_out.shape
     _decode_reduce_kernel[(batch, num_q_heads)](
-        part_out, part_lse, out, query_start_loc, out.stride(0), out.stride(1),
+        part_out, part_lse, out, out if gate is None else gate, query_start_loc,
+        out.stride(0), out.stride(1), 0 if gate is None else gate.stride(0),
+        0 if gate is None else gate.stride(1),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits, ROTATE=rotate, LOG2_D=log2_d,
-        num_warps=num_warps,
+        HAS_GATE=gate is not None, num_warps=num_warps,
     )

@@ -40,18 +40,38 @@ def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=N
 def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
                     decode_only: bool | None = None, num_kv_splits: int | None = None,
-                    window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1):
+                    window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1,
+                    gate: torch.Tensor | None = None):
     """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
-    > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits.
+    > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits; gate
+    [T, Hq, D] (gated attention; may be strided) multiplies the output by sigmoid(gate).
 
-    On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel;
-    anything else the prefill/extend kernel. Which one is known from `decode_only` or the host
-    query lengths; without either we take the extend kernel, which is right for every batch.
-    A CUDA-graph runner passes decode_only=True and a fixed num_kv_splits. rows_per_seq > 1
-    (decode only): rows come in groups sharing a page table (a speculative verify's K+1 rows, row
-    j seeing its own seq_len): the decode kernel reads each group's K/V once. Every row is an
-    independent query either way, so the reference ignores it.
+    On a GPU, a batch where every sequence has one new token takes the split-KV decode kernel
+    (which applies the gate in its merge); anything else the prefill/extend kernel. Which one is
+    known from `decode_only` or the host query lengths; without either we take the extend kernel,
+    which is right for every batch. A CUDA-graph runner passes decode_only=True and a fixed
+    num_kv_splits. rows_per_seq > 1 (decode only): rows come in groups sharing a page table (a
+    speculative verify's K+1 rows, row j seeing its own seq_len): the decode kernel reads each
+    group's K/V once. Every row is an independent query either way, so the reference ignores it.
     """
+    if use_triton(q) and (decode_only or (decode_only is None and query_lens_host is not None
+                                          and all(n == 1 for n in query_lens_host))):
+        from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+        max_seq_len = max(seq_lens_host) if seq_lens_host else None
+        return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                                      softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
+                                      max_seq_len=max_seq_len, window=window, sinks=sinks,
+                                      rows_per_seq=rows_per_seq, gate=gate)
+    out = _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
+                             softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
+                             window, sinks)
+    return out if gate is None else sigmoid_mul(out.reshape(q.shape[0], -1), gate).view(out.shape)
+
+
+def _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
+                       k_scale, v_scale, query_lens_host, seq_lens_host, window, sinks):
+    """paged_attention's reference and prefill/extend routes."""
     if not use_triton(q):
         if (q.device.type == "cpu" and query_lens_host == [1] and seq_lens_host is not None
                 and window == 0 and sinks is None and _kernels_env() != "ref"):
@@ -62,16 +82,6 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
         return ref.paged_attention_ref(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                        softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
                                        window=window, sinks=sinks)
-    if decode_only is None:
-        decode_only = query_lens_host is not None and all(n == 1 for n in query_lens_host)
-    max_seq_len = max(seq_lens_host) if seq_lens_host else None
-    if decode_only:
-        from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-
-        return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
-                                      softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
-                                      max_seq_len=max_seq_len, window=window, sinks=sinks,
-                                      rows_per_seq=rows_per_seq)
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
     max_query_len = max(query_lens_host) if query_lens_host else None
@@ -89,12 +99,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
-            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+            q_step: int | None = None) -> torch.Tensor:
     if use_triton(qkv):
         from homelab_llm.engine.kernels import elementwise
 
-        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
-    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps)
+        return elementwise.qk_norm(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps, q_step)
+    return ref.qk_norm_ref(qkv, q_heads, kv_heads, head_dim, q_weight, k_weight, eps, q_step)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [T, H * D] * sigmoid(gate [T, H, D]) (gate may be strided); one launch on a GPU."""
+    if use_triton(x):
+        from homelab_llm.engine.kernels import elementwise
+
+        return elementwise.sigmoid_mul(x, gate)
+    return ref.sigmoid_mul_ref(x, gate)
 
 
 def add_rms_norm(x, residual, weight, eps):
@@ -106,19 +126,26 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
+# Outputs this narrow take the GEMV on every arch (up to FORCED_GEMV_ROWS rows): cuBLAS runs them
+# as split-K plus a second reduce launch (H200, Gated DeltaNet's in_proj_ba 5120 -> 96: 4.7 +
+# 1.6 us a call, 48 calls a 27B step), the GEMV reduces its splits in the same launch.
+SKINNY_GEMV_N = 256
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """x [M, K] @ weight.T takes the decode GEMV (kernels/dense_gemv.py): a GPU, 1 to the arch
-    table's max_rows rows (tuning.DENSE_GEMV_TABLE), bf16/fp16 in the weight's dtype, rows
-    contiguous. HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to
-    FORCED_GEMV_ROWS rows where the table has it off (benchmarks compare both)."""
+    table's max_rows rows (tuning.DENSE_GEMV_TABLE; FORCED_GEMV_ROWS for a weight of at most
+    SKINNY_GEMV_N outputs), bf16/fp16 in the weight's dtype, rows contiguous.
+    HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to FORCED_GEMV_ROWS
+    rows where the table has it off (benchmarks compare both)."""
     forced = os.environ.get("HOMELAB_LLM_DENSE_GEMV", "")
     if not use_triton(x) or x.dim() != 2 or forced == "0":
         return False
     from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 
-    max_rows = dense_gemv_tiles(x.device).max_rows or (FORCED_GEMV_ROWS if forced == "1" else 0)
+    max_rows = dense_gemv_tiles(x.device).max_rows
+    if not max_rows and (forced == "1" or weight.shape[0] <= SKINNY_GEMV_N):
+        max_rows = FORCED_GEMV_ROWS
     return (0 < x.shape[0] <= max_rows
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and x.stride(1) == 1 and weight.stride(1) == 1)

@@ -1,5 +1,6 @@
 """Row-wise kernels: RMSNorm (optionally fused with the residual add), the per-head q/k RMSNorm
-of QK-norm attention in one launch, SiLU-and-mul, and RoPE.
+of QK-norm attention in one launch (read straight out of the fused projection, gated or not),
+SiLU-and-mul, the sigmoid output gate of gated attention, and RoPE.
 
 All three are memory bound: each reads its inputs once and computes in fp32. The fused add writes
 the summed residual (rounded to the activation dtype, as the next layer would see it) and normalizes
@@ -68,15 +69,17 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _qk_norm_kernel(x_ptr, qw_ptr, kw_ptr, out_ptr, eps, stride_x, stride_o, Q_HEADS, D,
+def _qk_norm_kernel(x_ptr, qw_ptr, kw_ptr, out_ptr, eps, stride_x, stride_o, Q_HEADS, Q_STEP, D,
                     BLOCK: tl.constexpr):
-    """Program (t, h): head h of token t, read from the fused projection's q | k columns (head h
-    starts at h * D for q and k alike), normalized with the q or the k weight."""
+    """Program (t, h): head h of token t, read from the fused projection's q | k columns (q head
+    h starts at h * Q_STEP, k head j at Q_HEADS * Q_STEP + j * D), normalized with the q or the
+    k weight."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
-    x = tl.load(x_ptr + t * stride_x + h * D + offs, mask=mask, other=0.0).to(tl.float32)
+    start = tl.where(h < Q_HEADS, h * Q_STEP, Q_HEADS * Q_STEP + (h - Q_HEADS) * D)
+    x = tl.load(x_ptr + t * stride_x + start + offs, mask=mask, other=0.0).to(tl.float32)
     q_end = tl.where(h < Q_HEADS, D, 0)  # as a vector compare: q weight below it, k weight above
     w = tl.load(qw_ptr + offs, mask=offs < q_end, other=0.0).to(tl.float32)
     w += tl.load(kw_ptr + offs, mask=mask & (offs >= q_end), other=0.0).to(tl.float32)
@@ -86,17 +89,19 @@ def _qk_norm_kernel(x_ptr, qw_ptr, kw_ptr, out_ptr, eps, stride_x, stride_o, Q_H
 
 
 def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_weight: torch.Tensor,
-            k_weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """[T, >= (q_heads + kv_heads) * head_dim] (q | k | ...) -> [T, q_heads + kv_heads, head_dim]:
-    every q head normalized with q_weight and every k head with k_weight (one launch instead of
-    two norms and a concatenation)."""
+            k_weight: torch.Tensor, eps: float, q_step: int | None = None) -> torch.Tensor:
+    """[T, >= q_heads * q_step + kv_heads * head_dim] (q | k | ...) -> [T, q_heads + kv_heads,
+    head_dim]: every q head normalized with q_weight and every k head with k_weight (one launch
+    instead of two norms and a concatenation). q_step: the projection's columns per q head
+    (head_dim; 2 * head_dim for gated attention, whose heads carry their gate after the query)."""
     if qkv.stride(-1) != 1:
         raise ValueError("qk_norm: the projection's last dimension must be contiguous")
     tokens, heads = qkv.shape[0], q_heads + kv_heads
     out = torch.empty((tokens, heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if tokens:
         _qk_norm_kernel[(tokens, heads)](
-            qkv, q_weight, k_weight, out, eps, qkv.stride(0), heads * head_dim, q_heads, head_dim,
+            qkv, q_weight, k_weight, out, eps, qkv.stride(0), heads * head_dim, q_heads,
+            q_step or head_dim, head_dim,
             BLOCK=next_pow2(head_dim), num_warps=tiles_for(qkv.device).elementwise_warps)
     return out
 
@@ -123,6 +128,36 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
             x2, out, x2.stride(0), out.stride(0), d, BLOCK=block,
             num_warps=tiles_for(gate_up.device).elementwise_warps)
     return out.view(*gate_up.shape[:-1], d)
+
+
+@triton.jit
+def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, stride_xt, stride_gt, stride_gh, stride_ot, D,
+                        BLOCK: tl.constexpr):
+    """Program (t, h): x's head h of token t times sigmoid of the gate's head h."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < D
+    x = tl.load(x_ptr + t * stride_xt + h * D + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + t * stride_gt + h * stride_gh + offs, mask=mask, other=0.0).to(tl.float32)
+    y = x / (1.0 + tl.exp(-g))
+    tl.store(out_ptr + t * stride_ot + h * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [T, H * D] * sigmoid(gate [T, H, D]) -> [T, H * D] in x's dtype; gate may be a strided
+    view (gated attention's gate columns, still in the q projection's output: no copy first)."""
+    tokens, heads, d = gate.shape
+    if x.shape != (tokens, heads * d) or x.stride(-1) != 1 or gate.stride(-1) != 1:
+        raise ValueError(f"sigmoid_mul: x {tuple(x.shape)} vs gate {tuple(gate.shape)} "
+                         "(last axes contiguous)")
+    out = torch.empty((tokens, heads * d), dtype=x.dtype, device=x.device)
+    block = min(1024, next_pow2(d))
+    if tokens:
+        _sigmoid_mul_kernel[(tokens, heads, triton.cdiv(d, block))](
+            x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), out.stride(0), d,
+            BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps)
+    return out
 
 
 @triton.jit

@@ -118,16 +118,21 @@ def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                             beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
-                            scale: float | None = None, rows_per_seq: int = 1) -> torch.Tensor:
+                            scale: float | None = None, rows_per_seq: int = 1,
+                            gating: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Decode rows: q, k [N, Hk, Dk], v [N, Hv, Dv] -> o [N, Hv, Dv], in groups of rows_per_seq
-    tokens of one sequence (one token per sequence by default); state in place."""
+    tokens of one sequence (one token per sequence by default); state in place. gating =
+    (A_log, dt_bias): g and beta are the raw a and b, gated first (gdn_gating; on a GPU inside
+    the decode kernel, one launch instead of two)."""
     _check_rule(q, k, v, g, beta, ssm_state)
     _check_slots(state_indices, q.shape[0], rows_per_seq)
     if use_triton(q):
         from homelab_llm.engine.kernels import gdn_recurrent
 
         return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                                        rows_per_seq)
+                                                        rows_per_seq, gating)
+    if gating is not None:
+        g, beta = gdn_ref.gdn_gating_ref(g, beta, *gating)
     return gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq)
 
 

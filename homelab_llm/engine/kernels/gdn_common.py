@@ -1,6 +1,7 @@
 """What the Gated DeltaNet Triton kernels share: which sequence and which block of it a varlen
 program owns (found in the kernel from cu_seqlens, so prefill needs no host sync and no extra
-launch), the in-kernel L2 norms of q/k rows, the dot-operand casts of the chunk kernels and the
+launch), the in-kernel L2 norms of q/k rows, the decay/beta gating of one (token, head), the
+dot-operand casts of the chunk kernels and the
 row-stride checks of their wrappers."""
 
 from __future__ import annotations
@@ -65,6 +66,17 @@ def check_rows(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.stride(-1) != 1:
             raise ValueError(f"a {tuple(t.shape)} input has a non-contiguous last axis; pass .contiguous()")
+
+
+@triton.jit
+def gate_values(a, b, a_log, dt_bias):
+    """(g, beta) fp32 from raw a, b and the head's A_log, dt_bias (gdn_ref.gdn_gating_ref):
+    g = -exp(A_log) * softplus(a + dt_bias), softplus as torch's (x itself above 20); beta =
+    sigmoid(b), which callers round to b's dtype as the reference does."""
+    x = a.to(tl.float32) + dt_bias.to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    g = -tl.exp(a_log.to(tl.float32)) * softplus
+    return g, 1.0 / (1.0 + tl.exp(-b.to(tl.float32)))
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.gdn_common import check_rows
+from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _GATING_BLOCK = 1024
@@ -38,13 +38,12 @@ def _gating_kernel(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, stride
     mask = offs < TOTAL
     t = (offs // HV).to(tl.int64)
     h = offs % HV
-    a = tl.load(a_ptr + t * stride_a + h, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + t * stride_b + h, mask=mask, other=0.0).to(tl.float32)
-    x = a + tl.load(dt_bias_ptr + h, mask=mask, other=0.0).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-    g = -tl.exp(tl.load(a_log_ptr + h, mask=mask, other=0.0).to(tl.float32)) * softplus
+    a = tl.load(a_ptr + t * stride_a + h, mask=mask, other=0.0)
+    b = tl.load(b_ptr + t * stride_b + h, mask=mask, other=0.0)
+    a_log = tl.load(a_log_ptr + h, mask=mask, other=0.0)
+    g, beta = gate_values(a, b, a_log, tl.load(dt_bias_ptr + h, mask=mask, other=0.0))
     tl.store(g_ptr + offs, g, mask=mask)
-    tl.store(beta_ptr + offs, (1.0 / (1.0 + tl.exp(-b))).to(beta_ptr.dtype.element_ty), mask=mask)
+    tl.store(beta_ptr + offs, beta.to(beta_ptr.dtype.element_ty), mask=mask)
 
 
 def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

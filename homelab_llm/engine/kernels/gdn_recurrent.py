@@ -3,7 +3,8 @@
 One program per (sequence, value head, block of value columns): it reads the slot's state tile
 [Dk, BLOCK_V] fp32 once, applies decay, delta update and readout in registers, and writes the tile
 back in place. q/k are L2-normalized in the program (each program of a head group redoes the Dk
-sums: cheaper than another launch). Memory bound: the state is read and written once per token.
+sums: cheaper than another launch), and given the raw a/b it gates them too (decay and beta, as
+gdn_norm's gating kernel: another launch saved). Memory bound: the state is read and written once per token.
 
 Verify steps (speculative decoding): rows come in groups of ROWS = K+1 consecutive tokens of one
 sequence; the program carries the state tile through the group in registers and stores the state
@@ -23,17 +24,17 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.gdn_common import check_rows, l2_normalize_rows
+from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 
 
 @triton.jit
 def _recurrent_step_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, slots_ptr, scale,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, o_ptr, state_ptr, slots_ptr, scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_bb,
     stride_ob, stride_oh, stride_ss, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, GATING: tl.constexpr,
 ):
     first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
     h = tl.program_id(1)
@@ -58,8 +59,13 @@ def _recurrent_step_kernel(
         q = l2_normalize_rows(q, 0) * scale
         k = l2_normalize_rows(k, 0)
         v = tl.load(v_ptr + b * stride_vb + h * stride_vh + offs_v, mask=v_mask, other=0.0).to(tl.float32)
-        decay = tl.exp(tl.load(g_ptr + b * stride_gb + h).to(tl.float32))
-        beta = tl.load(beta_ptr + b * stride_bb + h).to(tl.float32)
+        g = tl.load(g_ptr + b * stride_gb + h)
+        beta = tl.load(beta_ptr + b * stride_bb + h)
+        if GATING:  # g_ptr / beta_ptr hold the raw a / b: the gating kernel's work, done here
+            g, beta = gate_values(g, beta, tl.load(a_log_ptr + h), tl.load(dt_bias_ptr + h))
+            beta = beta.to(beta_ptr.dtype.element_ty)  # b's dtype, as the gating kernel stores it
+        decay = tl.exp(g.to(tl.float32))
+        beta = beta.to(tl.float32)
         s = s * decay
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
         s = s + k[:, None] * u[None, :]
@@ -72,8 +78,11 @@ def _recurrent_step_kernel(
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
-                               scale: float | None = None, rows_per_seq: int = 1) -> torch.Tensor:
-    """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref)."""
+                               scale: float | None = None, rows_per_seq: int = 1,
+                               gating: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref).
+    gating = (A_log, dt_bias): g and beta are the raw a and b [N, Hv], gated in the kernel
+    (gdn_ref.gdn_gating_ref; one launch fewer a layer)."""
     check_rows(q, k, v, g, beta, ssm_state)
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -82,10 +91,11 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return out
     tiles = gdn_tiles(q.device)
     block_v = min(tiles.decode_block_v, next_pow2(dv))
+    a_log, dt_bias = gating if gating is not None else (g, g)
     _recurrent_step_kernel[(rows // rows_per_seq, hv, triton.cdiv(dv, block_v))](
-        q, k, v, g, beta, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
+        q, k, v, g, beta, a_log, dt_bias, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
-        num_warps=tiles.decode_warps)
+        GATING=gating is not None, num_warps=tiles.decode_warps)
     return out

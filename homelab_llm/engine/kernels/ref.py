@@ -261,14 +261,22 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 
 def qk_norm_ref(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int,
-                q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float) -> torch.Tensor:
+                q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                q_step: int | None = None) -> torch.Tensor:
     """The q heads and the k heads of a fused projection, each RMS-normalized per head with their
-    own weight, side by side: [T, q_heads + kv_heads, head_dim]."""
-    tokens, q_size = qkv.shape[0], q_heads * head_dim
-    q = rms_norm_ref(qkv[:, :q_size].reshape(tokens, q_heads, head_dim), q_weight, eps)
+    own weight, side by side: [T, q_heads + kv_heads, head_dim]. q_step: columns per q head
+    (2 * head_dim when each carries its output gate after the query)."""
+    tokens, q_step = qkv.shape[0], q_step or head_dim
+    q_size = q_heads * q_step
+    q = rms_norm_ref(qkv[:, :q_size].reshape(tokens, q_heads, q_step)[..., :head_dim], q_weight, eps)
     k = rms_norm_ref(qkv[:, q_size:q_size + kv_heads * head_dim].reshape(tokens, kv_heads, head_dim),
                      k_weight, eps)
     return torch.cat((q, k), dim=1)
+
+
+def sigmoid_mul_ref(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x [T, H * D] * sigmoid(gate [T, H, D]): gated attention's output gate."""
+    return x * torch.sigmoid(gate.reshape(x.shape))
 
 
 def add_rms_norm_ref(

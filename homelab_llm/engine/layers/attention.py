@@ -39,9 +39,11 @@ class Attention(nn.Module):
         self.sliding_group = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                rope: RopeTables | None = None) -> torch.Tensor:
+                rope: RopeTables | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]. Without `rope`, q and k are already
-        rotated; with it, they are rotated here (q in place on the kernel path)."""
+        rotated; with it, they are rotated here (q in place on the kernel path). gate [T, Hq, D]
+        (gated attention, may be strided): the output times sigmoid(gate), on a GPU's decode
+        steps inside the attention's merge kernel."""
         ctx = get_context()
         sinks = self.sinks
         if sinks is not None and sinks.dtype != torch.float32:  # a model cast after loading
@@ -60,14 +62,15 @@ class Attention(nn.Module):
             if rope is not None:
                 q, k = self._rotate(q, k, rope)
             if not has_cache:
-                return self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
+                out = self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
+                return out if gate is None else dispatch.sigmoid_mul(out, gate)
             dispatch.store_kv(k, v, self.k_cache, self.v_cache, slot_mapping,
                               self.k_scale, self.v_scale)
         out = dispatch.paged_attention(
             q, self.k_cache, self.v_cache, page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
-            sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1)
+            sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1, gate=gate)
         return out.reshape(q.shape[0], -1)
 
     @staticmethod

@@ -41,8 +41,9 @@ class OffsetRMSNorm(RMSNorm):
 
 
 def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: RMSNorm,
-            k_norm: RMSNorm) -> torch.Tensor:
+            k_norm: RMSNorm, q_step: int | None = None) -> torch.Tensor:
     """QK-norm attention's per-head norms over a fused projection's q | k columns, in one launch:
-    [T, q_heads + kv_heads, head_dim] (q heads first)."""
+    [T, q_heads + kv_heads, head_dim] (q heads first). q_step: columns per q head in the
+    projection (2 * head_dim where each head's output gate follows its query)."""
     return dispatch.qk_norm(qkv, q_heads, kv_heads, head_dim, q_norm.weight, k_norm.weight,
-                            q_norm.eps)
+                            q_norm.eps, q_step)

@@ -37,7 +37,7 @@ from homelab_llm.engine.model.config import ModelConfig
 
 class MultiTokenPredictor(nn.Module):
     """`mtp.*` of a checkpoint. make_layer(i) builds MTP decoder layer i (a full-attention layer
-    of the family, forward(hidden, residual, cos_sin) -> (hidden, residual)); make_norm builds
+    of the family, forward(hidden, residual, rope) -> (hidden, residual)); make_norm builds
     the family's RMSNorm; rotary is the target's (anything with lookup(positions, dtype))."""
 
     def __init__(self, config: ModelConfig, make_layer: Callable[[int], nn.Module],
@@ -58,7 +58,7 @@ class MultiTokenPredictor(nn.Module):
         x = torch.cat((self.pre_fc_norm_embedding(embed(input_ids)),
                        self.pre_fc_norm_hidden(hidden)), dim=-1)
         x = self.fc(x)
-        cos_sin = self.rotary.lookup(positions, x.dtype)
-        out, residual = self.layers[step % len(self.layers)](x, None, cos_sin)
+        rope = self.rotary.lookup(positions, x.dtype)
+        out, residual = self.layers[step % len(self.layers)](x, None, rope)
         out, _ = self.norm(out, residual)
         return out

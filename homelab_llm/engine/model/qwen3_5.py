@@ -7,7 +7,7 @@ Differences from llama.py, all from the reference (transformers' modeling_qwen3_
 - q_proj gives each head its query and then its output gate (2 * head_dim rows per head); the
   attention output is multiplied by sigmoid(gate) before o_proj.
 - q/k RMSNorm per head, then RoPE (rotate-half form) on the first partial_rotary_factor of
-  head_dim only.
+  head_dim only (on a GPU in the KV store kernel, as for Llama: kv_store.rope_store_kv).
 - Checkpoints: `model.language_model.*` (ConditionalGeneration) or `model.*` (CausalLM);
   `model.visual.*` is not ours to load, `mtp.*` (the multi-token prediction head, model/mtp.py)
   only when config.use_mtp (--speculative-config method mtp).
@@ -28,8 +28,8 @@ from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
 from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
-from homelab_llm.engine.layers.norm import RMSNorm
-from homelab_llm.engine.layers.rotary import RotaryEmbedding, apply_rotary
+from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
+from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
 from homelab_llm.engine.model.mtp import MultiTokenPredictor
@@ -71,24 +71,31 @@ class PartialRotary(nn.Module):
         self.table = RotaryEmbedding(self.rotary_dim, config.max_position_embeddings,
                                      config.rope_theta, config.rope_scaling)
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Once per forward: full-width cos and signed sin [T, 1, rotary_dim]."""
-        cos, sin = self.table.cos_sin.index_select(0, positions).to(dtype).unsqueeze(1).chunk(2, dim=-1)
-        return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
+        """Once per forward: on a GPU the table itself (the KV store kernel rotates), else cos and
+        signed sin [T, 1, rotary_dim] for `rotate`."""
+        return self.table.lookup(positions, dtype)
 
-    def rotate(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, rope: RopeTables) -> torch.Tensor:
+        """x [T, H, D] with its first rotary_dim features rotated (the torch path); a new tensor."""
+        assert rope.cos is not None and rope.sin is not None
         rd = self.rotary_dim
-        return torch.cat((apply_rotary(x[..., :rd], *cos_sin), x[..., rd:]), dim=-1)
+        return torch.cat((apply_rotary(x[..., :rd], rope.cos, rope.sin), x[..., rd:]), dim=-1)
 
 
 class GatedAttention(nn.Module):
+    """At decode on a GPU: qkv_proj, one q/k norm launch reading q (past each head's gate) and k
+    straight from the projection, the rotation inside the KV store (Attention with the rope
+    tables), attention with the sigmoid gate (read from the projection) in its merge, o_proj."""
+
     def __init__(self, config: ModelConfig, rotary: PartialRotary):
         super().__init__()
         d = config.head_dim
         self.gated = config.attn_output_gate
+        self.q_step = 2 * d if self.gated else d  # projection columns per query head
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads,
                                           config.num_key_value_heads, bias=config.attention_bias,
-                                          q_rows_per_head=2 * d if self.gated else d)
+                                          q_rows_per_head=self.q_step)
         heads = self.qkv_proj.heads
         self.num_heads, self.num_kv_heads, self.head_dim = heads.q_heads, heads.kv_heads, d
         self.q_rows = self.qkv_proj.q_size
@@ -100,19 +107,17 @@ class GatedAttention(nn.Module):
         self.rotary = rotary
         self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
 
-    def forward(self, hidden: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        tokens, d = hidden.shape[0], self.head_dim
+    def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
+        tokens, d, h = hidden.shape[0], self.head_dim, self.num_heads
         qkv = self.qkv_proj(hidden)
-        q = qkv[:, :self.q_rows].view(tokens, self.num_heads, -1)
-        gate = q[..., d:].reshape(tokens, -1) if self.gated else None
-        q = self.q_norm(q[..., :d].contiguous())
-        k = self.k_norm(qkv[:, self.q_rows:self.q_rows + self.kv_size].view(tokens, self.num_kv_heads, d))
+        qk = qk_norm(qkv, h, self.num_kv_heads, d, self.q_norm, self.k_norm, self.q_step)
         v = qkv[:, self.q_rows + self.kv_size:].view(tokens, self.num_kv_heads, d)
-        q, k = self.rotary.rotate(q, cos_sin), self.rotary.rotate(k, cos_sin)
-        out = self.attn(q, k, v.contiguous())
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
-        return self.o_proj(out)
+        # The output gate stays in the projection's output: a strided view, no copy.
+        gate = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., d:] if self.gated else None
+        if rope.in_kernel:  # rotated in the kernel that stores K/V (q in place)
+            return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v, rope, gate))
+        qk = self.rotary.rotate(qk, rope)
+        return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v.contiguous(), gate=gate))
 
 
 class Qwen3_5DecoderLayer(nn.Module):
@@ -128,12 +133,12 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
-    def forward(self, hidden, residual, cos_sin) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.linear_attn(hidden) if self.is_linear else self.self_attn(hidden, cos_sin)
+        hidden = self.linear_attn(hidden) if self.is_linear else self.self_attn(hidden, rope)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

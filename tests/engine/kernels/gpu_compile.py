@@ -230,6 +230,7 @@ def _scenarios():
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()
+    yield from _gated_attention_scenarios()
     yield from _moe_scenarios()
 
     from homelab_llm.engine.parallel.comm import BLOCK as AR_BLOCK, DTYPES as AR_DTYPES, NUM_WARPS as AR_WARPS
@@ -358,6 +359,41 @@ def _gptoss_moe_scenarios():
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, packed, None, weights, ids, **kw)
 
 
+def _gated_attention_scenarios():
+    """Qwen3.6-27B's gated attention at decode (24 q heads of 256, each followed by its gate, 4
+    kv heads, rotary over the first 64 dims; float32 1 + w norm weights): the q/k norm read past
+    the gates, the sigmoid gate read from the projection (alone, and in the decode attention's
+    merge), the rotation inside the KV store (bf16
+    cache; an int8 one at head_dim 256 falls back to rope + the Hadamard store, whose 256 x 256
+    dot needs 128 KB of shared memory: over sm80's and gfx1100's limits, not this file's to fix),
+    and Gated DeltaNet's in_proj_ba (5120 -> 96) on the one-launch GEMV."""
+    import torch
+
+    from homelab_llm.engine.kernels import decode_attention, elementwise, kv_store
+    from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+
+    bf16, i64 = torch.bfloat16, torch.int64
+    hq, hkv, d, rd, page = 24, 4, 256, 64, 16
+    for m in (1, 4):
+        qkv = torch.zeros((m, hq * 2 * d + 2 * hkv * d), dtype=bf16)
+        w = torch.ones(d, dtype=torch.float32)
+        yield lambda qkv=qkv, w=w: elementwise.qk_norm(qkv, hq, hkv, d, w, w, 1e-6, q_step=2 * d)
+        gate = qkv[:, :hq * 2 * d].view(m, hq, 2 * d)[..., d:]
+        yield lambda gate=gate, m=m: elementwise.sigmoid_mul(torch.zeros((m, hq * d), dtype=bf16), gate)
+        kc, vc = torch.zeros((64, page, hkv, d), dtype=bf16), torch.zeros((64, page, hkv, d), dtype=bf16)
+        yield lambda gate=gate, m=m, kc=kc, vc=vc: decode_attention.paged_decode_attention(  # gate in the merge
+            torch.zeros((m, hq, d), dtype=bf16), kc, vc, torch.arange(m * 64, dtype=torch.int32).reshape(m, 64) % 64,
+            torch.arange(m + 1, dtype=torch.int32), torch.full((m,), 900, dtype=torch.int32), 0.0625,
+            max_seq_len=4096, gate=gate)
+        qk = torch.zeros((m, hq + hkv, d), dtype=bf16)
+        pos, slots = torch.arange(m, dtype=i64), torch.arange(m, dtype=i64)
+        cos_sin = torch.zeros((256, rd), dtype=torch.float32)
+        kc, vc = torch.zeros((32, page, hkv, d), dtype=bf16), torch.zeros((32, page, hkv, d), dtype=bf16)
+        yield lambda qk=qk, kc=kc, vc=vc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
+            qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, kc, vc, slots)
+        yield lambda m=m: dense_gemv(torch.zeros((m, 5120), dtype=bf16), torch.empty((96, 5120), dtype=bf16))
+
+
 def _gdn_scenarios():
     """Gated DeltaNet kernels at Qwen3.6-27B's linear-attention shape (16 key / 48 value heads of
     128, conv over 10240 channels, width 4): a batch of 8 in bf16 with and without conv bias, the
@@ -400,6 +436,14 @@ def _gdn_scenarios():
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
             yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
+            # the gating in the kernel: raw a and b (bf16 / fp16 columns of in_proj_ba's output)
+            gates = (torch.zeros(hv), torch.zeros(hv))
+            yield lambda r=rule, idx=idx, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:idx.shape[0]] for t in r[:3]), r[4][:idx.shape[0]], r[4][:idx.shape[0]], ssm_state,
+                idx, gating=gates)
+            yield lambda r=rule, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
+                gating=gates)
 
 
 def capture(arch: str) -> list[dict]:

@@ -62,6 +62,34 @@ def test_empty_padded_sequence_gives_zeros(splits: int, device: torch.device, pa
     assert out[1].abs().max().item() == 0.0
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gate_in_the_merge(splits: int, dtype: torch.dtype, device: torch.device, paged_kv) -> None:
+    """gate (gated attention, a strided view of the q projection): the output times
+    sigmoid(gate) == the ungated kernel then ref.sigmoid_mul_ref; in the merge kernel with
+    splits, by elementwise.sigmoid_mul without. Bound: fp32 1e-5 (same math); bf16 2 roundings
+    of the output (the reference rounds the ungated output first), 2 x 2^-7 relative."""
+    from homelab_llm.engine.kernels import ref
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(3)
+    hq, hkv, d = 4, 2, 32
+    k_cache, v_cache, _, _, page_table = paged_kv([9, 5, 14], hkv, d, 4, dtype, device, gen)
+    q = torch.randn(3, hq, d, generator=gen).to(device, dtype)
+    proj = (torch.randn(3, hq * 2 * d, generator=gen) * 3).to(device, dtype)
+    gate = proj.view(3, hq, 2 * d)[..., d:]
+    qsl = torch.arange(4, dtype=torch.int32, device=device)
+    sl = torch.tensor([9, 5, 14], dtype=torch.int32, device=device)
+    plain = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, 0.2, num_splits=splits)
+    got = paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, 0.2, num_splits=splits,
+                                 gate=gate)
+    want = ref.sigmoid_mul_ref(plain.reshape(3, -1).float(), gate.float()).view(got.shape)
+    tol = 1e-5 if dtype == torch.float32 else 2 * 2 ** -7
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="gate"):
+        paged_decode_attention(q, k_cache, v_cache, page_table, qsl, sl, 0.2, gate=gate[:2])
+
+
 def test_int8_without_scales_is_rejected(device: torch.device, paged_kv) -> None:
     from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
 

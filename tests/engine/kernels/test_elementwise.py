@@ -1,4 +1,5 @@
-"""RMSNorm (+ residual), SiLU-and-mul and RoPE kernels against their torch references."""
+"""RMSNorm (+ residual), q/k norm, SiLU-and-mul, the sigmoid gate and RoPE kernels against their
+torch references."""
 
 from __future__ import annotations
 
@@ -103,19 +104,43 @@ def test_unknown_rope_scaling_is_a_clear_error() -> None:
         ref.rope_inv_freq(64, 10000.0, {"rope_type": "yarn", "factor": 4.0})
 
 
+@pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_qk_norm(dtype: torch.dtype, device: torch.device, full_shapes: bool) -> None:
+def test_qk_norm(dtype: torch.dtype, gated: bool, device: torch.device, full_shapes: bool) -> None:
     """One launch == the two per-head norms and the concatenation, on a projection that also
-    carries v columns (which must be left out) and a head_dim that is not a power of two."""
+    carries v columns (which must be left out) and a head_dim that is not a power of two.
+    gated: each q head is followed by its output gate (Qwen3.5: q_step = 2 * head_dim), which
+    must be skipped, and the weights are float32 (the stored 1 + w)."""
     from homelab_llm.engine.kernels.elementwise import qk_norm
 
     gen = torch.Generator().manual_seed(1)
     tokens, hq, hk, d = (16, 32, 4, 128) if full_shapes else (3, 4, 2, 48)
-    qkv = (torch.randn(tokens, (hq + 2 * hk) * d, generator=gen) * 3).to(device, dtype)
-    qw = (1 + 0.2 * torch.randn(d, generator=gen)).to(device, dtype)
-    kw = (1 + 0.2 * torch.randn(d, generator=gen)).to(device, dtype)
-    got = qk_norm(qkv, hq, hk, d, qw, kw, 1e-6)
-    want = ref.qk_norm_ref(qkv, hq, hk, d, qw, kw, 1e-6)
+    step = 2 * d if gated else d
+    qkv = (torch.randn(tokens, hq * step + 2 * hk * d, generator=gen) * 3).to(device, dtype)
+    wdt = torch.float32 if gated else dtype
+    qw = (1 + 0.2 * torch.randn(d, generator=gen)).to(device, wdt)
+    kw = (1 + 0.2 * torch.randn(d, generator=gen)).to(device, wdt)
+    got = qk_norm(qkv, hq, hk, d, qw, kw, 1e-6, q_step=step)
+    want = ref.qk_norm_ref(qkv, hq, hk, d, qw, kw, 1e-6, q_step=step)
     assert got.shape == (tokens, hq + hk, d)
     # One rounding of the output (the bound of test_rms_norm); q and k weights not swapped.
     torch.testing.assert_close(got, want, atol=_tol(dtype), rtol=_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_mul(dtype: torch.dtype, device: torch.device, full_shapes: bool) -> None:
+    """Gated attention's output gate read in place from the q projection (a strided view: every
+    head's gate follows its query) == the torch composition (reshape copy, sigmoid, multiply)."""
+    from homelab_llm.engine.kernels.elementwise import sigmoid_mul
+
+    gen = torch.Generator().manual_seed(2)
+    tokens, h, d = (8, 24, 256) if full_shapes else (3, 4, 40)
+    q = (torch.randn(tokens, h * 2 * d + 16, generator=gen) * 3).to(device, dtype)
+    gate = q[:, :h * 2 * d].view(tokens, h, 2 * d)[..., d:]
+    x = torch.randn(tokens, h * d, generator=gen).to(device, dtype)
+    got = sigmoid_mul(x, gate)
+    # The reference rounds sigmoid(gate) to the dtype before the product, the kernel does not:
+    # two roundings of the output's size at most.
+    torch.testing.assert_close(got, ref.sigmoid_mul_ref(x, gate), atol=2 * _tol(dtype), rtol=2 * _tol(dtype))
+    with pytest.raises(ValueError, match="sigmoid_mul"):
+        sigmoid_mul(x[:, :-1], gate)

@@ -37,6 +37,37 @@ def test_decode_matches_reference(dtype: torch.dtype, device: torch.device) -> N
     _check(2, dict(hk=1, hv=1, dk=24, dv=40), gen, device, dtype, slots=[1, 0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_per_seq", [1, 3])
+def test_gating_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, device: torch.device) -> None:
+    """gating=(A_log, dt_bias): the raw a and b (strided columns of one in_proj_ba row, as the
+    model passes them) gated in the decode kernel == gdn_gating_ref then the decode reference,
+    plain decode and a verify group of 3. a spans softplus's linear branch (x > 20) too. The
+    gating is the gating kernel's formula in fp32; bounds below."""
+    from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(4)
+    hv, dims = 6, dict(hk=2, hv=6, dk=16, dv=32)
+    slots = [3, 1, 0, -1, 5, 4] if rows_per_seq == 3 else [3, -1, 0, 5]
+    q, k, v, _, _, _, state, slots_t, _ = rule_inputs([1] * len(slots), **dims, gen=gen, slots=slots,
+                                                      dtype=dtype, device=device)
+    ba = torch.randn(len(slots), 2 * hv, generator=gen) * 3
+    ba[0, hv:] += 25.0  # softplus(x) == x past 20
+    ba = ba.to(device, dtype)
+    b, a = ba[:, :hv], ba[:, hv:]
+    a_log = torch.randn(hv, generator=gen).to(device)
+    dt_bias = torch.randn(hv, generator=gen).to(device)
+    want_state = state.clone()
+    g, beta = gdn_ref.gdn_gating_ref(a, b, a_log, dt_bias)
+    want = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, want_state, slots_t, rows_per_seq=rows_per_seq)
+    got = recurrent_gated_delta_rule(q, k, v, a, b, state, slots_t, rows_per_seq=rows_per_seq,
+                                     gating=(a_log, dt_bias))
+    # bf16: beta is rounded to b's dtype on both sides, a cast the interpreter truncates where a
+    # GPU and torch round to nearest (one bf16 ulp of beta: ~4e-3 in the state).
+    bound = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_err(got, want) <= bound and rel_err(state, want_state) <= bound
+
+
 def test_steps_equal_prefill(device: torch.device) -> None:
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
     from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
