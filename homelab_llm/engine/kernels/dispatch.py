@@ -126,10 +126,12 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
-# Outputs this narrow take the GEMV on every arch (up to FORCED_GEMV_ROWS rows): cuBLAS runs them
-# as split-K plus a second reduce launch (H200, Gated DeltaNet's in_proj_ba 5120 -> 96: 4.7 +
-# 1.6 us a call, 48 calls a 27B step), the GEMV reduces its splits in the same launch.
-SKINNY_GEMV_N = 256
+# Outputs at most this narrow take the GEMV on every arch (up to FORCED_GEMV_ROWS rows); 0: none.
+# cuBLAS runs Gated DeltaNet's in_proj_ba (5120 -> 96) as split-K plus a reduce launch, 4.7 + 1.6
+# us a call on an H200, but the one-launch GEMV measured 8.1 us a call there (27B W4A16 eager
+# step, docs/BENCHMARKS.md 11.5): off until its tiles win for such shapes. HOMELAB_LLM_DENSE_GEMV=1
+# forces it (with any width).
+SKINNY_GEMV_N = 0
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:

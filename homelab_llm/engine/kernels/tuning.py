@@ -129,10 +129,14 @@ TABLE: dict[str, ArchTiles] = {
     # Hopper (H100/H200) without TMA/wgmma-specific code: bigger tiles, more stages.
     "sm90": ArchTiles(
         name="sm90", num_sms=132,
-        # decode (bf16) and decode_int8: the tiles before issue 19's switches until
-        # `python3 benchmarks/int8kv_decode.py` measures them (it prints each KV format's pick);
-        # compiled: int8 155 registers (3 programs per SM), bf16 124 (4); one K/V buffer in flight.
-        decode=AttentionTiles(block_n=64, num_warps=4, num_stages=3),
+        # decode (bf16) and decode_int8: `python3 benchmarks/int8kv_decode.py --quick` picks (H200,
+        # 8B attention, us a layer incl. the merge, 64 splits at batch 1): bf16 8 warps, 5 stages
+        # (two K/V buffers in flight): 16K b1 31.7 -> 30.6, b8 181.5 -> 142.5, 4K b64 283.9 ->
+        # 260.3, no cell slower than 1.01x; int8 with its scales a tile ahead: 16K b1 38.1 ->
+        # 32.9, b8 215.8 -> 176.7, 4K b64 407.8 -> 339.2. int8_dot failed to compile on Triton 3.6
+        # with prefetch_scales (it compiles on 3.9): keep it off there.
+        decode=AttentionTiles(block_n=64, num_warps=8, num_stages=5),
+        decode_int8=AttentionTiles(block_n=64, num_warps=4, num_stages=3, prefetch_scales=True),
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
@@ -142,7 +146,9 @@ TABLE: dict[str, ArchTiles] = {
         # rows a program (x permuted past 16 rows) at 24-64 rows: 27B step linears at 40 rows
         # 28.7 ms vs 55.6 with 64-row programs (the same at 8 and 16 rows).
         w4a16_dot=GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
-        elementwise_warps=8, max_kv_splits=64,
+        # 32 KV splits at batch 1 (int8kv_decode.py, 4K and 16K, both KV formats): bf16 16K 26.4 us
+        # a layer against 30.6 at 64 splits (w8s5), int8 31.0 against 34.9 (5 stages).
+        elementwise_warps=8, max_kv_splits=32,
         # 1-2 rows: 8 columns per thread (2 x 128-bit loads per word row), 8 word rows per step:
         # ~5 PTX instructions per weight at 1 row, 80-128 registers; more rows: fewer word rows
         # and columns per thread, so the hoisted activations fit (sm_90/gfx1100: no spills).
