@@ -116,7 +116,10 @@ class CpuDecodePlan:
     @staticmethod
     def build(model: nn.Module) -> CpuDecodePlan | None:
         """A plan for `model` (a LlamaModel after model/cpu_kernels.use_cpu_kernels), or None."""
-        if _int4_mm is None or tp_size() != 1 or model.rotary.cos_sin.dtype != torch.float32:
+        table = model.rotary.cos_sin
+        # rotation_matrix rotates every dimension of a head: a full-width fp32 table only.
+        if _int4_mm is None or tp_size() != 1 or table.dtype != torch.float32 \
+                or table.shape[-1] != model.layers[0].self_attn.head_dim:
             return None
         plans, eps = [], None
         for layer in model.layers:
@@ -183,7 +186,7 @@ class CpuDecodePlan:
         mm, sdpa, silu, dot, addcmul, mat = _int4_mm, F.scaled_dot_product_attention, F.silu, \
             torch.dot, torch.addcmul, torch.mm
         strided = torch.as_strided
-        eps, scale, inv_hidden, rsqrt = self.eps, self.scale, 1.0 / self.hidden, math.sqrt
+        eps, scale, inv_hidden, sqrt = self.eps, self.scale, 1.0 / self.hidden, math.sqrt
         qkv_buf, qk_in, v_new, qk_rot, q, k_new = self.qkv_buf, self.qk_in, self.v_new, \
             self.qk_rot, self.q_grouped, self.k_new
         gu_buf, gate, up = self.gu_buf, self.gate, self.up
@@ -201,7 +204,7 @@ class CpuDecodePlan:
                 residual.add_(x)
             # RMSNorm: x * rsqrt(mean(x^2) + eps) * w, its sum read back as one float.
             addcmul(zero, residual, lp.norm1,
-                    value=1.0 / rsqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
+                    value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
             normed_bf16.copy_(normed)
             qkv_buf.copy_(mm(normed_bf16, *lp.qkv))
             with single_thread():
@@ -219,7 +222,7 @@ class CpuDecodePlan:
                 attn_heads.copy_(sdpa(q, k, v, scale=scale))
             residual.add_(mm(attn_bf16, *lp.o))
             addcmul(zero, residual, lp.norm2,
-                    value=1.0 / rsqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
+                    value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
             normed_bf16.copy_(normed)
             gu_buf.copy_(mm(normed_bf16, *lp.gate_up))
             act_bf16.copy_(silu(gate).mul_(up))
