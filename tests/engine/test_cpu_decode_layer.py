@@ -1,9 +1,17 @@
 """The one-sequence CPU decode path (model/cpu_decode_layer.py) against the general CPU default
-path on the real SmolLM2-135M Q4_1 file: the same model and cache layout, prompt then 8 greedy
-decode steps each way. Both run the same ops on the same numbers in the same order (only fewer
-of them, into buffers), so the logits are equal bit for bit (bound: 0; observed 0). Also: the path is taken for one
-sequence's decode step, not for a prefill or a two-sequence step, and scattered pages (gathered)
-give the same logits as consecutive ones (viewed)."""
+path on the real SmolLM2-135M Q4_1 file: the same model and cache layout, a prompt then the same
+8 decode tokens each way (the general path's greedy picks, teacher-forced on the plan).
+
+The plan computes the same formulas with a different fp32 rounding order (the norm's sum of
+squares, the rotation as a matmul), and each bf16 rounding that flips then moves the logits by
+about as much as the bf16 kernels themselves: scaling the general path's norm weights by
+1 + 2^-22 alone moves them 0.97% (relative). Bounds: relative distance < 0.03 and max < 0.05 *
+max |logit| (observed 0.008 and 0.010); greedy picks agree on >= 6 of 8 steps (observed 7:
+one pick is a near tie). A wrong rotation sign moves them 71%, attention one key short 24%.
+The rotation matrix alone equals layers/rotary.apply_rotary to fp32 rounding (1e-5). Also: the
+path is taken for one sequence's decode step, not for a prefill or a two-sequence step, and
+scattered pages (gathered) give the same logits as consecutive ones (viewed), bit for bit.
+tests/engine/test_cpu_default.py bounds the plan's decode against the exact fp32 path."""
 
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import w4a16_cpu
+from homelab_llm.engine.layers.rotary import apply_rotary
 from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
 from model_reference import PagedHarness
@@ -30,34 +39,58 @@ def fast(smollm2_path):
     return load_model(config, smollm2_path, "gguf", torch.float32, "cpu", fast_cpu=True)
 
 
-def _decode(model, harness: PagedHarness, plan) -> torch.Tensor:
-    """Prompt then STEPS greedy one-token steps with `plan` as the model's decode plan."""
+def _decode(model, harness: PagedHarness, plan, tokens: list[int] | None = None) -> torch.Tensor:
+    """Prompt then STEPS one-token steps with `plan` as the model's decode plan: greedy, or
+    feeding `tokens` (the first is the prompt's greedy pick either way, appended to `tokens`
+    when greedy)."""
     model.model.cpu_decode = plan
     token = int(harness.step({"s": PROMPT})[-1].argmax())
     rows = []
-    for _ in range(STEPS):
+    for i in range(STEPS):
+        if tokens is not None and i < len(tokens):
+            token = tokens[i]
+        elif tokens is not None:
+            tokens.append(token)
         logits = harness.step({"s": [token]})
         rows.append(logits)
         token = int(logits[-1].argmax())
     return torch.cat(rows)
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
 def test_fast_decode_matches_the_general_path(fast):
     plan = fast.model.cpu_decode
     assert isinstance(plan, CpuDecodePlan)
     try:
-        ref = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), None)
+        tokens: list[int] = []
+        ref = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), None, tokens)
         with mock.patch.object(CpuDecodePlan, "decode", autospec=True,
                                side_effect=CpuDecodePlan.decode) as spy:
-            got = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), plan)
+            got = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), plan, tokens)
         assert spy.call_count == STEPS  # the prompt (7 rows) never reaches the plan
-        assert torch.equal(got, ref)
+        assert _rel(got, ref) < 0.03
+        assert float((got - ref).abs().max()) < 0.05 * float(ref.abs().max())
+        assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= STEPS - 2
         # Scattered pages: the sequence's pages out of order, so the plan gathers them.
         harness = PagedHarness(fast, num_pages=16, page_size=4)
         harness.free_pages = [3, 9, 1, 12, 5, 0, 7, 14, 2, 11, 6, 15, 4, 10, 8, 13]
-        assert torch.equal(_decode(fast, harness, plan), ref)
+        assert torch.equal(_decode(fast, harness, plan, tokens), got)
     finally:
         fast.model.cpu_decode = plan
+
+
+def test_rotation_matrix_is_the_rotary_layers(fast):
+    plan = fast.model.cpu_decode
+    torch.manual_seed(0)
+    x = torch.randn(5, 4, plan.head_dim)
+    for position in (0, 3, 700):
+        rope = fast.model.rotary.lookup(torch.tensor([position]), torch.float32)
+        want = apply_rotary(x, rope.cos, rope.sin)
+        got = x @ plan.rotation_matrix(torch.tensor([position]))
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_other_steps_take_the_general_path(fast):

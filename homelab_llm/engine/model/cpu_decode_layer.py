@@ -1,26 +1,34 @@
 """One-sequence CPU decode of a Llama-style model in the fewest torch ops (LlamaModel.forward).
 
 A batch-1 decode step of a small model on the CPU spends about as long dispatching its small ops
-as in its matmuls (SmolLM2-135M at 2 threads: ~8 ms each of a ~16.6 ms step, ~52 ops per layer on
-the general path). This path runs the same math in ~23 ops per layer and little Python:
+as in its matmuls (SmolLM2-135M at 2 threads: ~3.7 ms of small ops against ~5 ms of int4 matmuls
+per token with ~25 ops a layer, F.rms_norm alone being 7 aten ops). Each small op costs 1-3 us
+however little it computes, mixed-dtype ops and out= variants of some ops about twice a plain
+one, so this path runs a layer in ~21 cheap ops:
 - everything static is looked up once (CpuDecodePlan: the int4 packs, norm weights, caches' views);
-- q and k are rotated together, into a buffer, with cos/sin gathered once per step;
+- RMSNorm is one dot product (its sum of squares, read back as a float) and one addcmul
+  (x * rsqrt(mean + eps) * w) into a buffer; bf16 conversions are copy_ into buffers;
+- q and k are rotated together by one [D, D] matmul with the step's rotation matrix (cos on the
+  diagonal, -/+ sin half a head off it), built once per step;
 - K/V rows go into the cache with index_copy_; when the sequence's pages are consecutive (the
   common case) attention reads the cache through a strided view, else it gathers the pages;
 - the query heads of a KV head are one SDPA "query row" group (no K/V expansion), on one thread
   (kernels/cpu_threads.py);
-- the residual stream stays fp32 and is added to in place; the int4 kernel's bf16 outputs are
-  added or copied into fp32 buffers directly (the same numbers as the general path's casts).
+- the residual stream stays fp32 and is added to in place.
+The numbers are the general path's up to fp32 rounding order (the norm's sum, the rotation's
+FMAs) and the bf16 roundings that follow from it: tests/engine/test_cpu_decode_layer.py bounds
+the difference (far inside the CPU default's own distance from the exact fp32 path).
 
 Taken only when every layer is a plain LlamaDecoderLayer of the CPU default (all linears through
 the int4 CPU kernel, no biases, no q/k norm, SiLU MLP, no window/sinks, one rank) and a step has
 one sequence with one new token over an fp32 cache (not int8). Anything else: None, and the caller
-runs the general path. tests/engine/test_cpu_decode_layer.py compares the two.
+runs the general path.
 Invariant: a plan is built for the packs present when it was built; `current` notices a repack.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -48,19 +56,20 @@ class CpuLayerPlan:
     o: tuple
     gate_up: tuple
     down: tuple
-    k_cache: torch.Tensor | None = None
-    k_rows: torch.Tensor | None = None  # [pages * page_size, Hkv, D]
+    k_cache: torch.Tensor | None = None  # [pages, page_size, Hkv, D]
+    v_cache: torch.Tensor | None = None
+    k_rows: torch.Tensor | None = None  # [pages * page_size, Hkv, D]: views for the store
     v_rows: torch.Tensor | None = None
-    k_heads: torch.Tensor | None = None  # [1, Hkv, pages * page_size, D]: SDPA's layout, a view
-    v_heads: torch.Tensor | None = None
+    # Storage offsets of the caches (torch.as_strided counts from the storage's start).
+    k_offset: int = 0
+    v_offset: int = 0
 
     def bind(self) -> None:
         k, v = self.attn.k_cache, self.attn.v_cache
         hkv, d = k.shape[2:]
-        self.k_cache = k
+        self.k_cache, self.v_cache = k, v
         self.k_rows, self.v_rows = k.view(-1, hkv, d), v.view(-1, hkv, d)
-        self.k_heads = self.k_rows.permute(1, 0, 2).unsqueeze(0)
-        self.v_heads = self.v_rows.permute(1, 0, 2).unsqueeze(0)
+        self.k_offset, self.v_offset = k.storage_offset(), v.storage_offset()
 
 
 def _pack(linear: nn.Module) -> tuple | None:
@@ -83,8 +92,9 @@ class CpuDecodePlan:
         self.q_size, self.kv_size = first.q_size, first.kv_size
         self.inter = model.layers[0].mlp.down_proj.in_features
         self.cos_sin = model.rotary.cos_sin
-        d = self.head_dim
-        # Per-step buffers (one layer at a time uses them): fp32 q|k|v and gate|up, their views.
+        d, bf16 = self.head_dim, torch.bfloat16
+        # Per-step buffers (one layer at a time uses them): fp32 q|k|v and gate|up, their views,
+        # and the bf16 inputs of the int4 kernel.
         self.qkv_buf = torch.empty(1, self.q_size + 2 * self.kv_size)
         self.qk_in = self.qkv_buf[0, : self.q_size + self.kv_size].view(-1, d)
         self.v_new = self.qkv_buf[:, self.q_size + self.kv_size:].view(1, self.kv_heads, d)
@@ -94,12 +104,22 @@ class CpuDecodePlan:
         self.k_new = self.qk_rot[self.q_heads:].view(1, self.kv_heads, d)
         self.gu_buf = torch.empty(1, 2 * self.inter)
         self.gate, self.up = self.gu_buf[:, : self.inter], self.gu_buf[:, self.inter:]
-        self.act = torch.empty(1, self.inter)
+        self.normed = torch.empty(1, self.hidden)
+        self.normed_bf16 = torch.empty(1, self.hidden, dtype=bf16)
+        self.attn_bf16 = torch.empty(1, self.q_size, dtype=bf16)
+        # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the same memory.
+        self.attn_bf16_heads = self.attn_bf16.view(self.q_grouped.shape)
+        self.act_bf16 = torch.empty(1, self.inter, dtype=bf16)
+        self.rotation = torch.zeros(d, d)
+        self.zero = torch.zeros(())
 
     @staticmethod
     def build(model: nn.Module) -> CpuDecodePlan | None:
         """A plan for `model` (a LlamaModel after model/cpu_kernels.use_cpu_kernels), or None."""
-        if _int4_mm is None or tp_size() != 1 or model.rotary.cos_sin.dtype != torch.float32:
+        table = model.rotary.cos_sin
+        # rotation_matrix rotates every dimension of a head: a full-width fp32 table only.
+        if _int4_mm is None or tp_size() != 1 or table.dtype != torch.float32 \
+                or table.shape[-1] != model.layers[0].self_attn.head_dim:
             return None
         plans, eps = [], None
         for layer in model.layers:
@@ -149,51 +169,62 @@ class CpuDecodePlan:
         # Consecutive pages (the usual layout of a lone sequence): attention reads a view.
         start = first * page_size if pages.tolist() == list(range(first, first + len(pages))) \
             else None
-        cos, sin = self._rotation(positions)
-        return self._layers(hidden, cos, sin, slot, seq_len, start, pages)
+        return self._layers(hidden, self.rotation_matrix(positions), slot, seq_len, start, pages)
 
-    def _rotation(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full-width cos and signed sin [D] at this position (layers/rotary.apply_rotary's)."""
+    def rotation_matrix(self, positions: torch.Tensor) -> torch.Tensor:
+        """The [D, D] matrix R with rotate(x) = x @ R at this position: layers/rotary's
+        x * cos + rotate_half(x) * sin, i.e. out[j] = x[j] cos[j] -/+ x[j +/- D/2] sin[j]."""
         cos, sin = self.cos_sin[positions[0]].chunk(2)
-        return torch.cat((cos, cos)), torch.cat((-sin, sin))
+        r, half = self.rotation, self.head_dim // 2
+        r.diagonal().copy_(torch.cat((cos, cos)))
+        r.diagonal(half).copy_(sin)
+        torch.neg(sin, out=r.diagonal(-half))
+        return r
 
-    def _layers(self, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot: torch.Tensor, seq_len: int,
-                start: int | None, pages: torch.Tensor) -> torch.Tensor:
-        mm, rms_norm, sdpa, silu, bf16 = _int4_mm, F.rms_norm, F.scaled_dot_product_attention, \
-            torch.ops.aten.silu.out, torch.bfloat16
-        shape, eps, scale = (self.hidden,), self.eps, self.scale
+    def _layers(self, residual: torch.Tensor, rotation: torch.Tensor, slot: torch.Tensor,
+                seq_len: int, start: int | None, pages: torch.Tensor) -> torch.Tensor:
+        mm, sdpa, silu, dot, addcmul, mat = _int4_mm, F.scaled_dot_product_attention, F.silu, \
+            torch.dot, torch.addcmul, torch.mm
+        strided = torch.as_strided
+        eps, scale, inv_hidden, sqrt = self.eps, self.scale, 1.0 / self.hidden, math.sqrt
         qkv_buf, qk_in, v_new, qk_rot, q, k_new = self.qkv_buf, self.qk_in, self.v_new, \
             self.qk_rot, self.q_grouped, self.k_new
-        gu_buf, gate, up, act = self.gu_buf, self.gate, self.up, self.act
-        out_shape = (1, self.q_size)
+        gu_buf, gate, up = self.gu_buf, self.gate, self.up
+        normed, normed_bf16, zero = self.normed, self.normed_bf16, self.zero
+        attn_bf16, attn_heads, act_bf16 = self.attn_bf16, self.attn_bf16_heads, self.act_bf16
         hkv, d = self.kv_heads, self.head_dim
-        half = d // 2
+        # K/V of the sequence as SDPA's [1, Hkv, seq_len, D], read in place (consecutive pages).
+        kv_shape, kv_stride = (1, hkv, seq_len, d), (0, d, hkv * d, 1)
+        kv_offset = None if start is None else start * hkv * d
         residual = residual.clone()
+        flat = residual[0]
         x = None
         for lp in self.layers:
             if x is not None:
                 residual.add_(x)
-            h = rms_norm(residual, shape, lp.norm1, eps).to(bf16)
-            qkv_buf.copy_(mm(h, *lp.qkv))
+            # RMSNorm: x * rsqrt(mean(x^2) + eps) * w, its sum read back as one float.
+            addcmul(zero, residual, lp.norm1,
+                    value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
+            normed_bf16.copy_(normed)
+            qkv_buf.copy_(mm(normed_bf16, *lp.qkv))
             with single_thread():
-                # apply_rotary's ops, into a buffer: the same numbers as the general path.
-                torch.mul(qk_in, cos, out=qk_rot)
-                qk_rot.addcmul_(qk_in.roll(half, -1), sin)
+                mat(qk_in, rotation, out=qk_rot)
                 lp.k_rows.index_copy_(0, slot, k_new)
                 lp.v_rows.index_copy_(0, slot, v_new)
-                if start is not None:
-                    k = lp.k_heads.narrow(2, start, seq_len)
-                    v = lp.v_heads.narrow(2, start, seq_len)
+                if kv_offset is not None:
+                    k = strided(lp.k_cache, kv_shape, kv_stride, lp.k_offset + kv_offset)
+                    v = strided(lp.v_cache, kv_shape, kv_stride, lp.v_offset + kv_offset)
                 else:  # scattered pages: gather them
                     k = lp.k_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len] \
                         .transpose(0, 1).unsqueeze(0)
-                    v = lp.attn.v_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len] \
+                    v = lp.v_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len] \
                         .transpose(0, 1).unsqueeze(0)
-                o = sdpa(q, k, v, scale=scale)
-            residual.add_(mm(o.view(out_shape).to(bf16), *lp.o))
-            h = rms_norm(residual, shape, lp.norm2, eps).to(bf16)
-            gu_buf.copy_(mm(h, *lp.gate_up))
-            silu(gate, out=act)
-            act.mul_(up)
-            x = mm(act.to(bf16), *lp.down)
+                attn_heads.copy_(sdpa(q, k, v, scale=scale))
+            residual.add_(mm(attn_bf16, *lp.o))
+            addcmul(zero, residual, lp.norm2,
+                    value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
+            normed_bf16.copy_(normed)
+            gu_buf.copy_(mm(normed_bf16, *lp.gate_up))
+            act_bf16.copy_(silu(gate).mul_(up))
+            x = mm(act_bf16, *lp.down)
         return residual.add_(x)
