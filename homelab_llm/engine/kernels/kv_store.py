@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import dot_in_fp32, hadamard_dot, kv_cache_args, next_pow2
+from homelab_llm.engine.kernels.common import dot_in_fp32, fwht, hadamard_dot, kv_cache_args, next_pow2
 from homelab_llm.engine.kernels.elementwise import rotate_half, apply_rope
 from homelab_llm.engine.kernels.ref import MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
@@ -80,9 +80,10 @@ def _store_kv_kernel(
     if INT8_KV:
         s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
         h_mask = offs_h < NUM_HEADS
-        if ROTATE:  # rows @ H (ref.quantize_kv); HEADS_PAD >= 16 for the dot
-            key = hadamard_dot(key.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32)
-            value = hadamard_dot(value.to(tl.float32), offs_d, offs_d, LOG2_D, DOT_F32)
+        if ROTATE:  # rows @ H (ref.quantize_kv) by fp32 butterflies: a D x D matrix for a dot
+            # needed 128 KB of shared memory at head_dim 256 (over sm_80's and RDNA3's limits)
+            key = fwht(key.to(tl.float32), LOG2_D)
+            value = fwht(value.to(tl.float32), LOG2_D)
         _quantize_rows_store(key, k_dst, ks_ptr + s_off, mask, h_mask, min_amax)
         _quantize_rows_store(value, v_dst, vs_ptr + s_off, mask, h_mask, min_amax)
     else:

@@ -391,6 +391,11 @@ def _gated_attention_scenarios():
         kc, vc = torch.zeros((32, page, hkv, d), dtype=bf16), torch.zeros((32, page, hkv, d), dtype=bf16)
         yield lambda qk=qk, kc=kc, vc=vc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
             qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, kc, vc, slots)
+        # int8 KV: partial rotary falls back to rope + the rotating store (fp32 butterflies)
+        ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), torch.zeros((32, page, hkv, d), dtype=torch.int8)
+        sc = torch.ones((32, page, hkv), dtype=torch.float16)
+        yield lambda qk=qk, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
+            qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, ki, vi, slots, sc, sc.clone())
         yield lambda m=m: dense_gemv(torch.zeros((m, 5120), dtype=bf16), torch.empty((96, 5120), dtype=bf16))
 
 
