@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +35,7 @@ from homelab_llm.engine.kernels.ref import dequantize_w4_ref  # noqa: E402
 from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles, tiles_for  # noqa: E402
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
@@ -123,9 +122,8 @@ DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq":
 def pow2_split_dot(x: torch.Tensor, w) -> int:
     """The few-row kernel's split before launch_fit (pick_split at tiles.split_k programs per SM)."""
     t = tiles_for(x.device).w4a16_dot
-    block_m = min(t.block_m, max(16, 1 << (x.shape[0] - 1).bit_length()))
-    blocks = triton.cdiv(x.shape[0], block_m) * triton.cdiv(w.out_features, t.block_n)
-    return pick_split(blocks, x.shape[1], max(128, t.block_k), x.device, waves=t.split_k)
+    _, wrows, grid_m, grid_n = dot_grid(x.shape[0], w.out_features, t)
+    return pick_split(grid_m * grid_n, x.shape[1], 8 * wrows, x.device, waves=t.split_k)
 
 
 def variants(m: int, dev: torch.device, quick: bool) -> dict:

@@ -40,6 +40,7 @@ from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv
 from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, prepared_q_zeros, tile_kv,
                                                      tile_pages, tile_scales)
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
+from homelab_llm.engine.kernels.elementwise import sigmoid_mul
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -299,7 +300,5 @@ def paged_decode_attention(
                        kv.rotate and split_tiles.merge_unrotates, kv.log2_d,
                        arch.elementwise_warps, gate)
     elif gate is not None:  # no second kernel ran: the gate in one launch of its own
-        from homelab_llm.engine.kernels.elementwise import sigmoid_mul
-
         out = sigmoid_mul(out.view(out.shape[0], -1), gate).view(out.shape)
     return out

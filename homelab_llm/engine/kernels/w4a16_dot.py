@@ -142,6 +142,13 @@ def permute_steps(x2: torch.Tensor, block_k: int) -> torch.Tensor:
     return x2.view(m, k // block_k, block_k // 8, 8).transpose(2, 3).contiguous().view(m, k)
 
 
+def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
+    """(rows a program, word rows a K step, row blocks, column blocks) of a launch over m x n:
+    tiles.block_m is an upper bound (at least 16, tl.dot's minimum), a step at least 16 word rows."""
+    block_m = min(tiles.block_m, max(16, next_pow2(m)))
+    return block_m, max(16, tiles.block_k // 8), triton.cdiv(m, block_m), triton.cdiv(n, tiles.block_n)
+
+
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
               split: int | None = None, permute: bool | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
@@ -150,10 +157,8 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     m, k = x2.shape
     n = w.out_features
     t = tiles or tiles_for(x2.device).w4a16_dot
-    block_m = min(t.block_m, max(16, next_pow2(m)))
-    wrows = max(16, t.block_k // 8)
+    block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
-    grid_m, grid_n = triton.cdiv(m, block_m), triton.cdiv(n, t.block_n)
     if permute is None:
         permute = m > PERMUTE_ABOVE
     permute = permute and k % block_k == 0
