@@ -39,7 +39,6 @@ from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_kdot import w4a16_kdot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
 
@@ -118,22 +117,7 @@ H2_TILES = {
     "h2.c8k16s2": (RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1), (1, 2)),
     "h2.c4k4s3": (RowsTiles(512, 4, 4, num_stages=3, waves=8, min_steps=1), (4, 5, 8)),
 }
-# Candidate tiles for the one-dot K-major kernel (w4a16_kdot.py), named n<block_n>w<warps>s<stages>
-# [k<block_k>][m<block_m>]; "kdot" alone runs the table's w4a16_dot tiles; ".x": x as the MMA's
-# row operand instead of the weights (sm_90 compiles: swap 100 registers, 4 barriers and 8
-# wgmma a step, 4.1 SASS a weight; x-first 80 registers with spills).
-KDOT_TILES = {
-    "kdot.n128w4s3": (GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4), True),
-    "kdot.n128w8s3": (GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4), True),
-    "kdot.n64w4s3": (GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4), True),
-    "kdot.n256w8s3": (GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4), True),
-    "kdot.n128w4s4": (GemmTiles(64, 128, 128, num_warps=4, num_stages=4, split_k=4), True),
-    "kdot.n128w4s2": (GemmTiles(64, 128, 128, num_warps=4, num_stages=2, split_k=4), True),
-    "kdot.n128w4s4k64": (GemmTiles(64, 128, 64, num_warps=4, num_stages=4, split_k=4), True),
-    "kdot.n128w4s3m16": (GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4), True),
-    "kdot.x.n128w4s3": (GemmTiles(64, 128, 128, num_warps=4, num_stages=3, split_k=4), False),
-}
-DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2", "kdot": "kdot"}  # family -> default variant
+DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 
 
 def pow2_split_dot(x: torch.Tensor, w) -> int:
@@ -175,10 +159,6 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
         for name, t in DOT_TILES.items():
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t))
-    v["kdot"] = ("kdot", lambda x, w, out: w4a16_kdot(x, w, out))
-    for name, (t, swap) in KDOT_TILES.items():
-        if not quick:
-            v[name] = ("kdot", lambda x, w, out, t=t, swap=swap: w4a16_kdot(x, w, out, t, swap=swap))
     if m >= 16:
         v["gemm"] = ("gemm", lambda x, w, out: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))
         v["deq"] = ("deq", lambda x, w, out: w4a16_deq_matmul(x, w, out))
@@ -249,7 +229,7 @@ def main() -> int:
     p.add_argument("--m", default="1,2,4,8,16")
     p.add_argument("--tp", default="1")
     p.add_argument("--jobs", type=int, default=default_jobs(), help="processes that compile first (1: none)")
-    p.add_argument("--only", default="", help="comma-separated variant names or globs to run (e.g. h2,dot,kdot*)")
+    p.add_argument("--only", default="", help="comma-separated variant names or globs to run (e.g. 'h2,dot,h2.s*')")
     a = p.parse_args()
     ONLY[:] = [v for v in a.only.split(",") if v]
     dev = torch.device("cuda")
@@ -271,7 +251,6 @@ def main() -> int:
     summary(results, shapes, ms_list)
     print("rows tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in ROWS_TILES.items()))
     print("dot tiles:", "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
-    print("kdot tiles:", "; ".join(f"{k} = {t} swap={s}" for k, (t, s) in KDOT_TILES.items()))
     print("h2 tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in H2_TILES.items()))
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1

@@ -82,7 +82,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_deq,
-                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_kdot, w4a16_rows)
+                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
     from homelab_llm.engine.kernels.tuning import gemm_tiles
 
@@ -227,12 +227,6 @@ def _scenarios():
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
-    for m, g, dt, swap in ((1, 128, bf16, True), (5, 32, bf16, True), (40, 128, bf16, True), (8, 128, fp16, True),
-                           (8, 128, bf16, False)):
-        # the one-dot K-major kernel: weights as the MMA's row operand (swap) or x; split 2 (tickets)
-        x = torch.zeros((m, k_in), dtype=dt)
-        yield lambda x=x, g=g, swap=swap: w4a16_kdot.w4a16_kdot(
-            x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16), split=2, swap=swap)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()

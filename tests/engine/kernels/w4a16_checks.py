@@ -1,4 +1,4 @@
-"""Checks shared by the few-row W4A16 kernel tests (test_w4a16.py, test_w4a16_kdot.py)."""
+"""Checks shared by the few-row W4A16 kernel tests (the GEMV and the tensor-core few-row kernel)."""
 
 from __future__ import annotations
 
