@@ -68,19 +68,27 @@ def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
     assert rel_err(got, want) < _fp32_bound(bound, device), rel_err(got, want)
 
 
-@pytest.mark.parametrize("tokens", [1, 21])
-def test_fused_moe_w4a16_matches_reference(tokens, device, full_shapes):
+@pytest.mark.parametrize("tokens", [1, 21, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_moe_w4a16_matches_reference(tokens, dtype, device, full_shapes):
+    """4-bit experts against the dequantized reference. 16-bit activations take the offset-nibble
+    path (a dot over 128 + q / 1024 + q, scale and bias after it); bounds: fp32 1e-4 in the
+    interpreter; bf16 1.5e-2 and fp16 2e-3: the intermediate activation and the output round to
+    16 bits (measured 8.9e-3 / 3.6e-4, the same as dequantizing to fp32 first); 2e-2 at full
+    shapes on a GPU (TF32 for fp32)."""
     from homelab_llm.engine.kernels.fused_moe import fused_moe
 
+    if tokens == 300 and not full_shapes and dtype != torch.bfloat16:
+        pytest.skip("one prefill-sized case per run in the interpreter")
     e, h, i, top_k, g = (128, 2048, 768, 8, 128) if full_shapes else (8, 64, 64, 2, 32)
     gen = torch.Generator().manual_seed(100 + tokens)
     w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
-    dtype = torch.bfloat16 if full_shapes else torch.float32
     x = (torch.randn(tokens, h, generator=gen) * 0.1).to(dtype).to(device)
     weights, ids = _picks(gen, tokens, e, top_k, device)
-    got = fused_moe(x, w4, None, weights, ids)
-    want = moe_experts_ref(x, w4, None, weights, ids)
-    assert rel_err(got, want) < (2e-2 if full_shapes else 1e-4), rel_err(got, want)
+    got = fused_moe(x, w4, None, weights, ids, decode="gemm")
+    want = moe_experts_ref(x.float(), w4, None, weights, ids)
+    bound = 2e-2 if full_shapes else {torch.float32: 1e-4, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
+    assert rel_err(got, want) < bound, rel_err(got, want)
 
 
 def test_combine_matches_reference(device):
