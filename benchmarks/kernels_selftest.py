@@ -32,7 +32,7 @@ def _shim() -> types.ModuleType:
     mod = types.ModuleType("pytest")
 
     class _Mark:
-        def parametrize(self, names, values):
+        def parametrize(self, names, values, ids=None):  # ids only name the cases in pytest
             def deco(fn):
                 fn.__dict__.setdefault("_params", []).insert(0, ([n.strip() for n in names.split(",")], values))
                 return fn
@@ -74,7 +74,7 @@ def _shim() -> types.ModuleType:
 
 
 class MonkeyPatch:
-    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setenv, undone after."""
+    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setitem/setenv, undone after."""
 
     def __init__(self) -> None:
         self._undo: list = []
@@ -83,6 +83,12 @@ class MonkeyPatch:
         old = getattr(target, name)
         self._undo.append(lambda: setattr(target, name, old))
         setattr(target, name, value)
+
+    def setitem(self, mapping, key, value) -> None:
+        missing = object()
+        old = mapping.get(key, missing)
+        self._undo.append(lambda: mapping.pop(key, None) if old is missing else mapping.__setitem__(key, old))
+        mapping[key] = value
 
     def setenv(self, name: str, value: str) -> None:
         import os
@@ -114,7 +120,7 @@ def main() -> int:
     passed = failed = skipped = 0
     for path in sorted(TESTS.glob("test_*.py")):
         module = _load(path)
-        for name, fn in vars(module).items():
+        for name, fn in list(vars(module).items()):
             if not name.startswith("test_") or not callable(fn):
                 continue
             params = getattr(fn, "_params", [])

@@ -45,8 +45,7 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
                  stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
                  WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
     """Expert e's weight tile [BLOCK_K, BLOCK_N] (fp32; dense: as stored). WFMT 0 dense
-    (w[e, n, k]); 1 int4 words (w[e, k // 8, n], per-group scale and bias; the fp32-activation
-    path, 16-bit activations take _w4_step); 2 MXFP4 (bytes w[e, n, k // 2], two e2m1 codes
+    (w[e, n, k]); 1 int4 words (w[e, k // 8, n], per-group scale and bias); 2 MXFP4 (bytes w[e, n, k // 2], two e2m1 codes
     a byte, low nibble first; an e8m0 scale s[e, n, k // 32])."""
     if WFMT == 1:
         shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
@@ -75,39 +74,6 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
 
 
 @triton.jit
-def _nibble_tile(w_ptr, e, offs_k, offs_n, n_mask, stride_we, stride_wk, X_F16: tl.constexpr):
-    """Expert e's 4-bit tile [BLOCK_K, BLOCK_N] as OFFSET + q in the activations' 16-bit float
-    type (bf16 128 + q, fp16 1024 + q: the nibble in the low mantissa bits, exact), one shift and
-    one AND-OR a weight: no int->float conversion (a quarter-rate instruction) and no scale FMA,
-    which bound the prefill's dequantization (the scale and bias apply per K step, after the dot)."""
-    magic: tl.constexpr = 0x6400 if X_F16 else 0x4300
-    fdt: tl.constexpr = tl.float16 if X_F16 else tl.bfloat16
-    shifts = ((tl.arange(0, offs_k.shape[0]) % 8) * 4)[:, None]
-    packed = tl.load(w_ptr + e * stride_we + (offs_k // 8)[:, None] * stride_wk + offs_n[None, :],
-                     mask=n_mask[None, :], other=0)
-    return (((packed >> shifts) & 0xF) | magic).to(tl.int16).to(fdt, bitcast=True)
-
-
-@triton.jit
-def _w4_step(acc, a, a_sum, w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, stride_we, stride_wk,
-             stride_se, stride_sg, GROUP_SIZE: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc + a @ W for one K step inside one group: the dot over OFFSET + q, then
-    W = q s + b as (inner - OFFSET sum_k a) s + (sum_k a) b. The offset costs ~7 (bf16) / ~10
-    (fp16) of the fp32 sum's 24 bits, far below the activations' own rounding."""
-    X_F16: tl.constexpr = a.dtype == tl.float16
-    OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
-    q = _nibble_tile(w_ptr, e, offs_k, offs_n, n_mask, stride_we, stride_wk, X_F16)
-    if DOT_F32:
-        inner = tl.dot(a.to(tl.float32), q.to(tl.float32))
-    else:
-        inner = tl.dot(a, q)
-    g_off = e * stride_se + (k0 // GROUP_SIZE) * stride_sg + offs_n
-    s = tl.load(s_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    b = tl.load(b_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    return acc + (inner - OFFSET * a_sum) * s + a_sum * b
-
-
-@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, s_ptr, b_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr,
     num_slots, N, K, top_k, alpha, limit,
@@ -122,7 +88,6 @@ def _moe_gemm_kernel(
     with g = min(gate, limit); else a @ w[:, n] (+ bias[n])."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    W4_MAGIC: tl.constexpr = WFMT == 1 and a_ptr.dtype.element_ty != tl.float32
     e = tl.load(block_expert_ptr + pid_m)
     slots = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = slots < tl.where(e >= 0, num_slots, 0)  # an unused block (e -1) has no rows
@@ -139,30 +104,21 @@ def _moe_gemm_kernel(
         k_mask = offs_k < K
         a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_mask[None, :], other=0.0)
-        if W4_MAGIC:  # 16-bit activations x 4-bit experts: the offset nibbles (_w4_step)
-            a_sum = tl.sum(a.to(tl.float32), axis=1)[:, None]
-            acc = _w4_step(acc, a, a_sum, w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask,
-                           stride_we, stride_wk, stride_se, stride_sg, GROUP_SIZE, DOT_F32)
-            if GATED:
-                acc_up = _w4_step(acc_up, a, a_sum, w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0,
-                                  n_mask, stride_we, stride_wk, stride_se, stride_sg, GROUP_SIZE,
-                                  DOT_F32)
+        w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask, stride_we,
+                         stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
+                         BLOCK_K)
+        if DOT_F32:
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
-            w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask, stride_we,
-                             stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
-                             BLOCK_K)
+            acc += tl.dot(a, w.to(a.dtype))
+        if GATED:
+            w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
+                                stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
+                                WFMT, GROUP_SIZE, BLOCK_K)
             if DOT_F32:
-                acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+                acc_up += tl.dot(a.to(tl.float32), w_up.to(tl.float32))
             else:
-                acc += tl.dot(a, w.to(a.dtype))
-            if GATED:
-                w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
-                                    stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
-                                    WFMT, GROUP_SIZE, BLOCK_K)
-                if DOT_F32:
-                    acc_up += tl.dot(a.to(tl.float32), w_up.to(tl.float32))
-                else:
-                    acc_up += tl.dot(a, w_up.to(a.dtype))
+                acc_up += tl.dot(a, w_up.to(a.dtype))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e * stride_be + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if GATED:

@@ -100,6 +100,13 @@ class ArchTiles:
     # The decode split kernel's tiles for int8 KV when they differ from `decode` (its int8-only
     # switches, other tile sizes); None: `decode` serves both KV formats.
     decode_int8: AttentionTiles | None = None
+    # Packed-half GEMV tiles for outputs of at most THIN_N columns: (min_rows, max_rows, tiles),
+    # consulted before w4a16_h2 (thin matrices pay the K split's reduction tail; narrower column
+    # blocks split K less). Empty: w4a16_h2 serves every width.
+    w4a16_h2_thin: tuple[tuple[int, int, RowsTiles], ...] = ()
+
+
+THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
 
 
 # Packed-half GEMV (w4a16_h2.py) for 1, 2, 3-4 and 5-8 rows: 8 columns per thread (two 128-bit
@@ -157,7 +164,10 @@ TABLE: dict[str, ArchTiles] = {
         # shared memory in 2 stages, 27B 6.37 ms / 8B 2.57 (the prefetching tiles 6.54 / 2.69;
         # the older GEMV 8.48 / 2.84); 2 rows 16 word rows a step 9.22 ms (the dot kernel 10.71).
         w4a16_h2=((1, RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1)),
-                  (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:]),
+                  (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:],
+        # 2 rows, thin outputs (27B N = 5120: out_proj, o_proj, down; 12.1 sweep): 512 columns,
+        # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6 (1 row: no gain)
+        w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -288,9 +298,15 @@ def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 
-def h2_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
-    """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows."""
-    entries = tiles_for(device).w4a16_h2
+def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None) -> RowsTiles:
+    """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows (of n output
+    columns: thin outputs may have their own entry)."""
+    arch = tiles_for(device)
+    if n is not None and n <= THIN_N:
+        thin = next((t for lo, hi, t in arch.w4a16_h2_thin if lo <= m <= hi), None)
+        if thin is not None:
+            return thin
+    entries = arch.w4a16_h2
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 

@@ -115,12 +115,12 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
              split: int | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
     row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
-    M rows unless given (the sweep passes variants); split: K splits (None: rows_split)."""
+    M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split)."""
     m, k = x2.shape
     n = w.out_features
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
-    t = tiles or h2_tiles(m, x2.device)
+    t = tiles or h2_tiles(m, x2.device, n)
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)

@@ -71,11 +71,10 @@ def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
 @pytest.mark.parametrize("tokens", [1, 21, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_fused_moe_w4a16_matches_reference(tokens, dtype, device, full_shapes):
-    """4-bit experts against the dequantized reference. 16-bit activations take the offset-nibble
-    path (a dot over 128 + q / 1024 + q, scale and bias after it); bounds: fp32 1e-4 in the
-    interpreter; bf16 1.5e-2 and fp16 2e-3: the intermediate activation and the output round to
-    16 bits (measured 8.9e-3 / 3.6e-4, the same as dequantizing to fp32 first); 2e-2 at full
-    shapes on a GPU (TF32 for fp32)."""
+    """4-bit experts against the dequantized reference, fp32 / bf16 / fp16 activations, decode and
+    prefill sizes through the grouped GEMM. Bounds: fp32 1e-4 in the interpreter; bf16 1.5e-2
+    and fp16 2e-3: the intermediate activation and the output round to 16 bits (measured 8.9e-3
+    / 3.6e-4); 2e-2 at full shapes on a GPU (TF32 for fp32)."""
     from homelab_llm.engine.kernels.fused_moe import fused_moe
 
     if tokens == 300 and not full_shapes and dtype != torch.bfloat16:

@@ -158,3 +158,25 @@ def test_nibble_pairs_are_exact_subnormals(device: torch.device) -> None:
         want = (halves[0].float() * halves[1].float() + halves[2].float()).half().view(n * 2).float()
         got = fma.cpu().view(torch.float16).float()
         assert ((got - want).abs() <= want.abs() * 2.0 ** -10 + 2.0 ** -24).all()
+
+
+def test_h2_thin_outputs_take_their_entry(device: torch.device, monkeypatch) -> None:
+    """Outputs of at most THIN_N columns take the arch's thin entry for their row count (sm_90: 2
+    rows, narrower column blocks); wider outputs and other row counts keep w4a16_h2's; a launch
+    through the thin entry still matches the reference."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+    sm90 = tuning.TABLE["sm90"]
+    assert any(lo <= 2 <= hi for lo, hi, _ in sm90.w4a16_h2_thin)
+    thin = RowsTiles(16, 4, 1, num_stages=3, waves=8, min_steps=1)
+    arch = tuning.tiles_for(device)
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_thin=((2, 3, thin),)))
+    assert tuning.h2_tiles(2, device, tuning.THIN_N) is thin and tuning.h2_tiles(3, device, 80) is thin
+    assert tuning.h2_tiles(2, device, tuning.THIN_N + 1) is not thin
+    assert tuning.h2_tiles(1, device, 80) is not thin and tuning.h2_tiles(2, device) is not thin
+    w, x, want = _case(2, 256, 80, 128, False, torch.bfloat16, 1.0, device)
+    got = w4a16_h2(x, w, torch.empty((2, 80), dtype=torch.float32, device=device))
+    assert _row_rel_err(got, want) < FP32_BOUND
