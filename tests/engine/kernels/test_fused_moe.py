@@ -47,9 +47,11 @@ def _experts(gen, e, h, i, dtype, device):
 
 
 def _fp32_bound(bound: float, device) -> float:
-    """On a GPU tl.dot takes fp32 operands as TF32 (10-bit mantissa): ~7e-4 relative at full
-    shapes (measured on an H200), so fp32 gets 2e-3 there; the interpreter multiplies in fp32."""
-    return max(bound, 2e-3) if torch.device(device).type == "cuda" else bound
+    """On a GPU tl.dot takes fp32 operands as TF32 (10-bit mantissa, 2^-11 relative a product):
+    ~7e-4 relative at full shapes through the decode kernels (fp32 FMAs) and 2.3e-3 at 37 tokens
+    through the two chained grouped GEMMs (H200), so fp32 gets 4e-3 there; the interpreter
+    multiplies in fp32."""
+    return max(bound, 4e-3) if torch.device(device).type == "cuda" else bound
 
 
 @pytest.mark.parametrize("tokens", [1, 8, 37])
