@@ -152,14 +152,6 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
         for name, (t, at) in H2_TILES.items():
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
-        if m <= 2 and not quick and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9:
-            # programmatic dependent launch: each call's first weights load while the previous
-            # call (the graph's previous kernel) finishes; with and without the register prefetch
-            for name, t in (("h2.pdl", None), ("h2.c8k8w8p.pdl", RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
-                            ("h2.c8k16w8p.pdl", RowsTiles(1024, 16, 4, waves=8, min_steps=1, prefetch=True))):
-                v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t, pdl=True))
-            v["h2.c8k16w8p"] = ("h2", lambda x, w, out: w4a16_h2(
-                x, w, out, RowsTiles(1024, 16, 4, waves=8, min_steps=1, prefetch=True)))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it

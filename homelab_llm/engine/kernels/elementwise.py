@@ -12,20 +12,17 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.tuning import tiles_for, use_pdl
+from homelab_llm.engine.kernels.tuning import tiles_for
 
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
     stride_x, stride_r, stride_o, stride_ro, N,
-    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
 ):
-    if USE_PDL:  # a decode GEMV launched after this (programmatic dependent launch) may start
-        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -53,8 +50,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2, weight, out, out, eps, x2.stride(0), 0, out.stride(0), 0, n,
-            BLOCK=next_pow2(n), HAS_RESIDUAL=False, USE_PDL=use_pdl(x.device),
-            num_warps=tiles_for(x.device).elementwise_warps)
+            BLOCK=next_pow2(n), HAS_RESIDUAL=False, num_warps=tiles_for(x.device).elementwise_warps)
     return out.view(x.shape)
 
 
@@ -68,8 +64,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, summed, eps, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n,
-            BLOCK=next_pow2(n), HAS_RESIDUAL=True, USE_PDL=use_pdl(x.device),
-            num_warps=tiles_for(x.device).elementwise_warps)
+            BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps)
     return out.view(x.shape), summed.view(x.shape)
 
 
@@ -112,10 +107,7 @@ def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_wei
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    if USE_PDL:  # the down projection's GEMV (programmatic dependent launch) may start
-        gdc_launch_dependents()
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
@@ -133,7 +125,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, next_pow2(d))
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
-            x2, out, x2.stride(0), out.stride(0), d, BLOCK=block, USE_PDL=use_pdl(gate_up.device),
+            x2, out, x2.stride(0), out.stride(0), d, BLOCK=block,
             num_warps=tiles_for(gate_up.device).elementwise_warps)
     return out.view(*gate_up.shape[:-1], d)
 

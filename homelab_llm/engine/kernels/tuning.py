@@ -298,20 +298,6 @@ def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 
-PDL_ARCHS = ("sm90",)  # programmatic dependent launch (griddepcontrol): Hopper and later NVIDIA
-
-
-def pdl_arch(device: torch.device | None = None) -> bool:
-    """Whether kernels on this device may be launched as programmatic dependent launches."""
-    return arch_name(device) in PDL_ARCHS
-
-
-def use_pdl(device: torch.device | None = None) -> bool:
-    """Whether the decode GEMVs launch as programmatic dependent launches here: a PDL arch and
-    HOMELAB_LLM_PDL=1 (off by default until the engine measures it ahead)."""
-    return os.environ.get("HOMELAB_LLM_PDL", "0") == "1" and pdl_arch(device)
-
-
 def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None) -> RowsTiles:
     """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows (of n output
     columns: thin outputs may have their own entry)."""

@@ -28,15 +28,12 @@ Invariants: qweight [K // 8, N] int32, K a multiple of the group size, BLOCK_M =
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles, tiles_for, use_pdl
+from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, tile_dot
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -62,7 +59,7 @@ def _w4a16_h2_kernel(
     num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
-    LOOP_STAGES: tl.constexpr, USE_PDL: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -74,17 +71,10 @@ def _w4a16_h2_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     wr3 = tl.arange(0, WROWS)[None, :, None]
     w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
-    if USE_PDL:
-        # Programmatic dependent launch (sm_90+): the next kernel may start launching now; it
-        # waits for this one's writes in its own gdc_wait.
-        gdc_launch_dependents()
     if PREFETCH:
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
-        # Weights never change, so this load may run before the previous kernel has finished.
         words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
-    if USE_PDL:
-        gdc_wait()  # x, the scratch, the tickets and out: only after the previous kernel is done
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
                  SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
@@ -122,22 +112,15 @@ def _w4a16_h2_kernel(
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
-             split: int | None = None, pdl: bool | None = None) -> torch.Tensor:
+             split: int | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
     row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
-    M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split).
-    pdl: launch as a programmatic dependent launch (sm_90+ only; None: tuning.use_pdl), the
-    first step's weights loading while the previous kernel finishes (the table's tiles then take
-    the register prefetch: the shared-memory pipeline issues its loads after the prologue)."""
+    M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split)."""
     m, k = x2.shape
     n = w.out_features
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
-    if pdl is None:
-        pdl = use_pdl(x2.device)
     t = tiles or h2_tiles(m, x2.device, n)
-    if pdl and tiles is None:
-        t = dataclasses.replace(t, prefetch=True, num_stages=1)
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
@@ -152,6 +135,6 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"), LOOP_STAGES=t.num_stages,
-        USE_PDL=pdl, num_warps=t.num_warps, num_stages=t.num_stages, **({"launch_pdl": True} if pdl else {}),
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

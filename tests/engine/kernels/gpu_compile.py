@@ -38,8 +38,7 @@ TARGETS = {
 # Shared memory one program may use: the sm80 entry also serves sm86/sm89 (99 KB opt-in), sm90
 # 227 KB, RDNA3 64 KB LDS. The compiler does not check this; the launch would fail on the GPU.
 SMEM_LIMIT = {"sm80": 99 * 1024, "sm90": 227 * 1024, "gfx1100": 64 * 1024}
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
-                   "launch_pdl")
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim")
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int8": "i8",
            "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
 
@@ -85,7 +84,6 @@ def _scenarios():
                                             prefill_attention, sampling, w4a16, w4a16_deq,
                                             w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
-    from homelab_llm.engine.kernels import tuning
     from homelab_llm.engine.kernels.tuning import gemm_tiles
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
@@ -223,11 +221,6 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, w=w, split=split: w4a16_h2.w4a16_h2(
             x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), split=split)
-    if tuning.pdl_arch():  # programmatic dependent launch (griddepcontrol: sm_90+ only)
-        x = torch.zeros((1, k_in), dtype=bf16)
-        yield lambda x=x: w4a16_h2.w4a16_h2(x, wide, torch.zeros((1, 2048), dtype=bf16), split=None,
-                                            tiles=tuning.RowsTiles(1024, 16, 4, waves=8, min_steps=1, prefetch=True),
-                                            pdl=True)
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
         x = torch.zeros((m, k_in), dtype=dt)
