@@ -41,6 +41,7 @@ from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, 
                                                      tile_pages, tile_scales)
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
 from homelab_llm.engine.kernels.elementwise import sigmoid_mul
+from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -279,22 +280,27 @@ def paged_decode_attention(
                                device=q.device)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     tickets = decode_tickets(q.device, batch, num_kv_heads) if fused else out
-    _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, kv.k_scale, kv.v_scale,
-        page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks, tickets,
-        softmax_scale * _LOG2E, window,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
-        page_table.stride(0),
-        PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group * rows_per_seq)),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=split_tiles.block_n,
-        NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-        ROWS=rows_per_seq, INT8_DOT=kv.int8 and split_tiles.int8_dot,
-        PREFETCH_SCALES=kv.int8 and split_tiles.prefetch_scales, PREFETCH_KV=split_tiles.prefetch_kv,
-        FUSED_MERGE=fused, LATE_Q=split_tiles.late_q, MERGE_UNROTATES=split_tiles.merge_unrotates,
-        num_warps=split_tiles.num_warps, num_stages=split_tiles.num_stages,
-        **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
-    )
+
+    def launch(num_stages: int) -> None:
+        _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
+            q, k_cache, v_cache, kv.k_scale, kv.v_scale,
+            page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks, tickets,
+            softmax_scale * _LOG2E, window,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
+            page_table.stride(0),
+            PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group * rows_per_seq)),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, BLOCK_N=split_tiles.block_n,
+            NUM_SPLITS=num_splits, INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
+            ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
+            ROWS=rows_per_seq, INT8_DOT=kv.int8 and split_tiles.int8_dot,
+            PREFETCH_SCALES=kv.int8 and split_tiles.prefetch_scales, PREFETCH_KV=split_tiles.prefetch_kv,
+            FUSED_MERGE=fused, LATE_Q=split_tiles.late_q, MERGE_UNROTATES=split_tiles.merge_unrotates,
+            num_warps=split_tiles.num_warps, num_stages=num_stages,
+            **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
+        )
+
+    launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,
+                                   split_tiles), split_tiles.num_stages)
     if num_splits > 1 and not fused:  # the merge applies the gate too
         merge_partials(part_out, part_lse, out, query_start_loc, head_dim,
                        kv.rotate and split_tiles.merge_unrotates, kv.log2_d,

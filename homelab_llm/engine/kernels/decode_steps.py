@@ -45,7 +45,7 @@ def int8_dot_scores(q_hi, q_lo, q_step, k, ks):
     """Scores of int8 K rows k [N, D] against split_q_int8's halves of the (already scaled) q,
     times K's per-token scales ks [N]: float32 [M, N]."""
     s = tl.dot(q_hi, tl.trans(k), out_dtype=tl.int32)
-    s = tl.dot(q_lo, tl.trans(k), acc=s * 254)
+    s = tl.dot(q_lo, tl.trans(k), acc=s * 254, out_dtype=tl.int32)  # Triton 3.6 wants it named
     return s.to(tl.float32) * q_step[:, None] * ks[None, :]
 
 

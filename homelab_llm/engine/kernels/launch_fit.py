@@ -23,9 +23,11 @@ long programs (1 row 6.52 -> 9.15 ms) than with its power-of-two split into more
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from homelab_llm.engine.kernels.tuning import device_sms, interpreting
 
@@ -77,3 +79,25 @@ def fit_split(n_blocks: int, k_steps: int, resident: int, min_steps: int = 1,
         costs[actual] = triton.cdiv(n_blocks * actual, resident) * (per + overhead)
     best = min(costs.values())
     return min(s for s, c in costs.items() if c <= best * (1 + slack))
+
+
+_STAGES: dict[tuple, int] = {}
+
+
+def launch_fitting_stages(launch: Callable[[int], None], key: tuple, stages: int) -> None:
+    """launch(num_stages) with the most pipeline stages, up to `stages`, that the device's shared
+    memory holds. Tile tables are tuned for 16-bit data; 32-bit KV (or a bigger head) can ask more
+    shared memory than an SM has, and Triton raises OutOfResources before anything is enqueued,
+    so one stage fewer is tried; the count that fits is remembered per key (what specializes
+    the kernel)."""
+    s = _STAGES.get(key, stages)
+    while True:
+        try:
+            launch(s)
+        except OutOfResources:
+            if s <= 1:
+                raise
+            s -= 1
+            continue
+        _STAGES[key] = s
+        return

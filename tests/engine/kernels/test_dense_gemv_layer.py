@@ -2,7 +2,7 @@
 layers/norm_linear.py) against its unfused path, through the Triton interpreter.
 
 On the CPU the route is off (the engine's parity tests run the unfused ops), so here it is
-forced on: qkv_proj and gate_up_proj take dense_gemv with the norm prologue, o_proj and
+forced on (on a GPU too: the same tiny layer through the compiled kernels): qkv_proj and gate_up_proj take dense_gemv with the norm prologue, o_proj and
 down_proj the plain GEMV, all interpreted. The attention is replaced by a fixed map of qkv so the
 test isolates the norm / projection wiring (attention has its own kernel tests)."""
 
@@ -54,11 +54,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     (3, "silu", True, False, False),     # Qwen2-style qkv bias, 3 rows
     (2, "gelu_pytorch_tanh", False, True, False),  # Gemma's GELU MLP keeps its norm; Qwen3 q/k norms
 ])
-def test_fused_layer_matches_unfused(rows, act, bias, qk_norm, first, monkeypatch) -> None:
-    layer = _layer(act, bias, qk_norm)
+def test_fused_layer_matches_unfused(rows, act, bias, qk_norm, first, monkeypatch, device: torch.device) -> None:
+    layer = _layer(act, bias, qk_norm).to(device)
     gen = torch.Generator().manual_seed(rows)
-    hidden = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
-    residual = None if first else torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    hidden = torch.randn(rows, 64, generator=gen).to(device, torch.bfloat16)
+    residual = None if first else torch.randn(rows, 64, generator=gen).to(device, torch.bfloat16)
     want, want_res = _run(layer, hidden, residual, False, monkeypatch)
     got, got_res = _run(layer, hidden, residual, True, monkeypatch)
     # Row-relative bounds: the output passes 4 GEMVs (the residual 2), each result rounded to

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import triton
 
 from homelab_llm.engine.kernels.launch_fit import fit_split, programs_per_sm
@@ -48,3 +49,30 @@ def test_fit_split_is_the_model_minimum_and_keeps_min_steps() -> None:
                    if triton.cdiv(steps, triton.cdiv(steps, s)) == s)  # the fewest such splits
     # already many waves of blocks: no split
     assert fit_split(5000, 40, 528) == 1
+
+
+def test_launch_fitting_stages_steps_down_and_remembers() -> None:
+    """A launch that does not fit the shared memory (Triton's OutOfResources, raised before
+    anything is enqueued) is retried with one stage fewer; the count that fit is reused for the
+    same key; one stage that does not fit is the caller's error."""
+    from triton.runtime.errors import OutOfResources
+
+    from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
+
+    tried: list[int] = []
+
+    def launch(stages: int) -> None:
+        tried.append(stages)
+        if stages > 2:
+            raise OutOfResources(stages * 100_000, 232_448, "shared memory")
+
+    launch_fitting_stages(launch, ("fp32-kv", 256), 5)
+    assert tried == [5, 4, 3, 2]
+    launch_fitting_stages(launch, ("fp32-kv", 256), 5)
+    assert tried[4:] == [2]
+
+    def never(stages: int) -> None:
+        raise OutOfResources(1, 0, "shared memory")
+
+    with pytest.raises(OutOfResources):
+        launch_fitting_stages(never, ("too-big",), 3)
