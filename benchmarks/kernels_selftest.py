@@ -1,6 +1,6 @@
 """Run tests/engine/kernels without pytest (GPU boxes that lack it).
 
-    python benchmarks/kernels_selftest.py [-k substring]
+    python benchmarks/kernels_selftest.py [-k substring] [--part K/N]
 
 Installs a small stand-in for the parts of pytest these tests use (parametrize, fixtures by name,
 raises, skip/importorskip), then calls every test function with every parameter combination.
@@ -111,18 +111,26 @@ def _load(path: Path) -> types.ModuleType:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("-k", default="")
+    parser.add_argument("--part", default="1/1", help="K/N: only the K-th of N slices of the test files "
+                        "(the whole suite outlasts one 600 s device call)")
     args = parser.parse_args()
+    part, parts = (int(v) for v in args.part.split("/"))
     sys.path.insert(0, str(ROOT))
     sys.modules["pytest"] = _shim()  # also where pytest exists: the shim records the parameters
     conftest = _load(TESTS / "conftest.py")
     fixtures = {name: getattr(conftest, name) for name in ("device", "full_shapes", "paged_kv")}
     fixtures["monkeypatch"] = MonkeyPatch
     passed = failed = skipped = 0
-    for path in sorted(TESTS.glob("test_*.py")):
+    for i, path in enumerate(sorted(TESTS.glob("test_*.py"))):
+        if i % parts != part - 1:
+            continue
         module = _load(path)
+        module_mark = getattr(module, "pytestmark", None)  # e.g. a module-wide skipif
         for name, fn in list(vars(module).items()):
             if not name.startswith("test_") or not callable(fn):
                 continue
+            if callable(module_mark):
+                fn = module_mark(fn)
             params = getattr(fn, "_params", [])
             combos = itertools.product(*[[dict(zip(names, v if len(names) > 1 else (v,))) for v in values]
                                          for names, values in params]) if params else [()]
