@@ -13,6 +13,12 @@ in two steps, each in its own process because `triton.jit` picks the interpreter
 
 CLI (what the lead runs on a GPU box too):
     python -m tests.engine.kernels.gpu_compile [--targets sm80,sm90,gfx1100] [--jobs N]
+
+CI compiles with the Triton its torch pins; users (and the lent H200s: torch 2.11) run older
+ones, whose front end differs (Triton 3.6 rejected an accumulating int32 dot that 3.9 accepts).
+Against another version, one target per run (each takes 1-4 minutes on two cores):
+    pip install --no-deps --target /tmp/tri36 triton==3.6.0
+    PYTHONPATH=/tmp/tri36:$PWD python -m tests.engine.kernels.gpu_compile --targets sm90
 """
 
 from __future__ import annotations
