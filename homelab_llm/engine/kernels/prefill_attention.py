@@ -19,6 +19,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
                                                kv_cache_args, load_paged_kv, next_pow2, prepare_q,
                                                sink_start, tile_scores, unrotate_out)
+from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -131,17 +132,22 @@ def paged_prefill_attention(
     tiles = tiles_for(q.device).prefill
     max_q = num_tokens if max_query_len is None else max_query_len
     grid = (triton.cdiv(max_q, tiles.block_m), num_q_heads, batch)
-    _prefill_kernel[grid](
-        q, k_cache, v_cache, kv.k_scale, kv.v_scale, out,
-        page_table, seq_lens, query_start_loc, extras.sinks,
-        softmax_scale * _LOG2E, window,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
-        page_table.stride(0),
-        PAGE_SIZE=page_size, GROUP=num_q_heads // num_kv_heads,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
+
+    def launch(num_stages: int) -> None:
+        _prefill_kernel[grid](
+            q, k_cache, v_cache, kv.k_scale, kv.v_scale, out,
+            page_table, seq_lens, query_start_loc, extras.sinks,
+            softmax_scale * _LOG2E, window,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
+            page_table.stride(0),
+            PAGE_SIZE=page_size, GROUP=num_q_heads // num_kv_heads,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim),
+            BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+            INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
+            ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
+            num_warps=tiles.num_warps, num_stages=num_stages,
+        )
+
+    # the table is tuned for 16-bit KV: fp32 KV at large heads may need fewer stages
+    launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, tiles), tiles.num_stages)
     return out
