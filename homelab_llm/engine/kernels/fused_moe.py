@@ -45,8 +45,8 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
                  stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
                  WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr):
     """Expert e's weight tile [BLOCK_K, BLOCK_N] (fp32; dense: as stored). WFMT 0 dense
-    (w[e, n, k]); 1 int4 words (w[e, k // 8, n], per-group scale and bias); 2 MXFP4 (bytes w[e, n, k // 2], two e2m1 codes
-    a byte, low nibble first; an e8m0 scale s[e, n, k // 32])."""
+    (w[e, n, k]); 1 int4 words (w[e, k // 8, n], per-group scale and bias); 2 MXFP4 (bytes
+    w[e, n, k // 2], two e2m1 codes a byte, low nibble first; an e8m0 scale s[e, n, k // 32])."""
     if WFMT == 1:
         shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
         packed = tl.load(w_ptr + e * stride_we + (offs_k // 8)[:, None] * stride_wk

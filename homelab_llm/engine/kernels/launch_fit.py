@@ -94,10 +94,9 @@ def launch_fitting_stages(launch: Callable[[int], None], key: tuple, stages: int
     while True:
         try:
             launch(s)
+            break
         except OutOfResources:
             if s <= 1:
                 raise
             s -= 1
-            continue
-        _STAGES[key] = s
-        return
+    _STAGES[key] = s

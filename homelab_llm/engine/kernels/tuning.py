@@ -165,7 +165,7 @@ TABLE: dict[str, ArchTiles] = {
         # the older GEMV 8.48 / 2.84); 2 rows 16 word rows a step 9.22 ms (the dot kernel 10.71).
         w4a16_h2=((1, RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1)),
                   (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:],
-        # 2 rows, thin outputs (27B N = 5120: out_proj, o_proj, down; 12.1 sweep): 512 columns,
+        # 2 rows, thin outputs (27B N = 5120: out_proj, o_proj, down; BENCHMARKS 12.2): 512 columns,
         # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6 (1 row: no gain)
         w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.

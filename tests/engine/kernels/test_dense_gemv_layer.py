@@ -2,8 +2,8 @@
 layers/norm_linear.py) against its unfused path, through the Triton interpreter.
 
 On the CPU the route is off (the engine's parity tests run the unfused ops), so here it is
-forced on (on a GPU too: the same tiny layer through the compiled kernels): qkv_proj and gate_up_proj take dense_gemv with the norm prologue, o_proj and
-down_proj the plain GEMV, all interpreted. The attention is replaced by a fixed map of qkv so the
+forced on: qkv_proj and gate_up_proj take dense_gemv with the norm prologue, o_proj and
+down_proj the plain GEMV (interpreted on the CPU, compiled on a GPU). The attention is replaced by a fixed map of qkv so the
 test isolates the norm / projection wiring (attention has its own kernel tests)."""
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import torch
 
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref, w4a16_matmul_ref
-from tests.engine.kernels.w4a16_checks import check_few_row_kernel
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -159,6 +158,24 @@ def test_bad_shapes_are_clear_errors() -> None:
         wp.quantize_rtn(torch.randn(8, 96), group_size=64)
 
 
+def _check_few_row_kernel(kernel, shapes, splits, gen, group_size: int, device: torch.device) -> None:
+    """kernel(x, w, out, split=...) against the dequantized reference, row by row (bound 1e-2
+    relative per row), symmetric and with zero points, each split count twice in a row: the
+    per-tile tickets must reset, and the two results be bit-identical."""
+    for m, k, n in shapes:
+        for symmetric in (True, False):
+            w = wp.quantize_rtn((torch.randn(n, k, generator=gen) * 0.05).to(device), group_size, symmetric)
+            x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+            want = x.float() @ dequantize_w4_ref(w)
+            for split in splits:
+                out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+                first = kernel(x, w, out, split=split).clone()
+                second = kernel(x, w, out, split=split)
+                for row in range(m):
+                    assert _rel_err(first[row], want[row]) < 1e-2, (m, k, n, split, row)
+                assert torch.equal(first, second), (m, k, n, split)
+
+
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_gemv_kernel_rows_splits_and_tickets(group_size: int, device: torch.device, full_shapes: bool) -> None:
     """The decode GEMV (M <= 8) against the dequantized reference, for every split count, twice in
@@ -168,7 +185,7 @@ def test_gemv_kernel_rows_splits_and_tickets(group_size: int, device: torch.devi
     gen = torch.Generator().manual_seed(7 + group_size)
     shapes = [(1, 4096, 6144), (3, 14336, 4096), (8, 4096, 28672)] if full_shapes \
         else [(1, 256, 96), (3, 128, 40), (8, 256, 64)]
-    check_few_row_kernel(w4a16_gemv, shapes, (1, 2, 4), gen, group_size, device)
+    _check_few_row_kernel(w4a16_gemv, shapes, (1, 2, 4), gen, group_size, device)
 
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_dot_kernel_rows_groups_splits_act_order(group_size: int, device: torch.device, full_shapes: bool) -> None:
@@ -181,7 +198,7 @@ def test_dot_kernel_rows_groups_splits_act_order(group_size: int, device: torch.
     gen = torch.Generator().manual_seed(11 + group_size)
     shapes = [(1, 5120, 6144), (8, 17408, 5120), (33, 5120, 1000), (64, 6144, 2560)] if full_shapes \
         else [(1, 384, 40), (5, 128, 96), (17, 640, 72), (64, 256, 32)]
-    check_few_row_kernel(w4a16_dot, shapes, (1, 2, 3), gen, group_size, device)
+    _check_few_row_kernel(w4a16_dot, shapes, (1, 2, 3), gen, group_size, device)
     k, n, m = 256, 48, 6
     q = torch.randint(0, 16, (k, n), generator=gen, dtype=torch.uint8)
     scales = (torch.rand(k // group_size, n, generator=gen) * 0.02 + 0.005).half()
