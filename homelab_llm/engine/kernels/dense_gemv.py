@@ -30,48 +30,74 @@ from homelab_llm.engine.kernels.w4a16_gemv import pick_split, store_or_reduce, t
 
 
 @triton.jit
-def _row_input(x_ptr, res_ptr, row, kk, k_mask, stride_xm, stride_rm, RESIDUAL: tl.constexpr):
-    """Row `row`'s K step [KV, VEC] in x's dtype: x, or x + residual rounded to x's dtype (the
-    unfused add's `summed`)."""
-    r64 = row.to(tl.int64)
-    xs = tl.load(x_ptr + r64 * stride_xm + kk, mask=k_mask, other=0.0)
-    if RESIDUAL:
-        r = tl.load(res_ptr + r64 * stride_rm + kk, mask=k_mask, other=0.0)
-        xs = (xs.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    return xs
+def _unpack(words, IS_BF16: tl.constexpr):
+    """A word's two 16-bit values (low half first: elements 2i, 2i + 1) as fp32; bf16 by bit
+    shifts alone (its fp32 is the same bits, 16 lower)."""
+    if IS_BF16:
+        return (words << 16).to(tl.float32, bitcast=True), \
+            (words & -65536).to(tl.float32, bitcast=True)
+    lo = (words & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    hi = ((words >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
 
 
 @triton.jit
-def _row_sumsq(x_ptr, res_ptr, row, K, offs_k, stride_xm, stride_rm, BLOCK_K: tl.constexpr,
-               RESIDUAL: tl.constexpr):
+def _pack(lo, hi, IS_BF16: tl.constexpr):
+    """Two fp32 values rounded to the 16-bit dtype and packed into a word (low half first)."""
+    fdt: tl.constexpr = tl.bfloat16 if IS_BF16 else tl.float16
+    lo16 = lo.to(fdt).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    hi16 = hi.to(fdt).to(tl.int16, bitcast=True).to(tl.int32)
+    return lo16 | (hi16 << 16)
+
+
+@triton.jit
+def _row_input(x_ptr, res_ptr, row, kw, k_mask, stride_xm, stride_rm, RESIDUAL: tl.constexpr,
+               IS_BF16: tl.constexpr):
+    """Row `row`'s K step as words [KV, VW] of x (int32 pairs; strides in words) and the pair
+    as fp32: x, or x + residual rounded to x's dtype (the unfused add's `summed`, re-packed)."""
+    r64 = row.to(tl.int64)
+    words = tl.load(x_ptr + r64 * stride_xm + kw, mask=k_mask, other=0)
+    lo, hi = _unpack(words, IS_BF16)
+    if RESIDUAL:
+        r_lo, r_hi = _unpack(tl.load(res_ptr + r64 * stride_rm + kw, mask=k_mask, other=0), IS_BF16)
+        words = _pack(lo + r_lo, hi + r_hi, IS_BF16)
+        lo, hi = _unpack(words, IS_BF16)
+    return words, lo, hi
+
+
+@triton.jit
+def _row_sumsq(x_ptr, res_ptr, row, KW, offs_w, stride_xm, stride_rm, BLOCK_W: tl.constexpr,
+               RESIDUAL: tl.constexpr, IS_BF16: tl.constexpr):
     """Squares of a whole input row summed per vector lane ([KV]): split programs need all of K."""
-    sq = tl.sum(tl.zeros(offs_k.shape, tl.float32), axis=1)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        s = _row_input(x_ptr, res_ptr, row, kk, kk < K, stride_xm, stride_rm, RESIDUAL)
-        s = s.to(tl.float32)
-        sq += tl.sum(s * s, axis=1)
+    sq = tl.sum(tl.zeros(offs_w.shape, tl.float32), axis=1)
+    for w0 in range(0, KW, BLOCK_W):
+        kw = w0 + offs_w
+        _, lo, hi = _row_input(x_ptr, res_ptr, row, kw, kw < KW, stride_xm, stride_rm, RESIDUAL,
+                               IS_BF16)
+        sq += tl.sum(lo * lo + hi * hi, axis=1)
     return sq
 
 
 @triton.jit
-def _row_step(acc, up, sq, w, wu, nw, x_ptr, res_ptr, new_res_ptr, row, kk, k_mask, res_mask,
-              stride_xm, stride_rm, stride_nm, RESIDUAL: tl.constexpr, NORM: tl.constexpr,
-              GATHER_SQ: tl.constexpr, GATED: tl.constexpr):
+def _row_step(acc, up, sq, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi, x_ptr, res_ptr, new_res_ptr,
+              row, kw, k_mask, res_mask, stride_xm, stride_rm, stride_nm, RESIDUAL: tl.constexpr,
+              NORM: tl.constexpr, GATHER_SQ: tl.constexpr, GATED: tl.constexpr,
+              IS_BF16: tl.constexpr):
     """One row's K step: acc [BLOCK_N, KV] += W . x' within each thread's 16-byte vectors (the
     product keeps the weight tile's layout: no shuffles or shared memory per step), up the same
     for the gated half; sq gathers the row's squares; column block 0 stores the new residual."""
-    xs = _row_input(x_ptr, res_ptr, row, kk, k_mask, stride_xm, stride_rm, RESIDUAL)
+    words, lo, hi = _row_input(x_ptr, res_ptr, row, kw, k_mask, stride_xm, stride_rm, RESIDUAL,
+                               IS_BF16)
     if RESIDUAL:
-        tl.store(new_res_ptr + row.to(tl.int64) * stride_nm + kk, xs, mask=res_mask)
-    xs = xs.to(tl.float32)
+        tl.store(new_res_ptr + row.to(tl.int64) * stride_nm + kw, words, mask=res_mask)
     if GATHER_SQ:
-        sq += tl.sum(xs * xs, axis=1)
+        sq += tl.sum(lo * lo + hi * hi, axis=1)
     if NORM:
-        xs = xs * nw
-    acc += tl.sum(w * xs[None, :, :], axis=2)
+        lo = lo * nw_lo
+        hi = hi * nw_hi
+    acc += tl.sum(w_lo * lo[None, :, :] + w_hi * hi[None, :, :], axis=2)
     if GATED:
-        up += tl.sum(wu * xs[None, :, :], axis=2)
+        up += tl.sum(wu_lo * lo[None, :, :] + wu_hi * hi[None, :, :], axis=2)
     return acc, up, sq
 
 
@@ -103,74 +129,86 @@ def _dense_gemv_kernel(
     stride_xm, stride_rm, stride_nm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, IS_BF16: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
-    # A K step is [BLOCK_K / VEC, VEC]: each thread loads VEC contiguous values (16 bytes) and
-    # sums them in registers. Rows (at most 4) are unrolled, each with its own [BLOCK_N, KV]
-    # accumulator in the weight tile's layout: a [rows, N, K] broadcast made the compiler move
-    # the weight tile through shared memory every step. Rows past M re-read row M - 1 (no masks;
-    # the store drops them).
-    VEC: tl.constexpr = 8
-    KV: tl.constexpr = BLOCK_K // VEC
+    # Every 16-bit tensor is read as int32 words (two values; strides and K offsets in words):
+    # the compiler streams 32-bit loads of a loop through shared memory in LOOP_STAGES stages
+    # (cp.async), where 16-bit loads stay plain register loads, one K step at a time. A K step
+    # is [BLOCK_K / 8, 4] words: each thread loads 16 contiguous bytes and sums them in
+    # registers. Rows (at most 4) are unrolled, each with its own [BLOCK_N, KV] accumulator in
+    # the weight tile's layout: a [rows, N, K] broadcast made the compiler move the weight tile
+    # through shared memory every step. Rows past M re-read row M - 1 (no masks; the store
+    # drops them).
+    VW: tl.constexpr = 4  # words a 16-byte vector
+    KV: tl.constexpr = BLOCK_K // (2 * VW)
+    BLOCK_W: tl.constexpr = BLOCK_K // 2
     GATHER_SQ: tl.constexpr = NORM and SPLIT == 1
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, KV)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    offs_w = tl.arange(0, KV)[:, None] * VW + tl.arange(0, VW)[None, :]
     n_mask = offs_n < N
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    KW = K // 2
+    w_start = pid_k * (k_per_split // 2)
+    w_end = tl.minimum(w_start + k_per_split // 2, KW)
     row0 = tl.minimum(0, M - 1)
     row1 = tl.minimum(1, M - 1)
     row2 = tl.minimum(2, M - 1)
     row3 = tl.minimum(3, M - 1)
     zero = tl.zeros([BLOCK_N, KV], tl.float32)
     acc0, up0, acc1, up1, acc2, up2, acc3, up3 = zero, zero, zero, zero, zero, zero, zero, zero
-    sq_zero = tl.sum(tl.zeros([KV, VEC], tl.float32), axis=1)
+    sq_zero = tl.sum(tl.zeros([KV, VW], tl.float32), axis=1)
     sq0, sq1, sq2, sq3 = sq_zero, sq_zero, sq_zero, sq_zero
     if NORM and SPLIT > 1:  # this program sees only part of K: gather the whole rows' squares
-        sq0 = _row_sumsq(x_ptr, res_ptr, row0, K, offs_k, stride_xm, stride_rm, BLOCK_K, RESIDUAL)
+        sq0 = _row_sumsq(x_ptr, res_ptr, row0, KW, offs_w, stride_xm, stride_rm, BLOCK_W, RESIDUAL,
+                         IS_BF16)
         if BLOCK_M > 1:
-            sq1 = _row_sumsq(x_ptr, res_ptr, row1, K, offs_k, stride_xm, stride_rm, BLOCK_K,
-                             RESIDUAL)
+            sq1 = _row_sumsq(x_ptr, res_ptr, row1, KW, offs_w, stride_xm, stride_rm, BLOCK_W,
+                             RESIDUAL, IS_BF16)
         if BLOCK_M > 2:
-            sq2 = _row_sumsq(x_ptr, res_ptr, row2, K, offs_k, stride_xm, stride_rm, BLOCK_K,
-                             RESIDUAL)
-            sq3 = _row_sumsq(x_ptr, res_ptr, row3, K, offs_k, stride_xm, stride_rm, BLOCK_K,
-                             RESIDUAL)
-    w_rows = w_ptr + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_k[None, :, :]
-    for k0 in range(k_start, k_end, BLOCK_K):
-        kk = k0 + offs_k
+            sq2 = _row_sumsq(x_ptr, res_ptr, row2, KW, offs_w, stride_xm, stride_rm, BLOCK_W,
+                             RESIDUAL, IS_BF16)
+            sq3 = _row_sumsq(x_ptr, res_ptr, row3, KW, offs_w, stride_xm, stride_rm, BLOCK_W,
+                             RESIDUAL, IS_BF16)
+    w_rows = w_ptr + offs_n[:, None, None].to(tl.int64) * stride_wn + offs_w[None, :, :]
+    for w0 in tl.range(w_start, w_end, BLOCK_W, num_stages=LOOP_STAGES):
+        kw = w0 + offs_w
         if EVEN_K:
-            k_mask = offs_k < BLOCK_K
+            k_mask = offs_w < BLOCK_W
         else:
-            k_mask = kk < k_end
-        res_mask = kk < tl.where(pid_n == 0, k_end, 0)  # column block 0 writes the residual
-        nw = zero
+            k_mask = kw < w_end
+        res_mask = kw < tl.where(pid_n == 0, w_end, 0)  # column block 0 writes the residual
+        nw_lo = zero
+        nw_hi = zero
         if NORM:
-            nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            nw_lo, nw_hi = _unpack(tl.load(nw_ptr + kw, mask=k_mask, other=0), IS_BF16)
         w_mask = n_mask[:, None, None] & k_mask[None, :, :]
         # The weight streams through once: let it leave the L2 first so x stays resident
-        w = tl.load(w_rows + k0, mask=w_mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        wu = w
+        w_lo, w_hi = _unpack(tl.load(w_rows + w0, mask=w_mask, other=0, eviction_policy="evict_first"),
+                             IS_BF16)
+        wu_lo = w_lo
+        wu_hi = w_hi
         if GATED:
-            wu = tl.load(w_rows + HALF * stride_wn + k0, mask=w_mask, other=0.0,
-                         eviction_policy="evict_first").to(tl.float32)
-        acc0, up0, sq0 = _row_step(acc0, up0, sq0, w, wu, nw, x_ptr, res_ptr, new_res_ptr, row0,
-                                   kk, k_mask, res_mask, stride_xm, stride_rm, stride_nm,
-                                   RESIDUAL, NORM, GATHER_SQ, GATED)
+            wu_lo, wu_hi = _unpack(tl.load(w_rows + HALF * stride_wn + w0, mask=w_mask, other=0,
+                                           eviction_policy="evict_first"), IS_BF16)
+        acc0, up0, sq0 = _row_step(acc0, up0, sq0, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi, x_ptr,
+                                   res_ptr, new_res_ptr, row0, kw, k_mask, res_mask, stride_xm,
+                                   stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED, IS_BF16)
         if BLOCK_M > 1:
-            acc1, up1, sq1 = _row_step(acc1, up1, sq1, w, wu, nw, x_ptr, res_ptr, new_res_ptr,
-                                       row1, kk, k_mask, res_mask, stride_xm, stride_rm,
-                                       stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED)
+            acc1, up1, sq1 = _row_step(acc1, up1, sq1, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi,
+                                       x_ptr, res_ptr, new_res_ptr, row1, kw, k_mask, res_mask,
+                                       stride_xm, stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ,
+                                       GATED, IS_BF16)
         if BLOCK_M > 2:
-            acc2, up2, sq2 = _row_step(acc2, up2, sq2, w, wu, nw, x_ptr, res_ptr, new_res_ptr,
-                                       row2, kk, k_mask, res_mask, stride_xm, stride_rm,
-                                       stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED)
-            acc3, up3, sq3 = _row_step(acc3, up3, sq3, w, wu, nw, x_ptr, res_ptr, new_res_ptr,
-                                       row3, kk, k_mask, res_mask, stride_xm, stride_rm,
-                                       stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED)
+            acc2, up2, sq2 = _row_step(acc2, up2, sq2, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi,
+                                       x_ptr, res_ptr, new_res_ptr, row2, kw, k_mask, res_mask,
+                                       stride_xm, stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ,
+                                       GATED, IS_BF16)
+            acc3, up3, sq3 = _row_step(acc3, up3, sq3, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi,
+                                       x_ptr, res_ptr, new_res_ptr, row3, kw, k_mask, res_mask,
+                                       stride_xm, stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ,
+                                       GATED, IS_BF16)
     bias = tl.zeros([BLOCK_N], tl.float32)
     bias_up = bias
     if HAS_BIAS:  # split 0 alone adds it, so the reduction counts it once
@@ -192,6 +230,23 @@ def _dense_gemv_kernel(
                     stride_om, SPLIT=SPLIT)
 
 
+def words_fit(*tensors: torch.Tensor | None) -> bool:
+    """Whether each 16-bit tensor (None: skipped) can be read as int32 words: an even row
+    length, even row strides and offset (the kernel's loads are 4-byte aligned)."""
+    for t in tensors:
+        if t is None:
+            continue
+        if t.shape[-1] % 2 or t.stride(-1) != 1 or t.storage_offset() % 2 or t.data_ptr() % 4 \
+                or any(st % 2 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def as_words(t: torch.Tensor) -> torch.Tensor:
+    """A 16-bit tensor's int32 view (pairs of values, low half first)."""
+    return t.view(torch.int32)
+
+
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                residual: torch.Tensor | None = None, gated: bool = False,
@@ -211,7 +266,10 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError("dense_gemv: a residual is added only in front of the norm")
     if not 0 < m <= 4:
         raise ValueError(f"dense_gemv: {m} rows; it serves 1 to 4")
-    t = dense_gemv_tiles(x.device)
+    if not words_fit(x, weight, residual, norm_weight):
+        raise ValueError("dense_gemv: K must be even and every 16-bit operand 4-byte aligned "
+                         "(it reads pairs as words)")
+    t = dense_gemv_tiles(x.device, "gated" if gated else "norm" if norm_weight is not None else "plain")
     block_n = block_n or t.block_n
     block_k = block_k or (t.block_k if m == 1 else t.rows_block_k)
     if block_k % 8:
@@ -227,16 +285,17 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     new_res = torch.empty_like(x) if residual is not None else None
     res = residual if residual is not None else x
+    xw, res_w, w_w = as_words(x), as_words(res), as_words(weight)
+    new_res_w = as_words(new_res) if new_res is not None else xw
+    stages = num_stages or t.num_stages
     _dense_gemv_kernel[(n_blocks, split)](
-        x, res, new_res if new_res is not None else x,
-        norm_weight if norm_weight is not None else x, weight,
+        xw, res_w, new_res_w, as_words(norm_weight) if norm_weight is not None else xw, w_w,
         bias if bias is not None else x, out, ws, ticket_buffer(x.device, n_blocks),
         m, n, k, n, k_per_split, float(eps),
-        x.stride(0), res.stride(0), new_res.stride(0) if new_res is not None else 0,
-        weight.stride(0), out.stride(0),
+        xw.stride(0), res_w.stride(0), new_res_w.stride(0), w_w.stride(0), out.stride(0),
         BLOCK_M=1 << max(0, (m - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        GATED=gated, EVEN_K=k % block_k == 0,
-        num_warps=num_warps or t.num_warps, num_stages=num_stages or t.num_stages,
+        GATED=gated, EVEN_K=k % block_k == 0, IS_BF16=x.dtype == torch.bfloat16,
+        LOOP_STAGES=stages, num_warps=num_warps or t.num_warps, num_stages=stages,
     )
     return out, new_res

@@ -148,9 +148,12 @@ def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     max_rows = dense_gemv_tiles(x.device).max_rows
     if not max_rows and (forced == "1" or weight.shape[0] <= SKINNY_GEMV_N):
         max_rows = FORCED_GEMV_ROWS
-    return (0 < x.shape[0] <= max_rows
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and x.stride(1) == 1 and weight.stride(1) == 1)
+    if not (0 < x.shape[0] <= max_rows and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1):
+        return False
+    from homelab_llm.engine.kernels.dense_gemv import words_fit
+
+    return words_fit(x, weight)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -170,10 +173,11 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
     merged [gate | up] weight, out = silu(gate) * up. One launch on the decode GEMV's route,
     the unfused reference ops elsewhere (dense_gemv_ref.norm_linear_ref)."""
     if dense_gemv_route(x, weight):
-        from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+        from homelab_llm.engine.kernels.dense_gemv import dense_gemv, words_fit
 
-        return dense_gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
-                          gated=gated)
+        if words_fit(residual, norm_weight):
+            return dense_gemv(x, weight, bias, norm_weight=norm_weight, eps=eps,
+                              residual=residual, gated=gated)
     from homelab_llm.engine.kernels.dense_gemv_ref import norm_linear_ref
 
     return norm_linear_ref(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,

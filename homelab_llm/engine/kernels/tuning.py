@@ -140,10 +140,12 @@ TABLE: dict[str, ArchTiles] = {
         # 8B attention, us a layer incl. the merge, 64 splits at batch 1): bf16 8 warps, 5 stages
         # (two K/V buffers in flight): 16K b1 31.7 -> 30.6, b8 181.5 -> 142.5, 4K b64 283.9 ->
         # 260.3, no cell slower than 1.01x; int8 with its scales a tile ahead: 16K b1 38.1 ->
-        # 32.9, b8 215.8 -> 176.7, 4K b64 407.8 -> 339.2. int8_dot failed to compile on Triton 3.6
-        # with prefetch_scales (it compiles on 3.9): keep it off there.
+        # 32.9, b8 215.8 -> 176.7, 4K b64 407.8 -> 339.2. int8: with the int8 dot (it compiles on
+        # Triton 3.6 since BENCHMARKS 12.6) and 128-token tiles in 5 stages (BENCHMARKS 13.2:
+        # 16K b1 29.9 -> 27.3 us, b8 178.3 -> 138.8, 1K b64 95.7 -> 78.7, 4K b64 334.3 -> 247.7).
         decode=AttentionTiles(block_n=64, num_warps=8, num_stages=5),
-        decode_int8=AttentionTiles(block_n=64, num_warps=4, num_stages=3, prefetch_scales=True),
+        decode_int8=AttentionTiles(block_n=128, num_warps=4, num_stages=5, int8_dot=True,
+                                   prefetch_scales=True),
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
@@ -416,9 +418,11 @@ def moe_decode_tiles(device: torch.device | None = None) -> MoeDecodeArch:
 @dataclass(frozen=True)
 class DenseGemvTiles:
     """bf16/fp16 decode GEMV (dense_gemv.py): block_n weight rows x block_k columns per K step
-    (block_k / (32 x num_warps) x 8 = 16-byte loads per thread per row), waves: programs per SM
-    that split-K aims for (w4a16_gemv.pick_split). max_rows: the most activation rows it serves
-    (more go to the BLAS GEMM); 0 turns the route off on that arch."""
+    (block_k / (32 x num_warps) x 8 = 16-byte loads per thread per row), num_stages: 1 loads
+    one K step at a time, more stream the step's words through shared memory; waves: programs
+    per SM that split-K aims for (w4a16_gemv.pick_split). max_rows: the most activation rows it
+    serves (more go to the BLAS GEMM); 0 turns the route off on that arch. kinds: tiles of their
+    own for "plain", "norm" (RMSNorm prologue) or "gated" (SiLU-and-mul epilogue) calls."""
 
     block_n: int
     block_k: int
@@ -430,16 +434,23 @@ class DenseGemvTiles:
     # shorter step keeps registers near the 1-row kernel's (sm_90 compile: 1 row x 512 80-94,
     # gated 166; 4 rows x 256 96-122, gated 168; no spills)
     rows_block_k: int = 256
+    kinds: tuple[tuple[str, "DenseGemvTiles"], ...] = ()
 
 
-# Off (max_rows 0) on every GPU: on the H200 (docs/BENCHMARKS.md 10.9) these tiles read 79-104%
-# of the copy rate where cuBLAS reads 84-143% (its GEMV keeps data in L2 across calls the
-# benchmark's cycling cannot defeat), and the 8B engine fell from 214.6 to 182.0 tok/s with the
-# route on. HOMELAB_LLM_DENSE_GEMV=1 turns it on for measurement (benchmarks/bf16_gemv_gpu.py
-# sweeps the tiles); an arch gets max_rows > 0 only once a device measures it ahead.
+# On the H200 (docs/BENCHMARKS.md 13.1) the GEMV reading its 16-bit operands as int32 words, with
+# few rows a program and 2-4 warps, beats cuBLAS at 1 row on the 8B's linears with the norm and
+# SiLU folded in (the 8B engine at batch 1: 233.8 tok/s against 216.6): sm_90 takes the route
+# for 1 row. At 4 rows it reads 37-66% of the copy rate where cuBLAS reads 91-150%: BLAS there.
+# ("% of copy" counts read + write bytes of a device copy: a GEMV that only reads can pass 100%.)
+# Elsewhere it is off until a device measures it ahead; HOMELAB_LLM_DENSE_GEMV=1 forces it for
+# measurement (benchmarks/bf16_gemv_gpu.py --sweep).
 DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
     "sm80": DenseGemvTiles(16, 512, 4, max_rows=0),
-    "sm90": DenseGemvTiles(16, 512, 4, max_rows=0),
+    # bf16_gemv_gpu.py --sweep, 8B shapes at 1 row (us): qkv with the norm 15.6 (4 x 512, 2
+    # warps), o 10.2 and down 29.1 (1 x 1024, 2 warps), gate_up with both 58.2 (2 x 1024, 4)
+    "sm90": DenseGemvTiles(1, 1024, 2, max_rows=1,
+                           kinds=(("norm", DenseGemvTiles(4, 512, 2)),
+                                  ("gated", DenseGemvTiles(2, 1024, 4)))),
     "sm120": DenseGemvTiles(16, 512, 4, max_rows=0),
     # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; a smaller K step keeps VGPRs low.
     "gfx1100": DenseGemvTiles(16, 256, 4, rows_block_k=128, max_rows=0),
@@ -447,5 +458,8 @@ DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
 }
 
 
-def dense_gemv_tiles(device: torch.device | None = None) -> DenseGemvTiles:
-    return DENSE_GEMV_TABLE[arch_name(device)]
+def dense_gemv_tiles(device: torch.device | None = None, kind: str = "plain") -> DenseGemvTiles:
+    """This device's GEMV tiles for a call of `kind` ("plain", "norm" or "gated"); max_rows
+    always comes from the arch's entry."""
+    arch = DENSE_GEMV_TABLE[arch_name(device)]
+    return next((t for name, t in arch.kinds if name == kind), arch)
