@@ -9,8 +9,8 @@ Sections:
            gate_up with the SiLU epilogue) vs the unfused ops it replaces (add_rms_norm kernel +
            cuBLAS + silu_and_mul) vs the cuBLAS matmul alone, each as % of the copy rate, plus
            the max row-relative error of ours vs the unfused ops
-  sweep    (--sweep, a few minutes more) tiles per shape at 1 row: block_n x block_k x
-           num_warps x num_stages, and split 1 / 4 for the plain shapes (compiles in parallel
+  sweep    (--sweep, a few minutes more) tiles per shape at 1 row (--sweep-rows M,...): block_n x
+           block_k x num_warps x num_stages, and split 1 / 4 for the plain shapes (compiles in parallel
            first); prints the best row for tuning.DENSE_GEMV_TABLE
   engine   dummy Llama-3.1-8B bf16: batch-1 (and batch-4) decode tok/s with CUDA graphs, with
            HOMELAB_LLM_DENSE_GEMV=0 (cuBLAS + separate norm/silu kernels) and =1 (the GEMV
@@ -122,21 +122,21 @@ def _sweep_variants(kind: str) -> list[dict]:
     return tiles
 
 
-def compile_variant(n: int, k: int, kind: str, tiles: dict) -> None:
+def compile_variant(n: int, k: int, kind: str, tiles: dict, m: int = 1) -> None:
     """A precompile worker: one call of the variant at the sweep's shape (fills Triton's cache)."""
-    Shape(n, k, kind, 1, torch.device("cuda"), copies=1).ours(0, **tiles)
+    Shape(n, k, kind, m, torch.device("cuda"), copies=1).ours(0, **tiles)
     torch.cuda.synchronize()
 
 
-def section_sweep() -> None:
+def section_sweep(rows: tuple[int, ...] = (1,)) -> None:
     dev = torch.device("cuda")
     if "gemv_copy_rate_GBps" not in results:
         report("gemv_copy_rate_GBps", copy_rate_gbs(dev), "GB/s")
-    jobs = [(n, k, kind, t) for _, n, k, kind in SHAPES for t in _sweep_variants(kind)]
+    jobs = [(n, k, kind, t, m) for m in rows for _, n, k, kind in SHAPES for t in _sweep_variants(kind)]
     print(f"precompiling {len(jobs)} variants: {precompile(compile_variant, jobs, default_jobs()):.0f} s",
           flush=True)
-    for name, n, k, kind in SHAPES:
-        s = Shape(n, k, kind, 1, dev)
+    for m, (name, n, k, kind) in itertools.product(rows, SHAPES):
+        s = Shape(n, k, kind, m, dev)
         timed = []
         for tiles in _sweep_variants(kind):
             try:
@@ -145,11 +145,12 @@ def section_sweep() -> None:
                 print(f"  {name} {tiles}: {type(exc).__name__}", flush=True)
         timed.sort(key=lambda row: row[0])
         for ms, tiles in timed[:5]:
-            print(f"  {name:8s} {tiles} {ms:.4f} ms = {s.pct(ms):.1f}% of copy", flush=True)
+            print(f"  {name:8s} m{m} {tiles} {ms:.4f} ms = {s.pct(ms):.1f}% of copy", flush=True)
         if timed:
             ms, tiles = timed[0]
-            print(f"sweep {name:8s} best {tiles} {ms:.4f} ms = {s.pct(ms):.1f}% of copy", flush=True)
-            report(f"sweep_{name}_best_pct_copy", s.pct(ms), "%")
+            print(f"sweep {name:8s} m{m} best {tiles} {ms:.4f} ms = {s.pct(ms):.1f}% of copy",
+                  flush=True)
+            report(f"sweep_{name}_m{m}_best_pct_copy", s.pct(ms), "%")
         cleanup()
 
 
@@ -215,12 +216,14 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="1 row only, shorter decode runs")
     p.add_argument("--sweep", action="store_true", help="also sweep tiles per shape (minutes)")
+    p.add_argument("--sweep-rows", default="1", help="activation rows the sweep times (comma list)")
     p.add_argument("--profile", action="store_true",
                    help="also list kernels and launches per eager step, route off and on (~1 min)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    sections = {"kernels": lambda: section_kernels(a.quick), "sweep": section_sweep,
+    rows = tuple(int(r) for r in a.sweep_rows.split(","))
+    sections = {"kernels": lambda: section_kernels(a.quick), "sweep": lambda: section_sweep(rows),
                 "engine": lambda: section_engine(a.quick), "profile": section_profile}
     names = ",".join(["kernels"] + ["sweep"] * a.sweep + ["engine"] + ["profile"] * a.profile)
     return run_sections(sections, names, a.json)

@@ -112,6 +112,13 @@ DECODE_SWEEP = [  # (block_n, block_k, steps, num_warps)
     (64, 128, 1, 4), (32, 128, 1, 4), (128, 128, 1, 4), (64, 128, 1, 2), (128, 128, 1, 8),
     (64, 128, 2, 4), (64, 64, 1, 2), (256, 128, 1, 8),
 ]
+# dense (bf16/fp16) experts also try the dense decode GEMV's winning shape (BENCHMARKS 13.1): a
+# few rows a program over a long K step, 2 warps
+DENSE_DECODE_SWEEP = [
+    (1, 1024, 1, 2), (2, 1024, 1, 2), (4, 1024, 1, 2), (2, 512, 1, 2), (4, 512, 1, 2),
+    (8, 512, 1, 2), (4, 256, 1, 2), (8, 256, 1, 2), (16, 256, 1, 2), (4, 512, 1, 4),
+    (4, 256, 2, 2), (8, 128, 2, 2), (16, 128, 1, 2),
+]
 ROUTER_SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 512, 4), (4, 256, 4)]
 
 
@@ -121,7 +128,8 @@ def section_sweep_decode(layers: dict[str, Layer]) -> None:
     for kind, layer in layers.items():
         for tokens in (1, 8):
             inputs = _router_inputs(layer, tokens, torch.device("cuda"))
-            for block_n, block_k, steps, warps in DECODE_SWEEP:
+            variants = DECODE_SWEEP + (DENSE_DECODE_SWEEP if kind != "w4a16" else [])
+            for block_n, block_k, steps, warps in variants:
                 tiles = MoeDecodeTiles(block_n, block_k, steps, warps)
                 _variant(f"sweep_decode.{kind}.b{tokens}.n{block_n}k{block_k}s{steps}w{warps}",
                          _new_layer(layer, tiles=tiles), inputs)

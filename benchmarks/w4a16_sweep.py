@@ -96,7 +96,8 @@ DOT_TILES = {
     "dot.bm16s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=8),
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
-# rows>w<waves>[p: next-step prefetch]. sm_90 compiles (SASS instructions per weight; registers):
+# rows>w<waves>[p: next-step prefetch][W<warps> where not 4]. sm_90 compiles (SASS instructions
+# per weight; registers):
 # 1 row c8k8 1.65 (80; p 168), c16k8 1.55 (122), c8k16 1.53 (154); 2 rows c8k8 2.7 (130; p
 # 255), c8k16 (~2.5); 4 rows c8k4 5.1 (168; p 249), c4k4 6.1 (128); 8 rows c4k2 11.3 (168),
 # c4k4 9.1 (255). The table's own entry is the plain "h2" (tuning.H2_TILES).
@@ -116,6 +117,16 @@ H2_TILES = {
     "h2.c4k8s4": (RowsTiles(512, 8, 4, num_stages=4, waves=8, min_steps=1), (1,)),
     "h2.c8k16s2": (RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1), (1, 2)),
     "h2.c4k4s3": (RowsTiles(512, 4, 4, num_stages=3, waves=8, min_steps=1), (4, 5, 8)),
+    # fewer warps and columns a program, more programs (the bf16 GEMV's winning shape, BENCHMARKS 13.1)
+    "h2.c8k16s2W2": (RowsTiles(512, 16, 2, num_stages=2, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k16s2W2": (RowsTiles(256, 16, 2, num_stages=2, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k16s2W1": (RowsTiles(128, 16, 1, num_stages=2, waves=8, min_steps=1), (1,)),
+    "h2.c8k16s2W2w16": (RowsTiles(512, 16, 2, num_stages=2, waves=16, min_steps=1), (1,)),
+    "h2.c4k16s2W2w16": (RowsTiles(256, 16, 2, num_stages=2, waves=16, min_steps=1), (1,)),
+    "h2.c8k8s3W2": (RowsTiles(512, 8, 2, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k8s3W2": (RowsTiles(256, 8, 2, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k16W2": (RowsTiles(512, 16, 2, waves=8, min_steps=1), (1, 2)),
+    "h2.c8k16s3W2": (RowsTiles(512, 16, 2, num_stages=3, waves=8, min_steps=1), (1,)),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 

@@ -126,9 +126,14 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
                     SPLIT):
     """Epilogue shared by the W4A16 kernels: part [BLOCK_M, BLOCK_N] fp32 goes straight to `out`
     (SPLIT 1), or to split pid_k's slot of the fp32 workspace [SPLIT, M, N]; the last program of
-    this output tile to take its ticket sums the slots in split order (deterministic) and resets
-    the ticket, so the launch replays inside CUDA/HIP graphs. SPLIT may be a constexpr or a
-    runtime value (one compiled kernel for every split count)."""
+    this output tile to take its ticket sums the slots and resets the ticket, so the launch
+    replays inside CUDA/HIP graphs. SPLIT may be a constexpr or a runtime value (one compiled
+    kernel for every split count).
+
+    The sum loads the slots CHUNK at a time (all in flight together, summed in a fixed tree, the
+    chunks in split order: deterministic): one slot a loop trip waited out an L2 round trip per
+    split, and with 32-64 splits of a thin matrix that tail was most of the kernel's time. CHUNK
+    keeps the chunk within ~8K values of registers."""
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT == 1:
@@ -139,10 +144,17 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
+            ELEMS: tl.constexpr = part.shape[0] * part.shape[1]
+            CHUNK: tl.constexpr = 8 if ELEMS <= 1024 else (4 if ELEMS <= 2048 else
+                                                           (2 if ELEMS <= 4096 else 1))
+            slots = tl.arange(0, CHUNK)[:, None, None]
             total = tl.zeros(part.shape, tl.float32)
-            for s_idx in range(SPLIT):
-                total += tl.load(ws_ptr + s_idx * M * N + ws_offs, mask=out_mask, other=0.0,
-                                 cache_modifier=".cg")
+            for s0 in range(0, SPLIT, CHUNK):
+                s_idx = s0 + slots
+                tile = tl.load(ws_ptr + s_idx * M * N + ws_offs[None, :, :],
+                               mask=(s_idx < SPLIT) & out_mask[None, :, :], other=0.0,
+                               cache_modifier=".cg")
+                total += tl.sum(tile, axis=0)
             tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(ticket_ptr, 0)
 
