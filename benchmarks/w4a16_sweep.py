@@ -127,6 +127,12 @@ H2_TILES = {
     "h2.c4k8s3W2": (RowsTiles(256, 8, 2, num_stages=3, waves=8, min_steps=1), (1, 2)),
     "h2.c8k16W2": (RowsTiles(512, 16, 2, waves=8, min_steps=1), (1, 2)),
     "h2.c8k16s3W2": (RowsTiles(512, 16, 2, num_stages=3, waves=8, min_steps=1), (1,)),
+    # pf: the first K step's lines requested from the L2 before the activation prologue
+    "h2.c8k16s2pf": (RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1, prefetch_l2=True), (1,)),
+    "h2.c8k16pf": (RowsTiles(1024, 16, 4, waves=8, min_steps=1, prefetch_l2=True), (2,)),
+    "h2.c4k8s3pf": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1, prefetch_l2=True), (2,)),
+    "h2.c8k16s2pfw16": (RowsTiles(1024, 16, 4, num_stages=2, waves=16, min_steps=1, prefetch_l2=True),
+                        (1,)),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 

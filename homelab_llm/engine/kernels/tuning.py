@@ -65,7 +65,9 @@ class RowsTiles:
     and the K sum stays inside the thread. wrows: packed word rows per K step (8 x wrows values of
     k; clamped to the group). waves: programs per SM that K-splitting aims for; min_steps: K
     steps a split keeps at least. prefetch (w4a16_h2.py only): request the next K step's words
-    before this step's math (twice the word registers, more bytes in flight)."""
+    before this step's math (twice the word registers, more bytes in flight). prefetch_l2
+    (w4a16_h2.py, NVIDIA): ask the L2 for the program's first K step before its activation
+    prologue, which the pipelined loop's own loads wait behind."""
 
     block_n: int
     wrows: int
@@ -74,6 +76,7 @@ class RowsTiles:
     waves: int = 4
     min_steps: int = 2
     prefetch: bool = False
+    prefetch_l2: bool = False
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
-from homelab_llm.engine.kernels.w4a16_half2 import prep_x_pairs, tile_dot
+from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
@@ -59,7 +59,7 @@ def _w4a16_h2_kernel(
     num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
-    LOOP_STAGES: tl.constexpr,
+    LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -75,6 +75,11 @@ def _w4a16_h2_kernel(
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
         words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
+    if PREFETCH_L2:
+        # one request per 128-byte line of the first step's words (32 columns of each word row)
+        lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
+        l2_prefetch(qw_ptr + (k_start // 8 + tl.arange(0, WROWS))[:, None] * stride_qw
+                    + tl.minimum(lines, N - 1)[None, :])
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
                  SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
@@ -128,13 +133,15 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
     xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks)
+    use_asm = tiles_for(x2.device).name.startswith("sm")
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         m, n, k, p.k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), p.split,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
-        PREFETCH=t.prefetch, USE_ASM=tiles_for(x2.device).name.startswith("sm"), LOOP_STAGES=t.num_stages,
+        PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
+        PREFETCH_L2=t.prefetch_l2 and use_asm,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

@@ -79,6 +79,13 @@ def hadd2(a, b):
 
 
 @triton.jit
+def l2_prefetch(ptrs):
+    """Ask the L2 for the lines at ptrs (prefetch.global.L2; nothing waits on it). PTX only."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def tile_dot(words, xp_ptr, USE_ASM: tl.constexpr):
     """sum_k x W-nibbles for one K step, fp32 [BLOCK_M, BLOCK_N]: words [1, WROWS, BLOCK_N] int32
     (one load: every word row's loads issue before any math, and each thread keeps all WROWS rows

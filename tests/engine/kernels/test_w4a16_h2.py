@@ -79,14 +79,17 @@ def test_h2_outlier_channels_do_not_overflow(device: torch.device) -> None:
 
 def test_h2_tile_variants_and_repeat(device: torch.device) -> None:
     """Explicit tiles (what the sweep passes) give the same numbers, with and without the
-    next-step prefetch (splits of 1 and 2 steps: the last step re-requests itself), and a
-    second call with the same split (the tickets must have reset themselves) too."""
+    next-step prefetch (splits of 1 and 2 steps: the last step re-requests itself) and the L2
+    prefetch of the first step (a GPU's: a no-op in the interpreter), and a second call with the
+    same split (the tickets must have reset themselves) too."""
     from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 
     w, x, want = _case(4, 256, 80, 128, False, torch.bfloat16, 1.0, device)
     out = torch.empty((4, 80), dtype=torch.float32, device=device)
     for tiles, repeats in ((RowsTiles(64, 8, 1, waves=8, min_steps=1), 2), (RowsTiles(16, 16, 1), 1),
-                           (RowsTiles(32, 4, 1, prefetch=True), 1), (RowsTiles(64, 16, 1, prefetch=True), 1)):
+                           (RowsTiles(32, 4, 1, prefetch=True), 1), (RowsTiles(64, 16, 1, prefetch=True), 1),
+                           (RowsTiles(16, 16, 1, num_stages=2, prefetch_l2=True), 1),
+                           (RowsTiles(64, 8, 1, prefetch_l2=True), 2)):
         for _ in range(repeats):
             assert _row_rel_err(w4a16_h2(x, w, out, tiles, split=2), want) < FP32_BOUND, tiles
 
