@@ -440,10 +440,11 @@ class DenseGemvTiles:
     kinds: tuple[tuple[str, "DenseGemvTiles"], ...] = ()
 
 
-# On the H200 (docs/BENCHMARKS.md 13.1) the GEMV reading its 16-bit operands as int32 words, with
-# few rows a program and 2-4 warps, beats cuBLAS at 1 row on the 8B's linears with the norm and
-# SiLU folded in (the 8B engine at batch 1: 233.8 tok/s against 216.6): sm_90 takes the route
-# for 1 row. At 4 rows it reads 37-66% of the copy rate where cuBLAS reads 91-150%: BLAS there.
+# On the H200 (docs/BENCHMARKS.md 13.1) the GEMV with 1-4 weight rows a program and 2-4 warps
+# (tiles the earlier sweeps never tried) beats cuBLAS at 1 row on the 8B's linears with the norm
+# and SiLU folded in (the 8B engine at batch 1: 240.4 tok/s against 214.5): sm_90 takes the
+# route for 1 row. At 2-4 rows its best tiles read 45-131% of the copy rate where cuBLAS reads
+# 88-150%: BLAS there.
 # ("% of copy" counts read + write bytes of a device copy: a GEMV that only reads can pass 100%.)
 # Elsewhere it is off until a device measures it ahead; HOMELAB_LLM_DENSE_GEMV=1 forces it for
 # measurement (benchmarks/bf16_gemv_gpu.py --sweep).
