@@ -132,8 +132,8 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
 
     The sum loads the slots CHUNK at a time (all in flight together, summed in a fixed tree, the
     chunks in split order: deterministic): one slot a loop trip waited out an L2 round trip per
-    split, and with 32-64 splits of a thin matrix that tail was most of the kernel's time. CHUNK
-    keeps the chunk within ~8K values of registers."""
+    split, ~1 us of an 8B 1-row GEMV split 32-64 ways (docs/BENCHMARKS.md 13.3). CHUNK keeps a
+    chunk within ~8K values of registers."""
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT == 1:

@@ -4,9 +4,10 @@ The GPU path is taken (dispatch.use_triton forced true) with every Triton kernel
 (TRITON_INTERPRET=1, set by conftest), so the count is what a GPU would launch: each Triton
 kernel call, plus each aten op that runs a kernel (views, allocations and metadata ops do not).
 The dense GEMV route is off for ordinary linears (they stand for the reference deployment's
-W4A16 GEMVs) and on for in_proj_ba, the one narrow bf16 linear (dispatch.SKINNY_GEMV_N). What the count cannot see: BLAS
-internals (cuBLAS's split-K reduce is a second launch on the GPU; here a matmul counts once) and
-the W4A16 linears (the tiny model is dense).
+W4A16 GEMVs) and on for in_proj_ba, the one narrow bf16 linear (here through
+dispatch.SKINNY_GEMV_N; on sm_90 the table's 1-row route takes it). What the count cannot see:
+BLAS internals (cuBLAS's split-K reduce is a second launch on the GPU; here a matmul counts once)
+and the W4A16 linears (the tiny model is dense).
 
     TRITON_INTERPRET=1 python -m tests.engine.kernels.launch_count [--layers 64]
 
