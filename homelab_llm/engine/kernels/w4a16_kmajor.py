@@ -1,0 +1,179 @@
+"""W4A16 batch-1 GEMV over a K-major copy of the packed weight: a measured-candidate, not routed.
+
+Why (issue 19, docs/BENCHMARKS.md 13.1 / 13.3): the bf16 decode GEMV beats cuBLAS with 1-4
+weight rows a program, each streaming its contiguous K. The packed layout (w4a16_pack.W4Weight,
+[K // 8, N]) is N-major, so the packed-half GEMV needs wide column blocks and splits K 32-64
+ways on the 8B's matrices; its ~6 us of fixed cost a call (activation prologue, split
+reduction) holds batch 1 near 310 tok/s. Here the same words are stored K-major, so a program
+takes BLOCK_N whole output columns and walks K as the bf16 GEMV does. If a sweep
+(`benchmarks/w4a16_sweep.py --only 'h2,km*'`) shows it ahead, the next step is to make this the
+resident layout (every W4A16 kernel, TP sharding and the repackers then read it).
+
+Layout (KMajorW4, `to_kmajor`): qk int32 [N, K // 8], nibble j of word r holds k = 8r + j (as
+in W4Weight); scales / biases [N, K // G], W[k, n] = q * scale + bias within a group.
+
+A K step is BLOCK_W words of each of the program's columns, as a [GPS groups, WPG words a group]
+tile (a thread owns 4 consecutive words, 16 bytes). The columns are unrolled (at most 4), so the
+step's activations are loaded once for all of them: eight stride-8 slices of x, each pre-scaled
+by w4a16_gemv.unscale_pow2. Nibbles become floats with w4a16_gemv.nibble_f32 (one AND-OR, one
+subtract); per word lane acc += inner * scale + sum(x) * bias, summed once at the end. One row
+(the batch-1 case it exists for); split K reduces with the shared ticket epilogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
+                                                     ticket_buffer, unscale_pow2)
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+MAX_COLUMNS = 4  # columns a program unrolls
+
+
+@dataclass
+class KMajorW4:
+    qk: torch.Tensor  # int32 [N, K // 8]
+    scales: torch.Tensor  # [N, K // G]
+    biases: torch.Tensor  # [N, K // G]
+    group_size: int
+
+    @property
+    def in_features(self) -> int:
+        return self.qk.shape[1] * 8
+
+    @property
+    def out_features(self) -> int:
+        return self.qk.shape[0]
+
+
+def to_kmajor(w: W4Weight) -> KMajorW4:
+    """The same weight with K contiguous per output column (a copy). Act-order weights keep
+    their permutation on the caller's side, as for W4Weight (x arrives permuted)."""
+    return KMajorW4(w.qweight.t().contiguous(), w.scales.t().contiguous(),
+                    w.biases.t().contiguous(), w.group_size)
+
+
+@triton.jit
+def _column(acc, qk_ptr, s_ptr, b_ptr, col, N, stride_q, stride_s, words_off, w_mask, g_off,
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum):
+    """acc [GPS, WPG] + one column's K step: its words dotted with the step's eight pre-scaled
+    x slices, per word lane, then scaled and biased by the word's group."""
+    c64 = tl.minimum(col, N - 1).to(tl.int64)
+    # the column's validity as full-shape masks (a scalar bool and-ed with a tensor mask comes
+    # out as integers under the interpreter)
+    words = tl.load(qk_ptr + c64 * stride_q + words_off,
+                    mask=w_mask & (words_off * 0 + col < N), other=0, eviction_policy="evict_first")
+    high = words >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
+    inner = nibble_f32(words, 0) * x0
+    inner += nibble_f32(words, 1) * x1
+    inner += nibble_f32(words, 2) * x2
+    inner += nibble_f32(words, 3) * x3
+    inner += nibble_f32(words, 4) * x4
+    inner += nibble_f32(high, 5) * x5
+    inner += nibble_f32(high, 6) * x6
+    inner += nibble_f32(high, 7) * x7
+    g_ok = g_off * 0 + col < N
+    s = tl.load(s_ptr + c64 * stride_s + g_off, mask=g_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + c64 * stride_s + g_off, mask=g_ok, other=0.0).to(tl.float32)
+    return acc + inner * s + x_sum * b
+
+
+@triton.jit
+def _x_slice(x_ptr, k_words, w_mask, j: tl.constexpr):
+    """x[8 w + j] for the step's words w, as fp32 (masked words read 0). Eight such stride-8
+    slices cost fewer instructions than one 16-byte vector a word split in registers (sm_90
+    compile: the splits moved through shared memory)."""
+    return tl.load(x_ptr + k_words * 8 + j, mask=w_mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _w4a16_kmajor_kernel(
+    x_ptr, qk_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, ticket_ptr,
+    N, K, k_per_split, stride_q, stride_s, num_splits,
+    GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, GPS: tl.constexpr,
+):
+    WPG: tl.constexpr = GROUP_SIZE // 8  # words a group
+    BLOCK_W: tl.constexpr = GPS * WPG  # words a K step
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    col0 = pid_n * BLOCK_N
+    w_start = pid_k * (k_per_split // 8)
+    w_end = tl.minimum(w_start + k_per_split // 8, K // 8)
+    tile = tl.arange(0, GPS)[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [GPS, WPG] words
+    g_tile = tl.arange(0, GPS)[:, None]  # each word's group within the step
+    acc0 = tl.zeros([GPS, WPG], tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    for w0 in range(w_start, w_end, BLOCK_W):
+        k_words = w0 + tile
+        w_mask = k_words < w_end
+        x0 = _x_slice(x_ptr, k_words, w_mask, 0)
+        x1 = _x_slice(x_ptr, k_words, w_mask, 1)
+        x2 = _x_slice(x_ptr, k_words, w_mask, 2)
+        x3 = _x_slice(x_ptr, k_words, w_mask, 3)
+        x4 = _x_slice(x_ptr, k_words, w_mask, 4)
+        x5 = _x_slice(x_ptr, k_words, w_mask, 5)
+        x6 = _x_slice(x_ptr, k_words, w_mask, 6)
+        x7 = _x_slice(x_ptr, k_words, w_mask, 7)
+        x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
+        # pre-scale by nibble_f32's powers of two (exact), once for every column
+        x1 = unscale_pow2(x1, 1)
+        x2 = unscale_pow2(x2, 2)
+        x3 = unscale_pow2(x3, 3)
+        x4 = unscale_pow2(x4, 4)
+        x6 = unscale_pow2(x6, 6)
+        x7 = unscale_pow2(x7, 7)
+        g_off = tl.minimum(w0 // WPG + g_tile, (K // GROUP_SIZE) - 1)  # [GPS, 1]
+        acc0 = _column(acc0, qk_ptr, s_ptr, b_ptr, col0, N, stride_q, stride_s, k_words, w_mask,
+                       g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+        if BLOCK_N > 1:
+            acc1 = _column(acc1, qk_ptr, s_ptr, b_ptr, col0 + 1, N, stride_q, stride_s, k_words,
+                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+        if BLOCK_N > 2:
+            acc2 = _column(acc2, qk_ptr, s_ptr, b_ptr, col0 + 2, N, stride_q, stride_s, k_words,
+                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+            acc3 = _column(acc3, qk_ptr, s_ptr, b_ptr, col0 + 3, N, stride_q, stride_s, k_words,
+                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+    offs_n = col0 + tl.arange(0, BLOCK_N)
+    lane = tl.arange(0, BLOCK_N)
+    part = tl.where(lane == 0, tl.sum(tl.sum(acc0, axis=1), axis=0), 0.0)
+    if BLOCK_N > 1:
+        part = tl.where(lane == 1, tl.sum(tl.sum(acc1, axis=1), axis=0), part)
+    if BLOCK_N > 2:
+        part = tl.where(lane == 2, tl.sum(tl.sum(acc2, axis=1), axis=0), part)
+        part = tl.where(lane == 3, tl.sum(tl.sum(acc3, axis=1), axis=0), part)
+    store_or_reduce(part[None, :], out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, tl.arange(0, 1),
+                    offs_n, 1, N, N, num_splits)
+
+
+def w4a16_kmajor(x2: torch.Tensor, w: KMajorW4, out: torch.Tensor, block_n: int = 2,
+                 num_warps: int = 2, split: int | None = None, waves: int = 4) -> torch.Tensor:
+    """out[1, N] = x2[1, K] @ W (x2 already permuted where the weight is act-order, rows
+    contiguous). A K step gives each of the 32 x num_warps threads 4 words of a column."""
+    m, k = x2.shape
+    n = w.out_features
+    if m != 1 or k != w.in_features:
+        raise ValueError(f"w4a16_kmajor: x {tuple(x2.shape)} for a [{w.in_features}, {n}] weight "
+                         "(one row)")
+    if block_n not in (1, 2, MAX_COLUMNS):
+        raise ValueError(f"w4a16_kmajor: block_n {block_n} (1, 2 or 4 columns a program)")
+    wpg = w.group_size // 8
+    gps = max(1, 128 * num_warps // wpg)  # 4 words a thread
+    block_k = gps * w.group_size
+    n_blocks = triton.cdiv(n, block_n)
+    split = split or pick_split(n_blocks, k, block_k, x2.device, waves)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    split = triton.cdiv(k, k_per_split)
+    ws = out if split == 1 else torch.empty((split, 1, n), dtype=torch.float32, device=x2.device)
+    _w4a16_kmajor_kernel[(n_blocks, split)](
+        x2, w.qk, w.scales, w.biases, out, ws, ticket_buffer(x2.device, n_blocks),
+        n, k, k_per_split, w.qk.stride(0), w.scales.stride(0), split,
+        GROUP_SIZE=w.group_size, BLOCK_N=block_n, GPS=gps, num_warps=num_warps,
+    )
+    return out
