@@ -13,8 +13,8 @@ dequantized reference (bound 1e-2: bf16 output rounding is ~4e-3).
 Variants: "gemv" the older one-row GEMV, "rows*" the multi-row GEMV (tiles.RowsTiles; "rows" is
 the arch table's entry, the others the candidates in ROWS_TILES), "h2*" the packed-half GEMV
 (1-8 rows; "h2" the table's entry, the others H2_TILES), "km.n<columns>w<warps>" the K-major
-1-row candidate (kernels/w4a16_kmajor.py, on a K-major copy of each weight), "dot*" the few-row
-tensor-core kernel, "gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one
+1-row candidate (kernels/w4a16_kmajor.py, on a K-major copy of each weight; "km32" its fp32
+mode), "dot*" the few-row tensor-core kernel, "gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one
 decode step's linear time per variant, the cost of M rows over 1 row, and the W4A16_ROUTES row
 for engine/kernels/tuning.py that the numbers suggest.
 """
@@ -173,10 +173,14 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
         for name, (t, at) in H2_TILES.items():
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
-    if m == 1:  # the K-major candidate: columns a program x warps (its copy made once a weight)
-        for bn, nw in itertools.product((1, 2, 4), (1, 2, 4)):
-            v[f"km.n{bn}w{nw}"] = ("km", lambda x, w, out, bn=bn, nw=nw:
-                                   w4a16_kmajor(x, kmajor_copy(w), out, block_n=bn, num_warps=nw))
+    if m == 1:  # the K-major candidate: columns a program x warps (its copy made once a weight),
+        # packed-half products ("km") and fp32 ("km32")
+        modes = ((True, "km"), (False, "km32"))
+        for (half2, fam), bn, nw in itertools.product(modes, (1, 2, 4), (1, 2, 4)):
+            if half2 or bn == 4:
+                v[f"{fam}.n{bn}w{nw}"] = (fam, lambda x, w, out, bn=bn, nw=nw, half2=half2:
+                                          w4a16_kmajor(x, kmajor_copy(w), out, block_n=bn,
+                                                       num_warps=nw, half2=half2))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it

@@ -28,8 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.tuning import tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
+from homelab_llm.engine.kernels.w4a16_half2 import (PRODUCT_UNDO, X_SCALE_EVEN, X_SCALE_ODD, half_hi,
+                                                      half_lo, hfma2, hmul2, nibble_pairs)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 MAX_COLUMNS = 4  # columns a program unrolls
@@ -59,15 +62,8 @@ def to_kmajor(w: W4Weight) -> KMajorW4:
 
 
 @triton.jit
-def _column(acc, qk_ptr, s_ptr, b_ptr, col, N, stride_q, stride_s, words_off, w_mask, g_off,
-            x0, x1, x2, x3, x4, x5, x6, x7, x_sum):
-    """acc [GPS, WPG] + one column's K step: its words dotted with the step's eight pre-scaled
-    x slices, per word lane, then scaled and biased by the word's group."""
-    c64 = tl.minimum(col, N - 1).to(tl.int64)
-    # the column's validity as full-shape masks (a scalar bool and-ed with a tensor mask comes
-    # out as integers under the interpreter)
-    words = tl.load(qk_ptr + c64 * stride_q + words_off,
-                    mask=w_mask & (words_off * 0 + col < N), other=0, eviction_policy="evict_first")
+def _inner_f32(words, x0, x1, x2, x3, x4, x5, x6, x7):
+    """sum_j q_j x_j per word, fp32: x_j pre-scaled by unscale_pow2 (nibble_f32's powers)."""
     high = words >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
     inner = nibble_f32(words, 0) * x0
     inner += nibble_f32(words, 1) * x1
@@ -76,11 +72,72 @@ def _column(acc, qk_ptr, s_ptr, b_ptr, col, N, stride_q, stride_s, words_off, w_
     inner += nibble_f32(words, 4) * x4
     inner += nibble_f32(high, 5) * x5
     inner += nibble_f32(high, 6) * x6
-    inner += nibble_f32(high, 7) * x7
+    return inner + nibble_f32(high, 7) * x7
+
+
+@triton.jit
+def _inner_half2(words, xp0, xp1, xp2, xp3, USE_ASM: tl.constexpr):
+    """sum_j q_j x_j 2^-e 2^-10 per word: the nibble pairs (w4a16_half2.nibble_pairs) times the
+    _x_pairs activation pairs, four packed fp16 products a word (PTX), or the same in plain
+    Triton fp16 (the interpreter, gfx1100)."""
+    p0, p1, p2, p3 = nibble_pairs(words)
+    if USE_ASM:
+        part = hfma2(p3, xp3, hfma2(p2, xp2, hfma2(p1, xp1, hmul2(p0, xp0))))
+        return half_lo(part).to(tl.float32) + half_hi(part).to(tl.float32)
+    lo = half_lo(p0) * half_lo(xp0) + half_lo(p1) * half_lo(xp1)
+    hi = half_hi(p0) * half_hi(xp0) + half_hi(p1) * half_hi(xp1)
+    lo += half_lo(p2) * half_lo(xp2) + half_lo(p3) * half_lo(xp3)
+    hi += half_hi(p2) * half_hi(xp2) + half_hi(p3) * half_hi(xp3)
+    return lo.to(tl.float32) + hi.to(tl.float32)
+
+
+@triton.jit
+def _column(acc, qk_ptr, s_ptr, b_ptr, col, N, stride_q, stride_s, words_off, w_mask, g_off,
+            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2: tl.constexpr,
+            USE_ASM: tl.constexpr):
+    """acc [GPS, WPG] + one column's K step, per word lane: its words dotted with the step's
+    activations, then scaled and biased by the word's group. fp32: x0..x7 are the pre-scaled
+    slices; HALF2: x0..x3 the activation pairs and undo [GPS, 1] their scale (x4..x7 unused)."""
+    c64 = tl.minimum(col, N - 1).to(tl.int64)
+    # the column's validity as full-shape masks (a scalar bool and-ed with a tensor mask comes
+    # out as integers under the interpreter)
+    words = tl.load(qk_ptr + c64 * stride_q + words_off,
+                    mask=w_mask & (words_off * 0 + col < N), other=0, eviction_policy="evict_first")
     g_ok = g_off * 0 + col < N
     s = tl.load(s_ptr + c64 * stride_s + g_off, mask=g_ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + c64 * stride_s + g_off, mask=g_ok, other=0.0).to(tl.float32)
+    if HALF2:
+        inner = _inner_half2(words, x0, x1, x2, x3, USE_ASM)
+        s = s * undo  # [GPS, 1]: the activations' scale folded into the group's
+    else:
+        inner = _inner_f32(words, x0, x1, x2, x3, x4, x5, x6, x7)
     return acc + inner * s + x_sum * b
+
+
+@triton.jit
+def _pair(lo, hi):
+    """Two fp32 tensors as packed fp16 pairs (int32 bits, lo in the low half)."""
+    lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return lo16 | (hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
+def _x_pairs(x0, x1, x2, x3, x4, x5, x6, x7):
+    """The step's activations as w4a16_half2's pairs (x_j, x_j+4) for j = 0..3, scaled per group
+    (a tile row) by 2^-e with 2^e the largest power of two <= the group's max |x| (so scaled
+    values lie in (-2, 2)), times 2^14 (even j) or 2^10 (odd j); and undo [GPS, 1] = 2^e 2^10,
+    which turns a product back."""
+    amax = tl.maximum(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                      tl.maximum(tl.maximum(tl.abs(x4), tl.abs(x5)), tl.maximum(tl.abs(x6), tl.abs(x7))))
+    expo = tl.max(amax, axis=1)[:, None].to(tl.int32, bitcast=True) & 0x7F800000
+    # an all-zero (or subnormal) group takes 2^0, so 2^-e times 2^14 stays finite
+    expo = tl.where(expo == 0, 0x3F800000, expo)
+    inv = (0x7F000000 - expo).to(tl.float32, bitcast=True)  # 2^-e, exact
+    even = inv * X_SCALE_EVEN
+    odd = inv * X_SCALE_ODD
+    undo = expo.to(tl.float32, bitcast=True) * PRODUCT_UNDO
+    return (_pair(x0 * even, x4 * even), _pair(x1 * odd, x5 * odd), _pair(x2 * even, x6 * even),
+            _pair(x3 * odd, x7 * odd), undo)
 
 
 @triton.jit
@@ -95,7 +152,8 @@ def _x_slice(x_ptr, k_words, w_mask, j: tl.constexpr):
 def _w4a16_kmajor_kernel(
     x_ptr, qk_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, ticket_ptr,
     N, K, k_per_split, stride_q, stride_s, num_splits,
-    GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, GPS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, GPS: tl.constexpr, HALF2: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
     WPG: tl.constexpr = GROUP_SIZE // 8  # words a group
     BLOCK_W: tl.constexpr = GPS * WPG  # words a K step
@@ -122,24 +180,30 @@ def _w4a16_kmajor_kernel(
         x6 = _x_slice(x_ptr, k_words, w_mask, 6)
         x7 = _x_slice(x_ptr, k_words, w_mask, 7)
         x_sum = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7
-        # pre-scale by nibble_f32's powers of two (exact), once for every column
-        x1 = unscale_pow2(x1, 1)
-        x2 = unscale_pow2(x2, 2)
-        x3 = unscale_pow2(x3, 3)
-        x4 = unscale_pow2(x4, 4)
-        x6 = unscale_pow2(x6, 6)
-        x7 = unscale_pow2(x7, 7)
+        undo = x_sum  # fp32 mode: unused
+        if HALF2:
+            x0, x1, x2, x3, undo = _x_pairs(x0, x1, x2, x3, x4, x5, x6, x7)
+        else:  # pre-scale by nibble_f32's powers of two (exact), once for every column
+            x1 = unscale_pow2(x1, 1)
+            x2 = unscale_pow2(x2, 2)
+            x3 = unscale_pow2(x3, 3)
+            x4 = unscale_pow2(x4, 4)
+            x6 = unscale_pow2(x6, 6)
+            x7 = unscale_pow2(x7, 7)
         g_off = tl.minimum(w0 // WPG + g_tile, (K // GROUP_SIZE) - 1)  # [GPS, 1]
         acc0 = _column(acc0, qk_ptr, s_ptr, b_ptr, col0, N, stride_q, stride_s, k_words, w_mask,
-                       g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+                       g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2, USE_ASM)
         if BLOCK_N > 1:
             acc1 = _column(acc1, qk_ptr, s_ptr, b_ptr, col0 + 1, N, stride_q, stride_s, k_words,
-                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
+                           USE_ASM)
         if BLOCK_N > 2:
             acc2 = _column(acc2, qk_ptr, s_ptr, b_ptr, col0 + 2, N, stride_q, stride_s, k_words,
-                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
+                           USE_ASM)
             acc3 = _column(acc3, qk_ptr, s_ptr, b_ptr, col0 + 3, N, stride_q, stride_s, k_words,
-                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum)
+                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
+                           USE_ASM)
     offs_n = col0 + tl.arange(0, BLOCK_N)
     lane = tl.arange(0, BLOCK_N)
     part = tl.where(lane == 0, tl.sum(tl.sum(acc0, axis=1), axis=0), 0.0)
@@ -153,9 +217,11 @@ def _w4a16_kmajor_kernel(
 
 
 def w4a16_kmajor(x2: torch.Tensor, w: KMajorW4, out: torch.Tensor, block_n: int = 2,
-                 num_warps: int = 2, split: int | None = None, waves: int = 4) -> torch.Tensor:
+                 num_warps: int = 2, split: int | None = None, waves: int = 4,
+                 half2: bool = True) -> torch.Tensor:
     """out[1, N] = x2[1, K] @ W (x2 already permuted where the weight is act-order, rows
-    contiguous). A K step gives each of the 32 x num_warps threads 4 words of a column."""
+    contiguous). A K step gives each of the 32 x num_warps threads 4 words of a column.
+    half2: packed fp16 products (fma.rn.f16x2 on NVIDIA, plain fp16 elsewhere), else fp32."""
     m, k = x2.shape
     n = w.out_features
     if m != 1 or k != w.in_features:
@@ -174,6 +240,7 @@ def w4a16_kmajor(x2: torch.Tensor, w: KMajorW4, out: torch.Tensor, block_n: int 
     _w4a16_kmajor_kernel[(n_blocks, split)](
         x2, w.qk, w.scales, w.biases, out, ws, ticket_buffer(x2.device, n_blocks),
         n, k, k_per_split, w.qk.stride(0), w.scales.stride(0), split,
-        GROUP_SIZE=w.group_size, BLOCK_N=block_n, GPS=gps, num_warps=num_warps,
+        GROUP_SIZE=w.group_size, BLOCK_N=block_n, GPS=gps, HALF2=half2,
+        USE_ASM=tiles_for(x2.device).name.startswith("sm"), num_warps=num_warps,
     )
     return out
