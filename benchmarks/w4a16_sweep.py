@@ -176,8 +176,8 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     if m == 1:  # the K-major candidate: columns a program x warps (its copy made once a weight),
         # packed-half products ("km") and fp32 ("km32")
         modes = ((True, "km"), (False, "km32"))
-        for (half2, fam), bn, nw in itertools.product(modes, (1, 2, 4), (1, 2, 4)):
-            if half2 or bn == 4:
+        for (half2, fam), bn, nw in itertools.product(modes, (2, 4, 8, 16), (1, 2, 4)):
+            if half2 or (bn in (4, 8) and nw > 1):
                 v[f"{fam}.n{bn}w{nw}"] = (fam, lambda x, w, out, bn=bn, nw=nw, half2=half2:
                                           w4a16_kmajor(x, kmajor_copy(w), out, block_n=bn,
                                                        num_warps=nw, half2=half2))

@@ -1,4 +1,4 @@
-"""W4A16 batch-1 GEMV over a K-major copy of the packed weight: a measured-candidate, not routed.
+"""W4A16 batch-1 GEMV over a K-major copy of the packed weight: a candidate, not routed.
 
 Why (issue 19, docs/BENCHMARKS.md 13.1 / 13.3): the bf16 decode GEMV beats cuBLAS with 1-4
 weight rows a program, each streaming its contiguous K. The packed layout (w4a16_pack.W4Weight,
@@ -12,12 +12,14 @@ resident layout (every W4A16 kernel, TP sharding and the repackers then read it)
 Layout (KMajorW4, `to_kmajor`): qk int32 [N, K // 8], nibble j of word r holds k = 8r + j (as
 in W4Weight); scales / biases [N, K // G], W[k, n] = q * scale + bias within a group.
 
-A K step is BLOCK_W words of each of the program's columns, as a [GPS groups, WPG words a group]
-tile (a thread owns 4 consecutive words, 16 bytes). The columns are unrolled (at most 4), so the
-step's activations are loaded once for all of them: eight stride-8 slices of x, each pre-scaled
-by w4a16_gemv.unscale_pow2. Nibbles become floats with w4a16_gemv.nibble_f32 (one AND-OR, one
-subtract); per word lane acc += inner * scale + sum(x) * bias, summed once at the end. One row
-(the batch-1 case it exists for); split K reduces with the shared ticket epilogue.
+A K step is BLOCK_W words of each of the program's columns, a [BLOCK_N, GPS groups, WPG words a
+group] tile: [GPS, WPG] spans the program's threads at 4 consecutive words (16 bytes) each, so
+every thread holds all BLOCK_N columns of its words, and the step's activations (eight stride-8
+slices of x) are loaded and converted once for all of them. Products: packed fp16 pairs
+(half2, as the packed-half GEMV: w4a16_half2.nibble_pairs against activations scaled per group
+in registers), or fp32 (w4a16_gemv.nibble_f32: one AND-OR, one subtract). Per word lane
+acc += inner * scale + sum(x) * bias, summed once at the end. One row (the batch-1 case it
+exists for); split K reduces with the shared ticket epilogue.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from homelab_llm.engine.kernels.w4a16_half2 import (PRODUCT_UNDO, X_SCALE_EVEN, 
                                                       half_lo, hfma2, hmul2, nibble_pairs)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
-MAX_COLUMNS = 4  # columns a program unrolls
+MAX_COLUMNS = 16  # columns a program holds (each thread keeps all of them)
 
 
 @dataclass
@@ -92,26 +94,27 @@ def _inner_half2(words, xp0, xp1, xp2, xp3, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def _column(acc, qk_ptr, s_ptr, b_ptr, col, N, stride_q, stride_s, words_off, w_mask, g_off,
-            x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2: tl.constexpr,
-            USE_ASM: tl.constexpr):
-    """acc [GPS, WPG] + one column's K step, per word lane: its words dotted with the step's
-    activations, then scaled and biased by the word's group. fp32: x0..x7 are the pre-scaled
-    slices; HALF2: x0..x3 the activation pairs and undo [GPS, 1] their scale (x4..x7 unused)."""
-    c64 = tl.minimum(col, N - 1).to(tl.int64)
-    # the column's validity as full-shape masks (a scalar bool and-ed with a tensor mask comes
-    # out as integers under the interpreter)
-    words = tl.load(qk_ptr + c64 * stride_q + words_off,
-                    mask=w_mask & (words_off * 0 + col < N), other=0, eviction_policy="evict_first")
-    g_ok = g_off * 0 + col < N
-    s = tl.load(s_ptr + c64 * stride_s + g_off, mask=g_ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + c64 * stride_s + g_off, mask=g_ok, other=0.0).to(tl.float32)
+def _columns_step(acc, qk_ptr, s_ptr, b_ptr, cols, N, stride_q, stride_s, k_words, w_mask, g_off,
+                  x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2: tl.constexpr,
+                  USE_ASM: tl.constexpr):
+    """acc [BLOCK_N, GPS, WPG] + the program's columns' K step, per word lane: the words dotted
+    with the step's activations ([GPS, WPG], shared by every column), then scaled and biased by
+    the word's group. fp32: x0..x7 are the pre-scaled slices; HALF2: x0..x3 the activation pairs
+    and undo [GPS, 1] their scale (x4..x7 unused)."""
+    c64 = tl.minimum(cols, N - 1).to(tl.int64)[:, None, None]  # [BLOCK_N, 1, 1]
+    c_ok = (cols < N)[:, None, None]
+    words = tl.load(qk_ptr + c64 * stride_q + k_words[None, :, :], mask=c_ok & w_mask[None, :, :],
+                    other=0, eviction_policy="evict_first")
+    s = tl.load(s_ptr + c64 * stride_s + g_off[None, :, :], mask=c_ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + c64 * stride_s + g_off[None, :, :], mask=c_ok, other=0.0).to(tl.float32)
     if HALF2:
-        inner = _inner_half2(words, x0, x1, x2, x3, USE_ASM)
-        s = s * undo  # [GPS, 1]: the activations' scale folded into the group's
+        inner = _inner_half2(words, x0[None, :, :], x1[None, :, :], x2[None, :, :], x3[None, :, :],
+                             USE_ASM)
+        s = s * undo[None, :, :]  # the activations' scale folded into the group's
     else:
-        inner = _inner_f32(words, x0, x1, x2, x3, x4, x5, x6, x7)
-    return acc + inner * s + x_sum * b
+        inner = _inner_f32(words, x0[None, :, :], x1[None, :, :], x2[None, :, :], x3[None, :, :],
+                           x4[None, :, :], x5[None, :, :], x6[None, :, :], x7[None, :, :])
+    return acc + inner * s + x_sum[None, :, :] * b
 
 
 @triton.jit
@@ -159,15 +162,14 @@ def _w4a16_kmajor_kernel(
     BLOCK_W: tl.constexpr = GPS * WPG  # words a K step
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    col0 = pid_n * BLOCK_N
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_start = pid_k * (k_per_split // 8)
     w_end = tl.minimum(w_start + k_per_split // 8, K // 8)
     tile = tl.arange(0, GPS)[:, None] * WPG + tl.arange(0, WPG)[None, :]  # [GPS, WPG] words
     g_tile = tl.arange(0, GPS)[:, None]  # each word's group within the step
-    acc0 = tl.zeros([GPS, WPG], tl.float32)
-    acc1 = acc0
-    acc2 = acc0
-    acc3 = acc0
+    # [GPS, WPG] covers the program's threads 4 words each, so the columns stay in each thread
+    # and the activations are loaded and converted once for all of them
+    acc = tl.zeros([BLOCK_N, GPS, WPG], tl.float32)
     for w0 in range(w_start, w_end, BLOCK_W):
         k_words = w0 + tile
         w_mask = k_words < w_end
@@ -191,44 +193,28 @@ def _w4a16_kmajor_kernel(
             x6 = unscale_pow2(x6, 6)
             x7 = unscale_pow2(x7, 7)
         g_off = tl.minimum(w0 // WPG + g_tile, (K // GROUP_SIZE) - 1)  # [GPS, 1]
-        acc0 = _column(acc0, qk_ptr, s_ptr, b_ptr, col0, N, stride_q, stride_s, k_words, w_mask,
-                       g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2, USE_ASM)
-        if BLOCK_N > 1:
-            acc1 = _column(acc1, qk_ptr, s_ptr, b_ptr, col0 + 1, N, stride_q, stride_s, k_words,
-                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
-                           USE_ASM)
-        if BLOCK_N > 2:
-            acc2 = _column(acc2, qk_ptr, s_ptr, b_ptr, col0 + 2, N, stride_q, stride_s, k_words,
-                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
-                           USE_ASM)
-            acc3 = _column(acc3, qk_ptr, s_ptr, b_ptr, col0 + 3, N, stride_q, stride_s, k_words,
-                           w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
-                           USE_ASM)
-    offs_n = col0 + tl.arange(0, BLOCK_N)
-    lane = tl.arange(0, BLOCK_N)
-    part = tl.where(lane == 0, tl.sum(tl.sum(acc0, axis=1), axis=0), 0.0)
-    if BLOCK_N > 1:
-        part = tl.where(lane == 1, tl.sum(tl.sum(acc1, axis=1), axis=0), part)
-    if BLOCK_N > 2:
-        part = tl.where(lane == 2, tl.sum(tl.sum(acc2, axis=1), axis=0), part)
-        part = tl.where(lane == 3, tl.sum(tl.sum(acc3, axis=1), axis=0), part)
+        acc = _columns_step(acc, qk_ptr, s_ptr, b_ptr, offs_n, N, stride_q, stride_s, k_words,
+                            w_mask, g_off, x0, x1, x2, x3, x4, x5, x6, x7, x_sum, undo, HALF2,
+                            USE_ASM)
+    part = tl.sum(tl.sum(acc, axis=2), axis=1)  # [BLOCK_N]
     store_or_reduce(part[None, :], out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, tl.arange(0, 1),
                     offs_n, 1, N, N, num_splits)
 
-
-def w4a16_kmajor(x2: torch.Tensor, w: KMajorW4, out: torch.Tensor, block_n: int = 2,
+def w4a16_kmajor(x2: torch.Tensor, w: KMajorW4, out: torch.Tensor, block_n: int = 8,
                  num_warps: int = 2, split: int | None = None, waves: int = 4,
                  half2: bool = True) -> torch.Tensor:
     """out[1, N] = x2[1, K] @ W (x2 already permuted where the weight is act-order, rows
-    contiguous). A K step gives each of the 32 x num_warps threads 4 words of a column.
+    contiguous). A K step gives each of the 32 x num_warps threads 4 words of each of the
+    block_n columns (sm_90 compile, packed-half, 4 warps: 5.2 SASS instructions a weight at 4
+    columns, 3.0 at 16 with 254 registers).
     half2: packed fp16 products (fma.rn.f16x2 on NVIDIA, plain fp16 elsewhere), else fp32."""
     m, k = x2.shape
     n = w.out_features
     if m != 1 or k != w.in_features:
         raise ValueError(f"w4a16_kmajor: x {tuple(x2.shape)} for a [{w.in_features}, {n}] weight "
                          "(one row)")
-    if block_n not in (1, 2, MAX_COLUMNS):
-        raise ValueError(f"w4a16_kmajor: block_n {block_n} (1, 2 or 4 columns a program)")
+    if block_n < 1 or block_n > MAX_COLUMNS or block_n & (block_n - 1):
+        raise ValueError(f"w4a16_kmajor: block_n {block_n} (a power of two up to {MAX_COLUMNS})")
     wpg = w.group_size // 8
     gps = max(1, 128 * num_warps // wpg)  # 4 words a thread
     block_k = gps * w.group_size

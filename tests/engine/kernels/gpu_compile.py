@@ -239,7 +239,8 @@ def _scenarios():
     from homelab_llm.engine.kernels import w4a16_kmajor
 
     for g, bn, warps, split, dt, half2 in ((128, 2, 2, None, bf16, True), (128, 4, 4, 1, bf16, True),
-                                           (32, 1, 1, None, fp16, True), (128, 2, 2, None, bf16, False)):
+                                           (128, 16, 4, None, bf16, True), (32, 1, 1, None, fp16, True),
+                                           (128, 8, 2, None, bf16, False)):
         yield lambda g=g, bn=bn, warps=warps, split=split, dt=dt, half2=half2: w4a16_kmajor.w4a16_kmajor(
             torch.zeros((1, k_in), dtype=dt), w4a16_kmajor.to_kmajor(weights[g]),
             torch.zeros((1, n_out), dtype=bf16), block_n=bn, num_warps=warps, split=split, half2=half2)

@@ -28,6 +28,8 @@ CASES = [
     (1280, 33, 128, 4, 5, False, torch.bfloat16),
     (512, 40, 32, 4, 1, True, torch.bfloat16),
     (96, 9, 32, 2, None, False, torch.float16),
+    (640, 70, 128, 16, 2, False, torch.bfloat16),
+    (256, 21, 64, 8, None, True, torch.bfloat16),
 ]
 
 
