@@ -98,3 +98,22 @@ def test_kmajor_rejects_bad_calls(device) -> None:
         w4a16_kmajor(x.expand(2, -1).contiguous(), wk, out)
     with pytest.raises(ValueError, match="block_n"):
         w4a16_kmajor(x, wk, out[:1], block_n=3)
+
+
+def test_measurement_route_takes_one_row_calls(monkeypatch, device) -> None:
+    """HOMELAB_LLM_W4A16_KMAJOR sends 1-row w4a16_matmul calls to the K-major kernel on a copy
+    made once; more rows keep their route; a malformed value is a clear error."""
+    from homelab_llm.engine.kernels import w4a16
+
+    w, x, want = _case(256, 24, 64, False, torch.bfloat16, device)
+    monkeypatch.setenv(w4a16.KMAJOR_ENV, "2,1")
+    got = w4a16.w4a16_matmul(x, w)
+    assert w.kmajor is not None and _row_rel_err(got, want) < BF16_BOUND
+    copy = w.kmajor
+    w4a16.w4a16_matmul(x, w)
+    assert w.kmajor is copy
+    two = torch.cat([x, x])
+    assert _row_rel_err(w4a16.w4a16_matmul(two, w), torch.cat([want, want])) < BF16_BOUND
+    monkeypatch.setenv(w4a16.KMAJOR_ENV, "eight")
+    with pytest.raises(ValueError, match="BLOCK_N,WARPS"):
+        w4a16.w4a16_matmul(x, w)
