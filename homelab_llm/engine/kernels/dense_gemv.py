@@ -231,15 +231,11 @@ def _dense_gemv_kernel(
 
 
 def words_fit(*tensors: torch.Tensor | None) -> bool:
-    """Whether each 16-bit tensor (None: skipped) can be read as int32 words: an even row
-    length, even row strides and offset (the kernel's loads are 4-byte aligned)."""
-    for t in tensors:
-        if t is None:
-            continue
-        if t.shape[-1] % 2 or t.stride(-1) != 1 or t.storage_offset() % 2 or t.data_ptr() % 4 \
-                or any(st % 2 for st in t.stride()[:-1]):
-            return False
-    return True
+    """Whether each 16-bit tensor (None: skipped) can be read as int32 words: rows contiguous
+    and of even length, even row strides, a 4-byte aligned start."""
+    return all(t is None or (t.shape[-1] % 2 == 0 and t.stride(-1) == 1 and t.data_ptr() % 4 == 0
+                             and all(st % 2 == 0 for st in t.stride()[:-1]))
+               for t in tensors)
 
 
 def as_words(t: torch.Tensor) -> torch.Tensor:

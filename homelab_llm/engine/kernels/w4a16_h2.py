@@ -33,9 +33,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles, tiles_for
+from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
-from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot
+from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
@@ -133,7 +133,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
     xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks)
-    use_asm = tiles_for(x2.device).name.startswith("sm")
+    use_asm = uses_ptx(x2.device)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         m, n, k, p.k_per_split,

@@ -30,11 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.tuning import tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
 from homelab_llm.engine.kernels.w4a16_half2 import (PRODUCT_UNDO, X_SCALE_EVEN, X_SCALE_ODD, half_hi,
-                                                      half_lo, hfma2, hmul2, nibble_pairs)
+                                                      half_lo, hfma2, hmul2, nibble_pairs, uses_ptx)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 MAX_COLUMNS = 16  # columns a program holds (each thread keeps all of them)
@@ -227,6 +226,6 @@ def w4a16_kmajor(x2: torch.Tensor, w: KMajorW4, out: torch.Tensor, block_n: int 
         x2, w.qk, w.scales, w.biases, out, ws, ticket_buffer(x2.device, n_blocks),
         n, k, k_per_split, w.qk.stride(0), w.scales.stride(0), split,
         GROUP_SIZE=w.group_size, BLOCK_N=block_n, GPS=gps, HALF2=half2,
-        USE_ASM=tiles_for(x2.device).name.startswith("sm"), num_warps=num_warps,
+        USE_ASM=uses_ptx(x2.device), num_warps=num_warps,
     )
     return out
