@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -44,10 +45,12 @@ def eager_kernels(eng, prompt: list[int], steps: int = 16) -> list[tuple[float, 
     return sorted(((us, count, name) for name, (us, count) in totals.items()), reverse=True)
 
 
-def graph_decode(eng, prompt: list[int], tokens: int, prof=None) -> tuple[float, float, int]:
+def graph_decode(eng, prompt: list[int], tokens: int, prof=None,
+                 out_ids: list[int] | None = None) -> tuple[float, float, int]:
     """(wall ms a step, graph GPU ms a replay, replays) of a batch-1 greedy decode of `tokens`
     after a 16-token warm-up, the first (prefill) step of each left out; `prof` (a
-    cProfile.Profile) is enabled over the timed steps."""
+    cProfile.Profile) is enabled over the timed steps; `out_ids` receives the timed request's
+    tokens."""
     import torch
 
     from homelab_llm.engine.sampling_params import SamplingParams
@@ -63,7 +66,9 @@ def graph_decode(eng, prompt: list[int], tokens: int, prof=None) -> tuple[float,
                 t = time.perf_counter()
                 if prof is not None and rid == "run":
                     prof.enable()
-            eng.step()
+            for out in eng.step():
+                if out_ids is not None and out.request_id == "run":
+                    out_ids.extend(out.new_token_ids)
             steps += 1
         torch.cuda.synchronize()
     if prof is not None:
@@ -98,9 +103,13 @@ def main() -> int:
     prof = cProfile.Profile()
     prompt = list(range(100, 132))
     eng = engine()
-    wall, gpu, replays = graph_decode(eng, prompt, a.tokens, prof if a.cprofile else None)
+    ids: list[int] = []
+    wall, gpu, replays = graph_decode(eng, prompt, a.tokens, prof if a.cprofile else None, ids)
+    # the tokens' digest: kernel changes that keep the arithmetic (launch attributes, tiles of
+    # deterministic kernels) must keep it bit for bit
+    digest = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
     print(f"REGRESS {label}: b1 {1e3 / wall:.1f} tok/s, wall {wall:.3f} ms/step, graph GPU "
-          f"{gpu:.3f} ms/step over {replays} replays", flush=True)
+          f"{gpu:.3f} ms/step over {replays} replays, tokens {digest}", flush=True)
     if a.cprofile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(30)

@@ -12,18 +12,16 @@ dequantized reference (bound 1e-2: bf16 output rounding is ~4e-3).
 
 Variants: "gemv" the older one-row GEMV, "rows*" the multi-row GEMV (tiles.RowsTiles; "rows" is
 the arch table's entry, the others the candidates in ROWS_TILES), "h2*" the packed-half GEMV
-(1-8 rows; "h2" the table's entry, the others H2_TILES), "km.n<columns>w<warps>" the K-major
-1-row candidate (kernels/w4a16_kmajor.py, on a K-major copy of each weight; "km32" its fp32
-mode), "dot*" the few-row tensor-core kernel, "gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one
-decode step's linear time per variant, the cost of M rows over 1 row, and the W4A16_ROUTES row
-for engine/kernels/tuning.py that the numbers suggest.
+(1-8 rows; "h2" the table's entry, the others H2_TILES), "dot*" the few-row tensor-core kernel,
+"gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one decode
+step's linear time per variant, the cost of M rows over 1 row, and the W4A16_ROUTES row for
+engine/kernels/tuning.py that the numbers suggest.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -41,8 +39,6 @@ from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_kmajor import KMajorW4, to_kmajor, w4a16_kmajor  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_pack import W4Weight  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
 
@@ -173,14 +169,6 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
         for name, (t, at) in H2_TILES.items():
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
-    if m == 1:  # the K-major candidate: columns a program x warps (its copy made once a weight),
-        # packed-half products ("km") and fp32 ("km32")
-        modes = ((True, "km"), (False, "km32"))
-        for (half2, fam), bn, nw in itertools.product(modes, (2, 4, 8, 16), (1, 2, 4)):
-            if half2 or (bn in (4, 8) and nw > 1):
-                v[f"{fam}.n{bn}w{nw}"] = (fam, lambda x, w, out, bn=bn, nw=nw, half2=half2:
-                                          w4a16_kmajor(x, kmajor_copy(w), out, block_n=bn,
-                                                       num_warps=nw, half2=half2))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
@@ -192,17 +180,6 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
         v["gemm"] = ("gemm", lambda x, w, out: w4a16_matmul(x, w, tiles=gemm_tiles(m, dev)))
         v["deq"] = ("deq", lambda x, w, out: w4a16_deq_matmul(x, w, out))
     return v
-
-
-KMAJOR_COPIES: dict[tuple, KMajorW4] = {}  # emptied after each shape
-
-
-def kmajor_copy(w: W4Weight) -> KMajorW4:
-    """The K-major copy of a sweep weight, made on its first (uncaptured, warm-up) call."""
-    key = (w.qweight.data_ptr(), tuple(w.qweight.shape))
-    if key not in KMAJOR_COPIES:
-        KMAJOR_COPIES[key] = to_kmajor(w)
-    return KMAJOR_COPIES[key]
 
 
 def shapes_for(model: str, tps: list[int]) -> dict:
@@ -285,7 +262,6 @@ def main() -> int:
     worst_err = 0.0
     for name, (k, n, _, _) in shapes.items():
         rows, worst = bench_shape(name, k, n, ms_list, dev, a.quick, t0)
-        KMAJOR_COPIES.clear()
         torch.cuda.empty_cache()  # the shape's weight copies went with bench_shape's frame
         worst_err = max(worst_err, worst)
         results.update({(name, m): r for m, r in rows.items()})

@@ -12,7 +12,6 @@ Decode at batch 1 is bound by reading the weights, 0.5 byte per parameter plus s
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -24,7 +23,6 @@ from homelab_llm.engine.kernels.w4a16_deq import fits_scratch, w4a16_deq_matmul
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
 from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
-from homelab_llm.engine.kernels.w4a16_kmajor import to_kmajor, w4a16_kmajor
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows
 
@@ -77,27 +75,6 @@ def _pick_split_k(tiles: GemmTiles, m: int, n: int, k: int, block_k: int, device
     return max(1, split)
 
 
-# Measurement only (the K-major candidate is not routed until a device times it ahead, BENCHMARKS
-# 13.4): "1" sends 1-row calls to w4a16_kmajor on a K-major copy of each weight, made on first
-# use (the engine's warm-up runs before graph capture) and outside the memory plan; "BN,WARPS"
-# picks its tiles.
-KMAJOR_ENV = "HOMELAB_LLM_W4A16_KMAJOR"
-
-
-def kmajor_tiles() -> tuple[int, int] | None:
-    """(columns a program, warps) when the K-major measurement route is on, else None."""
-    value = os.environ.get(KMAJOR_ENV, "")
-    if value in ("", "0"):
-        return None
-    if value == "1":
-        return 8, 4
-    try:
-        block_n, warps = (int(v) for v in value.split(","))
-    except ValueError:
-        raise ValueError(f"{KMAJOR_ENV}={value!r}: want 1 or BLOCK_N,WARPS") from None
-    return block_n, warps
-
-
 def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
                  split_k: int | None = None) -> torch.Tensor:
     """x [..., K] (bf16/fp16) @ W -> [..., N] in x's dtype."""
@@ -115,12 +92,6 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
     if m == 0:
         return out.view(*lead, n)
     route = "gemm" if tiles is not None else w4a16_route(m, x.device)
-    km = kmajor_tiles() if m == 1 and tiles is None else None
-    if km is not None:
-        if w.kmajor is None:
-            w.kmajor = to_kmajor(w)
-        return w4a16_kmajor(x2, w.kmajor, out, block_n=km[0], num_warps=km[1],
-                            split=split_k).view(*lead, n)
     if route == "rows":
         return w4a16_rows(x2, w, out, split=split_k).view(*lead, n)
     if route == "h2":

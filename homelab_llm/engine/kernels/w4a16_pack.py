@@ -42,9 +42,6 @@ class W4Weight:
     # The same weight repacked for torch's CPU int4 kernel (kernels/w4a16_cpu.py), set once at
     # load on the CPU; None elsewhere. Derived data: never narrowed or moved with the rest.
     cpu_pack: Any = None
-    # A K-major copy (kernels/w4a16_kmajor.KMajorW4) made on first use where the measurement-only
-    # HOMELAB_LLM_W4A16_KMAJOR route is on (kernels/w4a16.py); derived data as cpu_pack is.
-    kmajor: Any = None
 
     @property
     def in_features(self) -> int:

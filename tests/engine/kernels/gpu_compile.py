@@ -88,8 +88,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_deq,
-                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_kmajor,
-                                            w4a16_rows)
+                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
     from homelab_llm.engine.kernels.tuning import gemm_tiles
 
@@ -234,15 +233,6 @@ def _scenarios():
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
-
-    # The K-major candidate (not routed; the sweep times it): 1-16 columns a program, split 1 and
-    # the default split, groups 128 and 32, fp16 activations, packed-half and fp32 products
-    for g, bn, warps, split, dt, half2 in ((128, 2, 2, None, bf16, True), (128, 4, 4, 1, bf16, True),
-                                           (128, 16, 4, None, bf16, True), (32, 1, 1, None, fp16, True),
-                                           (128, 8, 2, None, bf16, False)):
-        yield lambda g=g, bn=bn, warps=warps, split=split, dt=dt, half2=half2: w4a16_kmajor.w4a16_kmajor(
-            torch.zeros((1, k_in), dtype=dt), w4a16_kmajor.to_kmajor(weights[g]),
-            torch.zeros((1, n_out), dtype=bf16), block_n=bn, num_warps=warps, split=split, half2=half2)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()
