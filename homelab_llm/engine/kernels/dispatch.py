@@ -184,6 +184,47 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
                            gated=gated)
 
 
+def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
+    """x [M, K] into the W4A16 `weight` takes the packed-half GEMV with its input formed in the
+    prologue (norm, residual add, SiLU-and-mul: kernels/w4a16_prologue.py): a GPU whose table
+    routes M rows to it, no act-order permutation, bf16/fp16 rows contiguous."""
+    if not use_triton(x) or x.dim() != 2 or weight.perm is not None or x.stride(1) != 1 \
+            or x.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    from homelab_llm.engine.kernels.tuning import w4a16_route
+
+    return w4a16_route(x.shape[0], x.device) == "h2"
+
+
+def w4a16_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                      eps: float, weight) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rms_norm(x + residual) @ W, x + residual or None without a residual) for a W4A16 weight:
+    one launch on w4a16_prologue_route, the separate ops elsewhere."""
+    if w4a16_prologue_route(x, weight) and (residual is None or residual.stride(1) == 1):
+        from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+        out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
+        summed = torch.empty_like(x) if residual is not None else None
+        w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed)
+        return out, summed
+    if residual is None:
+        return w4a16_matmul(rms_norm(x, norm_weight, eps), weight), None
+    normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+    return w4a16_matmul(normed, weight), summed
+
+
+def w4a16_silu_matmul(gate_up: torch.Tensor, weight) -> torch.Tensor:
+    """silu(gate) * up @ W for a W4A16 weight, gate_up [M, 2K]: one launch on
+    w4a16_prologue_route, the separate ops elsewhere."""
+    if w4a16_prologue_route(gate_up, weight):
+        from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+        out = torch.empty((gate_up.shape[0], weight.out_features), dtype=gate_up.dtype,
+                          device=gate_up.device)
+        return w4a16_h2(gate_up, weight, out, silu_in=True)
+    return w4a16_matmul(silu_and_mul(gate_up), weight)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         from homelab_llm.engine.kernels import elementwise

@@ -107,6 +107,10 @@ class ArchTiles:
     # consulted before w4a16_h2 (thin matrices pay the K split's reduction tail; narrower column
     # blocks split K less). Empty: w4a16_h2 serves every width.
     w4a16_h2_thin: tuple[tuple[int, int, RowsTiles], ...] = ()
+    # Packed-half GEMV tiles for calls that form their input in the prologue (w4a16_prologue.py:
+    # norm, residual add, SiLU-and-mul), same shape of entries as w4a16_h2 and consulted first: a
+    # longer prologue favours tiles whose first weight loads are issued before it. Empty: none.
+    w4a16_h2_fused: tuple[tuple[int, RowsTiles], ...] = ()
 
 
 THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
@@ -172,7 +176,11 @@ TABLE: dict[str, ArchTiles] = {
                   (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:],
         # 2 rows, thin outputs (27B N = 5120: out_proj, o_proj, down; BENCHMARKS 12.2): 512 columns,
         # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6 (1 row: no gain)
-        w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),)),
+        w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),),
+        # 1 row with a prologue form: the register prefetch issues the first step's words before
+        # the norm's row read (engine, BENCHMARKS 14.4: 8B 310.0 -> 333.4 tok/s with every 1-row
+        # call on it; the plain calls keep the streamed tiles, which win there)
+        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -303,10 +311,16 @@ def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 
-def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None) -> RowsTiles:
+def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
+             fused: bool = False) -> RowsTiles:
     """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows (of n output
-    columns: thin outputs may have their own entry)."""
+    columns: thin outputs may have their own entry; fused: the call forms its input in the
+    prologue, which may have its own entry too)."""
     arch = tiles_for(device)
+    if fused:
+        entry = next((t for rows, t in arch.w4a16_h2_fused if m <= rows), None)
+        if entry is not None:
+            return entry
     if n is not None and n <= THIN_N:
         thin = next((t for lo, hi, t in arch.w4a16_h2_thin if lo <= m <= hi), None)
         if thin is not None:

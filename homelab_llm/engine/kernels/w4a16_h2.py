@@ -17,6 +17,10 @@ word (8 weights) at 1 row, plus 4 per extra row. The activations come pre-scaled
             and summed over word rows in-thread, then in fp32
             acc += inner * 2^e * scale + sum_k(x) * bias (W = q s + b within a group).
 
+The prologue can also form its input from the ops before the linear (w4a16_prologue.py): the
+RMSNorm (with the residual add) of a pre-norm layer, or the SiLU-and-mul of a gated MLP, so
+those kernels are not launched at batch 1.
+
 Thin matrices split K across programs exactly like w4a16_rows.py (the fp32 partials reduced by
 the last program of each column block: w4a16_gemv.store_or_reduce). K ranges are whole steps
 (each step's 2^e is computed by whichever programs cover it, identically). Tiles: the arch
@@ -37,6 +41,7 @@ from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.kernels.w4a16_prologue import norm_chunk, row_rstd
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
 MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
@@ -54,12 +59,14 @@ def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
 @triton.jit
 def _w4a16_h2_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
+    res_ptr, nw_ptr, sum_ptr, eps,
     M, N, K, k_per_split,
-    stride_xm, stride_qw, stride_sg, stride_om,
+    stride_xm, stride_qw, stride_sg, stride_om, stride_rm, stride_sm,
     num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -80,8 +87,16 @@ def _w4a16_h2_kernel(
         lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
         l2_prefetch(qw_ptr + (k_start // 8 + tl.arange(0, WROWS))[:, None] * stride_qw
                     + tl.minimum(lines, N - 1)[None, :])
+    if NORM:  # the norm's scale needs the whole row: every program walks it (L2 hits)
+        rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
+                        RESIDUAL)
+    else:
+        rstd = tl.zeros([BLOCK_M], tl.float32)
+    # column block 0's programs (all K splits) store the summed input, once per element
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
-                 SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS)
+                 res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, tl.where(pid_n == 0, K, 0),
+                 SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
+                 NORM=NORM, RESIDUAL=RESIDUAL, SILU_IN=SILU_IN)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
@@ -117,15 +132,30 @@ def _w4a16_h2_kernel(
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
-             split: int | None = None) -> torch.Tensor:
+             split: int | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+             residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
+             silu_in: bool = False) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
     row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
-    M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split)."""
-    m, k = x2.shape
+    M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split).
+
+    Prologue forms (w4a16_prologue.py; none with act-order): norm_weight: the GEMV reads
+    RMSNorm(x2 (+ residual)) * norm_weight (eps its epsilon), and with a residual stores x2 +
+    residual into `summed` ([M, K], x2's dtype, not aliasing x2 or residual); silu_in: x2 is
+    [M, 2K] gate | up and the GEMV reads silu(gate) * up."""
+    m = x2.shape[0]
+    k = w.in_features
     n = w.out_features
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
-    t = tiles or h2_tiles(m, x2.device, n)
+    if x2.shape[1] != (2 * k if silu_in else k) or (residual is not None) != (summed is not None) \
+            or (residual is not None and norm_weight is None) or (silu_in and norm_weight is not None):
+        raise ValueError(f"w4a16_h2: x {tuple(x2.shape)} for K {k} with norm "
+                         f"{norm_weight is not None}, residual {residual is not None}, summed "
+                         f"{summed is not None}, silu_in {silu_in}")
+    if summed is not None and summed.data_ptr() in (x2.data_ptr(), residual.data_ptr()):
+        raise ValueError("w4a16_h2: summed must not alias x or residual (other programs read them)")
+    t = tiles or h2_tiles(m, x2.device, n, fused=silu_in or norm_weight is not None)
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
@@ -134,14 +164,20 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
+    res = residual if residual is not None else x2
+    sums = summed if summed is not None else x2
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
+        res, norm_weight if norm_weight is not None else x2, sums, float(eps),
         m, n, k, p.k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), p.split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
+        sums.stride(0), p.split,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
         PREFETCH_L2=t.prefetch_l2 and use_asm,
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, SILU_IN=silu_in,
+        NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

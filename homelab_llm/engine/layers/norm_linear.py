@@ -1,10 +1,16 @@
 """A pre-norm decoder's RMSNorm (with its residual add) and the column-parallel linear after it
-as one decode-GEMV launch (kernels/dense_gemv.py), for the layers that opt in.
+as one decode-GEMV launch, and a SiLU-gated MLP with its SiLU-and-mul inside a GEMV, for the
+layers that opt in.
+
+bf16/fp16 weights take kernels/dense_gemv.py: the norm as its prologue, SiLU-and-mul as the
+gate | up GEMV's epilogue. W4A16 weights take the packed-half GEMV (kernels/w4a16_h2.py): the
+norm as its prologue, SiLU-and-mul as the down projection's prologue (its K split cannot pair
+gate and up columns in one epilogue).
 
 Exactly equivalent where it is used: the norm is the same formula with the same weight (Gemma's
-1 + w is folded into the stored weight at load), a column-parallel linear needs no all-reduce, and
-the gated form is SiLU-and-mul over a merged [gate | up] weight. 4-bit weights, many rows and the
-CPU keep the separate ops (`fuses` says which).
+1 + w is folded into the stored weight at load), a column-parallel linear needs no all-reduce,
+and the gated form is SiLU-and-mul over a merged [gate | up] weight. Act-order 4-bit weights,
+many rows and the CPU keep the separate ops (`fuses` says which).
 """
 
 from __future__ import annotations
@@ -12,21 +18,45 @@ from __future__ import annotations
 import torch
 
 from homelab_llm.engine.kernels import dispatch
-from homelab_llm.engine.layers.linear import LinearBase
+from homelab_llm.engine.layers.linear import LinearBase, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm
 
 
 def fuses(x: torch.Tensor, linear: LinearBase) -> bool:
     """norm_then_linear runs as one launch for these rows and this layer's weight."""
-    return linear.w4 is None and linear.weight is not None and dispatch.dense_gemv_route(
-        x, linear.weight)
+    if linear.w4 is not None:
+        return dispatch.w4a16_prologue_route(x, linear.w4)
+    return linear.weight is not None and dispatch.dense_gemv_route(x, linear.weight)
 
 
 def norm_then_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
                      linear: LinearBase, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(norm(x + residual)), x + residual), or with no residual yet (the first layer)
     (linear(norm(x)), x): what `norm(x, residual)` then `linear(...)` return. gated: linear is
-    the merged gate | up projection and the result silu(gate) * up."""
-    out, summed = dispatch.norm_linear(x, residual, norm.weight, norm.eps, linear.weight,
-                                       linear.bias, gated)
+    the merged gate | up projection and the result silu(gate) * up (bf16/fp16 weights only)."""
+    if linear.w4 is not None:
+        if gated:
+            raise ValueError("a W4A16 gate | up projection takes its SiLU in the down "
+                             "projection's prologue (gated_mlp)")
+        out, summed = dispatch.w4a16_norm_matmul(x, residual, norm.weight, norm.eps, linear.w4)
+        if linear.bias is not None:
+            out = out + linear.bias
+    else:
+        out, summed = dispatch.norm_linear(x, residual, norm.weight, norm.eps, linear.weight,
+                                           linear.bias, gated)
     return out, (x if summed is None else summed)
+
+
+def gated_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gate_up: LinearBase,
+              down: RowParallelLinear) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(down(silu(gate) * up of gate_up(norm(x + residual))), x + residual) with the norm and the
+    SiLU-and-mul inside the GEMVs, or None where these rows or weights keep the separate ops."""
+    if not fuses(x, gate_up):
+        return None
+    if gate_up.w4 is None:
+        act, residual = norm_then_linear(x, residual, norm, gate_up, gated=True)
+        return down(act), residual
+    if down.w4 is None or not dispatch.w4a16_prologue_route(x, down.w4):
+        return None
+    h, residual = norm_then_linear(x, residual, norm, gate_up)
+    return down(h, silu_in=True), residual

@@ -22,7 +22,7 @@ from homelab_llm.engine.layers.linear import (
     RowParallelLinear,
 )
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
-from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear
+from homelab_llm.engine.layers.norm_linear import fuses, gated_mlp, norm_then_linear
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.split_tensor import SplitTensor
@@ -105,12 +105,26 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+def mlp_after_norm(hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
+                   mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mlp(norm(hidden + residual)), hidden + residual): a SiLU MLP at decode sizes with its norm
+    and SiLU-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), anything else through the
+    separate ops."""
+    if isinstance(mlp, LlamaMLP) and mlp.silu_gated:
+        fused = gated_mlp(hidden, residual, norm, mlp.gate_up_proj, mlp.down_proj)
+        if fused is not None:
+            return fused
+    hidden, residual = norm(hidden, residual)
+    return mlp(hidden), residual
+
+
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention then MLP; `mlp` is any [T, H] -> [T, H] module (dense or experts).
 
     At decode sizes on a GPU (layers/norm_linear.fuses) each norm and its residual add run inside
-    the next projection's GEMV: input_layernorm in qkv_proj's, post_attention_layernorm and the
-    SiLU-and-mul in a dense SiLU MLP's gate_up_proj (an experts block keeps its norm)."""
+    the next projection's GEMV: input_layernorm in qkv_proj's, post_attention_layernorm in a
+    dense SiLU MLP's gate_up_proj, and its SiLU-and-mul in gate_up_proj's epilogue (bf16) or
+    down_proj's prologue (W4A16); an experts block keeps its norm."""
 
     def __init__(self, config: ModelConfig, mlp: nn.Module | None = None, layer: int = 0):
         super().__init__()
@@ -130,13 +144,7 @@ class LlamaDecoderLayer(nn.Module):
             else:
                 hidden, residual = self.input_layernorm(hidden, residual)
             hidden = self.self_attn(hidden, rope)
-        mlp = self.mlp
-        if isinstance(mlp, LlamaMLP) and mlp.silu_gated and fuses(hidden, mlp.gate_up_proj):
-            act, residual = norm_then_linear(hidden, residual, self.post_attention_layernorm,
-                                             mlp.gate_up_proj, gated=True)
-            return mlp.down_proj(act), residual
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
 
 
 class PreNormDecoder(nn.Module):

@@ -31,7 +31,7 @@ from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinea
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
-from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder
+from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder, mlp_after_norm
 from homelab_llm.engine.model.mtp import MultiTokenPredictor
 from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
@@ -139,8 +139,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.linear_attn(hidden) if self.is_linear else self.self_attn(hidden, rope)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
 
 
 class Qwen3_5Model(PreNormDecoder):

@@ -227,6 +227,15 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, w=w, split=split: w4a16_h2.w4a16_h2(
             x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), split=split)
+    # its prologue forms: RMSNorm with and without the residual add, SiLU-and-mul of gate | up
+    for m, res in ((1, True), (2, False)):
+        x = torch.zeros((m, k_in), dtype=bf16)
+        yield lambda x=x, res=res: w4a16_h2.w4a16_h2(
+            x, weights[128], torch.zeros((x.shape[0], n_out), dtype=bf16),
+            norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
+            residual=torch.zeros_like(x) if res else None, summed=torch.zeros_like(x) if res else None)
+    yield lambda: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
+                                    torch.zeros((1, n_out), dtype=bf16), silu_in=True)
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
         x = torch.zeros((m, k_in), dtype=dt)

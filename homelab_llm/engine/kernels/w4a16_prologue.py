@@ -1,0 +1,75 @@
+"""The activation forms a packed-half W4A16 GEMV (w4a16_h2.py) reads in its prologue, so the small
+kernels around a decoder's linears fold into the GEMV that consumes their output.
+
+Why (issue 19): a W4A16 batch-1 step of Llama-3.1-8B launched 65 RMSNorms and 32 SiLU-and-muls
+beside its 128 GEMVs (docs/BENCHMARKS.md 14.3), each a few microseconds of latency for a few KB.
+
+Forms, by constexpr switches of `load_input` (values of x at K positions k, fp32):
+  plain     x
+  NORM      RMSNorm(s) * norm_weight with s = x, or with RESIDUAL s = x + residual rounded to x's
+            dtype (and stored to `summed` by the programs told to, for the next layer's residual)
+  SILU_IN   silu(gate) * up of a merged [gate | up] row (x's rows hold 2K values)
+Each value is rounded to x's dtype exactly where the separate kernels round (their sums in
+fp32, then one rounding of the result), with the same formulas as elementwise._rms_norm_kernel
+and _silu_and_mul_kernel, so the GEMV sees the inputs those kernels would have stored; only the
+norm's sum of squares is taken in another order (a rounding of rsqrt apart at most).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+NORM_ELEMS = 8192  # row values one norm trip loads (x and residual: 64 registers a thread at 4 warps)
+
+
+def norm_chunk(k: int, block_m: int) -> int:
+    """row_rstd's CHUNK: all of K in one trip where BLOCK_M rows of it fit NORM_ELEMS."""
+    return min(triton.next_power_of_2(k), max(256, NORM_ELEMS // block_m))
+
+
+@triton.jit
+def summed_input(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL: tl.constexpr):
+    """x (or x + residual rounded to x's dtype) at rows x k, fp32; masked-off values are 0."""
+    x = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0)
+    if RESIDUAL:
+        r = tl.load(res_ptr + rows * stride_rm + k, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M: tl.constexpr,
+             CHUNK: tl.constexpr, RESIDUAL: tl.constexpr):
+    """1 / rms of each row's summed input over all K: [BLOCK_M] fp32 (the norm's scale; every
+    program reads the whole row, a few KB from L2). CHUNK should cover K in one trip (NORM_CHUNK):
+    a loop trip waits out an L2 round trip, and eight of them cost a 4096-wide row ~5 us a call
+    (docs/BENCHMARKS.md 14.4); the program's own range then re-reads from L1."""
+    rows = tl.minimum(tl.arange(0, BLOCK_M), M - 1)[:, None].to(tl.int64)
+    sq = tl.zeros([BLOCK_M], tl.float32)
+    for c0 in range(0, K, CHUNK):
+        k = c0 + tl.arange(0, CHUNK)[None, :]
+        s = summed_input(x_ptr, res_ptr, rows, k, k < K, stride_xm, stride_rm, RESIDUAL)
+        sq += tl.sum(s * s, axis=1)
+    return tl.math.rsqrt(sq / K + eps)
+
+
+@triton.jit
+def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, rows, k, ok, K, stride_xm, stride_rm, stride_sm,
+               rstd, sum_limit, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+               SILU_IN: tl.constexpr):
+    """The GEMV's input at rows x k (any broadcastable shapes; rows int64, rstd shaped like rows)
+    as fp32 values of x's dtype; s is written to sum_ptr where k < sum_limit (NORM + RESIDUAL: K
+    in the programs that store it, 0 in the others)."""
+    dt = x_ptr.dtype.element_ty
+    if SILU_IN:
+        gate = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + rows * stride_xm + K + k, mask=ok, other=0.0).to(tl.float32)
+        return (gate / (1.0 + tl.exp(-gate)) * up).to(dt).to(tl.float32)
+    s = summed_input(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL)
+    if NORM:
+        if RESIDUAL:
+            tl.store(sum_ptr + rows * stride_sm + k, s.to(dt), mask=ok & (k < sum_limit))
+        w = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
+        return (s * rstd * w).to(dt).to(tl.float32)
+    return s

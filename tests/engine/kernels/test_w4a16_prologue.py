@@ -1,0 +1,113 @@
+"""The packed-half W4A16 GEMV's prologue forms (kernels/w4a16_prologue.py) against the separate
+kernels they replace: RMSNorm (+ residual add) before the GEMV, SiLU-and-mul before it.
+
+The fused GEMV must see the very inputs the separate kernels store (same formulas, one rounding
+to the activation dtype where they round; the interpreter's fp32 -> bf16 conversion truncates
+where a GPU rounds to nearest, so the separate path here is the Triton kernels, not the torch
+references), so:
+  - SiLU-and-mul: output bit-equal to elementwise.silu_and_mul then the GEMV;
+  - the summed residual: bit-equal to the separate add;
+  - RMSNorm: the row's sum of squares is taken in another order, so 1/rms may differ in its
+    last bit and flip the rounding of a few normalized inputs by one bf16 ulp (2^-8 relative of
+    that element): per output row within 1e-3 relative of the separate path (a wrong rstd,
+    weight or order is off by > 1e-2), and within the GEMV's own 1e-2 of the fp64 reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import elementwise
+from homelab_llm.engine.kernels import w4a16_pack as wp
+from homelab_llm.engine.kernels.ref import dequantize_w4_ref
+from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+FUSED_VS_SEPARATE, VS_FP64 = 1e-3, 1e-2
+
+
+def _weight(k: int, n: int, group: int, device: torch.device, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, group, True).to(device), gen
+
+
+def _row_rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float(((got - want).norm(dim=1) / want.norm(dim=1)).max())
+
+
+def _out(m: int, n: int, device: torch.device) -> torch.Tensor:
+    return torch.empty((m, n), dtype=torch.bfloat16, device=device)
+
+
+# (M, K, N, group, split): one program per column block and K over 3 uneven splits; several
+# column blocks (only block 0's programs store the sum); 5 rows (padded BLOCK_M)
+NORM_CASES = [(1, 256, 96, 128, None), (2, 384, 67, 64, 3), (5, 256, 40, 32, 2)]
+
+
+@pytest.mark.parametrize("m,k,n,group,split", NORM_CASES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_prologue_matches_separate_norm(m: int, k: int, n: int, group: int, split: int | None,
+                                             with_residual: bool, device: torch.device) -> None:
+    w, gen = _weight(k, n, group, device, m * 100 + k + n)
+    x = (torch.randn(m, k, generator=gen) * 3).to(device, torch.bfloat16)
+    res = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+    nw = (1 + 0.3 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+    eps = 1e-6
+    if with_residual:
+        normed, want_sum = elementwise.add_rms_norm(x, res, nw, eps)
+        summed = torch.full_like(x, float("nan"))
+        got = w4a16_h2(x, w, _out(m, n, device), split=split, norm_weight=nw, eps=eps,
+                       residual=res, summed=summed)
+        assert torch.equal(summed, want_sum)
+    else:
+        normed = elementwise.rms_norm(x, nw, eps)
+        got = w4a16_h2(x, w, _out(m, n, device), split=split, norm_weight=nw, eps=eps)
+    separate = w4a16_h2(normed, w, _out(m, n, device), split=split)
+    assert _row_rel(got, separate) < FUSED_VS_SEPARATE
+    assert _row_rel(got, normed.double() @ dequantize_w4_ref(w).double()) < VS_FP64
+
+
+@pytest.mark.parametrize("m,k,n,group,split", [(1, 256, 96, 128, None), (3, 384, 67, 64, 3)])
+def test_silu_prologue_is_bit_equal_to_separate_kernel(m: int, k: int, n: int, group: int,
+                                                       split: int | None, device: torch.device) -> None:
+    w, gen = _weight(k, n, group, device, m * 7 + k + n)
+    gate_up = (torch.randn(m, 2 * k, generator=gen) * 2).to(device, torch.bfloat16)
+    got = w4a16_h2(gate_up, w, _out(m, n, device), split=split, silu_in=True)
+    act = elementwise.silu_and_mul(gate_up)
+    assert torch.equal(got, w4a16_h2(act, w, _out(m, n, device), split=split))
+    assert _row_rel(got, act.double() @ dequantize_w4_ref(w).double()) < VS_FP64
+
+
+def test_prologue_rejects_bad_combinations(device: torch.device) -> None:
+    w, gen = _weight(128, 32, 128, device, 1)
+    x = torch.randn(1, 128, generator=gen).to(device, torch.bfloat16)
+    nw = torch.ones(128, device=device, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="silu_in"):  # a [M, K] input is not gate | up
+        w4a16_h2(x, w, _out(1, 32, device), silu_in=True)
+    with pytest.raises(ValueError, match="residual"):  # a residual needs somewhere to go
+        w4a16_h2(x, w, _out(1, 32, device), norm_weight=nw, residual=x.clone())
+    with pytest.raises(ValueError, match="alias"):
+        w4a16_h2(x, w, _out(1, 32, device), norm_weight=nw, residual=x.clone(), summed=x)
+
+
+def test_prologue_calls_take_the_fused_entry(device: torch.device, monkeypatch) -> None:
+    """A call with a prologue form takes the arch's w4a16_h2_fused entry for its rows (sm_90: 1
+    row, the register-prefetch tile); plain calls and other row counts keep w4a16_h2's; a launch
+    through the fused entry (here a small prefetching tile) still matches the separate path."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.tuning import RowsTiles
+
+    assert tuning.TABLE["sm90"].w4a16_h2_fused[0][1].prefetch
+    fused = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
+    arch = tuning.tiles_for(device)
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_fused=((1, fused),)))
+    assert tuning.h2_tiles(1, device, 96, fused=True) is fused
+    assert tuning.h2_tiles(1, device, 96) is not fused and tuning.h2_tiles(2, device, 96, fused=True) is not fused
+    w, gen = _weight(256, 96, 64, device, 11)
+    gate_up = torch.randn(1, 512, generator=gen).to(device, torch.bfloat16)
+    got = w4a16_h2(gate_up, w, _out(1, 96, device), silu_in=True)
+    want = w4a16_h2(elementwise.silu_and_mul(gate_up), w, _out(1, 96, device), tiles=fused)
+    assert torch.equal(got, want)
