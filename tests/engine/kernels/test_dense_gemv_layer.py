@@ -3,8 +3,8 @@ layers/norm_linear.py) against its unfused path, through the Triton interpreter.
 
 On the CPU the route is off (the engine's parity tests run the unfused ops), so here it is
 forced on: qkv_proj and gate_up_proj take dense_gemv with the norm prologue, o_proj and
-down_proj the plain GEMV (interpreted on the CPU, compiled on a GPU). The attention is replaced by a fixed map of qkv so the
-test isolates the norm / projection wiring (attention has its own kernel tests)."""
+down_proj the plain GEMV (interpreted on the CPU, compiled on a GPU); the layer is
+layer_inputs.stub_layer, its attention a fixed map of qkv."""
 
 from __future__ import annotations
 
@@ -12,32 +12,12 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import dispatch
-from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.llama import LlamaDecoderLayer
+from tests.engine.kernels.layer_inputs import stub_layer
 
 
 def _layer(act: str, bias: bool, qk_norm: bool) -> LlamaDecoderLayer:
-    config = ModelConfig(
-        architecture="llama", vocab_size=64, hidden_size=64, intermediate_size=80,
-        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=64, torch_dtype="bfloat16", name="tiny", hidden_act=act,
-        attention_bias=bias, qk_norm=qk_norm)
-    layer = LlamaDecoderLayer(config)
-    gen = torch.Generator().manual_seed(3)
-    for name, p in layer.named_parameters():
-        if "norm" in name:
-            p.data = torch.rand(p.shape, generator=gen) + 0.5
-        else:
-            p.data = torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5
-    layer = layer.to(torch.bfloat16)
-    attn = layer.self_attn
-
-    def attend(qkv: torch.Tensor, rope) -> torch.Tensor:  # stands in for rope + attention
-        q = qkv[:, :attn.q_size] * 0.5 + qkv[:, attn.q_size:attn.q_size + 16].repeat(1, 4)
-        return attn.o_proj(q.contiguous())
-
-    attn.attend = attend
-    return layer
+    return stub_layer(64, 80, 4, 2, 16, 3, hidden_act=act, attention_bias=bias, qk_norm=qk_norm)
 
 
 def _run(layer, hidden, residual, fused: bool, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,8 +3,8 @@ input_layernorm in qkv_proj's packed-half GEMV prologue, post_attention_layernor
 SiLU-and-mul in down_proj's) against the same layer through the separate ops.
 
 On the CPU the route is off, so here it is forced on: the fused projections run the packed-half
-GEMV in the interpreter (compiled on a GPU), the others the dequantizing reference. The
-attention is replaced by a fixed map of qkv so the test isolates the norm / projection wiring."""
+GEMV in the interpreter (compiled on a GPU), the others the dequantizing reference (the layer:
+layer_inputs.stub_layer, its attention a fixed map of qkv)."""
 
 from __future__ import annotations
 
@@ -14,33 +14,15 @@ import torch
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.layers.linear import LinearBase
-from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.llama import LlamaDecoderLayer
+from tests.engine.kernels.layer_inputs import stub_layer
 
 
 def _layer(device: torch.device) -> LlamaDecoderLayer:
-    config = ModelConfig(
-        architecture="llama", vocab_size=64, hidden_size=128, intermediate_size=256,
-        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        max_position_embeddings=64, torch_dtype="bfloat16", name="tiny", hidden_act="silu")
-    layer = LlamaDecoderLayer(config)
-    gen = torch.Generator().manual_seed(5)
-    for name, p in layer.named_parameters():
-        if "norm" in name:
-            p.data = torch.rand(p.shape, generator=gen) + 0.5
-        else:
-            p.data = torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5
-    layer = layer.to(device, torch.bfloat16)
+    layer = stub_layer(128, 256, 4, 2, 32, 5, hidden_act="silu").to(device)
     for module in layer.modules():
         if isinstance(module, LinearBase):
             module.set_w4(wp.quantize_rtn(module.weight.data, 64, False))
-    attn = layer.self_attn
-
-    def attend(qkv: torch.Tensor, rope) -> torch.Tensor:  # stands in for rope + attention
-        q = qkv[:, :attn.q_size] * 0.5 + qkv[:, attn.q_size:attn.q_size + 32].repeat(1, 4)
-        return attn.o_proj(q.contiguous())
-
-    attn.attend = attend
     return layer
 
 
