@@ -187,13 +187,16 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
 def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
     """x [M, K] into the W4A16 `weight` takes the packed-half GEMV with its input formed in the
     prologue (norm, residual add, SiLU-and-mul: kernels/w4a16_prologue.py): a GPU whose table
-    routes M rows to it, no act-order permutation, bf16/fp16 rows contiguous."""
+    routes M rows to it and has fused tiles for them (tuning.h2_fused_tiles: where the fused
+    calls were measured ahead of the separate kernels), no act-order permutation, bf16/fp16
+    rows contiguous."""
     if not use_triton(x) or x.dim() != 2 or weight.perm is not None or x.stride(1) != 1 \
             or x.dtype not in (torch.bfloat16, torch.float16):
         return False
-    from homelab_llm.engine.kernels.tuning import w4a16_route
+    from homelab_llm.engine.kernels.tuning import h2_fused_tiles, w4a16_route
 
-    return w4a16_route(x.shape[0], x.device) == "h2"
+    m = x.shape[0]
+    return w4a16_route(m, x.device) == "h2" and h2_fused_tiles(m, x.device) is not None
 
 
 def w4a16_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,

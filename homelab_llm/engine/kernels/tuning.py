@@ -178,8 +178,9 @@ TABLE: dict[str, ArchTiles] = {
         # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6 (1 row: no gain)
         w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),),
         # 1 row with a prologue form: the register prefetch issues the first step's words before
-        # the norm's row read (engine, BENCHMARKS 14.4: 8B 310.0 -> 333.4 tok/s with every 1-row
-        # call on it; the plain calls keep the streamed tiles, which win there)
+        # the norm's row read (engine, BENCHMARKS 14.4: 8B 310.2 -> 334.7 tok/s, 27B 126.8 ->
+        # 129.3; the plain calls keep the streamed tiles, which win there). Only rows with an
+        # entry here take the fused path (dispatch.w4a16_prologue_route): 2 rows are unmeasured.
         w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
@@ -311,6 +312,12 @@ def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 
 
+def h2_fused_tiles(m: int, device: torch.device | None = None) -> RowsTiles | None:
+    """The packed-half GEMV tiles for m rows whose input is formed in the prologue, where this
+    device's table has an entry (ArchTiles.w4a16_h2_fused), else None."""
+    return next((t for rows, t in tiles_for(device).w4a16_h2_fused if m <= rows), None)
+
+
 def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
              fused: bool = False) -> RowsTiles:
     """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows (of n output
@@ -318,7 +325,7 @@ def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
     prologue, which may have its own entry too)."""
     arch = tiles_for(device)
     if fused:
-        entry = next((t for rows, t in arch.w4a16_h2_fused if m <= rows), None)
+        entry = h2_fused_tiles(m, device)
         if entry is not None:
             return entry
     if n is not None and n <= THIN_N:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from homelab_llm.engine.kernels import elementwise
+from homelab_llm.engine.kernels import dispatch, elementwise
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref
 from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
@@ -111,3 +111,25 @@ def test_prologue_calls_take_the_fused_entry(device: torch.device, monkeypatch) 
     got = w4a16_h2(gate_up, w, _out(1, 96, device), silu_in=True)
     want = w4a16_h2(elementwise.silu_and_mul(gate_up), w, _out(1, 96, device), tiles=fused)
     assert torch.equal(got, want)
+
+
+def test_prologue_route_needs_fused_tiles(device: torch.device, monkeypatch) -> None:
+    """The layers fuse only rows whose fused tiles the arch table has (where the fused calls were
+    measured ahead of the separate kernels), on the packed-half route, without act-order."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.tuning import RowsTiles
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    arch = tuning.tiles_for(device)
+    w, gen = _weight(128, 32, 64, device, 3)
+    one, two = (torch.randn(m, 128, generator=gen).to(device, torch.bfloat16) for m in (1, 2))
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_fused=()))
+    assert not dispatch.w4a16_prologue_route(one, w)
+    tile = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_fused=((1, tile),)))
+    on_h2 = tuning.w4a16_route(1, device) == "h2"
+    assert dispatch.w4a16_prologue_route(one, w) == on_h2
+    assert not dispatch.w4a16_prologue_route(two, w)  # no 2-row entry
+    assert not dispatch.w4a16_prologue_route(one, dataclasses.replace(w, perm=torch.arange(128, device=device)))
