@@ -12,7 +12,6 @@ Decode at batch 1 is bound by reading the weights, 0.5 byte per parameter plus s
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl

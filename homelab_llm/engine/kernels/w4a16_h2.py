@@ -87,7 +87,7 @@ def _w4a16_h2_kernel(
         lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
         l2_prefetch(qw_ptr + (k_start // 8 + tl.arange(0, WROWS))[:, None] * stride_qw
                     + tl.minimum(lines, N - 1)[None, :])
-    if NORM:  # the norm's scale needs the whole row: every program walks it (L2 hits)
+    if NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
         rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
                         RESIDUAL)
     else:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.common import next_pow2
+
 NORM_ELEMS = 8192  # row values one norm trip loads (x and residual: 64 registers a thread at 4 warps)
 
 
 def norm_chunk(k: int, block_m: int) -> int:
     """row_rstd's CHUNK: all of K in one trip where BLOCK_M rows of it fit NORM_ELEMS."""
-    return min(triton.next_power_of_2(k), max(256, NORM_ELEMS // block_m))
+    return min(next_pow2(k), max(256, NORM_ELEMS // block_m))
 
 
 @triton.jit
