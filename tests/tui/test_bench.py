@@ -9,11 +9,13 @@ import asyncio
 import pytest
 from textual.widgets import Button, DataTable, Input, Select, Static
 
+from homelab_llm.bench.client import BenchClient
+from homelab_llm.tui import bench_job
 from homelab_llm.tui.app import HomelabApp
 from homelab_llm.tui.bench_form import BenchForm, parse_sizes, validate
 from homelab_llm.tui.screens.bench import BenchScreen
 from homelab_llm.tui.widgets.bar_chart import BarChart, bar
-from tests.bench.fake_openai import FakeOpenAI, Script, serve_fake
+from tests.bench.fake_openai import FakeOpenAI, FakeTransport, Script, VirtualClock, serve_fake
 from tui_fakes import FakeProbe, FakeTelemetry, load_hardware, load_status
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,8 +86,16 @@ def status_text(screen: BenchScreen) -> str:
     return str(screen.query_one("#b-status", Static).content)
 
 
-async def test_depth_sweep_fills_table_and_chart() -> None:
-    server = FakeOpenAI(Script(prefill_per_token=0.0005, itl=0.002))
+async def test_depth_sweep_fills_table_and_chart(monkeypatch) -> None:
+    # The job's client reaches the scripted server through the virtual-clock transport: its
+    # figures are exact on a loaded box (on the wall clock, a slow /v1/models probe could
+    # exceed the 8 ms prefill and leave a bar unmeasured).
+    server, clock = FakeOpenAI(Script(prefill_per_token=1 / 2048, itl=1 / 512)), VirtualClock()
+
+    def virtual_client(*args, **kwargs) -> BenchClient:
+        return BenchClient(*args, **kwargs, transport=FakeTransport(server, clock), clock=clock)
+
+    monkeypatch.setattr(bench_job, "BenchClient", virtual_client)
     async with serve_fake(server) as url:
         app = bench_app(url)  # the watched server is the default target
         async with app.run_test(size=(100, 40)) as pilot:
@@ -106,7 +116,9 @@ async def test_depth_sweep_fills_table_and_chart() -> None:
             chart = screen.query_one(BarChart)
             assert [g.title for g in chart.groups] == ["prompt processing by context depth",
                                                        "generation by context depth"]
-            assert all(v is not None and v > 0 for g in chart.groups for _, v in g.bars)
+            pp_bars, tg_bars = ([v for _, v in g.bars] for g in chart.groups)
+            assert pp_bars == pytest.approx([2048.0, 2048.0], rel=1e-9)
+            assert tg_bars == pytest.approx([512.0, 512.0], rel=1e-9)
             assert status_text(screen) == "done"
             assert screen.query_one("#b-run", Button).disabled is False
             screen.set_focus(None)
