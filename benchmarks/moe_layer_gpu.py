@@ -41,7 +41,7 @@ class Layer:
     hidden: int
 
 
-def _router_inputs(layer: Layer, tokens: int, dev: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def router_inputs(layer: Layer, tokens: int, dev: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """COPIES (x, router weight) pairs. Batch 1: copy i's router prefers experts group i of a
     random permutation (logit ~4 against ~0), so consecutive calls share no expert; batch 8:
     random routers (spread picks, about 52 distinct experts a call)."""
@@ -61,7 +61,7 @@ def _router_inputs(layer: Layer, tokens: int, dev: torch.device) -> list[tuple[t
     return out
 
 
-def _active_bytes(layer: Layer, inputs) -> float:
+def active_bytes(layer: Layer, inputs) -> float:
     """Mean bytes a call reads: its distinct experts' weights and the router's weight."""
     total = 0
     for x, w in inputs:
@@ -87,15 +87,15 @@ def _new_layer(layer: Layer, tiles: MoeDecodeTiles | None = None,
     return step
 
 
-def _time(step, inputs) -> float:
+def time_layer(step, inputs) -> float:
     return graph_ms(lambda i: step(*inputs[i]), len(inputs))
 
 
 def section_layer(layers: dict[str, Layer], copy_gbps: float) -> None:
     for kind, layer in layers.items():
         for tokens in (1, 8):
-            inputs = _router_inputs(layer, tokens, torch.device("cuda"))
-            nbytes = _active_bytes(layer, inputs)
+            inputs = router_inputs(layer, tokens, torch.device("cuda"))
+            nbytes = active_bytes(layer, inputs)
             roof_ms = nbytes / copy_gbps / 1e6
             x, w = inputs[0]
             old_out, new_out = _old_layer(layer, kind == "w4a16")(x, w), _new_layer(layer)(x, w)
@@ -103,7 +103,7 @@ def section_layer(layers: dict[str, Layer], copy_gbps: float) -> None:
             report(f"layer.{kind}.b{tokens}.active_MB", nbytes / 1e6)
             report(f"layer.{kind}.b{tokens}.new_vs_old_rel_err", err, "(bf16 roundings differ: ~1e-2)")
             for name, step in (("old", _old_layer(layer, kind == "w4a16")), ("new", _new_layer(layer))):
-                ms = _time(step, inputs)
+                ms = time_layer(step, inputs)
                 report(f"layer.{kind}.b{tokens}.{name}_us", ms * 1e3,
                        f"{100 * roof_ms / ms:.1f}% of the copy rate of its active bytes")
 
@@ -127,21 +127,21 @@ def section_sweep_decode(layers: dict[str, Layer]) -> None:
     expert tiles for router tiles)."""
     for kind, layer in layers.items():
         for tokens in (1, 8):
-            inputs = _router_inputs(layer, tokens, torch.device("cuda"))
+            inputs = router_inputs(layer, tokens, torch.device("cuda"))
             variants = DECODE_SWEEP + (DENSE_DECODE_SWEEP if kind != "w4a16" else [])
             for block_n, block_k, steps, warps in variants:
                 tiles = MoeDecodeTiles(block_n, block_k, steps, warps)
-                _variant(f"sweep_decode.{kind}.b{tokens}.n{block_n}k{block_k}s{steps}w{warps}",
+                report_variant(f"sweep_decode.{kind}.b{tokens}.n{block_n}k{block_k}s{steps}w{warps}",
                          _new_layer(layer, tiles=tiles), inputs)
             if kind == "w4a16":
                 for block_e, block_k, warps in ROUTER_SWEEP:
-                    _variant(f"sweep_router.b{tokens}.e{block_e}k{block_k}w{warps}",
+                    report_variant(f"sweep_router.b{tokens}.e{block_e}k{block_k}w{warps}",
                              _new_layer(layer, router=RouterTiles(block_e, block_k, warps)), inputs)
 
 
-def _variant(key: str, step, inputs) -> None:
+def report_variant(key: str, step, inputs) -> None:
     try:
-        report(f"{key}.us", _time(step, inputs) * 1e3)
+        report(f"{key}.us", time_layer(step, inputs) * 1e3)
     except Exception as exc:  # a variant that does not fit is reported, not fatal
         print(f"  {key}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
 

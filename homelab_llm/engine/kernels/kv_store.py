@@ -18,7 +18,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, fwht, hadamard_dot, kv_cache_args, next_pow2
 from homelab_llm.engine.kernels.elementwise import rotate_half, apply_rope
-from homelab_llm.engine.kernels.ref import MIN_AMAX
+from homelab_llm.engine.kernels.ref import MIN_AMAX, kv_rotated
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -123,17 +123,43 @@ def store_kv(
 
 
 @triton.jit
+def _head_norm(x1, x2, tail, w_ptr, offs_d, d_mask, offs_r, r_mask, eps, HALF: tl.constexpr,
+               HEAD_DIM: tl.constexpr):
+    """Heads held as their two rotary halves and the tail past rotary_dim ([heads, *] fp32),
+    RMSNorm-ed over the whole head with weight w (elementwise.qk_norm's formula, x * rsqrt(mean(
+    x^2) + eps) * w), in fp32: the caller rounds them as qk_norm's stored output is rounded."""
+    ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1) + tl.sum(tail * tail, axis=1)
+    rstd = tl.math.rsqrt(ss / HEAD_DIM + eps)[:, None]
+    w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    wt = tl.load(w_ptr + offs_r, mask=r_mask, other=0.0).to(tl.float32)[None, :]
+    return x1 * rstd * w1, x2 * rstd * w2, tail * rstd * wt
+
+
+@triton.jit
+def _load_head_parts(base, h_mask, offs_d, d_mask, offs_r, r_mask, HALF: tl.constexpr):
+    """[heads, HALF_PAD] x2 and [heads, TAIL_PAD] of the heads at base + head offsets (fp32)."""
+    half_mask = h_mask[:, None] & d_mask[None, :]
+    x1 = tl.load(base + offs_d[None, :], mask=half_mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + offs_d[None, :], mask=half_mask, other=0.0).to(tl.float32)
+    tail = tl.load(base + offs_r[None, :], mask=h_mask[:, None] & r_mask[None, :],
+                   other=0.0).to(tl.float32)
+    return x1, x2, tail
+
+
+@triton.jit
 def _rope_store_kv_kernel(
     q_ptr, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr,
+    q_src_ptr, qw_ptr, kw_ptr, eps,
     stride_qt, stride_qh, stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_c,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    stride_sp, stride_ss, stride_sh,
+    stride_sp, stride_ss, stride_sh, stride_qst, stride_qsh,
     min_amax,
     PAGE_SIZE: tl.constexpr, NUM_Q_HEADS: tl.constexpr, Q_HEADS_PAD: tl.constexpr,
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr, QK_NORM: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -141,11 +167,30 @@ def _rope_store_kv_kernel(
     d_mask = offs_d < HALF
     cos = tl.load(cos_sin_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
     sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
+    offs_r = 2 * HALF + tl.arange(0, TAIL_PAD)
+    r_mask = offs_r < HEAD_DIM
+    dtype = key_ptr.dtype.element_ty
 
-    # q: rotated in place, every token (padding included: its output is simply unused).
+    # q, every token (padding included: its output is simply unused): rotated in place, or
+    # (QK_NORM) read from the projection at q_src, normalized per head (rounded to its dtype,
+    # as elementwise.qk_norm stores it), rotated and stored at q.
     offs_qh = tl.arange(0, Q_HEADS_PAD)
-    q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
-    rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
+    if QK_NORM:
+        qh_mask = offs_qh < NUM_Q_HEADS
+        q1, q2, q_tail = _load_head_parts(q_src_ptr + t * stride_qst + offs_qh[:, None] * stride_qsh,
+                                          qh_mask, offs_d, d_mask, offs_r, r_mask, HALF)
+        q1, q2, q_tail = _head_norm(q1, q2, q_tail, qw_ptr, offs_d, d_mask, offs_r, r_mask, eps,
+                                    HALF, HEAD_DIM)
+        q1 = q1.to(dtype).to(tl.float32)
+        q2 = q2.to(dtype).to(tl.float32)
+        q_dst = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh
+        q_half = qh_mask[:, None] & d_mask[None, :]
+        tl.store(q_dst + offs_d[None, :], (q1 * cos - q2 * sin).to(dtype), mask=q_half)
+        tl.store(q_dst + HALF + offs_d[None, :], (q2 * cos + q1 * sin).to(dtype), mask=q_half)
+        tl.store(q_dst + offs_r[None, :], q_tail.to(dtype), mask=qh_mask[:, None] & r_mask[None, :])
+    else:
+        q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
+        rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
 
     slot = tl.load(slot_ptr + t)
     if slot < 0:  # padding token: nothing to store
@@ -156,18 +201,18 @@ def _rope_store_kv_kernel(
     h_mask = offs_h < NUM_HEADS
     half_mask = h_mask[:, None] & d_mask[None, :]
     # k in three parts: the two rotated halves and the dims past rotary_dim (partial rotary).
-    k_src = key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in + offs_d[None, :]
-    x1 = tl.load(k_src, mask=half_mask, other=0.0)
-    x2 = tl.load(k_src + HALF, mask=half_mask, other=0.0)
-    x1f = x1.to(tl.float32)
-    x2f = x2.to(tl.float32)
+    x1f, x2f, tail = _load_head_parts(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in,
+                                      h_mask, offs_d, d_mask, offs_r, r_mask, HALF)
+    if QK_NORM:  # normalized and rounded as elementwise.qk_norm stores k
+        x1f, x2f, tail = _head_norm(x1f, x2f, tail, kw_ptr, offs_d, d_mask, offs_r, r_mask, eps,
+                                    HALF, HEAD_DIM)
+        x1f = x1f.to(dtype).to(tl.float32)
+        x2f = x2f.to(dtype).to(tl.float32)
+        tail = tail.to(dtype).to(tl.float32)
     # Rounded to k's dtype first: the unfused path stores the rotated k tensor, then quantizes it.
-    r1 = (x1f * cos - x2f * sin).to(x1.dtype).to(tl.float32)
-    r2 = (x2f * cos + x1f * sin).to(x1.dtype).to(tl.float32)
-    offs_r = 2 * HALF + tl.arange(0, TAIL_PAD)
-    tail_mask = h_mask[:, None] & (offs_r[None, :] < HEAD_DIM)
-    tail = tl.load(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in + offs_r[None, :],
-                   mask=tail_mask, other=0.0).to(tl.float32)
+    r1 = (x1f * cos - x2f * sin).to(dtype).to(tl.float32)
+    r2 = (x2f * cos + x1f * sin).to(dtype).to(tl.float32)
+    tail_mask = h_mask[:, None] & r_mask[None, :]
     k_dst = k_ptr + page * stride_kp + offset * stride_ks + offs_h[:, None] * stride_kh
     offs_v = tl.arange(0, HEAD_DIM_PAD)
     v_mask = h_mask[:, None] & (offs_v[None, :] < HEAD_DIM)
@@ -200,8 +245,16 @@ def _rope_store_kv_kernel(
         tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=v_mask)
 
 
+def norm_fuses(head_dim: int, rotary_dim: int, k_cache: torch.Tensor) -> bool:
+    """Whether rope_store_kv takes a q/k norm in its one launch (qk_norm=): everywhere but
+    Hadamard-rotated int8 caches with partial rotary (or a tiny head), which rope and store in
+    two launches (the branch at the top of rope_store_kv)."""
+    rotate = k_cache.dtype == torch.int8 and kv_rotated(head_dim)
+    return not rotate or (rotary_dim == head_dim and rotary_dim // 2 >= 16)
+
+
 def rope_store_kv(
-    q: torch.Tensor,  # [T, Hq, D], rotated in place
+    q: torch.Tensor,  # [T, Hq, D], rotated in place (qk_norm: the projection's q, left as it is)
     key: torch.Tensor,  # [T, Hkv, D], not rotated; left as it is
     value: torch.Tensor,  # [T, Hkv, D]
     positions: torch.Tensor,  # [T] int64
@@ -211,31 +264,41 @@ def rope_store_kv(
     slot_mapping: torch.Tensor,  # [T] int64; negative = skip the store (q is still rotated)
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
-) -> None:
-    """`apply_rope(q, key, ...)` then `store_kv(key, value, ...)` in one launch; the same bits."""
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+) -> torch.Tensor:
+    """`apply_rope(q, key, ...)` then `store_kv(key, value, ...)` in one launch; the same bits.
+    Returns the rotated q: q itself, or with qk_norm = (q_weight, k_weight, eps) a new [T, Hq,
+    D] tensor, q and key first RMSNorm-ed per head as elementwise.qk_norm does (same launch;
+    q and key may then be strided views of the projection; see norm_fuses)."""
     num_tokens, num_heads, head_dim = key.shape
-    if num_tokens == 0:
-        return
     if q.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("q/key/value head_dim axis must be contiguous")
+    q_out = q if qk_norm is None else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return q_out
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     half = cos_sin_cache.shape[1] // 2
     if kv.rotate and not (2 * half == head_dim and half >= 16):
         # Rotated int8 rows with partial rotary (or a tiny head): rope, then the rotating store.
+        if qk_norm is not None:
+            raise ValueError("rope_store_kv: no q/k norm with a rotated int8 cache and partial "
+                             "rotary (kv_store.norm_fuses)")
         key = key.clone()
         apply_rope(q, key, positions, cos_sin_cache)
         store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        return
+        return q
+    q_weight, k_weight, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     _rope_store_kv_kernel[(num_tokens,)](
-        q, key, value, positions, cos_sin_cache, k_cache, v_cache, kv.k_scale, kv.v_scale,
-        slot_mapping,
-        q.stride(0), q.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        cos_sin_cache.stride(0), *kv.strides,
+        q_out, key, value, positions, cos_sin_cache, k_cache, v_cache, kv.k_scale, kv.v_scale,
+        slot_mapping, q, q_weight, k_weight, float(eps),
+        q_out.stride(0), q_out.stride(1), key.stride(0), key.stride(1), value.stride(0),
+        value.stride(1), cos_sin_cache.stride(0), *kv.strides, q.stride(0), q.stride(1),
         MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
         NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
         TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=kv.int8,
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(),
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(), QK_NORM=qk_norm is not None,
         num_warps=tiles_for(key.device).elementwise_warps,
     )
+    return q_out

@@ -74,31 +74,46 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
 
 
 @triton.jit
-def _route_gate_kernel(x_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr, ids_ptr,
-                       shared_w_ptr, ticket_ptr, T, E, H, stride_x, stride_w,
-                       TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr,
+                       ids_ptr, shared_w_ptr, ticket_ptr, T, E, H, stride_x, stride_r, stride_w,
+                       eps, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                        BLOCK_H: tl.constexpr, E_POW2: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORMALIZE: tl.constexpr, SHARED: tl.constexpr):
+                       RENORMALIZE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr,
+                       RESIDUAL: tl.constexpr):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
     as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
     shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
-    ticket, reset after) routes every token from the whole workspace (and stores sigmoid(g x))."""
+    ticket, reset after) routes every token from the whole workspace (and stores sigmoid(g x)).
+    NORM: the input is RMSNorm(x (+ residual, rounded to x's dtype)) * nw, formed on the way:
+    x * nw feeds the dot and each token's 1 / rms, gathered in the same loop, scales the logits
+    (dense_gemv's prologue; the normalized input is not rounded to x's dtype first)."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
     e_mask = offs_e < E
     acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
+    sq = tl.zeros([BLOCK_T], tl.float32)
     for h0 in range(0, H, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_mask = offs_h < H
-        x = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_h[None, :],
-                    mask=t_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+        x_mask = t_mask[:, None] & h_mask[None, :]
+        x = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_h[None, :], mask=x_mask, other=0.0)
+        if RESIDUAL:
+            r = tl.load(res_ptr + offs_t[:, None] * stride_r + offs_h[None, :], mask=x_mask,
+                        other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        x = x.to(tl.float32)
+        if NORM:
+            sq += tl.sum(x * x, axis=1)
+            x = x * tl.load(nw_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]
         w = tl.load(w_ptr + offs_e[:, None].to(tl.int64) * stride_w + offs_h[None, :],
                     mask=e_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
         if SHARED:  # row E: the shared expert's gate (masked off in every other program)
             w += tl.load(g_ptr + offs_e[:, None] * 0 + offs_h[None, :],
                          mask=(offs_e == E)[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    if NORM:
+        acc = acc * tl.math.rsqrt(sq / H + eps)[:, None]
     acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(logits_ptr + offs_t[:, None] * E_POW2 + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
@@ -146,11 +161,21 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
 
 def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
                     shared_gate: torch.Tensor | None = None, tiles: RouterTiles | None = None,
+                    *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                    residual: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """x [T, H] (T <= FUSED_MAX_TOKENS) and the router's weight [E, H] -> route_topk(x @ W.T),
     the logits rounded to x's dtype as the linear layer rounds them, in one launch; with the
-    shared expert's gate [1, H] also sigmoid(x @ g.T) float32 [T] (else None)."""
+    shared expert's gate [1, H] also sigmoid(x @ g.T) float32 [T] (else None). norm_weight:
+    the router reads RMSNorm(x (+ residual)) instead of x, formed in the same launch (the
+    normalized rows are not written: the experts form their own, kernels/moe_gemv.py)."""
     t, hidden = x.shape
+    if residual is not None and (norm_weight is None or residual.shape != x.shape):
+        raise ValueError(f"fused router: a residual {tuple(residual.shape)} goes with a norm and "
+                         f"x's shape {tuple(x.shape)}")
+    if norm_weight is not None and tuple(norm_weight.shape) != (hidden,):
+        raise ValueError(f"fused router: norm weight {tuple(norm_weight.shape)}, expected "
+                         f"({hidden},)")
     num_experts = gate_weight.shape[0]
     _check_pick(top_k, num_experts)
     if not 0 < t <= FUSED_MAX_TOKENS or gate_weight.shape[1] != hidden:
@@ -169,10 +194,13 @@ def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, reno
     shared = torch.empty((2, t), dtype=torch.float32, device=x.device)  # logit, sigmoid
     g = w if shared_gate is None else shared_gate.contiguous()
     rows = num_experts + (shared_gate is not None)
+    res = x if residual is None else (residual if residual.stride(1) == 1 else residual.contiguous())
     _route_gate_kernel[(triton.cdiv(rows, tiles.block_e),)](
-        x, w, g, logits, shared[0], weights, ids, shared[1], ticket_buffer(x.device, 1),
-        t, num_experts, hidden, x.stride(0), w.stride(0),
+        x, res, x if norm_weight is None else norm_weight, w, g, logits, shared[0], weights, ids,
+        shared[1], ticket_buffer(x.device, 1), t, num_experts, hidden, x.stride(0), res.stride(0),
+        w.stride(0), float(eps),
         TOP_K=top_k, BLOCK_T=triton.next_power_of_2(t), BLOCK_E=tiles.block_e,
         BLOCK_H=tiles.block_k, E_POW2=e_pow2, BLOCK_K=triton.next_power_of_2(top_k),
-        RENORMALIZE=renormalize, SHARED=shared_gate is not None, num_warps=tiles.num_warps)
+        RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
+        RESIDUAL=residual is not None, num_warps=tiles.num_warps)
     return weights, ids, (shared[1] if shared_gate is not None else None)

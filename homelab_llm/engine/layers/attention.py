@@ -38,12 +38,26 @@ class Attention(nn.Module):
         # reads the context's sliding slot mapping and page table.
         self.sliding_group = False
 
+    def norms_in_store(self, q: torch.Tensor, rope: RopeTables | None) -> bool:
+        """Whether forward takes QK-norm attention's per-head norms (qk_norms=) into the kernel
+        that rotates q and k and stores K/V (a GPU, the cache bound, a layout that kernel fuses:
+        kv_store.norm_fuses): one launch fewer a layer than the separate q/k norm launch."""
+        if not (rope is not None and rope.in_kernel and self.k_cache is not None
+                and self.v_cache is not None and dispatch.use_triton(q)):
+            return False
+        from homelab_llm.engine.kernels.kv_store import norm_fuses
+
+        return norm_fuses(self.head_dim, rope.table.shape[1], self.k_cache)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                rope: RopeTables | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+                rope: RopeTables | None = None, gate: torch.Tensor | None = None,
+                qk_norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]. Without `rope`, q and k are already
         rotated; with it, they are rotated here (q in place on the kernel path). gate [T, Hq, D]
         (gated attention, may be strided): the output times sigmoid(gate), on a GPU's decode
-        steps inside the attention's merge kernel."""
+        steps inside the attention's merge kernel. qk_norms (q_norm, k_norm), where
+        norms_in_store says so: q and k (views of the projection) are normalized per head in
+        the rotating store kernel, q into a new tensor."""
         ctx = get_context()
         sinks = self.sinks
         if sinks is not None and sinks.dtype != torch.float32:  # a model cast after loading
@@ -56,9 +70,14 @@ class Attention(nn.Module):
         if rope is not None and rope.in_kernel and has_cache and dispatch.use_triton(q):
             from homelab_llm.engine.kernels.kv_store import rope_store_kv
 
-            rope_store_kv(q, k, v, rope.positions, rope.table, self.k_cache, self.v_cache,
-                          slot_mapping, self.k_scale, self.v_scale)
+            norms = None if qk_norms is None else \
+                (qk_norms[0].weight, qk_norms[1].weight, qk_norms[0].eps)
+            q = rope_store_kv(q, k, v, rope.positions, rope.table, self.k_cache, self.v_cache,
+                              slot_mapping, self.k_scale, self.v_scale, qk_norm=norms)
         else:
+            if qk_norms is not None:
+                raise ValueError("attention: q/k norms go into the store kernel only where "
+                                 "norms_in_store says so")
             if rope is not None:
                 q, k = self._rotate(q, k, rope)
             if not has_cache:

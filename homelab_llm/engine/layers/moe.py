@@ -190,6 +190,22 @@ class SparseMoeBlock(nn.Module):
         return (gate is not None and self.experts.tp_size == 1 and gate.w4 is None
                 and gate.bias is None and self.gate.w4 is None and self.gate.bias is None)
 
+    def after_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
+                   norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(self(norm(x + residual)), x + residual) with the norm inside the router's and the
+        experts' launches (dispatch.moe_gemv_route: dense experts at batch 1, a plain router, no
+        shared expert), else None: the caller runs the norm and then this block."""
+        experts = self.experts
+        if (self.shared_expert is not None or self.gate.w4 is not None or self.gate.bias is not None
+                or not dispatch.moe_gemv_route(x, experts.w13, experts.w2)):
+            return None
+        out, summed = dispatch.moe_layer_gemv(x, residual, norm.weight, norm.eps, self.gate.weight,
+                                              self.top_k, self.renormalize, experts.w13,
+                                              experts.w2)
+        if experts.tp_size > 1:
+            out = parallel.all_reduce(out)
+        return out, summed
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate.w4 is not None or self.gate.bias is not None:
             weights, ids = dispatch.route_topk(self.gate(x), self.top_k, self.renormalize)

@@ -79,6 +79,10 @@ class LlamaAttention(nn.Module):
         tokens, d = qkv.shape[0], self.head_dim
         qk_size = self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, d)
+        if self.qk_norm and self.attn.norms_in_store(qkv, rope):  # norms inside the KV store
+            q = qkv[:, :self.q_size].view(tokens, self.num_heads, d)
+            k = qkv[:, self.q_size:qk_size].view(tokens, self.num_kv_heads, d)
+            return self.o_proj(self.attn(q, k, v, rope, qk_norms=(self.q_norm, self.k_norm)))
         if self.qk_norm:  # one launch normalizes q's and k's heads, each with its own weight
             qk = qk_norm(qkv, self.num_heads, self.num_kv_heads, d, self.q_norm, self.k_norm)
         else:
@@ -108,12 +112,16 @@ class LlamaMLP(nn.Module):
 def mlp_after_norm(hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
                    mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(mlp(norm(hidden + residual)), hidden + residual): a SiLU MLP at decode sizes with its norm
-    and SiLU-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), anything else through the
-    separate ops."""
+    and SiLU-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), an experts block with its
+    norm inside its launches where it says so (layers/moe.SparseMoeBlock.after_norm), anything
+    else through the separate ops."""
+    fused = None
     if isinstance(mlp, LlamaMLP) and mlp.silu_gated:
         fused = gated_mlp(hidden, residual, norm, mlp.gate_up_proj, mlp.down_proj)
-        if fused is not None:
-            return fused
+    elif hasattr(mlp, "after_norm"):
+        fused = mlp.after_norm(hidden, residual, norm)
+    if fused is not None:
+        return fused
     hidden, residual = norm(hidden, residual)
     return mlp(hidden), residual
 
@@ -124,7 +132,7 @@ class LlamaDecoderLayer(nn.Module):
     At decode sizes on a GPU (layers/norm_linear.fuses) each norm and its residual add run inside
     the next projection's GEMV: input_layernorm in qkv_proj's, post_attention_layernorm in a
     dense SiLU MLP's gate_up_proj, and its SiLU-and-mul in gate_up_proj's epilogue (bf16) or
-    down_proj's prologue (W4A16); an experts block keeps its norm."""
+    down_proj's prologue (W4A16); an experts block takes it in where it can (mlp_after_norm)."""
 
     def __init__(self, config: ModelConfig, mlp: nn.Module | None = None, layer: int = 0):
         super().__init__()

@@ -84,9 +84,10 @@ class PartialRotary(nn.Module):
 
 
 class GatedAttention(nn.Module):
-    """At decode on a GPU: qkv_proj, one q/k norm launch reading q (past each head's gate) and k
-    straight from the projection, the rotation inside the KV store (Attention with the rope
-    tables), attention with the sigmoid gate (read from the projection) in its merge, o_proj."""
+    """At decode on a GPU: qkv_proj, the q/k norms (q read past each head's gate, k straight
+    from the projection) and the rotation inside the KV store (Attention with the rope tables;
+    where the cache layout keeps rope and store apart, one q/k norm launch first), attention
+    with the sigmoid gate (read from the projection) in its merge, o_proj."""
 
     def __init__(self, config: ModelConfig, rotary: PartialRotary):
         super().__init__()
@@ -110,10 +111,14 @@ class GatedAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
         tokens, d, h = hidden.shape[0], self.head_dim, self.num_heads
         qkv = self.qkv_proj(hidden)
-        qk = qk_norm(qkv, h, self.num_kv_heads, d, self.q_norm, self.k_norm, self.q_step)
         v = qkv[:, self.q_rows + self.kv_size:].view(tokens, self.num_kv_heads, d)
         # The output gate stays in the projection's output: a strided view, no copy.
         gate = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., d:] if self.gated else None
+        if self.attn.norms_in_store(qkv, rope):  # q/k norms inside the KV store's launch
+            q = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., :d]
+            k = qkv[:, self.q_rows:self.q_rows + self.kv_size].view(tokens, self.num_kv_heads, d)
+            return self.o_proj(self.attn(q, k, v, rope, gate, qk_norms=(self.q_norm, self.k_norm)))
+        qk = qk_norm(qkv, h, self.num_kv_heads, d, self.q_norm, self.k_norm, self.q_step)
         if rope.in_kernel:  # rotated in the kernel that stores K/V (q in place)
             return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v, rope, gate))
         qk = self.rotary.rotate(qk, rope)

@@ -121,6 +121,12 @@ def _scenarios():
         kc, vc, ks, vs = caches(cdt)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.store_kv(kv, kv, kc, vc, slots, ks, vs)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.rope_store_kv(q, kv, kv, pos, cos_sin, kc, vc, slots, ks, vs)
+        # Qwen3's q/k norms inside the same launch, q and k read from the projection
+        qkv = torch.zeros((4, (hq + 2 * hkv) * d), dtype=bf16)
+        nw = torch.ones(d, dtype=bf16)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, qkv=qkv, nw=nw: kv_store.rope_store_kv(
+            qkv[:, :hq * d].view(4, hq, d), qkv[:, hq * d:(hq + hkv) * d].view(4, hkv, d),
+            kv, pos, cos_sin, kc, vc, slots, ks, vs, qk_norm=(nw, nw, 1e-6))
 
     batch = 2
     page_table = torch.arange(batch * 32, dtype=i32).reshape(batch, 32)
@@ -344,6 +350,30 @@ def _moe_scenarios():
         yield lambda x=x: moe_router.route_gate_topk(
             x, torch.zeros((512, hidden), dtype=torch.bfloat16), 10, False,
             torch.zeros((1, hidden), dtype=torch.bfloat16))
+    yield from _moe_gemv_scenarios(e, top_k, hidden)
+
+
+def _moe_gemv_scenarios(e: int, top_k: int, hidden: int):
+    """The batch-1 MoE layer as GEMVs (kernels/moe_gemv.py): the router with its norm prologue
+    (and residual), gate_up per pick with the norm (bf16, fp16), the picks' weighted down sum;
+    expert width 768 (the 30B-A3B) and 384 (its TP=2 half)."""
+    import torch
+
+    from homelab_llm.engine.kernels import moe_gemv, moe_router
+
+    for dt in (torch.bfloat16, torch.float16):
+        x = torch.zeros((1, hidden), dtype=dt)
+        nw = torch.ones(hidden, dtype=dt)
+        ids = torch.zeros((1, top_k), dtype=torch.int32)
+        weights = torch.ones((1, top_k))
+        if dt == torch.bfloat16:
+            yield lambda x=x, nw=nw: moe_router.route_gate_topk(
+                x, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True, norm_weight=nw,
+                eps=1e-6, residual=x.clone())
+        for inter in (768, 384) if dt == torch.bfloat16 else (768,):
+            w13, w2 = torch.empty((e, 2 * inter, hidden), dtype=dt), torch.empty((e, hidden, inter), dtype=dt)
+            yield lambda x=x, nw=nw, w13=w13, w2=w2, ids=ids, weights=weights: moe_gemv.moe_gemv(
+                x, w13, w2, weights, ids, norm_weight=nw, eps=1e-6, residual=x.clone())
 
 
 def _gptoss_moe_scenarios():
@@ -406,6 +436,11 @@ def _gated_attention_scenarios():
         kc, vc = torch.zeros((32, page, hkv, d), dtype=bf16), torch.zeros((32, page, hkv, d), dtype=bf16)
         yield lambda qk=qk, kc=kc, vc=vc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
             qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, kc, vc, slots)
+        # the q/k norms inside it: q read past each head's gate, k from the projection
+        q_gated = qkv[:, :hq * 2 * d].view(m, hq, 2 * d)[..., :d]
+        k_proj = qkv[:, hq * 2 * d:hq * 2 * d + hkv * d].view(m, hkv, d)
+        yield lambda q=q_gated, k=k_proj, kc=kc, vc=vc, pos=pos, slots=slots, cs=cos_sin, w=w: \
+            kv_store.rope_store_kv(q, k, k, pos, cs, kc, vc, slots, qk_norm=(w, w, 1e-6))
         # int8 KV: partial rotary falls back to rope + the rotating store (fp32 butterflies)
         ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), torch.zeros((32, page, hkv, d), dtype=torch.int8)
         sc = torch.ones((32, page, hkv), dtype=torch.float16)

@@ -92,8 +92,6 @@ def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0,
 
 def count_launches(monkeypatch, model, ctx, input_ids: torch.Tensor) -> tuple[Counter[str], torch.Tensor]:
     """(launches by kernel name, hidden) for model(input_ids) on the GPU path, interpreted."""
-    from triton.runtime.interpreter import InterpretedFunction
-
     from homelab_llm.engine.kernels import dispatch, gdn, tuning
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
@@ -104,6 +102,17 @@ def count_launches(monkeypatch, model, ctx, input_ids: torch.Tensor) -> tuple[Co
     monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret", dataclasses.replace(interp, max_rows=0))
     # Every linear of the tiny model is narrow; of the real one's only in_proj_ba [2 * Hv] is.
     monkeypatch.setattr(dispatch, "SKINNY_GEMV_N", 2 * model.config.linear_num_value_heads)
+    with torch.no_grad(), forward_context(ctx):  # first-use buffers (GEMV tickets) outside the count
+        copy.deepcopy(model)(input_ids, ctx.positions)  # a copy: the model's caches stay as they are
+    with forward_context(ctx):
+        return count_calls(monkeypatch, lambda: model(input_ids, ctx.positions))
+
+
+def count_calls(monkeypatch, fn):
+    """(launches by kernel name, fn()): aten ops that run a kernel, and Triton launches through
+    the interpreter."""
+    from triton.runtime.interpreter import InterpretedFunction
+
     counter = LaunchCounter()
     run = InterpretedFunction.run
 
@@ -115,12 +124,11 @@ def count_launches(monkeypatch, model, ctx, input_ids: torch.Tensor) -> tuple[Co
         finally:
             counter.paused = False
 
-    with torch.no_grad(), forward_context(ctx):  # first-use buffers (GEMV tickets) outside the count
-        copy.deepcopy(model)(input_ids, ctx.positions)  # a copy: the model's caches stay as they are
-    monkeypatch.setattr(InterpretedFunction, "run", counted)
-    with torch.no_grad(), forward_context(ctx), counter:
-        hidden = model(input_ids, ctx.positions)
-    return counter.counts, hidden
+    with monkeypatch.context() as patch:
+        patch.setattr(InterpretedFunction, "run", counted)
+        with torch.no_grad(), counter:
+            result = fn()
+    return counter.counts, result
 
 
 def main() -> int:

@@ -140,3 +140,70 @@ def test_fused_rope_store_matches_unfused(cache_dtype: torch.dtype, rot_fraction
         assert ((back - k_ref[keep].float()).abs() <= step.amax(-1, keepdim=True)[..., None] + ulps).all()
     else:
         torch.testing.assert_close(stored_k.float(), k_ref[keep].float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("cache_dtype,rot_fraction,gated", [
+    (torch.bfloat16, 1.0, False), (torch.int8, 1.0, False),  # Qwen3 / Qwen3-MoE
+    (torch.bfloat16, 0.25, True),                             # the 27B's gated attention
+])
+def test_rope_store_with_qk_norm_matches_norm_then_store(cache_dtype, rot_fraction, gated,
+                                                         device, full_shapes) -> None:
+    """rope_store_kv(qk_norm=...) on the projection's q and k (strided views; gated: each q
+    head followed by its gate) == elementwise.qk_norm, then rope_store_kv: q (a new tensor)
+    equal up to the norms' fp32 sum order (an ulp of bf16 at most, on few elements), the caches
+    as _assert_same_caches holds them, the projection untouched."""
+    from homelab_llm.engine.kernels import ref
+    from homelab_llm.engine.kernels.elementwise import qk_norm
+    from homelab_llm.engine.kernels.kv_store import norm_fuses, rope_store_kv
+
+    gen = torch.Generator().manual_seed(6)
+    tokens, hq, hkv, d, page_size, pages = (64, 24, 4, 256, 16, 8) if full_shapes else (5, 4, 2, 32, 4, 3)
+    rot = int(d * rot_fraction)
+    assert norm_fuses(d, rot, torch.empty(0, dtype=cache_dtype))
+    table = ref.rope_cos_sin_cache(ref.rope_inv_freq(rot, 10000.0, None), 512, device)
+    positions = torch.randint(0, 512, (tokens,), generator=gen).to(device)
+    q_step = 2 * d if gated else d
+    qkv = (torch.randn(tokens, hq * q_step + 2 * hkv * d, generator=gen) * 3).to(device, torch.bfloat16)
+    qw = (torch.rand(d, generator=gen) + 0.5).to(device, torch.bfloat16)
+    kw = (torch.rand(d, generator=gen) + 0.5).to(device, torch.bfloat16)
+    q = qkv[:, :hq * q_step].view(tokens, hq, q_step)[..., :d]
+    k = qkv[:, hq * q_step:hq * q_step + hkv * d].view(tokens, hkv, d)
+    v = qkv[:, hq * q_step + hkv * d:].view(tokens, hkv, d)
+    slots = torch.randperm(pages * page_size, generator=gen)[:tokens].to(device)
+    slots[0] = -1
+    before = qkv.clone()
+
+    got = _caches(pages, page_size, hkv, d, cache_dtype, device)
+    q_got = rope_store_kv(q, k, v, positions, table, *got[:2], slots, *got[2:],
+                          qk_norm=(qw, kw, 1e-6))
+    assert torch.equal(qkv, before) and q_got.shape == (tokens, hq, d)
+
+    qk = qk_norm(qkv, hq, hkv, d, qw, kw, 1e-6, q_step=q_step)
+    want = _caches(pages, page_size, hkv, d, cache_dtype, device)
+    q_want = rope_store_kv(qk[:, :hq], qk[:, hq:], v, positions, table, *want[:2], slots, *want[2:])
+    diff = (q_got.float() - q_want.float()).abs()
+    assert float(diff.max()) <= 2 ** -7 * float(q_want.float().abs().max())
+    assert float((diff > 0).float().mean()) <= 0.02
+    if cache_dtype == torch.int8:
+        _assert_same_caches(got, want)
+    else:  # the same ulp-rare differences as q
+        for g, w in zip(got[:2], want[:2]):
+            assert float(((g.float() - w.float()).abs() > 0).float().mean()) <= 0.02
+            torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2 ** -7)
+
+
+def test_qk_norm_is_refused_where_rope_and_store_stay_apart(device) -> None:
+    from homelab_llm.engine.kernels import ref
+    from homelab_llm.engine.kernels.kv_store import norm_fuses, rope_store_kv
+
+    d, rot = 32, 8
+    assert not norm_fuses(d, rot, torch.empty(0, dtype=torch.int8))
+    assert norm_fuses(d, rot, torch.empty(0, dtype=torch.bfloat16))
+    table = ref.rope_cos_sin_cache(ref.rope_inv_freq(rot, 10000.0, None), 64, device)
+    caches = _caches(2, 4, 1, d, torch.int8, device)
+    x = torch.zeros(1, 1, d, dtype=torch.bfloat16, device=device)
+    w = torch.ones(d, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError, match="no q/k norm"):
+        rope_store_kv(x, x, x, torch.zeros(1, dtype=torch.long, device=device), table,
+                      *caches[:2], torch.zeros(1, dtype=torch.long, device=device), *caches[2:],
+                      qk_norm=(w, w, 1e-6))
