@@ -336,6 +336,28 @@ def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, reno
     return weights, ids, torch.sigmoid(F.linear(x, shared_gate).float()).reshape(-1)
 
 
+def router_norm_route(x: torch.Tensor) -> bool:
+    """The MoE router takes the norm in front of the experts into its launch
+    (route_gate_topk_norm): on GPUs at the fused router's decode sizes."""
+    if not use_triton(x) or x.dim() != 2:
+        return False
+    from homelab_llm.engine.kernels import moe_router
+
+    return 0 < x.shape[0] <= moe_router.FUSED_MAX_TOKENS
+
+
+def route_gate_topk_norm(x: torch.Tensor, residual: torch.Tensor | None,
+                         norm_weight: torch.Tensor, eps: float, gate_weight: torch.Tensor,
+                         top_k: int, renormalize: bool, shared_gate: torch.Tensor | None = None):
+    """(weights, ids, shared gate weight or None, norm(x + residual), x + residual): the
+    decoder's norm and the router in one launch where router_norm_route says so
+    (kernels/moe_router.route_gate_topk_norm)."""
+    from homelab_llm.engine.kernels import moe_router
+
+    return moe_router.route_gate_topk_norm(x, residual, norm_weight, eps, gate_weight, top_k,
+                                           renormalize, shared_gate)
+
+
 def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
               b2: torch.Tensor | None = None,

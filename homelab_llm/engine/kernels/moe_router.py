@@ -74,19 +74,43 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
 
 
 @triton.jit
+def _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask, H,
+                  stride_x, stride_r, BLOCK_H: tl.constexpr, RESIDUAL: tl.constexpr):
+    """normed[t] = (x[t] (+ residual[t], rounded: stored in summed)) * rstd[t] * nw, rounded to
+    x's dtype: elementwise.add_rms_norm's formula (contiguous [T, H] outputs)."""
+    dtype = x_ptr.dtype.element_ty
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        h_mask = offs_h < H
+        mask = t_mask[:, None] & h_mask[None, :]
+        x = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_h[None, :], mask=mask, other=0.0)
+        at = offs_t[:, None] * H + offs_h[None, :]
+        if RESIDUAL:
+            r = tl.load(res_ptr + offs_t[:, None] * stride_r + offs_h[None, :], mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
+            tl.store(summed_ptr + at, x, mask=mask)
+        w = tl.load(nw_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(normed_ptr + at, (x.to(tl.float32) * rstd[:, None] * w).to(dtype), mask=mask)
+
+
+@triton.jit
 def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr,
-                       ids_ptr, shared_w_ptr, ticket_ptr, T, E, H, stride_x, stride_r, stride_w,
-                       eps, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-                       BLOCK_H: tl.constexpr, E_POW2: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORMALIZE: tl.constexpr, SHARED: tl.constexpr, NORM: tl.constexpr,
-                       RESIDUAL: tl.constexpr):
+                       ids_ptr, shared_w_ptr, ticket_ptr, normed_ptr, summed_ptr, T, E, H,
+                       stride_x, stride_r, stride_w, eps, TOP_K: tl.constexpr,
+                       BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                       E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                       SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+                       WRITE_NORMED: tl.constexpr = False):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
     as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
     shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
     ticket, reset after) routes every token from the whole workspace (and stores sigmoid(g x)).
     NORM: the input is RMSNorm(x (+ residual, rounded to x's dtype)) * nw, formed on the way:
     x * nw feeds the dot and each token's 1 / rms, gathered in the same loop, scales the logits
-    (dense_gemv's prologue; the normalized input is not rounded to x's dtype first)."""
+    (dense_gemv's prologue; the normalized input is not rounded to x's dtype first).
+    WRITE_NORMED: program 0 then also stores the rows the experts read, RMSNorm(x + residual)
+    [T, H] in x's dtype (add_rms_norm's values; the summed rows too with a residual), so the
+    norm launch in front of the experts goes away; contiguous rows."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -113,7 +137,12 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
                          mask=(offs_e == E)[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
     if NORM:
-        acc = acc * tl.math.rsqrt(sq / H + eps)[:, None]
+        rstd = tl.math.rsqrt(sq / H + eps)
+        acc = acc * rstd[:, None]
+        if WRITE_NORMED:
+            if tl.program_id(0) == 0:
+                _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask,
+                              H, stride_x, stride_r, BLOCK_H, RESIDUAL)
     acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(logits_ptr + offs_t[:, None] * E_POW2 + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
@@ -169,6 +198,28 @@ def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, reno
     shared expert's gate [1, H] also sigmoid(x @ g.T) float32 [T] (else None). norm_weight:
     the router reads RMSNorm(x (+ residual)) instead of x, formed in the same launch (the
     normalized rows are not written: the experts form their own, kernels/moe_gemv.py)."""
+    return _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, eps,
+                  residual, False)[:3]
+
+
+def route_gate_topk_norm(x: torch.Tensor, residual: torch.Tensor | None,
+                         norm_weight: torch.Tensor, eps: float, gate_weight: torch.Tensor,
+                         top_k: int, renormalize: bool, shared_gate: torch.Tensor | None = None,
+                         tiles: RouterTiles | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None,
+                                    torch.Tensor, torch.Tensor]:
+    """A pre-norm decoder's norm and its MoE router in one launch: (weights, ids, shared gate
+    weight or None, RMSNorm(x + residual), x + residual) -- route_gate_topk over the normalized
+    rows, which are also returned (as add_rms_norm returns them) for the experts to read.
+    Without a residual (a first layer) the last result is x."""
+    weights, ids, shared_w, normed, summed = _route(x, gate_weight, top_k, renormalize,
+                                                    shared_gate, tiles, norm_weight, eps,
+                                                    residual, True)
+    return weights, ids, shared_w, normed, (x if summed is None else summed)
+
+
+def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, eps, residual,
+           write_normed: bool):
     t, hidden = x.shape
     if residual is not None and (norm_weight is None or residual.shape != x.shape):
         raise ValueError(f"fused router: a residual {tuple(residual.shape)} goes with a norm and "
@@ -195,12 +246,14 @@ def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, reno
     g = w if shared_gate is None else shared_gate.contiguous()
     rows = num_experts + (shared_gate is not None)
     res = x if residual is None else (residual if residual.stride(1) == 1 else residual.contiguous())
+    normed = torch.empty((t, hidden), dtype=x.dtype, device=x.device) if write_normed else x
+    summed = torch.empty_like(normed) if write_normed and residual is not None else None
     _route_gate_kernel[(triton.cdiv(rows, tiles.block_e),)](
         x, res, x if norm_weight is None else norm_weight, w, g, logits, shared[0], weights, ids,
-        shared[1], ticket_buffer(x.device, 1), t, num_experts, hidden, x.stride(0), res.stride(0),
-        w.stride(0), float(eps),
+        shared[1], ticket_buffer(x.device, 1), normed, normed if summed is None else summed,
+        t, num_experts, hidden, x.stride(0), res.stride(0), w.stride(0), float(eps),
         TOP_K=top_k, BLOCK_T=triton.next_power_of_2(t), BLOCK_E=tiles.block_e,
         BLOCK_H=tiles.block_k, E_POW2=e_pow2, BLOCK_K=triton.next_power_of_2(top_k),
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
-        RESIDUAL=residual is not None, num_warps=tiles.num_warps)
-    return weights, ids, (shared[1] if shared_gate is not None else None)
+        RESIDUAL=residual is not None, WRITE_NORMED=write_normed, num_warps=tiles.num_warps)
+    return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

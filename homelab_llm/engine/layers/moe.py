@@ -192,34 +192,50 @@ class SparseMoeBlock(nn.Module):
 
     def after_norm(self, x: torch.Tensor, residual: torch.Tensor | None,
                    norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(self(norm(x + residual)), x + residual) with the norm inside the router's and the
-        experts' launches (dispatch.moe_gemv_route: dense experts at batch 1, a plain router, no
-        shared expert), else None: the caller runs the norm and then this block."""
-        experts = self.experts
-        if (self.shared_expert is not None or self.gate.w4 is not None or self.gate.bias is not None
-                or not dispatch.moe_gemv_route(x, experts.w13, experts.w2)):
+        """(self(norm(x + residual)), x + residual) with the norm inside the router's launch
+        (dispatch.router_norm_route: a GPU at decode sizes, a plain bf16 router), else None:
+        the caller runs the norm and then this block. Dense experts at batch 1 without a shared
+        expert may take the GEMV route instead (dispatch.moe_gemv_route: the norm in the
+        router's and gate_up's launches, no normalized rows written)."""
+        if self.gate.w4 is not None or self.gate.bias is not None \
+                or not dispatch.router_norm_route(x):
             return None
-        out, summed = dispatch.moe_layer_gemv(x, residual, norm.weight, norm.eps, self.gate.weight,
-                                              self.top_k, self.renormalize, experts.w13,
-                                              experts.w2)
-        if experts.tp_size > 1:
-            out = parallel.all_reduce(out)
-        return out, summed
+        experts = self.experts
+        if self.shared_expert is None and dispatch.moe_gemv_route(x, experts.w13, experts.w2):
+            out, summed = dispatch.moe_layer_gemv(x, residual, norm.weight, norm.eps,
+                                                  self.gate.weight, self.top_k, self.renormalize,
+                                                  experts.w13, experts.w2)
+            return self._reduced(out), summed
+        fold = self.fold_shared()
+        weights, ids, shared_w, normed, summed = dispatch.route_gate_topk_norm(
+            x, residual, norm.weight, norm.eps, self.gate.weight, self.top_k, self.renormalize,
+            self.shared_expert_gate.weight if fold else None)
+        return self.mix(normed, weights, ids, shared_w), summed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate.w4 is not None or self.gate.bias is not None:
             weights, ids = dispatch.route_topk(self.gate(x), self.top_k, self.renormalize)
-        else:  # logits and routing (and the shared expert's gate) in one launch
-            fold = self.fold_shared()
-            weights, ids, shared_w = dispatch.route_gate_topk(
-                x, self.gate.weight, self.top_k, self.renormalize,
-                self.shared_expert_gate.weight if fold else None)
-            if fold:
-                return self.experts(x, weights, ids, shared=(self.shared_expert(x), shared_w))
-        out = self.experts(x, weights, ids)
-        if self.experts.tp_size > 1:
-            out = parallel.all_reduce(out)
+            return self.mix(x, weights, ids, None)
+        # logits and routing (and the shared expert's gate) in one launch
+        fold = self.fold_shared()
+        weights, ids, shared_w = dispatch.route_gate_topk(
+            x, self.gate.weight, self.top_k, self.renormalize,
+            self.shared_expert_gate.weight if fold else None)
+        return self.mix(x, weights, ids, shared_w)
+
+    def mix(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+            shared_w: torch.Tensor | None) -> torch.Tensor:
+        """The picked experts' weighted sum over x (and the shared expert's gated output).
+        shared_w: the shared expert's gate weight from the router's launch (fold_shared), which
+        the experts' combine adds in; None: the shared expert, if any, is added here."""
+        if shared_w is not None:
+            return self.experts(x, weights, ids, shared=(self.shared_expert(x), shared_w))
+        out = self._reduced(self.experts(x, weights, ids))
         if self.shared_expert is not None:
             # The shared expert's down projection all-reduces itself; the gate is replicated.
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def _reduced(self, out: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum over its expert shards, summed over the TP ranks."""
+        return parallel.all_reduce(out) if self.experts.tp_size > 1 else out

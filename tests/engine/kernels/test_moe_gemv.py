@@ -177,3 +177,27 @@ def test_expert_gemv_rejects_bad_shapes(device) -> None:
         expert_gemv(x, w, ids.long())
     with pytest.raises(ValueError, match="expected top_k x K = 128"):
         expert_sum_gemv(x, w, ids, torch.ones(1, 2, device=device))
+
+
+@pytest.mark.parametrize("tokens,residual", [(1, True), (3, True), (2, False)])
+def test_router_writes_the_normalized_rows(tokens, residual, device) -> None:
+    """route_gate_topk_norm: the picks of route_gate_topk(norm_weight=...) and the rows
+    add_rms_norm gives (each within an ulp: the sum of squares is gathered in another order)."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk, route_gate_topk_norm
+
+    gen = torch.Generator().manual_seed(40 + tokens)
+    hidden, e = 96, 16
+    x = torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16)
+    res = torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16) if residual else None
+    nw = (torch.rand(hidden, generator=gen) + 0.5).to(device, torch.bfloat16)
+    gate = (torch.randn(e, hidden, generator=gen) * 0.3).to(device, torch.bfloat16)
+    weights, ids, shared_w, normed, summed = route_gate_topk_norm(x, res, nw, 1e-6, gate, 4, True)
+    want_w, want_ids, _ = route_gate_topk(x, gate, 4, True, norm_weight=nw, eps=1e-6, residual=res)
+    assert shared_w is None and torch.equal(ids, want_ids) and torch.equal(weights, want_w)
+    want_normed, want_sum = add_rms_norm_ref(x, res, nw, 1e-6) if residual else \
+        (rms_norm_ref(x, nw, 1e-6), x)
+    assert normed.shape == x.shape and normed.dtype == x.dtype
+    assert _rel(normed, want_normed) < 1e-2  # one rounding (truncated in the interpreter)
+    assert _rel(summed, want_sum) < 1e-2
+    if not residual:
+        assert summed is x

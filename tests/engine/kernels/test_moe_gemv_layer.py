@@ -1,7 +1,8 @@
-"""A Qwen3-MoE layer's MLP at batch 1 on the GPU path (interpreted): with the GEMV route
-(kernels/moe_gemv.py: the norm in the router's and gate_up's launches) against the route off
-(add_rms_norm, the fused router, fused_moe_decode), through model/llama.mlp_after_norm, and the
-launches each takes.
+"""A Qwen3-MoE layer's MLP at batch 1 on the GPU path (interpreted), through
+model/llama.mlp_after_norm: the norm inside the router's launch (route_gate_topk_norm, then
+fused_moe_decode on the rows it writes), and the GEMV route (kernels/moe_gemv.py: the norm in
+the router's and gate_up's launches), each against the separate ops (add_rms_norm, the fused
+router, fused_moe_decode), and the launches each takes; also with a shared expert.
 
 Bound: row-relative 3e-2 on the output (the route keeps the normalized input and the picks'
 products in fp32 where the other path rounds them to bf16, which the interpreter truncates:
@@ -47,39 +48,69 @@ def _block(seed: int, shared: bool = False) -> tuple[SparseMoeBlock, RMSNorm]:
     return block.to(torch.bfloat16), norm.to(torch.bfloat16)
 
 
-def _run(block, norm, hidden, residual, route: bool, monkeypatch):
+def _run(block, norm, hidden, residual, path: str, monkeypatch):
+    """path: "separate" (the norm launch first), "router" (the norm in the router) or "gemv"."""
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
-    monkeypatch.setattr(dispatch, "moe_gemv_route", lambda x, w13, w2: route)
+    if path == "separate":
+        monkeypatch.setattr(dispatch, "router_norm_route", lambda x: False)
+    monkeypatch.setattr(dispatch, "moe_gemv_route", lambda x, w13, w2: path == "gemv")
     mlp_after_norm(hidden, residual, norm, block)  # first-use buffers (tickets) outside the count
-    return count_calls(monkeypatch, lambda: mlp_after_norm(hidden, residual, norm, block))
+    result = count_calls(monkeypatch, lambda: mlp_after_norm(hidden, residual, norm, block))
+    monkeypatch.undo()
+    return result
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.float() - b.float()).norm(dim=1) / b.float().norm(dim=1)).max())
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_moe_mlp_route_matches_and_saves_a_launch(seed, monkeypatch) -> None:
-    block, norm = _block(seed)
+SEPARATE = Counter({"triton._rms_norm_kernel": 1, "triton._route_gate_kernel": 1,
+                    "triton._moe_decode_up_kernel": 1, "triton._moe_decode_down_kernel": 1})
+
+
+def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(100 + seed)
-    hidden = torch.randn(1, 64, generator=gen).to(torch.bfloat16)
-    residual = torch.randn(1, 64, generator=gen).to(torch.bfloat16)
-    off_counts, (want, want_res) = _run(block, norm, hidden, residual, False, monkeypatch)
-    on_counts, (got, got_res) = _run(block, norm, hidden, residual, True, monkeypatch)
+    return (torch.randn(1, 64, generator=gen).to(torch.bfloat16),
+            torch.randn(1, 64, generator=gen).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("path", ["router", "gemv"])
+def test_moe_mlp_norm_folded_matches_and_saves_a_launch(seed, path, monkeypatch) -> None:
+    block, norm = _block(seed)
+    hidden, residual = _inputs(seed)
+    off_counts, (want, want_res) = _run(block, norm, hidden, residual, "separate", monkeypatch)
+    on_counts, (got, got_res) = _run(block, norm, hidden, residual, path, monkeypatch)
     assert _rel(got_res, want_res) < 1e-2
     assert _rel(got, want) < 3e-2
-    assert off_counts == Counter({"triton._rms_norm_kernel": 1, "triton._route_gate_kernel": 1,
-                                  "triton._moe_decode_up_kernel": 1,
-                                  "triton._moe_decode_down_kernel": 1}), off_counts
-    assert on_counts == Counter({"triton._route_gate_kernel": 1,
-                                 "triton._dense_gemv_kernel": 2}), on_counts
+    assert off_counts == SEPARATE, off_counts
+    folded = {"router": {"triton._route_gate_kernel": 1, "triton._moe_decode_up_kernel": 1,
+                         "triton._moe_decode_down_kernel": 1},
+              "gemv": {"triton._route_gate_kernel": 1, "triton._dense_gemv_kernel": 2}}[path]
+    assert on_counts == Counter(folded), on_counts
 
 
-def test_shared_expert_keeps_the_separate_norm(monkeypatch) -> None:
+def test_shared_expert_takes_the_router_norm_not_the_gemv(monkeypatch) -> None:
+    """Qwen3.5-MoE / Qwen3-Next: the shared expert reads the router's normalized rows; its
+    gate rides in the router's launch, its output in the experts' combine."""
     block, norm = _block(2, shared=True)
-    monkeypatch.setattr(dispatch, "moe_gemv_route", lambda x, w13, w2: True)
-    x = torch.randn(1, 64).to(torch.bfloat16)
-    assert block.after_norm(x, x, norm) is None
+    hidden, residual = _inputs(2)
+    off_counts, (want, want_res) = _run(block, norm, hidden, residual, "separate", monkeypatch)
+    on_counts, (got, got_res) = _run(block, norm, hidden, residual, "gemv", monkeypatch)
+    assert _rel(got_res, want_res) < 1e-2
+    assert _rel(got, want) < 3e-2
+    assert "triton._dense_gemv_kernel" in on_counts  # the shared expert's GEMVs
+    assert sum(on_counts.values()) == sum(off_counts.values()) - 1
+    assert off_counts["triton._rms_norm_kernel"] == 1 and "triton._rms_norm_kernel" not in on_counts
+    assert on_counts["triton._moe_decode_down_kernel"] == 1  # not the expert GEMVs
+
+
+def test_router_norm_route_is_gpu_decode_only(monkeypatch) -> None:
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    assert not dispatch.router_norm_route(x)
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    assert dispatch.router_norm_route(x)
+    assert not dispatch.router_norm_route(torch.zeros(9, 64, dtype=torch.bfloat16))
 
 
 def test_route_needs_a_gpu_and_the_table_or_the_switch(monkeypatch) -> None:
