@@ -10,7 +10,7 @@ out[m, n] = sum_k W[n, k] * x'[m, k] (+ bias[n]), where x' is, by constexpr swit
   (without split-K the sum of squares is gathered in the main loop; split programs first walk
   all of K for it: the vector is a few KB read from L2).
 GATED pairs gate rows [n] with up rows [HALF + n] of a merged [gate | up] weight and stores
-silu(gate) * up, so the activation kernel disappears too.
+silu(gate) * up (or GELU-tanh, Gemma's), so the activation kernel disappears too.
 
 Numerics vs the unfused path: the normalized input and the gate/up products are not rounded to
 the activation dtype between ops (one fewer rounding each; differences ~2^-8 relative).
@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.elementwise import GATED_ACTS, gate_act
 from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, store_or_reduce, ticket_buffer
 
@@ -106,8 +107,9 @@ def _row_step(acc, up, sq, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi, x_ptr, res_pt
 
 @triton.jit
 def _row_out(acc, up, sq, bias, bias_up, K, eps, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-             GATED: tl.constexpr):
-    """One row's [BLOCK_N] result: the K lanes summed, scaled by 1 / rms, biased, gated."""
+             GATED: tl.constexpr, GELU: tl.constexpr):
+    """One row's [BLOCK_N] result: the K lanes summed, scaled by 1 / rms, biased, gated (SiLU,
+    or GELU-tanh: elementwise.gate_act)."""
     part = tl.sum(acc, axis=1)
     if GATED:
         gate_up = tl.sum(up, axis=1)
@@ -121,7 +123,7 @@ def _row_out(acc, up, sq, bias, bias_up, K, eps, NORM: tl.constexpr, HAS_BIAS: t
         if GATED:
             gate_up += bias_up
     if GATED:
-        part = part / (1.0 + tl.exp(-part)) * gate_up
+        part = gate_act(part, GELU) * gate_up
     return part
 
 
@@ -134,7 +136,7 @@ def _dense_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     EVEN_K: tl.constexpr, IS_BF16: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    EXPERTS: tl.constexpr = 0, TOP_K: tl.constexpr = 1,
+    EXPERTS: tl.constexpr = 0, TOP_K: tl.constexpr = 1, GELU: tl.constexpr = False,
 ):
     # Every 16-bit tensor is read as int32 words (two values; strides and K offsets in words):
     # the compiler streams 32-bit loads of a loop through shared memory in LOOP_STAGES stages
@@ -248,15 +250,15 @@ def _dense_gemv_kernel(
         bias = tl.load(bias_ptr + offs_n, mask=first, other=0.0).to(tl.float32)
         if GATED:
             bias_up = tl.load(bias_ptr + HALF + offs_n, mask=first, other=0.0).to(tl.float32)
-    out0 = _row_out(acc0, up0, sq0, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+    out0 = _row_out(acc0, up0, sq0, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED, GELU)
     part = tl.where(offs_m[:, None] == 0, out0[None, :], 0.0)
     if BLOCK_M > 1:
-        out1 = _row_out(acc1, up1, sq1, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+        out1 = _row_out(acc1, up1, sq1, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED, GELU)
         part = tl.where(offs_m[:, None] == 1, out1[None, :], part)
     if BLOCK_M > 2:
-        out2 = _row_out(acc2, up2, sq2, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+        out2 = _row_out(acc2, up2, sq2, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED, GELU)
         part = tl.where(offs_m[:, None] == 2, out2[None, :], part)
-        out3 = _row_out(acc3, up3, sq3, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED)
+        out3 = _row_out(acc3, up3, sq3, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED, GELU)
         part = tl.where(offs_m[:, None] == 3, out3[None, :], part)
     store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N,
                     stride_om, SPLIT=SPLIT)
@@ -293,7 +295,8 @@ def _launch(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, o
             ws: torch.Tensor, tickets: torch.Tensor, tiles: "_Tiles", *, m: int, n: int, k: int,
             half: int, k_per_split: int, split: int, bias: torch.Tensor | None,
             norm_weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None,
-            new_res: torch.Tensor | None, gated: bool, experts: int = 0, top_k: int = 1,
+            new_res: torch.Tensor | None, gated: bool, act: str = "silu", experts: int = 0,
+            top_k: int = 1,
             ids: torch.Tensor | None = None, pick_weights: torch.Tensor | None = None,
             seg_k: int = 0) -> None:
     """One launch of the kernel; 16-bit operands go in as their int32 word views."""
@@ -311,7 +314,7 @@ def _launch(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, o
         BLOCK_K=tiles.block_k, SPLIT=split, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
         EVEN_K=k % tiles.block_k == 0, IS_BF16=x.dtype == torch.bfloat16,
-        LOOP_STAGES=tiles.num_stages, EXPERTS=experts, TOP_K=top_k,
+        LOOP_STAGES=tiles.num_stages, EXPERTS=experts, TOP_K=top_k, GELU=act == "gelu_tanh",
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
@@ -338,7 +341,7 @@ def _tiles(kind: str, m: int, device: torch.device, block_n: int | None, block_k
 
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-               residual: torch.Tensor | None = None, gated: bool = False,
+               residual: torch.Tensor | None = None, gated: bool = False, act: str = "silu",
                block_n: int | None = None, block_k: int | None = None, split: int | None = None,
                num_warps: int | None = None, num_stages: int | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -346,9 +349,12 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
     norm_weight: RMSNorm the input first (eps its epsilon); residual: add it before the norm and
     return x + residual as new_residual (else None). gated: weight is [gate | up] (N even) and
-    out is silu(gate) * up, [M, N / 2]. Tiles and split-K default to tuning.dense_gemv_tiles."""
+    out is act(gate) * up, [M, N / 2], act "silu" or "gelu_tanh" (elementwise.GATED_ACTS).
+    Tiles and split-K default to tuning.dense_gemv_tiles."""
     m, k = x.shape
     _check_rows(x, weight, residual, norm_weight, "dense_gemv")
+    if act not in GATED_ACTS:
+        raise ValueError(f"dense_gemv: activation {act!r}, expected one of {GATED_ACTS}")
     if weight.dim() != 2 or not 0 < m <= 4:
         raise ValueError(f"dense_gemv: {m} rows and a {weight.dim()}-d weight; it serves 1 to 4 "
                          "rows of a 2-d weight")
@@ -367,7 +373,8 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     new_res = torch.empty_like(x) if residual is not None else None
     _launch((n_blocks, split, 1), x, weight, out, ws, ticket_buffer(x.device, n_blocks), tiles,
             m=m, n=n, k=k, half=n, k_per_split=k_per_split, split=split, bias=bias,
-            norm_weight=norm_weight, eps=eps, residual=residual, new_res=new_res, gated=gated)
+            norm_weight=norm_weight, eps=eps, residual=residual, new_res=new_res, gated=gated,
+            act=act)
     return out, new_res
 
 

@@ -13,9 +13,9 @@ from homelab_llm.engine.kernels import ref
 def norm_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                     norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                     residual: torch.Tensor | None = None, gated: bool = False,
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    act: str = "silu") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out, new_residual) with dense_gemv's contract: new_residual = x + residual when a
-    residual is given (else None); out = linear(norm(...)) and, gated, silu(gate) * up."""
+    residual is given (else None); out = linear(norm(...)) and, gated, act(gate) * up."""
     new_residual = None
     if norm_weight is not None:
         if residual is not None:
@@ -23,4 +23,4 @@ def norm_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         else:
             x = ref.rms_norm_ref(x, norm_weight, eps)
     out = F.linear(x, weight, bias)
-    return (ref.silu_and_mul_ref(out) if gated else out), new_residual
+    return (ref.gated_act_ref(out, act) if gated else out), new_residual

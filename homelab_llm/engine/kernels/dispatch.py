@@ -168,20 +168,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                 eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                gated: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                gated: bool = False, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor | None]:
     """(linear(rms_norm(x + residual)), x + residual or None without a residual); gated: the
-    merged [gate | up] weight, out = silu(gate) * up. One launch on the decode GEMV's route,
-    the unfused reference ops elsewhere (dense_gemv_ref.norm_linear_ref)."""
+    merged [gate | up] weight, out = act(gate) * up ("silu" or "gelu_tanh"). One launch on the
+    decode GEMV's route, the unfused reference ops elsewhere (dense_gemv_ref.norm_linear_ref)."""
     if dense_gemv_route(x, weight):
         from homelab_llm.engine.kernels.dense_gemv import dense_gemv, words_fit
 
         if words_fit(residual, norm_weight):
             return dense_gemv(x, weight, bias, norm_weight=norm_weight, eps=eps,
-                              residual=residual, gated=gated)
+                              residual=residual, gated=gated, act=act)
     from homelab_llm.engine.kernels.dense_gemv_ref import norm_linear_ref
 
     return norm_linear_ref(x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
-                           gated=gated)
+                           gated=gated, act=act)
 
 
 def moe_gemv_route(x: torch.Tensor, w13: torch.Tensor | None, w2: torch.Tensor | None) -> bool:
@@ -247,16 +247,22 @@ def w4a16_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
     return w4a16_matmul(normed, weight), summed
 
 
-def w4a16_silu_matmul(gate_up: torch.Tensor, weight) -> torch.Tensor:
-    """silu(gate) * up @ W for a W4A16 weight, gate_up [M, 2K]: one launch on
-    w4a16_prologue_route, the separate ops elsewhere."""
+def w4a16_act_matmul(gate_up: torch.Tensor, weight, act: str = "silu") -> torch.Tensor:
+    """act(gate) * up @ W for a W4A16 weight, gate_up [M, 2K], act "silu" or "gelu_tanh": one
+    launch on w4a16_prologue_route, the separate ops elsewhere."""
     if w4a16_prologue_route(gate_up, weight):
         from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 
         out = torch.empty((gate_up.shape[0], weight.out_features), dtype=gate_up.dtype,
                           device=gate_up.device)
-        return w4a16_h2(gate_up, weight, out, silu_in=True)
-    return w4a16_matmul(silu_and_mul(gate_up), weight)
+        return w4a16_h2(gate_up, weight, out, act_in=act)
+    return w4a16_matmul(gated_act(gate_up, act), weight)
+
+
+def gated_act(gate_up: torch.Tensor, act: str) -> torch.Tensor:
+    """[..., 2 * d] (gate | up) -> act(gate) * up: "silu" (a kernel on GPUs) or "gelu_tanh"
+    (torch ops everywhere: ref.gelu_tanh_and_mul_ref)."""
+    return silu_and_mul(gate_up) if act == "silu" else ref.gelu_tanh_and_mul_ref(gate_up)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -106,6 +106,20 @@ def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_wei
     return out
 
 
+GATED_ACTS = ("silu", "gelu_tanh")  # a gated MLP's activations the fused kernels apply
+
+
+@triton.jit
+def gate_act(gate, GELU: tl.constexpr):
+    """A gated MLP's activation of fp32 `gate`: silu(g) = g * sigmoid(g), or GELU-tanh (Gemma)
+    0.5 g (1 + tanh(z)) = g * sigmoid(2 z), z = sqrt(2 / pi) (g + 0.044715 g^3), as torch's
+    F.gelu(approximate="tanh") (no tanh needed: portable to every backend)."""
+    if GELU:
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        return gate / (1.0 + tl.exp(-2.0 * z))
+    return gate / (1.0 + tl.exp(-gate))
+
+
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

@@ -293,6 +293,17 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """Gemma's gated MLP activation: gelu_tanh(gate) * up (two rounded ops in 16-bit dtypes)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gated_act_ref(gate_up: torch.Tensor, act: str) -> torch.Tensor:
+    """act(gate) * up for act "silu" or "gelu_tanh" (elementwise.GATED_ACTS)."""
+    return silu_and_mul_ref(gate_up) if act == "silu" else gelu_tanh_and_mul_ref(gate_up)
+
+
 # --- rotary embedding (neox rotate-half layout) ---------------------------------------------------
 
 

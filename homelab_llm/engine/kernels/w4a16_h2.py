@@ -41,7 +41,7 @@ from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.w4a16_prologue import norm_chunk, row_rstd
+from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
 MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
@@ -66,7 +66,7 @@ def _w4a16_h2_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr, SILU_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -96,7 +96,7 @@ def _w4a16_h2_kernel(
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
                  res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, tl.where(pid_n == 0, K, 0),
                  SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
-                 NORM=NORM, RESIDUAL=RESIDUAL, SILU_IN=SILU_IN)
+                 NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
@@ -134,28 +134,30 @@ def _w4a16_h2_kernel(
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
              split: int | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
              residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
-             silu_in: bool = False) -> torch.Tensor:
+             act_in: str | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
     row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
     M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split).
 
     Prologue forms (w4a16_prologue.py; none with act-order): norm_weight: the GEMV reads
     RMSNorm(x2 (+ residual)) * norm_weight (eps its epsilon), and with a residual stores x2 +
-    residual into `summed` ([M, K], x2's dtype, not aliasing x2 or residual); silu_in: x2 is
-    [M, 2K] gate | up and the GEMV reads silu(gate) * up."""
+    residual into `summed` ([M, K], x2's dtype, not aliasing x2 or residual); act_in ("silu"
+    or "gelu_tanh"): x2 is [M, 2K] gate | up and the GEMV reads act(gate) * up."""
     m = x2.shape[0]
     k = w.in_features
     n = w.out_features
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
-    if x2.shape[1] != (2 * k if silu_in else k) or (residual is not None) != (summed is not None) \
-            or (residual is not None and norm_weight is None) or (silu_in and norm_weight is not None):
+    if act_in not in ACT_CODES:
+        raise ValueError(f"w4a16_h2: act_in {act_in!r}, expected one of {list(ACT_CODES)}")
+    if x2.shape[1] != (2 * k if act_in else k) or (residual is not None) != (summed is not None) \
+            or (residual is not None and norm_weight is None) or (act_in and norm_weight is not None):
         raise ValueError(f"w4a16_h2: x {tuple(x2.shape)} for K {k} with norm "
                          f"{norm_weight is not None}, residual {residual is not None}, summed "
-                         f"{summed is not None}, silu_in {silu_in}")
+                         f"{summed is not None}, act_in {act_in}")
     if summed is not None and summed.data_ptr() in (x2.data_ptr(), residual.data_ptr()):
         raise ValueError("w4a16_h2: summed must not alias x or residual (other programs read them)")
-    t = tiles or h2_tiles(m, x2.device, n, fused=silu_in or norm_weight is not None)
+    t = tiles or h2_tiles(m, x2.device, n, fused=bool(act_in) or norm_weight is not None)
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
@@ -176,7 +178,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
         PREFETCH_L2=t.prefetch_l2 and use_asm,
-        NORM=norm_weight is not None, RESIDUAL=residual is not None, SILU_IN=silu_in,
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )

@@ -8,11 +8,13 @@ Forms, by constexpr switches of `load_input` (values of x at K positions k, fp32
   plain     x
   NORM      RMSNorm(s) * norm_weight with s = x, or with RESIDUAL s = x + residual rounded to x's
             dtype (and stored to `summed` by the programs told to, for the next layer's residual)
-  SILU_IN   silu(gate) * up of a merged [gate | up] row (x's rows hold 2K values)
+  ACT_IN    act(gate) * up of a merged [gate | up] row (x's rows hold 2K values): 1 SiLU,
+            2 GELU-tanh (Gemma; ACT_CODES)
 Each value is rounded to x's dtype exactly where the separate kernels round (their sums in
-fp32, then one rounding of the result), with the same formulas as elementwise._rms_norm_kernel
-and _silu_and_mul_kernel, so the GEMV sees the inputs those kernels would have stored; only the
-norm's sum of squares is taken in another order (a rounding of rsqrt apart at most).
+fp32, then one rounding of the result; GELU-and-mul's torch ops also round gelu(gate)), with the
+same formulas as elementwise._rms_norm_kernel and _silu_and_mul_kernel, so the GEMV sees the
+inputs those kernels would have stored; only the norm's sum of squares is taken in another
+order (a rounding of rsqrt apart at most).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.elementwise import gate_act
 
+ACT_CODES = {None: 0, "silu": 1, "gelu_tanh": 2}  # act_in -> ACT_IN
 NORM_ELEMS = 8192  # row values one norm trip loads (x and residual: 64 registers a thread at 4 warps)
 
 
@@ -59,15 +63,17 @@ def row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M: tl.conste
 @triton.jit
 def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, rows, k, ok, K, stride_xm, stride_rm, stride_sm,
                rstd, sum_limit, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-               SILU_IN: tl.constexpr):
+               ACT_IN: tl.constexpr):
     """The GEMV's input at rows x k (any broadcastable shapes; rows int64, rstd shaped like rows)
     as fp32 values of x's dtype; s is written to sum_ptr where k < sum_limit (NORM + RESIDUAL: K
     in the programs that store it, 0 in the others)."""
     dt = x_ptr.dtype.element_ty
-    if SILU_IN:
+    if ACT_IN:
         gate = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + rows * stride_xm + K + k, mask=ok, other=0.0).to(tl.float32)
-        return (gate / (1.0 + tl.exp(-gate)) * up).to(dt).to(tl.float32)
+        if ACT_IN == 2:
+            return (gate_act(gate, True).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        return (gate_act(gate, False) * up).to(dt).to(tl.float32)
     s = summed_input(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL)
     if NORM:
         if RESIDUAL:

@@ -4,7 +4,6 @@ GELU-tanh (Gemma)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.kernels import dispatch
@@ -19,5 +18,4 @@ class SiluAndMul(nn.Module):
 class GeluTanhAndMul(nn.Module):
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[..., 2 * d] -> gelu_tanh(gate) * up, [..., d] (torch ops: two elementwise kernels)."""
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.gelu(gate, approximate="tanh") * up
+        return dispatch.gated_act(gate_up, "gelu_tanh")

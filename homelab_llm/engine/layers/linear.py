@@ -61,10 +61,11 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._matmul(x, self.bias)
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None, silu_in: bool = False) -> torch.Tensor:
-        if silu_in:  # x is a gated MLP's gate | up: SiLU-and-mul first (in the GEMV's prologue)
-            out = dispatch.w4a16_silu_matmul(x, self.w4) if self.w4 is not None else \
-                dispatch.linear(dispatch.silu_and_mul(x), self.weight)
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None,
+                act_in: str | None = None) -> torch.Tensor:
+        if act_in:  # x is a gated MLP's gate | up: its activation first (in the GEMV's prologue)
+            out = dispatch.w4a16_act_matmul(x, self.w4, act_in) if self.w4 is not None else \
+                dispatch.linear(dispatch.gated_act(x, act_in), self.weight)
         elif self.w4 is None:
             return dispatch.linear(x, self.weight, bias)
         else:
@@ -220,10 +221,11 @@ class RowParallelLinear(LinearBase):
             in_features, self.tp_size, self.tp_rank, "input features")
         super().__init__(in_local, out_features, bias)
 
-    def forward(self, x: torch.Tensor, silu_in: bool = False) -> torch.Tensor:
-        """x @ W (+ bias), all-reduced; silu_in: x is [gate | up] and the input silu(gate) * up."""
+    def forward(self, x: torch.Tensor, act_in: str | None = None) -> torch.Tensor:
+        """x @ W (+ bias), all-reduced; act_in ("silu" or "gelu_tanh"): x is [gate | up] and the
+        input act(gate) * up."""
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
-        out = self._matmul(x, self.bias if self.tp_rank == 0 else None, silu_in)
+        out = self._matmul(x, self.bias if self.tp_rank == 0 else None, act_in)
         return all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):

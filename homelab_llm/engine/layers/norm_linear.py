@@ -1,15 +1,15 @@
 """A pre-norm decoder's RMSNorm (with its residual add) and the column-parallel linear after it
-as one decode-GEMV launch, and a SiLU-gated MLP with its SiLU-and-mul inside a GEMV, for the
-layers that opt in.
+as one decode-GEMV launch, and a gated MLP (SiLU, or Gemma's GELU-tanh) with its act-and-mul
+inside a GEMV, for the layers that opt in.
 
-bf16/fp16 weights take kernels/dense_gemv.py: the norm as its prologue, SiLU-and-mul as the
+bf16/fp16 weights take kernels/dense_gemv.py: the norm as its prologue, act-and-mul as the
 gate | up GEMV's epilogue. W4A16 weights take the packed-half GEMV (kernels/w4a16_h2.py): the
-norm as its prologue, SiLU-and-mul as the down projection's prologue (its K split cannot pair
+norm as its prologue, act-and-mul as the down projection's prologue (its K split cannot pair
 gate and up columns in one epilogue).
 
 Exactly equivalent where it is used: the norm is the same formula with the same weight (Gemma's
 1 + w is folded into the stored weight at load), a column-parallel linear needs no all-reduce,
-and the gated form is SiLU-and-mul over a merged [gate | up] weight. Act-order 4-bit weights,
+and the gated form is act-and-mul over a merged [gate | up] weight. Act-order 4-bit weights,
 many rows and the CPU keep the separate ops (`fuses` says which).
 """
 
@@ -30,33 +30,34 @@ def fuses(x: torch.Tensor, linear: LinearBase) -> bool:
 
 
 def norm_then_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
-                     linear: LinearBase, gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     linear: LinearBase, gated: bool = False,
+                     act: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
     """(linear(norm(x + residual)), x + residual), or with no residual yet (the first layer)
     (linear(norm(x)), x): what `norm(x, residual)` then `linear(...)` return. gated: linear is
-    the merged gate | up projection and the result silu(gate) * up (bf16/fp16 weights only)."""
+    the merged gate | up projection and the result act(gate) * up (bf16/fp16 weights only)."""
     if linear.w4 is not None:
         if gated:
-            raise ValueError("a W4A16 gate | up projection takes its SiLU in the down "
+            raise ValueError("a W4A16 gate | up projection takes its activation in the down "
                              "projection's prologue (gated_mlp)")
         out, summed = dispatch.w4a16_norm_matmul(x, residual, norm.weight, norm.eps, linear.w4)
         if linear.bias is not None:
             out = out + linear.bias
     else:
         out, summed = dispatch.norm_linear(x, residual, norm.weight, norm.eps, linear.weight,
-                                           linear.bias, gated)
+                                           linear.bias, gated, act)
     return out, (x if summed is None else summed)
 
 
 def gated_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gate_up: LinearBase,
-              down: RowParallelLinear) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(down(silu(gate) * up of gate_up(norm(x + residual))), x + residual) with the norm and the
-    SiLU-and-mul inside the GEMVs, or None where these rows or weights keep the separate ops."""
+              down: RowParallelLinear, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(down(act(gate) * up of gate_up(norm(x + residual))), x + residual) with the norm and the
+    act-and-mul inside the GEMVs, or None where these rows or weights keep the separate ops."""
     if not fuses(x, gate_up):
         return None
     if gate_up.w4 is None:
-        act, residual = norm_then_linear(x, residual, norm, gate_up, gated=True)
-        return down(act), residual
+        h, residual = norm_then_linear(x, residual, norm, gate_up, gated=True, act=act)
+        return down(h), residual
     if down.w4 is None or not dispatch.w4a16_prologue_route(x, down.w4):
         return None
     h, residual = norm_then_linear(x, residual, norm, gate_up)
-    return down(h, silu_in=True), residual
+    return down(h, act_in=act), residual

@@ -125,7 +125,7 @@ class CpuDecodePlan:
         for layer in model.layers:
             attn_mod, mlp = layer.self_attn, layer.mlp
             if type(layer) is not LlamaDecoderLayer or type(mlp) is not LlamaMLP \
-                    or not mlp.silu_gated or attn_mod.qk_norm:
+                    or mlp.gated_act != "silu" or attn_mod.qk_norm:
                 return None
             attn = attn_mod.attn
             if attn.window or attn.sinks is not None or attn.sliding_group:

@@ -100,9 +100,10 @@ class LlamaMLP(nn.Module):
         super().__init__()
         inter = intermediate_size or config.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter])
-        self.act = GeluTanhAndMul() if config.hidden_act == "gelu_pytorch_tanh" else SiluAndMul()
-        # The decode GEMV can apply SiLU-and-mul in its epilogue (layers/norm_linear.py).
-        self.silu_gated = isinstance(self.act, SiluAndMul)
+        gelu = config.hidden_act == "gelu_pytorch_tanh"
+        self.act = GeluTanhAndMul() if gelu else SiluAndMul()
+        # The decode GEMVs apply it in an epilogue or prologue (layers/norm_linear.gated_mlp).
+        self.gated_act = "gelu_tanh" if gelu else "silu"
         self.down_proj = RowParallelLinear(inter, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,13 +112,13 @@ class LlamaMLP(nn.Module):
 
 def mlp_after_norm(hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
                    mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mlp(norm(hidden + residual)), hidden + residual): a SiLU MLP at decode sizes with its norm
-    and SiLU-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), an experts block with its
+    """(mlp(norm(hidden + residual)), hidden + residual): a gated MLP at decode sizes with its norm
+    and act-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), an experts block with its
     norm inside its launches where it says so (layers/moe.SparseMoeBlock.after_norm), anything
     else through the separate ops."""
     fused = None
-    if isinstance(mlp, LlamaMLP) and mlp.silu_gated:
-        fused = gated_mlp(hidden, residual, norm, mlp.gate_up_proj, mlp.down_proj)
+    if isinstance(mlp, LlamaMLP):
+        fused = gated_mlp(hidden, residual, norm, mlp.gate_up_proj, mlp.down_proj, mlp.gated_act)
     elif hasattr(mlp, "after_norm"):
         fused = mlp.after_norm(hidden, residual, norm)
     if fused is not None:

@@ -240,8 +240,9 @@ def _scenarios():
             x, weights[128], torch.zeros((x.shape[0], n_out), dtype=bf16),
             norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
             residual=torch.zeros_like(x) if res else None, summed=torch.zeros_like(x) if res else None)
-    yield lambda: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
-                                    torch.zeros((1, n_out), dtype=bf16), silu_in=True)
+    for act in ("silu", "gelu_tanh"):
+        yield lambda act=act: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
+                                                torch.zeros((1, n_out), dtype=bf16), act_in=act)
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
         x = torch.zeros((m, k_in), dtype=dt)
@@ -289,6 +290,10 @@ def _dense_gemv_scenarios():
             yield lambda x=x, w=gate_up_w, nw=norm_w: dense_gemv(x, w, norm_weight=nw, eps=1e-5,
                                                                  residual=x.clone(), gated=True)
             yield lambda x=x, w=o_w, nw=norm_w: dense_gemv(x, w, norm_weight=nw, eps=1e-5, split=4)
+        # Gemma's GELU-tanh-and-mul in the gated epilogue
+        yield lambda dt=dt, w=gate_up_w, nw=norm_w: dense_gemv(
+            torch.zeros((1, hidden), dtype=dt), w, norm_weight=nw, eps=1e-6,
+            residual=torch.zeros((1, hidden), dtype=dt), gated=True, act="gelu_tanh")
 
 
 def _moe_scenarios():

@@ -88,6 +88,25 @@ def test_dense_gemv_close_to_unfused_path(device) -> None:
     assert err < 2e-2, err
 
 
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_dense_gemv_gelu_epilogue(dtype, device) -> None:
+    """Gemma's GELU-tanh-and-mul in the gated epilogue (elementwise.gate_act's sigmoid form of
+    torch's tanh formula) against the fp32 reference; SiLU's result differs (the switch acts)."""
+    from homelab_llm.engine.kernels.dense_gemv import dense_gemv
+
+    a = _inputs(2, 96, 40, dtype, True, True, True, False, device)
+    want, _ = norm_linear_ref(**{key: _fp32(v) for key, v in a.items()}, eps=1e-6, gated=True,
+                              act="gelu_tanh")
+    out, _ = dense_gemv(a["x"], a["weight"], norm_weight=a["norm_weight"], eps=1e-6,
+                        residual=a["residual"], gated=True, act="gelu_tanh")
+    assert _rel_rows(out, want) < BOUND[dtype]
+    silu, _ = dense_gemv(a["x"], a["weight"], norm_weight=a["norm_weight"], eps=1e-6,
+                         residual=a["residual"], gated=True)
+    assert _rel_rows(silu, want) > 10 * BOUND[dtype]
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        dense_gemv(a["x"], a["weight"], gated=True, act="relu")
+
+
 def test_dense_gemv_rejects_mismatched_weight(device) -> None:
     from homelab_llm.engine.kernels.dense_gemv import dense_gemv
 

@@ -87,11 +87,12 @@ def test_expert_sum_gemv_is_the_weighted_sum(dtype, inter, device) -> None:
 
 
 @pytest.mark.parametrize("tokens", [1, 2])
-def test_moe_gemv_matches_fused_reference(tokens, device) -> None:
+def test_moe_gemv_matches_fused_reference(tokens, device, full_shapes) -> None:
+    """On a GPU at the Qwen3-30B-A3B layer's shape (the table's tiles, K steps within a pick)."""
     from homelab_llm.engine.kernels.moe_gemv import moe_gemv
 
     gen = torch.Generator().manual_seed(11 + tokens)
-    e, top_k, hidden, inter = 8, 4, 64, 32
+    e, top_k, hidden, inter = (128, 8, 2048, 768) if full_shapes else (8, 4, 64, 32)
     w13, w2 = _experts(gen, e, hidden, inter, torch.bfloat16, device)
     weights, ids = _picks(gen, tokens, e, top_k, device)
     x = torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16)

@@ -18,8 +18,8 @@ from homelab_llm.engine.model.llama import LlamaDecoderLayer
 from tests.engine.kernels.layer_inputs import stub_layer
 
 
-def _layer(device: torch.device) -> LlamaDecoderLayer:
-    layer = stub_layer(128, 256, 4, 2, 32, 5, hidden_act="silu").to(device)
+def _layer(device: torch.device, act: str = "silu") -> LlamaDecoderLayer:
+    layer = stub_layer(128, 256, 4, 2, 32, 5, hidden_act=act).to(device)
     for module in layer.modules():
         if isinstance(module, LinearBase):
             module.set_w4(wp.quantize_rtn(module.weight.data, 64, False))
@@ -30,26 +30,28 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.float() - b.float()).norm(dim=1) / b.float().norm(dim=1)).max())
 
 
-@pytest.mark.parametrize("rows,first", [(1, True), (2, False)])
-def test_w4a16_fused_layer_matches_separate_ops(rows: int, first: bool, monkeypatch,
+@pytest.mark.parametrize("rows,first,act", [(1, True, "silu"), (2, False, "silu"),
+                                             (1, False, "gelu_pytorch_tanh")])  # Gemma's MLP
+def test_w4a16_fused_layer_matches_separate_ops(rows: int, first: bool, act: str, monkeypatch,
                                                 device: torch.device) -> None:
-    layer = _layer(device)
+    layer = _layer(device, act)
     gen = torch.Generator().manual_seed(rows)
     hidden = torch.randn(rows, 128, generator=gen).to(device, torch.bfloat16)
     residual = None if first else torch.randn(rows, 128, generator=gen).to(device, torch.bfloat16)
     launches = []
-    real_h2 = dispatch.w4a16_silu_matmul
+    real_h2 = dispatch.w4a16_act_matmul
 
-    def counting_silu(gate_up, weight):
-        launches.append(gate_up.shape)
-        return real_h2(gate_up, weight)
+    def counting_silu(gate_up, weight, act):
+        launches.append((gate_up.shape, act))
+        return real_h2(gate_up, weight, act)
 
     monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w: False)
     want, want_res = layer(hidden, residual, None)
     monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w: True)
-    monkeypatch.setattr(dispatch, "w4a16_silu_matmul", counting_silu)
+    monkeypatch.setattr(dispatch, "w4a16_act_matmul", counting_silu)
     got, got_res = layer(hidden, residual, None)
-    assert launches == [(rows, 512)]  # down_proj took the gate | up rows: SiLU in its prologue
+    # down_proj took gate | up: the activation in its prologue
+    assert launches == [((rows, 512), "silu" if act == "silu" else "gelu_tanh")]
     # The output passes 4 W4A16 GEMVs (the residual 2), the fused ones in the packed-half
     # kernel's fp16 arithmetic (~2e-3 a GEMV) against the reference's fp32, plus bf16 roundings
     # (the interpreter's cast truncates: 2^-7): ~2e-2 at most; a wrong norm, residual or gate is

@@ -73,18 +73,37 @@ def test_silu_prologue_is_bit_equal_to_separate_kernel(m: int, k: int, n: int, g
                                                        split: int | None, device: torch.device) -> None:
     w, gen = _weight(k, n, group, device, m * 7 + k + n)
     gate_up = (torch.randn(m, 2 * k, generator=gen) * 2).to(device, torch.bfloat16)
-    got = w4a16_h2(gate_up, w, _out(m, n, device), split=split, silu_in=True)
+    got = w4a16_h2(gate_up, w, _out(m, n, device), split=split, act_in="silu")
     act = elementwise.silu_and_mul(gate_up)
     assert torch.equal(got, w4a16_h2(act, w, _out(m, n, device), split=split))
     assert _row_rel(got, act.double() @ dequantize_w4_ref(w).double()) < VS_FP64
+
+
+def test_gelu_prologue_matches_separate_ops(device: torch.device) -> None:
+    """Gemma's GELU-tanh-and-mul formed in the prologue (rounded where the torch ops round:
+    gelu(gate), then the product) against the GEMV of those ops' output. On a GPU the two
+    differ by the activation's fp32 formula (sigmoid form vs tanh): an ulp of bf16 on few
+    elements; in the interpreter the kernel's two casts truncate where torch rounds to nearest
+    (2^-8 relative an element): bound 1.5e-2. A wrong activation is off by ~10%."""
+    from homelab_llm.engine.kernels.ref import gelu_tanh_and_mul_ref
+
+    w, gen = _weight(256, 96, 128, device, 5)
+    gate_up = (torch.randn(2, 512, generator=gen) * 2).to(device, torch.bfloat16)
+    got = w4a16_h2(gate_up, w, _out(2, 96, device), act_in="gelu_tanh")
+    act = gelu_tanh_and_mul_ref(gate_up)
+    assert _row_rel(got, w4a16_h2(act, w, _out(2, 96, device))) < 1.5e-2
+    silu = w4a16_h2(gate_up, w, _out(2, 96, device), act_in="silu")
+    assert _row_rel(silu, got) > 0.05
+    with pytest.raises(ValueError, match="act_in 'relu'"):
+        w4a16_h2(gate_up, w, _out(2, 96, device), act_in="relu")
 
 
 def test_prologue_rejects_bad_combinations(device: torch.device) -> None:
     w, gen = _weight(128, 32, 128, device, 1)
     x = torch.randn(1, 128, generator=gen).to(device, torch.bfloat16)
     nw = torch.ones(128, device=device, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="silu_in"):  # a [M, K] input is not gate | up
-        w4a16_h2(x, w, _out(1, 32, device), silu_in=True)
+    with pytest.raises(ValueError, match="act_in"):  # a [M, K] input is not gate | up
+        w4a16_h2(x, w, _out(1, 32, device), act_in="silu")
     with pytest.raises(ValueError, match="residual"):  # a residual needs somewhere to go
         w4a16_h2(x, w, _out(1, 32, device), norm_weight=nw, residual=x.clone())
     with pytest.raises(ValueError, match="alias"):
@@ -108,7 +127,7 @@ def test_prologue_calls_take_the_fused_entry(device: torch.device, monkeypatch) 
     assert tuning.h2_tiles(1, device, 96) is not fused and tuning.h2_tiles(2, device, 96, fused=True) is not fused
     w, gen = _weight(256, 96, 64, device, 11)
     gate_up = torch.randn(1, 512, generator=gen).to(device, torch.bfloat16)
-    got = w4a16_h2(gate_up, w, _out(1, 96, device), silu_in=True)
+    got = w4a16_h2(gate_up, w, _out(1, 96, device), act_in="silu")
     want = w4a16_h2(elementwise.silu_and_mul(gate_up), w, _out(1, 96, device), tiles=fused)
     assert torch.equal(got, want)
 
