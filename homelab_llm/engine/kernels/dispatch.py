@@ -234,17 +234,33 @@ def w4a16_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
                       eps: float, weight) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(rms_norm(x + residual) @ W, x + residual or None without a residual) for a W4A16 weight:
     one launch on w4a16_prologue_route, the separate ops elsewhere."""
+    return _w4a16_norm(x, residual, norm_weight, eps, weight, False)[:2]
+
+
+def w4a16_norm_matmul_keep(x: torch.Tensor, residual: torch.Tensor | None,
+                           norm_weight: torch.Tensor, eps: float, weight,
+                           ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """w4a16_norm_matmul and the normalized rows, for other linears that read the same norm
+    (Gated DeltaNet's in_proj_ba beside in_proj_qkvz): on the fused route the GEMV's prologue
+    stores them, so no norm launch runs."""
+    return _w4a16_norm(x, residual, norm_weight, eps, weight, True)
+
+
+def _w4a16_norm(x, residual, norm_weight, eps, weight, keep: bool):
     if w4a16_prologue_route(x, weight) and (residual is None or residual.stride(1) == 1):
         from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 
         out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
         summed = torch.empty_like(x) if residual is not None else None
-        w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed)
-        return out, summed
+        normed = torch.empty_like(x) if keep else None
+        w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed,
+                 normed=normed)
+        return out, summed, normed
     if residual is None:
-        return w4a16_matmul(rms_norm(x, norm_weight, eps), weight), None
-    normed, summed = add_rms_norm(x, residual, norm_weight, eps)
-    return w4a16_matmul(normed, weight), summed
+        normed, summed = rms_norm(x, norm_weight, eps), None
+    else:
+        normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+    return w4a16_matmul(normed, weight), summed, normed
 
 
 def w4a16_act_matmul(gate_up: torch.Tensor, weight, act: str = "silu") -> torch.Tensor:

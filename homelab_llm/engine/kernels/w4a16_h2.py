@@ -59,7 +59,7 @@ def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
 @triton.jit
 def _w4a16_h2_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
-    res_ptr, nw_ptr, sum_ptr, eps,
+    res_ptr, nw_ptr, sum_ptr, normed_ptr, eps,
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om, stride_rm, stride_sm,
     num_splits,
@@ -67,6 +67,7 @@ def _w4a16_h2_kernel(
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
+    NORM_OUT: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -92,11 +93,13 @@ def _w4a16_h2_kernel(
                         RESIDUAL)
     else:
         rstd = tl.zeros([BLOCK_M], tl.float32)
-    # column block 0's programs (all K splits) store the summed input, once per element
+    # column block 0's programs (all K splits) store the summed (and normalized) input, once
+    # per element
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
                  res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, tl.where(pid_n == 0, K, 0),
                  SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
-                 NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN)
+                 NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN, normed_ptr=normed_ptr,
+                 NORM_OUT=NORM_OUT)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
@@ -134,15 +137,17 @@ def _w4a16_h2_kernel(
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
              split: int | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
              residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
-             act_in: str | None = None) -> torch.Tensor:
+             act_in: str | None = None, normed: torch.Tensor | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
     row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
     M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split).
 
     Prologue forms (w4a16_prologue.py; none with act-order): norm_weight: the GEMV reads
     RMSNorm(x2 (+ residual)) * norm_weight (eps its epsilon), and with a residual stores x2 +
-    residual into `summed` ([M, K], x2's dtype, not aliasing x2 or residual); act_in ("silu"
-    or "gelu_tanh"): x2 is [M, 2K] gate | up and the GEMV reads act(gate) * up."""
+    residual into `summed` ([M, K], x2's dtype, not aliasing x2 or residual); normed (with the
+    norm; a new [M, K] tensor shaped and strided as summed): also store the normalized rows
+    there, for other linears that read the same norm; act_in ("silu" or "gelu_tanh"): x2 is
+    [M, 2K] gate | up and the GEMV reads act(gate) * up."""
     m = x2.shape[0]
     k = w.in_features
     n = w.out_features
@@ -157,6 +162,12 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
                          f"{summed is not None}, act_in {act_in}")
     if summed is not None and summed.data_ptr() in (x2.data_ptr(), residual.data_ptr()):
         raise ValueError("w4a16_h2: summed must not alias x or residual (other programs read them)")
+    if normed is not None:
+        read = {x2.data_ptr()} | ({residual.data_ptr()} if residual is not None else set())
+        if norm_weight is None or normed.shape != x2.shape or normed.data_ptr() in read \
+                or (summed is not None and normed.stride() != summed.stride()):
+            raise ValueError("w4a16_h2: normed takes a new [M, K] tensor (strided as summed) "
+                             "and a norm")
     t = tiles or h2_tiles(m, x2.device, n, fused=bool(act_in) or norm_weight is not None)
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
@@ -167,10 +178,11 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
     res = residual if residual is not None else x2
-    sums = summed if summed is not None else x2
+    sums = summed if summed is not None else (normed if normed is not None else x2)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
-        res, norm_weight if norm_weight is not None else x2, sums, float(eps),
+        res, norm_weight if norm_weight is not None else x2, sums,
+        normed if normed is not None else x2, float(eps),
         m, n, k, p.k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
         sums.stride(0), p.split,
@@ -180,6 +192,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         PREFETCH_L2=t.prefetch_l2 and use_asm,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
+        NORM_OUT=normed is not None,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

@@ -126,10 +126,12 @@ def tile_dot(words, xp_ptr, USE_ASM: tl.constexpr):
 def prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
                  res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, sum_limit,
                  SEG: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK_SEGS: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr):
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr,
+                 normed_ptr, NORM_OUT: tl.constexpr):
     """Activations of k in [k_start, k_end) (whole segments of SEG = one K step) for the half2
     dot, by one program (x in the form w4a16_prologue.load_input gives: NORM with the rows'
-    rstd [BLOCK_M], RESIDUAL, ACT_IN; the summed input stored below sum_limit):
+    rstd [BLOCK_M], RESIDUAL, ACT_IN; the summed input, and with NORM_OUT the normalized one,
+    stored below sum_limit):
       xh [M, K] fp16: x * 2^-e(row, segment) * (2^14 for even j, 2^10 odd), stored so that
          int32 pair 4r + j of a row is (x[8r + j], x[8r + j + 4]) -- the order and powers of
          two nibble_pairs gives the weights;
@@ -148,8 +150,9 @@ def prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
     for c0 in range(k_start, k_end, CHUNK):
         k = c0 + offs_s * SEG + offs_e  # [1, CHUNK_SEGS, SEG]
         ok = m_ok & (k < k_end)
-        x = load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, offs_m.to(tl.int64), k, ok, K, stride_xm,
-                       stride_rm, stride_sm, rstd[:, None, None], sum_limit, NORM, RESIDUAL, ACT_IN)
+        x = load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, offs_m.to(tl.int64), k, ok, K,
+                       stride_xm, stride_rm, stride_sm, rstd[:, None, None], sum_limit, NORM,
+                       RESIDUAL, ACT_IN, NORM_OUT)
         amax = tl.max(tl.abs(x), axis=2)  # [BLOCK_M, CHUNK_SEGS]
         expo = amax.to(tl.int32, bitcast=True) & 0x7F800000
         undo = expo.to(tl.float32, bitcast=True)  # 2^floor(log2 amax); 0 when amax is 0/subnormal

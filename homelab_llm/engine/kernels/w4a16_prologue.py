@@ -61,12 +61,13 @@ def row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M: tl.conste
 
 
 @triton.jit
-def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, rows, k, ok, K, stride_xm, stride_rm, stride_sm,
-               rstd, sum_limit, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-               ACT_IN: tl.constexpr):
+def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, rows, k, ok, K, stride_xm,
+               stride_rm, stride_sm, rstd, sum_limit, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+               ACT_IN: tl.constexpr, NORM_OUT: tl.constexpr = False):
     """The GEMV's input at rows x k (any broadcastable shapes; rows int64, rstd shaped like rows)
     as fp32 values of x's dtype; s is written to sum_ptr where k < sum_limit (NORM + RESIDUAL: K
-    in the programs that store it, 0 in the others)."""
+    in the programs that store it, 0 in the others), and with NORM_OUT the normalized input to
+    normed_ptr there too (for other linears that read the same norm; sum_ptr's strides)."""
     dt = x_ptr.dtype.element_ty
     if ACT_IN:
         gate = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
@@ -79,5 +80,8 @@ def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, rows, k, ok, K, stride_xm, strid
         if RESIDUAL:
             tl.store(sum_ptr + rows * stride_sm + k, s.to(dt), mask=ok & (k < sum_limit))
         w = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
-        return (s * rstd * w).to(dt).to(tl.float32)
+        y = (s * rstd * w).to(dt)
+        if NORM_OUT:
+            tl.store(normed_ptr + rows * stride_sm + k, y, mask=ok & (k < sum_limit))
+        return y.to(tl.float32)
     return s

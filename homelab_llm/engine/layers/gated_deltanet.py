@@ -86,13 +86,16 @@ class GatedDeltaNet(nn.Module):
         self.ssm_state: torch.Tensor | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.mix(self.in_proj_qkvz(hidden), self.in_proj_ba(hidden))
+
+    def mix(self, qkvz: torch.Tensor, ba: torch.Tensor) -> torch.Tensor:
+        """Everything after the two input projections: conv, the delta rule, the gated norm,
+        out_proj (the decoder may form qkvz with its norm inside the GEMV's prologue)."""
         ctx = get_context()
         if self.conv_state is None or self.ssm_state is None or ctx.state_indices is None:
             raise RuntimeError("Gated DeltaNet layer has no state slots bound (runner bug)")
-        tokens = hidden.shape[0]
-        qkvz = self.in_proj_qkvz(hidden)
+        tokens = qkvz.shape[0]
         mixed, z = qkvz[:, :self.conv_dim], qkvz[:, self.conv_dim:]
-        ba = self.in_proj_ba(hidden)
         b, a = ba[:, :self.num_v_heads], ba[:, self.num_v_heads:]
         # Decode-form rows first (all of a decode_only step; a hybrid verify's groups of K+1 rows
         # in a mixed one), varlen sequences after them.

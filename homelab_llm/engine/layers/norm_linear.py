@@ -48,6 +48,18 @@ def norm_then_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNo
     return out, (x if summed is None else summed)
 
 
+def norm_then_linear_keep(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+                          linear: LinearBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """norm_then_linear for a W4A16 linear (linear.w4 set; `fuses` says when it is one launch),
+    plus the normalized rows, which its GEMV's prologue stores for the other linears that read
+    the same norm: (linear(norm(x + residual)), x + residual, norm(x + residual))."""
+    out, summed, normed = dispatch.w4a16_norm_matmul_keep(x, residual, norm.weight, norm.eps,
+                                                          linear.w4)
+    if linear.bias is not None:
+        out = out + linear.bias
+    return out, (x if summed is None else summed), normed
+
+
 def gated_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gate_up: LinearBase,
               down: RowParallelLinear, act: str = "silu") -> tuple[torch.Tensor, torch.Tensor] | None:
     """(down(act(gate) * up of gate_up(norm(x + residual))), x + residual) with the norm and the

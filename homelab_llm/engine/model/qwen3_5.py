@@ -29,6 +29,7 @@ from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmb
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
 from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
+from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear, norm_then_linear_keep
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder, mlp_after_norm
@@ -109,8 +110,11 @@ class GatedAttention(nn.Module):
         self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
 
     def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        tokens, d, h = hidden.shape[0], self.head_dim, self.num_heads
-        qkv = self.qkv_proj(hidden)
+        return self.attend(self.qkv_proj(hidden), rope)
+
+    def attend(self, qkv: torch.Tensor, rope: RopeTables) -> torch.Tensor:
+        """Everything after the fused projection: norms, rotation, attention, gate, o_proj."""
+        tokens, d, h = qkv.shape[0], self.head_dim, self.num_heads
         v = qkv[:, self.q_rows + self.kv_size:].view(tokens, self.num_kv_heads, d)
         # The output gate stays in the projection's output: a strided view, no copy.
         gate = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., d:] if self.gated else None
@@ -139,6 +143,23 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
+        """At decode sizes on a GPU the input norm runs inside the first projection's GEMV: the
+        attention layers' qkv_proj (as Llama's), a Gated DeltaNet layer's W4A16 in_proj_qkvz,
+        whose prologue also stores the normalized rows for in_proj_ba; the MLP's norm inside its
+        GEMVs (llama.mlp_after_norm)."""
+        if self.is_linear:
+            gdn = self.linear_attn
+            if gdn.in_proj_qkvz.w4 is not None and fuses(hidden, gdn.in_proj_qkvz):
+                qkvz, residual, normed = norm_then_linear_keep(hidden, residual,
+                                                               self.input_layernorm,
+                                                               gdn.in_proj_qkvz)
+                hidden = gdn.mix(qkvz, gdn.in_proj_ba(normed))
+                return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
+        elif fuses(hidden, self.self_attn.qkv_proj):
+            qkv, residual = norm_then_linear(hidden, residual, self.input_layernorm,
+                                             self.self_attn.qkv_proj)
+            hidden = self.self_attn.attend(qkv, rope)
+            return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:

@@ -240,6 +240,11 @@ def _scenarios():
             x, weights[128], torch.zeros((x.shape[0], n_out), dtype=bf16),
             norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
             residual=torch.zeros_like(x) if res else None, summed=torch.zeros_like(x) if res else None)
+    # the normalized rows kept for another linear (Gated DeltaNet's in_proj_ba)
+    yield lambda: w4a16_h2.w4a16_h2(
+        torch.zeros((1, k_in), dtype=bf16), weights[128], torch.zeros((1, n_out), dtype=bf16),
+        norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6, residual=torch.zeros((1, k_in), dtype=bf16),
+        summed=torch.zeros((1, k_in), dtype=bf16), normed=torch.zeros((1, k_in), dtype=bf16))
     for act in ("silu", "gelu_tanh"):
         yield lambda act=act: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
                                                 torch.zeros((1, n_out), dtype=bf16), act_in=act)

@@ -77,3 +77,37 @@ def test_gpu_path_matches_reference_path(dtype: torch.dtype, monkeypatch) -> Non
     for a, b in zip(model.gdn_layers, ref_model.gdn_layers):
         assert rel(a.ssm_state[1], b.ssm_state[1]) < bound
         assert rel(a.conv_state[1], b.conv_state[1]) < bound
+
+
+def _w4_model():
+    """The tiny hybrid with 4-bit linears (group 32), in_proj_ba kept bf16 as the dummy 27B has
+    it (and as AutoRound leaves it)."""
+    from homelab_llm.engine.kernels import w4a16_pack as wp
+    from homelab_llm.engine.layers.linear import LinearBase
+
+    model, ctx = tiny_decode_model(torch.bfloat16)
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase) and "in_proj_ba" not in name:
+            module.set_w4(wp.quantize_rtn(module.weight.data, 32, False))
+    return model, ctx
+
+
+def test_w4a16_step_folds_the_input_norms(monkeypatch) -> None:
+    """On the W4A16 prologue route (1 row on sm_90) every layer's input norm runs inside its
+    first projection's GEMV (a Gated DeltaNet layer's in_proj_qkvz stores the normalized rows for
+    in_proj_ba), the MLP's norm inside gate_up's and its SiLU-and-mul inside down's: 12 launches
+    fewer a step of the tiny model (8 norms, 4 SiLU-and-muls; the final norm stays). Outputs
+    within the W4A16 layer tests' bound (3e-2: fp16 GEMV arithmetic and bf16 roundings)."""
+    from homelab_llm.engine.kernels import dispatch
+
+    results = {}
+    for fused in (False, True):
+        model, ctx = _w4_model()
+        with monkeypatch.context() as patch:
+            patch.setattr(dispatch, "w4a16_prologue_route", lambda x, w, fused=fused: fused)
+            results[fused] = count_launches(patch, model, ctx, torch.tensor([7]))
+    (off, want), (on, got) = results[False], results[True]
+    assert off["triton._rms_norm_kernel"] == 9 and off["triton._silu_and_mul_kernel"] == 4
+    assert on["triton._rms_norm_kernel"] == 1 and "triton._silu_and_mul_kernel" not in on
+    assert sum(on.values()) == sum(off.values()) - 12, (on, off)
+    assert float((got.float() - want.float()).norm() / want.float().norm()) < 3e-2

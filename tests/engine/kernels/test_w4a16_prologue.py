@@ -54,15 +54,19 @@ def test_norm_prologue_matches_separate_norm(m: int, k: int, n: int, group: int,
     res = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
     nw = (1 + 0.3 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
     eps = 1e-6
+    kept = torch.full_like(x, float("nan"))  # the normalized rows, for other linears
     if with_residual:
         normed, want_sum = elementwise.add_rms_norm(x, res, nw, eps)
         summed = torch.full_like(x, float("nan"))
         got = w4a16_h2(x, w, _out(m, n, device), split=split, norm_weight=nw, eps=eps,
-                       residual=res, summed=summed)
+                       residual=res, summed=summed, normed=kept)
         assert torch.equal(summed, want_sum)
     else:
         normed = elementwise.rms_norm(x, nw, eps)
-        got = w4a16_h2(x, w, _out(m, n, device), split=split, norm_weight=nw, eps=eps)
+        got = w4a16_h2(x, w, _out(m, n, device), split=split, norm_weight=nw, eps=eps,
+                       normed=kept)
+    # the separate kernel's values, up to its sum of squares' order (a rounding of rsqrt)
+    torch.testing.assert_close(kept, normed, rtol=2 ** -7, atol=0)
     separate = w4a16_h2(normed, w, _out(m, n, device), split=split)
     assert _row_rel(got, separate) < FUSED_VS_SEPARATE
     assert _row_rel(got, normed.double() @ dequantize_w4_ref(w).double()) < VS_FP64
@@ -108,6 +112,8 @@ def test_prologue_rejects_bad_combinations(device: torch.device) -> None:
         w4a16_h2(x, w, _out(1, 32, device), norm_weight=nw, residual=x.clone())
     with pytest.raises(ValueError, match="alias"):
         w4a16_h2(x, w, _out(1, 32, device), norm_weight=nw, residual=x.clone(), summed=x)
+    with pytest.raises(ValueError, match="normed takes"):  # the rows need a norm to be normed
+        w4a16_h2(x, w, _out(1, 32, device), normed=torch.empty_like(x))
 
 
 def test_prologue_calls_take_the_fused_entry(device: torch.device, monkeypatch) -> None:
