@@ -4,7 +4,8 @@ the rotary embedding first (q in place, k on its way into the cache): one launch
 instead of two, and k is never written back rotated.
 
 When head_dim is a power of two the int8 rows are Hadamard-rotated first (`ref.quantize_kv`),
-in the kernel with tl.dot; the rotated rows then match the reference's to fp32 rounding, and
+in the kernel by fp32 butterflies (common.fwht); the rotated rows then match the reference's to
+fp32 rounding, and
 their quantization is bit-exact with `ref.quantize_per_token_head`: IEEE division (`div_rn`,
 since Triton's plain `/` on fp32 may be approximate), round-half-to-even done by hand (portable
 to ROCm, no libdevice), and the fp16 scale is rounded before it divides, like the reference.
@@ -16,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import dot_in_fp32, fwht, hadamard_dot, kv_cache_args, next_pow2
-from homelab_llm.engine.kernels.elementwise import rotate_half, apply_rope
-from homelab_llm.engine.kernels.ref import MIN_AMAX, kv_rotated
+from homelab_llm.engine.kernels.common import fwht, kv_cache_args, next_pow2
+from homelab_llm.engine.kernels.elementwise import rotate_half
+from homelab_llm.engine.kernels.ref import MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -62,7 +63,7 @@ def _store_kv_kernel(
     min_amax,
     PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, INT8_KV: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
@@ -91,11 +92,6 @@ def _store_kv_kernel(
         tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=mask)
 
 
-def _heads_pad(num_heads: int, rotate: bool) -> int:
-    """Heads per program, padded; the in-kernel rotation is a tl.dot, which wants >= 16 rows."""
-    return max(16, next_pow2(num_heads)) if rotate else next_pow2(num_heads)
-
-
 def store_kv(
     key: torch.Tensor,  # [T, Hkv, D]
     value: torch.Tensor,
@@ -115,9 +111,9 @@ def store_kv(
         key, value, k_cache, v_cache, kv.k_scale, kv.v_scale, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1), *kv.strides,
         MIN_AMAX,
-        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
+        PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=kv.int8,
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(),
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d,
         num_warps=tiles_for(key.device).elementwise_warps,
     )
 
@@ -150,7 +146,7 @@ def _load_head_parts(base, h_mask, offs_d, d_mask, offs_r, r_mask, HALF: tl.cons
 @triton.jit
 def _rope_store_kv_kernel(
     q_ptr, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr,
-    q_src_ptr, qw_ptr, kw_ptr, eps,
+    q_src_ptr, qw_ptr, kw_ptr, eps, scratch_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_c,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_sp, stride_ss, stride_sh, stride_qst, stride_qsh,
@@ -159,7 +155,7 @@ def _rope_store_kv_kernel(
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr, QK_NORM: tl.constexpr = False,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, QK_NORM: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -175,19 +171,24 @@ def _rope_store_kv_kernel(
     # (QK_NORM) read from the projection at q_src, normalized per head (rounded to its dtype,
     # as elementwise.qk_norm stores it), rotated and stored at q.
     offs_qh = tl.arange(0, Q_HEADS_PAD)
-    if QK_NORM:
-        qh_mask = offs_qh < NUM_Q_HEADS
-        q1, q2, q_tail = _load_head_parts(q_src_ptr + t * stride_qst + offs_qh[:, None] * stride_qsh,
-                                          qh_mask, offs_d, d_mask, offs_r, r_mask, HALF)
-        q1, q2, q_tail = _head_norm(q1, q2, q_tail, qw_ptr, offs_d, d_mask, offs_r, r_mask, eps,
-                                    HALF, HEAD_DIM)
-        q1 = q1.to(dtype).to(tl.float32)
-        q2 = q2.to(dtype).to(tl.float32)
-        q_dst = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh
-        q_half = qh_mask[:, None] & d_mask[None, :]
-        tl.store(q_dst + offs_d[None, :], (q1 * cos - q2 * sin).to(dtype), mask=q_half)
-        tl.store(q_dst + HALF + offs_d[None, :], (q2 * cos + q1 * sin).to(dtype), mask=q_half)
-        tl.store(q_dst + offs_r[None, :], q_tail.to(dtype), mask=qh_mask[:, None] & r_mask[None, :])
+    if QK_NORM:  # a few heads at a time: whole heads of 256 stay within the registers
+        QH: tl.constexpr = min(Q_HEADS_PAD, 8)
+        for h0 in tl.static_range(0, Q_HEADS_PAD, QH):
+            offs_qh = h0 + tl.arange(0, QH)
+            qh_mask = offs_qh < NUM_Q_HEADS
+            q1, q2, q_tail = _load_head_parts(
+                q_src_ptr + t * stride_qst + offs_qh[:, None] * stride_qsh, qh_mask, offs_d,
+                d_mask, offs_r, r_mask, HALF)
+            q1, q2, q_tail = _head_norm(q1, q2, q_tail, qw_ptr, offs_d, d_mask, offs_r, r_mask,
+                                        eps, HALF, HEAD_DIM)
+            q1 = q1.to(dtype).to(tl.float32)
+            q2 = q2.to(dtype).to(tl.float32)
+            q_dst = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh
+            q_half = qh_mask[:, None] & d_mask[None, :]
+            tl.store(q_dst + offs_d[None, :], (q1 * cos - q2 * sin).to(dtype), mask=q_half)
+            tl.store(q_dst + HALF + offs_d[None, :], (q2 * cos + q1 * sin).to(dtype), mask=q_half)
+            tl.store(q_dst + offs_r[None, :], q_tail.to(dtype),
+                     mask=qh_mask[:, None] & r_mask[None, :])
     else:
         q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
         rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
@@ -220,13 +221,22 @@ def _rope_store_kv_kernel(
                     mask=v_mask, other=0.0)
     v_dst = v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh + offs_v[None, :]
     if INT8_KV and ROTATE:
-        # Full rotary here: k @ H = r1 @ H[:HALF] + r2 @ H[HALF:] (ref.quantize_kv).
-        k_rot = hadamard_dot(r1, offs_d, offs_v, LOG2_D, DOT_F32)
-        k_rot += hadamard_dot(r2, HALF + offs_d, offs_v, LOG2_D, DOT_F32)
-        v_rot = hadamard_dot(value.to(tl.float32), offs_v, offs_v, LOG2_D, DOT_F32)
+        # The rotated row, rounded to k's dtype as the unfused rope stores it, goes through
+        # scratch (this program's own row, read back after a barrier) to be transformed whole by
+        # store_kv's butterflies: the same bits as rope then store_kv, any rotary width. (Two
+        # Hadamard dots of the rotated halves needed full rotary, and the sign matrices they
+        # built spilled 365 registers on gfx1100 at head_dim 128.)
+        row = scratch_ptr + t * NUM_HEADS * HEAD_DIM + offs_h[:, None] * HEAD_DIM
+        tl.store(row + offs_d[None, :], r1.to(dtype), mask=half_mask)
+        tl.store(row + HALF + offs_d[None, :], r2.to(dtype), mask=half_mask)
+        tl.store(row + offs_r[None, :], tail.to(dtype), mask=tail_mask)
+        tl.debug_barrier()  # every thread's part of the row is written before any reads it
+        k_row = tl.load(row + offs_v[None, :], mask=v_mask, other=0.0).to(tl.float32)
         s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
-        _quantize_rows_store(k_rot, k_dst + offs_v[None, :], ks_ptr + s_off, v_mask, h_mask, min_amax)
-        _quantize_rows_store(v_rot, v_dst, vs_ptr + s_off, v_mask, h_mask, min_amax)
+        _quantize_rows_store(fwht(k_row, LOG2_D), k_dst + offs_v[None, :], ks_ptr + s_off, v_mask,
+                             h_mask, min_amax)
+        _quantize_rows_store(fwht(value.to(tl.float32), LOG2_D), v_dst, vs_ptr + s_off, v_mask,
+                             h_mask, min_amax)
     elif INT8_KV:
         amax = tl.maximum(tl.max(tl.abs(r1), axis=1), tl.max(tl.abs(r2), axis=1))
         amax = tl.maximum(amax, tl.max(tl.abs(tail), axis=1))
@@ -245,14 +255,6 @@ def _rope_store_kv_kernel(
         tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=v_mask)
 
 
-def norm_fuses(head_dim: int, rotary_dim: int, k_cache: torch.Tensor) -> bool:
-    """Whether rope_store_kv takes a q/k norm in its one launch (qk_norm=): everywhere but
-    Hadamard-rotated int8 caches with partial rotary (or a tiny head), which rope and store in
-    two launches (the branch at the top of rope_store_kv)."""
-    rotate = k_cache.dtype == torch.int8 and kv_rotated(head_dim)
-    return not rotate or (rotary_dim == head_dim and rotary_dim // 2 >= 16)
-
-
 def rope_store_kv(
     q: torch.Tensor,  # [T, Hq, D], rotated in place (qk_norm: the projection's q, left as it is)
     key: torch.Tensor,  # [T, Hkv, D], not rotated; left as it is
@@ -266,10 +268,11 @@ def rope_store_kv(
     v_scale: torch.Tensor | None = None,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """`apply_rope(q, key, ...)` then `store_kv(key, value, ...)` in one launch; the same bits.
-    Returns the rotated q: q itself, or with qk_norm = (q_weight, k_weight, eps) a new [T, Hq,
-    D] tensor, q and key first RMSNorm-ed per head as elementwise.qk_norm does (same launch;
-    q and key may then be strided views of the projection; see norm_fuses)."""
+    """`apply_rope(q, key, ...)` then `store_kv(key, value, ...)` in one launch; the same bits
+    (rotated int8 rows up to the Hadamard sums' fp32 order, see the kernel). Returns the rotated
+    q: q itself, or with qk_norm = (q_weight, k_weight, eps) a new [T, Hq, D] tensor, q and key
+    first RMSNorm-ed per head as elementwise.qk_norm does (same launch; q and key may then be
+    strided views of the projection)."""
     num_tokens, num_heads, head_dim = key.shape
     if q.stride(2) != 1 or key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("q/key/value head_dim axis must be contiguous")
@@ -278,27 +281,20 @@ def rope_store_kv(
         return q_out
     kv = kv_cache_args(k_cache, v_cache, k_scale, v_scale, head_dim)
     half = cos_sin_cache.shape[1] // 2
-    if kv.rotate and not (2 * half == head_dim and half >= 16):
-        # Rotated int8 rows with partial rotary (or a tiny head): rope, then the rotating store.
-        if qk_norm is not None:
-            raise ValueError("rope_store_kv: no q/k norm with a rotated int8 cache and partial "
-                             "rotary (kv_store.norm_fuses)")
-        key = key.clone()
-        apply_rope(q, key, positions, cos_sin_cache)
-        store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-        return q
     q_weight, k_weight, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
+    # the rotated k rows' scratch for a Hadamard-rotated int8 cache (see the kernel)
+    scratch = torch.empty(key.shape, dtype=key.dtype, device=key.device) if kv.rotate else key
     _rope_store_kv_kernel[(num_tokens,)](
         q_out, key, value, positions, cos_sin_cache, k_cache, v_cache, kv.k_scale, kv.v_scale,
-        slot_mapping, q, q_weight, k_weight, float(eps),
+        slot_mapping, q, q_weight, k_weight, float(eps), scratch,
         q_out.stride(0), q_out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *kv.strides, q.stride(0), q.stride(1),
         MIN_AMAX,
         PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
-        NUM_HEADS=num_heads, HEADS_PAD=_heads_pad(num_heads, kv.rotate),
+        NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
         TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=kv.int8,
-        ROTATE=kv.rotate, LOG2_D=kv.log2_d, DOT_F32=dot_in_fp32(), QK_NORM=qk_norm is not None,
+        ROTATE=kv.rotate, LOG2_D=kv.log2_d, QK_NORM=qk_norm is not None,
         num_warps=tiles_for(key.device).elementwise_warps,
     )
     return q_out

@@ -40,14 +40,10 @@ class Attention(nn.Module):
 
     def norms_in_store(self, q: torch.Tensor, rope: RopeTables | None) -> bool:
         """Whether forward takes QK-norm attention's per-head norms (qk_norms=) into the kernel
-        that rotates q and k and stores K/V (a GPU, the cache bound, a layout that kernel fuses:
-        kv_store.norm_fuses): one launch fewer a layer than the separate q/k norm launch."""
-        if not (rope is not None and rope.in_kernel and self.k_cache is not None
-                and self.v_cache is not None and dispatch.use_triton(q)):
-            return False
-        from homelab_llm.engine.kernels.kv_store import norm_fuses
-
-        return norm_fuses(self.head_dim, rope.table.shape[1], self.k_cache)
+        that rotates q and k and stores K/V (a GPU, the rope tables, the cache bound): one
+        launch fewer a layer than the separate q/k norm launch."""
+        return (rope is not None and rope.in_kernel and self.k_cache is not None
+                and self.v_cache is not None and dispatch.use_triton(q))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rope: RopeTables | None = None, gate: torch.Tensor | None = None,

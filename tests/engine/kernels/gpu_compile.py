@@ -458,11 +458,14 @@ def _gated_attention_scenarios():
         k_proj = qkv[:, hq * 2 * d:hq * 2 * d + hkv * d].view(m, hkv, d)
         yield lambda q=q_gated, k=k_proj, kc=kc, vc=vc, pos=pos, slots=slots, cs=cos_sin, w=w: \
             kv_store.rope_store_kv(q, k, k, pos, cs, kc, vc, slots, qk_norm=(w, w, 1e-6))
-        # int8 KV: partial rotary falls back to rope + the rotating store (fp32 butterflies)
+        # int8 KV with partial rotary: the rotated row through scratch to the butterflies, in
+        # the same launch, with and without the q/k norms
         ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), torch.zeros((32, page, hkv, d), dtype=torch.int8)
         sc = torch.ones((32, page, hkv), dtype=torch.float16)
         yield lambda qk=qk, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
             qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, ki, vi, slots, sc, sc.clone())
+        yield lambda q=q_gated, k=k_proj, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin, w=w: \
+            kv_store.rope_store_kv(q, k, k, pos, cs, ki, vi, slots, sc, sc.clone(), qk_norm=(w, w, 1e-6))
         yield lambda m=m: dense_gemv(torch.zeros((m, 5120), dtype=bf16), torch.empty((96, 5120), dtype=bf16))
 
 

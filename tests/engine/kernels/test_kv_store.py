@@ -144,7 +144,7 @@ def test_fused_rope_store_matches_unfused(cache_dtype: torch.dtype, rot_fraction
 
 @pytest.mark.parametrize("cache_dtype,rot_fraction,gated", [
     (torch.bfloat16, 1.0, False), (torch.int8, 1.0, False),  # Qwen3 / Qwen3-MoE
-    (torch.bfloat16, 0.25, True),                             # the 27B's gated attention
+    (torch.bfloat16, 0.25, True), (torch.int8, 0.25, True),  # the 27B's gated attention
 ])
 def test_rope_store_with_qk_norm_matches_norm_then_store(cache_dtype, rot_fraction, gated,
                                                          device, full_shapes) -> None:
@@ -154,12 +154,11 @@ def test_rope_store_with_qk_norm_matches_norm_then_store(cache_dtype, rot_fracti
     as _assert_same_caches holds them, the projection untouched."""
     from homelab_llm.engine.kernels import ref
     from homelab_llm.engine.kernels.elementwise import qk_norm
-    from homelab_llm.engine.kernels.kv_store import norm_fuses, rope_store_kv
+    from homelab_llm.engine.kernels.kv_store import rope_store_kv
 
     gen = torch.Generator().manual_seed(6)
     tokens, hq, hkv, d, page_size, pages = (64, 24, 4, 256, 16, 8) if full_shapes else (5, 4, 2, 32, 4, 3)
     rot = int(d * rot_fraction)
-    assert norm_fuses(d, rot, torch.empty(0, dtype=cache_dtype))
     table = ref.rope_cos_sin_cache(ref.rope_inv_freq(rot, 10000.0, None), 512, device)
     positions = torch.randint(0, 512, (tokens,), generator=gen).to(device)
     q_step = 2 * d if gated else d
@@ -192,18 +191,30 @@ def test_rope_store_with_qk_norm_matches_norm_then_store(cache_dtype, rot_fracti
             torch.testing.assert_close(g.float(), w.float(), atol=2e-2, rtol=2 ** -7)
 
 
-def test_qk_norm_is_refused_where_rope_and_store_stay_apart(device) -> None:
+def test_partial_rotary_int8_store_is_one_launch(device, full_shapes) -> None:
+    """Rotated int8 rows with partial rotary (the 27B's attention: a quarter of head_dim 256
+    rotated): rope_store_kv writes them in its one launch (the rotated row through scratch, then
+    butterflies), matching apply_rope then store_kv (q bit-exact; caches: _assert_same_caches)."""
     from homelab_llm.engine.kernels import ref
-    from homelab_llm.engine.kernels.kv_store import norm_fuses, rope_store_kv
+    from homelab_llm.engine.kernels.elementwise import apply_rope
+    from homelab_llm.engine.kernels.kv_store import rope_store_kv, store_kv
 
-    d, rot = 32, 8
-    assert not norm_fuses(d, rot, torch.empty(0, dtype=torch.int8))
-    assert norm_fuses(d, rot, torch.empty(0, dtype=torch.bfloat16))
-    table = ref.rope_cos_sin_cache(ref.rope_inv_freq(rot, 10000.0, None), 64, device)
-    caches = _caches(2, 4, 1, d, torch.int8, device)
-    x = torch.zeros(1, 1, d, dtype=torch.bfloat16, device=device)
-    w = torch.ones(d, dtype=torch.bfloat16, device=device)
-    with pytest.raises(ValueError, match="no q/k norm"):
-        rope_store_kv(x, x, x, torch.zeros(1, dtype=torch.long, device=device), table,
-                      *caches[:2], torch.zeros(1, dtype=torch.long, device=device), *caches[2:],
-                      qk_norm=(w, w, 1e-6))
+    gen = torch.Generator().manual_seed(12)
+    tokens, hq, hkv, d, page_size, pages = (64, 24, 4, 256, 16, 8) if full_shapes else (5, 4, 2, 64, 4, 3)
+    rot = d // 4
+    table = ref.rope_cos_sin_cache(ref.rope_inv_freq(rot, 10000.0, None), 512, device)
+    positions = torch.randint(0, 512, (tokens,), generator=gen).to(device)
+    qkv = (torch.randn(tokens, hq + 2 * hkv, d, generator=gen) * 2).to(device, torch.bfloat16)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    slots = torch.randperm(pages * page_size, generator=gen)[:tokens].to(device)
+    slots[2] = -1
+    got = _caches(pages, page_size, hkv, d, torch.int8, device)
+    q_fused = q.clone()
+    rope_store_kv(q_fused, k, v, positions, table, *got[:2], slots, *got[2:])
+    q_unfused, k_rot = q.clone(), k.clone()
+    apply_rope(q_unfused, k_rot, positions, table)
+    want = _caches(pages, page_size, hkv, d, torch.int8, device)
+    store_kv(k_rot, v, *want[:2], slots, *want[2:])
+    assert torch.equal(q_fused, q_unfused)
+    for g, w in zip(got, want):  # the same butterflies on the same rounded rows: the same bits
+        assert torch.equal(g, w)
