@@ -165,33 +165,14 @@ def load_token_scales(s_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_s
                    mask=n_mask, other=0.0).to(tl.float32)
 
 
-@triton.jit
-def hadamard_dot(x, rows, cols, LOG2_D: tl.constexpr, DOT_F32: tl.constexpr):
-    """x [M, len(rows)] float32 @ H[rows, cols] -> float32, H the +-1 Walsh-Hadamard matrix of
-    size 2**LOG2_D (ref.kv_rotation), built in registers: H[i, j] = (-1)^popcount(i & j).
-    M and len(rows) must be >= 16 (tl.dot). On a GPU x goes in as bf16 high + low halves (+-1
-    is exact in bf16): about 16 bits of x, products exact, sums in fp32."""
-    bits = rows[:, None] & cols[None, :]
-    parity = bits & 0
-    for b in tl.static_range(LOG2_D):
-        parity = parity ^ ((bits >> b) & 1)
-    h = 1.0 - 2.0 * parity.to(tl.float32)
-    if DOT_F32:
-        return tl.dot(x, h)
-    hb = h.to(tl.bfloat16)
-    hi = x.to(tl.bfloat16)
-    lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
-    return tl.dot(hi, hb) + tl.dot(lo, hb)
-
-
 # -- the tile steps of both attention kernels (decode: rows are query heads; prefill: tokens) -----
 
 @triton.jit
 def fwht(x, LOG2_D: tl.constexpr):
     """x [R, 2**LOG2_D] float32 @ H (ref.kv_rotation's +-1 Walsh-Hadamard matrix, unscaled) by
-    LOG2_D butterfly stages in fp32: element i pairs with i ^ 2^b. Unlike hadamard_dot it never
-    holds H: building the D x D matrix in registers took ~80 registers per thread (D 128) and
-    halved the decode kernel's occupancy for int8 KV."""
+    LOG2_D butterfly stages in fp32: element i pairs with i ^ 2^b. It never holds H: building
+    the D x D sign matrix in registers for a tl.dot took ~80 registers per thread (D 128),
+    halved the decode kernel's occupancy for int8 KV and spilled on gfx1100 in the KV store."""
     R: tl.constexpr = x.shape[0]
     D: tl.constexpr = 1 << LOG2_D
     for b in tl.static_range(LOG2_D):
