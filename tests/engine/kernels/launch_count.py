@@ -61,14 +61,15 @@ class LaunchCounter(TorchDispatchMode):
 
 
 def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-                      config: ModelConfig = TINY_QWEN3_5):
+                      config: ModelConfig = TINY_QWEN3_5, model_class=None):
     """`config` (TINY_QWEN3_5) with random weights, its KV pages and state slots bound, and the context of
     one sequence decoding its 6th token (state slot 1, pages 2 and 1 of size 4), its KV split
-    in 2 as a decode graph fixes it (so the attention's merge kernel runs)."""
+    in 2 as a decode graph fixes it (so the attention's merge kernel runs). model_class: a
+    Qwen3.5 subclass (the MoE one), else Qwen3_5ForCausalLM."""
     from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config)
+    model = (model_class or Qwen3_5ForCausalLM)(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.rand_like(p) + 0.5 if "norm" in name else torch.randn_like(p) * 0.1)
