@@ -119,21 +119,29 @@ def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                             beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
                             scale: float | None = None, rows_per_seq: int = 1,
-                            gating: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                            gating: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                            ) -> torch.Tensor:
     """Decode rows: q, k [N, Hk, Dk], v [N, Hv, Dv] -> o [N, Hv, Dv], in groups of rows_per_seq
     tokens of one sequence (one token per sequence by default); state in place. gating =
     (A_log, dt_bias): g and beta are the raw a and b, gated first (gdn_gating; on a GPU inside
-    the decode kernel, one launch instead of two)."""
+    the decode kernel, one launch instead of two). gated_norm = (z [N, Hv, Dv], weight, eps):
+    the result is gated_rms_norm(o, z, weight, eps) (on a GPU inside the decode kernel too)."""
     _check_rule(q, k, v, g, beta, ssm_state)
     _check_slots(state_indices, q.shape[0], rows_per_seq)
     if use_triton(q):
         from homelab_llm.engine.kernels import gdn_recurrent
 
         return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                                        rows_per_seq, gating)
+                                                        rows_per_seq, gating, gated_norm)
     if gating is not None:
         g, beta = gdn_ref.gdn_gating_ref(g, beta, *gating)
-    return gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq)
+    o = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq)
+    if gated_norm is None:
+        return o
+    z, weight, eps = gated_norm
+    return gated_rms_norm(o.reshape(-1, o.shape[-1]), z.reshape(-1, z.shape[-1]), weight,
+                          eps).view(o.shape)
 
 
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor

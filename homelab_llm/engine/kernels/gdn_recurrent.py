@@ -15,6 +15,11 @@ own (read first, then overwritten in place, exactly as a plain decode with ROWS 
 CUDA/HIP-graph capturable: the grid depends only on the row count and the shapes, there are no
 host reads, and a negative slot (padding group or row) writes zeros to its output and touches no
 state.
+
+With the layer's gated RMSNorm (NORM: rmsnorm(o) * weight * silu(z) per head, gdn_norm's
+formula), the last of a head's value-block programs to finish (an atomic ticket per (group,
+head), reset after) reads the head's whole output row back, rounded as stored, and overwrites
+it normalized: the norm's launch goes away (gdn_ref.gated_rms_norm_ref on the stored output).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
 from homelab_llm.engine.kernels.tuning import gdn_tiles
+from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 
 
 @triton.jit
@@ -33,8 +39,9 @@ def _recurrent_step_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, o_ptr, state_ptr, slots_ptr, scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_bb,
     stride_ob, stride_oh, stride_ss, stride_sh, stride_sk,
+    z_ptr, nw_ptr, ticket_ptr, eps, stride_zb, stride_zh,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
-    ROWS: tl.constexpr, GATING: tl.constexpr,
+    ROWS: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr = False, DV_PAD: tl.constexpr = 1,
 ):
     first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
     h = tl.program_id(1)
@@ -74,15 +81,43 @@ def _recurrent_step_kernel(
         tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_v, o.to(o_ptr.dtype.element_ty), mask=v_mask)
         if dst >= 0:
             tl.store(state_ptr + dst * stride_ss + s_offs, s, mask=s_mask)
+    if NORM:
+        _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_ptr + tl.program_id(0) * tl.num_programs(1) + h,
+                         first, h, eps, stride_ob, stride_oh, stride_zb, stride_zh, DV, DV_PAD, ROWS)
+
+
+@triton.jit
+def _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_at, first, h, eps, stride_ob, stride_oh,
+                     stride_zb, stride_zh, DV: tl.constexpr, DV_PAD: tl.constexpr,
+                     ROWS: tl.constexpr):
+    """The head's last value-block program: rmsnorm(o) * w * silu(z) over the head's stored
+    output rows of the group (gdn_norm._gated_rms_norm_kernel's formula), in place."""
+    tl.debug_barrier()  # every thread's outputs are written before the ticket is taken
+    if tl.atomic_add(ticket_at, 1, sem="acq_rel") == tl.num_programs(2) - 1:
+        offs = tl.arange(0, DV_PAD)
+        mask = offs < DV
+        w = tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(ROWS):
+            row = o_ptr + (first + j) * stride_ob + h * stride_oh + offs
+            x = tl.load(row, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            z = tl.load(z_ptr + (first + j) * stride_zb + h * stride_zh + offs, mask=mask,
+                        other=0.0).to(tl.float32)
+            inv = tl.math.rsqrt(tl.sum(x * x, axis=0) / DV + eps)
+            y = x * inv * w * (z / (1.0 + tl.exp(-z)))
+            tl.store(row, y.to(o_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(ticket_at, 0)
 
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
                                scale: float | None = None, rows_per_seq: int = 1,
-                               gating: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                               gating: tuple[torch.Tensor, torch.Tensor] | None = None,
+                               gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                               ) -> torch.Tensor:
     """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref).
     gating = (A_log, dt_bias): g and beta are the raw a and b [N, Hv], gated in the kernel
-    (gdn_ref.gdn_gating_ref; one launch fewer a layer)."""
+    (gdn_ref.gdn_gating_ref; one launch fewer a layer). gated_norm = (z [N, Hv, Dv], weight
+    [Dv], eps): the output is gated_rms_norm(o, z, weight, eps) (one launch fewer again)."""
     check_rows(q, k, v, g, beta, ssm_state)
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -92,10 +127,18 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     tiles = gdn_tiles(q.device)
     block_v = min(tiles.decode_block_v, next_pow2(dv))
     a_log, dt_bias = gating if gating is not None else (g, g)
-    _recurrent_step_kernel[(rows // rows_per_seq, hv, triton.cdiv(dv, block_v))](
+    groups = rows // rows_per_seq
+    z, nw, eps = gated_norm if gated_norm is not None else (v, v, 0.0)
+    if gated_norm is not None and (z.shape != v.shape or z.stride(2) != 1 or nw.shape != (dv,)):
+        raise ValueError(f"gated norm: z {tuple(z.shape)} (head dim contiguous) and weight "
+                         f"{tuple(nw.shape)} for outputs {tuple(v.shape)}")
+    tickets = ticket_buffer(q.device, groups * hv) if gated_norm is not None else state_indices
+    _recurrent_step_kernel[(groups, hv, triton.cdiv(dv, block_v))](
         q, k, v, g, beta, a_log, dt_bias, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
+        z, nw, tickets, float(eps), z.stride(0), z.stride(1),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
-        GATING=gating is not None, num_warps=tiles.decode_warps)
+        GATING=gating is not None, NORM=gated_norm is not None, DV_PAD=next_pow2(dv),
+        num_warps=tiles.decode_warps)
     return out

@@ -106,13 +106,16 @@ class GatedDeltaNet(nn.Module):
         q = mixed[:, :kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = mixed[:, kd:2 * kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         v = mixed[:, 2 * kd:].reshape(tokens, self.num_v_heads, self.head_v_dim)
-        if d == tokens and tokens:  # decode rows only: the decode kernel gates a and b itself
+        if d == tokens and tokens:
+            # decode rows only: the decode kernel gates a and b and applies the gated norm itself
+            z_heads = z.view(tokens, self.num_v_heads, self.head_v_dim)
             o = gdn.gated_delta_rule_decode(q, k, v, a, b, self.ssm_state, ctx.state_indices,
-                                            rows_per_seq=ctx.verify_width, gating=(self.A_log, self.dt_bias))
-        else:
-            g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
-            o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill,
-                           (q, k, v, g, beta), (), self.ssm_state)
+                                            rows_per_seq=ctx.verify_width, gating=(self.A_log, self.dt_bias),
+                                            gated_norm=(z_heads, self.norm.weight, self.eps))
+            return self.out_proj(o.reshape(tokens, self.value_dim))
+        g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
+        o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill,
+                       (q, k, v, g, beta), (), self.ssm_state)
         o = gdn.gated_rms_norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                self.norm.weight, self.eps)
         return self.out_proj(o.reshape(tokens, self.value_dim))

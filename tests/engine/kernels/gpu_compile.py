@@ -519,6 +519,14 @@ def _gdn_scenarios():
             yield lambda r=rule, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
                 gating=gates)
+            # and the layer's gated norm by each head's last value-block program
+            norm = (torch.ones(d, dtype=dt), 1e-6)
+            yield lambda r=rule, idx=idx, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:idx.shape[0]] for t in r[:3]), r[4][:idx.shape[0]], r[4][:idx.shape[0]], ssm_state,
+                idx, gating=gates, gated_norm=(r[2][:idx.shape[0]], *norm))
+            yield lambda r=rule, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
+                gating=gates, gated_norm=(r[2][:40], *norm))
 
 
 def capture(arch: str) -> list[dict]:

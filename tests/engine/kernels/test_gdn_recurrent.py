@@ -68,6 +68,47 @@ def test_gating_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, device: tor
     assert rel_err(got, want) <= bound and rel_err(state, want_state) <= bound
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_per_seq,dv", [(1, 32), (3, 32), (1, 40)])
+def test_gated_norm_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, dv: int,
+                                  device: torch.device) -> None:
+    """gated_norm=(z, weight, eps): the last value-block program of each head normalizes the
+    head's stored rows (rmsnorm * weight * silu(z)) == the decode then gdn_norm's gated norm
+    kernel on its output, bit for bit up to the norm's sum order; plain decode, a verify group
+    of 3 with a padding row, a head of 40 (not a power of two, two value blocks); padding rows
+    stay zero. z is a strided view, as the layer passes it; run twice (the tickets reset)."""
+    from homelab_llm.engine.kernels.gdn_norm import gated_rms_norm
+    from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
+
+    gen = torch.Generator().manual_seed(9 + dv)
+    hv, dims = 6, dict(hk=2, hv=6, dk=16, dv=dv)
+    slots = [3, 1, -1, 0, 2, 4] if rows_per_seq == 3 else [3, -1, 0, 5]
+    q, k, v, g, beta, _, state, slots_t, _ = rule_inputs([1] * len(slots), **dims, gen=gen,
+                                                         slots=slots, dtype=dtype, device=device)
+    zz = (torch.randn(len(slots), 2 * hv * dv, generator=gen) * 2).to(device, dtype)
+    z = zz[:, hv * dv:].view(len(slots), hv, dv)  # the z half of a wider projection row
+    w = (torch.rand(dv, generator=gen) + 0.5).to(device, dtype)
+    for _ in range(2):
+        s_sep, s_fused = state.clone(), state.clone()
+        o = recurrent_gated_delta_rule(q, k, v, g, beta, s_sep, slots_t, rows_per_seq=rows_per_seq)
+        want = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), w, 1e-6).view(o.shape)
+        got = recurrent_gated_delta_rule(q, k, v, g, beta, s_fused, slots_t,
+                                         rows_per_seq=rows_per_seq, gated_norm=(z, w, 1e-6))
+        assert torch.equal(s_fused, s_sep)
+        torch.testing.assert_close(got, want, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-5,
+                                   atol=1e-6)
+        for b, slot in enumerate(slots):
+            if slot < 0:
+                assert torch.count_nonzero(got[b]) == 0
+    # the reference composition (the CPU's path through gdn.gated_delta_rule_decode)
+    ref_state = state.clone()
+    ref = gdn_ref.gated_rms_norm_ref(
+        gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ref_state, slots_t,
+                                            rows_per_seq=rows_per_seq).reshape(-1, dv),
+        z.reshape(-1, dv), w, 1e-6).view(got.shape)
+    assert rel_err(got, ref) <= (1e-5 if dtype == torch.float32 else 2e-2)
+
+
 def test_steps_equal_prefill(device: torch.device) -> None:
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
     from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
