@@ -31,7 +31,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
 from homelab_llm.engine.kernels.tuning import gdn_tiles
-from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
+from homelab_llm.engine.kernels.w4a16_gemv import MAX_BLOCKS, ticket_buffer
 
 
 @triton.jit
@@ -132,6 +132,12 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if gated_norm is not None and (z.shape != v.shape or z.stride(2) != 1 or nw.shape != (dv,)):
         raise ValueError(f"gated norm: z {tuple(z.shape)} (head dim contiguous) and weight "
                          f"{tuple(nw.shape)} for outputs {tuple(v.shape)}")
+    if gated_norm is not None and groups * hv > MAX_BLOCKS:  # more heads than ticket counters
+        from homelab_llm.engine.kernels.gdn_norm import gated_rms_norm
+
+        o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
+                                       rows_per_seq, gating)
+        return gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), nw, eps).view(o.shape)
     tickets = ticket_buffer(q.device, groups * hv) if gated_norm is not None else state_indices
     _recurrent_step_kernel[(groups, hv, triton.cdiv(dv, block_v))](
         q, k, v, g, beta, a_log, dt_bias, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,

@@ -132,3 +132,21 @@ def test_decode_full_shape(batch: int) -> None:
     slots = list(range(batch))[::-1]
     slots[batch // 2] = -1
     _check(batch, FULL_RULE, torch.Generator().manual_seed(2), torch.device("cuda"), torch.bfloat16, slots)
+
+
+def test_gated_norm_past_the_ticket_counters(device: torch.device, monkeypatch) -> None:
+    """More (group, head) pairs than the device's ticket counters: the decode runs plain and the
+    gated norm as its own kernel, with the same result."""
+    from homelab_llm.engine.kernels import gdn_recurrent
+
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, g, beta, _, state, slots_t, _ = rule_inputs([1] * 3, hk=1, hv=2, dk=16, dv=16,
+                                                         gen=gen, slots=[0, 1, 2], device=device)
+    z = torch.randn(v.shape, generator=gen).to(device)
+    w = torch.ones(16, device=device)
+    want = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, state.clone(), slots_t,
+                                                    gated_norm=(z, w, 1e-6))
+    monkeypatch.setattr(gdn_recurrent, "MAX_BLOCKS", 4)  # 3 groups x 2 heads need 6
+    got = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, state.clone(), slots_t,
+                                                   gated_norm=(z, w, 1e-6))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
