@@ -1,6 +1,6 @@
 """Run tests/engine/kernels without pytest (GPU boxes that lack it).
 
-    python benchmarks/kernels_selftest.py [-k substring] [--part K/N]
+    python benchmarks/kernels_selftest.py [-k substring[,substring...]] [--part K/N]
 
 Installs a small stand-in for the parts of pytest these tests use (parametrize, fixtures by name,
 raises, skip/importorskip), then calls every test function with every parameter combination.
@@ -115,11 +115,13 @@ def _load(path: Path) -> types.ModuleType:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("-k", default="")
+    parser.add_argument("-k", default="", help="run the tests whose id contains one of these "
+                        "comma-separated substrings")
     parser.add_argument("--part", default="1/1", help="K/N: only the K-th of N slices of the test files "
                         "(the whole suite outlasts one 600 s device call)")
     args = parser.parse_args()
     part, parts = (int(v) for v in args.part.split("/"))
+    keys = [key for key in args.k.split(",") if key]
     sys.path.insert(0, str(ROOT))
     sys.modules["pytest"] = _shim()  # also where pytest exists: the shim records the parameters
     conftest = _load(TESTS / "conftest.py")
@@ -143,7 +145,7 @@ def main() -> int:
             for combo in combos:
                 kwargs = {k: v for part in combo for k, v in part.items()}
                 test_id = f"{path.name}::{name}[{','.join(str(v) for v in kwargs.values())}]"
-                if args.k not in test_id:
+                if keys and not any(key in test_id for key in keys):
                     continue
                 if getattr(fn, "_skip", None):
                     skipped += 1
