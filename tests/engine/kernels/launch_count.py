@@ -69,26 +69,48 @@ def tiny_decode_model(dtype: torch.dtype = torch.bfloat16, seed: int = 0,
     from homelab_llm.engine.model.qwen3_5 import Qwen3_5ForCausalLM
 
     torch.manual_seed(seed)
-    model = (model_class or Qwen3_5ForCausalLM)(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.rand_like(p) + 0.5 if "norm" in name else torch.randn_like(p) * 0.1)
-    model = model.to(dtype)
+    model = random_weights((model_class or Qwen3_5ForCausalLM)(config), 0.1).to(dtype)
     for attn in model.attention_layers:
-        attn.k_cache = torch.randn(4, 4, attn.num_kv_heads, attn.head_dim).to(dtype)
-        attn.v_cache = torch.randn(4, 4, attn.num_kv_heads, attn.head_dim).to(dtype)
+        bind_cache(attn, dtype)
     for gdn in model.gdn_layers:
         gdn.conv_state = torch.randn(2, config.linear_conv_kernel_dim - 1, gdn.conv_dim).to(dtype)
         gdn.ssm_state = torch.randn(2, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim) * 0.1
-    ctx = ForwardContext(
+    return model, decode_context(state_indices=torch.tensor([1], dtype=torch.int32),
+                                 has_initial_state=torch.tensor([True]))
+
+
+def random_weights(module, scale: float):
+    """module with its norm weights in [0.5, 1.5) and every other parameter N(0, scale^2)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_(torch.rand_like(p) + 0.5 if "norm" in name else torch.randn_like(p) * scale)
+    return module
+
+
+def bind_cache(attn, dtype: torch.dtype, pages: int = 4, page_size: int = 4) -> None:
+    """A random paged K/V cache bound to an Attention module: bf16/fp16 values, or int8 codes
+    with fp16 scales of 0.01."""
+    shape = (pages, page_size, attn.num_kv_heads, attn.head_dim)
+    if dtype == torch.int8:
+        attn.k_cache = torch.randint(-100, 100, shape, dtype=torch.int8)
+        attn.v_cache = torch.randint(-100, 100, shape, dtype=torch.int8)
+        attn.k_scale = torch.full(shape[:3], 0.01, dtype=torch.float16)
+        attn.v_scale = torch.full(shape[:3], 0.01, dtype=torch.float16)
+    else:
+        attn.k_cache = torch.randn(shape).to(dtype)
+        attn.v_cache = torch.randn(shape).to(dtype)
+
+
+def decode_context(**extra) -> ForwardContext:
+    """One sequence decoding its 6th token (slot 5: pages 2 then 1 of size 4), its KV split in 2
+    as a decode graph fixes it (so the attention's merge kernel runs)."""
+    return ForwardContext(
         positions=torch.tensor([5]), slot_mapping=torch.tensor([5]),
         query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
         seq_lens=torch.tensor([6], dtype=torch.int32),
         page_table=torch.tensor([[2, 1]], dtype=torch.int32), max_query_len=1, max_seq_len=6,
         page_size=4, decode_only=True, query_lens_host=[1], seq_lens_host=[6], num_kv_splits=2,
-        state_indices=torch.tensor([1], dtype=torch.int32),
-        has_initial_state=torch.tensor([True]))
-    return model, ctx
+        **extra)
 
 
 def count_launches(monkeypatch, model, ctx, input_ids: torch.Tensor) -> tuple[Counter[str], torch.Tensor]:

@@ -15,9 +15,10 @@ import os
 import pytest
 import torch
 
-from homelab_llm.engine.context import ForwardContext, forward_context
+from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.model.config import ModelConfig
-from tests.engine.kernels.launch_count import TINY_QWEN3_5, count_launches, tiny_decode_model
+from tests.engine.kernels.launch_count import (TINY_QWEN3_5, bind_cache, count_launches,
+                                               decode_context, random_weights, tiny_decode_model)
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="runs the GPU path through the Triton interpreter (CPU only)")
@@ -34,28 +35,10 @@ def _model(cache_dtype: torch.dtype):
     from homelab_llm.engine.model.qwen3_moe import Qwen3MoeForCausalLM
 
     torch.manual_seed(1)
-    model = Qwen3MoeForCausalLM(TINY_QWEN3_MOE)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.rand_like(p) + 0.5 if "norm" in name else torch.randn_like(p) * 0.2)
-    model = model.to(torch.bfloat16)
+    model = random_weights(Qwen3MoeForCausalLM(TINY_QWEN3_MOE), 0.2).to(torch.bfloat16)
     for attn in model.attention_layers:
-        shape = (4, 4, attn.num_kv_heads, attn.head_dim)
-        if cache_dtype == torch.int8:
-            attn.k_cache = torch.randint(-100, 100, shape, dtype=torch.int8)
-            attn.v_cache = torch.randint(-100, 100, shape, dtype=torch.int8)
-            attn.k_scale = torch.full(shape[:3], 0.01, dtype=torch.float16)
-            attn.v_scale = torch.full(shape[:3], 0.01, dtype=torch.float16)
-        else:
-            attn.k_cache = torch.randn(shape).to(cache_dtype)
-            attn.v_cache = torch.randn(shape).to(cache_dtype)
-    ctx = ForwardContext(
-        positions=torch.tensor([5]), slot_mapping=torch.tensor([5]),
-        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
-        seq_lens=torch.tensor([6], dtype=torch.int32),
-        page_table=torch.tensor([[2, 1]], dtype=torch.int32), max_query_len=1, max_seq_len=6,
-        page_size=4, decode_only=True, query_lens_host=[1], seq_lens_host=[6], num_kv_splits=2)
-    return model, ctx
+        bind_cache(attn, cache_dtype)
+    return model, decode_context()
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -16,13 +16,13 @@ from collections import Counter
 import pytest
 import torch
 
-from homelab_llm.engine.context import ForwardContext, forward_context
+from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.rotary import RotaryEmbedding
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.llama import LlamaAttention
-from tests.engine.kernels.launch_count import count_calls
+from tests.engine.kernels.launch_count import bind_cache, count_calls, decode_context, random_weights
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="counts launches through the Triton interpreter (CPU only)")
@@ -35,28 +35,9 @@ def _attention(cache_dtype: torch.dtype) -> LlamaAttention:
                          num_hidden_layers=1, num_attention_heads=HEADS,
                          num_key_value_heads=KV_HEADS, head_dim=D, qk_norm=True, name="tiny")
     torch.manual_seed(3)
-    attn = LlamaAttention(config)
-    with torch.no_grad():
-        for name, p in attn.named_parameters():
-            p.copy_(torch.rand_like(p) + 0.5 if "norm" in name else torch.randn_like(p) * 0.2)
-    attn = attn.to(torch.bfloat16)
-    shape = (4, PAGE, KV_HEADS, D)
-    attn.attn.k_cache = torch.randn(shape).to(cache_dtype) if cache_dtype != torch.int8 else \
-        torch.randint(-100, 100, shape, dtype=torch.int8)
-    attn.attn.v_cache = attn.attn.k_cache.clone()
-    if cache_dtype == torch.int8:
-        attn.attn.k_scale = torch.full(shape[:3], 0.01, dtype=torch.float16)
-        attn.attn.v_scale = attn.attn.k_scale.clone()
+    attn = random_weights(LlamaAttention(config), 0.2).to(torch.bfloat16)
+    bind_cache(attn.attn, cache_dtype, page_size=PAGE)
     return attn
-
-
-def _ctx() -> ForwardContext:
-    return ForwardContext(
-        positions=torch.tensor([5]), slot_mapping=torch.tensor([5]),
-        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
-        seq_lens=torch.tensor([6], dtype=torch.int32),
-        page_table=torch.tensor([[2, 1]], dtype=torch.int32), max_query_len=1, max_seq_len=6,
-        page_size=PAGE, decode_only=True, query_lens_host=[1], seq_lens_host=[6], num_kv_splits=2)
 
 
 def _step(cache_dtype: torch.dtype, fused: bool, monkeypatch):
@@ -67,7 +48,7 @@ def _step(cache_dtype: torch.dtype, fused: bool, monkeypatch):
         monkeypatch.setattr(Attention, "norms_in_store", lambda self, q, rope: False)
     qkv = (torch.randn(1, (HEADS + 2 * KV_HEADS) * D, generator=torch.Generator().manual_seed(9))
            * 2).to(torch.bfloat16)
-    ctx = _ctx()
+    ctx = decode_context()
     with forward_context(ctx):
         rope = rotary.lookup(ctx.positions, torch.bfloat16)
         attn.attend(qkv, rope)  # first-use buffers (GEMV tickets) outside the count; the store
