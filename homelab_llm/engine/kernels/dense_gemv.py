@@ -17,6 +17,11 @@ the activation dtype between ops (one fewer rounding each; differences ~2^-8 rel
 Skinny outputs split K; the last program of a column block reduces the fp32 partials in split
 order (w4a16_gemv.store_or_reduce: deterministic, no second launch, replays in graphs).
 Reference: dense_gemv_ref.norm_linear_ref.
+
+Stacked expert weights [E, N, K] (a mixture of experts at batch 1, kernels/moe_gemv.py):
+expert_gemv runs one program row per pick through that pick's expert (gated gate_up, with the
+norm), expert_sum_gemv one GEMV per token whose K runs over its picks' rows side by side, each
+K step through its pick's expert and scaled by its router weight: the weighted combine.
 """
 
 from __future__ import annotations
