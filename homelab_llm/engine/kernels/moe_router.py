@@ -21,6 +21,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.tuning import RouterTiles, moe_decode_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
+from homelab_llm.engine.kernels.w4a16_prologue import summed_input
 
 MAX_EXPERTS = 1024
 FUSED_MAX_TOKENS = 8  # route_gate_topk's last program holds [T, E] logits in registers
@@ -83,14 +84,13 @@ def _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, 
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_mask = offs_h < H
         mask = t_mask[:, None] & h_mask[None, :]
-        x = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_h[None, :], mask=mask, other=0.0)
+        x = summed_input(x_ptr, res_ptr, offs_t[:, None], offs_h[None, :], mask, stride_x,
+                         stride_r, RESIDUAL)
         at = offs_t[:, None] * H + offs_h[None, :]
         if RESIDUAL:
-            r = tl.load(res_ptr + offs_t[:, None] * stride_r + offs_h[None, :], mask=mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
-            tl.store(summed_ptr + at, x, mask=mask)
+            tl.store(summed_ptr + at, x.to(dtype), mask=mask)
         w = tl.load(nw_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(normed_ptr + at, (x.to(tl.float32) * rstd[:, None] * w).to(dtype), mask=mask)
+        tl.store(normed_ptr + at, (x * rstd[:, None] * w).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -120,13 +120,8 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     for h0 in range(0, H, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
         h_mask = offs_h < H
-        x_mask = t_mask[:, None] & h_mask[None, :]
-        x = tl.load(x_ptr + offs_t[:, None] * stride_x + offs_h[None, :], mask=x_mask, other=0.0)
-        if RESIDUAL:
-            r = tl.load(res_ptr + offs_t[:, None] * stride_r + offs_h[None, :], mask=x_mask,
-                        other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        x = x.to(tl.float32)
+        x = summed_input(x_ptr, res_ptr, offs_t[:, None], offs_h[None, :],
+                         t_mask[:, None] & h_mask[None, :], stride_x, stride_r, RESIDUAL)
         if NORM:
             sq += tl.sum(x * x, axis=1)
             x = x * tl.load(nw_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]

@@ -23,10 +23,10 @@ from torch import nn
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from homelab_llm.engine.layers.norm import OffsetRMSNorm
-from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding
 from homelab_llm.engine.model.config import ModelConfig
-from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaAttention, LlamaMLP, mlp_after_norm
+from homelab_llm.engine.model.llama import (PACKED_MODULES, LlamaAttention, LlamaMLP,
+                                             attention_after_norm, mlp_after_norm)
 from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
 
@@ -55,16 +55,8 @@ class Gemma3DecoderLayer(nn.Module):
         decode sizes on a GPU, as Llama's layer: input_layernorm inside qkv_proj's GEMV, the
         pre-feedforward norm and the GELU-and-mul inside the MLP's (llama.mlp_after_norm); the
         post-sublayer norms stay launches (each needs its whole GEMV output first)."""
-        attn, rope = self.self_attn, local if self.sliding else global_
-        if fuses(hidden, attn.qkv_proj):
-            qkv, residual = norm_then_linear(hidden, residual, self.input_layernorm, attn.qkv_proj)
-            hidden = attn.attend(qkv, rope)
-        else:
-            if residual is None:
-                residual, hidden = hidden, self.input_layernorm(hidden)
-            else:
-                hidden, residual = self.input_layernorm(hidden, residual)
-            hidden = attn(hidden, rope)
+        hidden, residual = attention_after_norm(hidden, residual, self.input_layernorm,
+                                                self.self_attn, local if self.sliding else global_)
         hidden = self.post_attention_layernorm(hidden)
         hidden, residual = mlp_after_norm(hidden, residual, self.pre_feedforward_layernorm, self.mlp)
         return self.post_feedforward_layernorm(hidden), residual

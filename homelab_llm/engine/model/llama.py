@@ -110,6 +110,27 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
+def pre_norm(hidden: torch.Tensor, residual: torch.Tensor | None,
+             norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(hidden + residual), hidden + residual), or in the first layer (no residual yet)
+    (norm(hidden), hidden): a pre-norm decoder's norm with its residual add."""
+    if residual is None:
+        return norm(hidden), hidden
+    return norm(hidden, residual)
+
+
+def attention_after_norm(hidden: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+                         attn: nn.Module, rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attn(norm(hidden + residual)), hidden + residual) for an attention with a fused qkv_proj
+    and attend(qkv, rope): at decode sizes on a GPU the norm runs inside qkv_proj's GEMV
+    (layers/norm_linear.fuses), else the separate ops."""
+    if fuses(hidden, attn.qkv_proj):
+        qkv, residual = norm_then_linear(hidden, residual, norm, attn.qkv_proj)
+        return attn.attend(qkv, rope), residual
+    hidden, residual = pre_norm(hidden, residual, norm)
+    return attn(hidden, rope), residual
+
+
 def mlp_after_norm(hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
                    mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(mlp(norm(hidden + residual)), hidden + residual): a gated MLP at decode sizes with its norm
@@ -143,16 +164,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
-        qkv_proj = self.self_attn.qkv_proj
-        if fuses(hidden, qkv_proj):
-            qkv, residual = norm_then_linear(hidden, residual, self.input_layernorm, qkv_proj)
-            hidden = self.self_attn.attend(qkv, rope)
-        else:
-            if residual is None:
-                residual, hidden = hidden, self.input_layernorm(hidden)
-            else:
-                hidden, residual = self.input_layernorm(hidden, residual)
-            hidden = self.self_attn(hidden, rope)
+        hidden, residual = attention_after_norm(hidden, residual, self.input_layernorm,
+                                                self.self_attn, rope)
         return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
 
 

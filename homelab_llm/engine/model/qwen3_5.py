@@ -29,10 +29,11 @@ from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmb
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
 from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
-from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear, norm_then_linear_keep
+from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear_keep
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
-from homelab_llm.engine.model.llama import PACKED_MODULES, LlamaMLP, PreNormDecoder, mlp_after_norm
+from homelab_llm.engine.model.llama import (PACKED_MODULES, LlamaMLP, PreNormDecoder,
+                                             attention_after_norm, mlp_after_norm, pre_norm)
 from homelab_llm.engine.model.mtp import MultiTokenPredictor
 from homelab_llm.engine.model.split_tensor import SplitTensor
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
@@ -147,24 +148,18 @@ class Qwen3_5DecoderLayer(nn.Module):
         attention layers' qkv_proj (as Llama's), a Gated DeltaNet layer's W4A16 in_proj_qkvz,
         whose prologue also stores the normalized rows for in_proj_ba; the MLP's norm inside its
         GEMVs (llama.mlp_after_norm)."""
-        if self.is_linear:
+        if not self.is_linear:
+            hidden, residual = attention_after_norm(hidden, residual, self.input_layernorm,
+                                                    self.self_attn, rope)
+        elif self.linear_attn.in_proj_qkvz.w4 is not None \
+                and fuses(hidden, self.linear_attn.in_proj_qkvz):
             gdn = self.linear_attn
-            if gdn.in_proj_qkvz.w4 is not None and fuses(hidden, gdn.in_proj_qkvz):
-                qkvz, residual, normed = norm_then_linear_keep(hidden, residual,
-                                                               self.input_layernorm,
-                                                               gdn.in_proj_qkvz)
-                hidden = gdn.mix(qkvz, gdn.in_proj_ba(normed))
-                return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
-        elif fuses(hidden, self.self_attn.qkv_proj):
-            qkv, residual = norm_then_linear(hidden, residual, self.input_layernorm,
-                                             self.self_attn.qkv_proj)
-            hidden = self.self_attn.attend(qkv, rope)
-            return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
+            qkvz, residual, normed = norm_then_linear_keep(hidden, residual, self.input_layernorm,
+                                                           gdn.in_proj_qkvz)
+            hidden = gdn.mix(qkvz, gdn.in_proj_ba(normed))
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.linear_attn(hidden) if self.is_linear else self.self_attn(hidden, rope)
+            hidden, residual = pre_norm(hidden, residual, self.input_layernorm)
+            hidden = self.linear_attn(hidden)
         return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
 
 
