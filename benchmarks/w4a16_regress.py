@@ -1,6 +1,7 @@
 """Where a W4A16 batch-1 decode step goes, runnable against any checkout of this repository.
 
     python3 benchmarks/w4a16_regress.py [--root DIR] [--config Llama-3.1-8B.json] [--eager-profile]
+        [--kv-cache-dtype int8]
 
 Builds the dummy W4A16 engine from the checkout at --root (default: this one), then prints one
 line each: batch-1 decode tok/s over 128 tokens with graphs, the graph replay's GPU time per step
@@ -88,6 +89,7 @@ def main() -> int:
     p.add_argument("--label", default="")
     p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto or int8 (the reference deployment)")
     a = p.parse_args()
     sys.path.insert(0, a.root)
     import torch
@@ -95,7 +97,7 @@ def main() -> int:
     label = a.label or Path(a.root).name
 
     def engine(**kw):
-        return make_engine(a.config, a.quant, **kw)
+        return make_engine(a.config, a.quant, kv_cache_dtype=a.kv_cache_dtype, **kw)
 
     import cProfile
     import pstats

@@ -22,6 +22,10 @@ from homelab_llm.engine.kernels.elementwise import rotate_half
 from homelab_llm.engine.kernels.ref import MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
 
+# q heads a rope_store_kv program rotates (and normalizes): a token's heads spread over several
+# programs (SMs), beside the one that stores its k and v
+Q_GROUP_HEADS = 8
+
 
 @triton.jit
 def _round_half_even(y):
@@ -151,7 +155,8 @@ def _rope_store_kv_kernel(
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_sp, stride_ss, stride_sh, stride_qst, stride_qsh,
     min_amax,
-    PAGE_SIZE: tl.constexpr, NUM_Q_HEADS: tl.constexpr, Q_HEADS_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_Q_HEADS: tl.constexpr, NUM_Q_HEADS_PAD: tl.constexpr,
+    Q_GROUP: tl.constexpr,
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr,
@@ -167,15 +172,16 @@ def _rope_store_kv_kernel(
     r_mask = offs_r < HEAD_DIM
     dtype = key_ptr.dtype.element_ty
 
-    # q, every token (padding included: its output is simply unused): rotated in place, or
-    # (QK_NORM) read from the projection at q_src, normalized per head (rounded to its dtype,
-    # as elementwise.qk_norm stores it), rotated and stored at q.
-    offs_qh = tl.arange(0, Q_HEADS_PAD)
-    if QK_NORM:  # a few heads at a time: whole heads of 256 stay within the registers
-        QH: tl.constexpr = min(Q_HEADS_PAD, 8)
-        for h0 in tl.static_range(0, Q_HEADS_PAD, QH):
-            offs_qh = h0 + tl.arange(0, QH)
-            qh_mask = offs_qh < NUM_Q_HEADS
+    # q, every token (padding included: its output is simply unused), Q_GROUP heads a program:
+    # rotated in place, or (QK_NORM) read from the projection at q_src, normalized per head
+    # (rounded to its dtype, as elementwise.qk_norm stores it), rotated and stored at q. The
+    # last program of the token stores its k and v: at batch 1 the heads spread over several
+    # SMs instead of one program walking them all.
+    g = tl.program_id(1)
+    if g < NUM_Q_HEADS_PAD // Q_GROUP:
+        offs_qh = g * Q_GROUP + tl.arange(0, Q_GROUP)
+        qh_mask = offs_qh < NUM_Q_HEADS
+        if QK_NORM:
             q1, q2, q_tail = _load_head_parts(
                 q_src_ptr + t * stride_qst + offs_qh[:, None] * stride_qsh, qh_mask, offs_d,
                 d_mask, offs_r, r_mask, HALF)
@@ -189,9 +195,10 @@ def _rope_store_kv_kernel(
             tl.store(q_dst + HALF + offs_d[None, :], (q2 * cos + q1 * sin).to(dtype), mask=q_half)
             tl.store(q_dst + offs_r[None, :], q_tail.to(dtype),
                      mask=qh_mask[:, None] & r_mask[None, :])
-    else:
-        q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
-        rotate_half(q_base, (offs_qh[:, None] < NUM_Q_HEADS) & d_mask[None, :], cos, sin, HALF)
+        else:
+            q_base = q_ptr + t * stride_qt + offs_qh[:, None] * stride_qh + offs_d[None, :]
+            rotate_half(q_base, qh_mask[:, None] & d_mask[None, :], cos, sin, HALF)
+        return
 
     slot = tl.load(slot_ptr + t)
     if slot < 0:  # padding token: nothing to store
@@ -284,13 +291,16 @@ def rope_store_kv(
     q_weight, k_weight, eps = qk_norm if qk_norm is not None else (q, q, 0.0)
     # the rotated k rows' scratch for a Hadamard-rotated int8 cache (see the kernel)
     scratch = torch.empty(key.shape, dtype=key.dtype, device=key.device) if kv.rotate else key
-    _rope_store_kv_kernel[(num_tokens,)](
+    q_heads_pad = next_pow2(q.shape[1])
+    q_group = min(q_heads_pad, Q_GROUP_HEADS)
+    _rope_store_kv_kernel[(num_tokens, q_heads_pad // q_group + 1)](
         q_out, key, value, positions, cos_sin_cache, k_cache, v_cache, kv.k_scale, kv.v_scale,
         slot_mapping, q, q_weight, k_weight, float(eps), scratch,
         q_out.stride(0), q_out.stride(1), key.stride(0), key.stride(1), value.stride(0),
         value.stride(1), cos_sin_cache.stride(0), *kv.strides, q.stride(0), q.stride(1),
         MIN_AMAX,
-        PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], Q_HEADS_PAD=next_pow2(q.shape[1]),
+        PAGE_SIZE=k_cache.shape[1], NUM_Q_HEADS=q.shape[1], NUM_Q_HEADS_PAD=q_heads_pad,
+        Q_GROUP=q_group,
         NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
         TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=kv.int8,
