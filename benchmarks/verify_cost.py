@@ -96,6 +96,32 @@ def measure(runner, batches: list[int], ks: list[int], ctx: int, iters: int) -> 
     return out
 
 
+def kernel_profile(runner, batch: int, k: int, ctx: int, iters: int = 8) -> dict[str, list[float]]:
+    """Kernel name -> [GPU us, launches] per forward of one fixed batch (batch sequences x k+1
+    rows) run eagerly (no graphs captured), so every launch of a verify forward shows beside a
+    plain one's (k = 0). On the CPU: torch ops and their CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = runner.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    pages = -(-(ctx + k + 1) // runner.page_size)
+    step = step_batch(runner, random_rows(runner, batch, k, random.Random(2)), ctx, pages)
+    for _ in range(2):
+        runner.forward(step)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            runner.forward(step)
+        sync()
+    totals = {}
+    for evt in prof.key_averages():
+        t = (getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)) \
+            if cuda else evt.self_cpu_time_total
+        if t and evt.count:
+            totals[evt.key] = [t / iters, evt.count / iters]
+    return totals
+
+
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-6)).item()
 

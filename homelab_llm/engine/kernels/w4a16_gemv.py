@@ -133,7 +133,10 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
     The sum loads the slots CHUNK at a time (all in flight together, summed in a fixed tree, the
     chunks in split order: deterministic): one slot a loop trip waited out an L2 round trip per
     split, ~1 us of an 8B 1-row GEMV split 32-64 ways (docs/BENCHMARKS.md 13.3). CHUNK keeps a
-    chunk within ~8K values of registers."""
+    chunk within ~8K values of registers. Tiles of more than 2 rows (the few-row kernels) sum
+    one slot a trip: chunked, the Qwen3.6-27B W4A16 step at 8 rows took 28.3 ms instead of 15.1
+    and a 3-row verify 25.4 instead of 13.3 (bisected to this epilogue, docs/BENCHMARKS.md 16.2;
+    the sm_90 compiles' registers barely differ, so the cost is not residency)."""
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT == 1:
@@ -145,8 +148,8 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
             ELEMS: tl.constexpr = part.shape[0] * part.shape[1]
-            CHUNK: tl.constexpr = 8 if ELEMS <= 1024 else (4 if ELEMS <= 2048 else
-                                                           (2 if ELEMS <= 4096 else 1))
+            CHUNK: tl.constexpr = 1 if part.shape[0] > 2 else (
+                8 if ELEMS <= 1024 else (4 if ELEMS <= 2048 else (2 if ELEMS <= 4096 else 1)))
             slots = tl.arange(0, CHUNK)[:, None, None]
             total = tl.zeros(part.shape, tl.float32)
             for s0 in range(0, SPLIT, CHUNK):
