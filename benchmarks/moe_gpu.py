@@ -30,9 +30,6 @@ older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
   profile  (not default) the same model at batch 1: graph GPU time vs wall time per step and the
            host functions between, then the eager step's kernels by GPU time
   sweep_decode (not default) fused_moe_decode and the fused router under tile variants
-  layer_gemv (not default; moe_gemv_gpu.py) the bf16 layer at batch 1 as GEMVs with the norm
-           folded in (kernels/moe_gemv.py) vs norm + router + fused_moe_decode, and its tiles.
-           For the whole bf16 model both ways: HOMELAB_LLM_MOE_GEMV=1 (or 0) before engine_bf16
 The issue-15 decode numbers in one run (< 4 min on an H200):
     python3 benchmarks/moe_gpu.py --quick --sections check,layer,engine,launches
 Targets (issue 15): decode b1 >= 50% of the active-bytes roofline; prefill >= 50% of the matmul
@@ -42,7 +39,6 @@ rate. Routing is random (softmax of N(0, 1) logits), so experts are spread about
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -60,7 +56,6 @@ from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
     route_topk_ref,
 )
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight  # noqa: E402
-from moe_gemv_gpu import section_layer_gemv  # noqa: E402
 from moe_layer_gpu import section_launches, section_layer, section_sweep_decode  # noqa: E402
 
 E, TOP_K, HIDDEN, INTER, GROUP = 128, 8, 2048, 768, 128
@@ -235,8 +230,6 @@ def section_engine(quick: bool, copy_gbps: float, quantization: str | None) -> N
     from homelab_llm.engine.sampling_params import SamplingParams
 
     kind = quantization or "bf16"
-    if os.environ.get("HOMELAB_LLM_MOE_GEMV"):  # the route forced on or off: say which
-        kind += f".moe_gemv{os.environ['HOMELAB_LLM_MOE_GEMV']}"
     config = Path(__file__).resolve().parents[1] / "assets" / "model_configs" / ENGINE_CONFIG
     engine = LLMEngine(EngineArgs(model=str(config), load_format="dummy", device="cuda",
                                   dtype="bfloat16", quantization=quantization, max_model_len=4096,
@@ -347,8 +340,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
     p.add_argument("--sections", default="check,layer,decode,router,prefill,engine,launches",
-                   help="also: engine_bf16 (the 61 GB bf16 model), layer_gemv, sweep, "
-                        "sweep_gemv, sweep_decode, profile")
+                   help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv, "
+                        "sweep_decode, profile")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     setup = Setup(INTER // a.tp)
@@ -366,7 +359,6 @@ def main() -> int:
         "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
         "profile": lambda: section_profile(a.quick),
         "layer": lambda: section_layer(setup.layers(), copy_gbps),
-        "layer_gemv": lambda: section_layer_gemv(setup.layers(), copy_gbps),
         "sweep_decode": lambda: section_sweep_decode(setup.layers()),
         "launches": lambda: section_launches(ENGINE_CONFIG),
     }

@@ -17,16 +17,9 @@ the activation dtype between ops (one fewer rounding each; differences ~2^-8 rel
 Skinny outputs split K; the last program of a column block reduces the fp32 partials in split
 order (w4a16_gemv.store_or_reduce: deterministic, no second launch, replays in graphs).
 Reference: dense_gemv_ref.norm_linear_ref.
-
-Stacked expert weights [E, N, K] (a mixture of experts at batch 1, kernels/moe_gemv.py):
-expert_gemv runs one program row per pick through that pick's expert (gated gate_up, with the
-norm), expert_sum_gemv one GEMV per token whose K runs over its picks' rows side by side, each
-K step through its pick's expert and scaled by its router weight: the weighted combine.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -89,19 +82,18 @@ def _row_sumsq(x_ptr, res_ptr, row, KW, offs_w, stride_xm, stride_rm, BLOCK_W: t
 @triton.jit
 def _row_step(acc, up, sq, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi, x_ptr, res_ptr, new_res_ptr,
               row, kw, k_mask, res_mask, stride_xm, stride_rm, stride_nm, RESIDUAL: tl.constexpr,
-              SCALE_X: tl.constexpr, GATHER_SQ: tl.constexpr, GATED: tl.constexpr,
+              NORM: tl.constexpr, GATHER_SQ: tl.constexpr, GATED: tl.constexpr,
               IS_BF16: tl.constexpr):
     """One row's K step: acc [BLOCK_N, KV] += W . x' within each thread's 16-byte vectors (the
     product keeps the weight tile's layout: no shuffles or shared memory per step), up the same
-    for the gated half; sq gathers the row's squares; column block 0 stores the new residual.
-    SCALE_X: x' = x * nw (the norm's weight, or a pick's router weight)."""
+    for the gated half; sq gathers the row's squares; column block 0 stores the new residual."""
     words, lo, hi = _row_input(x_ptr, res_ptr, row, kw, k_mask, stride_xm, stride_rm, RESIDUAL,
                                IS_BF16)
     if RESIDUAL:
         tl.store(new_res_ptr + row.to(tl.int64) * stride_nm + kw, words, mask=res_mask)
     if GATHER_SQ:
         sq += tl.sum(lo * lo + hi * hi, axis=1)
-    if SCALE_X:
+    if NORM:
         lo = lo * nw_lo
         hi = hi * nw_hi
     acc += tl.sum(w_lo * lo[None, :, :] + w_hi * hi[None, :, :], axis=2)
@@ -135,13 +127,11 @@ def _row_out(acc, up, sq, bias, bias_up, K, eps, NORM: tl.constexpr, HAS_BIAS: t
 @triton.jit
 def _dense_gemv_kernel(
     x_ptr, res_ptr, new_res_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
-    ids_ptr, pick_w_ptr,
     M, N, K, HALF, k_per_split, eps,
-    stride_xm, stride_rm, stride_nm, stride_wn, stride_om, stride_we, seg_w,
+    stride_xm, stride_rm, stride_nm, stride_wn, stride_om,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-    EVEN_K: tl.constexpr, IS_BF16: tl.constexpr, LOOP_STAGES: tl.constexpr,
-    EXPERTS: tl.constexpr = 0, TOP_K: tl.constexpr = 1, GELU: tl.constexpr = False,
+    EVEN_K: tl.constexpr, IS_BF16: tl.constexpr, LOOP_STAGES: tl.constexpr, GELU: tl.constexpr,
 ):
     # Every 16-bit tensor is read as int32 words (two values; strides and K offsets in words):
     # the compiler streams 32-bit loads of a loop through shared memory in LOOP_STAGES stages
@@ -154,28 +144,9 @@ def _dense_gemv_kernel(
     VW: tl.constexpr = 4  # words a 16-byte vector
     KV: tl.constexpr = BLOCK_K // (2 * VW)
     BLOCK_W: tl.constexpr = BLOCK_K // 2
-    #
-    # EXPERTS (one row a program, SPLIT 1; see expert_gemv): 1, program axis 2 is a pick (slot)
-    # s: token s // TOP_K's row through expert ids[s]'s weight, out row s; 2, axis 2 is a token t
-    # whose K is its TOP_K picks' rows side by side (seg_w words each): segment j goes through
-    # expert ids[t, j]'s weight, scaled by pick_w[t, j] (the router-weighted sum of the picks).
     GATHER_SQ: tl.constexpr = NORM and SPLIT == 1
-    SCALE_X: tl.constexpr = NORM or EXPERTS == 2
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    pid_r = tl.program_id(2)
-    if EXPERTS == 1:
-        w_ptr += tl.load(ids_ptr + pid_r).to(tl.int64) * stride_we
-        token = (pid_r // TOP_K).to(tl.int64)
-        x_ptr += token * stride_xm
-        res_ptr += token * stride_rm
-        new_res_ptr += token * stride_nm
-        out_ptr += pid_r.to(tl.int64) * stride_om
-    elif EXPERTS == 2:
-        x_ptr += pid_r.to(tl.int64) * stride_xm
-        out_ptr += pid_r.to(tl.int64) * stride_om
-    # column block 0 writes the new residual (under EXPERTS 1: of each token's first pick)
-    writes_res = (pid_n == 0) & (pid_r % TOP_K == 0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_w = tl.arange(0, KV)[:, None] * VW + tl.arange(0, VW)[None, :]
@@ -209,44 +180,36 @@ def _dense_gemv_kernel(
             k_mask = offs_w < BLOCK_W
         else:
             k_mask = kw < w_end
-        res_mask = kw < tl.where(writes_res, w_end, 0)
+        res_mask = kw < tl.where(pid_n == 0, w_end, 0)  # column block 0 writes the residual
         nw_lo = zero
         nw_hi = zero
-        w_at = w0
         if NORM:
             nw_lo, nw_hi = _unpack(tl.load(nw_ptr + kw, mask=k_mask, other=0), IS_BF16)
-        if EXPERTS == 2:  # this step's pick: its expert's rows, its router weight on x
-            seg = w0 // seg_w
-            pick = pid_r * TOP_K + seg
-            w_at = tl.load(ids_ptr + pick).to(tl.int64) * stride_we + (w0 - seg * seg_w)
-            nw_lo = tl.load(pick_w_ptr + pick)
-            nw_hi = nw_lo
         w_mask = n_mask[:, None, None] & k_mask[None, :, :]
         # The weight streams through once: let it leave the L2 first so x stays resident
-        w_lo, w_hi = _unpack(tl.load(w_rows + w_at, mask=w_mask, other=0,
+        w_lo, w_hi = _unpack(tl.load(w_rows + w0, mask=w_mask, other=0,
                                      eviction_policy="evict_first"), IS_BF16)
         wu_lo = w_lo
         wu_hi = w_hi
         if GATED:
-            wu_lo, wu_hi = _unpack(tl.load(w_rows + HALF * stride_wn + w_at, mask=w_mask, other=0,
+            wu_lo, wu_hi = _unpack(tl.load(w_rows + HALF * stride_wn + w0, mask=w_mask, other=0,
                                            eviction_policy="evict_first"), IS_BF16)
         acc0, up0, sq0 = _row_step(acc0, up0, sq0, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi, x_ptr,
                                    res_ptr, new_res_ptr, row0, kw, k_mask, res_mask, stride_xm,
-                                   stride_rm, stride_nm, RESIDUAL, SCALE_X, GATHER_SQ, GATED,
-                                   IS_BF16)
+                                   stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ, GATED, IS_BF16)
         if BLOCK_M > 1:
             acc1, up1, sq1 = _row_step(acc1, up1, sq1, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi,
                                        x_ptr, res_ptr, new_res_ptr, row1, kw, k_mask, res_mask,
-                                       stride_xm, stride_rm, stride_nm, RESIDUAL, SCALE_X, GATHER_SQ,
+                                       stride_xm, stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ,
                                        GATED, IS_BF16)
         if BLOCK_M > 2:
             acc2, up2, sq2 = _row_step(acc2, up2, sq2, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi,
                                        x_ptr, res_ptr, new_res_ptr, row2, kw, k_mask, res_mask,
-                                       stride_xm, stride_rm, stride_nm, RESIDUAL, SCALE_X, GATHER_SQ,
+                                       stride_xm, stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ,
                                        GATED, IS_BF16)
             acc3, up3, sq3 = _row_step(acc3, up3, sq3, w_lo, w_hi, wu_lo, wu_hi, nw_lo, nw_hi,
                                        x_ptr, res_ptr, new_res_ptr, row3, kw, k_mask, res_mask,
-                                       stride_xm, stride_rm, stride_nm, RESIDUAL, SCALE_X, GATHER_SQ,
+                                       stride_xm, stride_rm, stride_nm, RESIDUAL, NORM, GATHER_SQ,
                                        GATED, IS_BF16)
     bias = tl.zeros([BLOCK_N], tl.float32)
     bias_up = bias
@@ -282,68 +245,6 @@ def as_words(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)
 
 
-def _check_rows(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-                norm_weight: torch.Tensor | None, what: str, segments: int = 1) -> None:
-    """x's rows are `segments` of the weight's K each (all operands word-readable)."""
-    k = x.shape[1]
-    if weight.shape[-1] * segments != k or weight.dtype != x.dtype or x.stride(1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"{what}: x {tuple(x.shape)} {x.dtype} vs weight "
-                         f"{tuple(weight.shape)} {weight.dtype} (row-contiguous, same dtype)")
-    if residual is not None and norm_weight is None:
-        raise ValueError(f"{what}: a residual is added only in front of the norm")
-    if not words_fit(x, weight, residual, norm_weight):
-        raise ValueError(f"{what}: K must be even and every 16-bit operand 4-byte aligned "
-                         "(it reads pairs as words)")
-
-
-def _launch(grid: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
-            ws: torch.Tensor, tickets: torch.Tensor, tiles: "_Tiles", *, m: int, n: int, k: int,
-            half: int, k_per_split: int, split: int, bias: torch.Tensor | None,
-            norm_weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None,
-            new_res: torch.Tensor | None, gated: bool, act: str = "silu", experts: int = 0,
-            top_k: int = 1,
-            ids: torch.Tensor | None = None, pick_weights: torch.Tensor | None = None,
-            seg_k: int = 0) -> None:
-    """One launch of the kernel; 16-bit operands go in as their int32 word views."""
-    res = residual if residual is not None else x
-    xw, res_w, w_w = as_words(x), as_words(res), as_words(weight)
-    new_res_w = as_words(new_res) if new_res is not None else xw
-    _dense_gemv_kernel[grid](
-        xw, res_w, new_res_w, as_words(norm_weight) if norm_weight is not None else xw, w_w,
-        bias if bias is not None else x, out, ws, tickets,
-        ids if ids is not None else tickets, pick_weights if pick_weights is not None else ws,
-        m, n, k, half, k_per_split, float(eps),
-        xw.stride(0), res_w.stride(0), new_res_w.stride(0), w_w.stride(-2), out.stride(0),
-        w_w.stride(0) if experts else 0, seg_k // 2,
-        BLOCK_M=1 << max(0, (m - 1).bit_length()), BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, SPLIT=split, NORM=norm_weight is not None,
-        RESIDUAL=residual is not None, HAS_BIAS=bias is not None, GATED=gated,
-        EVEN_K=k % tiles.block_k == 0, IS_BF16=x.dtype == torch.bfloat16,
-        LOOP_STAGES=tiles.num_stages, EXPERTS=experts, TOP_K=top_k, GELU=act == "gelu_tanh",
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )
-
-
-@dataclass(frozen=True)
-class _Tiles:
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-def _tiles(kind: str, m: int, device: torch.device, block_n: int | None, block_k: int | None,
-           num_warps: int | None, num_stages: int | None) -> _Tiles:
-    """The table's tiles for a call of `kind` at m rows, each overridable (sweeps)."""
-    t = dense_gemv_tiles(device, kind)
-    tiles = _Tiles(block_n or t.block_n, block_k or (t.block_k if m == 1 else t.rows_block_k),
-                   num_warps or t.num_warps, num_stages or t.num_stages)
-    if tiles.block_k % 8:
-        raise ValueError(f"dense_gemv: block_k {tiles.block_k} is not a multiple of 8 "
-                         "(16-byte vectors)")
-    return tiles
-
-
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                residual: torch.Tensor | None = None, gated: bool = False, act: str = "silu",
@@ -357,93 +258,48 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     out is act(gate) * up, [M, N / 2], act "silu" or "gelu_tanh" (elementwise.GATED_ACTS).
     Tiles and split-K default to tuning.dense_gemv_tiles."""
     m, k = x.shape
-    _check_rows(x, weight, residual, norm_weight, "dense_gemv")
+    if weight.dim() != 2 or weight.shape[1] != k or weight.dtype != x.dtype or x.stride(1) != 1 \
+            or weight.stride(1) != 1:
+        raise ValueError(f"dense_gemv: x {tuple(x.shape)} {x.dtype} vs weight "
+                         f"{tuple(weight.shape)} {weight.dtype} (row-contiguous, same dtype)")
+    if residual is not None and norm_weight is None:
+        raise ValueError("dense_gemv: a residual is added only in front of the norm")
     if act not in GATED_ACTS:
         raise ValueError(f"dense_gemv: activation {act!r}, expected one of {GATED_ACTS}")
-    if weight.dim() != 2 or not 0 < m <= 4:
-        raise ValueError(f"dense_gemv: {m} rows and a {weight.dim()}-d weight; it serves 1 to 4 "
-                         "rows of a 2-d weight")
+    if not 0 < m <= 4:
+        raise ValueError(f"dense_gemv: {m} rows; it serves 1 to 4")
+    if not words_fit(x, weight, residual, norm_weight):
+        raise ValueError("dense_gemv: K must be even and every 16-bit operand 4-byte aligned "
+                         "(it reads pairs as words)")
     kind = "gated" if gated else "norm" if norm_weight is not None else "plain"
-    tiles = _tiles(kind, m, x.device, block_n, block_k, num_warps, num_stages)
+    t = dense_gemv_tiles(x.device, kind)
+    block_n = block_n or t.block_n
+    block_k = block_k or (t.block_k if m == 1 else t.rows_block_k)
+    if block_k % 8:
+        raise ValueError(f"dense_gemv: block_k {block_k} is not a multiple of 8 (16-byte vectors)")
     n_total = weight.shape[0]
     n = n_total // 2 if gated else n_total
-    n_blocks = triton.cdiv(n, tiles.block_n)
+    n_blocks = triton.cdiv(n, block_n)
     # gated: silu needs the whole dot, so no split (its outputs are wide anyway)
-    waves = dense_gemv_tiles(x.device, kind).waves
-    split = 1 if gated else (split or pick_split(n_blocks, k, tiles.block_k, x.device, waves))
-    k_per_split = triton.cdiv(triton.cdiv(k, split), tiles.block_k) * tiles.block_k
+    split = 1 if gated else (split or pick_split(n_blocks, k, block_k, x.device, t.waves))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     new_res = torch.empty_like(x) if residual is not None else None
-    _launch((n_blocks, split, 1), x, weight, out, ws, ticket_buffer(x.device, n_blocks), tiles,
-            m=m, n=n, k=k, half=n, k_per_split=k_per_split, split=split, bias=bias,
-            norm_weight=norm_weight, eps=eps, residual=residual, new_res=new_res, gated=gated,
-            act=act)
+    res = residual if residual is not None else x
+    xw, res_w, w_w = as_words(x), as_words(res), as_words(weight)
+    new_res_w = as_words(new_res) if new_res is not None else xw
+    stages = num_stages or t.num_stages
+    _dense_gemv_kernel[(n_blocks, split)](
+        xw, res_w, new_res_w, as_words(norm_weight) if norm_weight is not None else xw, w_w,
+        bias if bias is not None else x, out, ws, ticket_buffer(x.device, n_blocks),
+        m, n, k, n, k_per_split, float(eps),
+        xw.stride(0), res_w.stride(0), new_res_w.stride(0), w_w.stride(0), out.stride(0),
+        BLOCK_M=1 << max(0, (m - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        GATED=gated, EVEN_K=k % block_k == 0, IS_BF16=x.dtype == torch.bfloat16,
+        LOOP_STAGES=stages, GELU=act == "gelu_tanh", num_warps=num_warps or t.num_warps,
+        num_stages=stages,
+    )
     return out, new_res
-
-
-def expert_gemv(x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, *,
-                norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                residual: torch.Tensor | None = None, gated: bool = False,
-                block_n: int | None = None, block_k: int | None = None,
-                num_warps: int | None = None, num_stages: int | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Every pick through its own expert: x [T, K], stacked weights [E, N, K], ids [T, top_k]
-    (int32) -> (out [T * top_k, N] (gated: [gate | up] rows, N / 2 outputs), new_residual):
-    out[t * top_k + j] = weight[ids[t, j]] @ x'[t], x' as in dense_gemv (norm, residual). One
-    launch, one program row a pick: no split-K, no reduction."""
-    t, k = x.shape
-    _check_rows(x, weight, residual, norm_weight, "expert_gemv")
-    if weight.dim() != 3 or ids.dim() != 2 or ids.shape[0] != t or ids.dtype != torch.int32:
-        raise ValueError(f"expert_gemv: weight {tuple(weight.shape)} (want [E, N, K]) and ids "
-                         f"{tuple(ids.shape)} {ids.dtype} (want int32 [{t}, top_k])")
-    top_k = ids.shape[1]
-    kind = "gated" if gated else "norm" if norm_weight is not None else "plain"
-    tiles = _tiles(kind, 1, x.device, block_n, block_k, num_warps, num_stages)
-    n = weight.shape[1] // 2 if gated else weight.shape[1]
-    out = torch.empty((t * top_k, n), dtype=x.dtype, device=x.device)
-    new_res = torch.empty_like(x) if residual is not None else None
-    _launch((triton.cdiv(n, tiles.block_n), 1, t * top_k), x, weight, out, out,
-            ticket_buffer(x.device, 1), tiles, m=1, n=n, k=k, half=n, k_per_split=k, split=1,
-            bias=None, norm_weight=norm_weight, eps=eps, residual=residual, new_res=new_res,
-            gated=gated, experts=1, top_k=top_k, ids=ids.contiguous())
-    return out, new_res
-
-
-def expert_sum_gemv(x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor,
-                    pick_weights: torch.Tensor, *, block_n: int | None = None,
-                    block_k: int | None = None, num_warps: int | None = None,
-                    num_stages: int | None = None) -> torch.Tensor:
-    """The picks' router-weighted sum in one GEMV: x [T, top_k * K] (each token's picks' rows
-    side by side, as expert_gemv writes them), weight [E, N, K], ids [T, top_k] int32,
-    pick_weights [T, top_k] float32 -> out [T, N] with out[t] = sum_j pick_weights[t, j] *
-    (weight[ids[t, j]] @ x[t, j * K:(j + 1) * K]), summed in fp32 in one program per output
-    block (a fixed order: no atomics, no reduction launch). K must be a multiple of the K step;
-    the table's step halves until it is."""
-    t, kk = x.shape
-    if weight.dim() != 3 or ids.dim() != 2 or ids.shape[0] != t or ids.dtype != torch.int32 \
-            or pick_weights.shape != ids.shape:
-        raise ValueError(f"expert_sum_gemv: weight {tuple(weight.shape)} (want [E, N, K]), ids "
-                         f"{tuple(ids.shape)} {ids.dtype} (want int32 [{t}, top_k]) and pick "
-                         f"weights {tuple(pick_weights.shape)}")
-    top_k, k = ids.shape[1], weight.shape[2]
-    if kk != top_k * k:
-        raise ValueError(f"expert_sum_gemv: x has {kk} columns, expected top_k x K = {top_k * k}")
-    _check_rows(x, weight, None, None, "expert_sum_gemv", top_k)
-    tiles = _tiles("plain", 1, x.device, block_n, block_k, num_warps, num_stages)
-    step, rows = tiles.block_k, tiles.block_n
-    while k % step and step > 8:  # a K step stays within one pick: halve it, and (unless the
-        step //= 2                # caller fixed them) double the rows, so a step's loads stay
-        rows = rows if block_n else 2 * rows  # as many
-    if k % step:
-        raise ValueError(f"expert_sum_gemv: K={k} is not a multiple of 8")
-    tiles = _Tiles(rows, step, tiles.num_warps, tiles.num_stages)
-    n = weight.shape[1]
-    out = torch.empty((t, n), dtype=x.dtype, device=x.device)
-    _launch((triton.cdiv(n, tiles.block_n), 1, t), x, weight, out, out,
-            ticket_buffer(x.device, 1), tiles, m=1, n=n, k=kk, half=n, k_per_split=kk, split=1,
-            bias=None, norm_weight=None, eps=0.0, residual=None, new_res=None, gated=False,
-            experts=2, top_k=top_k, ids=ids.contiguous(),
-            pick_weights=pick_weights.float().contiguous(), seg_k=k)
-    return out

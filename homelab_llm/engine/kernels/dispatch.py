@@ -184,37 +184,6 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
                            gated=gated, act=act)
 
 
-def moe_gemv_route(x: torch.Tensor, w13: torch.Tensor | None, w2: torch.Tensor | None) -> bool:
-    """A MoE MLP over x [T, H] with dense experts w13 [E, 2I, H] / w2 [E, H, I] takes the
-    three-launch decode path (kernels/moe_gemv.py, the norm in front included): a GPU, at most
-    the arch table's moe_rows tokens (tuning.DENSE_GEMV_TABLE: 0, off, until a device measures
-    it ahead of fused_moe_decode), bf16/fp16 in the experts' dtype, every operand readable as
-    words. HOMELAB_LLM_MOE_GEMV=1 takes it for 1 token on any arch, =0 never (benchmarks
-    compare both)."""
-    forced = os.environ.get("HOMELAB_LLM_MOE_GEMV", "")
-    if w13 is None or w2 is None or not use_triton(x) or x.dim() != 2 or forced == "0":
-        return False
-    from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
-
-    max_rows = 1 if forced == "1" else dense_gemv_tiles(x.device).moe_rows
-    if not (0 < x.shape[0] <= max_rows and x.dtype in (torch.bfloat16, torch.float16)
-            and w13.dtype == x.dtype and w2.dtype == x.dtype and w2.shape[2] % 8 == 0):
-        return False
-    from homelab_llm.engine.kernels.dense_gemv import words_fit
-
-    return words_fit(x, w13, w2)
-
-
-def moe_layer_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                   eps: float, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
-                   w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(experts(norm(x + residual)), x + residual) in three launches where moe_gemv_route says
-    so (kernels/moe_gemv.moe_layer_gemv)."""
-    from homelab_llm.engine.kernels.moe_gemv import moe_layer_gemv as layer_gemv
-
-    return layer_gemv(x, residual, norm_weight, eps, gate_weight, top_k, renormalize, w13, w2)
-
-
 def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
     """x [M, K] into the W4A16 `weight` takes the packed-half GEMV with its input formed in the
     prologue (norm, residual add, SiLU-and-mul: kernels/w4a16_prologue.py): a GPU whose table

@@ -192,7 +192,7 @@ def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, reno
     the logits rounded to x's dtype as the linear layer rounds them, in one launch; with the
     shared expert's gate [1, H] also sigmoid(x @ g.T) float32 [T] (else None). norm_weight:
     the router reads RMSNorm(x (+ residual)) instead of x, formed in the same launch (the
-    normalized rows are not written: the experts form their own, kernels/moe_gemv.py)."""
+    normalized rows are not written; route_gate_topk_norm also returns them)."""
     return _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, eps,
                   residual, False)[:3]
 

@@ -459,9 +459,6 @@ class DenseGemvTiles:
     # gated 166; 4 rows x 256 96-122, gated 168; no spills)
     rows_block_k: int = 256
     kinds: tuple[tuple[str, "DenseGemvTiles"], ...] = ()
-    # tokens a dense MoE MLP takes through the GEMV (kernels/moe_gemv.py, its "gated" tiles for
-    # gate_up, "plain" for down) instead of fused_moe_decode; 0: not measured ahead, off
-    moe_rows: int = 0
 
 
 # On the H200 (docs/BENCHMARKS.md 13.1) the GEMV with 1-4 weight rows a program and 2-4 warps

@@ -194,18 +194,10 @@ class SparseMoeBlock(nn.Module):
                    norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(self(norm(x + residual)), x + residual) with the norm inside the router's launch
         (dispatch.router_norm_route: a GPU at decode sizes, a plain bf16 router), else None:
-        the caller runs the norm and then this block. Dense experts at batch 1 without a shared
-        expert may take the GEMV route instead (dispatch.moe_gemv_route: the norm in the
-        router's and gate_up's launches, no normalized rows written)."""
+        the caller runs the norm and then this block."""
         if self.gate.w4 is not None or self.gate.bias is not None \
                 or not dispatch.router_norm_route(x):
             return None
-        experts = self.experts
-        if self.shared_expert is None and dispatch.moe_gemv_route(x, experts.w13, experts.w2):
-            out, summed = dispatch.moe_layer_gemv(x, residual, norm.weight, norm.eps,
-                                                  self.gate.weight, self.top_k, self.renormalize,
-                                                  experts.w13, experts.w2)
-            return self._reduced(out), summed
         fold = self.fold_shared()
         weights, ids, shared_w, normed, summed = dispatch.route_gate_topk_norm(
             x, residual, norm.weight, norm.eps, self.gate.weight, self.top_k, self.renormalize,

@@ -360,37 +360,19 @@ def _moe_scenarios():
         yield lambda x=x: moe_router.route_gate_topk(
             x, torch.zeros((512, hidden), dtype=torch.bfloat16), 10, False,
             torch.zeros((1, hidden), dtype=torch.bfloat16))
-    yield from _moe_gemv_scenarios(e, top_k, hidden)
-
-
-def _moe_gemv_scenarios(e: int, top_k: int, hidden: int):
-    """The batch-1 MoE layer as GEMVs (kernels/moe_gemv.py): the router with its norm prologue
-    (and residual), gate_up per pick with the norm (bf16, fp16), the picks' weighted down sum;
-    expert width 768 (the 30B-A3B) and 384 (its TP=2 half). And the router that writes the
-    normalized rows for the other experts paths (1 and 8 tokens, a shared expert's gate)."""
-    import torch
-
-    from homelab_llm.engine.kernels import moe_gemv, moe_router
-
-    for dt in (torch.bfloat16, torch.float16):
-        x = torch.zeros((1, hidden), dtype=dt)
-        nw = torch.ones(hidden, dtype=dt)
-        ids = torch.zeros((1, top_k), dtype=torch.int32)
-        weights = torch.ones((1, top_k))
-        if dt == torch.bfloat16:
-            yield lambda x=x, nw=nw: moe_router.route_gate_topk(
-                x, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True, norm_weight=nw,
-                eps=1e-6, residual=x.clone())
-            # the norm in front of any experts path: the router writes the normalized rows
-            for tokens in (1, 8):
-                xt = torch.zeros((tokens, hidden), dtype=dt)
-                yield lambda xt=xt, nw=nw: moe_router.route_gate_topk_norm(
-                    xt, xt.clone(), nw, 1e-6, torch.zeros((e, hidden), dtype=torch.bfloat16),
-                    top_k, True, torch.zeros((1, hidden), dtype=torch.bfloat16))
-        for inter in (768, 384) if dt == torch.bfloat16 else (768,):
-            w13, w2 = torch.empty((e, 2 * inter, hidden), dtype=dt), torch.empty((e, hidden, inter), dtype=dt)
-            yield lambda x=x, nw=nw, w13=w13, w2=w2, ids=ids, weights=weights: moe_gemv.moe_gemv(
-                x, w13, w2, weights, ids, norm_weight=nw, eps=1e-6, residual=x.clone())
+    # the norm in front folded into the router: its RMSNorm prologue (with the residual add),
+    # and the variant that writes the normalized rows for the experts (1 and 8 tokens, a shared
+    # expert's gate)
+    nw = torch.ones(hidden, dtype=torch.bfloat16)
+    x = torch.zeros((1, hidden), dtype=torch.bfloat16)
+    yield lambda x=x: moe_router.route_gate_topk(
+        x, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True, norm_weight=nw, eps=1e-6,
+        residual=x.clone())
+    for tokens in (1, 8):
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        yield lambda x=x: moe_router.route_gate_topk_norm(
+            x, x.clone(), nw, 1e-6, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True,
+            torch.zeros((1, hidden), dtype=torch.bfloat16))
 
 
 def _gptoss_moe_scenarios():

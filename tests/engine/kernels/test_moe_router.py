@@ -1,7 +1,10 @@
 """The one-launch router kernel (moe_router.py) vs moe_ref.route_topk_ref on fresh random logits.
 
 Bounds: expert ids exact (random fp32 logits have no ties); weights within 1e-6 absolute (both
-sides compute exp(x - max) / sum in fp32, summed in a different order).
+sides compute exp(x - max) / sum in fp32, summed in a different order). The RMSNorm prologue
+(route_gate_topk(norm_weight=...), route_gate_topk_norm) against add_rms_norm_ref / rms_norm_ref
+and the reference router: picks exact on inputs whose norm is exact in bf16, the normalized rows
+and the summed residual within one rounding (row-relative 1e-2).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels.moe_ref import route_topk_ref
+from homelab_llm.engine.kernels.ref import add_rms_norm_ref, rms_norm_ref
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 128, 8), (5, 60, 4), (3, 512, 10), (2, 8, 8)])
@@ -115,3 +119,77 @@ def test_nan_logits_still_pick_real_experts(device):
     logits[1] = float("nan")
     _, ids = route_topk(logits, 4, True)
     assert int(ids.min()) >= 0 and int(ids.max()) < 60
+
+
+def _one_hot_case(device, dtype=torch.bfloat16):
+    """Hidden states c * e_h (and a residual d * e_h): RMSNorm makes them sign * sqrt(H) *
+    nw[h] * e_h exactly, so with nw = 1/4 and H = 64 the router's logits are 2 * W[:, h],
+    exact in bf16 on both sides, and the picks compare exactly."""
+    gen = torch.Generator().manual_seed(5)
+    hidden, e = 64, 16
+    cols = [(torch.randperm(e, generator=gen).float() - e / 2) / 4 for _ in range(hidden)]
+    gate = torch.stack(cols, dim=1).to(device, dtype)  # [E, H], distinct exact values a column
+    x = torch.zeros(2, hidden)
+    res = torch.zeros(2, hidden)
+    x[0, 3], res[0, 3] = 3.0, -1.5       # x + r = 1.5 e_3
+    x[1, 40], res[1, 40] = -0.75, -0.25  # x + r = -e_40
+    nw = torch.full((hidden,), 0.25)
+    return x.to(device, dtype), res.to(device, dtype), nw.to(device, dtype), gate
+
+
+@pytest.mark.parametrize("residual", [True, False])
+def test_router_norm_prologue(residual, device):
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    x, res, nw, gate = _one_hot_case(device)
+    if not residual:
+        x, res = x + res, None
+    weights, ids, _ = route_gate_topk(x, gate, 4, True, norm_weight=nw, eps=0.0, residual=res)
+    normed = add_rms_norm_ref(x, res, nw, 0.0)[0] if residual else rms_norm_ref(x, nw, 0.0)
+    want_w, want_ids = route_topk_ref(torch.nn.functional.linear(normed, gate), 4, True)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), atol=1e-6, rtol=0)
+    # without the norm the logits would be 1.5 W and -W: other weights, and row 1's picks flip
+    plain = x if res is None else x + res
+    plain_w, _ = route_topk_ref(torch.nn.functional.linear(plain, gate), 4, True)
+    assert (plain_w.cpu() - want_w.cpu()).abs().max() > 1e-2
+
+
+def test_router_norm_checks_shapes(device):
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk
+
+    x, res, nw, gate = _one_hot_case(device)
+    with pytest.raises(ValueError, match="norm weight"):
+        route_gate_topk(x, gate, 2, True, norm_weight=nw[:10])
+    with pytest.raises(ValueError, match="goes with a norm"):
+        route_gate_topk(x, gate, 2, True, residual=res)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.float().cpu(), want.float().cpu()
+    return float(((got - want).norm(dim=-1) / want.norm(dim=-1)).max())
+
+
+@pytest.mark.parametrize("tokens,residual", [(1, True), (3, True), (2, False)])
+def test_router_writes_the_normalized_rows(tokens, residual, device):
+    """route_gate_topk_norm: the picks of route_gate_topk(norm_weight=...) and the rows
+    add_rms_norm gives (each within an ulp: the sum of squares is gathered in another order)."""
+    from homelab_llm.engine.kernels.moe_router import route_gate_topk, route_gate_topk_norm
+
+    gen = torch.Generator().manual_seed(40 + tokens)
+    hidden, e = 96, 16
+    x = torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16)
+    res = (torch.randn(tokens, hidden, generator=gen).to(device, torch.bfloat16) if residual
+           else None)
+    nw = (torch.rand(hidden, generator=gen) + 0.5).to(device, torch.bfloat16)
+    gate = (torch.randn(e, hidden, generator=gen) * 0.3).to(device, torch.bfloat16)
+    weights, ids, shared_w, normed, summed = route_gate_topk_norm(x, res, nw, 1e-6, gate, 4, True)
+    want_w, want_ids, _ = route_gate_topk(x, gate, 4, True, norm_weight=nw, eps=1e-6, residual=res)
+    assert shared_w is None and torch.equal(ids, want_ids) and torch.equal(weights, want_w)
+    want_normed, want_sum = add_rms_norm_ref(x, res, nw, 1e-6) if residual else \
+        (rms_norm_ref(x, nw, 1e-6), x)
+    assert normed.shape == x.shape and normed.dtype == x.dtype
+    assert _rel(normed, want_normed) < 1e-2  # one rounding (truncated in the interpreter)
+    assert _rel(summed, want_sum) < 1e-2
+    if not residual:
+        assert summed is x
