@@ -100,7 +100,9 @@ class GatedDeltaNet(nn.Module):
         # Decode-form rows first (all of a decode_only step; a hybrid verify's groups of K+1 rows
         # in a mixed one), varlen sequences after them.
         d = tokens if ctx.decode_only else ctx.decode_rows
-        mixed = self._rows(ctx, d, gdn.causal_conv1d_decode, gdn.causal_conv1d_prefill, (mixed.contiguous(),),
+        # the conv kernels read rows by their stride: the projection's columns need no copy
+        # (one launch a layer at 2+ rows)
+        mixed = self._rows(ctx, d, gdn.causal_conv1d_decode, gdn.causal_conv1d_prefill, (mixed,),
                            (self.conv1d.weight, None), self.conv_state)
         kd = self.key_dim
         q = mixed[:, :kd].reshape(tokens, self.num_k_heads, self.head_k_dim)

@@ -66,6 +66,32 @@ def test_split_prefill_equals_one_shot(device: torch.device) -> None:
     assert torch.equal(s_one, s_two)
 
 
+def test_rows_of_a_wider_projection_need_no_copy(device: torch.device) -> None:
+    """x as the Gated DeltaNet layer passes it: the conv's columns of the fused projection (a
+    strided view, its z columns beside them): the same outputs and states as a contiguous copy,
+    for decode rows in verify groups (2 rows a sequence) and for prefill."""
+    from homelab_llm.engine.kernels.gdn_conv import conv1d_decode, conv1d_prefill
+
+    gen = torch.Generator().manual_seed(3)
+    x, weight, bias, state, _, init = _inputs([3, 5], 40, 4, gen, torch.float32, device, True)
+    wide = torch.randn(8, 40 + 24, generator=gen).to(device)
+    wide[:, :40] = x
+    view = wide[:, :40]
+    assert not view.is_contiguous()
+    cu = cu_seqlens([3, 5], device)
+    slots = torch.tensor([0, 2], dtype=torch.int32, device=device)
+    s_view, s_copy = state.clone(), state.clone()
+    got = conv1d_prefill(view, weight, bias, cu, s_view, slots, init)
+    torch.testing.assert_close(got, conv1d_prefill(x, weight, bias, cu, s_copy, slots, init),
+                               atol=0, rtol=0)
+    assert torch.equal(s_view, s_copy)
+    verify_slots = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
+    got = conv1d_decode(wide[:4, :40], weight, bias, s_view, verify_slots, rows_per_seq=2)
+    want = conv1d_decode(x[:4].contiguous(), weight, bias, s_copy, verify_slots, rows_per_seq=2)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert torch.equal(s_view, s_copy)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device")
 def test_conv_full_shape() -> None:
