@@ -314,8 +314,17 @@ def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
 
 def h2_fused_tiles(m: int, device: torch.device | None = None) -> RowsTiles | None:
     """The packed-half GEMV tiles for m rows whose input is formed in the prologue, where this
-    device's table has an entry (ArchTiles.w4a16_h2_fused), else None."""
-    return next((t for rows, t in tiles_for(device).w4a16_h2_fused if m <= rows), None)
+    device's table has an entry (ArchTiles.w4a16_h2_fused), else None.
+
+    HOMELAB_LLM_W4A16_FUSED_ROWS=N (a measurement switch, docs/BENCHMARKS.md 16.7): rows up to N
+    without an entry take the table's first fused tile too (a 2-row verify or decode with its
+    norms and SiLU-and-mul inside the GEMVs, never measured ahead of the separate kernels)."""
+    entries = tiles_for(device).w4a16_h2_fused
+    found = next((t for rows, t in entries if m <= rows), None)
+    widened = os.environ.get("HOMELAB_LLM_W4A16_FUSED_ROWS", "")
+    if found is None and entries and widened.isdigit() and m <= int(widened):
+        return entries[0][1]
+    return found
 
 
 def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,

@@ -165,3 +165,30 @@ def test_prologue_route_needs_fused_tiles(device: torch.device, monkeypatch) -> 
     assert dispatch.w4a16_prologue_route(one, w) == on_h2
     assert not dispatch.w4a16_prologue_route(two, w)  # no 2-row entry
     assert not dispatch.w4a16_prologue_route(one, dataclasses.replace(w, perm=torch.arange(128, device=device)))
+
+
+def test_fused_rows_switch_widens_the_first_entry(device: torch.device, monkeypatch) -> None:
+    """HOMELAB_LLM_W4A16_FUSED_ROWS=2 (a measurement switch) gives 2-row calls the table's first
+    fused tile where the table has no 2-row entry: the layers then fold the norm into a 2-row
+    GEMV, which still matches the separate norm then GEMV on those tiles."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.tuning import RowsTiles
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    arch = tuning.tiles_for(device)
+    tile = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_fused=((1, tile),)))
+    monkeypatch.delenv("HOMELAB_LLM_W4A16_FUSED_ROWS", raising=False)
+    assert tuning.h2_fused_tiles(2, device) is None
+    monkeypatch.setenv("HOMELAB_LLM_W4A16_FUSED_ROWS", "2")
+    assert tuning.h2_fused_tiles(2, device) is tile and tuning.h2_fused_tiles(3, device) is None
+    w, gen = _weight(256, 96, 64, device, 13)
+    x = (torch.randn(2, 256, generator=gen) * 3).to(device, torch.bfloat16)
+    assert dispatch.w4a16_prologue_route(x, w) == (tuning.w4a16_route(2, device) == "h2")
+    nw = (1 + 0.3 * torch.randn(256, generator=gen)).to(device, torch.bfloat16)
+    got = w4a16_h2(x, w, _out(2, 96, device), norm_weight=nw, eps=1e-6)
+    assert tuning.h2_tiles(2, device, 96, fused=True) is tile
+    separate = w4a16_h2(elementwise.rms_norm(x, nw, 1e-6), w, _out(2, 96, device), tile)
+    assert _row_rel(got, separate) < FUSED_VS_SEPARATE
