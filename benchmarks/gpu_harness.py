@@ -92,9 +92,18 @@ def eager_kernel_totals(engine, prompt: list[int], request_id: str,
         for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
+    return profile_totals(prof, steps)
+
+
+def profile_totals(prof, per: int, device_time: bool = True) -> dict[str, list[float]]:
+    """Name -> [us, calls] per each of `per` repetitions a torch profile covered: kernels and
+    their GPU time, or (device_time False, a CPU run) torch ops and their CPU time."""
     totals: dict[str, list[float]] = {}
     for evt in prof.key_averages():
-        t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if device_time:
+            t = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        else:
+            t = evt.self_cpu_time_total
         if t and evt.count:
-            totals[evt.key] = [t / steps, evt.count / steps]
+            totals[evt.key] = [t / per, evt.count / per]
     return totals

@@ -133,12 +133,17 @@ def _model_config(name: str, folder: Path) -> Path:
     return out
 
 
-def _verify_model(name: str, quantization: str | None, folder: Path) -> None:
-    k_max = max(VERIFY_KS)
-    engine = LLMEngine(EngineArgs(
+def _verify_engine(name: str, quantization: str | None, folder: Path) -> LLMEngine:
+    """The eager dummy engine the verify sections time: speculation at K = max(VERIFY_KS)."""
+    return LLMEngine(EngineArgs(
         model=str(_model_config(name, folder)), load_format="dummy", device="cpu" if CPU_SMOKE else "cuda",
         dtype="float32" if CPU_SMOKE else "bfloat16", quantization=quantization, max_num_seqs=max(VERIFY_BATCHES),
-        max_model_len=1024, kv_cache_memory_bytes=1 << 30, enforce_eager=True, speculative_config=_spec(k_max)))
+        max_model_len=1024, kv_cache_memory_bytes=1 << 30, enforce_eager=True,
+        speculative_config=_spec(max(VERIFY_KS))))
+
+
+def _verify_model(name: str, quantization: str | None, folder: Path) -> None:
+    engine = _verify_engine(name, quantization, folder)
     try:
         _report_verify(engine.runner, f"{Path(name).stem}{'_' + quantization if quantization else ''}")
     finally:
@@ -293,11 +298,7 @@ def verify_profile() -> None:
     """Where a verify forward's extra time goes: the eager kernels of the 27B W4A16 shape's
     plain forward and its verify forwards (batch 1, K = 1, 2, 4), per kernel name."""
     with tempfile.TemporaryDirectory() as folder:
-        engine = LLMEngine(EngineArgs(
-            model=str(_model_config("Qwen3.6-27B.json", Path(folder))), load_format="dummy",
-            device="cuda", dtype="bfloat16", quantization="w4a16", max_num_seqs=8,
-            max_model_len=1024, kv_cache_memory_bytes=1 << 30, enforce_eager=True,
-            speculative_config=_spec(4)))
+        engine = _verify_engine("Qwen3.6-27B.json", "w4a16", Path(folder))
         try:
             runs = {k: kernel_profile(engine.runner, 1, k, 512) for k in (0, 1, 2, 4)}
         finally:

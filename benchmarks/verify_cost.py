@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpu_harness import profile_totals
 from homelab_llm.engine.cuda_graphs import DecodeGraphs, kv_splits_for
 from homelab_llm.engine.plan_rows import PlanRows
 from homelab_llm.engine.step_plan import StepBatch, plan_from_lists
@@ -113,13 +114,7 @@ def kernel_profile(runner, batch: int, k: int, ctx: int, iters: int = 8) -> dict
         for _ in range(iters):
             runner.forward(step)
         sync()
-    totals = {}
-    for evt in prof.key_averages():
-        t = (getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)) \
-            if cuda else evt.self_cpu_time_total
-        if t and evt.count:
-            totals[evt.key] = [t / iters, evt.count / iters]
-    return totals
+    return profile_totals(prof, iters, device_time=cuda)
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
