@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import importlib.util
 import itertools
+import os
 import re
 import sys
 import time
@@ -79,7 +80,8 @@ def _shim() -> types.ModuleType:
 
 
 class MonkeyPatch:
-    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setitem/setenv, undone after."""
+    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setitem/setenv/delenv,
+    undone after."""
 
     def __init__(self) -> None:
         self._undo: list = []
@@ -96,10 +98,18 @@ class MonkeyPatch:
         mapping[key] = value
 
     def setenv(self, name: str, value: str) -> None:
-        import os
+        self._keep_env(name)
+        os.environ[name] = value
+
+    def delenv(self, name: str, raising: bool = True) -> None:
+        if raising and name not in os.environ:
+            raise KeyError(name)
+        self._keep_env(name)
+        os.environ.pop(name, None)
+
+    def _keep_env(self, name: str) -> None:
         old = os.environ.get(name)
         self._undo.append(lambda: os.environ.pop(name, None) if old is None else os.environ.__setitem__(name, old))
-        os.environ[name] = value
 
     def undo(self) -> None:
         while self._undo:

@@ -107,16 +107,25 @@ H2_TILES = {
     "h2.c8k16w8": (RowsTiles(1024, 16, 4, waves=8, min_steps=1), (1, 2)),
     "h2.c8k8w16": (RowsTiles(1024, 8, 4, waves=16, min_steps=1), (1, 2)),
     "h2.c8k8w8p": (RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True), (2,)),
-    "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (4, 5)),
-    "h2.c4k4": (RowsTiles(512, 4, 4), (4, 5, 8)),
+    "h2.c8k4w8p": (RowsTiles(1024, 4, 4, waves=8, min_steps=1, prefetch=True), (3, 4, 5)),
+    "h2.c4k4": (RowsTiles(512, 4, 4), (3, 4, 5, 8)),
+    # 3-8 rows (verify forwards, batch 2-8 decode) against the dot kernel that serves them
+    "h2.c8k4w8": (RowsTiles(1024, 4, 4, waves=8, min_steps=1), (3, 4, 5, 8)),
+    "h2.c4k4w8": (RowsTiles(512, 4, 4, waves=8, min_steps=1), (3, 4, 5, 8)),
+    "h2.c4k8w8": (RowsTiles(512, 8, 4, waves=8, min_steps=1), (3, 4)),
+    "h2.c2k8w8": (RowsTiles(256, 8, 4, waves=8, min_steps=1), (3, 4, 5, 8)),
+    "h2.c2k4w8": (RowsTiles(256, 4, 4, waves=8, min_steps=1), (5, 8)),
+    "h2.c4k2w8": (RowsTiles(512, 2, 4, waves=8, min_steps=1), (5, 8)),
+    "h2.c4k4s2w8": (RowsTiles(512, 4, 4, num_stages=2, waves=8, min_steps=1), (3, 4, 5, 8)),
+    "h2.c2k8W2w8": (RowsTiles(128, 8, 2, waves=8, min_steps=1), (3, 4, 5, 8)),
     # s<n>: the K loop software-pipelined through shared memory (cp.async, n stages, no register
     # prefetch). sm_90 compiles at 1 row: c8k8s3 100 registers 74 KB; c4k8s3 80 / 37 KB.
     "h2.c8k8s3": (RowsTiles(1024, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2)),
     "h2.c8k8s2": (RowsTiles(1024, 8, 4, num_stages=2, waves=8, min_steps=1), (1,)),
-    "h2.c4k8s3": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2)),
+    "h2.c4k8s3": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1), (1, 2, 3, 4)),
     "h2.c4k8s4": (RowsTiles(512, 8, 4, num_stages=4, waves=8, min_steps=1), (1,)),
     "h2.c8k16s2": (RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1), (1, 2)),
-    "h2.c4k4s3": (RowsTiles(512, 4, 4, num_stages=3, waves=8, min_steps=1), (4, 5, 8)),
+    "h2.c4k4s3": (RowsTiles(512, 4, 4, num_stages=3, waves=8, min_steps=1), (3, 4, 5, 8)),
     # fewer warps and columns a program, more programs (the bf16 GEMV's winning shape, BENCHMARKS 13.1)
     "h2.c8k16s2W2": (RowsTiles(512, 16, 2, num_stages=2, waves=8, min_steps=1), (1, 2)),
     "h2.c4k16s2W2": (RowsTiles(256, 16, 2, num_stages=2, waves=8, min_steps=1), (1, 2)),
@@ -133,6 +142,22 @@ H2_TILES = {
     "h2.c4k8s3pf": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1, prefetch_l2=True), (2,)),
     "h2.c8k16s2pfw16": (RowsTiles(1024, 16, 4, num_stages=2, waves=16, min_steps=1, prefetch_l2=True),
                         (1,)),
+}
+# The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
+# W^T x^T, the eight nibble slices joined into one [block_n, 128] tile, one wgmma a K step on
+# sm_90): block_n is the MMA's M (64 a warpgroup), block_m the rows (its N, >= 16).
+DOTL_TILES = {
+    "dotL": None,  # the table's w4a16_dot tiles
+    "dotL.bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
+    "dotL.bn64w4s4": GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
+    "dotL.bn128w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
+    "dotL.bn128w8s2": GemmTiles(16, 128, 128, num_warps=8, num_stages=2, split_k=4),
+    "dotL.bn256w8": GemmTiles(16, 256, 128, num_warps=8, num_stages=3, split_k=4),
+    "dotL.bm64": GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    "dotL.bm64bn64w4": GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
+    "dotL.bm32bn64w4": GemmTiles(32, 64, 128, num_warps=4, num_stages=3, split_k=4),
+    "dotL.bm64bn64w4s4": GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
+    "dotL.bm64bn128w8": GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 
@@ -171,6 +196,9 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
+    for name, t in DOTL_TILES.items():
+        if not quick and (t is None or t.block_m == 16 or m > 16):
+            v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV
@@ -268,6 +296,7 @@ def main() -> int:
     summary(results, shapes, ms_list)
     print("rows tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in ROWS_TILES.items()))
     print("dot tiles:", "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
+    print("dotL tiles:", "; ".join(f"{k} = {t}" for k, t in DOTL_TILES.items()))
     print("h2 tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in H2_TILES.items()))
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1

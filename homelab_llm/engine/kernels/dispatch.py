@@ -127,17 +127,16 @@ def add_rms_norm(x, residual, weight, eps):
 
 FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
 # Outputs at most this narrow take the GEMV on every arch (up to FORCED_GEMV_ROWS rows); 0: none.
-# cuBLAS runs Gated DeltaNet's in_proj_ba (5120 -> 96) as split-K plus a reduce launch, 4.7 + 1.6
-# us a call on an H200, but the one-launch GEMV measured 8.1 us a call there (27B W4A16 eager
-# step, docs/BENCHMARKS.md 11.5): off until its tiles win for such shapes. HOMELAB_LLM_DENSE_GEMV=1
-# forces it (with any width).
+# Each arch's table may name a width of its own (DenseGemvTiles.skinny_n: sm_90 takes Gated
+# DeltaNet's in_proj_ba, 5120 -> 96, at 2-4 rows too, where cuBLAS runs split-K plus a reduce
+# launch; docs/BENCHMARKS.md 17.2). HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
 SKINNY_GEMV_N = 0
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """x [M, K] @ weight.T takes the decode GEMV (kernels/dense_gemv.py): a GPU, 1 to the arch
     table's max_rows rows (tuning.DENSE_GEMV_TABLE; FORCED_GEMV_ROWS for a weight of at most
-    SKINNY_GEMV_N outputs), bf16/fp16 in the weight's dtype, rows contiguous.
+    SKINNY_GEMV_N or the table's skinny_n outputs), bf16/fp16 in the weight's dtype, rows contiguous.
     HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to FORCED_GEMV_ROWS
     rows where the table has it off (benchmarks compare both)."""
     forced = os.environ.get("HOMELAB_LLM_DENSE_GEMV", "")
@@ -145,9 +144,10 @@ def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
         return False
     from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 
-    max_rows = dense_gemv_tiles(x.device).max_rows
-    if not max_rows and (forced == "1" or weight.shape[0] <= SKINNY_GEMV_N):
-        max_rows = FORCED_GEMV_ROWS
+    tiles = dense_gemv_tiles(x.device)
+    max_rows = tiles.max_rows
+    if forced == "1" and not max_rows or weight.shape[0] <= max(SKINNY_GEMV_N, tiles.skinny_n):
+        max_rows = max(max_rows, FORCED_GEMV_ROWS)
     if not (0 < x.shape[0] <= max_rows and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1):
         return False

@@ -111,6 +111,9 @@ class ArchTiles:
     # norm, residual add, SiLU-and-mul), same shape of entries as w4a16_h2 and consulted first: a
     # longer prologue favours tiles whose first weight loads are issued before it. Empty: none.
     w4a16_h2_fused: tuple[tuple[int, RowsTiles], ...] = ()
+    # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): tiles as
+    # w4a16_dot's (block_n is the MMA's M). None: the arch routes no rows there.
+    w4a16_dot_left: GemmTiles | None = None
 
 
 THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
@@ -179,9 +182,17 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),),
         # 1 row with a prologue form: the register prefetch issues the first step's words before
         # the norm's row read (engine, BENCHMARKS 14.4: 8B 310.2 -> 334.7 tok/s, 27B 126.8 ->
-        # 129.3; the plain calls keep the streamed tiles, which win there). Only rows with an
-        # entry here take the fused path (dispatch.w4a16_prologue_route): 2 rows are unmeasured.
-        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),)),
+        # 129.3; the plain calls keep the streamed tiles, which win there). 2 rows: the plain
+        # 2-row tile with the prologue (27B verify K = 1 forward 10.05 -> 9.68 ms, BENCHMARKS
+        # 17.2; the 1-row tile there: 12.34). Only rows with an entry here take the fused path
+        # (dispatch.w4a16_prologue_route).
+        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
+                        (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))),
+        # 17-64 rows: the few-row kernel with the weights as the left operand (one wgmma a K
+        # step; w4a16_dot(w_left=True)), 64 rows a program (BENCHMARKS 17.1: 27B step linears at
+        # 24 / 32 / 40 / 64 rows 18.1 / 18.0 / 26.3 / 26.1 ms against the eight-dot kernel's
+        # 20.5 / 20.9 / 29.2 / 37.2 and deq's 29.9 / 29.9 / 29.8 / 30.4)
+        w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -276,8 +287,10 @@ def device_sms(device: torch.device) -> int:
 # "rows": w4a16_rows.py (multi-row GEMV: reads each word once for all rows, CUDA-core FMAs);
 # "h2": w4a16_h2.py (1-8 rows, packed fp16x2 dequant and FMAs: two weights per instruction);
 # "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
-# tensor-core dots; a few rows); "gemm": w4a16.py (prefill). Each kernel's tiles come from its
-# ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary prints a row).
+# tensor-core dots; a few rows); "dotL": the same with the weights as the dots' left operand
+# (one dot a K step, ArchTiles.w4a16_dot_left); "gemm": w4a16.py (prefill). Each kernel's tiles
+# come from its ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary
+# prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # H200 sweep (benchmarks/w4a16_sweep.py --quick, 8B shapes, one step's linears): 1 row: the
     # older GEMV 2.88 ms, the multi-row GEMV 3.46-3.61, the dot kernel 3.95; 8 rows: dot 4.19 ms
@@ -292,7 +305,8 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # 40 rows (28.9 ms; deq 29.8, the Triton GEMM 80.7), then deq (64 rows 30.5 ms vs dot 39.2;
     # 256: 35.5 vs GEMM 71.4; 2,048: 142.7 vs GEMM 420.9, bf16 BLAS 127.7). 1-2 rows: the
     # packed-half GEMV (sweep 10.7: 6.52 / 9.24 ms vs the older GEMV 8.49 / the dot kernel 12.37).
-    "sm90": ((2, "h2"), (40, "dot"), (1 << 62, "deq")),
+    # 17.1: 17-64 rows on the left-operand kernel (12-14% below the eight-dot kernel and deq).
+    "sm90": ((2, "h2"), (16, "dot"), (64, "dotL"), (1 << 62, "deq")),
     "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
     # The interpreter routes decode rows to the packed-half GEMV so the kernel tests run it
@@ -302,7 +316,8 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
 
 
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("rows", "h2", "gemv", "dot", "gemm" or "deq") the table picks for m rows on this device."""
+    """The W4A16 kernel ("rows", "h2", "gemv", "dot", "dotL", "gemm" or "deq") the table picks
+    for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 
@@ -316,15 +331,8 @@ def h2_fused_tiles(m: int, device: torch.device | None = None) -> RowsTiles | No
     """The packed-half GEMV tiles for m rows whose input is formed in the prologue, where this
     device's table has an entry (ArchTiles.w4a16_h2_fused), else None.
 
-    HOMELAB_LLM_W4A16_FUSED_ROWS=N (a measurement switch, docs/BENCHMARKS.md 16.7): rows up to N
-    without an entry take the table's first fused tile too (a 2-row verify or decode with its
-    norms and SiLU-and-mul inside the GEMVs, never measured ahead of the separate kernels)."""
-    entries = tiles_for(device).w4a16_h2_fused
-    found = next((t for rows, t in entries if m <= rows), None)
-    widened = os.environ.get("HOMELAB_LLM_W4A16_FUSED_ROWS", "")
-    if found is None and entries and widened.isdigit() and m <= int(widened):
-        return entries[0][1]
-    return found
+    """
+    return next((t for rows, t in tiles_for(device).w4a16_h2_fused if m <= rows), None)
 
 
 def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
@@ -468,6 +476,8 @@ class DenseGemvTiles:
     # gated 166; 4 rows x 256 96-122, gated 168; no spills)
     rows_block_k: int = 256
     kinds: tuple[tuple[str, "DenseGemvTiles"], ...] = ()
+    # outputs at most this narrow take the GEMV up to dispatch.FORCED_GEMV_ROWS rows (0: none)
+    skinny_n: int = 0
 
 
 # On the H200 (docs/BENCHMARKS.md 13.1) the GEMV with 1-4 weight rows a program and 2-4 warps
@@ -482,9 +492,11 @@ DENSE_GEMV_TABLE: dict[str, DenseGemvTiles] = {
     "sm80": DenseGemvTiles(16, 512, 4, max_rows=0),
     # bf16_gemv_gpu.py --sweep, 8B shapes at 1 row (us): qkv with the norm 15.6 (4 x 512, 2
     # warps), o 10.2 and down 29.1 (1 x 1024, 2 warps), gate_up with both 58.2 (2 x 1024, 4)
+    # skinny_n: Qwen3.6-27B's in_proj_ba (5120 -> 96) at 2 rows, verify K = 1 forward 10.05 ->
+    # 9.95 ms against cuBLAS's split-K + reduce (BENCHMARKS 17.2)
     "sm90": DenseGemvTiles(1, 1024, 2, max_rows=1,
                            kinds=(("norm", DenseGemvTiles(4, 512, 2)),
-                                  ("gated", DenseGemvTiles(2, 1024, 4)))),
+                                  ("gated", DenseGemvTiles(2, 1024, 4))), skinny_n=128),
     "sm120": DenseGemvTiles(16, 512, 4, max_rows=0),
     # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; a smaller K step keeps VGPRs low.
     "gfx1100": DenseGemvTiles(16, 256, 4, rows_block_k=128, max_rows=0),

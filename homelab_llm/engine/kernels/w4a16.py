@@ -97,8 +97,8 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
         return w4a16_h2(x2, w, out, split=split_k).view(*lead, n)
     if route == "gemv":
         return w4a16_gemv(x2, w, out, split=split_k).view(*lead, n)
-    if route == "dot":
-        return w4a16_dot(x2, w, out, split=split_k).view(*lead, n)
+    if route in ("dot", "dotL"):
+        return w4a16_dot(x2, w, out, split=split_k, w_left=route == "dotL").view(*lead, n)
     if route == "deq" and fits_scratch(w, x2.dtype):
         return w4a16_deq_matmul(x2, w, out).view(*lead, n)
     tiles = tiles or gemm_tiles(m, x.device)

@@ -22,6 +22,13 @@ The dots then sum x (128 + q) in fp32 (bf16 products are exact in fp32), and the
 W = q s + b as acc += (inner - 128 sum x) s + (sum x) b; the subtraction costs ~7 bits of the fp32
 sum's 24 (the offset is ~17x the mean nibble), far below the bf16 output's rounding.
 
+From 17 rows up (W4A16_ROUTES "dotL") the weights are the dot's LEFT operand instead: out^T =
+W^T x^T, the eight nibble slices of a word tile joined in registers into one [BLOCK_N, 8 WROWS]
+tile in natural k order, one dot a K step (on sm_90 one wgmma whose other operand is x, BLOCK_M
+wide, with 64 rows a program): the tile passes through shared memory once a step instead of
+eight times (BENCHMARKS 17.1: 12-14% faster at 24-64 rows; slower at 2-16, where the eight-dot
+loop's 16-row MMAs stay).
+
 Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
 """
@@ -72,23 +79,82 @@ def _w4a16_dot_kernel(
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-    X_PERM: tl.constexpr, DOT_F32: tl.constexpr,
+    X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    BLOCK_K: tl.constexpr = WROWS * 8
-    ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
     X_F16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
-    OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0  # nibble_pair's magic-number floor
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, WROWS)
     m_mask = offs_m < M
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    if W_LEFT:
+        acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
+                          k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
+                          BLOCK_N, WROWS, X_F16, DOT_F32)
+    else:
+        acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
+                           k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
+                           WROWS, X_F16, X_PERM, DOT_F32)
+    ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
+
+
+@triton.jit
+def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
+                k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
+                X_F16: tl.constexpr, DOT_F32: tl.constexpr):
+    """The K loop with the weights as the dot's left operand: out^T = W^T x^T, one dot a K step.
+    The eight nibble slices of a word tile are joined in registers into [BLOCK_N, 8 WROWS] in
+    natural k order (joins add the last dimension: ((q_j, q_j+4) for j in (0, 2)), (same for 1,
+    3) flatten to nibble 0..7), so x^T is a plain [BLOCK_K, BLOCK_M] tile and the weights never
+    pass through shared memory on their way to the tensor cores (the left operand may stay in
+    registers; the right one is x, BLOCK_M x BLOCK_K). A step stays inside one group."""
+    BLOCK_K: tl.constexpr = WROWS * 8
+    OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
+    rows = tl.arange(0, WROWS)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_cols = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # [1, BLOCK_M]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        word_rows = k0 // 8 + rows
+        packed = tl.load(qw_ptr + word_rows[None, :].to(tl.int64) * stride_qw + offs_n[:, None],
+                         mask=n_mask[:, None], other=0)  # [BLOCK_N, WROWS]
+        g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
+        s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        xt = tl.load(x_cols + (k0 + offs_k)[:, None], mask=m_mask[None, :], other=0.0)  # [BK, BM]
+        x_sum = tl.sum(xt.to(tl.float32), axis=0)[None, :]
+        l0, h0 = nibble_pair(packed, 0, X_F16)
+        l1, h1 = nibble_pair(packed, 1, X_F16)
+        l2, h2 = nibble_pair(packed, 2, X_F16)
+        l3, h3 = nibble_pair(packed, 3, X_F16)
+        w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)),
+                    tl.join(tl.join(l1, h1), tl.join(l3, h3)))
+        w = tl.reshape(w, [BLOCK_N, BLOCK_K])
+        if DOT_F32:
+            inner = tl.dot(w.to(tl.float32), xt.to(tl.float32))
+        else:
+            inner = tl.dot(w, xt.to(w.dtype))
+        acc += (inner - OFFSET * x_sum) * s + x_sum * b
+    return tl.trans(acc)
+
+
+@triton.jit
+def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
+                 k_end, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, WROWS: tl.constexpr, X_F16: tl.constexpr,
+                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr):
+    """The K loop with the weights as the dots' right operand: eight per-nibble dots a step."""
+    BLOCK_K: tl.constexpr = WROWS * 8
+    ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
+    OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0  # nibble_pair's magic-number floor
+    rows = tl.arange(0, WROWS)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         word_rows = k0 // 8 + rows
@@ -126,8 +192,7 @@ def _w4a16_dot_kernel(
                 else:
                     w = nibble_f32(high, j) * unscale_pow2(s, j) + b
                 acc = dot_step(acc, x_rows, k0, word_rows, j, m_mask, r_mask, w, X_PERM, DOT_F32)
-    ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
-    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
+    return acc
 
 
 PERMUTE_ABOVE = 16  # rows: past one MMA row block, x's stride-8 gathers cost more than a permute
@@ -150,22 +215,30 @@ def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
 
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
-              split: int | None = None, permute: bool | None = None) -> torch.Tensor:
+              split: int | None = None, permute: bool | None = None,
+              w_left: bool = False) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
-    block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows)."""
+    block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
+    arch table's w4a16_dot, or with w_left its w4a16_dot_left where it has one. w_left: the
+    weights as the dot's left operand (wleft_steps) where the group size is a multiple of the K
+    step; else the eight-dot loop (on the w4a16_dot tiles unless tiles are given)."""
     m, k = x2.shape
     n = w.out_features
-    t = tiles or tiles_for(x2.device).w4a16_dot
+    arch = tiles_for(x2.device)
+    t = tiles or (w_left and arch.w4a16_dot_left) or arch.w4a16_dot
+    if w_left and w.group_size % (dot_grid(m, n, t)[1] * 8):  # its K steps stay inside a group
+        w_left, t = False, tiles or arch.w4a16_dot
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
     if permute is None:
         permute = m > PERMUTE_ABOVE
-    permute = permute and k % block_k == 0
+    permute = permute and k % block_k == 0 and not w_left  # the left-weights loop reads x in k order
     if permute:
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
-                X_PERM=permute, DOT_F32=dot_in_fp32(), num_warps=t.num_warps, num_stages=t.num_stages)
+                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, num_warps=t.num_warps,
+                num_stages=t.num_stages)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 
     def args(ws: torch.Tensor, k_per_split: int, split: int) -> tuple:

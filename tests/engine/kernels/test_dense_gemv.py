@@ -132,6 +132,27 @@ def test_cpu_routes_to_the_unfused_ops() -> None:
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_skinny_outputs_take_the_gemv_up_to_four_rows(monkeypatch) -> None:
+    """An arch whose table serves 1 row (sm_90) and names skinny_n sends outputs at most that
+    narrow (Gated DeltaNet's in_proj_ba) to the GEMV for up to FORCED_GEMV_ROWS rows; wider
+    outputs and more rows stay with the BLAS GEMM."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import dispatch, tuning
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.delenv("HOMELAB_LLM_DENSE_GEMV", raising=False)
+    arch = tuning.DENSE_GEMV_TABLE["interpret"]
+    monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret", dataclasses.replace(arch, max_rows=1))
+    narrow, wide = torch.zeros(96, 64, dtype=BF16), torch.zeros(200, 64, dtype=BF16)
+    rows = {m: torch.zeros(m, 64, dtype=BF16) for m in (1, 2, 4, 5)}
+    assert dispatch.dense_gemv_route(rows[1], wide) and not dispatch.dense_gemv_route(rows[2], narrow)
+    monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret",
+                        dataclasses.replace(arch, max_rows=1, skinny_n=128))
+    assert all(dispatch.dense_gemv_route(rows[m], narrow) for m in (1, 2, 4))
+    assert not dispatch.dense_gemv_route(rows[5], narrow) and not dispatch.dense_gemv_route(rows[2], wide)
+
+
 @pytest.mark.parametrize("m", [1, 4])
 def test_dense_gemv_8b_shapes(m: int, device, full_shapes: bool) -> None:
     """On a GPU: the Llama-3.1-8B step's shapes with the table's tiles and splits (the

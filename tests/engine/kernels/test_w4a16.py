@@ -215,8 +215,9 @@ def test_routes_cover_every_row_count() -> None:
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
-        assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "gemm", "deq"}, arch
+        assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "dotL", "gemm", "deq"}, arch
         assert routes[-1][1] in ("gemm", "deq"), arch
+        assert "dotL" not in dict(routes).values() or tuning.TABLE[arch].w4a16_dot_left, arch
     assert tuning.w4a16_route(1) == "h2" and tuning.w4a16_route(8) == "dot"
     assert tuning.w4a16_route(64) == "gemm" and tuning.w4a16_route(4096) == "deq"
 
@@ -236,6 +237,35 @@ def test_dot_kernel_magic_number_nibbles(dtype: torch.dtype, device: torch.devic
         want = x.double() @ dequantize_w4_ref(w).double()
         got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split)
         assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.device) -> None:
+    """w_left (route "dotL"): out^T = W^T x^T with the eight nibble slices joined in registers
+    into one natural-k-order tile, one dot a K step. fp32 output against an fp64 reference, the
+    same 2e-4 per-row bound as the eight-dot loop (the same magic-number offset; a nibble joined
+    out of order is ~1); rows past one 16-row block, K splits (tickets reused: bit-identical on
+    a second call), zero points, and a 32-wide group, which falls back to the eight-dot loop
+    (its steps would cross groups) and equals a plain call bit for bit."""
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+
+    gen = torch.Generator().manual_seed(23)
+    for m, k, n, split, symmetric in ((1, 256, 96, None, True), (5, 384, 40, 2, False),
+                                      (20, 256, 72, 2, False)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
+        x = torch.randn(m, k, generator=gen).to(device, dtype)
+        want = x.double() @ dequantize_w4_ref(w).double()
+        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                        w_left=True)
+        assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
+        again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                          w_left=True)
+        assert torch.equal(got, again), (dtype, m, split)
+    w = wp.quantize_rtn(torch.randn(40, 256, generator=gen) * 0.05, 32, False).to(device)
+    x = torch.randn(3, 256, generator=gen).to(device, dtype)
+    left = w4a16_dot(x, w, torch.empty((3, 40), dtype=torch.float32, device=device), w_left=True)
+    plain = w4a16_dot(x, w, torch.empty((3, 40), dtype=torch.float32, device=device))
+    assert torch.equal(left, plain)
 
 
 @pytest.mark.parametrize("group_size", [32, 128])

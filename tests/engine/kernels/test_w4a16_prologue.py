@@ -167,10 +167,10 @@ def test_prologue_route_needs_fused_tiles(device: torch.device, monkeypatch) -> 
     assert not dispatch.w4a16_prologue_route(one, dataclasses.replace(w, perm=torch.arange(128, device=device)))
 
 
-def test_fused_rows_switch_widens_the_first_entry(device: torch.device, monkeypatch) -> None:
-    """HOMELAB_LLM_W4A16_FUSED_ROWS=2 (a measurement switch) gives 2-row calls the table's first
-    fused tile where the table has no 2-row entry: the layers then fold the norm into a 2-row
-    GEMV, which still matches the separate norm then GEMV on those tiles."""
+def test_two_row_fused_entry(device: torch.device, monkeypatch) -> None:
+    """A table with a 2-row fused entry (sm_90: the plain 2-row tile) folds the norm into 2-row
+    GEMVs (verify K = 1, batch-2 decode), which match the separate norm then GEMV on that tile;
+    3 rows have no entry."""
     import dataclasses
 
     from homelab_llm.engine.kernels import tuning
@@ -178,12 +178,12 @@ def test_fused_rows_switch_widens_the_first_entry(device: torch.device, monkeypa
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     arch = tuning.tiles_for(device)
-    tile = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
-    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_fused=((1, tile),)))
-    monkeypatch.delenv("HOMELAB_LLM_W4A16_FUSED_ROWS", raising=False)
-    assert tuning.h2_fused_tiles(2, device) is None
-    monkeypatch.setenv("HOMELAB_LLM_W4A16_FUSED_ROWS", "2")
-    assert tuning.h2_fused_tiles(2, device) is tile and tuning.h2_fused_tiles(3, device) is None
+    one = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
+    tile = next(t for rows, t in arch.w4a16_h2 if rows >= 2)
+    monkeypatch.setitem(tuning.TABLE, arch.name,
+                        dataclasses.replace(arch, w4a16_h2_fused=((1, one), (2, tile))))
+    assert tuning.h2_fused_tiles(1, device) is one and tuning.h2_fused_tiles(2, device) is tile
+    assert tuning.h2_fused_tiles(3, device) is None
     w, gen = _weight(256, 96, 64, device, 13)
     x = (torch.randn(2, 256, generator=gen) * 3).to(device, torch.bfloat16)
     assert dispatch.w4a16_prologue_route(x, w) == (tuning.w4a16_route(2, device) == "h2")
