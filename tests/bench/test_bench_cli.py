@@ -148,7 +148,10 @@ def test_ctrl_c_cancels_in_flight_and_keeps_partial_results(tmp_path):
             [sys.executable, "-m", "homelab_llm", "bench", "depth", "--base-url", fake.url,
              "--pp", "8", "--tg", "40", "--repetitions", "3", "--no-warmup", "--latency-mode",
              "none", "--json", str(tmp_path / "partial.json"), "--no-progress"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # a suite started in the background by a non-interactive shell inherits SIGINT
+            # ignored, and so would the CLI: give it the terminal's default, as Ctrl+C finds it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
             while len(server.requests) < 2 and time.monotonic() < deadline:
