@@ -184,43 +184,19 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
                            gated=gated, act=act)
 
 
-def w4a16_prologue_route(x: torch.Tensor, weight, keep: bool = False) -> bool:
-    """x [M, K] into the W4A16 `weight` takes a kernel that forms its input in the prologue
-    (norm, residual add, SiLU-and-mul: kernels/w4a16_prologue.py): a GPU whose table routes M
-    rows to the packed-half GEMV and has fused tiles for them (tuning.h2_fused_tiles: where
-    the fused calls were measured ahead of the separate kernels), or to the few-row kernel up to
-    its w4a16_dot_fused_rows (not with keep: it never materializes the normalized rows, and
-    only where each K step lies inside a group); no act-order permutation, bf16/fp16 rows
-    contiguous."""
+def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
+    """x [M, K] into the W4A16 `weight` takes the packed-half GEMV with its input formed in the
+    prologue (norm, residual add, SiLU-and-mul: kernels/w4a16_prologue.py): a GPU whose table
+    routes M rows to it and has fused tiles for them (tuning.h2_fused_tiles: where the fused
+    calls were measured ahead of the separate kernels), no act-order permutation, bf16/fp16
+    rows contiguous."""
     if not use_triton(x) or x.dim() != 2 or weight.perm is not None or x.stride(1) != 1 \
             or x.dtype not in (torch.bfloat16, torch.float16):
         return False
-    from homelab_llm.engine.kernels.tuning import h2_fused_tiles, tiles_for, w4a16_route
+    from homelab_llm.engine.kernels.tuning import h2_fused_tiles, w4a16_route
 
     m = x.shape[0]
-    route = w4a16_route(m, x.device)
-    if route == "h2":
-        return h2_fused_tiles(m, x.device) is not None
-    if route == "dot" and not keep and m <= tiles_for(x.device).w4a16_dot_fused_rows:
-        from homelab_llm.engine.kernels.w4a16_dot import takes_forms
-
-        return takes_forms(weight, x.device)
-    return False
-
-
-def w4a16_formed(x: torch.Tensor, weight, **forms) -> torch.Tensor:
-    """x through the W4A16 `weight` by the kernel w4a16_prologue_route chose, with its input
-    formed in the prologue (forms: w4a16_h2's keywords)."""
-    from homelab_llm.engine.kernels.tuning import w4a16_route
-
-    out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
-    if w4a16_route(x.shape[0], x.device) == "h2":
-        from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
-
-        return w4a16_h2(x, weight, out, **forms)
-    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
-
-    return w4a16_dot(x, weight, out, **forms)
+    return w4a16_route(m, x.device) == "h2" and h2_fused_tiles(m, x.device) is not None
 
 
 def w4a16_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
@@ -240,11 +216,14 @@ def w4a16_norm_matmul_keep(x: torch.Tensor, residual: torch.Tensor | None,
 
 
 def _w4a16_norm(x, residual, norm_weight, eps, weight, keep: bool):
-    if w4a16_prologue_route(x, weight, keep) and (residual is None or residual.stride(1) == 1):
+    if w4a16_prologue_route(x, weight) and (residual is None or residual.stride(1) == 1):
+        from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+        out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
         summed = torch.empty_like(x) if residual is not None else None
         normed = torch.empty_like(x) if keep else None
-        forms = dict(norm_weight=norm_weight, eps=eps, residual=residual, summed=summed)
-        out = w4a16_formed(x, weight, **forms, **(dict(normed=normed) if keep else {}))
+        w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed,
+                 normed=normed)
         return out, summed, normed
     if residual is None:
         normed, summed = rms_norm(x, norm_weight, eps), None
@@ -257,7 +236,11 @@ def w4a16_act_matmul(gate_up: torch.Tensor, weight, act: str = "silu") -> torch.
     """act(gate) * up @ W for a W4A16 weight, gate_up [M, 2K], act "silu" or "gelu_tanh": one
     launch on w4a16_prologue_route, the separate ops elsewhere."""
     if w4a16_prologue_route(gate_up, weight):
-        return w4a16_formed(gate_up, weight, act_in=act)
+        from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+        out = torch.empty((gate_up.shape[0], weight.out_features), dtype=gate_up.dtype,
+                          device=gate_up.device)
+        return w4a16_h2(gate_up, weight, out, act_in=act)
     return w4a16_matmul(gated_act(gate_up, act), weight)
 
 

@@ -114,9 +114,6 @@ class ArchTiles:
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): tiles as
     # w4a16_dot's (block_n is the MMA's M). None: the arch routes no rows there.
     w4a16_dot_left: GemmTiles | None = None
-    # Rows up to which the few-row kernel (route "dot") forms its input in the prologue (norm
-    # with the 1/rms after the dot, residual add, SiLU-and-mul) instead of separate launches.
-    w4a16_dot_fused_rows: int = 0
 
 
 THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
@@ -195,8 +192,7 @@ TABLE: dict[str, ArchTiles] = {
         # step; w4a16_dot(w_left=True)), 64 rows a program (BENCHMARKS 17.1: 27B step linears at
         # 24 / 32 / 40 / 64 rows 18.1 / 18.0 / 26.3 / 26.1 ms against the eight-dot kernel's
         # 20.5 / 20.9 / 29.2 / 37.2 and deq's 29.9 / 29.9 / 29.8 / 30.4)
-        w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
-        w4a16_dot_fused_rows=16),
+        w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

@@ -45,7 +45,6 @@ from homelab_llm.engine.kernels.tuning import GemmTiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.w4a16_prologue import input_form, load_input, summed_input
 
 
 @triton.jit
@@ -60,33 +59,15 @@ def nibble_pair(packed, j: tl.constexpr, X_F16: tl.constexpr):
 
 
 @triton.jit
-def slice_cols(k0, word_rows, j: tl.constexpr, X_PERM: tl.constexpr):
-    """The k of nibble j's slice of the step's word rows r: 8 r + j, or with X_PERM (x permuted
-    per K step, permute_steps) its contiguous place k0 + WROWS j + r."""
-    cols = word_rows * 8 + j
+def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_PERM: tl.constexpr,
+             DOT_F32: tl.constexpr):
+    """acc + x[:, 8 r + j] @ w for the step's word rows r (w: nibble j's [WROWS, BLOCK_N] tile).
+    X_PERM: x was permuted per K step (permute_steps), so the slice is contiguous."""
     if X_PERM:
-        cols = k0 + j * word_rows.shape[0] + (word_rows - k0 // 8)
-    return cols
-
-
-@triton.jit
-def x_values(x_ptr, res_ptr, nw_ptr, sum_ptr, rows, k, ok, K, stride_xm, stride_rm, stride_sm,
-             sum_limit, FORMED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-             ACT_IN: tl.constexpr):
-    """The dot's input at rows x k in x's dtype: x, or (FORMED) the input the prologue forms
-    (w4a16_prologue.load_input): act(gate) * up, or the RMSNorm without its 1/rms, (x (+
-    residual)) * norm_weight, the row scale applied after the dot (store_or_reduce ROW_SCALE);
-    the summed input is stored to sum_ptr where k < sum_limit."""
-    if FORMED:
-        return load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, sum_ptr, rows, k, ok, K, stride_xm,
-                          stride_rm, stride_sm, 1.0, sum_limit, NORM, RESIDUAL,
-                          ACT_IN).to(x_ptr.dtype.element_ty)
-    return tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0)
-
-
-@triton.jit
-def dot_step(acc, xj, w, DOT_F32: tl.constexpr):
-    """acc + xj @ w (w: one nibble's [WROWS, BLOCK_N] tile, xj its [BLOCK_M, WROWS] slice of x)."""
+        cols = k0 + j * word_rows.shape[0] + (word_rows - k0 // 8)  # slice j: k0 + WROWS j + r
+    else:
+        cols = word_rows * 8 + j
+    xj = tl.load(x_rows + cols[None, :], mask=m_mask[:, None] & r_mask[None, :], other=0.0)
     if DOT_F32:
         return acc + tl.dot(xj.to(tl.float32), w.to(tl.float32))
     return acc + tl.dot(xj, w.to(xj.dtype))
@@ -95,13 +76,10 @@ def dot_step(acc, xj, w, DOT_F32: tl.constexpr):
 @triton.jit
 def _w4a16_dot_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
-    res_ptr, nw_ptr, sum_ptr, ssq_ptr, eps,
     M, N, K, k_per_split,
-    stride_xm, stride_qw, stride_sg, stride_om, stride_rm, stride_sm, num_splits,
+    stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
-    FORMED: tl.constexpr = False, NORM: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
-    ACT_IN: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -113,21 +91,17 @@ def _w4a16_dot_kernel(
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    ssq = tl.zeros([BLOCK_M], tl.float32)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
                           BLOCK_N, WROWS, X_F16, DOT_F32)
     else:
-        # column block 0's programs store the summed input (a prologue with a residual add)
-        acc, ssq = wright_steps(x_ptr, res_ptr, nw_ptr, sum_ptr, qw_ptr, scales_ptr, biases_ptr,
-                                offs_m, offs_n, m_mask, n_mask, k_start, k_end, K, stride_xm,
-                                stride_rm, stride_sm, tl.where(pid_n == 0, K, 0), stride_qw,
-                                stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N, WROWS, X_F16, X_PERM,
-                                DOT_F32, FORMED, NORM, RESIDUAL, ACT_IN)
+        acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
+                           k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
+                           WROWS, X_F16, X_PERM, DOT_F32)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
-    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits,
-                    ssq, ssq_ptr, 1.0 / K, eps, ROW_SCALE=NORM)
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
 
 
 @triton.jit
@@ -172,26 +146,19 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
 
 
 @triton.jit
-def wright_steps(x_ptr, res_ptr, nw_ptr, sum_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n,
-                 m_mask, n_mask, k_start, k_end, K, stride_xm, stride_rm, stride_sm, sum_limit,
-                 stride_qw, stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
+                 k_end, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, WROWS: tl.constexpr, X_F16: tl.constexpr,
-                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr, FORMED: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr):
-    """The K loop with the weights as the dots' right operand: eight per-nibble dots a step.
-    Returns the [BLOCK_M, BLOCK_N] partial sums and, with NORM, each row's sum of squares of its
-    summed input over the program's K range (a prologue form needs a step within one group)."""
+                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr):
+    """The K loop with the weights as the dots' right operand: eight per-nibble dots a step."""
     BLOCK_K: tl.constexpr = WROWS * 8
     ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0  # nibble_pair's magic-number floor
     rows = tl.arange(0, WROWS)
-    m_rows = offs_m[:, None].to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    ssq = tl.zeros([BLOCK_M], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         word_rows = k0 // 8 + rows
         r_mask = word_rows * 8 < k_end
-        slice_ok = m_mask[:, None] & r_mask[None, :]
         packed = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
                          mask=r_mask[:, None] & n_mask[None, :], other=0)
         if ONE_GROUP:
@@ -206,26 +173,14 @@ def wright_steps(x_ptr, res_ptr, nw_ptr, sum_ptr, qw_ptr, scales_ptr, biases_ptr
         if ONE_GROUP:
             # sum_k x (OFFSET + q) from tensor-core dots on magic-number floats, then
             # W = q s + b applied per step: acc += (inner - OFFSET sum_k x) s + (sum_k x) b.
-            k_step = k0 + tl.arange(0, BLOCK_K)[None, :]
-            x_step = x_values(x_ptr, res_ptr, nw_ptr, sum_ptr, m_rows, k_step, m_mask[:, None], K,
-                              stride_xm, stride_rm, stride_sm, sum_limit, FORMED, NORM, RESIDUAL,
-                              ACT_IN)
-            x_sum = tl.sum(x_step.to(tl.float32), axis=1)[:, None]
-            if NORM:
-                summed = summed_input(x_ptr, res_ptr, m_rows, k_step, m_mask[:, None], stride_xm,
-                                      stride_rm, RESIDUAL)
-                ssq += tl.sum(summed * summed, axis=1)
+            x_sum = tl.sum(tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None],
+                                   other=0.0).to(tl.float32), axis=1)[:, None]
             inner = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for j in tl.static_range(4):
                 lo, hi = nibble_pair(packed, j, X_F16)
-                xj = x_values(x_ptr, res_ptr, nw_ptr, sum_ptr, m_rows,
-                              slice_cols(k0, word_rows, j, X_PERM)[None, :], slice_ok, K,
-                              stride_xm, stride_rm, stride_sm, 0, FORMED, NORM, RESIDUAL, ACT_IN)
-                inner = dot_step(inner, xj, lo, DOT_F32)
-                xj = x_values(x_ptr, res_ptr, nw_ptr, sum_ptr, m_rows,
-                              slice_cols(k0, word_rows, j + 4, X_PERM)[None, :], slice_ok, K,
-                              stride_xm, stride_rm, stride_sm, 0, FORMED, NORM, RESIDUAL, ACT_IN)
-                inner = dot_step(inner, xj, hi, DOT_F32)
+                inner = dot_step(inner, x_rows, k0, word_rows, j, m_mask, r_mask, lo, X_PERM, DOT_F32)
+                inner = dot_step(inner, x_rows, k0, word_rows, j + 4, m_mask, r_mask, hi, X_PERM,
+                                 DOT_F32)
             acc += (inner - OFFSET * x_sum) * s + x_sum * b
         else:
             high = packed >> 20  # nibbles 5..7 where nibble_f32's AND-OR reaches them
@@ -236,11 +191,8 @@ def wright_steps(x_ptr, res_ptr, nw_ptr, sum_ptr, qw_ptr, scales_ptr, biases_ptr
                     w = nibble_f32(packed, j) * unscale_pow2(s, j) + b
                 else:
                     w = nibble_f32(high, j) * unscale_pow2(s, j) + b
-                xj = x_values(x_ptr, res_ptr, nw_ptr, sum_ptr, m_rows,
-                              slice_cols(k0, word_rows, j, X_PERM)[None, :], slice_ok, K,
-                              stride_xm, stride_rm, stride_sm, 0, FORMED, NORM, RESIDUAL, ACT_IN)
-                acc = dot_step(acc, xj, w, DOT_F32)
-    return acc, ssq
+                acc = dot_step(acc, x_rows, k0, word_rows, j, m_mask, r_mask, w, X_PERM, DOT_F32)
+    return acc
 
 
 PERMUTE_ABOVE = 16  # rows: past one MMA row block, x's stride-8 gathers cost more than a permute
@@ -262,37 +214,18 @@ def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
     return block_m, max(16, tiles.block_k // 8), triton.cdiv(m, block_m), triton.cdiv(n, tiles.block_n)
 
 
-def takes_forms(w: W4Weight, device: torch.device) -> bool:
-    """Whether w4a16_dot can form its input in the prologue for this weight (norm_weight /
-    act_in): the eight-dot loop's K steps must each lie inside one group."""
-    t = tiles_for(device).w4a16_dot
-    return w.perm is None and w.group_size % (max(16, t.block_k // 8) * 8) == 0
-
-
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
-              split: int | None = None, permute: bool | None = None, w_left: bool = False, *,
-              norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-              residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
-              act_in: str | None = None) -> torch.Tensor:
+              split: int | None = None, permute: bool | None = None,
+              w_left: bool = False) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
     arch table's w4a16_dot, or with w_left its w4a16_dot_left where it has one. w_left: the
     weights as the dot's left operand (wleft_steps) where the group size is a multiple of the K
-    step; else the eight-dot loop (on the w4a16_dot tiles unless tiles are given).
-
-    Prologue forms as w4a16_h2's (norm_weight with eps, residual with summed, act_in), on the
-    eight-dot loop where takes_forms holds: the norm's 1/rms scales the result after the dot
-    (each program sums its rows' squares over its K range; store_or_reduce ROW_SCALE), so no
-    program walks the whole row first."""
-    m = x2.shape[0]
-    k, n = w.in_features, w.out_features
-    form = input_form("w4a16_dot", x2, k, norm_weight, eps, residual, summed, act_in, None)
+    step; else the eight-dot loop (on the w4a16_dot tiles unless tiles are given)."""
+    m, k = x2.shape
+    n = w.out_features
     arch = tiles_for(x2.device)
-    if form.formed and (w_left or tiles is not None or not takes_forms(w, x2.device)):
-        raise ValueError("w4a16_dot: a prologue form runs the eight-dot loop on the table's tiles "
-                         f"with K steps inside a group (group {w.group_size}, act-order "
-                         f"{w.perm is not None})")
     t = tiles or (w_left and arch.w4a16_dot_left) or arch.w4a16_dot
     if w_left and w.group_size % (dot_grid(m, n, t)[1] * 8):  # its K steps stay inside a group
         w_left, t = False, tiles or arch.w4a16_dot
@@ -300,32 +233,26 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     block_k = wrows * 8
     if permute is None:
         permute = m > PERMUTE_ABOVE
-    # the left-weights loop and the prologue forms read x in k order
-    permute = permute and k % block_k == 0 and not w_left and not form.formed
+    permute = permute and k % block_k == 0 and not w_left  # the left-weights loop reads x in k order
     if permute:
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
-                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, FORMED=form.formed,
-                NORM=form.meta["NORM"], RESIDUAL=form.meta["RESIDUAL"],
-                ACT_IN=form.meta["ACT_IN"], num_warps=t.num_warps, num_stages=t.num_stages)
+                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, num_warps=t.num_warps,
+                num_stages=t.num_stages)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 
-    def args(ws: torch.Tensor, ssq: torch.Tensor, k_per_split: int, split: int) -> tuple:
-        return (x2, w.qweight, w.scales, w.biases, out, ws, tickets, form.res, form.nw, form.sums,
-                ssq, form.eps, m, n, k, k_per_split, x2.stride(0), w.qweight.stride(0),
-                w.scales.stride(0), out.stride(0), form.res.stride(0), form.sums.stride(0), split)
+    def args(ws: torch.Tensor, k_per_split: int, split: int) -> tuple:
+        return (x2, w.qweight, w.scales, w.biases, out, ws, tickets, m, n, k, k_per_split,
+                x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split)
 
     if split is None:
         resident = resident_programs(_w4a16_dot_kernel, (x2.dtype,) + tuple(sorted(meta.items())),
-                                     x2.device, args(out, out, 2 * block_k, 2), meta)
+                                     x2.device, args(out, 2 * block_k, 2), meta)
         # these programs are longer than the GEMV's (tiles.split_k: programs per SM otherwise)
         split = (fit_split(grid_m * grid_n, triton.cdiv(k, block_k), resident, min_steps=2) if resident
                  else pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
-    # each split's share of the rows' sums of squares (ROW_SCALE)
-    ssq = torch.empty((split, m), dtype=torch.float32, device=x2.device) \
-        if split > 1 and form.meta["NORM"] else ws
-    _w4a16_dot_kernel[(grid_m, grid_n, split)](*args(ws, ssq, k_per_split, split), **meta)
+    _w4a16_dot_kernel[(grid_m, grid_n, split)](*args(ws, k_per_split, split), **meta)
     return out

@@ -123,8 +123,7 @@ def _w4a16_gemv_kernel(
 
 @triton.jit
 def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M, N, stride_om,
-                    SPLIT, ssq=None, ssq_ptr=None, inv_k=0.0, eps=0.0,
-                    ROW_SCALE: tl.constexpr = False):
+                    SPLIT):
     """Epilogue shared by the W4A16 kernels: part [BLOCK_M, BLOCK_N] fp32 goes straight to `out`
     (SPLIT 1), or to split pid_k's slot of the fp32 workspace [SPLIT, M, N]; the last program of
     this output tile to take its ticket sums the slots and resets the ticket, so the launch
@@ -137,23 +136,14 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
     chunk within ~8K values of registers. Tiles of more than 2 rows (the few-row kernels) sum
     one slot a trip: chunked, the Qwen3.6-27B W4A16 step at 8 rows took 28.3 ms instead of 15.1
     and a 3-row verify 25.4 instead of 13.3 (bisected to this epilogue, docs/BENCHMARKS.md 16.2;
-    the sm_90 compiles' registers barely differ, so the cost is not residency).
-
-    ROW_SCALE (an RMSNorm prologue whose 1/rms comes after the dot, w4a16_dot): ssq [BLOCK_M] is
-    this program's share of each row's sum of squares, summed like the parts (split programs
-    store theirs in ssq_ptr [SPLIT, M]; every column block writes the same bits there), and the
-    stored result is the summed part times rsqrt(sum of ssq x inv_k + eps)."""
+    the sm_90 compiles' registers barely differ, so the cost is not residency)."""
     out_offs = offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT == 1:
-        if ROW_SCALE:
-            part = part * tl.math.rsqrt(ssq * inv_k + eps)[:, None]
         tl.store(out_ptr + out_offs, part.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         ws_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(ws_ptr + pid_k * M * N + ws_offs, part, mask=out_mask)
-        if ROW_SCALE:
-            tl.store(ssq_ptr + pid_k * M + offs_m, ssq, mask=offs_m < M)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
@@ -168,14 +158,6 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
                                mask=(s_idx < SPLIT) & out_mask[None, :, :], other=0.0,
                                cache_modifier=".cg")
                 total += tl.sum(tile, axis=0)
-            if ROW_SCALE:  # 16 slots a trip (one trip at the splits decode takes)
-                rows_ssq = tl.zeros(ssq.shape, tl.float32)
-                for s0 in range(0, SPLIT, 16):
-                    s_idx = s0 + tl.arange(0, 16)[:, None]
-                    rows_ssq += tl.sum(tl.load(ssq_ptr + s_idx * M + offs_m[None, :],
-                                               mask=(s_idx < SPLIT) & (offs_m < M)[None, :],
-                                               other=0.0, cache_modifier=".cg"), axis=0)
-                total = total * tl.math.rsqrt(rows_ssq * inv_k + eps)[:, None]
             tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(ticket_ptr, 0)
 

@@ -41,7 +41,7 @@ from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.w4a16_prologue import input_form, norm_chunk, row_rstd
+from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
 MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
@@ -153,8 +153,22 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     n = w.out_features
     if not 1 <= m <= MAX_ROWS:
         raise ValueError(f"w4a16_h2 takes 1..{MAX_ROWS} rows, got {m}")
-    form = input_form("w4a16_h2", x2, k, norm_weight, eps, residual, summed, act_in, normed)
-    t = tiles or h2_tiles(m, x2.device, n, fused=form.formed)
+    if act_in not in ACT_CODES:
+        raise ValueError(f"w4a16_h2: act_in {act_in!r}, expected one of {list(ACT_CODES)}")
+    if x2.shape[1] != (2 * k if act_in else k) or (residual is not None) != (summed is not None) \
+            or (residual is not None and norm_weight is None) or (act_in and norm_weight is not None):
+        raise ValueError(f"w4a16_h2: x {tuple(x2.shape)} for K {k} with norm "
+                         f"{norm_weight is not None}, residual {residual is not None}, summed "
+                         f"{summed is not None}, act_in {act_in}")
+    if summed is not None and summed.data_ptr() in (x2.data_ptr(), residual.data_ptr()):
+        raise ValueError("w4a16_h2: summed must not alias x or residual (other programs read them)")
+    if normed is not None:
+        read = {x2.data_ptr()} | ({residual.data_ptr()} if residual is not None else set())
+        if norm_weight is None or normed.shape != x2.shape or normed.data_ptr() in read \
+                or (summed is not None and normed.stride() != summed.stride()):
+            raise ValueError("w4a16_h2: normed takes a new [M, K] tensor (strided as summed) "
+                             "and a norm")
+    t = tiles or h2_tiles(m, x2.device, n, fused=bool(act_in) or norm_weight is not None)
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
@@ -163,17 +177,22 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
+    res = residual if residual is not None else x2
+    sums = summed if summed is not None else (normed if normed is not None else x2)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
-        form.res, form.nw, form.sums, form.normed, form.eps,
+        res, norm_weight if norm_weight is not None else x2, sums,
+        normed if normed is not None else x2, float(eps),
         m, n, k, p.k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), form.res.stride(0),
-        form.sums.stride(0), p.split,
+        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
+        sums.stride(0), p.split,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
         PREFETCH_L2=t.prefetch_l2 and use_asm,
-        NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1, **form.meta,
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
+        NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
+        NORM_OUT=normed is not None,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return out

@@ -19,9 +19,6 @@ order (a rounding of rsqrt apart at most).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
@@ -88,49 +85,3 @@ def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, rows, k, ok, K, stri
             tl.store(normed_ptr + rows * stride_sm + k, y, mask=ok & (k < sum_limit))
         return y.to(tl.float32)
     return s
-
-
-@dataclass(frozen=True)
-class InputForm:
-    """A W4A16 launch's prologue operands (unused ones point at x), its epsilon and switches
-    (NORM, RESIDUAL, ACT_IN, NORM_OUT)."""
-
-    res: torch.Tensor
-    nw: torch.Tensor
-    sums: torch.Tensor
-    normed: torch.Tensor
-    eps: float
-    meta: dict
-
-    @property
-    def formed(self) -> bool:
-        """Whether the kernel forms its input (a norm or an activation) rather than reading x."""
-        return bool(self.meta["NORM"] or self.meta["ACT_IN"])
-
-
-def input_form(name: str, x2: torch.Tensor, k: int, norm_weight: torch.Tensor | None, eps: float,
-               residual: torch.Tensor | None, summed: torch.Tensor | None, act_in: str | None,
-               normed: torch.Tensor | None) -> InputForm:
-    """Check a W4A16 kernel's prologue arguments (w4a16_h2.w4a16_h2's docstring says what each
-    means) against x2 [M, K] (or [M, 2K] with act_in) and K; a ValueError names `name`."""
-    if act_in not in ACT_CODES:
-        raise ValueError(f"{name}: act_in {act_in!r}, expected one of {list(ACT_CODES)}")
-    if x2.shape[1] != (2 * k if act_in else k) or (residual is not None) != (summed is not None) \
-            or (residual is not None and norm_weight is None) or (act_in and norm_weight is not None):
-        raise ValueError(f"{name}: x {tuple(x2.shape)} for K {k} with norm "
-                         f"{norm_weight is not None}, residual {residual is not None}, summed "
-                         f"{summed is not None}, act_in {act_in}")
-    if summed is not None and summed.data_ptr() in (x2.data_ptr(), residual.data_ptr()):
-        raise ValueError(f"{name}: summed must not alias x or residual (other programs read them)")
-    if normed is not None:
-        read = {x2.data_ptr()} | ({residual.data_ptr()} if residual is not None else set())
-        if norm_weight is None or normed.shape != x2.shape or normed.data_ptr() in read \
-                or (summed is not None and normed.stride() != summed.stride()):
-            raise ValueError(f"{name}: normed takes a new [M, K] tensor (strided as summed) "
-                             "and a norm")
-    res = residual if residual is not None else x2
-    sums = summed if summed is not None else (normed if normed is not None else x2)
-    return InputForm(res, norm_weight if norm_weight is not None else x2, sums,
-                     normed if normed is not None else x2, float(eps),
-                     dict(NORM=norm_weight is not None, RESIDUAL=residual is not None,
-                          ACT_IN=ACT_CODES[act_in], NORM_OUT=normed is not None))

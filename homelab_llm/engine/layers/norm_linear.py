@@ -3,9 +3,9 @@ as one decode-GEMV launch, and a gated MLP (SiLU, or Gemma's GELU-tanh) with its
 inside a GEMV, for the layers that opt in.
 
 bf16/fp16 weights take kernels/dense_gemv.py: the norm as its prologue, act-and-mul as the
-gate | up GEMV's epilogue. W4A16 weights take the packed-half GEMV (kernels/w4a16_h2.py) or, at
-a few rows, the few-row kernel (kernels/w4a16_dot.py): the norm as its prologue, act-and-mul as
-the down projection's prologue (its K split cannot pair gate and up columns in one epilogue).
+gate | up GEMV's epilogue. W4A16 weights take the packed-half GEMV (kernels/w4a16_h2.py): the
+norm as its prologue, act-and-mul as the down projection's prologue (its K split cannot pair
+gate and up columns in one epilogue).
 
 Exactly equivalent where it is used: the norm is the same formula with the same weight (Gemma's
 1 + w is folded into the stored weight at load), a column-parallel linear needs no all-reduce,
@@ -22,11 +22,10 @@ from homelab_llm.engine.layers.linear import LinearBase, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm
 
 
-def fuses(x: torch.Tensor, linear: LinearBase, keep: bool = False) -> bool:
-    """norm_then_linear (keep: norm_then_linear_keep) runs as one launch for these rows and this
-    layer's weight."""
+def fuses(x: torch.Tensor, linear: LinearBase) -> bool:
+    """norm_then_linear runs as one launch for these rows and this layer's weight."""
     if linear.w4 is not None:
-        return dispatch.w4a16_prologue_route(x, linear.w4, keep)
+        return dispatch.w4a16_prologue_route(x, linear.w4)
     return linear.weight is not None and dispatch.dense_gemv_route(x, linear.weight)
 
 

@@ -152,7 +152,7 @@ class Qwen3_5DecoderLayer(nn.Module):
             hidden, residual = attention_after_norm(hidden, residual, self.input_layernorm,
                                                     self.self_attn, rope)
         elif self.linear_attn.in_proj_qkvz.w4 is not None \
-                and fuses(hidden, self.linear_attn.in_proj_qkvz, keep=True):
+                and fuses(hidden, self.linear_attn.in_proj_qkvz):
             gdn = self.linear_attn
             qkvz, residual, normed = norm_then_linear_keep(hidden, residual, self.input_layernorm,
                                                            gdn.in_proj_qkvz)

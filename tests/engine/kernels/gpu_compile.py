@@ -254,15 +254,6 @@ def _scenarios():
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
-    for res in (False, True):
-        # the few-row kernel's prologue forms: the norm (1/rms after the dot), with the residual
-        x = torch.zeros((8, k_in), dtype=bf16)
-        yield lambda x=x, res=res: w4a16_dot.w4a16_dot(
-            x, weights[128], torch.zeros((8, n_out), dtype=bf16), split=2,
-            norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
-            residual=torch.zeros_like(x) if res else None, summed=torch.zeros_like(x) if res else None)
-    yield lambda: w4a16_dot.w4a16_dot(torch.zeros((5, 2 * k_in), dtype=bf16), weights[128],
-                                      torch.zeros((5, n_out), dtype=bf16), act_in="silu")
     for m, dt in ((40, bf16), (24, fp16)):
         # the weights as the left operand (route "dotL"; sm_90 routes 17-64 rows there), every
         # arch compiling it on its own or the w4a16_dot tiles

@@ -76,7 +76,7 @@ def _layer(w4: bool, make=_gemma3):
 def _run(layer, hidden, residual, fused: bool, w4: bool, monkeypatch, call=None):
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     monkeypatch.setattr(dispatch, "dense_gemv_route", lambda x, w: fused)
-    monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w, keep=False: fused)
+    monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w: fused)
     if w4:  # the W4A16 linears a packed-half GEMV each, fused or not
         monkeypatch.setattr(dispatch, "w4a16_matmul", _h2_matmul)
     call = call or (lambda: layer(hidden, residual, None, None))

@@ -104,7 +104,7 @@ def test_w4a16_step_folds_the_input_norms(monkeypatch) -> None:
     for fused in (False, True):
         model, ctx = _w4_model()
         with monkeypatch.context() as patch:
-            patch.setattr(dispatch, "w4a16_prologue_route", lambda x, w, keep=False, fused=fused: fused)
+            patch.setattr(dispatch, "w4a16_prologue_route", lambda x, w, fused=fused: fused)
             results[fused] = count_launches(patch, model, ctx, torch.tensor([7]))
     (off, want), (on, got) = results[False], results[True]
     assert off["triton._rms_norm_kernel"] == 9 and off["triton._silu_and_mul_kernel"] == 4

@@ -45,9 +45,9 @@ def test_w4a16_fused_layer_matches_separate_ops(rows: int, first: bool, act: str
         launches.append((gate_up.shape, act))
         return real_h2(gate_up, weight, act)
 
-    monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w, keep=False: False)
+    monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w: False)
     want, want_res = layer(hidden, residual, None)
-    monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w, keep=False: True)
+    monkeypatch.setattr(dispatch, "w4a16_prologue_route", lambda x, w: True)
     monkeypatch.setattr(dispatch, "w4a16_act_matmul", counting_silu)
     got, got_res = layer(hidden, residual, None)
     # down_proj took gate | up: the activation in its prologue
