@@ -4,7 +4,7 @@
         --section SpeedOfLight --section Occupancy --section WarpStateStats \
         python3 benchmarks/w4a16_ncu.py --kernel dot --m 4 --k 5120 --n 34816
 
-Kernels: h2 (packed-half GEMV), dot (few-row tensor-core kernel; --eight for its per-nibble dots),
+Kernels: h2 (packed-half GEMV), dot (few-row tensor-core kernel; --left for its left-operand loop),
 gemv (the older one-row GEMV), rows (multi-row GEMV), deq (dequantize + BLAS). Launches 4 times:
 the first compiles, so skip 2 and read the third.
 """
@@ -33,7 +33,8 @@ def main() -> int:
     p.add_argument("--m", type=int, default=4)
     p.add_argument("--k", type=int, default=5120)
     p.add_argument("--n", type=int, default=34816)
-    p.add_argument("--eight", action="store_true", help="dot: eight per-nibble dots a step")
+    p.add_argument("--left", action="store_true",
+                   help="dot: the weights as the left operand (route dotL) instead of eight dots a step")
     a = p.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev)
@@ -43,7 +44,7 @@ def main() -> int:
     out = torch.empty((a.m, a.n), dtype=torch.bfloat16, device=dev)
     fns = {"h2": lambda: w4a16_h2(x, w, out), "gemv": lambda: w4a16_gemv(x, w, out),
            "rows": lambda: w4a16_rows(x, w, out), "deq": lambda: w4a16_deq_matmul(x, w, out),
-           "dot": lambda: w4a16_dot(x, w, out, one_dot=not a.eight)}
+           "dot": lambda: w4a16_dot(x, w, out, w_left=a.left)}
     for _ in range(4):
         fns[a.kernel]()
     torch.cuda.synchronize()
