@@ -268,6 +268,27 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
     assert torch.equal(left, plain)
 
 
+def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monkeypatch) -> None:
+    """A route table naming "dotL" (sm_90: 17-64 rows) sends w4a16_matmul's rows to the few-row
+    kernel with w_left: bit-equal to the direct call, within 1e-2 (relative L2) of the dequantized
+    reference; a 32-wide group there runs the eight-dot loop instead (bit-equal to it)."""
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+
+    arch = tuning.arch_name(device)
+    monkeypatch.setitem(tuning.W4A16_ROUTES, arch, ((2, "h2"), (64, "dotL"), (1 << 62, "deq")))
+    gen = torch.Generator().manual_seed(41)
+    for group, left in ((128, True), (32, False)):
+        w = wp.quantize_rtn(torch.randn(40, 256, generator=gen) * 0.05, group, False).to(device)
+        x = torch.randn(20, 256, generator=gen).to(device, torch.bfloat16)
+        got = w4a16_matmul(x, w)
+        direct = w4a16_dot(x, w, torch.empty((20, 40), dtype=torch.bfloat16, device=device),
+                           w_left=left)
+        assert torch.equal(got, direct), group
+        assert _rel_err(got, x.float() @ dequantize_w4_ref(w).float()) < 1e-2, group
+
+
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_dot_kernel_permuted_x_is_the_same_sum(group_size: int, device: torch.device) -> None:
     """Past 16 rows the dot kernel reads x permuted per K step (contiguous loads instead of
