@@ -329,9 +329,7 @@ def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
 
 def h2_fused_tiles(m: int, device: torch.device | None = None) -> RowsTiles | None:
     """The packed-half GEMV tiles for m rows whose input is formed in the prologue, where this
-    device's table has an entry (ArchTiles.w4a16_h2_fused), else None.
-
-    """
+    device's table has an entry (ArchTiles.w4a16_h2_fused), else None."""
     return next((t for rows, t in tiles_for(device).w4a16_h2_fused if m <= rows), None)
 
 

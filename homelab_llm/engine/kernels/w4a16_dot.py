@@ -112,9 +112,9 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     """The K loop with the weights as the dot's left operand: out^T = W^T x^T, one dot a K step.
     The eight nibble slices of a word tile are joined in registers into [BLOCK_N, 8 WROWS] in
     natural k order (joins add the last dimension: ((q_j, q_j+4) for j in (0, 2)), (same for 1,
-    3) flatten to nibble 0..7), so x^T is a plain [BLOCK_K, BLOCK_M] tile and the weights never
-    pass through shared memory on their way to the tensor cores (the left operand may stay in
-    registers; the right one is x, BLOCK_M x BLOCK_K). A step stays inside one group."""
+    3) flatten to nibble 0..7), so x^T is a plain [BLOCK_K, BLOCK_M] tile. Triton (3.6-3.9)
+    still stages the joined tile through shared memory before the wgmma, but once a step where
+    the eight-dot loop does it eight times. A step stays inside one group."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
