@@ -142,7 +142,7 @@ def _verify_engine(name: str, quantization: str | None, folder: Path) -> LLMEngi
         speculative_config=_spec(max(VERIFY_KS))))
 
 
-def _verify_model(name: str, quantization: str | None, folder: Path) -> None:
+def verify_model(name: str, quantization: str | None, folder: Path) -> None:
     engine = _verify_engine(name, quantization, folder)
     try:
         _report_verify(engine.runner, f"{Path(name).stem}{'_' + quantization if quantization else ''}")
@@ -177,8 +177,8 @@ def verify() -> None:
     mode = "CPU smoke, tiny configs, eager" if CPU_SMOKE else "graphs on"
     print(f"verify: dummy weights, {mode}; K = {VERIFY_KS}, batch {VERIFY_BATCHES}")
     with tempfile.TemporaryDirectory() as folder:
-        _verify_model("Qwen3.6-27B.json", "w4a16", Path(folder))
-        _verify_model("Llama-3.1-8B.json", None, Path(folder))
+        verify_model("Qwen3.6-27B.json", "w4a16", Path(folder))
+        verify_model("Llama-3.1-8B.json", None, Path(folder))
 
 
 def verify_engine() -> None:

@@ -32,8 +32,10 @@ def main() -> int:
     spec_gpu.VERIFY_KS = [int(k) for k in a.ks.split(",")]
     spec_gpu.QUICK = True
     print(f"tree {root}: spec_gpu {spec_gpu.__file__}, homelab_llm {homelab_llm.__file__}", flush=True)
+    # trees before 2026-12-02 (session 10) named it _verify_model
+    verify_model = getattr(spec_gpu, "verify_model", None) or getattr(spec_gpu, "_verify_model")
     with tempfile.TemporaryDirectory() as folder:
-        spec_gpu._verify_model(a.config, None if a.quant == "none" else a.quant, Path(folder))
+        verify_model(a.config, None if a.quant == "none" else a.quant, Path(folder))
     return 0
 
 

@@ -146,7 +146,7 @@ def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
     tiles = dense_gemv_tiles(x.device)
     max_rows = tiles.max_rows
-    if forced == "1" and not max_rows or weight.shape[0] <= max(SKINNY_GEMV_N, tiles.skinny_n):
+    if (forced == "1" and not max_rows) or weight.shape[0] <= max(SKINNY_GEMV_N, tiles.skinny_n):
         max_rows = max(max_rows, FORCED_GEMV_ROWS)
     if not (0 < x.shape[0] <= max_rows and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1):
