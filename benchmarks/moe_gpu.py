@@ -28,7 +28,9 @@ older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
            reads (all weights but the 120 unpicked experts per layer and the embedding table)
   launches the same model eager at batch 1: kernel launches per decode step, all and MoE ones
   profile  (not default) the same model at batch 1: graph GPU time vs wall time per step and the
-           host functions between, then the eager step's kernels by GPU time
+           host functions between, then the eager step's kernels by GPU time; profile_bf16 the
+           same for the bf16 model
+  prefill_kernels (not default) the prefill layer's kernels one by one (torch profiler)
   sweep_decode (not default) fused_moe_decode and the fused router under tile variants
 The issue-15 decode numbers in one run (< 4 min on an H200):
     python3 benchmarks/moe_gpu.py --quick --sections check,layer,engine,launches
@@ -221,6 +223,33 @@ def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
         report(f"prefill.{kind}.t{tokens}.torch_loop_ms", loop)
 
 
+def section_prefill_kernels(setup: Setup, quick: bool, mm_tflops: float) -> None:
+    """The prefill layer's kernels one by one (torch profiler, eager, 5 calls): where the time of
+    `prefill` goes, and each GEMM's FLOP/s over the matmul rate."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpu_harness import profile_totals
+
+    tokens = 1024 if quick else 2048
+    for w4 in (False, True):
+        kind = "w4a16" if w4 else "bf16"
+        w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
+        x, weights, ids = setup.batch(tokens)
+        for _ in range(3):
+            fused_moe(x, w13, w2, weights, ids)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                fused_moe(x, w13, w2, weights, ids)
+            torch.cuda.synchronize()
+        for name, (us, count) in sorted(profile_totals(prof, 5).items(), key=lambda kv: -kv[1][0]):
+            print(f"  prefill_kernels.{kind}.t{tokens}: {us:8.1f} us {count:4.1f}/call  {name[:80]}",
+                  flush=True)
+    report("prefill_kernels.matmul_TFLOPs", mm_tflops,
+           f"gate_up {2 * tokens * TOP_K * 2 * HIDDEN * setup.inter / 1e9:.1f} GFLOP, "
+           f"down {2 * tokens * TOP_K * HIDDEN * setup.inter / 1e9:.1f}")
+
+
 def section_engine(quick: bool, copy_gbps: float, quantization: str | None) -> None:
     import random
     import time
@@ -315,21 +344,23 @@ def section_sweep_gemv(setup: Setup, quick: bool) -> None:
                 report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
 
 
-def section_profile(quick: bool) -> None:
-    """Whole Qwen3-30B-A3B dummy W4A16 at batch 1: graph GPU time vs wall time per step (with the
-    host functions that fill the gap), then the eager step's kernels by GPU time."""
+def section_profile(quick: bool, quantization: str | None = "w4a16") -> None:
+    """Whole Qwen3-30B-A3B dummy W4A16 (or bf16: quantization None) at batch 1: graph GPU time vs
+    wall time per step (with the host functions that fill the gap), then the eager step's kernels
+    by GPU time."""
     import gc
 
     from engine_gpu import host_vs_graph, make_engine, profile_decode_steps
 
     prompt = list(range(100, 132))
+    label = f"qwen3_30b_a3b_{quantization or 'bf16'}"
     for eager in (False, True):
-        engine = make_engine("Qwen3-30B-A3B.json", quantization="w4a16", max_model_len=4096,
+        engine = make_engine("Qwen3-30B-A3B.json", quantization=quantization, max_model_len=4096,
                              max_num_seqs=8, enforce_eager=eager)
         if eager:
-            profile_decode_steps(engine, prompt, "qwen3_30b_a3b_w4a16", top=30)
+            profile_decode_steps(engine, prompt, label, top=30)
         else:
-            host_vs_graph(engine, prompt, "qwen3_30b_a3b_w4a16", steps=100, top=25)
+            host_vs_graph(engine, prompt, label, steps=100, top=25)
         del engine
         gc.collect()
         torch.cuda.empty_cache()
@@ -341,7 +372,7 @@ def main() -> int:
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
     p.add_argument("--sections", default="check,layer,decode,router,prefill,engine,launches",
                    help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv, "
-                        "sweep_decode, profile")
+                        "sweep_decode, profile, profile_bf16, prefill_kernels")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     setup = Setup(INTER // a.tp)
@@ -353,11 +384,13 @@ def main() -> int:
         "decode": lambda: section_decode(setup, a.quick, copy_gbps),
         "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
         "sweep": lambda: section_sweep(setup, a.quick),
+        "prefill_kernels": lambda: section_prefill_kernels(setup, a.quick, mm_tflops),
         "sweep_gemv": lambda: section_sweep_gemv(setup, a.quick),
         "router": lambda: section_router(a.quick),
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),
         "engine_bf16": lambda: section_engine(a.quick, copy_gbps, None),
         "profile": lambda: section_profile(a.quick),
+        "profile_bf16": lambda: section_profile(a.quick, None),
         "layer": lambda: section_layer(setup.layers(), copy_gbps),
         "sweep_decode": lambda: section_sweep_decode(setup.layers()),
         "launches": lambda: section_launches(ENGINE_CONFIG),

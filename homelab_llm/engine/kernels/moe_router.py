@@ -75,14 +75,14 @@ def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
 
 
 @triton.jit
-def _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask, H,
-                  stride_x, stride_r, BLOCK_H: tl.constexpr, RESIDUAL: tl.constexpr):
-    """normed[t] = (x[t] (+ residual[t], rounded: stored in summed)) * rstd[t] * nw, rounded to
-    x's dtype: elementwise.add_rms_norm's formula (contiguous [T, H] outputs)."""
+def _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask, h_start,
+                  h_end, stride_x, stride_r, H, BLOCK_H: tl.constexpr, RESIDUAL: tl.constexpr):
+    """normed[t, h_start:h_end] = (x[t] (+ residual[t], rounded: stored in summed)) * rstd[t] *
+    nw, rounded to x's dtype: elementwise.add_rms_norm's formula (contiguous [T, H] outputs)."""
     dtype = x_ptr.dtype.element_ty
-    for h0 in range(0, H, BLOCK_H):
+    for h0 in range(h_start, h_end, BLOCK_H):
         offs_h = h0 + tl.arange(0, BLOCK_H)
-        h_mask = offs_h < H
+        h_mask = offs_h < h_end
         mask = t_mask[:, None] & h_mask[None, :]
         x = summed_input(x_ptr, res_ptr, offs_t[:, None], offs_h[None, :], mask, stride_x,
                          stride_r, RESIDUAL)
@@ -100,7 +100,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
                        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                        E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
                        SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                       WRITE_NORMED: tl.constexpr = False):
+                       WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
     as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
     shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
@@ -108,9 +108,10 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     NORM: the input is RMSNorm(x (+ residual, rounded to x's dtype)) * nw, formed on the way:
     x * nw feeds the dot and each token's 1 / rms, gathered in the same loop, scales the logits
     (dense_gemv's prologue; the normalized input is not rounded to x's dtype first).
-    WRITE_NORMED: program 0 then also stores the rows the experts read, RMSNorm(x + residual)
-    [T, H] in x's dtype (add_rms_norm's values; the summed rows too with a residual), so the
-    norm launch in front of the experts goes away; contiguous rows."""
+    WRITE_NORMED: every program then also stores its share of the columns of the rows the
+    experts read, RMSNorm(x + residual) [T, H] in x's dtype (add_rms_norm's values; the summed
+    rows too with a residual), so the norm launch in front of the experts goes away; contiguous
+    rows. (Program 0 storing all of it kept the ticket waiting ~1-2 us on that program.)"""
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -135,9 +136,11 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
         rstd = tl.math.rsqrt(sq / H + eps)
         acc = acc * rstd[:, None]
         if WRITE_NORMED:
-            if tl.program_id(0) == 0:
-                _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask,
-                              H, stride_x, stride_r, BLOCK_H, RESIDUAL)
+            cols = tl.cdiv(H, tl.num_programs(0))
+            h_start = tl.program_id(0) * cols
+            _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask,
+                          h_start, tl.minimum(h_start + cols, H), stride_x, stride_r, H,
+                          BLOCK_NORMED, RESIDUAL)
     acc = acc.to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(logits_ptr + offs_t[:, None] * E_POW2 + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
@@ -243,12 +246,15 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
     res = x if residual is None else (residual if residual.stride(1) == 1 else residual.contiguous())
     normed = torch.empty((t, hidden), dtype=x.dtype, device=x.device) if write_normed else x
     summed = torch.empty_like(normed) if write_normed and residual is not None else None
-    _route_gate_kernel[(triton.cdiv(rows, tiles.block_e),)](
+    grid = triton.cdiv(rows, tiles.block_e)
+    _route_gate_kernel[(grid,)](
         x, res, x if norm_weight is None else norm_weight, w, g, logits, shared[0], weights, ids,
         shared[1], ticket_buffer(x.device, 1), normed, normed if summed is None else summed,
         t, num_experts, hidden, x.stride(0), res.stride(0), w.stride(0), float(eps),
         TOP_K=top_k, BLOCK_T=triton.next_power_of_2(t), BLOCK_E=tiles.block_e,
         BLOCK_H=tiles.block_k, E_POW2=e_pow2, BLOCK_K=triton.next_power_of_2(top_k),
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
-        RESIDUAL=residual is not None, WRITE_NORMED=write_normed, num_warps=tiles.num_warps)
+        RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
+        BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
+        num_warps=tiles.num_warps)
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

@@ -40,6 +40,26 @@ def test_align_matches_reference(tokens, experts, top_k, block_m, device):
         assert torch.equal(g.cpu(), w.cpu())
 
 
+@pytest.mark.parametrize("tokens,experts,top_k,block_m,one_launch_max", [
+    (300, 40, 8, 16, 256), (9, 5, 2, 16, 0), (33, 128, 8, 64, 0), (200, 24, 4, 32, 256),
+    (64, 300, 6, 16, 0)])
+def test_chunked_align_matches_reference(tokens, experts, top_k, block_m, one_launch_max, device,
+                                         monkeypatch):
+    """The two-launch path (count, scatter over chunks of slots) gives the reference's exact
+    order, also for a few slots over many chunks and for E not a power of two."""
+    from homelab_llm.engine.kernels import moe_align as align
+
+    monkeypatch.setattr(align, "ONE_LAUNCH_MAX_SLOTS", one_launch_max)
+    gen = torch.Generator().manual_seed(tokens + experts)
+    _, ids = _picks(gen, tokens, experts, top_k, device)
+    if tokens == 200:  # a hot expert: runs of many blocks
+        ids[:150, 0] = 3
+    got = align.moe_align(ids, experts, block_m)
+    want = moe_align_ref(ids, experts, block_m)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w.cpu())
+
+
 def _experts(gen, e, h, i, dtype, device):
     w13 = (torch.randn(e, 2 * i, h, generator=gen) / h ** 0.5).to(dtype).to(device)
     w2 = (torch.randn(e, h, i, generator=gen) / i ** 0.5).to(dtype).to(device)
