@@ -213,7 +213,14 @@ def section_w4a16(quick: bool) -> None:
     report("llama8b_w4a16_b1_decode_tok_s", decode_rate(engine, 1, 32, 128 if quick else 256), "tok/s")
     if "copy_bandwidth_GBps" in results:
         report("llama8b_w4a16_b1_roofline_tok_s", results["copy_bandwidth_GBps"] * 1e9 / weights, "tok/s")
-    report("llama8b_w4a16_b8_ctx512_decode_tok_s", decode_rate(engine, 8, 512, 64), "tok/s")
+    b8 = decode_rate(engine, 8, 512, 64)
+    report("llama8b_w4a16_b8_ctx512_decode_tok_s", b8, "tok/s")
+    # issue 19's batch-8 ratio at equal contexts (the b1 line above runs 32-token prompts)
+    b1 = decode_rate(engine, 1, 512, 64)
+    report("llama8b_w4a16_b1_ctx512_decode_tok_s", b1, f"b8 / b1 at 512: {b8 / b1:.2f}x")
+    b8_short, b1_short = decode_rate(engine, 8, 32, 64), decode_rate(engine, 1, 32, 64)
+    report("llama8b_w4a16_b8_ctx32_decode_tok_s", b8_short,
+           f"b8 / b1 at 32: {b8_short / b1_short:.2f}x (b1 {b1_short:.1f})")
     del engine
     cleanup()
 

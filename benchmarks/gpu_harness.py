@@ -76,15 +76,17 @@ class ReplayTimer:
 
 
 def eager_kernel_totals(engine, prompt: list[int], request_id: str,
-                        steps: int = 16) -> dict[str, list[float]]:
-    """Kernel name -> [GPU us, launches] per step over `steps` decode steps of one request after
-    8 of warm-up (the engine must run with enforce_eager, so every launch is visible)."""
+                        steps: int = 16, batch: int = 1) -> dict[str, list[float]]:
+    """Kernel name -> [GPU us, launches] per step over `steps` decode steps of `batch` requests
+    after 8 of warm-up (the engine must run with enforce_eager, so every launch is visible)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from homelab_llm.engine.sampling_params import SamplingParams
 
-    engine.add_request(request_id, prompt, SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
+    for i in range(batch):
+        engine.add_request(request_id if batch == 1 else f"{request_id}-{i}", prompt,
+                           SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
     for _ in range(8):
         engine.step()
     torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 """Where a W4A16 batch-1 decode step goes, runnable against any checkout of this repository.
 
     python3 benchmarks/w4a16_regress.py [--root DIR] [--config Llama-3.1-8B.json] [--eager-profile]
-        [--kv-cache-dtype int8]
+        [--kv-cache-dtype int8] [--profile-batch 8]
 
 Builds the dummy W4A16 engine from the checkout at --root (default: this one), then prints one
 line each: batch-1 decode tok/s over 128 tokens with graphs, the graph replay's GPU time per step
@@ -38,27 +38,31 @@ def make_engine(config: str, quant: str = "w4a16", **kw):
     return LLMEngine(EngineArgs(**args))
 
 
-def eager_kernels(eng, prompt: list[int], steps: int = 16) -> list[tuple[float, float, str]]:
-    """(us a step, launches a step, kernel name) of batch-1 decode steps of an eager engine,
-    most time first."""
-    totals = eager_kernel_totals(eng, prompt, "p", steps)
-    eng.abort_request("p")
+def eager_kernels(eng, prompt: list[int], steps: int = 16,
+                  batch: int = 1) -> list[tuple[float, float, str]]:
+    """(us a step, launches a step, kernel name) of decode steps of `batch` requests on an eager
+    engine, most time first."""
+    totals = eager_kernel_totals(eng, prompt, "p", steps, batch)
+    for i in range(batch):
+        eng.abort_request("p" if batch == 1 else f"p-{i}")
     return sorted(((us, count, name) for name, (us, count) in totals.items()), reverse=True)
 
 
 def graph_decode(eng, prompt: list[int], tokens: int, prof=None,
-                 out_ids: list[int] | None = None) -> tuple[float, float, int]:
-    """(wall ms a step, graph GPU ms a replay, replays) of a batch-1 greedy decode of `tokens`
-    after a 16-token warm-up, the first (prefill) step of each left out; `prof` (a
-    cProfile.Profile) is enabled over the timed steps; `out_ids` receives the timed request's
-    tokens."""
+                 out_ids: list[int] | None = None, batch: int = 1) -> tuple[float, float, int]:
+    """(wall ms a step, graph GPU ms a replay, replays) of a greedy decode of `tokens` by `batch`
+    requests after a 16-token warm-up, the first (prefill) step of each left out; `prof` (a
+    cProfile.Profile) is enabled over the timed steps; `out_ids` receives the first timed
+    request's tokens."""
     import torch
 
     from homelab_llm.engine.sampling_params import SamplingParams
 
     timer = ReplayTimer(eng.runner.graphs)
     for rid, n in (("warm", 16), ("run", tokens)):
-        eng.add_request(rid, prompt, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
+        for i in range(batch):
+            eng.add_request(rid if i == 0 else f"{rid}-{i}", prompt,
+                            SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
         steps = 0
         while eng.has_unfinished_requests():
             if steps == 1:
@@ -86,6 +90,8 @@ def main() -> int:
     p.add_argument("--config", default="Llama-3.1-8B.json")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--eager-profile", action="store_true")
+    p.add_argument("--profile-batch", type=int, default=1, help="requests in the eager profile")
+    p.add_argument("--batch", type=int, default=1, help="requests in the timed graph decode")
     p.add_argument("--label", default="")
     p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
@@ -106,11 +112,12 @@ def main() -> int:
     prompt = list(range(100, 132))
     eng = engine()
     ids: list[int] = []
-    wall, gpu, replays = graph_decode(eng, prompt, a.tokens, prof if a.cprofile else None, ids)
+    wall, gpu, replays = graph_decode(eng, prompt, a.tokens, prof if a.cprofile else None, ids,
+                                      a.batch)
     # the tokens' digest: kernel changes that keep the arithmetic (launch attributes, tiles of
     # deterministic kernels) must keep it bit for bit
     digest = hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
-    print(f"REGRESS {label}: b1 {1e3 / wall:.1f} tok/s, wall {wall:.3f} ms/step, graph GPU "
+    print(f"REGRESS {label}: b{a.batch} {a.batch * 1e3 / wall:.1f} tok/s, wall {wall:.3f} ms/step, graph GPU "
           f"{gpu:.3f} ms/step over {replays} replays, tokens {digest}", flush=True)
     if a.cprofile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
@@ -119,10 +126,10 @@ def main() -> int:
     gc.collect()
     torch.cuda.empty_cache()
     if a.eager_profile:
-        rows = eager_kernels(engine(enforce_eager=True), prompt)
-        print(f"REGRESS {label}: eager step kernels {sum(r[0] for r in rows):.0f} us, "
+        rows = eager_kernels(engine(enforce_eager=True), prompt, batch=a.profile_batch)
+        print(f"REGRESS {label}: batch {a.profile_batch} eager step kernels {sum(r[0] for r in rows):.0f} us, "
               f"{sum(r[1] for r in rows):.0f} launches", flush=True)
-        for us, count, name in rows[:14]:
+        for us, count, name in rows[:20]:
             print(f"  {us:8.1f} us {count:6.1f}/step {name[:90]}", flush=True)
     return 0
 

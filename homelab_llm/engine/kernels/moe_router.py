@@ -256,5 +256,5 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
-        num_warps=tiles.num_warps)
+        num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps)
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

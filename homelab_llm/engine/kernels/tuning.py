@@ -415,11 +415,13 @@ class MoeDecodeTiles:
 @dataclass(frozen=True)
 class RouterTiles:
     """The fused router (moe_router.route_gate_topk): block_e experts' logits per program, block_k
-    hidden values per step."""
+    hidden values per step; one_token_warps: num_warps for a single token (0: num_warps), where
+    the last program's softmax top-k, a chain of reductions, is most of the launch."""
 
     block_e: int
     block_k: int
     num_warps: int
+    one_token_warps: int = 0
 
 
 @dataclass(frozen=True)
@@ -437,9 +439,10 @@ MOE_DECODE_TABLE: dict[str, MoeDecodeArch] = {
                           RouterTiles(1, 1024, 4)),
     # H200, Qwen3-30B-A3B layer (router + gate_up + down, us): 4-bit block_n 64 with 2 warps
     # b1 30.6 / b8 140.9 against 4 warps 30.9 / 179.9 (block_n 128: 33.6 / 163.1; 32: 36.1 /
-    # 228.7); router variants within 2% of each other.
+    # 228.7). Router (BENCHMARKS 18.2): one warp for one token, b1 28.3 against 29.5 with 4
+    # warps; at b8 one warp lost (143.9 against 137.9).
     "sm90": MoeDecodeArch(MoeDecodeTiles(64, 128, 1, 2), MoeDecodeTiles(32, 128, 2, 4),
-                          RouterTiles(1, 1024, 4)),
+                          RouterTiles(1, 1024, 4, one_token_warps=1)),
     "sm120": MoeDecodeArch(MoeDecodeTiles(64, 128, 1, 4), MoeDecodeTiles(32, 128, 2, 4),
                            RouterTiles(1, 1024, 4)),
     # RDNA3: wave32, so 4 warps are 128 lanes as on NVIDIA; fewer SMs (96): same tiles.
