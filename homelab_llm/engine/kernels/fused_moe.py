@@ -149,9 +149,15 @@ def _moe_combine_kernel(y_ptr, w_ptr, out_ptr, H, stride_y, stride_o,
     tl.store(out_ptr + t.to(tl.int64) * stride_o + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def moe_tiles(num_slots: int, num_experts: int, device: torch.device) -> GemmTiles:
-    """Tiles by the rows an expert sees on average: decode shapes get the small-M entry."""
-    return gemm_tiles(max(1, num_slots // num_experts), device)
+def moe_tiles(num_slots: int, num_experts: int, device: torch.device,
+              four_bit: bool = False) -> GemmTiles:
+    """Tiles by the rows an expert sees on average: decode shapes get the small-M entry;
+    four_bit experts at prefill sizes the arch's moe_w4_gemm where it has one."""
+    tiles = gemm_tiles(max(1, num_slots // num_experts), device)
+    arch = tiles_for(device)
+    if four_bit and tiles is arch.gemm and arch.moe_w4_gemm is not None:
+        return arch.moe_w4_gemm
+    return tiles
 
 
 def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
@@ -236,7 +242,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
         return w4_decode(x, w13, topk_weights, topk_ids)
     if isinstance(w13, MoeMx4) and clamp is not None and small:
         return mx4_decode(x, w13, topk_weights, topk_ids, b13, b2, clamp)
-    tiles = tiles or moe_tiles(num_slots, num_experts, x.device)
+    tiles = tiles or moe_tiles(num_slots, num_experts, x.device, isinstance(w13, MoeW4))
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,

@@ -114,6 +114,9 @@ class ArchTiles:
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): tiles as
     # w4a16_dot's (block_n is the MMA's M). None: the arch routes no rows there.
     w4a16_dot_left: GemmTiles | None = None
+    # Fused MoE grouped GEMM at prefill sizes (the `gemm` entry's rows) over 4-bit experts: its
+    # own tiles where measured (the kernel halves block_n for gate + up). None: `gemm`'s.
+    moe_w4_gemm: GemmTiles | None = None
 
 
 THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
@@ -192,7 +195,10 @@ TABLE: dict[str, ArchTiles] = {
         # step; w4a16_dot(w_left=True)), 64 rows a program (BENCHMARKS 17.1: 27B step linears at
         # 24 / 32 / 40 / 64 rows 18.1 / 18.0 / 26.3 / 26.1 ms against the eight-dot kernel's
         # 20.5 / 20.9 / 29.2 / 37.2 and deq's 29.9 / 29.9 / 29.8 / 30.4)
-        w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
+        w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
+        # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
+        # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
+        moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3)),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

@@ -90,7 +90,7 @@ def test_fused_moe_matches_reference(tokens, dtype, bound, device, full_shapes):
     assert rel_err(got, want) < _fp32_bound(bound, device), rel_err(got, want)
 
 
-@pytest.mark.parametrize("tokens", [1, 21, 300])
+@pytest.mark.parametrize("tokens", [1, 21, 300, 2048])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_fused_moe_w4a16_matches_reference(tokens, dtype, device, full_shapes):
     """4-bit experts against the dequantized reference, fp32 / bf16 / fp16 activations, decode and
@@ -101,6 +101,8 @@ def test_fused_moe_w4a16_matches_reference(tokens, dtype, device, full_shapes):
 
     if tokens == 300 and not full_shapes and dtype != torch.bfloat16:
         pytest.skip("one prefill-sized case per run in the interpreter")
+    if tokens == 2048 and not (full_shapes and dtype == torch.bfloat16):
+        pytest.skip("the GPU's prefill tiles (moe_w4_gemm at 128 rows an expert): bf16 on a GPU")
     e, h, i, top_k, g = (128, 2048, 768, 8, 128) if full_shapes else (8, 64, 64, 2, 32)
     gen = torch.Generator().manual_seed(100 + tokens)
     w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
@@ -110,6 +112,32 @@ def test_fused_moe_w4a16_matches_reference(tokens, dtype, device, full_shapes):
     want = moe_experts_ref(x.float(), w4, None, weights, ids)
     bound = 2e-2 if full_shapes else {torch.float32: 1e-4, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
     assert rel_err(got, want) < bound, rel_err(got, want)
+
+
+def test_four_bit_prefill_takes_the_arch_moe_w4_gemm_tiles(device, monkeypatch):
+    """Where an arch has moe_w4_gemm, 4-bit experts at prefill sizes run on it (dense experts and
+    small batches keep the gemm / small entries), and the results still match the reference."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.fused_moe import fused_moe, moe_tiles
+
+    arch = tuning.arch_name(torch.device(device))
+    base = tuning.TABLE[arch]
+    wide = dataclasses.replace(base.gemm, block_n=base.gemm.block_n * 2)
+    monkeypatch.setitem(tuning.TABLE, arch, dataclasses.replace(base, moe_w4_gemm=wide))
+    dev = torch.device(device)
+    assert moe_tiles(8 * 100, 8, dev, four_bit=True) == wide
+    assert moe_tiles(8 * 100, 8, dev) == base.gemm
+    assert moe_tiles(8 * 2, 8, dev, four_bit=True) == base.gemv
+    gen = torch.Generator().manual_seed(9)
+    e, h, i, top_k, g = 4, 64, 64, 2, 32
+    w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
+    x = (torch.randn(160, h, generator=gen) * 0.1).float().to(device)
+    weights, ids = _picks(gen, 160, e, top_k, device)
+    got = fused_moe(x, w4, None, weights, ids)
+    want = moe_experts_ref(x, w4, None, weights, ids)
+    assert rel_err(got, want) < _fp32_bound(1e-4, device), rel_err(got, want)
 
 
 def test_combine_matches_reference(device):
