@@ -11,9 +11,9 @@ back to the host and the launch sequence is fixed (CUDA/HIP graphs can capture i
 Small batches (T * K <= ONE_LAUNCH_MAX_SLOTS, decode and short prefills): one launch, one program
 per expert; each counts every expert's slots (a [BLOCK_E, CHUNK] compare per chunk), places its
 run after the padded runs of the experts before it and writes its slots with a running prefix sum.
-That walk is serial in T * K: at a 2,048-token prefill (16,384 slots) it took 0.39 ms on an H200,
-longer than the layer's two GEMMs' ~0.53 ms / 2 (BENCHMARKS 18.1). Above, two launches over
-chunks of slots:
+That walk is serial in T * K: at a 2,048-token prefill (16,384 slots) it took 0.39 ms on an H200
+against 0.53 ms for the layer's two GEMMs together (BENCHMARKS 18.1). Above, two launches over
+chunks of slots (21 us there):
   1. count: program c counts each expert's slots in chunk c into counts [chunks, E], and fills
      its share of sorted_slots with the padding value;
   2. scatter: program c sums the whole counts table (chunks x E <= TABLE values) into the runs'
