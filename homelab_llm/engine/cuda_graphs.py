@@ -52,12 +52,26 @@ def kv_splits_for(max_model_len: int, page_size: int, max_splits: int = 32) -> i
     return max(1, min(max_splits, max_model_len // (8 * page_size)))
 
 
-def kv_splits_at(batch_1_splits: int, batch: int, floor: int = 8) -> int:
-    """Splits for a padded batch size: the batch-1 count shared out, so programs (batch x heads
-    x splits) stay about constant and the merge's partials do not grow with the batch; at least
-    `floor` (or the batch-1 count, if smaller). A power of two, as the kernel requires."""
+def kv_splits_at(batch_1_splits: int, batch: int, row_programs: int = 0, floor: int = 8) -> int:
+    """Splits for a padded batch size, a power of two as the kernel requires. With row_programs
+    (kv_row_programs: the programs wanted per decode row) and batch > 1: row_programs / batch,
+    at most the batch-1 count, so programs (batch x heads x splits) stay near the arch's
+    measured count at every batch and length. Else the batch-1 count shared out, at least
+    `floor` (or the batch-1 count, if smaller)."""
+    if row_programs and batch > 1:
+        want = max(1, row_programs // batch)
+        return min(batch_1_splits, 1 << (want.bit_length() - 1))
     share = max(1, batch_1_splits // max(1, batch))
     return max(min(floor, batch_1_splits), 1 << (share.bit_length() - 1))
+
+
+def kv_row_programs(device: torch.device, kv_heads: int) -> int:
+    """Decode programs wanted per row for kv_splits_at: the arch's kv_programs_per_sm x SMs over
+    this rank's KV heads (0 where the arch table has no count)."""
+    from homelab_llm.engine.kernels.tuning import device_sms, tiles_for
+
+    per_sm = tiles_for(device).kv_programs_per_sm
+    return per_sm * device_sms(device) // max(1, kv_heads) if per_sm else 0
 
 
 @dataclass
@@ -70,7 +84,8 @@ class _Graph:
 class DecodeGraphs:
     def __init__(self, model, device: torch.device, max_rows: int, max_pages: int,
                  page_size: int, num_kv_splits: int, sliding: bool = False,
-                 keep_hidden: bool = False, capturer: Capturer | None = None) -> None:
+                 keep_hidden: bool = False, capturer: Capturer | None = None,
+                 row_programs: int = 0) -> None:
         self.model = model
         self.device = device
         self.keep_hidden = keep_hidden
@@ -79,6 +94,7 @@ class DecodeGraphs:
         self.max_pages = max_pages
         self.page_size = page_size
         self.num_kv_splits = num_kv_splits
+        self.row_programs = row_programs  # kv_splits_at's, past batch 1
         n = max_rows
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
@@ -102,7 +118,8 @@ class DecodeGraphs:
             query_start_loc=self.query_start_loc[:bs + 1], seq_lens=self.seq_lens[:bs],
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
-            decode_only=True, num_kv_splits=kv_splits_at(self.num_kv_splits, max(1, bs // width)),
+            decode_only=True,
+            num_kv_splits=kv_splits_at(self.num_kv_splits, max(1, bs // width), self.row_programs),
             state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs],
             verify_width=width, decode_rows=bs,
             sliding_slot_mapping=self.sliding_slot_mapping[:bs] if sliding else None,

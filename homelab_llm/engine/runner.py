@@ -276,16 +276,19 @@ class ModelRunner:
 
     def install_graphs(self, max_model_len: int, capturer: Capturer) -> None:
         """capture_graphs' work with any capturer (tests pass graph_capture.EagerCapture)."""
-        from homelab_llm.engine.cuda_graphs import DecodeGraphs, graph_shapes, kv_splits_for
+        from homelab_llm.engine.cuda_graphs import (DecodeGraphs, graph_shapes, kv_row_programs,
+                                                    kv_splits_for)
         from homelab_llm.engine.kernels.tuning import tiles_for
 
         max_pages = -(-max_model_len // self.page_size)
         shapes = graph_shapes(self.args.max_num_seqs, self.verify_width)
         splits = kv_splits_for(max_model_len, self.page_size, tiles_for(self.device).max_kv_splits)
+        row_programs = kv_row_programs(self.device, self.model.attention_layers[0].num_kv_heads)
         self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
                                    self.page_size, splits,
                                    sliding=self.pool is not None and self.pool.sliding is not None,
-                                   keep_hidden=self.config.use_mtp, capturer=capturer)
+                                   keep_hidden=self.config.use_mtp, capturer=capturer,
+                                   row_programs=row_programs)
         self.graphs.capture(shapes)
         self.memory.graphs = self.graphs.memory_bytes
         if self.config.use_mtp:
@@ -295,7 +298,7 @@ class ModelRunner:
             self.head_graphs = HeadGraphs(self.model.mtp, self.model.model.embed_tokens,
                                           self.model.compute_logits, self.config.hidden_size, self.dtype,
                                           self.device, max(sizes), max_pages, self.page_size, splits,
-                                          self.args.max_num_seqs, capturer)
+                                          self.args.max_num_seqs, capturer, row_programs)
             self.head_graphs.capture(sizes)
             self.memory.graphs += self.head_graphs.memory_bytes
 

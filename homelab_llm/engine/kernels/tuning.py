@@ -117,6 +117,9 @@ class ArchTiles:
     # Fused MoE grouped GEMM at prefill sizes (the `gemm` entry's rows) over 4-bit experts: its
     # own tiles where measured (the kernel halves block_n for gate + up). None: `gemm`'s.
     moe_w4_gemm: GemmTiles | None = None
+    # Decode graphs past batch 1: KV splits chosen for about this many (row, KV head, split)
+    # programs an SM (cuda_graphs.kv_splits_at). 0: the batch-1 count shared out, at least 8.
+    kv_programs_per_sm: int = 0
 
 
 THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
@@ -198,7 +201,13 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
-        moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3)),
+        moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),
+        # 8B attention, us a layer at 512 / 16K tokens (BENCHMARKS 18.3, int8kv_decode.py
+        # --splits): batch 8 4 splits 12.8 / 139.5 against 8 splits 16.5 / 143.4 (int8 KV
+        # 14.1 / 132.1 against 16.3 / 137.6); batch 16 2 splits 16.8 / 259.0 against 29.2 /
+        # 272.8; batch 32 1 split 23.1 / 554.2 against 54.1 / 536.6 (int8 24.6 / 470.7 against
+        # 51.2 / 512.1): about two programs an SM
+        kv_programs_per_sm=2),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

@@ -52,9 +52,10 @@ class HeadGraphs:
                  compute_logits: Callable[[torch.Tensor], torch.Tensor],
                  hidden_size: int, dtype: torch.dtype, device: torch.device, max_rows: int,
                  max_pages: int, page_size: int, num_kv_splits: int, max_logits: int,
-                 capturer: Capturer) -> None:
+                 capturer: Capturer, row_programs: int = 0) -> None:
         self.mtp, self.embed, self.compute_logits = mtp, embed, compute_logits
         self.max_pages, self.page_size, self.num_kv_splits = max_pages, page_size, num_kv_splits
+        self.row_programs = row_programs  # cuda_graphs.kv_splits_at's, past batch 1
         self.capturer = capturer
         self.max_logits = max_logits  # logits rows per forward: one per running sequence at most
         n, h = max_rows, hidden_size
@@ -76,7 +77,8 @@ class HeadGraphs:
             query_start_loc=self.query_start_loc[:n + 1], seq_lens=self.seq_lens[:n],
             page_table=self.page_table[:n], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
-            decode_only=True, num_kv_splits=kv_splits_at(self.num_kv_splits, n), decode_rows=n)
+            decode_only=True, num_kv_splits=kv_splits_at(self.num_kv_splits, n, self.row_programs),
+            decode_rows=n)
 
     def _forward(self, n: int, layer: int) -> Outputs:
         with forward_context(self._context(n)):

@@ -120,6 +120,27 @@ def test_graph_splits_shrink_with_the_batch() -> None:
     assert kv_splits_at(4, 1) == 4 and kv_splits_at(4, 64) == 4 and kv_splits_at(1, 8) == 1
 
 
+def test_graph_splits_by_programs_per_sm(monkeypatch) -> None:
+    """Where the arch table sets kv_programs_per_sm (sm_90: 2), batches past 1 take about that
+    many programs an SM: 8 KV heads on 132 SMs want 33 programs a row, so batch 8 runs 4 splits,
+    batch 32 one (BENCHMARKS 18.3); batch 1 keeps its count; 4 KV heads get twice the splits."""
+    import dataclasses
+
+    from homelab_llm.engine.cuda_graphs import kv_row_programs, kv_splits_at
+    from homelab_llm.engine.kernels import tuning
+
+    assert [kv_splits_at(32, bs, 33) for bs in (1, 2, 4, 8, 16, 32, 64)] == [32, 16, 8, 4, 2, 1, 1]
+    assert [kv_splits_at(32, bs, 66) for bs in (1, 2, 4, 8, 16, 32)] == [32, 32, 16, 8, 4, 2]
+    assert kv_splits_at(4, 2, 33) == 4  # never above the batch-1 count
+    cpu = torch.device("cpu")
+    assert kv_row_programs(cpu, 8) == 0  # the interpreter's table sets none: the share rule
+    arch = tuning.arch_name(cpu)
+    monkeypatch.setitem(tuning.TABLE, arch, dataclasses.replace(tuning.TABLE[arch],
+                                                                kv_programs_per_sm=2))
+    assert kv_row_programs(cpu, 8) == 2 * tuning.device_sms(cpu) // 8
+    assert tuning.TABLE["sm90"].kv_programs_per_sm == 2
+
+
 def test_many_splits_on_a_short_context(device: torch.device, paged_kv) -> None:
     """A graph's fixed split count far above what a short context needs: the empty splits only
     write a -inf lse, and the merge must skip their (never written) partial rows."""
