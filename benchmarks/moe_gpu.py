@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_harness import report, run_sections  # noqa: E402
+from gpu_harness import profile_totals, report, run_sections  # noqa: E402
 from homelab_llm.engine.kernels.fused_moe import fused_moe, w4_decode  # noqa: E402
 from homelab_llm.engine.kernels.moe_align import moe_align  # noqa: E402
 from homelab_llm.engine.kernels.moe_ref import (  # noqa: E402
@@ -227,8 +227,6 @@ def section_prefill_kernels(setup: Setup, quick: bool, mm_tflops: float) -> None
     """The prefill layer's kernels one by one (torch profiler, eager, 5 calls): where the time of
     `prefill` goes, and each GEMM's FLOP/s over the matmul rate."""
     from torch.profiler import ProfilerActivity, profile
-
-    from gpu_harness import profile_totals
 
     tokens = 1024 if quick else 2048
     for w4 in (False, True):

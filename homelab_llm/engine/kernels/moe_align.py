@@ -41,6 +41,12 @@ ONE_HOT = 8192  # the [BLOCK_E, SUB] one-hot tile of a chunk step: SUB = ONE_HOT
 
 
 @triton.jit
+def _one_hot(ids, experts):
+    """[BLOCK_E, n] int32: 1 where slot i picked expert e (ids -1 match nothing)."""
+    return (ids[None, :] == experts[:, None]).to(tl.int32)
+
+
+@triton.jit
 def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_slots, num_blocks,
                       BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
                       CHUNK: tl.constexpr):
@@ -50,7 +56,7 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num
     counts = tl.zeros([BLOCK_E], tl.int32)
     for start in range(0, num_slots, CHUNK):
         ids = tl.load(ids_ptr + start + offs, mask=start + offs < num_slots, other=-1)
-        counts += tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
+        counts += tl.sum(_one_hot(ids, experts), axis=1)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     run_start = tl.sum(tl.where(experts < e, padded, 0), axis=0)
     count = tl.sum(tl.where(experts == e, counts, 0), axis=0)
@@ -91,7 +97,7 @@ def _count_kernel(ids_ptr, counts_ptr, sorted_ptr, num_slots, chunk, fill, padde
     for start in range(c * chunk, end, SUB):
         offs = start + tl.arange(0, SUB)
         ids = tl.load(ids_ptr + offs, mask=offs < end, other=-1)
-        counts += tl.sum((ids[None, :] == experts[:, None]).to(tl.int32), axis=1)
+        counts += tl.sum(_one_hot(ids, experts), axis=1)
     tl.store(counts_ptr + c * BLOCK_E + experts, counts)
     fill_end = tl.minimum(c * fill + fill, padded_slots)
     for start in range(c * fill, fill_end, FILL):
@@ -117,7 +123,7 @@ def _scatter_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_padde
     for start in range(c * chunk, end, SUB):
         offs = start + tl.arange(0, SUB)
         ids = tl.load(ids_ptr + offs, mask=offs < end, other=-1)
-        one_hot = (ids[None, :] == experts[:, None]).to(tl.int32)
+        one_hot = _one_hot(ids, experts)
         rank = tl.cumsum(one_hot, axis=1) - 1
         at = tl.sum(one_hot * (base[:, None] + rank), axis=0)
         tl.store(sorted_ptr + at, offs, mask=offs < end)
