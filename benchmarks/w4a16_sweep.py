@@ -142,6 +142,32 @@ H2_TILES = {
     "h2.c4k8s3pf": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1, prefetch_l2=True), (2,)),
     "h2.c8k16s2pfw16": (RowsTiles(1024, 16, 4, num_stages=2, waves=16, min_steps=1, prefetch_l2=True),
                         (1,)),
+    # st.*: streaming programs, few waves: each program walks several K steps with its words
+    # pipelined through shared memory (s<n> stages) or a register double buffer (p), so the loads
+    # of later steps overlap this step's math instead of every program loading once, then computing
+    # (w<waves> programs an SM, m<min_steps> K steps a split keeps at least)
+    "h2.st.c8k8s3w2m2": (RowsTiles(1024, 8, 4, num_stages=3, waves=2, min_steps=2), (1,)),
+    "h2.st.c8k8s4w1m4": (RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4), (1,)),
+    "h2.st.c4k8s3w4m2": (RowsTiles(512, 8, 4, num_stages=3, waves=4, min_steps=2), (1,)),
+    "h2.st.c4k8s4w3m2": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=2), (1,)),
+    "h2.st.c4k8s3W2w4m2": (RowsTiles(256, 8, 2, num_stages=3, waves=4, min_steps=2), (1,)),
+    "h2.st.c4k8s4W2w6m2": (RowsTiles(256, 8, 2, num_stages=4, waves=6, min_steps=2), (1,)),
+    "h2.st.c4k16s3W2w4m2": (RowsTiles(256, 16, 2, num_stages=3, waves=4, min_steps=2), (1,)),
+    "h2.st.c8k16s3W2w2m2": (RowsTiles(512, 16, 2, num_stages=3, waves=2, min_steps=2), (1,)),
+    "h2.st.c4k4s4W1w8m4": (RowsTiles(128, 4, 1, num_stages=4, waves=8, min_steps=4), (1,)),
+    "h2.st.c8k8w2m4p": (RowsTiles(1024, 8, 4, waves=2, min_steps=4, prefetch=True), (1,)),
+    "h2.st.c4k8w4m4p": (RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True), (1,)),
+    "h2.st.c4k16W2w4m2p": (RowsTiles(256, 16, 2, waves=4, min_steps=2, prefetch=True), (1,)),
+    "h2.st.c8k8s3w1m4": (RowsTiles(1024, 8, 4, num_stages=3, waves=1, min_steps=4), (1,)),
+    "h2.st.c8k8s5w1m4": (RowsTiles(1024, 8, 4, num_stages=5, waves=1, min_steps=4), (1,)),
+    "h2.st.c8k4s6w1m8": (RowsTiles(1024, 4, 4, num_stages=6, waves=1, min_steps=8), (1,)),
+    "h2.st.c8k16s2w1m2": (RowsTiles(1024, 16, 4, num_stages=2, waves=1, min_steps=2), (1,)),
+    "h2.st.c8k8w1m4p": (RowsTiles(1024, 8, 4, waves=1, min_steps=4, prefetch=True), (1,)),
+    "h2.st.c8k8w3m4p": (RowsTiles(1024, 8, 4, waves=3, min_steps=4, prefetch=True), (1,)),
+    "h2.st.c4k8s4w3m4": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=4), (1,)),
+    "h2.st.c4k8s4w2m2": (RowsTiles(512, 8, 4, num_stages=4, waves=2, min_steps=2), (1,)),
+    "h2.st.c4k8s6w2m2": (RowsTiles(512, 8, 4, num_stages=6, waves=2, min_steps=2), (1,)),
+    "h2.st.c8k8s3W8w1m4": (RowsTiles(2048, 8, 8, num_stages=3, waves=1, min_steps=4), (1,)),
 }
 # The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
 # W^T x^T, the eight nibble slices joined into one [block_n, 128] tile, one wgmma a K step on

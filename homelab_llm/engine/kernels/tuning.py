@@ -111,6 +111,9 @@ class ArchTiles:
     # norm, residual add, SiLU-and-mul), same shape of entries as w4a16_h2 and consulted first: a
     # longer prologue favours tiles whose first weight loads are issued before it. Empty: none.
     w4a16_h2_fused: tuple[tuple[int, RowsTiles], ...] = ()
+    # The same for fused calls with outputs of at most THIN_N columns ((min_rows, max_rows, tiles)
+    # as w4a16_h2_thin), consulted before w4a16_h2_fused for rows that have a fused entry at all.
+    w4a16_h2_fused_thin: tuple[tuple[int, int, RowsTiles], ...] = ()
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): tiles as
     # w4a16_dot's (block_n is the MMA's M). None: the arch routes no rows there.
     w4a16_dot_left: GemmTiles | None = None
@@ -181,19 +184,25 @@ TABLE: dict[str, ArchTiles] = {
         # H200 sweeps 10.7, 11.2 (step linears): 1 row 16 word rows a step streamed through
         # shared memory in 2 stages, 27B 6.37 ms / 8B 2.57 (the prefetching tiles 6.54 / 2.69;
         # the older GEMV 8.48 / 2.84); 2 rows 16 word rows a step 9.22 ms (the dot kernel 10.71).
-        w4a16_h2=((1, RowsTiles(1024, 16, 4, num_stages=2, waves=8, min_steps=1)),
+        # 1 row (BENCHMARKS 19.1): streaming programs, one wave, each walking 16 K steps of 1024
+        # columns x 8 word rows through 4 shared-memory stages: 8B gate_up 35.8 -> 23.3 us.
+        w4a16_h2=((1, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4)),
                   (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:],
         # 2 rows, thin outputs (27B N = 5120: out_proj, o_proj, down; BENCHMARKS 12.2): 512 columns,
-        # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6 (1 row: no gain)
-        w4a16_h2_thin=((2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1)),),
+        # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6. 1 row (19.1):
+        # 512 columns streamed in 4 stages, about 3 programs an SM: 8B o_proj 10.4 -> 9.2 us,
+        # down 18.4 -> 15.2.
+        w4a16_h2_thin=((1, 1, RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=2)),
+                       (2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1))),
         # 1 row with a prologue form: the register prefetch issues the first step's words before
         # the norm's row read (engine, BENCHMARKS 14.4: 8B 310.2 -> 334.7 tok/s, 27B 126.8 ->
         # 129.3; the plain calls keep the streamed tiles, which win there). 2 rows: the plain
         # 2-row tile with the prologue (27B verify K = 1 forward 10.05 -> 9.68 ms, BENCHMARKS
         # 17.2; the 1-row tile there: 12.34). Only rows with an entry here take the fused path
         # (dispatch.w4a16_prologue_route).
-        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
+        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=2, min_steps=4, prefetch=True)),
                         (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))),
+        w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),),
         # 17-64 rows: the few-row kernel with the weights as the left operand (one wgmma a K
         # step; w4a16_dot(w_left=True)), 64 rows a program (BENCHMARKS 17.1: 27B step linears at
         # 24 / 32 / 40 / 64 rows 18.1 / 18.0 / 26.3 / 26.1 ms against the eight-dot kernel's
@@ -348,20 +357,26 @@ def h2_fused_tiles(m: int, device: torch.device | None = None) -> RowsTiles | No
     return next((t for rows, t in tiles_for(device).w4a16_h2_fused if m <= rows), None)
 
 
+def thin_entry(entries: tuple[tuple[int, int, RowsTiles], ...], m: int) -> RowsTiles | None:
+    """The tiles of the first (min_rows, max_rows, tiles) entry covering m rows, else None."""
+    return next((t for lo, hi, t in entries if lo <= m <= hi), None)
+
+
 def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
              fused: bool = False) -> RowsTiles:
     """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows (of n output
     columns: thin outputs may have their own entry; fused: the call forms its input in the
     prologue, which may have its own entry too)."""
     arch = tiles_for(device)
+    thin_n = n is not None and n <= THIN_N
     if fused:
         entry = h2_fused_tiles(m, device)
         if entry is not None:
-            return entry
-    if n is not None and n <= THIN_N:
-        thin = next((t for lo, hi, t in arch.w4a16_h2_thin if lo <= m <= hi), None)
-        if thin is not None:
-            return thin
+            thin = thin_entry(arch.w4a16_h2_fused_thin, m) if thin_n else None
+            return thin or entry
+    thin = thin_entry(arch.w4a16_h2_thin, m) if thin_n else None
+    if thin is not None:
+        return thin
     entries = arch.w4a16_h2
     return next((t for rows, t in entries if m <= rows), entries[-1][1])
 

@@ -79,8 +79,9 @@ def test_h2_outlier_channels_do_not_overflow(device: torch.device) -> None:
 
 def test_h2_tile_variants_and_repeat(device: torch.device) -> None:
     """Explicit tiles (what the sweep passes) give the same numbers, with and without the
-    next-step prefetch (splits of 1 and 2 steps: the last step re-requests itself) and the L2
-    prefetch of the first step (a GPU's: a no-op in the interpreter), and a second call with the
+    next-step prefetch (splits of 1 and 2 steps: the last step re-requests itself), the L2
+    prefetch of the first step (a GPU's: a no-op in the interpreter) and a split streaming
+    several steps through a deeper pipeline, and a second call with the
     same split (the tickets must have reset themselves) too."""
     from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 
@@ -89,18 +90,22 @@ def test_h2_tile_variants_and_repeat(device: torch.device) -> None:
     for tiles, repeats in ((RowsTiles(64, 8, 1, waves=8, min_steps=1), 2), (RowsTiles(16, 16, 1), 1),
                            (RowsTiles(32, 4, 1, prefetch=True), 1), (RowsTiles(64, 16, 1, prefetch=True), 1),
                            (RowsTiles(16, 16, 1, num_stages=2, prefetch_l2=True), 1),
-                           (RowsTiles(64, 8, 1, prefetch_l2=True), 2)):
+                           (RowsTiles(64, 8, 1, prefetch_l2=True), 2),
+                           # streaming: 4 K steps a split through 4 shared-memory stages
+                           (RowsTiles(16, 4, 1, num_stages=4, waves=1, min_steps=4), 2)):
         for _ in range(repeats):
             assert _row_rel_err(w4a16_h2(x, w, out, tiles, split=2), want) < FP32_BOUND, tiles
 
 
 def test_h2_full_shapes(device: torch.device, full_shapes: bool) -> None:
-    """Model shapes on a GPU (8B qkv / down, 27B gate_up at 5 rows): long K, many splits."""
+    """Model shapes on a GPU (8B qkv / down / gate_up / o_proj, 27B gate_up at 5 rows): long K,
+    many splits, and at 1 row sm_90's streaming tiles (wide and thin)."""
     from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 
     if not full_shapes:
         pytest.skip("GPU shapes")
-    for m, k, n in ((1, 4096, 6144), (2, 14336, 4096), (5, 5120, 34816), (8, 4096, 1000)):
+    for m, k, n in ((1, 4096, 6144), (1, 4096, 28672), (1, 14336, 4096), (2, 14336, 4096),
+                    (5, 5120, 34816), (8, 4096, 1000)):
         w, x, want = _case(m, k, n, 128, False, torch.bfloat16, 1.0, device)
         got = w4a16_h2(x, w, torch.empty((m, n), dtype=torch.bfloat16, device=device))
         assert _row_rel_err(got, want) < BF16_BOUND, (m, k, n)

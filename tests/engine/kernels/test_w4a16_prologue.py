@@ -125,19 +125,28 @@ def test_prologue_rejects_bad_combinations(device: torch.device) -> None:
 
 def test_prologue_calls_take_the_fused_entry(device: torch.device, monkeypatch) -> None:
     """A call with a prologue form takes the arch's w4a16_h2_fused entry for its rows (sm_90: 1
-    row, the register-prefetch tile); plain calls and other row counts keep w4a16_h2's; a launch
-    through the fused entry (here a small prefetching tile) still matches the separate path."""
+    row, the register-prefetch tile), or its w4a16_h2_fused_thin entry for outputs of at most
+    THIN_N columns; plain calls and other row counts keep w4a16_h2's; a launch through the fused
+    entry (here a small prefetching tile) still matches the separate path."""
     import dataclasses
 
     from homelab_llm.engine.kernels import tuning
     from homelab_llm.engine.kernels.tuning import RowsTiles
 
     assert tuning.TABLE["sm90"].w4a16_h2_fused[0][1].prefetch
+    assert tuning.thin_entry(tuning.TABLE["sm90"].w4a16_h2_fused_thin, 1).prefetch
     fused = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
+    thin = RowsTiles(16, 8, 1, waves=4, min_steps=2, prefetch=True)
     arch = tuning.tiles_for(device)
-    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(arch, w4a16_h2_fused=((1, fused),)))
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(
+        arch, w4a16_h2_fused=((1, fused),), w4a16_h2_fused_thin=((1, 2, thin),)))
+    assert tuning.h2_tiles(1, device, tuning.THIN_N + 1, fused=True) is fused
+    assert tuning.h2_tiles(1, device, tuning.THIN_N, fused=True) is thin
+    assert tuning.h2_tiles(1, device, 96) not in (fused, thin)
+    assert tuning.h2_tiles(2, device, 96, fused=True) is not thin  # no 2-row fused entry
+    monkeypatch.setitem(tuning.TABLE, arch.name, dataclasses.replace(
+        arch, w4a16_h2_fused=((1, fused),), w4a16_h2_fused_thin=()))
     assert tuning.h2_tiles(1, device, 96, fused=True) is fused
-    assert tuning.h2_tiles(1, device, 96) is not fused and tuning.h2_tiles(2, device, 96, fused=True) is not fused
     w, gen = _weight(256, 96, 64, device, 11)
     gate_up = torch.randn(1, 512, generator=gen).to(device, torch.bfloat16)
     got = w4a16_h2(gate_up, w, _out(1, 96, device), act_in="silu")
