@@ -94,6 +94,9 @@ DOT_TILES = {
     "dot.bm16bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
     "dot.bm16k256": GemmTiles(16, 128, 256, num_warps=8, num_stages=3, split_k=4),
     "dot.bm16s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=8),
+    # deeper pipelines (the split comes from launch_fit.fit_split on a GPU, not split_k)
+    "dot.bn64w4s5": GemmTiles(16, 64, 128, num_warps=4, num_stages=5, split_k=4),
+    "dot.bn256s3": GemmTiles(16, 256, 128, num_warps=8, num_stages=3, split_k=4),
 }
 # Candidate `w4a16_h2=` entries (packed-half GEMV, w4a16_h2.py), named c<columns per thread>k<word
 # rows>w<waves>[p: next-step prefetch][W<warps> where not 4]. sm_90 compiles (SASS instructions
@@ -168,6 +171,14 @@ H2_TILES = {
     "h2.st.c4k8s4w2m2": (RowsTiles(512, 8, 4, num_stages=4, waves=2, min_steps=2), (1,)),
     "h2.st.c4k8s6w2m2": (RowsTiles(512, 8, 4, num_stages=6, waves=2, min_steps=2), (1,)),
     "h2.st.c8k8s3W8w1m4": (RowsTiles(2048, 8, 8, num_stages=3, waves=1, min_steps=4), (1,)),
+    # st2.*: the same streaming shapes at 2 rows (batch-2 decode, K = 1 verify)
+    "h2.st2.c8k8s4w1m4": (RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4), (2,)),
+    "h2.st2.c8k8s3w2m2": (RowsTiles(1024, 8, 4, num_stages=3, waves=2, min_steps=2), (2,)),
+    "h2.st2.c4k8s4w3m2": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=2), (2,)),
+    "h2.st2.c4k8s4w2m4": (RowsTiles(512, 8, 4, num_stages=4, waves=2, min_steps=4), (2,)),
+    "h2.st2.c8k16s2w1m2": (RowsTiles(1024, 16, 4, num_stages=2, waves=1, min_steps=2), (2,)),
+    "h2.st2.c8k8w2m4p": (RowsTiles(1024, 8, 4, waves=2, min_steps=4, prefetch=True), (2,)),
+    "h2.st2.c4k8w4m4p": (RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True), (2,)),
 }
 # The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
 # W^T x^T, the eight nibble slices joined into one [block_n, 128] tile, one wgmma a K step on

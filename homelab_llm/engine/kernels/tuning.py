@@ -184,25 +184,33 @@ TABLE: dict[str, ArchTiles] = {
         # H200 sweeps 10.7, 11.2 (step linears): 1 row 16 word rows a step streamed through
         # shared memory in 2 stages, 27B 6.37 ms / 8B 2.57 (the prefetching tiles 6.54 / 2.69;
         # the older GEMV 8.48 / 2.84); 2 rows 16 word rows a step 9.22 ms (the dot kernel 10.71).
-        # 1 row (BENCHMARKS 19.1): streaming programs, one wave, each walking 16 K steps of 1024
-        # columns x 8 word rows through 4 shared-memory stages: 8B gate_up 35.8 -> 23.3 us.
-        w4a16_h2=((1, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4)),
+        # 1 row (BENCHMARKS 19.1): streaming programs, about 3 an SM (168 registers), each
+        # walking 4+ K steps of 1024 columns x 8 word rows with the next step's words requested
+        # before this step's math: 8B gate_up 35.8 -> 24.7 us, 27B mlp.gate_up 45.0 -> 32.6 (a
+        # one-wave 4-stage tile won the 8B's by 2 us but left half the SMs idle on the 27B's 34
+        # column blocks).
+        w4a16_h2=((1, RowsTiles(1024, 8, 4, waves=3, min_steps=4, prefetch=True)),
                   (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))) + H2_TILES[2:],
         # 2 rows, thin outputs (27B N = 5120: out_proj, o_proj, down; BENCHMARKS 12.2): 512 columns,
         # 8 word rows, 3 stages: 17.3 / 17.5 / 37.2 us against 25.6 / 25.8 / 41.6. 1 row (19.1):
-        # 512 columns streamed in 4 stages, about 3 programs an SM: 8B o_proj 10.4 -> 9.2 us,
-        # down 18.4 -> 15.2.
-        w4a16_h2_thin=((1, 1, RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=2)),
-                       (2, 2, RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1))),
+        # 512 columns streamed in 4 stages, 4+ K steps a program: 8B o_proj 10.4 -> 7.9 us,
+        # down 18.4 -> 14.8, 27B out_proj 12.5 -> 11.5. 2 rows (19.2): 1024 columns in 4 stages,
+        # one wave: 8B o_proj 15.6 -> 13.1 us, down 30.6 -> 23.7.
+        w4a16_h2_thin=((1, 1, RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=4)),
+                       (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
         # 1 row with a prologue form: the register prefetch issues the first step's words before
         # the norm's row read (engine, BENCHMARKS 14.4: 8B 310.2 -> 334.7 tok/s, 27B 126.8 ->
-        # 129.3; the plain calls keep the streamed tiles, which win there). 2 rows: the plain
+        # 129.3); since 19.1 the plain wide calls' tile too (shared-memory stages issue theirs
+        # after the prologue: 8B 389.5 tok/s with them, 407.7 with the prefetch). 2 rows: the plain
         # 2-row tile with the prologue (27B verify K = 1 forward 10.05 -> 9.68 ms, BENCHMARKS
         # 17.2; the 1-row tile there: 12.34). Only rows with an entry here take the fused path
         # (dispatch.w4a16_prologue_route).
-        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=2, min_steps=4, prefetch=True)),
+        w4a16_h2_fused=((1, RowsTiles(1024, 8, 4, waves=3, min_steps=4, prefetch=True)),
                         (2, RowsTiles(1024, 16, 4, waves=8, min_steps=1))),
-        w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),),
+        # Thin fused calls (19.1): 1 row 512 columns, the register prefetch, 4+ K steps; 2 rows
+        # the thin plain tile (8B batch 2 511.8 -> 566.7 tok/s with both, 27B 213.4 -> 213.9).
+        w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
+                             (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
         # 17-64 rows: the few-row kernel with the weights as the left operand (one wgmma a K
         # step; w4a16_dot(w_left=True)), 64 rows a program (BENCHMARKS 17.1: 27B step linears at
         # 24 / 32 / 40 / 64 rows 18.1 / 18.0 / 26.3 / 26.1 ms against the eight-dot kernel's
