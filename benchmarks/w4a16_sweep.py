@@ -7,8 +7,9 @@ For each linear shape (8b: Llama-3.1-8B's qkv, o, gate_up, down x 32 layers and 
 each row count M, every kernel variant is timed inside one CUDA graph that cycles through enough
 copies of the weight to overflow L2 (gpu_timing.py). Reported per shape: microseconds, GB/s of
 the packed weight (nibbles + scales + biases), % of the copy rate of the same bytes measured in
-the same run, torch bf16 matmul as the peer, and the worst per-row relative error against the
-dequantized reference (bound 1e-2: bf16 output rounding is ~4e-3).
+the same run, the peers (torch bf16 matmul; torch's int4 tinygemm, gpt-fast's int4 kernel), and
+the worst per-row relative error against the dequantized reference (bound 1e-2: bf16 output
+rounding is ~4e-3).
 
 Variants: "gemv" the older one-row GEMV, "rows*" the multi-row GEMV (tiles.RowsTiles; "rows" is
 the arch table's entry, the others the candidates in ROWS_TILES), "h2*" the packed-half GEMV
@@ -171,6 +172,9 @@ H2_TILES = {
     "h2.st.c4k8s4w2m2": (RowsTiles(512, 8, 4, num_stages=4, waves=2, min_steps=2), (1,)),
     "h2.st.c4k8s6w2m2": (RowsTiles(512, 8, 4, num_stages=6, waves=2, min_steps=2), (1,)),
     "h2.st.c8k8s3W8w1m4": (RowsTiles(2048, 8, 8, num_stages=3, waves=1, min_steps=4), (1,)),
+    "h2.st.c4k8s4w3m8": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=8), (1,)),
+    "h2.st.c8k8w4m4p": (RowsTiles(1024, 8, 4, waves=4, min_steps=4, prefetch=True), (1,)),
+    "h2.st.c8k8w3m8p": (RowsTiles(1024, 8, 4, waves=3, min_steps=8, prefetch=True), (1,)),
     # st2.*: the same streaming shapes at 2 rows (batch-2 decode, K = 1 verify)
     "h2.st2.c8k8s4w1m4": (RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4), (2,)),
     "h2.st2.c8k8s3w2m2": (RowsTiles(1024, 8, 4, num_stages=3, waves=2, min_steps=2), (2,)),
@@ -207,6 +211,7 @@ def pow2_split_dot(x: torch.Tensor, w) -> int:
 
 
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)
+PEERS = ("bf16", "int4mm")  # columns timed beside ours (torch bf16 matmul, torch int4 tinygemm)
 
 
 def variants(m: int, dev: torch.device, quick: bool) -> dict:
@@ -267,6 +272,22 @@ def compile_shape(k: int, n: int, m: int, quick: bool, vname: str) -> None:
     torch.cuda.synchronize()
 
 
+def int4mm_ms(x: torch.Tensor, k: int, n: int, copies: int) -> float | None:
+    """The peer: torch's int4 GEMV/GEMM (aten._weight_int4pack_mm, the tinygemm kernel gpt-fast's
+    int4 path runs; group 128, inner-K tiles 8) on random packed weights of the same shape, ms a
+    call with the weights cycled past the L2 like ours. None where this torch lacks it or rejects
+    the shape (timing only: the values are not checked)."""
+    try:
+        packed = [torch._convert_weight_to_int4pack(
+            torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=x.device), 8)
+            for _ in range(copies)]
+        sz = torch.rand(k // 128, n, 2, device=x.device, dtype=torch.bfloat16)
+        return graph_ms(lambda i: torch._weight_int4pack_mm(x, packed[i], 128, sz), copies)
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        print(f"  int4mm peer unavailable at {k}x{n}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        return None
+
+
 def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device, quick: bool,
                 t0: float) -> tuple[dict, float]:
     """(m -> variant -> ms, worst error) for one shape; prints one line per M."""
@@ -286,6 +307,9 @@ def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device
         want = x.float() @ ref_w
         out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
         row = {"bf16": graph_ms(lambda i: torch.matmul(x, dense[i]), dense_copies)}
+        peer = int4mm_ms(x, k, n, copies)
+        if peer is not None:
+            row["int4mm"] = peer
         cells = []
         for vname, (_, fn) in variants(m, dev, quick).items():
             try:
@@ -299,8 +323,9 @@ def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device
             pct = 100 * nbytes / row[vname] / 1e6 / copy
             cells.append(f"{vname} {row[vname] * 1e3:6.1f}us {pct:3.0f}%" + (" BAD" if err > 1e-2 else ""))
         rows[m] = row
+        peer = f"int4mm {row['int4mm'] * 1e3:6.1f}us | " if "int4mm" in row else ""
         print(f"[{time.perf_counter() - t0:4.0f}s] M={m:2d} {name:14s} {k:5d}x{n:6d} {nbytes / 1e6:6.1f}MB "
-              f"copy {copy:5.0f}GB/s | bf16 {row['bf16'] * 1e3:6.1f}us | " + " | ".join(cells), flush=True)
+              f"copy {copy:5.0f}GB/s | bf16 {row['bf16'] * 1e3:6.1f}us | {peer}" + " | ".join(cells), flush=True)
     return rows, worst
 
 
@@ -352,7 +377,7 @@ def summary(results: dict, shapes: dict, ms_list: list[int]) -> None:
             tot = {v: sum(results[(s, m)][v] * shapes[s][2] for s in names) for v in common}
             if len(tot) < 2:
                 continue
-            best = min((v for v in tot if v != "bf16"), key=tot.get)
+            best = min((v for v in tot if v not in PEERS), key=tot.get)
             base = base if base is not None else tot[best]
             print(f"TP={tp} M={m:2d}: best {best} {tot[best]:.3f} ms = {tot[best] / base:.2f}x the 1-row time "
                   f"({m * base / tot[best]:.1f}x batch-1 throughput) | "

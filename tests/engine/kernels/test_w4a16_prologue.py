@@ -190,7 +190,8 @@ def test_two_row_fused_entry(device: torch.device, monkeypatch) -> None:
     one = RowsTiles(16, 8, 1, waves=8, min_steps=1, prefetch=True)
     tile = next(t for rows, t in arch.w4a16_h2 if rows >= 2)
     monkeypatch.setitem(tuning.TABLE, arch.name,
-                        dataclasses.replace(arch, w4a16_h2_fused=((1, one), (2, tile))))
+                        dataclasses.replace(arch, w4a16_h2_fused=((1, one), (2, tile)),
+                                            w4a16_h2_fused_thin=()))
     assert tuning.h2_fused_tiles(1, device) is one and tuning.h2_fused_tiles(2, device) is tile
     assert tuning.h2_fused_tiles(3, device) is None
     w, gen = _weight(256, 96, 64, device, 13)
