@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import re
 import sys
 import time
 from pathlib import Path
@@ -146,44 +147,36 @@ H2_TILES = {
     "h2.c4k8s3pf": (RowsTiles(512, 8, 4, num_stages=3, waves=8, min_steps=1, prefetch_l2=True), (2,)),
     "h2.c8k16s2pfw16": (RowsTiles(1024, 16, 4, num_stages=2, waves=16, min_steps=1, prefetch_l2=True),
                         (1,)),
-    # st.*: streaming programs, few waves: each program walks several K steps with its words
-    # pipelined through shared memory (s<n> stages) or a register double buffer (p), so the loads
-    # of later steps overlap this step's math instead of every program loading once, then computing
-    # (w<waves> programs an SM, m<min_steps> K steps a split keeps at least)
-    "h2.st.c8k8s3w2m2": (RowsTiles(1024, 8, 4, num_stages=3, waves=2, min_steps=2), (1,)),
-    "h2.st.c8k8s4w1m4": (RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4), (1,)),
-    "h2.st.c4k8s3w4m2": (RowsTiles(512, 8, 4, num_stages=3, waves=4, min_steps=2), (1,)),
-    "h2.st.c4k8s4w3m2": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=2), (1,)),
-    "h2.st.c4k8s3W2w4m2": (RowsTiles(256, 8, 2, num_stages=3, waves=4, min_steps=2), (1,)),
-    "h2.st.c4k8s4W2w6m2": (RowsTiles(256, 8, 2, num_stages=4, waves=6, min_steps=2), (1,)),
-    "h2.st.c4k16s3W2w4m2": (RowsTiles(256, 16, 2, num_stages=3, waves=4, min_steps=2), (1,)),
-    "h2.st.c8k16s3W2w2m2": (RowsTiles(512, 16, 2, num_stages=3, waves=2, min_steps=2), (1,)),
-    "h2.st.c4k4s4W1w8m4": (RowsTiles(128, 4, 1, num_stages=4, waves=8, min_steps=4), (1,)),
-    "h2.st.c8k8w2m4p": (RowsTiles(1024, 8, 4, waves=2, min_steps=4, prefetch=True), (1,)),
-    "h2.st.c4k8w4m4p": (RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True), (1,)),
-    "h2.st.c4k16W2w4m2p": (RowsTiles(256, 16, 2, waves=4, min_steps=2, prefetch=True), (1,)),
-    "h2.st.c8k8s3w1m4": (RowsTiles(1024, 8, 4, num_stages=3, waves=1, min_steps=4), (1,)),
-    "h2.st.c8k8s5w1m4": (RowsTiles(1024, 8, 4, num_stages=5, waves=1, min_steps=4), (1,)),
-    "h2.st.c8k4s6w1m8": (RowsTiles(1024, 4, 4, num_stages=6, waves=1, min_steps=8), (1,)),
-    "h2.st.c8k16s2w1m2": (RowsTiles(1024, 16, 4, num_stages=2, waves=1, min_steps=2), (1,)),
-    "h2.st.c8k8w1m4p": (RowsTiles(1024, 8, 4, waves=1, min_steps=4, prefetch=True), (1,)),
-    "h2.st.c8k8w3m4p": (RowsTiles(1024, 8, 4, waves=3, min_steps=4, prefetch=True), (1,)),
-    "h2.st.c4k8s4w3m4": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=4), (1,)),
-    "h2.st.c4k8s4w2m2": (RowsTiles(512, 8, 4, num_stages=4, waves=2, min_steps=2), (1,)),
-    "h2.st.c4k8s6w2m2": (RowsTiles(512, 8, 4, num_stages=6, waves=2, min_steps=2), (1,)),
-    "h2.st.c8k8s3W8w1m4": (RowsTiles(2048, 8, 8, num_stages=3, waves=1, min_steps=4), (1,)),
-    "h2.st.c4k8s4w3m8": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=8), (1,)),
-    "h2.st.c8k8w4m4p": (RowsTiles(1024, 8, 4, waves=4, min_steps=4, prefetch=True), (1,)),
-    "h2.st.c8k8w3m8p": (RowsTiles(1024, 8, 4, waves=3, min_steps=8, prefetch=True), (1,)),
-    # st2.*: the same streaming shapes at 2 rows (batch-2 decode, K = 1 verify)
-    "h2.st2.c8k8s4w1m4": (RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4), (2,)),
-    "h2.st2.c8k8s3w2m2": (RowsTiles(1024, 8, 4, num_stages=3, waves=2, min_steps=2), (2,)),
-    "h2.st2.c4k8s4w3m2": (RowsTiles(512, 8, 4, num_stages=4, waves=3, min_steps=2), (2,)),
-    "h2.st2.c4k8s4w2m4": (RowsTiles(512, 8, 4, num_stages=4, waves=2, min_steps=4), (2,)),
-    "h2.st2.c8k16s2w1m2": (RowsTiles(1024, 16, 4, num_stages=2, waves=1, min_steps=2), (2,)),
-    "h2.st2.c8k8w2m4p": (RowsTiles(1024, 8, 4, waves=2, min_steps=4, prefetch=True), (2,)),
-    "h2.st2.c4k8w4m4p": (RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True), (2,)),
 }
+
+
+def streaming_tiles(spec: str) -> RowsTiles:
+    """A streaming packed-half tile from its name, c<columns a thread>k<word rows>[s<stages>]
+    [W<warps>, 4 if absent]w<waves>m<min steps>[p: register prefetch]: few programs, each walking
+    several K steps with the later steps' words in flight (shared-memory stages or the register
+    double buffer), so their loads overlap this step's math (BENCHMARKS 19.1)."""
+    f = re.fullmatch(r"c(\d+)k(\d+)(?:s(\d+))?(?:W(\d+))?w(\d+)m(\d+)(p?)", spec)
+    if f is None:
+        raise ValueError(f"streaming tile name {spec!r}")
+    cols, wrows, stages, warps, waves, min_steps, pf = f.groups()
+    warps = int(warps or 4)
+    return RowsTiles(int(cols) * 32 * warps, int(wrows), warps, num_stages=int(stages or 1),
+                     waves=int(waves), min_steps=int(min_steps), prefetch=pf == "p")
+
+
+# h2.st.*: streaming tiles at 1 row; h2.st2.*: at 2 rows (batch-2 decode, K = 1 verify)
+H2_TILES.update({f"h2.st.{n}": (streaming_tiles(n), (1,)) for n in (
+    "c8k8s3w2m2", "c8k8s4w1m4", "c4k8s3w4m2", "c4k8s4w3m2", "c4k8s3W2w4m2", "c4k8s4W2w6m2",
+    "c4k16s3W2w4m2", "c8k16s3W2w2m2", "c4k4s4W1w8m4", "c8k8w2m4p", "c4k8w4m4p", "c4k16W2w4m2p",
+    "c8k8s3w1m4", "c8k8s5w1m4", "c8k4s6w1m8", "c8k16s2w1m2", "c8k8w1m4p", "c8k8w3m4p",
+    "c4k8s4w3m4", "c4k8s4w2m2", "c4k8s6w2m2", "c8k8s3W8w1m4", "c4k8s4w3m8", "c8k8w4m4p",
+    "c8k8w3m8p",
+)})
+H2_TILES.update({f"h2.st2.{n}": (streaming_tiles(n), (2,)) for n in (
+    "c8k8s4w1m4", "c8k8s3w2m2", "c4k8s4w3m2", "c4k8s4w2m4", "c8k16s2w1m2", "c8k8w2m4p",
+    "c4k8w4m4p",
+)})
+
 # The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
 # W^T x^T, the eight nibble slices joined into one [block_n, 128] tile, one wgmma a K step on
 # sm_90): block_n is the MMA's M (64 a warpgroup), block_m the rows (its N, >= 16).
