@@ -134,7 +134,9 @@ THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16
 # (168 with the prefetch, 80 without); 2 rows 2.7 (130); 4 rows 5.1 (168); 8 rows 11.3 (168)
 # -- the fp32 GEMVs: 4.7 (rows) and 6.1 (gemv) at 1 row. Not measured on a device yet:
 # benchmarks/w4a16_sweep.py times candidates beside them. A decode GEMV is bound by the bytes in
-# flight: 1 row prefetches the next step, 1-2 rows aim at 8 programs per SM.
+# flight: 1 row prefetches the next step, 1-2 rows aim at 8 programs per SM. On the H200 (sm90's
+# entries, BENCHMARKS 19.1) fewer programs walking 4+ K steps each won by 25-30% over these
+# one-step programs: the sweep's h2.st* tiles are the first candidates for the other archs.
 H2_TILES = ((1, RowsTiles(1024, 8, 4, waves=8, min_steps=1, prefetch=True)),
             (2, RowsTiles(1024, 8, 4, waves=8, min_steps=1)), (4, RowsTiles(1024, 4, 4)), (8, RowsTiles(512, 2, 4)))
 
