@@ -90,7 +90,7 @@ def _scenarios():
                                             prefill_attention, sampling, w4a16, w4a16_deq,
                                             w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
-    from homelab_llm.engine.kernels.tuning import gemm_tiles
+    from homelab_llm.engine.kernels.tuning import THIN_N, gemm_tiles
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
@@ -233,11 +233,16 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, w=w, split=split: w4a16_h2.w4a16_h2(
             x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), split=split)
-    # its prologue forms: RMSNorm with and without the residual add, SiLU-and-mul of gate | up
-    for m, res in ((1, True), (2, False)):
+    # its prologue forms: RMSNorm with and without the residual add (thin and wide outputs: the
+    # fused entries differ past tuning.THIN_N columns), SiLU-and-mul of gate | up
+    n_wide = 2 * THIN_N
+    wider = wp.W4Weight(torch.zeros((k_in // 8, n_wide), dtype=i32), torch.ones((k_in // 128, n_wide), dtype=fp16),
+                        torch.zeros((k_in // 128, n_wide), dtype=fp16), 128)
+    for m, res, w in ((1, True, weights[128]), (2, False, weights[128]), (1, True, wider),
+                      (2, False, wider)):
         x = torch.zeros((m, k_in), dtype=bf16)
-        yield lambda x=x, res=res: w4a16_h2.w4a16_h2(
-            x, weights[128], torch.zeros((x.shape[0], n_out), dtype=bf16),
+        yield lambda x=x, res=res, w=w: w4a16_h2.w4a16_h2(
+            x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16),
             norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
             residual=torch.zeros_like(x) if res else None, summed=torch.zeros_like(x) if res else None)
     # the normalized rows kept for another linear (Gated DeltaNet's in_proj_ba)
