@@ -1,6 +1,6 @@
 """W4A16 decode kernels on a model's linears, every variant in one run (< 4 min on an H200).
 
-    python3 benchmarks/w4a16_sweep.py [--quick] [--model 8b|27b|30b-a3b] [--m 1,2,4,8,16] [--tp 1,2]
+    python3 benchmarks/w4a16_sweep.py [--quick] [--model 8b|27b|30b-a3b[,...]] [--m 1,2,4,8,16] [--tp 1,2]
 
 For each linear shape (8b: Llama-3.1-8B's qkv, o, gate_up, down x 32 layers and the lm_head;
 27b: the Qwen3.6-27B hybrid's; TP shards: column-parallel halves N, row-parallel halves K) and
@@ -16,7 +16,9 @@ the arch table's entry, the others the candidates in ROWS_TILES), "h2*" the pack
 (1-8 rows; "h2" the table's entry, the others H2_TILES), "dot*" the few-row tensor-core kernel,
 "gemm" the prefill kernel. The summary weighs each shape by its layer count: per M, one decode
 step's linear time per variant, the cost of M rows over 1 row, and the W4A16_ROUTES row for
-engine/kernels/tuning.py that the numbers suggest.
+engine/kernels/tuning.py that the numbers suggest; per M, the packed-half tiles for thin and for
+wide outputs that do best over every model and TP given (`--model 8b,27b,30b-a3b`: one compile
+pass), against the table's own.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref  # noqa: E402
-from homelab_llm.engine.kernels.tuning import GemmTiles, RowsTiles, gemm_tiles, tiles_for  # noqa: E402
+from homelab_llm.engine.kernels.tuning import THIN_N, GemmTiles, RowsTiles, gemm_tiles, tiles_for  # noqa: E402
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
@@ -245,12 +247,15 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     return v
 
 
-def shapes_for(model: str, tps: list[int]) -> dict:
+def shapes_for(models: list[str], tps: list[int]) -> dict:
+    """shape name -> (K, N, layers a step, tp, model); names carry "model:" with several models."""
     out = {}
-    for tp in tps:
-        for name, (k, n, layers, style) in MODELS[model].items():
-            k_s, n_s = (k, n // tp) if style == "col" else (k // tp, n)
-            out[name + (f"/tp{tp}" if tp > 1 else "")] = (k_s, n_s, layers, tp)
+    for model in models:
+        for tp in tps:
+            for name, (k, n, layers, style) in MODELS[model].items():
+                k_s, n_s = (k, n // tp) if style == "col" else (k // tp, n)
+                key = (f"{model}:" if len(models) > 1 else "") + name + (f"/tp{tp}" if tp > 1 else "")
+                out[key] = (k_s, n_s, layers, tp, model)
     return out
 
 
@@ -325,7 +330,9 @@ def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="M 1,8 and fewer tile variants")
-    p.add_argument("--model", default="8b", choices=sorted(MODELS))
+    p.add_argument("--model", default="8b",
+                   help=f"one or more of {','.join(sorted(MODELS))}, comma-separated (one compile pass; "
+                        "with several, a joint pick of the packed-half tiles for thin and wide outputs)")
     p.add_argument("--m", default="1,2,4,8,16")
     p.add_argument("--tp", default="1")
     p.add_argument("--jobs", type=int, default=default_jobs(), help="processes that compile first (1: none)")
@@ -335,20 +342,26 @@ def main() -> int:
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     ms_list = [1, 8] if a.quick else [int(v) for v in a.m.split(",")]
-    shapes = shapes_for(a.model, [int(v) for v in a.tp.split(",")])
+    models = [v for v in a.model.split(",") if v]
+    unknown = [v for v in models if v not in MODELS]
+    if unknown or not models:
+        p.error(f"--model: {unknown or a.model!r} not among {sorted(MODELS)}")
+    shapes = shapes_for(models, [int(v) for v in a.tp.split(",")])
     print(f"{torch.cuda.get_device_name(dev)}: copy rate {copy_rate_gbs(dev):,.0f} GB/s (read + write, "
           f"1 GiB); % below = GB/s read over the copy rate of the same bytes", flush=True)
-    secs = precompile(compile_shape, [(k, n, m, a.quick, v) for k, n, _, _ in shapes.values() for m in ms_list
-                                      for v in variants(m, dev, a.quick)], a.jobs)
+    jobs = {(k, n, m, a.quick, v) for k, n, *_ in shapes.values() for m in ms_list for v in variants(m, dev, a.quick)}
+    secs = precompile(compile_shape, sorted(jobs), a.jobs)
     print(f"[{time.perf_counter() - t0:4.0f}s] compiled in {a.jobs} processes ({secs:.0f} s)", flush=True)
     results: dict[tuple[str, int], dict[str, float]] = {}  # (shape, m) -> variant -> ms
     worst_err = 0.0
-    for name, (k, n, _, _) in shapes.items():
+    for name, (k, n, *_) in shapes.items():
         rows, worst = bench_shape(name, k, n, ms_list, dev, a.quick, t0)
         torch.cuda.empty_cache()  # the shape's weight copies went with bench_shape's frame
         worst_err = max(worst_err, worst)
         results.update({(name, m): r for m, r in rows.items()})
     summary(results, shapes, ms_list)
+    for m in ms_list:
+        joint_h2_pick(results, shapes, m)
     print("rows tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in ROWS_TILES.items()))
     print("dot tiles:", "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
     print("dotL tiles:", "; ".join(f"{k} = {t}" for k, t in DOTL_TILES.items()))
@@ -358,11 +371,11 @@ def main() -> int:
 
 
 def summary(results: dict, shapes: dict, ms_list: list[int]) -> None:
-    """Per TP and M: one decode step's linear time (each shape x its layer count) per variant."""
+    """Per model, TP and M: one decode step's linear time (each shape x its layer count) per variant."""
     print("\nSUMMARY: one decode step's W4A16 linear time (ms), each shape x its layers per step")
     families: dict[int, str] = {}
-    for tp in sorted({v[3] for v in shapes.values()}):
-        names = [s for s, v in shapes.items() if v[3] == tp]
+    for model, tp in sorted({(v[4], v[3]) for v in shapes.values()}):
+        names = [s for s, v in shapes.items() if (v[4], v[3]) == (model, tp)]
         base = None
         for m in ms_list:
             rows = [results.get((s, m), {}) for s in names]
@@ -372,7 +385,7 @@ def summary(results: dict, shapes: dict, ms_list: list[int]) -> None:
                 continue
             best = min((v for v in tot if v not in PEERS), key=tot.get)
             base = base if base is not None else tot[best]
-            print(f"TP={tp} M={m:2d}: best {best} {tot[best]:.3f} ms = {tot[best] / base:.2f}x the 1-row time "
+            print(f"{model} TP={tp} M={m:2d}: best {best} {tot[best]:.3f} ms = {tot[best] / base:.2f}x the 1-row time "
                   f"({m * base / tot[best]:.1f}x batch-1 throughput) | "
                   + " | ".join(f"{v} {t:.3f}" for v, t in sorted(tot.items(), key=lambda kv: kv[1])))
             if tp == 1:  # the table routes to each family's default tiles
@@ -382,6 +395,35 @@ def summary(results: dict, shapes: dict, ms_list: list[int]) -> None:
     if families:
         print("suggested tuning.W4A16_ROUTES entry (TP=1 step totals, each family at its default "
               f"tiles): {suggest_routes(families)}")
+
+
+def joint_h2_pick(results: dict, shapes: dict, m: int, top: int = 3) -> None:
+    """The packed-half tiles to give thin outputs (N <= tuning.THIN_N) and wide ones at m rows,
+    scored over every (model, TP) measured: the sum of each one's step linears (lm_head left out:
+    bf16 in the engine) over the table's own. One tile can win a model and starve another (a
+    power-of-two K split that leaves SMs idle at some column count, BENCHMARKS 19.1)."""
+    groups: dict[tuple, list[str]] = {}
+    for s, v in shapes.items():
+        if not s.split(":")[-1].startswith("lm_head") and (s, m) in results:
+            groups.setdefault((v[4], v[3]), []).append(s)
+    if not groups:
+        return
+    h2 = sorted(set.intersection(*(set(results[(s, m)]) for ss in groups.values() for s in ss)))
+    h2 = [v for v in h2 if v == "h2" or v.startswith("h2.")]
+    if "h2" not in h2 or len(h2) < 2:
+        return
+
+    def step(names: list[str], thin: str, wide: str) -> float:
+        return sum(results[(s, m)][thin if shapes[s][1] <= THIN_N else wide] * shapes[s][2] for s in names)
+
+    table = {g: step(ss, "h2", "h2") for g, ss in groups.items()}
+    scored = sorted((sum(step(ss, t, w) / table[g] for g, ss in groups.items()) / len(groups), t, w)
+                    for t in h2 for w in h2)
+    print(f"\nJOINT M={m}: thin / wide packed-half tiles over {len(groups)} model shape sets, step linears "
+          "against the table's (1.00 = the table)")
+    for score, t, w in scored[:top]:
+        print(f"  {score:.3f}  thin {t}  wide {w}  | " + " | ".join(
+            f"{g[0]} TP={g[1]} {step(ss, t, w):.3f} ms (table {table[g]:.3f})" for g, ss in groups.items()))
 
 
 def suggest_routes(families: dict[int, str]) -> str:
