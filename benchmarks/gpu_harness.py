@@ -75,6 +75,11 @@ class ReplayTimer:
         self.graphs.run = self.replay
 
 
+def request_ids(base: str, batch: int) -> list[str]:
+    """The ids of `batch` benchmark requests named after `base` (base itself for one)."""
+    return [base] if batch == 1 else [f"{base}-{i}" for i in range(batch)]
+
+
 def eager_kernel_totals(engine, prompt: list[int], request_id: str,
                         steps: int = 16, batch: int = 1) -> dict[str, list[float]]:
     """Kernel name -> [GPU us, launches] per step over `steps` decode steps of `batch` requests
@@ -84,9 +89,8 @@ def eager_kernel_totals(engine, prompt: list[int], request_id: str,
 
     from homelab_llm.engine.sampling_params import SamplingParams
 
-    for i in range(batch):
-        engine.add_request(request_id if batch == 1 else f"{request_id}-{i}", prompt,
-                           SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
+    for rid in request_ids(request_id, batch):
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=8 + 2 * steps + 16, ignore_eos=True))
     for _ in range(8):
         engine.step()
     torch.cuda.synchronize()

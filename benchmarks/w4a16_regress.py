@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_harness import ReplayTimer, eager_kernel_totals  # noqa: E402
+from gpu_harness import ReplayTimer, eager_kernel_totals, request_ids  # noqa: E402
 
 
 def make_engine(config: str, quant: str = "w4a16", **kw):
@@ -43,8 +43,8 @@ def eager_kernels(eng, prompt: list[int], steps: int = 16,
     """(us a step, launches a step, kernel name) of decode steps of `batch` requests on an eager
     engine, most time first."""
     totals = eager_kernel_totals(eng, prompt, "p", steps, batch)
-    for i in range(batch):
-        eng.abort_request("p" if batch == 1 else f"p-{i}")
+    for rid in request_ids("p", batch):
+        eng.abort_request(rid)
     return sorted(((us, count, name) for name, (us, count) in totals.items()), reverse=True)
 
 
@@ -59,10 +59,10 @@ def graph_decode(eng, prompt: list[int], tokens: int, prof=None,
     from homelab_llm.engine.sampling_params import SamplingParams
 
     timer = ReplayTimer(eng.runner.graphs)
+    first_run = request_ids("run", batch)[0]
     for rid, n in (("warm", 16), ("run", tokens)):
-        for i in range(batch):
-            eng.add_request(rid if i == 0 else f"{rid}-{i}", prompt,
-                            SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
+        for req in request_ids(rid, batch):
+            eng.add_request(req, prompt, SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0))
         steps = 0
         while eng.has_unfinished_requests():
             if steps == 1:
@@ -72,7 +72,7 @@ def graph_decode(eng, prompt: list[int], tokens: int, prof=None,
                 if prof is not None and rid == "run":
                     prof.enable()
             for out in eng.step():
-                if out_ids is not None and out.request_id == "run":
+                if out_ids is not None and out.request_id == first_run:
                     out_ids.extend(out.new_token_ids)
             steps += 1
         torch.cuda.synchronize()

@@ -29,6 +29,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -247,15 +248,23 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     return v
 
 
-def shapes_for(models: list[str], tps: list[int]) -> dict:
-    """shape name -> (K, N, layers a step, tp, model); names carry "model:" with several models."""
+class Shape(NamedTuple):
+    k: int
+    n: int
+    layers: int  # calls a decode step
+    tp: int
+    model: str
+
+
+def shapes_for(models: list[str], tps: list[int]) -> dict[str, Shape]:
+    """shape name -> Shape (a TP rank's shard); names carry "model:" with several models."""
     out = {}
     for model in models:
         for tp in tps:
             for name, (k, n, layers, style) in MODELS[model].items():
                 k_s, n_s = (k, n // tp) if style == "col" else (k // tp, n)
                 key = (f"{model}:" if len(models) > 1 else "") + name + (f"/tp{tp}" if tp > 1 else "")
-                out[key] = (k_s, n_s, layers, tp, model)
+                out[key] = Shape(k_s, n_s, layers, tp, model)
     return out
 
 
@@ -270,20 +279,20 @@ def compile_shape(k: int, n: int, m: int, quick: bool, vname: str) -> None:
     torch.cuda.synchronize()
 
 
-def int4mm_ms(x: torch.Tensor, k: int, n: int, copies: int) -> float | None:
+def int4mm_peer(k: int, n: int, copies: int, dev: torch.device):
     """The peer: torch's int4 GEMV/GEMM (aten._weight_int4pack_mm, the tinygemm kernel gpt-fast's
-    int4 path runs; group 128, inner-K tiles 8) on random packed weights of the same shape, ms a
-    call with the weights cycled past the L2 like ours. None where this torch lacks it or rejects
-    the shape (timing only: the values are not checked)."""
+    int4 path runs; group 128, inner-K tiles 8) on `copies` random packed weights of the shape, cycled
+    past the L2 like ours: fn(x) -> ms a call. None where this torch lacks it or rejects the shape
+    (timing only: the values are not checked)."""
     try:
         packed = [torch._convert_weight_to_int4pack(
-            torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=x.device), 8)
-            for _ in range(copies)]
-        sz = torch.rand(k // 128, n, 2, device=x.device, dtype=torch.bfloat16)
-        return graph_ms(lambda i: torch._weight_int4pack_mm(x, packed[i], 128, sz), copies)
+            torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=dev), 8) for _ in range(copies)]
+        sz = torch.rand(k // 128, n, 2, device=dev, dtype=torch.bfloat16)
+        torch._weight_int4pack_mm(torch.zeros(1, k, device=dev, dtype=torch.bfloat16), packed[0], 128, sz)
     except (RuntimeError, AttributeError, TypeError) as exc:
         print(f"  int4mm peer unavailable at {k}x{n}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
         return None
+    return lambda x: graph_ms(lambda i: torch._weight_int4pack_mm(x, packed[i], 128, sz), copies)
 
 
 def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device, quick: bool,
@@ -298,6 +307,7 @@ def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device
     dense_copies = copies_for(k * n * 2, cap=16)
     dense = [torch.randn(k, n, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(dense_copies)]
     copy = copy_rate_gbs(dev, nbytes)
+    int4mm = int4mm_peer(k, n, copies, dev)
     ref_w = dequantize_w4_ref(w0)
     rows, worst = {}, 0.0
     for m in ms_list:
@@ -305,9 +315,8 @@ def bench_shape(name: str, k: int, n: int, ms_list: list[int], dev: torch.device
         want = x.float() @ ref_w
         out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
         row = {"bf16": graph_ms(lambda i: torch.matmul(x, dense[i]), dense_copies)}
-        peer = int4mm_ms(x, k, n, copies)
-        if peer is not None:
-            row["int4mm"] = peer
+        if int4mm is not None:
+            row["int4mm"] = int4mm(x)
         cells = []
         for vname, (_, fn) in variants(m, dev, quick).items():
             try:
@@ -374,13 +383,13 @@ def summary(results: dict, shapes: dict, ms_list: list[int]) -> None:
     """Per model, TP and M: one decode step's linear time (each shape x its layer count) per variant."""
     print("\nSUMMARY: one decode step's W4A16 linear time (ms), each shape x its layers per step")
     families: dict[int, str] = {}
-    for model, tp in sorted({(v[4], v[3]) for v in shapes.values()}):
-        names = [s for s, v in shapes.items() if (v[4], v[3]) == (model, tp)]
+    for model, tp in sorted({(v.model, v.tp) for v in shapes.values()}):
+        names = [s for s, v in shapes.items() if (v.model, v.tp) == (model, tp)]
         base = None
         for m in ms_list:
             rows = [results.get((s, m), {}) for s in names]
             common = sorted(set.intersection(*(set(r) for r in rows))) if rows else []
-            tot = {v: sum(results[(s, m)][v] * shapes[s][2] for s in names) for v in common}
+            tot = {v: sum(results[(s, m)][v] * shapes[s].layers for s in names) for v in common}
             if len(tot) < 2:
                 continue
             best = min((v for v in tot if v not in PEERS), key=tot.get)
@@ -405,7 +414,7 @@ def joint_h2_pick(results: dict, shapes: dict, m: int, top: int = 3) -> None:
     groups: dict[tuple, list[str]] = {}
     for s, v in shapes.items():
         if not s.split(":")[-1].startswith("lm_head") and (s, m) in results:
-            groups.setdefault((v[4], v[3]), []).append(s)
+            groups.setdefault((v.model, v.tp), []).append(s)
     if not groups:
         return
     h2 = sorted(set.intersection(*(set(results[(s, m)]) for ss in groups.values() for s in ss)))
@@ -414,7 +423,7 @@ def joint_h2_pick(results: dict, shapes: dict, m: int, top: int = 3) -> None:
         return
 
     def step(names: list[str], thin: str, wide: str) -> float:
-        return sum(results[(s, m)][thin if shapes[s][1] <= THIN_N else wide] * shapes[s][2] for s in names)
+        return sum(results[(s, m)][thin if shapes[s].n <= THIN_N else wide] * shapes[s].layers for s in names)
 
     table = {g: step(ss, "h2", "h2") for g, ss in groups.items()}
     scored = sorted((sum(step(ss, t, w) / table[g] for g, ss in groups.items()) / len(groups), t, w)
