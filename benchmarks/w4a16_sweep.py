@@ -181,8 +181,8 @@ H2_TILES.update({f"h2.st2.{n}": (streaming_tiles(n), (2,)) for n in (
 )})
 
 # The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
-# W^T x^T, the eight nibble slices joined into one [block_n, 128] tile, one wgmma a K step on
-# sm_90): block_n is the MMA's M (64 a warpgroup), block_m the rows (its N, >= 16).
+# W^T x^T, four nibble-pair dots a K step, on sm_90 wgmmas with the weights in registers):
+# block_n is the MMA's M (64 a warpgroup), block_m the rows (its N, >= 16).
 DOTL_TILES = {
     "dotL": None,  # the table's w4a16_dot_left tiles (w4a16_dot where it has none)
     "dotL.bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
@@ -233,14 +233,10 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
-    # the K loop before the nibble-pair dots: eight per-nibble dots a step, x sliced per nibble
-    v["dot.eight"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, pairs=False))
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     for name, t in DOTL_TILES.items():
         if not quick and (t is None or t.block_m == 16 or m > 16):
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True))
-            v[name + ".one"] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True,
-                                                                       pairs=False))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV

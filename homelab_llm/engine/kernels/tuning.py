@@ -213,10 +213,11 @@ TABLE: dict[str, ArchTiles] = {
         # the thin plain tile (8B batch 2 511.8 -> 566.7 tok/s with both, 27B 213.4 -> 213.9).
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
-        # 17-64 rows: the few-row kernel with the weights as the left operand (one wgmma a K
-        # step; w4a16_dot(w_left=True)), 64 rows a program (BENCHMARKS 17.1: 27B step linears at
-        # 24 / 32 / 40 / 64 rows 18.1 / 18.0 / 26.3 / 26.1 ms against the eight-dot kernel's
-        # 20.5 / 20.9 / 29.2 / 37.2 and deq's 29.9 / 29.9 / 29.8 / 30.4)
+        # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
+        # wgmmas a K step; w4a16_dot(w_left=True)), up to 64 rows a program (16 at up to 16
+        # rows). BENCHMARKS 20.1, one step's linears at 24 / 40 rows: 8B 4.85 / 7.48 ms, 27B
+        # 15.04 / 22.94 (32 x 64 and 64 x 64 s3 tiles within 4% of it); before the pair dots
+        # (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 / 29.2, deq's 29.9 / 29.8
         w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
@@ -340,7 +341,9 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # 256: 35.5 vs GEMM 71.4; 2,048: 142.7 vs GEMM 420.9, bf16 BLAS 127.7). 1-2 rows: the
     # packed-half GEMV (sweep 10.7: 6.52 / 9.24 ms vs the older GEMV 8.49 / the dot kernel 12.37).
     # 17.1: 17-64 rows on the left-operand kernel (12-14% below the eight-dot kernel and deq).
-    "sm90": ((2, "h2"), (16, "dot"), (64, "dotL"), (1 << 62, "deq")),
+    # 20.1: since its four nibble-pair dots a step, 3-64 rows (8B step linears at 3 / 8 / 16
+    # rows 3.48 / 3.48 / 3.54 ms against the eight-dot kernel's 3.64 / 4.03 / 5.21).
+    "sm90": ((2, "h2"), (64, "dotL"), (1 << 62, "deq")),
     "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
     # The interpreter routes decode rows to the packed-half GEMV so the kernel tests run it

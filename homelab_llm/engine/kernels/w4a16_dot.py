@@ -22,12 +22,16 @@ The dots then sum x (128 + q) in fp32 (bf16 products are exact in fp32), and the
 W = q s + b as acc += (inner - 128 sum x) s + (sum x) b; the subtraction costs ~7 bits of the fp32
 sum's 24 (the offset is ~17x the mean nibble), far below the bf16 output's rounding.
 
-From 17 rows up (W4A16_ROUTES "dotL") the weights are the dot's LEFT operand instead: out^T =
-W^T x^T, the eight nibble slices of a word tile joined in registers into one [BLOCK_N, 8 WROWS]
-tile in natural k order, one dot a K step (on sm_90 one wgmma whose other operand is x, BLOCK_M
-wide, with 64 rows a program): the tile passes through shared memory once a step instead of
-eight times (BENCHMARKS 17.1: 12-14% faster at 24-64 rows; slower at 2-16, where the eight-dot
-loop's 16-row MMAs stay).
+With the weights as the dot's LEFT operand instead (w_left, W4A16_ROUTES "dotL": sm_90 from 3
+rows): out^T = W^T x^T, four dots a K step, one per nibble pair (j, j + 4). A word masked with
+0x000F000F after a shift of 4j IS one register of the left operand (two 16-bit values of
+k-adjacent columns, here k = 8r + j and 8r + j + 4), so the AND-OR result goes to the tensor
+cores as is, with no byte permutes and no shared-memory staging of the dequantized tile; x, one
+[BLOCK_M, BLOCK_K] tile a step, is split in registers into the matching column order. On sm_90
+that is a wgmma with the weights in registers (BLOCK_N its M) and the rows its N (16 at up to 16
+rows). BENCHMARKS 20.1: 8B step linears at 8 rows 3.48 ms against the eight-dot loop's 4.03 (and
+an older left-operand loop that joined all eight slices into one tile through shared memory,
+4.98).
 
 Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
@@ -59,27 +63,21 @@ def nibble_pair(packed, j: tl.constexpr, X_F16: tl.constexpr):
 
 
 @triton.jit
-def pair_tile(packed, j: tl.constexpr, X_F16: tl.constexpr, LEFT: tl.constexpr = False):
-    """Nibbles j and j + 4 of a [WROWS, BLOCK_N] word tile as ONE [2 WROWS, BLOCK_N] dot operand
-    (OFFSET + q): row 2r + h is nibble j + 4h of word row r. A word's masked pair already is the
-    two 16-bit values k-adjacent rows of the MMA's right operand hold in one register, so the
-    compiler feeds the AND-OR result to the tensor cores as is (no byte permutes). LEFT: the
-    tile is [BLOCK_N, WROWS] and the operand [BLOCK_N, 2 WROWS] (column 2r + h), the left
-    operand's k-adjacent pair."""
+def pair_tile(packed, j: tl.constexpr, X_F16: tl.constexpr):
+    """Nibbles j and j + 4 of a [BLOCK_N, WROWS] word tile as ONE [BLOCK_N, 2 WROWS] dot operand
+    (OFFSET + q): column 2r + h is nibble j + 4h of word row r. A word's masked pair is already
+    the two 16-bit values of k-adjacent columns that the MMA's left operand holds in one
+    register, so the compiler feeds the AND-OR result to the tensor cores as is: no byte
+    permutes, no shared-memory staging of the dequantized tile."""
     lo, hi = nibble_pair(packed, j, X_F16)
-    if LEFT:
-        w = tl.reshape(tl.join(lo, hi), [lo.shape[0], 2 * lo.shape[1]])
-    else:
-        w = tl.reshape(tl.permute(tl.join(lo, hi), [0, 2, 1]), [2 * lo.shape[0], lo.shape[1]])
-    return w
+    return tl.reshape(tl.join(lo, hi), [lo.shape[0], 2 * lo.shape[1]])
 
 
 @triton.jit
 def x_pair_slices(xt, WROWS: tl.constexpr):
     """A K step's activations [BLOCK_M, 8 WROWS] (k = 8r + j, natural order) as the four
-    [BLOCK_M, 2 WROWS] left operands pair_tile's tiles need: slice j holds column 2r + h = x[:,
-    8r + j + 4h]. Splits in registers: no shared-memory round trip per slice (the eight-dot
-    loop's per-nibble x slices each took one, with its barriers)."""
+    [BLOCK_M, 2 WROWS] operands pair_tile's tiles pair with: slice j holds column 2r + h =
+    x[:, 8r + j + 4h]. Split in registers, one tile a step."""
     bm: tl.constexpr = xt.shape[0]
     x5 = tl.reshape(xt, [bm, WROWS, 2, 2, 2])  # [m, r, h, j & 2, j & 1]: each split takes the last
     even, odd = tl.split(x5)  # j & 1
@@ -90,18 +88,9 @@ def x_pair_slices(xt, WROWS: tl.constexpr):
 
 
 @triton.jit
-def pair_dot(acc, xs, packed, j: tl.constexpr, X_F16: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc + one pair slice's dot (x_pair_slices' xs, pair_tile's weights)."""
-    w = pair_tile(packed, j, X_F16)
-    if DOT_F32:
-        return acc + tl.dot(xs.to(tl.float32), w.to(tl.float32))
-    return tl.dot(xs, w, acc)
-
-
-@triton.jit
 def pair_left_dot(acc, xs, packed, j: tl.constexpr, X_F16: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] + one pair slice's dot with the weights on the left: W_j^T xs^T."""
-    w = pair_tile(packed, j, X_F16, LEFT=True)
+    """acc [BLOCK_N, BLOCK_M] + one nibble pair's dot, weights on the left: W_j^T xs^T."""
+    w = pair_tile(packed, j, X_F16)
     if DOT_F32:
         return acc + tl.dot(w.to(tl.float32), tl.trans(xs).to(tl.float32))
     return tl.dot(w, tl.trans(xs), acc)
@@ -129,7 +118,6 @@ def _w4a16_dot_kernel(
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
-    PAIRS: tl.constexpr = True,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -145,11 +133,11 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32, PAIRS)
+                          BLOCK_N, WROWS, X_F16, DOT_F32)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
-                           WROWS, X_F16, X_PERM, DOT_F32, PAIRS)
+                           WROWS, X_F16, X_PERM, DOT_F32)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
     store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
 
@@ -158,19 +146,16 @@ def _w4a16_dot_kernel(
 def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                 k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-                X_F16: tl.constexpr, DOT_F32: tl.constexpr, PAIRS: tl.constexpr):
-    """The K loop with the weights as the dot's left operand: out^T = W^T x^T. PAIRS: four
-    nibble-pair dots a step (pair_tile(LEFT=True), x split in registers), else one dot a step:
-    the eight nibble slices of a word tile are joined in registers into [BLOCK_N, 8 WROWS] in
-    natural k order (joins add the last dimension: ((q_j, q_j+4) for j in (0, 2)), (same for 1,
-    3) flatten to nibble 0..7), so x^T is a plain [BLOCK_K, BLOCK_M] tile. Triton (3.6-3.9)
-    still stages the joined tile through shared memory before the wgmma, but once a step where
-    the eight-dot loop does it eight times. A step stays inside one group."""
+                X_F16: tl.constexpr, DOT_F32: tl.constexpr):
+    """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
+    dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
+    wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
+    WROWS] tile a step, split in registers (x_pair_slices); the same tile gives the step's sum
+    of x for the magic-number offset. A step stays inside one group."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
-    offs_k = tl.arange(0, BLOCK_K)
-    x_cols = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm  # [1, BLOCK_M]
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm  # [BLOCK_M, 1]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         word_rows = k0 // 8 + rows
@@ -179,31 +164,14 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
         g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
         s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        if PAIRS:
-            xr = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k0 + offs_k)[None, :],
-                         mask=m_mask[:, None], other=0.0)  # [BM, BK]
-            x_sum = tl.sum(xr.to(tl.float32), axis=1)[None, :]
-            x0, x1, x2, x3 = x_pair_slices(xr, WROWS)
-            inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, packed, 0, X_F16, DOT_F32)
-            inner = pair_left_dot(inner, x1, packed, 1, X_F16, DOT_F32)
-            inner = pair_left_dot(inner, x2, packed, 2, X_F16, DOT_F32)
-            inner = pair_left_dot(inner, x3, packed, 3, X_F16, DOT_F32)
-            acc += (inner - OFFSET * x_sum) * s + x_sum * b
-        else:
-            xt = tl.load(x_cols + (k0 + offs_k)[:, None], mask=m_mask[None, :], other=0.0)  # [BK, BM]
-            x_sum = tl.sum(xt.to(tl.float32), axis=0)[None, :]
-            l0, h0 = nibble_pair(packed, 0, X_F16)
-            l1, h1 = nibble_pair(packed, 1, X_F16)
-            l2, h2 = nibble_pair(packed, 2, X_F16)
-            l3, h3 = nibble_pair(packed, 3, X_F16)
-            w = tl.join(tl.join(tl.join(l0, h0), tl.join(l2, h2)),
-                        tl.join(tl.join(l1, h1), tl.join(l3, h3)))
-            w = tl.reshape(w, [BLOCK_N, BLOCK_K])
-            if DOT_F32:
-                inner = tl.dot(w.to(tl.float32), xt.to(tl.float32))
-            else:
-                inner = tl.dot(w, xt.to(w.dtype))
-            acc += (inner - OFFSET * x_sum) * s + x_sum * b
+        xt = tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None], other=0.0)
+        x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
+        x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
+        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, packed, 0, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x1, packed, 1, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x2, packed, 2, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x3, packed, 3, X_F16, DOT_F32)
+        acc += (inner - OFFSET * x_sum) * s + x_sum * b
     return tl.trans(acc)
 
 
@@ -211,9 +179,8 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
 def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                  k_end, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, WROWS: tl.constexpr, X_F16: tl.constexpr,
-                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr, PAIRS: tl.constexpr):
-    """The K loop with the weights as the dots' right operand: four nibble-pair dots a step
-    (PAIRS, where one group covers a step and x is in k order), else eight per-nibble dots."""
+                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr):
+    """The K loop with the weights as the dots' right operand: eight per-nibble dots a step."""
     BLOCK_K: tl.constexpr = WROWS * 8
     ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0  # nibble_pair's magic-number floor
@@ -233,20 +200,9 @@ def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask,
             sb_mask = r_mask[:, None] & n_mask[None, :]
             s = tl.load(scales_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
             b = tl.load(biases_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
-        if ONE_GROUP and PAIRS:
-            # sum_k x (OFFSET + q) from four tensor-core dots a step (nibbles j and j + 4 of
-            # each word in one operand), then W = q s + b applied per step:
-            # acc += (inner - OFFSET sum_k x) s + (sum_k x) b. One x tile a step serves both.
-            xt = tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None], other=0.0)
-            x_sum = tl.sum(xt.to(tl.float32), axis=1)[:, None]
-            x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
-            inner = pair_dot(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), x0, packed, 0, X_F16, DOT_F32)
-            inner = pair_dot(inner, x1, packed, 1, X_F16, DOT_F32)
-            inner = pair_dot(inner, x2, packed, 2, X_F16, DOT_F32)
-            inner = pair_dot(inner, x3, packed, 3, X_F16, DOT_F32)
-            acc += (inner - OFFSET * x_sum) * s + x_sum * b
-        elif ONE_GROUP:
-            # The same with eight dots a step, one nibble each (x slices gathered per nibble).
+        if ONE_GROUP:
+            # sum_k x (OFFSET + q) from tensor-core dots on magic-number floats, then
+            # W = q s + b applied per step: acc += (inner - OFFSET sum_k x) s + (sum_k x) b.
             x_sum = tl.sum(tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None],
                                    other=0.0).to(tl.float32), axis=1)[:, None]
             inner = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -290,14 +246,14 @@ def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
               split: int | None = None, permute: bool | None = None,
-              w_left: bool = False, pairs: bool = True) -> torch.Tensor:
+              w_left: bool = False) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
     arch table's w4a16_dot, or with w_left its w4a16_dot_left where it has one. w_left: the
-    weights as the dot's left operand (wleft_steps) where the group size is a multiple of the K
-    step; else the right-operand loop (on the w4a16_dot tiles unless tiles are given), with four
-    nibble-pair dots a step where a group covers it (pairs; x stays in k order) or eight."""
+    weights as the dots' left operand, four nibble-pair dots a step (wleft_steps) where the group
+    size is a multiple of the K step; else the eight-dot loop (on the w4a16_dot tiles unless
+    tiles are given)."""
     m, k = x2.shape
     n = w.out_features
     arch = tiles_for(x2.device)
@@ -308,13 +264,11 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     block_k = wrows * 8
     if permute is None:
         permute = m > PERMUTE_ABOVE
-    pairs = pairs and w.group_size % block_k == 0
-    # the left-weights and pair loops read x in k order
-    permute = permute and k % block_k == 0 and not w_left and not pairs
+    permute = permute and k % block_k == 0 and not w_left  # the left-weights loop reads x in k order
     if permute:
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
-                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, PAIRS=pairs, num_warps=t.num_warps,
+                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, num_warps=t.num_warps,
                 num_stages=t.num_stages)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

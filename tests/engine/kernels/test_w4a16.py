@@ -227,28 +227,22 @@ def test_dot_kernel_magic_number_nibbles(dtype: torch.dtype, device: torch.devic
     """One group per K step: the dot kernel takes nibbles as 128 + q (bf16) or 1024 + q (fp16)
     and subtracts the offset times sum(x) per step. fp32 output against an fp64 reference: the
     subtraction costs ~7 (bf16) or ~10 (fp16) of fp32's 24 bits, so 2e-4 of each row's norm
-    bounds it with room (measured 2e-6 / 3e-5); a wrong nibble or offset is >1e-2. Both K loops:
-    four nibble-pair dots a step (the default: x split in registers into the pairs' order, a
-    slice or a pair out of place is ~1 off) and the eight per-nibble dots."""
+    bounds it with room (measured 2e-6 / 3e-5); a wrong nibble or offset is >1e-2."""
     from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 
     gen = torch.Generator().manual_seed(21)
-    for m, k, n, split, symmetric in ((1, 256, 96, None, True), (5, 384, 40, 2, False),
-                                      (20, 256, 72, 2, True)):
+    for m, k, n, split, symmetric in ((1, 256, 96, None, True), (5, 384, 40, 2, False)):
         w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
         x = torch.randn(m, k, generator=gen).to(device, dtype)
         want = x.double() @ dequantize_w4_ref(w).double()
-        for pairs in (True, False):
-            got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
-                            pairs=pairs)
-            err = float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max())
-            assert err < 2e-4, (dtype, m, split, pairs)
+        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split)
+        assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.device) -> None:
-    """w_left (route "dotL"): out^T = W^T x^T, four nibble-pair dots a K step (the default) or the
-    eight nibble slices joined in registers into one natural-k-order tile, one dot a step. fp32 output against an fp64 reference, the
+    """w_left (route "dotL"): out^T = W^T x^T, four nibble-pair dots a K step (a word's masked
+    pair as the left operand's register, x split in registers to match). fp32 output against an fp64 reference, the
     same 2e-4 per-row bound as the eight-dot loop (the same magic-number offset; a nibble joined
     out of order is ~1); rows past one 16-row block, K splits (tickets reused: bit-identical on
     a second call), zero points, and a 32-wide group, which falls back to the eight-dot loop
@@ -261,14 +255,12 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
         w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
         x = torch.randn(m, k, generator=gen).to(device, dtype)
         want = x.double() @ dequantize_w4_ref(w).double()
-        for pairs in (True, False):
-            got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
-                            w_left=True, pairs=pairs)
-            err = float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max())
-            assert err < 2e-4, (dtype, m, split, pairs)
-            again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device),
-                              split=split, w_left=True, pairs=pairs)
-            assert torch.equal(got, again), (dtype, m, split, pairs)
+        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                        w_left=True)
+        assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
+        again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+                          w_left=True)
+        assert torch.equal(got, again), (dtype, m, split)
     w = wp.quantize_rtn(torch.randn(40, 256, generator=gen) * 0.05, 32, False).to(device)
     x = torch.randn(3, 256, generator=gen).to(device, dtype)
     left = w4a16_dot(x, w, torch.empty((3, 40), dtype=torch.float32, device=device), w_left=True)
@@ -299,8 +291,8 @@ def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monke
 
 @pytest.mark.parametrize("group_size", [32, 128])
 def test_dot_kernel_permuted_x_is_the_same_sum(group_size: int, device: torch.device) -> None:
-    """Past 16 rows the eight-dot loop reads x permuted per K step (contiguous loads instead of
-    stride-8 gathers; the pair loop reads x in k order). The eight per-nibble dots see the same values in the same order, so the
+    """Past 16 rows the dot kernel reads x permuted per K step (contiguous loads instead of
+    stride-8 gathers). The eight per-nibble dots see the same values in the same order, so the
     output equals the unpermuted kernel's bit for bit, and both are within 1e-2 per row of the
     dequantized reference."""
     from homelab_llm.engine.kernels.w4a16_dot import permute_steps, w4a16_dot
@@ -313,9 +305,9 @@ def test_dot_kernel_permuted_x_is_the_same_sum(group_size: int, device: torch.de
         w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, group_size, False).to(device)
         x = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
         plain = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
-                          permute=False, pairs=False)
+                          permute=False)
         perm = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
-                         permute=True, pairs=False)
+                         permute=True)
         assert torch.equal(plain, perm), (m, k, split)
         assert _rel_err(perm, x.float() @ dequantize_w4_ref(w)) < 1e-2
 
