@@ -184,7 +184,7 @@ H2_TILES.update({f"h2.st2.{n}": (streaming_tiles(n), (2,)) for n in (
 # W^T x^T, four nibble-pair dots a K step, on sm_90 wgmmas with the weights in registers):
 # block_n is the MMA's M (64 a warpgroup), block_m the rows (its N, >= 16).
 DOTL_TILES = {
-    "dotL": None,  # the table's w4a16_dot_left tiles (w4a16_dot where it has none)
+    "dotL": None,  # the table's w4a16_dot_left entry (w4a16_dot where it has none)
     "dotL.bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
     "dotL.bn64w4s4": GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
     "dotL.bn128w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),

@@ -114,9 +114,10 @@ class ArchTiles:
     # The same for fused calls with outputs of at most THIN_N columns ((min_rows, max_rows, tiles)
     # as w4a16_h2_thin), consulted before w4a16_h2_fused for rows that have a fused entry at all.
     w4a16_h2_fused_thin: tuple[tuple[int, int, RowsTiles], ...] = ()
-    # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): tiles as
-    # w4a16_dot's (block_n is the MMA's M). None: the arch routes no rows there.
-    w4a16_dot_left: GemmTiles | None = None
+    # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): (max_rows,
+    # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
+    # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
+    w4a16_dot_left: tuple[tuple[int, GemmTiles], ...] = ()
     # Fused MoE grouped GEMM at prefill sizes (the `gemm` entry's rows) over 4-bit experts: its
     # own tiles where measured (the kernel halves block_n for gate + up). None: `gemm`'s.
     moe_w4_gemm: GemmTiles | None = None
@@ -214,11 +215,15 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
-        # wgmmas a K step; w4a16_dot(w_left=True)), up to 64 rows a program (16 at up to 16
-        # rows). BENCHMARKS 20.1, one step's linears at 24 / 40 rows: 8B 4.85 / 7.48 ms, 27B
-        # 15.04 / 22.94 (32 x 64 and 64 x 64 s3 tiles within 4% of it); before the pair dots
-        # (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 / 29.2, deq's 29.9 / 29.8
-        w4a16_dot_left=GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
+        # wgmmas a K step; w4a16_dot(w_left=True)). Up to 16 rows (BENCHMARKS 20.1, 16 rows a
+        # program): 128 columns, two warpgroups, 3 stages: 27B step linears at 3 / 8 / 16 rows
+        # 10.02 / 10.11 / 10.24 ms against 64 columns, 4 warps, 4 stages 10.70 / 10.69 / 10.71
+        # (8B 3.44 / 3.49 / 3.54 against 3.51 / 3.52 / 3.54). 17-64 rows, up to 64 a program:
+        # at 24 / 40 rows 8B 4.85 / 7.48 ms, 27B 15.04 / 22.94 (32 x 64 and 64 x 64 s3 tiles
+        # within 4% of it); before the pair dots (17.1) 27B 18.1 / 26.3 against the eight-dot
+        # kernel's 20.5 / 29.2, deq's 29.9 / 29.8.
+        w4a16_dot_left=((16, GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4)),
+                        (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4))),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
         moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),
@@ -323,7 +328,7 @@ def device_sms(device: torch.device) -> int:
 # "h2": w4a16_h2.py (1-8 rows, packed fp16x2 dequant and FMAs: two weights per instruction);
 # "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
 # tensor-core dots; a few rows); "dotL": the same with the weights as the dots' left operand
-# (one dot a K step, ArchTiles.w4a16_dot_left); "gemm": w4a16.py (prefill). Each kernel's tiles
+# (four nibble-pair dots a K step, ArchTiles.w4a16_dot_left); "gemm": w4a16.py (prefill). Each kernel's tiles
 # come from its ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary
 # prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
@@ -356,6 +361,13 @@ def w4a16_route(m: int, device: torch.device | None = None) -> str:
     """The W4A16 kernel ("rows", "h2", "gemv", "dot", "dotL", "gemm" or "deq") the table picks
     for m rows on this device."""
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
+
+
+def dot_left_tiles(m: int, device: torch.device | None = None) -> GemmTiles | None:
+    """The left-operand few-row tiles (ArchTiles.w4a16_dot_left) this device's table gives m
+    rows, None where it has none."""
+    entries = tiles_for(device).w4a16_dot_left
+    return next((t for rows, t in entries if m <= rows), entries[-1][1]) if entries else None
 
 
 def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:

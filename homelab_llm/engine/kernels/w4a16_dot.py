@@ -45,7 +45,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
 from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
-from homelab_llm.engine.kernels.tuning import GemmTiles, tiles_for
+from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -250,14 +250,14 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
-    arch table's w4a16_dot, or with w_left its w4a16_dot_left where it has one. w_left: the
+    arch table's w4a16_dot, or with w_left its w4a16_dot_left entry where it has one. w_left: the
     weights as the dots' left operand, four nibble-pair dots a step (wleft_steps) where the group
     size is a multiple of the K step; else the eight-dot loop (on the w4a16_dot tiles unless
     tiles are given)."""
     m, k = x2.shape
     n = w.out_features
     arch = tiles_for(x2.device)
-    t = tiles or (w_left and arch.w4a16_dot_left) or arch.w4a16_dot
+    t = tiles or (w_left and dot_left_tiles(m, x2.device)) or arch.w4a16_dot
     if w_left and w.group_size % (dot_grid(m, n, t)[1] * 8):  # its K steps stay inside a group
         w_left, t = False, tiles or arch.w4a16_dot
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)

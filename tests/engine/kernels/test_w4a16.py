@@ -210,14 +210,22 @@ def test_dot_kernel_rows_groups_splits_act_order(group_size: int, device: torch.
 
 
 def test_routes_cover_every_row_count() -> None:
-    """Every arch's W4A16 route table ends in a prefill kernel and names only known kernels."""
+    """Every arch's W4A16 route table ends in a prefill kernel and names only known kernels; a
+    table routing rows to the left-operand loop has (sorted) tiles for all of them."""
     from homelab_llm.engine.kernels import tuning
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
         assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "dotL", "gemm", "deq"}, arch
         assert routes[-1][1] in ("gemm", "deq"), arch
-        assert "dotL" not in dict(routes).values() or tuning.TABLE[arch].w4a16_dot_left, arch
+        left = tuning.TABLE[arch].w4a16_dot_left
+        assert "dotL" not in dict(routes).values() or left, arch
+        assert [r for r, _ in left] == sorted(r for r, _ in left), arch
+        # every row count the route sends to the left loop has an entry of its own
+        left_rows = [r for r, k in routes if k == "dotL"]
+        assert not left_rows or left[-1][0] >= max(left_rows), arch
+        # tl.dot's minimum: 16 rows and 16 word rows a program
+        assert all(t.block_m >= 16 and t.block_k % 128 == 0 for _, t in left), arch
     assert tuning.w4a16_route(1) == "h2" and tuning.w4a16_route(8) == "dot"
     assert tuning.w4a16_route(64) == "gemm" and tuning.w4a16_route(4096) == "deq"
 
