@@ -328,8 +328,8 @@ def device_sms(device: torch.device) -> int:
 # "h2": w4a16_h2.py (1-8 rows, packed fp16x2 dequant and FMAs: two weights per instruction);
 # "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
 # tensor-core dots; a few rows); "dotL": the same with the weights as the dots' left operand
-# (four nibble-pair dots a K step, ArchTiles.w4a16_dot_left); "gemm": w4a16.py (prefill). Each kernel's tiles
-# come from its ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary
+# (four nibble-pair dots a K step, ArchTiles.w4a16_dot_left); "gemm": w4a16.py (prefill). Each
+# kernel's tiles come from its ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary
 # prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # H200 sweep (benchmarks/w4a16_sweep.py --quick, 8B shapes, one step's linears): 1 row: the
