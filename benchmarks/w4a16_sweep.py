@@ -198,7 +198,6 @@ DOTL_TILES = {
     "dotL.bn128w8s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=4),
     "dotL.bn64k256": GemmTiles(16, 64, 256, num_warps=4, num_stages=3, split_k=4),
     "dotL.bn128k256w8": GemmTiles(16, 128, 256, num_warps=8, num_stages=3, split_k=4),
-    "dotL.bn128k256w8s2": GemmTiles(16, 128, 256, num_warps=8, num_stages=2, split_k=4),
     "dotL.bm64": GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
     "dotL.bm64bn64w4": GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
     "dotL.bm32bn64w4": GemmTiles(32, 64, 128, num_warps=4, num_stages=3, split_k=4),
@@ -246,9 +245,6 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, t in DOTL_TILES.items():
         if not quick and (t is None or t.block_m == 16 or m > 16):
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True))
-            # the weights formed as q s + b in registers (one accumulator, steps over groups)
-            v[name + ".sc"] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True,
-                                                                      scaled=True))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV

@@ -48,7 +48,6 @@ from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
 from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
-from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -98,56 +97,6 @@ def pair_left_dot(acc, xs, packed, j: tl.constexpr, X_F16: tl.constexpr, DOT_F32
 
 
 @triton.jit
-def fma_pairs(a, b, c, X_F16: tl.constexpr):
-    """a * b + c on packed 16-bit float pairs held as int32 bits (one fma.rn.f16x2 / .bf16x2,
-    one rounding). PTX only."""
-    if X_F16:
-        r = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                      dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        r = tl.inline_asm_elementwise("fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                      dtype=tl.int32, is_pure=True, pack=1)
-    return r
-
-
-@triton.jit
-def pair_bits(v, X_F16: tl.constexpr):
-    """Scales or biases (fp32) as the int32 bits of the packed pairs (v, v) in x's 16-bit type."""
-    fdt: tl.constexpr = tl.float16 if X_F16 else tl.bfloat16
-    bits = v.to(fdt).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return bits | (bits << 16)
-
-
-@triton.jit
-def scaled_left_dot(acc, xs, packed, j: tl.constexpr, s, b, X_F16: tl.constexpr,
-                    DOT_F32: tl.constexpr, USE_ASM: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] + W_j^T xs^T with W = q s + b formed in registers, one rounding to
-    x's type (s, b: fp32, [BLOCK_N, 1] for the step's group or [BLOCK_N, WROWS]). PTX: per
-    register of the left operand one AND-OR (the magic-number pair OFFSET + q), one fma.rn x2
-    taking the offset off exactly and one forming q s + b; elsewhere the same values in fp32."""
-    fdt: tl.constexpr = tl.float16 if X_F16 else tl.bfloat16
-    if USE_ASM:
-        magic: tl.constexpr = 0x64006400 if X_F16 else 0x43004300
-        one: tl.constexpr = 0x3C003C00 if X_F16 else 0x3F803F80  # (1, 1)
-        neg: tl.constexpr = -0x1BFF1C00 if X_F16 else -0x3CFF3D00  # (-1024, -1024) / (-128, -128)
-        pair = ((packed >> (4 * j)) & 0x000F000F) | magic
-        q = fma_pairs(pair, tl.full(pair.shape, one, tl.int32), tl.full(pair.shape, neg, tl.int32),
-                      X_F16)
-        wb = fma_pairs(q, pair_bits(s, X_F16), pair_bits(b, X_F16), X_F16)
-        lo = wb.to(tl.int16).to(fdt, bitcast=True)
-        hi = (wb >> 16).to(tl.int16).to(fdt, bitcast=True)
-    else:
-        OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
-        lo, hi = nibble_pair(packed, j, X_F16)
-        lo = ((lo.to(tl.float32) - OFFSET) * s + b).to(fdt)
-        hi = ((hi.to(tl.float32) - OFFSET) * s + b).to(fdt)
-    w = tl.reshape(tl.join(lo, hi), [lo.shape[0], 2 * lo.shape[1]])
-    if DOT_F32:
-        return acc + tl.dot(w.to(tl.float32), tl.trans(xs).to(tl.float32))
-    return tl.dot(w, tl.trans(xs), acc)
-
-
-@triton.jit
 def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_PERM: tl.constexpr,
              DOT_F32: tl.constexpr):
     """acc + x[:, 8 r + j] @ w for the step's word rows r (w: nibble j's [WROWS, BLOCK_N] tile).
@@ -169,7 +118,6 @@ def _w4a16_dot_kernel(
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
-    SCALED: tl.constexpr = False, USE_ASM: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -185,7 +133,7 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32, SCALED, USE_ASM)
+                          BLOCK_N, WROWS, X_F16, DOT_F32)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
@@ -198,15 +146,12 @@ def _w4a16_dot_kernel(
 def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                 k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-                X_F16: tl.constexpr, DOT_F32: tl.constexpr, SCALED: tl.constexpr,
-                USE_ASM: tl.constexpr):
+                X_F16: tl.constexpr, DOT_F32: tl.constexpr):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
     WROWS] tile a step, split in registers (x_pair_slices); the same tile gives the step's sum
-    of x for the magic-number offset; a step stays inside one group. SCALED: the weights
-    themselves (q s + b, scaled_left_dot) into one accumulator, no offset and no sum of x, and a
-    step may cover several whole groups (scales per word row)."""
+    of x for the magic-number offset. A step stays inside one group."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
@@ -216,28 +161,17 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
         word_rows = k0 // 8 + rows
         packed = tl.load(qw_ptr + word_rows[None, :].to(tl.int64) * stride_qw + offs_n[:, None],
                          mask=n_mask[:, None], other=0)  # [BLOCK_N, WROWS]
-        if GROUP_SIZE >= BLOCK_K:  # the step's group: one scale and bias a column
-            g_off = ((k0 // GROUP_SIZE) * stride_sg + offs_n)[:, None]
-        else:  # SCALED steps may span groups: a scale and bias a column and word row
-            g_off = ((word_rows * 8) // GROUP_SIZE)[None, :] * stride_sg + offs_n[:, None]
-        s = tl.load(scales_ptr + g_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
-        b = tl.load(biases_ptr + g_off, mask=n_mask[:, None], other=0.0).to(tl.float32)
+        g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
+        s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         xt = tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None], other=0.0)
+        x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
         x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
-        if SCALED:
-            # the weights themselves (q s + b, rounded once to x's type) into the one accumulator
-            acc = scaled_left_dot(acc, x0, packed, 0, s, b, X_F16, DOT_F32, USE_ASM)
-            acc = scaled_left_dot(acc, x1, packed, 1, s, b, X_F16, DOT_F32, USE_ASM)
-            acc = scaled_left_dot(acc, x2, packed, 2, s, b, X_F16, DOT_F32, USE_ASM)
-            acc = scaled_left_dot(acc, x3, packed, 3, s, b, X_F16, DOT_F32, USE_ASM)
-        else:
-            x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
-            inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, packed, 0, X_F16,
-                                  DOT_F32)
-            inner = pair_left_dot(inner, x1, packed, 1, X_F16, DOT_F32)
-            inner = pair_left_dot(inner, x2, packed, 2, X_F16, DOT_F32)
-            inner = pair_left_dot(inner, x3, packed, 3, X_F16, DOT_F32)
-            acc += (inner - OFFSET * x_sum) * s + x_sum * b
+        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, packed, 0, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x1, packed, 1, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x2, packed, 2, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x3, packed, 3, X_F16, DOT_F32)
+        acc += (inner - OFFSET * x_sum) * s + x_sum * b
     return tl.trans(acc)
 
 
@@ -312,7 +246,7 @@ def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
               split: int | None = None, permute: bool | None = None,
-              w_left: bool = False, scaled: bool = False) -> torch.Tensor:
+              w_left: bool = False) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
@@ -324,9 +258,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     n = w.out_features
     arch = tiles_for(x2.device)
     t = tiles or (w_left and dot_left_tiles(m, x2.device)) or arch.w4a16_dot
-    step = dot_grid(m, n, t)[1] * 8
-    # its K steps stay inside a group, or (scaled) cover whole groups and K
-    if w_left and w.group_size % step and not (scaled and step % w.group_size == 0 and k % step == 0):
+    if w_left and w.group_size % (dot_grid(m, n, t)[1] * 8):  # its K steps stay inside a group
         w_left, t = False, tiles or arch.w4a16_dot
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
@@ -336,8 +268,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     if permute:
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
-                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
-                SCALED=scaled and w_left, USE_ASM=uses_ptx(x2.device), num_warps=t.num_warps,
+                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, num_warps=t.num_warps,
                 num_stages=t.num_stages)
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

@@ -255,7 +255,6 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
     out of order is ~1); rows past one 16-row block, K splits (tickets reused: bit-identical on
     a second call), zero points, and a 32-wide group, which falls back to the eight-dot loop
     (its steps would cross groups) and equals a plain call bit for bit."""
-    from homelab_llm.engine.kernels.tuning import GemmTiles
     from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 
     gen = torch.Generator().manual_seed(23)
@@ -270,18 +269,6 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
         again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
                           w_left=True)
         assert torch.equal(got, again), (dtype, m, split)
-        # scaled: the weights rounded once to x's type (2^-9 relative in bf16, 2^-12 in fp16),
-        # one accumulator across groups; a nibble or scale out of place is ~1 off
-        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
-                        w_left=True, scaled=True)
-        bound = 6e-3 if dtype == torch.bfloat16 else 5e-4  # the interpreter truncates: ~2x
-        assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < bound, (dtype, m)
-        # a 256-wide step over two groups (scales per word row)
-        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
-                        tiles=GemmTiles(16, 32, 256, num_warps=4, num_stages=1), w_left=True,
-                        scaled=True)
-        err = float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max())
-        assert err < bound, (dtype, m, "256")  # K = 384: the exact eight-dot loop instead
     w = wp.quantize_rtn(torch.randn(40, 256, generator=gen) * 0.05, 32, False).to(device)
     x = torch.randn(3, 256, generator=gen).to(device, dtype)
     left = w4a16_dot(x, w, torch.empty((3, 40), dtype=torch.float32, device=device), w_left=True)
