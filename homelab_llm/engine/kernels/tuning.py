@@ -118,6 +118,9 @@ class ArchTiles:
     # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
     # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
     w4a16_dot_left: tuple[tuple[int, GemmTiles], ...] = ()
+    # The same for outputs of at most THIN_N columns, consulted first (fewer column blocks there
+    # favour narrower programs). Empty: w4a16_dot_left serves every width.
+    w4a16_dot_left_thin: tuple[tuple[int, GemmTiles], ...] = ()
     # Fused MoE grouped GEMM at prefill sizes (the `gemm` entry's rows) over 4-bit experts: its
     # own tiles where measured (the kernel halves block_n for gate + up). None: `gemm`'s.
     moe_w4_gemm: GemmTiles | None = None
@@ -224,6 +227,11 @@ TABLE: dict[str, ArchTiles] = {
         # kernel's 20.5 / 29.2, deq's 29.9 / 29.8.
         w4a16_dot_left=((16, GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4)),
                         (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4))),
+        # Outputs of at most THIN_N columns up to 16 rows keep 64 columns a program (20.4, 8
+        # rows, us: 8B qkv 15.7 against 17.5 with 128 columns, o_proj 13.2 / 13.8, down 29.1 /
+        # 29.8; the engine's 8B batch 8 lost 2.5% with 128 columns everywhere, the 27B gained
+        # 2.3%: its wide calls gain 2-6%, its thin ones lose 0-3%).
+        w4a16_dot_left_thin=((16, GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4)),),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
         moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),
@@ -363,10 +371,17 @@ def w4a16_route(m: int, device: torch.device | None = None) -> str:
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 
-def dot_left_tiles(m: int, device: torch.device | None = None) -> GemmTiles | None:
-    """The left-operand few-row tiles (ArchTiles.w4a16_dot_left) this device's table gives m
-    rows, None where it has none."""
-    entries = tiles_for(device).w4a16_dot_left
+def dot_left_tiles(m: int, device: torch.device | None = None,
+                   n: int | None = None) -> GemmTiles | None:
+    """The left-operand few-row tiles (ArchTiles.w4a16_dot_left) this device's table gives m rows
+    (of n output columns: outputs of at most THIN_N columns take a w4a16_dot_left_thin entry
+    covering m where there is one), None where it has none."""
+    arch = tiles_for(device)
+    if n is not None and n <= THIN_N:
+        thin = next((t for rows, t in arch.w4a16_dot_left_thin if m <= rows), None)
+        if thin is not None:
+            return thin
+    entries = arch.w4a16_dot_left
     return next((t for rows, t in entries if m <= rows), entries[-1][1]) if entries else None
 
 

@@ -257,7 +257,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     m, k = x2.shape
     n = w.out_features
     arch = tiles_for(x2.device)
-    t = tiles or (w_left and dot_left_tiles(m, x2.device)) or arch.w4a16_dot
+    t = tiles or (w_left and dot_left_tiles(m, x2.device, n)) or arch.w4a16_dot
     if w_left and w.group_size % (dot_grid(m, n, t)[1] * 8):  # its K steps stay inside a group
         w_left, t = False, tiles or arch.w4a16_dot
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)

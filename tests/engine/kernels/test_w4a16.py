@@ -225,7 +225,9 @@ def test_routes_cover_every_row_count() -> None:
         left_rows = [r for r, k in routes if k == "dotL"]
         assert not left_rows or left[-1][0] >= max(left_rows), arch
         # tl.dot's minimum: 16 rows and 16 word rows a program
-        assert all(t.block_m >= 16 and t.block_k % 128 == 0 for _, t in left), arch
+        thin = tuning.TABLE[arch].w4a16_dot_left_thin
+        assert all(t.block_m >= 16 and t.block_k % 128 == 0 for _, t in left + thin), arch
+        assert not thin or left, arch
     assert tuning.w4a16_route(1) == "h2" and tuning.w4a16_route(8) == "dot"
     assert tuning.w4a16_route(64) == "gemm" and tuning.w4a16_route(4096) == "deq"
 
@@ -274,6 +276,31 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
     left = w4a16_dot(x, w, torch.empty((3, 40), dtype=torch.float32, device=device), w_left=True)
     plain = w4a16_dot(x, w, torch.empty((3, 40), dtype=torch.float32, device=device))
     assert torch.equal(left, plain)
+
+
+def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
+    """tuning.dot_left_tiles: the first w4a16_dot_left entry covering the rows (the last past
+    them), a w4a16_dot_left_thin entry first for outputs of at most THIN_N columns where one
+    covers the rows, and None for a table without entries (sm_90's shapes on the interpreter's
+    table)."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+
+    assert tuning.dot_left_tiles(8) is None
+    sm90 = tuning.TABLE["sm90"]
+    narrow, wide = sm90.w4a16_dot_left_thin[0][1], sm90.w4a16_dot_left[0][1]
+    big = sm90.w4a16_dot_left[-1][1]
+    assert narrow != wide
+    monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
+        tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
+        w4a16_dot_left_thin=sm90.w4a16_dot_left_thin))
+    assert tuning.dot_left_tiles(8, None, 6144) == narrow
+    assert tuning.dot_left_tiles(8, None, tuning.THIN_N) == narrow
+    assert tuning.dot_left_tiles(8, None, tuning.THIN_N + 1) == wide
+    assert tuning.dot_left_tiles(8) == wide
+    assert tuning.dot_left_tiles(24, None, 6144) == big  # no thin entry covers 24 rows
+    assert tuning.dot_left_tiles(200, None, 6144) == big
 
 
 def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monkeypatch) -> None:
