@@ -259,12 +259,14 @@ def _scenarios():
         yield lambda x=x, g=g: w4a16_dot.w4a16_dot(x, weights[g], torch.zeros((x.shape[0], n_out), dtype=bf16),
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
-    for m, dt in ((40, bf16), (24, fp16)):
-        # the weights as the left operand (route "dotL"; sm_90 routes 17-64 rows there), every
-        # arch compiling it on its own or the w4a16_dot tiles
+    for m, dt, w in ((40, bf16, weights[128]), (24, fp16, weights[128]), (8, bf16, weights[128]),
+                     (8, bf16, wider)):
+        # the weights as the left operand (route "dotL"; sm_90 routes 3-64 rows there, its tiles
+        # differ past tuning.THIN_N columns), every arch compiling it on its own or the w4a16_dot
+        # tiles
         x = torch.zeros((m, k_in), dtype=dt)
-        yield lambda x=x: w4a16_dot.w4a16_dot(x, weights[128], torch.zeros((x.shape[0], n_out), dtype=bf16),
-                                              split=2, w_left=True)
+        yield lambda x=x, w=w: w4a16_dot.w4a16_dot(x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16),
+                                                   split=2, w_left=True)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()
