@@ -218,7 +218,7 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
-        # wgmmas a K step; w4a16_dot(w_left=True)). Up to 16 rows (BENCHMARKS 20.1, 16 rows a
+        # wgmmas a K step; w4a16_dot(w_left=True)). Up to 16 rows (BENCHMARKS 20.4, 16 rows a
         # program): 128 columns, two warpgroups, 3 stages: 27B step linears at 3 / 8 / 16 rows
         # 10.02 / 10.11 / 10.24 ms against 64 columns, 4 warps, 4 stages 10.70 / 10.69 / 10.71
         # (8B 3.44 / 3.49 / 3.54 against 3.51 / 3.52 / 3.54). 17-64 rows, up to 64 a program:
