@@ -190,14 +190,13 @@ DOTL_TILES = {
     "dotL.bn128w4": GemmTiles(16, 128, 128, num_warps=4, num_stages=3, split_k=4),
     "dotL.bn128w8s2": GemmTiles(16, 128, 128, num_warps=8, num_stages=2, split_k=4),
     "dotL.bn256w8": GemmTiles(16, 256, 128, num_warps=8, num_stages=3, split_k=4),
-    # since the pair dots (BENCHMARKS 20.1): L1 was the busiest unit at 8 rows (69%, DRAM 28%)
+    # since the pair dots (BENCHMARKS 20.2): L1 was the busiest unit at 8 rows (69%, DRAM 28%).
+    # Steps stay inside a group: block_k 128 for the group-128 weights swept here.
     "dotL.bn64w4s2": GemmTiles(16, 64, 128, num_warps=4, num_stages=2, split_k=4),
     "dotL.bn64w4s5": GemmTiles(16, 64, 128, num_warps=4, num_stages=5, split_k=4),
     "dotL.bn128w4s4": GemmTiles(16, 128, 128, num_warps=4, num_stages=4, split_k=4),
     "dotL.bn128w8s3": GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4),
     "dotL.bn128w8s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=4),
-    "dotL.bn64k256": GemmTiles(16, 64, 256, num_warps=4, num_stages=3, split_k=4),
-    "dotL.bn128k256w8": GemmTiles(16, 128, 256, num_warps=8, num_stages=3, split_k=4),
     "dotL.bm64": GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
     "dotL.bm64bn64w4": GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4),
     "dotL.bm32bn64w4": GemmTiles(32, 64, 128, num_warps=4, num_stages=3, split_k=4),

@@ -337,8 +337,8 @@ def device_sms(device: torch.device) -> int:
 # "gemv": w4a16_gemv.py (the older one-row GEMV); "dot": w4a16_dot.py (dequantize once,
 # tensor-core dots; a few rows); "dotL": the same with the weights as the dots' left operand
 # (four nibble-pair dots a K step, ArchTiles.w4a16_dot_left); "gemm": w4a16.py (prefill). Each
-# kernel's tiles come from its ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py` (its summary
-# prints a row).
+# kernel's tiles come from its ArchTiles entry. Update from `python benchmarks/w4a16_sweep.py`
+# (its summary prints a row).
 W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # H200 sweep (benchmarks/w4a16_sweep.py --quick, 8B shapes, one step's linears): 1 row: the
     # older GEMV 2.88 ms, the multi-row GEMV 3.46-3.61, the dot kernel 3.95; 8 rows: dot 4.19 ms
@@ -371,30 +371,32 @@ def w4a16_route(m: int, device: torch.device | None = None) -> str:
     return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
 
 
+def rows_entry(entries: tuple, m: int, past_last: bool = False):
+    """The tiles of the first (max_rows, tiles) entry with m <= max_rows; past them the last
+    entry's tiles with past_last, else None (None for no entries either way)."""
+    fallback = entries[-1][1] if past_last and entries else None
+    return next((t for rows, t in entries if m <= rows), fallback)
+
+
 def dot_left_tiles(m: int, device: torch.device | None = None,
                    n: int | None = None) -> GemmTiles | None:
     """The left-operand few-row tiles (ArchTiles.w4a16_dot_left) this device's table gives m rows
     (of n output columns: outputs of at most THIN_N columns take a w4a16_dot_left_thin entry
     covering m where there is one), None where it has none."""
     arch = tiles_for(device)
-    if n is not None and n <= THIN_N:
-        thin = next((t for rows, t in arch.w4a16_dot_left_thin if m <= rows), None)
-        if thin is not None:
-            return thin
-    entries = arch.w4a16_dot_left
-    return next((t for rows, t in entries if m <= rows), entries[-1][1]) if entries else None
+    thin = rows_entry(arch.w4a16_dot_left_thin, m) if n is not None and n <= THIN_N else None
+    return thin or rows_entry(arch.w4a16_dot_left, m, past_last=True)
 
 
 def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:
     """The multi-row GEMV tiles (w4a16_rows.py) this device's table gives m rows."""
-    entries = tiles_for(device).w4a16_rows
-    return next((t for rows, t in entries if m <= rows), entries[-1][1])
+    return rows_entry(tiles_for(device).w4a16_rows, m, past_last=True)
 
 
 def h2_fused_tiles(m: int, device: torch.device | None = None) -> RowsTiles | None:
     """The packed-half GEMV tiles for m rows whose input is formed in the prologue, where this
     device's table has an entry (ArchTiles.w4a16_h2_fused), else None."""
-    return next((t for rows, t in tiles_for(device).w4a16_h2_fused if m <= rows), None)
+    return rows_entry(tiles_for(device).w4a16_h2_fused, m)
 
 
 def thin_entry(entries: tuple[tuple[int, int, RowsTiles], ...], m: int) -> RowsTiles | None:
@@ -415,10 +417,7 @@ def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
             thin = thin_entry(arch.w4a16_h2_fused_thin, m) if thin_n else None
             return thin or entry
     thin = thin_entry(arch.w4a16_h2_thin, m) if thin_n else None
-    if thin is not None:
-        return thin
-    entries = arch.w4a16_h2
-    return next((t for rows, t in entries if m <= rows), entries[-1][1])
+    return thin or rows_entry(arch.w4a16_h2, m, past_last=True)
 
 
 def gemm_tiles(m: int, device: torch.device | None) -> GemmTiles:
