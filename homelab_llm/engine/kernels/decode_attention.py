@@ -42,6 +42,7 @@ from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, 
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
 from homelab_llm.engine.kernels.elementwise import sigmoid_mul
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
 
 _LOG2E = 1.4426950408889634
@@ -65,8 +66,9 @@ def _decode_split_kernel(
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
     PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr, LATE_Q: tl.constexpr,
-    MERGE_UNROTATES: tl.constexpr,
+    MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
     # page table) times the GROUP query heads of this KV head, as GROUP_PAD rows of one tile.
     # INT8_DOT, PREFETCH_SCALES (int8 KV only), PREFETCH_KV, LATE_Q, MERGE_UNROTATES and FUSED_MERGE
@@ -297,6 +299,7 @@ def paged_decode_attention(
             FUSED_MERGE=fused, LATE_Q=split_tiles.late_q, MERGE_UNROTATES=split_tiles.merge_unrotates,
             num_warps=split_tiles.num_warps, num_stages=num_stages,
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
+            **pdl_args(q.device),
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import fwht
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 
 
@@ -56,8 +57,9 @@ def _decode_reduce_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, gate_ptr, query_start_ptr, stride_ot, stride_oh,
     stride_gt, stride_gh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_GATE: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     row0 = (b * tl.num_programs(1) + head).to(tl.int64) * NUM_SPLITS
@@ -112,5 +114,5 @@ def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Te
         out.stride(0), out.stride(1), 0 if gate is None else gate.stride(0),
         0 if gate is None else gate.stride(1),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits, ROTATE=rotate, LOG2_D=log2_d,
-        HAS_GATE=gate is not None, num_warps=num_warps,
+        HAS_GATE=gate is not None, num_warps=num_warps, **pdl_args(out.device),
     )

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.elementwise import GATED_ACTS, gate_act
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, store_or_reduce, ticket_buffer
 
@@ -132,6 +133,7 @@ def _dense_gemv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     EVEN_K: tl.constexpr, IS_BF16: tl.constexpr, LOOP_STAGES: tl.constexpr, GELU: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # Every 16-bit tensor is read as int32 words (two values; strides and K offsets in words):
     # the compiler streams 32-bit loads of a loop through shared memory in LOOP_STAGES stages
@@ -145,6 +147,7 @@ def _dense_gemv_kernel(
     KV: tl.constexpr = BLOCK_K // (2 * VW)
     BLOCK_W: tl.constexpr = BLOCK_K // 2
     GATHER_SQ: tl.constexpr = NORM and SPLIT == 1
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -228,6 +231,7 @@ def _dense_gemv_kernel(
         part = tl.where(offs_m[:, None] == 2, out2[None, :], part)
         out3 = _row_out(acc3, up3, sq3, bias, bias_up, K, eps, NORM, HAS_BIAS, GATED, GELU)
         part = tl.where(offs_m[:, None] == 3, out3[None, :], part)
+    pdl_late(PDL)
     store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N,
                     stride_om, SPLIT=SPLIT)
 
@@ -300,6 +304,6 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, EVEN_K=k % block_k == 0, IS_BF16=x.dtype == torch.bfloat16,
         LOOP_STAGES=stages, GELU=act == "gelu_tanh", num_warps=num_warps or t.num_warps,
-        num_stages=stages,
+        num_stages=stages, **pdl_args(x.device, "dense"),
     )
     return out, new_res

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 
@@ -21,8 +22,9 @@ from homelab_llm.engine.kernels.tuning import tiles_for
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
     stride_x, stride_r, stride_o, stride_ro, N,
-    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -50,7 +52,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2, weight, out, out, eps, x2.stride(0), 0, out.stride(0), 0, n,
-            BLOCK=next_pow2(n), HAS_RESIDUAL=False, num_warps=tiles_for(x.device).elementwise_warps)
+            BLOCK=next_pow2(n), HAS_RESIDUAL=False, num_warps=tiles_for(x.device).elementwise_warps,
+            **pdl_args(x.device))
     return out.view(x.shape)
 
 
@@ -64,16 +67,18 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, summed, eps, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n,
-            BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps)
+            BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps,
+            **pdl_args(x.device))
     return out.view(x.shape), summed.view(x.shape)
 
 
 @triton.jit
 def _qk_norm_kernel(x_ptr, qw_ptr, kw_ptr, out_ptr, eps, stride_x, stride_o, Q_HEADS, Q_STEP, D,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (t, h): head h of token t, read from the fused projection's q | k columns (q head
     h starts at h * Q_STEP, k head j at Q_HEADS * Q_STEP + j * D), normalized with the q or the
     k weight."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -102,7 +107,8 @@ def qk_norm(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_wei
         _qk_norm_kernel[(tokens, heads)](
             qkv, q_weight, k_weight, out, eps, qkv.stride(0), heads * head_dim, q_heads,
             q_step or head_dim, head_dim,
-            BLOCK=next_pow2(head_dim), num_warps=tiles_for(qkv.device).elementwise_warps)
+            BLOCK=next_pow2(head_dim), num_warps=tiles_for(qkv.device).elementwise_warps,
+            **pdl_args(qkv.device))
     return out
 
 
@@ -121,7 +127,9 @@ def gate_act(gate, GELU: tl.constexpr):
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
@@ -140,14 +148,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
             x2, out, x2.stride(0), out.stride(0), d, BLOCK=block,
-            num_warps=tiles_for(gate_up.device).elementwise_warps)
+            num_warps=tiles_for(gate_up.device).elementwise_warps, **pdl_args(gate_up.device))
     return out.view(*gate_up.shape[:-1], d)
 
 
 @triton.jit
 def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, stride_xt, stride_gt, stride_gh, stride_ot, D,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Program (t, h): x's head h of token t times sigmoid of the gate's head h."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
@@ -170,7 +179,7 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if tokens:
         _sigmoid_mul_kernel[(tokens, heads, triton.cdiv(d, block))](
             x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), out.stride(0), d,
-            BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps)
+            BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps, **pdl_args(x.device))
     return out
 
 
@@ -189,8 +198,9 @@ def _rope_kernel(
     q_ptr, k_ptr, pos_ptr, cache_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, HEADS_PAD)
@@ -218,4 +228,5 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], HEADS_PAD=next_pow2(max(q.shape[1], k.shape[1])),
         HALF=half, HALF_PAD=next_pow2(half), num_warps=tiles_for(q.device).elementwise_warps,
+        **pdl_args(q.device),
     )

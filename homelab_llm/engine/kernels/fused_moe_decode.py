@@ -37,6 +37,7 @@ from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, row_mas
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_decode_dot import block_slots, expert_columns
 from homelab_llm.engine.kernels.moe_ref import MoeW4, expert_shape
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import MoeDecodeTiles, moe_decode_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -64,8 +65,10 @@ def _moe_decode_up_kernel(
     stride_x, stride_we, stride_wr, stride_se, stride_sg, stride_act,
     TOP_K: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """act[slot, n] = silu(x[t] @ W_e[:, n]) * (x[t] @ W_e[:, n + N]), t = slot // TOP_K."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -138,10 +141,11 @@ def _moe_decode_down_kernel(
     stride_act, stride_we, stride_wr, stride_se, stride_sg, stride_out, stride_shared,
     TOP_K: tl.constexpr, TOPK_P2: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    SPLIT_P2: tl.constexpr, SHARED: tl.constexpr,
+    SPLIT_P2: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[t, n] = sum_k topk_w[t, k] * (act[t * TOP_K + k] @ W_e(t, k)[:, n])
     (SHARED: + shared_w[t] * shared[t, n])."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -246,7 +250,7 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         num_slots, inter, hidden, k_per_split, x.stride(0), *wargs[3:7], act.stride(0),
         TOP_K=top_k, W4=w4, GROUP_SIZE=wargs[7], BLOCK_M=block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=wargs[8], SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
-        num_warps=tiles.num_warps, num_stages=1)
+        num_warps=tiles.num_warps, num_stages=1, **pdl_args(x.device))
     out = torch.empty_like(x)
     wargs = _weight_args(down_w, inter, tiles)
     split, k_per_split = _split(inter, wargs[-1], tiles.steps)
@@ -263,5 +267,5 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), W4=w4, GROUP_SIZE=wargs[7],
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=wargs[8], SPLIT=split,
         SPLIT_P2=triton.next_power_of_2(split), SHARED=shared is not None,
-        num_warps=tiles.num_warps, num_stages=1)
+        num_warps=tiles.num_warps, num_stages=1, **pdl_args(x.device))
     return out

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, pick_split, ticket_buffer, unscale_pow2
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -93,10 +94,12 @@ def _moe_w4_gemv_kernel(
     stride_am, stride_we, stride_wk, stride_se, stride_sg, stride_om,
     GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """out[slot, n] = a[row(slot)] @ W_e[:, n] (GATED: silu(gate) * up, up = column n + N).
     BLOCK_M is 1 or 2: each slot keeps its own 2D accumulators (a 3D [M, ROWS, N] tile costs
     three to four times the registers)."""
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -221,5 +224,5 @@ def moe_w4_gemv(a: torch.Tensor, weight: W4Weight, out: torch.Tensor, sorted_slo
         weight.scales.stride(1), out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, GROUP_SIZE=weight.group_size, BLOCK_M=block_m,
         BLOCK_N=block_n, ROWS=rows, SPLIT=split,
-        num_warps=num_warps or t.num_warps, num_stages=t.num_stages)
+        num_warps=num_warps or t.num_warps, num_stages=t.num_stages, **pdl_args(a.device))
     return out

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.moe_ref import Mx4Weight
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 MX4_BLOCK_N = 16
@@ -62,10 +63,11 @@ def _mx4_gemv_kernel(
     N, K, top_k, alpha, limit,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
     GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out[slot, n] = a[row(slot)] @ W_e[n, :] (+ bias), GATED: gpt-oss's clamped SwiGLU of the
     gate column n and the up column n + N."""
+    pdl_enter(PDL)
     slot = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     e = tl.load(ids_ptr + slot).to(tl.int64)
@@ -120,5 +122,6 @@ def mx4_gemv(a: torch.Tensor, weight: Mx4Weight, out: torch.Tensor, ids: torch.T
         a.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
         0 if bias is None else bias.stride(0), out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, HAS_BIAS=bias is not None, BLOCK_N=block_n,
-        GROUPS=groups, num_warps=num_warps or tiles_for(a.device).gemv_rows.num_warps)
+        GROUPS=groups, num_warps=num_warps or tiles_for(a.device).gemv_rows.num_warps,
+        **pdl_args(a.device))
     return out

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import block_grid, check_rows, locate_block
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 
 
@@ -94,11 +95,12 @@ def _conv_decode_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, state_ptr, slots_ptr,
     stride_x, stride_y, stride_wc, stride_ws, stride_w, C,
     WIDTH: tl.constexpr, HIST_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_C: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """A group of ROWS tokens of one sequence (1: a decode). Input i of the window (history ++
     the group's x) is saved row i for i < W-1, else x row i - (W-1): the indices are compile-time
     constants, so each tap reads the right source directly."""
+    pdl_enter(PDL)
     first = tl.program_id(0) * ROWS
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_mask = offs_c < C
@@ -185,5 +187,5 @@ def conv1d_decode(x, weight, bias, conv_state, state_indices, rows_per_seq: int 
         x, weight, bias if bias is not None else weight, y, conv_state, state_indices,
         x.stride(0), y.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), channels,
         WIDTH=width, HIST_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, BLOCK_C=tiles.conv_c,
-        ROWS=rows_per_seq, num_warps=tiles.conv_warps)
+        ROWS=rows_per_seq, num_warps=tiles.conv_warps, **pdl_args(x.device))
     return y

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import tiles_for
 
 _GATING_BLOCK = 1024
@@ -19,7 +20,8 @@ _GATING_BLOCK = 1024
 
 @triton.jit
 def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, eps, stride_x, stride_z, stride_o, N, ROWS,
-                           BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
+                           BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = (rows < ROWS)[:, None] & (offs < N)[None, :]
@@ -33,7 +35,8 @@ def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, eps, stride_x, stride_z
 
 @triton.jit
 def _gating_kernel(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, stride_a, stride_b, HV, TOTAL,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < TOTAL
     t = (offs // HV).to(tl.int64)
@@ -56,7 +59,8 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
         block_r = max(1, min(16, 4096 // block))  # D is small (128): several rows per program
         _gated_rms_norm_kernel[(triton.cdiv(rows, block_r),)](
             x2, z2, weight, out, eps, x2.stride(0), z2.stride(0), out.stride(0), n, rows,
-            BLOCK_R=block_r, BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps)
+            BLOCK_R=block_r, BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps,
+            **pdl_args(x.device))
     return out.view(x.shape)
 
 
@@ -69,5 +73,6 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
     if tokens:
         _gating_kernel[(triton.cdiv(tokens * hv, _GATING_BLOCK),)](
             a, b, A_log, dt_bias, g, beta, a.stride(0), b.stride(0), hv, tokens * hv,
-            BLOCK=_GATING_BLOCK, num_warps=tiles_for(a.device).elementwise_warps)
+            BLOCK=_GATING_BLOCK, num_warps=tiles_for(a.device).elementwise_warps,
+            **pdl_args(a.device))
     return g, beta

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import MAX_BLOCKS, ticket_buffer
 
@@ -42,7 +43,9 @@ def _recurrent_step_kernel(
     z_ptr, nw_ptr, ticket_ptr, eps, stride_zb, stride_zh,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr = False, DV_PAD: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -146,5 +149,5 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         z, nw, tickets, float(eps), z.stride(0), z.stride(1),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
         GATING=gating is not None, NORM=gated_norm is not None, DV_PAD=next_pow2(dv),
-        num_warps=tiles.decode_warps)
+        num_warps=tiles.decode_warps, **pdl_args(q.device))
     return out

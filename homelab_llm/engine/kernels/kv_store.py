@@ -19,6 +19,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import fwht, kv_cache_args, next_pow2
 from homelab_llm.engine.kernels.elementwise import rotate_half
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.ref import MIN_AMAX
 from homelab_llm.engine.kernels.tuning import tiles_for
 
@@ -67,8 +68,9 @@ def _store_kv_kernel(
     min_amax,
     PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, INT8_KV: tl.constexpr,
-    ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
+    ROTATE: tl.constexpr, LOG2_D: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
     if slot < 0:  # padding token
@@ -118,7 +120,7 @@ def store_kv(
         PAGE_SIZE=k_cache.shape[1], NUM_HEADS=num_heads, HEADS_PAD=next_pow2(num_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), INT8_KV=kv.int8,
         ROTATE=kv.rotate, LOG2_D=kv.log2_d,
-        num_warps=tiles_for(key.device).elementwise_warps,
+        num_warps=tiles_for(key.device).elementwise_warps, **pdl_args(key.device),
     )
 
 
@@ -161,7 +163,9 @@ def _rope_store_kv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
     TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, QK_NORM: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, HALF_PAD)
@@ -305,6 +309,6 @@ def rope_store_kv(
         HEAD_DIM=head_dim, HEAD_DIM_PAD=next_pow2(head_dim), HALF=half, HALF_PAD=next_pow2(half),
         TAIL_PAD=max(1, next_pow2(head_dim - 2 * half)), INT8_KV=kv.int8,
         ROTATE=kv.rotate, LOG2_D=kv.log2_d, QK_NORM=qk_norm is not None,
-        num_warps=tiles_for(key.device).elementwise_warps,
+        num_warps=tiles_for(key.device).elementwise_warps, **pdl_args(key.device),
     )
     return q_out

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import RouterTiles, moe_decode_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 from homelab_llm.engine.kernels.w4a16_prologue import summed_input
@@ -64,7 +65,8 @@ def _store_picks(weights_ptr, ids_ptr, weights, ids, rows, row_mask,
 @triton.jit
 def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
                        TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORMALIZE: tl.constexpr):
+                       RENORMALIZE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     rows = tl.program_id(0) + tl.arange(0, 1)
     offs = tl.arange(0, BLOCK_E)[None, :]
     mask = offs < E
@@ -100,7 +102,8 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
                        BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                        E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
                        SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                       WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16):
+                       WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16,
+    PDL: tl.constexpr = False):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
     as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
     shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
@@ -112,6 +115,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     experts read, RMSNorm(x + residual) [T, H] in x's dtype (add_rms_norm's values; the summed
     rows too with a residual), so the norm launch in front of the experts goes away; contiguous
     rows. (Program 0 storing all of it kept the ticket waiting ~1-2 us on that program.)"""
+    pdl_enter(PDL)
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
@@ -182,7 +186,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-        num_warps=tiles_for(logits.device).elementwise_warps)
+        num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device))
     return weights, ids
 
 
@@ -256,5 +260,6 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
-        num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps)
+        num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps,
+        **pdl_args(x.device))
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import device_sms, interpreting, tiles_for
 
 NUM_PROBES = 32
@@ -87,7 +88,8 @@ def _row_max(part_max_ptr, row, NUM_CHUNKS: tl.constexpr):
 
 @triton.jit
 def _stats_kernel(logits_ptr, part_max_ptr, part_idx_ptr, V, stride_l, CHUNK,
-                  NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+                  NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     base = logits_ptr + row * stride_l
@@ -182,7 +184,9 @@ def _search_pass_kernel(
     pass_idx, V, stride_l, CHUNK,
     K_PASSES: tl.constexpr, P_PASSES: tl.constexpr, TOP_P: tl.constexpr,
     NUM_CHUNKS: tl.constexpr, NUM_PROBES: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temperature, t, s_max, k_on, top_k, p_on, top_p = _row_setup(
@@ -229,7 +233,9 @@ def _race_kernel(
     V, stride_l, stride_n, CHUNK,
     K_PASSES: tl.constexpr, P_PASSES: tl.constexpr,
     NUM_CHUNKS: tl.constexpr, NUM_PROBES: tl.constexpr, BLOCK: tl.constexpr, HAS_NOISE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     temperature, t, s_max, k_on, top_k, p_on, top_p = _row_setup(
@@ -271,7 +277,8 @@ def _race_kernel(
 
 @triton.jit
 def _final_kernel(temp_ptr, part_max_ptr, part_idx_ptr, part_score_ptr, part_tok_ptr, out_ptr,
-                  NUM_CHUNKS: tl.constexpr, RACE: tl.constexpr):
+                  NUM_CHUNKS: tl.constexpr, RACE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = row * NUM_CHUNKS + tl.arange(0, NUM_CHUNKS)
     maxes = tl.load(part_max_ptr + offs)
@@ -327,10 +334,10 @@ def sample(
     part_max = torch.empty((batch, chunks), dtype=torch.float32, device=device)
     part_idx = torch.empty((batch, chunks), dtype=torch.int32, device=device)
     _stats_kernel[grid](logits, part_max, part_idx, vocab, logits.stride(0), chunk_len,
-                        NUM_CHUNKS=chunks, BLOCK=block, num_warps=warps)
+                        NUM_CHUNKS=chunks, BLOCK=block, num_warps=warps, **pdl_args(device))
     if not modes.any_random:
         _final_kernel[(batch,)](temperature, part_max, part_idx, part_max, part_idx, out,
-                                NUM_CHUNKS=chunks, RACE=False, num_warps=1)
+                                NUM_CHUNKS=chunks, RACE=False, num_warps=1, **pdl_args(device))
         return out
     k_passes = SEARCH_PASSES if modes.any_top_k else 0
     p_passes = SEARCH_PASSES if modes.any_top_p else 0
@@ -345,7 +352,7 @@ def sample(
             logits, temperature, top_k, top_p, part_max, state, stats, total,
             pass_idx, vocab, logits.stride(0), chunk_len,
             K_PASSES=k_passes, P_PASSES=p_passes, TOP_P=pass_idx >= k_passes, NUM_CHUNKS=chunks,
-            NUM_PROBES=NUM_PROBES, BLOCK=search_block, num_warps=warps)
+            NUM_PROBES=NUM_PROBES, BLOCK=search_block, num_warps=warps, **pdl_args(device))
     noise = exponentials if exponentials is not None else logits
     part_score = torch.empty((batch, chunks), dtype=torch.float32, device=device)
     part_tok = torch.empty((batch, chunks), dtype=torch.int32, device=device)
@@ -354,7 +361,7 @@ def sample(
         noise, part_max, state, stats, total, part_score, part_tok,
         vocab, logits.stride(0), noise.stride(0), chunk_len,
         K_PASSES=k_passes, P_PASSES=p_passes, NUM_CHUNKS=chunks, NUM_PROBES=NUM_PROBES,
-        BLOCK=block, HAS_NOISE=exponentials is not None, num_warps=warps)
+        BLOCK=block, HAS_NOISE=exponentials is not None, num_warps=warps, **pdl_args(device))
     _final_kernel[(batch,)](temperature, part_max, part_idx, part_score, part_tok, out,
-                            NUM_CHUNKS=chunks, RACE=True, num_warps=1)
+                            NUM_CHUNKS=chunks, RACE=True, num_warps=1, **pdl_args(device))
     return out

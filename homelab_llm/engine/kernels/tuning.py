@@ -127,6 +127,13 @@ class ArchTiles:
     # Decode graphs past batch 1: KV splits chosen for about this many (row, KV head, split)
     # programs an SM (cuda_graphs.kv_splits_at). 0: the batch-1 count shared out, at least 8.
     kv_programs_per_sm: int = 0
+    # Decode-path kernels launched with programmatic dependent launch (pdl.py, sm_90+ only): 0
+    # off, 1 the next grid launched once every program has waited, 2 once every program is past
+    # its main loop (GEMVs) or has exited (the rest).
+    pdl: int = 0
+    # kernel families (pdl.FAMILIES) launched plainly: their programs start only once the previous
+    # grid has completed (they still let the next grid launch early)
+    pdl_plain: tuple[str, ...] = ()
 
 
 THIN_N = 8192  # output columns up to which a W4A16 linear counts as thin (w4a16_h2_thin)
@@ -240,7 +247,12 @@ TABLE: dict[str, ArchTiles] = {
         # 14.1 / 132.1 against 16.3 / 137.6); batch 16 2 splits 16.8 / 259.0 against 29.2 /
         # 272.8; batch 32 1 split 23.1 / 554.2 against 54.1 / 536.6 (int8 24.6 / 470.7 against
         # 51.2 / 512.1): about two programs an SM
-        kv_programs_per_sm=2),
+        kv_programs_per_sm=2,
+        # decode kernels start while the previous one drains (pdl.py; BENCHMARKS 21.1): 8B W4A16
+        # batch 1 413.3 -> 421.1 tok/s with the GEMVs launched plainly (383.3 with every kernel
+        # launched early: a GEMV grid launched into a busy GPU lands its programs on the SMs
+        # that free first), batch 8 1,985 -> 2,040 with the few-row kernel launched early
+        pdl=1, pdl_plain=("h2", "dense")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

@@ -45,6 +45,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
 from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
@@ -118,7 +119,9 @@ def _w4a16_dot_kernel(
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -139,6 +142,7 @@ def _w4a16_dot_kernel(
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
                            WROWS, X_F16, X_PERM, DOT_F32)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
+    pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
 
 
@@ -269,7 +273,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
                 X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, num_warps=t.num_warps,
-                num_stages=t.num_stages)
+                num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 
     def args(ws: torch.Tensor, k_per_split: int, split: int) -> tuple:

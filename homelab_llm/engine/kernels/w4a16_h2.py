@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
@@ -67,7 +68,7 @@ def _w4a16_h2_kernel(
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
-    NORM_OUT: tl.constexpr = False,
+    NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -88,6 +89,9 @@ def _w4a16_h2_kernel(
         lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
         l2_prefetch(qw_ptr + (k_start // 8 + tl.arange(0, WROWS))[:, None] * stride_qw
                     + tl.minimum(lines, N - 1)[None, :])
+    # with PDL the words above are requested while the previous kernel drains; its outputs (x,
+    # the residual) and the shared scratch and tickets are touched only after this
+    pdl_enter(PDL)
     if NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
         rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
                         RESIDUAL)
@@ -130,6 +134,7 @@ def _w4a16_h2_kernel(
         acc += inner * undo * s + x_sum * b
         if PREFETCH:
             words = words_next
+    pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits)
 
@@ -193,6 +198,6 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         NORM_OUT=normed is not None,
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(x2.device, "h2"),
     )
     return out

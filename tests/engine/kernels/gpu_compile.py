@@ -24,6 +24,7 @@ Against another version, one target per run (each takes 1-4 minutes on two cores
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -44,7 +45,8 @@ TARGETS = {
 # Shared memory one program may use: the sm80 entry also serves sm86/sm89 (99 KB opt-in), sm90
 # 227 KB, RDNA3 64 KB LDS. The compiler does not check this; the launch would fail on the GPU.
 SMEM_LIMIT = {"sm80": 99 * 1024, "sm90": 227 * 1024, "gfx1100": 64 * 1024}
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim")
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "waves_per_eu", "matrix_instr_nonkdim",
+                   "launch_pdl")
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int8": "i8",
            "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
 
@@ -533,7 +535,7 @@ def capture(arch: str) -> list[dict]:
     from triton.runtime.interpreter import InterpretedFunction
 
     import homelab_llm.engine.kernels as pkg
-    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels import pdl, tuning
 
     real_interpreting = tuning.interpreting
     mods = [importlib.import_module(f"{pkg.__name__}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
@@ -541,6 +543,8 @@ def capture(arch: str) -> list[dict]:
     for mod in mods:
         if getattr(mod, "interpreting", None) is real_interpreting:
             mod.interpreting = lambda: False
+    # the arch's kernels as its GPU launches them: with PDL where its table says so
+    pdl.pdl_mode = lambda device: tuning.TABLE[arch].pdl
 
     specs: dict[str, dict] = {}
 
@@ -551,6 +555,9 @@ def capture(arch: str) -> list[dict]:
             raise TypeError(f"{self.fn.__name__}: too many arguments")
         bound = dict(zip(names, args))
         bound.update(kwargs)
+        for name, param in inspect.signature(self.fn).parameters.items():  # defaulted constexprs
+            if name not in bound and param.default is not inspect.Parameter.empty:
+                bound[name] = param.default
         missing = [n for n in names if n not in bound]
         if missing:
             raise TypeError(f"{self.fn.__name__}: missing arguments {missing}")

@@ -1,0 +1,117 @@
+"""Programmatic dependent launch (PDL): a decode step's next kernel starts while this one drains.
+
+A batch-1 decode step is a chain of ~230 small kernels (the 8B W4A16 step: 2.4 ms, ~10 us a
+kernel), and every boundary costs the same: the next grid is launched only once this one has
+completed and its writes are flushed, and its programs then wait a full memory round trip for
+their first bytes. On sm_90 and later a launch attribute (programmatic stream serialization)
+lets the next grid be launched as soon as every program of the running one has signalled, and
+the `griddepcontrol` instructions order the rest:
+
+  pdl_wait(PDL)   blocks until the previous grid has completed with its writes visible. Every
+                  program of a PDL kernel runs it before it reads anything another kernel
+                  writes, before it writes anything, and before any early return: the next
+                  grid's wait covers only this grid, so this grid must not complete before the
+                  one it follows (that is what makes the chain transitive).
+  pdl_start(PDL)  lets the next grid launch once every program of this one has run it. Kernels
+                  run it right after their wait, so at most one grid waits ahead of the running
+                  one and it never takes slots the running grid's own programs still need.
+
+What a program may do before its wait: read what no kernel of the step writes, which for a GEMV
+is its weights. The W4A16 decode GEMV issues its first K step's words there, so their latency
+overlaps the previous kernel's tail instead of following it.
+
+Host side: `pdl_args(device)` gives a kernel launch both the constexpr and the launch option
+({} where PDL is off, so the kernels compile and run exactly as without it). On by the arch
+table (`ArchTiles.pdl`: sm_90, where it was measured); HOMELAB_LLM_PDL=0 turns it off, =1 turns
+it on for any NVIDIA device of compute capability 9.0 or later (sm_120 is such a device; RDNA
+and sm_80 have no such launch). The interpreter and CPU never take it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.tuning import interpreting, tiles_for
+
+try:  # Triton 3.3+; older ones run without PDL (the names are only read when PDL is on)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAVE_GDC = True
+except ImportError:
+    HAVE_GDC = False
+
+ENV = "HOMELAB_LLM_PDL"
+# kernel families launched plainly, comma-separated (overrides ArchTiles.pdl_plain): "h2" (the
+# 1-2 row W4A16 GEMV), "dot" (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "rest" (the others)
+PLAIN_ENV = "HOMELAB_LLM_PDL_PLAIN"
+FAMILIES = ("h2", "dot", "dense", "rest")
+OFF, EARLY, LATE = 0, 1, 2  # the modes: where a program lets the next grid launch
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """Wait for the previous grid, then (mode EARLY) let the next one launch: the first
+    statement of a PDL kernel that has nothing to read ahead of its inputs."""
+    pdl_wait(PDL)
+    pdl_start(PDL == 1)  # EARLY
+
+
+@triton.jit
+def pdl_late(PDL: tl.constexpr):
+    """Mode LATE: let the next grid launch from here (a GEMV: after its K loop, before the
+    split-K epilogue); kernels without this call trigger it by exiting."""
+    pdl_start(PDL == 2)  # LATE
+
+
+def pdl_mode(device: torch.device) -> int:
+    """The PDL mode of kernels launched on `device` (the env switch read on every call)."""
+    forced = os.environ.get(ENV, "")
+    if forced not in ("", "0", "1", "2"):
+        raise ValueError(f"{ENV}={forced!r}: expected 0 (off), 1 (early) or 2 (late)")
+    if forced == "0" or not HAVE_GDC or device.type != "cuda" or interpreting() \
+            or torch.version.hip is not None:
+        return OFF
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if not _capable(index):
+        return OFF
+    return int(forced) if forced else tiles_for(device).pdl
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    return pdl_mode(device) != OFF
+
+
+@functools.lru_cache(maxsize=None)
+def _capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def pdl_args(device: torch.device, family: str = "rest") -> dict:
+    """Keyword arguments for a PDL kernel's launch: its PDL constexpr (the mode) and Triton's
+    launch_pdl option, or nothing where PDL is off. A family launched plainly (ArchTiles.pdl_plain)
+    keeps the constexpr, so it still lets the next grid launch early, but starts only once the
+    previous grid has completed (its wait then returns at once)."""
+    mode = pdl_mode(device)
+    if mode == OFF:
+        return {}
+    env = os.environ.get(PLAIN_ENV)
+    plain = tuple(f for f in env.split(",") if f) if env is not None else tiles_for(device).pdl_plain
+    if any(f not in FAMILIES for f in plain):
+        raise ValueError(f"{PLAIN_ENV}={env!r}: families are {', '.join(FAMILIES)}")
+    return {"PDL": mode, "launch_pdl": family not in plain}
