@@ -233,6 +233,7 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
     num_experts, inter = expert_shape(w13)
     w4 = isinstance(w13, MoeW4)
     up_w, down_w = (w13.w13, w13.w2) if w4 else (w13, w2)
+    pdl = pdl_args(x.device, "moe_w4" if w4 else "moe")
     table = moe_decode_tiles(x.device)
     tiles = tiles or (table.w4 if w4 else table.dense)
     x = x.contiguous()
@@ -250,7 +251,7 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         num_slots, inter, hidden, k_per_split, x.stride(0), *wargs[3:7], act.stride(0),
         TOP_K=top_k, W4=w4, GROUP_SIZE=wargs[7], BLOCK_M=block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=wargs[8], SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
-        num_warps=tiles.num_warps, num_stages=1, **pdl_args(x.device))
+        num_warps=tiles.num_warps, num_stages=1, **pdl)
     out = torch.empty_like(x)
     wargs = _weight_args(down_w, inter, tiles)
     split, k_per_split = _split(inter, wargs[-1], tiles.steps)
@@ -267,5 +268,5 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), W4=w4, GROUP_SIZE=wargs[7],
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=wargs[8], SPLIT=split,
         SPLIT_P2=triton.next_power_of_2(split), SHARED=shared is not None,
-        num_warps=tiles.num_warps, num_stages=1, **pdl_args(x.device))
+        num_warps=tiles.num_warps, num_stages=1, **pdl)
     return out

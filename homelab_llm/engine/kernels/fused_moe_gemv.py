@@ -224,5 +224,5 @@ def moe_w4_gemv(a: torch.Tensor, weight: W4Weight, out: torch.Tensor, sorted_slo
         weight.scales.stride(1), out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, GROUP_SIZE=weight.group_size, BLOCK_M=block_m,
         BLOCK_N=block_n, ROWS=rows, SPLIT=split,
-        num_warps=num_warps or t.num_warps, num_stages=t.num_stages, **pdl_args(a.device))
+        num_warps=num_warps or t.num_warps, num_stages=t.num_stages, **pdl_args(a.device, "moe_w4"))
     return out

@@ -123,5 +123,5 @@ def mx4_gemv(a: torch.Tensor, weight: Mx4Weight, out: torch.Tensor, ids: torch.T
         0 if bias is None else bias.stride(0), out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, HAS_BIAS=bias is not None, BLOCK_N=block_n,
         GROUPS=groups, num_warps=num_warps or tiles_for(a.device).gemv_rows.num_warps,
-        **pdl_args(a.device))
+        **pdl_args(a.device, "moe"))
     return out

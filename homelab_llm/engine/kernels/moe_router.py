@@ -186,7 +186,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-        num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device))
+        num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device, "router"))
     return weights, ids
 
 
@@ -261,5 +261,5 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
         num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps,
-        **pdl_args(x.device))
+        **pdl_args(x.device, "router"))
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

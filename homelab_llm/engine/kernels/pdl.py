@@ -46,9 +46,11 @@ except ImportError:
 
 ENV = "HOMELAB_LLM_PDL"
 # kernel families launched plainly, comma-separated (overrides ArchTiles.pdl_plain): "h2" (the
-# 1-2 row W4A16 GEMV), "dot" (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "rest" (the others)
+# 1-2 row W4A16 GEMV), "dot" (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "moe" (the bf16
+# and MXFP4 expert GEMVs of a decode step), "moe_w4" (the 4-bit ones), "router" (the MoE
+# router), "rest" (the others)
 PLAIN_ENV = "HOMELAB_LLM_PDL_PLAIN"
-FAMILIES = ("h2", "dot", "dense", "rest")
+FAMILIES = ("h2", "dot", "dense", "moe", "moe_w4", "router", "rest")
 OFF, EARLY, LATE = 0, 1, 2  # the modes: where a program lets the next grid launch
 
 

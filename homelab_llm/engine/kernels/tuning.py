@@ -248,11 +248,14 @@ TABLE: dict[str, ArchTiles] = {
         # 272.8; batch 32 1 split 23.1 / 554.2 against 54.1 / 536.6 (int8 24.6 / 470.7 against
         # 51.2 / 512.1): about two programs an SM
         kv_programs_per_sm=2,
-        # decode kernels start while the previous one drains (pdl.py; BENCHMARKS 21.1): 8B W4A16
-        # batch 1 413.3 -> 421.1 tok/s with the GEMVs launched plainly (383.3 with every kernel
-        # launched early: a GEMV grid launched into a busy GPU lands its programs on the SMs
-        # that free first), batch 8 1,985 -> 2,040 with the few-row kernel launched early
-        pdl=1, pdl_plain=("h2", "dense")),
+        # decode kernels start while the previous one drains (pdl.py; BENCHMARKS 21.1, greedy
+        # tokens equal): 8B W4A16 batch 1 413.3 -> 425.2 tok/s, batch 8 1,989 -> 2,048; 27B
+        # 151.3 -> 153.1, batch 8 627.2 -> 642.1; 8B bf16 242.6 -> 248.0; 30B-A3B bf16 316.7 ->
+        # 334.5, W4A16 350.9 -> 365.8. The 1-2 row W4A16 GEMV and the 4-bit expert GEMVs are
+        # launched plainly: launched early, their small grids land on the SMs that free first
+        # (8B batch 1 383.3 tok/s with every kernel launched early; 30B-A3B W4A16 358.6 with its
+        # experts launched early)
+        pdl=1, pdl_plain=("h2", "moe_w4")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

@@ -74,9 +74,8 @@ def _pdl_launched() -> dict[str, set[str]]:
                 if depth == 0:
                     break
             call = text[m.start():i]
-            if "pdl_args(" in call:
-                found.setdefault(str(path), set()).add(m.group(1))
-            elif "**meta" in call and "pdl_args(" in text:  # w4a16_dot: the options built apart
+            # w4a16_dot and moe_decode build the options apart (**meta, **pdl)
+            if "pdl_args(" in call or ("pdl_args(" in text and re.search(r"\*\*(meta|pdl)\b", call)):
                 found.setdefault(str(path), set()).add(m.group(1))
     return found
 
@@ -101,7 +100,8 @@ def test_every_pdl_kernel_waits_before_touching_memory() -> None:
     # the decode step's kernels (GEMVs, attention, KV store, norms, sampling, MoE and GDN decode)
     assert {"_w4a16_h2_kernel", "_w4a16_dot_kernel", "_dense_gemv_kernel", "_decode_split_kernel",
             "_rope_store_kv_kernel", "_rms_norm_kernel", "_moe_decode_up_kernel",
-            "_recurrent_step_kernel", "_stats_kernel"} <= names, names
+            "_moe_decode_down_kernel", "_moe_w4_gemv_kernel", "_route_gate_kernel",
+            "_recurrent_step_kernel", "_conv_decode_kernel", "_stats_kernel"} <= names, names
     for path, kernels in launched.items():
         tree = ast.parse(Path(path).read_text())
         funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
