@@ -46,11 +46,11 @@ except ImportError:
 
 ENV = "HOMELAB_LLM_PDL"
 # kernel families launched plainly, comma-separated (overrides ArchTiles.pdl_plain): "h2" (the
-# 1-2 row W4A16 GEMV), "dot" (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "moe" (the bf16
-# and MXFP4 expert GEMVs of a decode step), "moe_w4" (the 4-bit ones), "router" (the MoE
-# router), "rest" (the others)
+# 1-2 row W4A16 GEMV on outputs of at most tuning.THIN_N columns), "h2_wide" (wider ones), "dot"
+# (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "moe" (the bf16 and MXFP4 expert GEMVs of a
+# decode step), "moe_w4" (the 4-bit ones), "router" (the MoE router), "rest" (the others)
 PLAIN_ENV = "HOMELAB_LLM_PDL_PLAIN"
-FAMILIES = ("h2", "dot", "dense", "moe", "moe_w4", "router", "rest")
+FAMILIES = ("h2", "h2_wide", "dot", "dense", "moe", "moe_w4", "router", "rest")
 OFF, EARLY, LATE = 0, 1, 2  # the modes: where a program lets the next grid launch
 
 
@@ -113,7 +113,7 @@ def pdl_args(device: torch.device, family: str = "rest") -> dict:
     if mode == OFF:
         return {}
     env = os.environ.get(PLAIN_ENV)
-    plain = tuple(f for f in env.split(",") if f) if env is not None else tiles_for(device).pdl_plain
+    plain = tiles_for(device).pdl_plain if env is None else tuple(f for f in env.split(",") if f)
     if any(f not in FAMILIES for f in plain):
         raise ValueError(f"{PLAIN_ENV}={env!r}: families are {', '.join(FAMILIES)}")
     return {"PDL": mode, "launch_pdl": family not in plain}

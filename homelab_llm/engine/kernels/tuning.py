@@ -249,13 +249,13 @@ TABLE: dict[str, ArchTiles] = {
         # 51.2 / 512.1): about two programs an SM
         kv_programs_per_sm=2,
         # decode kernels start while the previous one drains (pdl.py; BENCHMARKS 21.1, greedy
-        # tokens equal): 8B W4A16 batch 1 413.3 -> 425.2 tok/s, batch 8 1,989 -> 2,048; 27B
-        # 151.3 -> 153.1, batch 8 627.2 -> 642.1; 8B bf16 242.6 -> 248.0; 30B-A3B bf16 316.7 ->
-        # 334.5, W4A16 350.9 -> 365.8. The 1-2 row W4A16 GEMV and the 4-bit expert GEMVs are
-        # launched plainly: launched early, their small grids land on the SMs that free first
-        # (8B batch 1 383.3 tok/s with every kernel launched early; 30B-A3B W4A16 358.6 with its
-        # experts launched early)
-        pdl=1, pdl_plain=("h2", "moe_w4")),
+        # tokens equal): 8B W4A16 batch 1 413.3 -> 425.2 tok/s, batch 8 1,989 -> 2,040; 27B
+        # 151.3 -> 153.1, batch 8 627.2 -> 637.7; 30B-A3B bf16 316.7 -> 336.4, W4A16 350.9 ->
+        # 366.5. Every GEMV but the bf16 experts' is launched plainly: launched early, the 1-2
+        # row W4A16 GEMV cost the 8B 7% (383.3 with every kernel early, 410.6 with only its
+        # wide calls early), the 4-bit experts the 30B-A3B 2% (358.6) and the few-row kernel
+        # its batch 8 3% (1,160 against 1,194), the bf16 GEMV the 27B 2% (150.2)
+        pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

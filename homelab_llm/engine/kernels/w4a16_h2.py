@@ -38,7 +38,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
-from homelab_llm.engine.kernels.tuning import RowsTiles, h2_tiles
+from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -174,6 +174,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
             raise ValueError("w4a16_h2: normed takes a new [M, K] tensor (strided as summed) "
                              "and a norm")
     t = tiles or h2_tiles(m, x2.device, n, fused=bool(act_in) or norm_weight is not None)
+    pdl = pdl_args(x2.device, "h2" if n <= THIN_N else "h2_wide")
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
@@ -198,6 +199,6 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         NORM_OUT=normed is not None,
-        num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(x2.device, "h2"),
+        num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
     )
     return out
