@@ -12,19 +12,25 @@ the `griddepcontrol` instructions order the rest:
                   writes, before it writes anything, and before any early return: the next
                   grid's wait covers only this grid, so this grid must not complete before the
                   one it follows (that is what makes the chain transitive).
-  pdl_start(PDL)  lets the next grid launch once every program of this one has run it. Kernels
-                  run it right after their wait, so at most one grid waits ahead of the running
-                  one and it never takes slots the running grid's own programs still need.
+  pdl_start(PDL)  lets the next grid launch once every program of this one has run it. In mode
+                  EARLY kernels run it right after their wait (`pdl_enter`), so at most one grid
+                  waits ahead of the running one; in mode LATE a GEMV runs it after its K loop
+                  (`pdl_late`) and the other kernels by exiting.
 
 What a program may do before its wait: read what no kernel of the step writes, which for a GEMV
-is its weights. The W4A16 decode GEMV issues its first K step's words there, so their latency
-overlaps the previous kernel's tail instead of following it.
+is its weights. The W4A16 decode GEMV issues its first K step's words there (they overlap the
+previous kernel's tail when it is launched early).
+
+Which kernels are launched early is measured per arch (BENCHMARKS 21.1; 12.3 and 14.2 gave it to
+the W4A16 GEMV alone and lost): on sm_90 every kernel but the dense and W4A16 GEMVs (the bf16
+MoE experts' excepted), which still let their successors launch early but start plainly
+themselves (ArchTiles.pdl_plain: their grids lost 2-9% launched into a busy GPU).
 
 Host side: `pdl_args(device)` gives a kernel launch both the constexpr and the launch option
 ({} where PDL is off, so the kernels compile and run exactly as without it). On by the arch
-table (`ArchTiles.pdl`: sm_90, where it was measured); HOMELAB_LLM_PDL=0 turns it off, =1 turns
-it on for any NVIDIA device of compute capability 9.0 or later (sm_120 is such a device; RDNA
-and sm_80 have no such launch). The interpreter and CPU never take it.
+table (`ArchTiles.pdl`: sm_90, where it was measured); HOMELAB_LLM_PDL=0 turns it off, =1 (early)
+or =2 (late) on for any NVIDIA device of compute capability 9.0 or later (sm_120 is such a
+device; RDNA and sm_80 have no such launch). The interpreter and CPU never take it.
 """
 
 from __future__ import annotations
