@@ -35,14 +35,13 @@ device; RDNA and sm_80 have no such launch). The interpreter and CPU never take 
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.tuning import interpreting, tiles_for
+from homelab_llm.engine.kernels.tuning import arch_name, tiles_for
 
 try:  # Triton 3.3+; older ones run without PDL (the names are only read when PDL is on)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -87,27 +86,19 @@ def pdl_late(PDL: tl.constexpr):
     pdl_start(PDL == 2)  # LATE
 
 
+# tuning table keys of NVIDIA devices of compute capability 9.0 and later (Hopper, Blackwell)
+PDL_ARCHS = ("sm90", "sm120")
+
+
 def pdl_mode(device: torch.device) -> int:
     """The PDL mode of kernels launched on `device` (the env switch read on every call)."""
     forced = os.environ.get(ENV, "")
     if forced not in ("", "0", "1", "2"):
         raise ValueError(f"{ENV}={forced!r}: expected 0 (off), 1 (early) or 2 (late)")
-    if forced == "0" or not HAVE_GDC or device.type != "cuda" or interpreting() \
-            or torch.version.hip is not None:
-        return OFF
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if not _capable(index):
+    arch = arch_name(device)  # "interpret" on the CPU and in the interpreter, "gfx1100" on HIP
+    if forced == "0" or not HAVE_GDC or arch not in PDL_ARCHS:
         return OFF
     return int(forced) if forced else tiles_for(device).pdl
-
-
-def pdl_enabled(device: torch.device) -> bool:
-    return pdl_mode(device) != OFF
-
-
-@functools.lru_cache(maxsize=None)
-def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
 def pdl_args(device: torch.device, family: str = "rest") -> dict:

@@ -51,13 +51,28 @@ _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": 
            "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
 
 
+_LAUNCH = re.compile(r"\b(_\w+)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(")
+
+
+def launch_sites(text: str) -> list[tuple[str, str]]:
+    """(kernel name, the launch's text up to its closing parenthesis) of every `name[grid](...)`
+    in a module's source."""
+    sites = []
+    for m in _LAUNCH.finditer(text):
+        depth, end = 0, len(text)
+        for i in range(m.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            if depth == 0:
+                end = i + 1
+                break
+        sites.append((m.group(1), text[m.start():end]))
+    return sites
+
+
 def launched_kernels() -> set[str]:
     """'module:name' of every kernel launched as `name[grid](...)` in the kernels package."""
-    found = set()
-    for path in sorted(KERNEL_DIR.glob("*.py")):
-        for name in re.findall(r"\b(_\w+)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(", path.read_text()):
-            found.add(f"homelab_llm.engine.kernels.{path.stem}:{name}")
-    return found
+    return {f"homelab_llm.engine.kernels.{path.stem}:{name}"
+            for path in sorted(KERNEL_DIR.glob("*.py")) for name, _ in launch_sites(path.read_text())}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import pdl
+from tests.engine.kernels.gpu_compile import launch_sites
 
 KERNELS = Path(pdl.__file__).resolve().parent
 
@@ -31,13 +32,13 @@ def test_off_on_cpu_whatever_the_environment(monkeypatch) -> None:
     for value in ("", "0", "1"):
         monkeypatch.setenv(pdl.ENV, value)
         assert pdl.pdl_args(torch.device("cpu")) == {}
-        assert not pdl.pdl_enabled(torch.device("cpu"))
+        assert pdl.pdl_mode(torch.device("cpu")) == pdl.OFF
 
 
 def test_bad_switch_value_is_an_error(monkeypatch) -> None:
     monkeypatch.setenv(pdl.ENV, "yes")
     with pytest.raises(ValueError, match="HOMELAB_LLM_PDL"):
-        pdl.pdl_enabled(torch.device("cpu"))
+        pdl.pdl_mode(torch.device("cpu"))
 
 
 def test_families_launched_plainly_by_the_table_or_the_switch(monkeypatch) -> None:
@@ -64,19 +65,12 @@ def test_families_launched_plainly_by_the_table_or_the_switch(monkeypatch) -> No
 def _pdl_launched() -> dict[str, set[str]]:
     """{module path: names of the kernels it launches with **pdl_args(...)}."""
     found: dict[str, set[str]] = {}
-    pattern = re.compile(r"\b(_\w+)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(")
     for path in sorted(KERNELS.glob("*.py")):
         text = path.read_text()
-        for m in pattern.finditer(text):
-            depth, i = 0, m.end() - 1
-            for i in range(m.end() - 1, len(text)):  # the launch's closing parenthesis
-                depth += {"(": 1, ")": -1}.get(text[i], 0)
-                if depth == 0:
-                    break
-            call = text[m.start():i]
+        for name, call in launch_sites(text):
             # w4a16_dot and moe_decode build the options apart (**meta, **pdl)
             if "pdl_args(" in call or ("pdl_args(" in text and re.search(r"\*\*(meta|pdl)\b", call)):
-                found.setdefault(str(path), set()).add(m.group(1))
+                found.setdefault(str(path), set()).add(name)
     return found
 
 
