@@ -337,27 +337,6 @@ def router_norm_route(x: torch.Tensor) -> bool:
     return 0 < x.shape[0] <= moe_router.FUSED_MAX_TOKENS
 
 
-def router_pick_deferred(x: torch.Tensor, num_experts: int) -> bool:
-    """One token on the norm-folded router route: its top-k is left to the expert kernels
-    (kernels/moe_router.route_gate_pending) where the experts are few enough for their rank
-    count (PICK_MAX_EXPERTS), unless HOMELAB_LLM_MOE_PICK=router (A/B runs)."""
-    from homelab_llm.engine.kernels.moe_router import PICK_MAX_EXPERTS
-
-    return (x.shape[0] == 1 and num_experts <= PICK_MAX_EXPERTS
-            and os.environ.get("HOMELAB_LLM_MOE_PICK", "experts") != "router")
-
-
-def route_gate_pending(x: torch.Tensor, residual: torch.Tensor | None,
-                       norm_weight: torch.Tensor, eps: float, gate_weight: torch.Tensor,
-                       top_k: int, renormalize: bool, shared_gate: torch.Tensor | None = None):
-    """(PendingPick, shared gate weight or None, norm(x + residual), x + residual): the norm and
-    the router's logits in one launch, the pick left to the experts (router_pick_deferred)."""
-    from homelab_llm.engine.kernels import moe_router
-
-    return moe_router.route_gate_pending(x, residual, norm_weight, eps, gate_weight, top_k,
-                                         renormalize, shared_gate)
-
-
 def route_gate_topk_norm(x: torch.Tensor, residual: torch.Tensor | None,
                          norm_weight: torch.Tensor, eps: float, gate_weight: torch.Tensor,
                          top_k: int, renormalize: bool, shared_gate: torch.Tensor | None = None):
@@ -374,22 +353,17 @@ def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
               b2: torch.Tensor | None = None,
               clamp: tuple[float, float] | None = None,
-              shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-              pick=None) -> torch.Tensor:
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] through the picked experts, router-weighted and summed -> [T, H] in x's dtype.
     w13 [E, 2I, H] and w2 [E, H, I], or w13 a kernels.moe_ref.MoeW4 / MoeMx4 and w2 None.
     gpt-oss: expert biases b13 [E, 2I] / b2 [E, H] and clamp = (alpha, limit) for its clamped
     SwiGLU (kernels/moe_gptoss_ref.py). shared: (a shared expert's output [T, H], its gate
-    float32 [T]) added in (moe_ref.add_shared_ref; on GPUs at decode sizes inside the combine).
-    pick: a moe_router.PendingPick (route_gate_pending) whose buffers topk_weights / topk_ids
-    are: the Triton path takes or finishes it."""
-    if pick is not None and not use_triton(x):
-        raise ValueError("fused_moe: a pending router pick needs the Triton expert kernels")
+    float32 [T]) added in (moe_ref.add_shared_ref; on GPUs at decode sizes inside the combine)."""
     if use_triton(x):
         from homelab_llm.engine.kernels.fused_moe import fused_moe as fused_moe_triton
 
         return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, b13=b13, b2=b2, clamp=clamp,
-                                shared=shared, pick=pick)
+                                shared=shared)
     if shared is not None:
         from homelab_llm.engine.kernels.moe_ref import add_shared_ref
 

@@ -37,7 +37,6 @@ from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, moe_w4_
 from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
-from homelab_llm.engine.kernels.moe_router import PendingPick
 from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
 
 
@@ -212,13 +211,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
               tiles: GemmTiles | None = None, decode: str = "fused",
               b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
               clamp: tuple[float, float] | None = None,
-              shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-              pick: PendingPick | None = None) -> torch.Tensor:
+              shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (bf16/fp16) through the router's picks -> [T, H] (see the module doc).
     shared: (a shared expert's output [T, H], its gate [T]) added as moe_ref.add_shared_ref
-    does -- inside the decode kernels' combine when they run. pick: one token's top-k not yet
-    taken (moe_router.route_gate_pending; topk_weights / topk_ids are its buffers): the decode
-    kernels take it, any other path finishes it first.
+    does -- inside the decode kernels' combine when they run.
     decode (T <= 8, benchmarks compare them): "fused" the decode kernels, "gemv" the older 4-bit
     GEMV + combine (dense experts: the GEMM path), "gemm" the tl.dot GEMM path.
     gpt-oss: b13 [E, 2I] / b2 [E, H] expert biases and clamp = (alpha, limit)."""
@@ -238,9 +234,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     plain = b13 is None and b2 is None and clamp is None
     small = tiles is None and t <= DECODE_MAX_TOKENS and decode != "gemm"
     if plain and small and decode == "fused" and not isinstance(w13, MoeMx4):
-        return moe_decode(x, w13, w2, topk_weights, topk_ids, shared=shared, pick=pick)
-    if pick is not None:
-        pick.finish()
+        return moe_decode(x, w13, w2, topk_weights, topk_ids, shared=shared)
     if shared is not None:
         out = fused_moe(x, w13, w2, topk_weights, topk_ids, tiles, decode, b13, b2, clamp)
         return add_shared_ref(out, *shared)

@@ -37,7 +37,6 @@ from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, row_mas
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_decode_dot import block_slots, expert_columns
 from homelab_llm.engine.kernels.moe_ref import MoeW4, expert_shape
-from homelab_llm.engine.kernels.moe_router import PendingPick, pick_slot
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import MoeDecodeTiles, moe_decode_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
@@ -62,35 +61,19 @@ def _store_act(act_ptr, ws_ptr, slot, valid, offs_n, n_mask, N, split_stride, st
 @triton.jit
 def _moe_decode_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, ws_ptr, ticket_ptr, sorted_ptr, block_expert_ptr,
-    logits_ptr, topk_w_ptr, num_experts, num_slots, N, K, k_per_split,
+    num_slots, N, K, k_per_split,
     stride_x, stride_we, stride_wr, stride_se, stride_sg, stride_act,
     TOP_K: tl.constexpr, W4: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, SPLIT_P2: tl.constexpr,
-    PICK: tl.constexpr = False, E_POW2: tl.constexpr = 1, PICK_CHUNK: tl.constexpr = 1,
-    RENORMALIZE: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    """act[slot, n] = silu(x[t] @ W_e[:, n]) * (x[t] @ W_e[:, n + N]), t = slot // TOP_K.
-    PICK (one token, blocks = slots): each program takes its slot's expert from the router's
-    logits (moe_router.pick_slot); the programs at column block 0, split 0 store it and its
-    weight into block_expert and topk_w for the down launch."""
+    """act[slot, n] = silu(x[t] @ W_e[:, n]) * (x[t] @ W_e[:, n + N]), t = slot // TOP_K."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if PICK:
-        e, weight = pick_slot(logits_ptr, num_experts, pid_m, TOP_K, E_POW2, PICK_CHUNK,
-                              RENORMALIZE)
-        if (pid_n == 0) & (pid_k == 0):
-            tl.store(block_expert_ptr + pid_m, e)
-            tl.store(topk_w_ptr + pid_m, weight)
-        e = e.to(tl.int64)
-        slot0 = pid_m.to(tl.int64)
-        slot1 = slot0
-        valid0 = pid_m < num_slots
-        valid1 = valid0 & (BLOCK_M == 2)
-    else:
-        e, slot0, valid0, slot1, valid1 = block_slots(sorted_ptr, block_expert_ptr, pid_m,
-                                                      num_slots, BLOCK_M)
+    e, slot0, valid0, slot1, valid1 = block_slots(sorted_ptr, block_expert_ptr, pid_m, num_slots,
+                                                  BLOCK_M)
     if valid0:  # a used block's first slot is always filled
         x0 = x_ptr + (slot0 // TOP_K) * stride_x
         x1 = x_ptr + (slot1 // TOP_K) * stride_x
@@ -196,9 +179,6 @@ def _moe_decode_down_kernel(
 
 
 _SLOT_ORDER: dict[tuple[int, torch.device], torch.Tensor] = {}
-# pick_slot compares [E_POW2, CHUNK] pairs a pass: PICK_PAIRS a warp (16 a thread) keeps the
-# up launch's registers near its own (sm_90, 128 experts: 2 warps 80 -> 165 at 64 a thread)
-PICK_PAIRS = 512
 
 
 def decode_blocks(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -241,23 +221,16 @@ def _split(k: int, block_k: int, steps: int) -> tuple[int, int]:
 def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | None,
                topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                tiles: MoeDecodeTiles | None = None,
-               shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-               pick: PendingPick | None = None) -> torch.Tensor:
+               shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (T <= DECODE_MAX_TOKENS) through the picked experts -> [T, H] in x's dtype.
     w13/w2 dense [E, 2I, H] / [E, H, I], or w13 a MoeW4 and w2 None. shared: (a shared
     expert's output [T, H], its gate float32 [T]) added in the combine (moe_ref.add_shared_ref).
-    pick: one token's top-k left to the experts (moe_router.route_gate_pending); topk_weights
-    and topk_ids must then be its buffers, which the first launch fills. tiles override the
-    table (sweeps)."""
+    tiles override the table (sweeps)."""
     t, hidden = x.shape
     top_k = topk_ids.shape[1]
     if not 0 < t <= DECODE_MAX_TOKENS:
         raise ValueError(f"moe_decode: {t} tokens (1 to {DECODE_MAX_TOKENS})")
     num_experts, inter = expert_shape(w13)
-    if pick is not None and (t != 1 or pick.ids is not topk_ids or pick.weights is not topk_weights
-                             or pick.num_experts != num_experts):
-        raise ValueError(f"moe_decode: a pending pick of {pick.num_experts} experts goes with one "
-                         f"token, {num_experts} experts and its own buffers")
     w4 = isinstance(w13, MoeW4)
     up_w, down_w = (w13.w13, w13.w2) if w4 else (w13, w2)
     pdl = pdl_args(x.device, "moe_w4" if w4 else "moe")
@@ -265,12 +238,7 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
     tiles = tiles or (table.w4 if w4 else table.dense)
     x = x.contiguous()
     num_slots = t * top_k
-    if pick is None:
-        sorted_slots, block_expert, block_m = decode_blocks(topk_ids, num_experts)
-        logits, topk_w = x, topk_weights.float().contiguous()
-    else:  # slot k is block k; the up launch writes the picks where decode_blocks reads them
-        sorted_slots, block_expert, block_m = decode_blocks(topk_ids, num_experts)[0], pick.ids, 1
-        logits, topk_w = pick.logits, pick.weights
+    sorted_slots, block_expert, block_m = decode_blocks(topk_ids, num_experts)
     num_blocks = min(block_expert.numel(), num_slots)  # the used blocks (see decode_blocks)
     tickets = ticket_buffer(x.device, max(num_blocks * triton.cdiv(inter, tiles.block_n),
                                           t * triton.cdiv(hidden, tiles.block_n)))
@@ -278,15 +246,11 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
     wargs = _weight_args(up_w, hidden, tiles)
     split, k_per_split = _split(hidden, wargs[-1], tiles.steps)
     ws = torch.empty((split, num_slots, 2 * inter), dtype=torch.float32, device=x.device)
-    e_pow2 = triton.next_power_of_2(num_experts)
     _moe_decode_up_kernel[(num_blocks, triton.cdiv(inter, tiles.block_n), split)](
-        x, *wargs[:3], act, ws, tickets, sorted_slots, block_expert, logits, topk_w, num_experts,
+        x, *wargs[:3], act, ws, tickets, sorted_slots, block_expert,
         num_slots, inter, hidden, k_per_split, x.stride(0), *wargs[3:7], act.stride(0),
         TOP_K=top_k, W4=w4, GROUP_SIZE=wargs[7], BLOCK_M=block_m, BLOCK_N=tiles.block_n,
         BLOCK_K=wargs[8], SPLIT=split, SPLIT_P2=triton.next_power_of_2(split),
-        PICK=pick is not None, E_POW2=e_pow2,
-        PICK_CHUNK=max(1, min(e_pow2, PICK_PAIRS * tiles.num_warps // e_pow2)),
-        RENORMALIZE=pick is not None and pick.renormalize,
         num_warps=tiles.num_warps, num_stages=1, **pdl)
     out = torch.empty_like(x)
     wargs = _weight_args(down_w, inter, tiles)
@@ -298,7 +262,7 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         raise ValueError(f"moe_decode: shared expert output {tuple(shared_out.shape)} and gate "
                          f"{tuple(shared_w.shape)}, expected {tuple(x.shape)} and ({t},)")
     _moe_decode_down_kernel[(num_blocks, triton.cdiv(hidden, tiles.block_n), split)](
-        act, *wargs[:3], topk_w, out, ws, tickets, sorted_slots,
+        act, *wargs[:3], topk_weights.float().contiguous(), out, ws, tickets, sorted_slots,
         block_expert, shared_out, shared_w.float().contiguous(), num_slots, hidden, inter,
         k_per_split, act.stride(0), *wargs[3:7], out.stride(0), shared_out.stride(0),
         TOP_K=top_k, TOPK_P2=triton.next_power_of_2(top_k), W4=w4, GROUP_SIZE=wargs[7],

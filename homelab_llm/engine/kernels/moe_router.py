@@ -11,17 +11,9 @@ router's [E, H] weight (reference: F.linear, then route_topk_ref), in the same l
 takes a few experts' rows for every token, and the last program to finish (an atomic ticket, as
 in w4a16_gemv) routes all tokens -- no cuBLAS call, one launch instead of two. Each logit is one
 program's fixed-order sum, so the picks are deterministic.
-
-For one token the pick can wait for the expert kernels (route_gate_pending): the router then
-only stores its logits (no ticket, no last program), and every program of the experts' first
-launch takes its own slot from them with pick_slot -- a rank count with no chain of reductions
--- before it reads its expert's weights (fused_moe_decode). The chain of the last program (its
-ticket, a reload of the logits, 18 dependent reductions) leaves the layer's critical path.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,9 +26,6 @@ from homelab_llm.engine.kernels.w4a16_prologue import summed_input
 
 MAX_EXPERTS = 1024
 FUSED_MAX_TOKENS = 8  # route_gate_topk's last program holds [T, E] logits in registers
-# pick_slot compares every pair of experts (E^2 / threads a program: 128 a thread at 128
-# experts and 4 warps, 2,048 at 512): the engine defers picks up to this many experts
-PICK_MAX_EXPERTS = 128
 
 
 @triton.jit
@@ -61,35 +50,6 @@ def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr
     if RENORMALIZE:
         weights = weights / tl.sum(weights, axis=1)[:, None]
     return weights, ids
-
-
-@triton.jit
-def pick_slot(logits_ptr, E, slot, TOP_K: tl.constexpr, E_POW2: tl.constexpr,
-              CHUNK: tl.constexpr, RENORMALIZE: tl.constexpr):
-    """One token's pick number `slot` (0 <= slot < TOP_K) from its fp32 logit row, without the
-    other picks: (expert id int32, weight fp32). An expert's rank counts the experts ahead of it
-    (a larger logit, or the same logit and a lower id), CHUNK of them a pass: ranks 0..TOP_K-1
-    are the top_k in _softmax_topk's order (softmax keeps the order of the logits), and the
-    weight is exp(l - max) over the sum of exp(l - max) of the top_k (RENORMALIZE) or of all.
-    A NaN logit ranks first; ids stay < E whatever the row holds."""
-    offs = tl.arange(0, E_POW2)
-    mask = offs < E
-    x = tl.load(logits_ptr + offs, mask=mask, other=-float("inf"), cache_modifier=".cg")
-    rank = tl.zeros([E_POW2], tl.int32)
-    for j0 in range(0, E_POW2, CHUNK):
-        offs_j = j0 + tl.arange(0, CHUNK)
-        xj = tl.load(logits_ptr + offs_j, mask=offs_j < E, other=-float("inf"),
-                     cache_modifier=".cg")
-        ahead = (xj[None, :] > x[:, None]) | ((xj[None, :] == x[:, None])
-                                              & (offs_j[None, :] < offs[:, None]))
-        rank += tl.sum(ahead.to(tl.int32), axis=1)
-    e = tl.minimum(tl.min(tl.where((rank == slot) & mask, offs, E_POW2), axis=0), E - 1)
-    p = tl.where(mask, tl.exp(x - tl.max(x, axis=0)), 0.0)
-    if RENORMALIZE:
-        total = tl.sum(tl.where(rank < TOP_K, p, 0.0), axis=0)
-    else:
-        total = tl.sum(p, axis=0)
-    return e, tl.sum(tl.where(offs == e, p, 0.0), axis=0) / total
 
 
 @triton.jit
@@ -143,7 +103,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
                        E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
                        SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                        WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16,
-                       PICK: tl.constexpr = True, PDL: tl.constexpr = False):
+    PDL: tl.constexpr = False):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
     as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
     shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
@@ -154,9 +114,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     WRITE_NORMED: every program then also stores its share of the columns of the rows the
     experts read, RMSNorm(x + residual) [T, H] in x's dtype (add_rms_norm's values; the summed
     rows too with a residual), so the norm launch in front of the experts goes away; contiguous
-    rows. (Program 0 storing all of it kept the ticket waiting ~1-2 us on that program.)
-    PICK=False: no ticket and no routing -- the logits stay for pick_slot (route_gate_pending),
-    and the program holding row E stores sigmoid(g x) itself."""
+    rows. (Program 0 storing all of it kept the ticket waiting ~1-2 us on that program.)"""
     pdl_enter(PDL)
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
@@ -191,22 +149,8 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     tl.store(logits_ptr + offs_t[:, None] * E_POW2 + offs_e[None, :], acc,
              mask=t_mask[:, None] & e_mask[None, :])
     if SHARED:
-        shared_at = offs_t[:, None] + offs_e[None, :] * 0
-        shared_mask = t_mask[:, None] & (offs_e == E)[None, :]
-        if PICK:
-            tl.store(shared_ptr + shared_at, acc, mask=shared_mask)
-        else:
-            tl.store(shared_w_ptr + shared_at, 1.0 / (1.0 + tl.exp(-acc)), mask=shared_mask)
-    if PICK:
-        _route_last(logits_ptr, shared_ptr, weights_ptr, ids_ptr, shared_w_ptr, ticket_ptr,
-                    offs_t, t_mask, E, TOP_K, E_POW2, BLOCK_K, RENORMALIZE, SHARED)
-
-
-@triton.jit
-def _route_last(logits_ptr, shared_ptr, weights_ptr, ids_ptr, shared_w_ptr, ticket_ptr, offs_t,
-                t_mask, E, TOP_K: tl.constexpr, E_POW2: tl.constexpr, BLOCK_K: tl.constexpr,
-                RENORMALIZE: tl.constexpr, SHARED: tl.constexpr):
-    """Take the router's ticket; the last program routes every token from the whole workspace."""
+        tl.store(shared_ptr + offs_t[:, None] + offs_e[None, :] * 0, acc,
+                 mask=t_mask[:, None] & (offs_e == E)[None, :])
     tl.debug_barrier()  # every thread's logits are written before the ticket is taken
     if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
         offs = tl.arange(0, E_POW2)[None, :]
@@ -228,18 +172,13 @@ def _check_pick(top_k: int, num_experts: int) -> None:
                          f"{MAX_EXPERTS}) is not a valid pick")
 
 
-def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool,
-               out: tuple[torch.Tensor, torch.Tensor] | None = None,
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] -> (weights float32 [T, K], ids int32 [T, K]); see the module doc.
-    out: contiguous (weights, ids) buffers to fill instead of new ones."""
+def route_topk(router_logits: torch.Tensor, top_k: int,
+               renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (weights float32 [T, K], ids int32 [T, K]); see the module doc."""
     t, num_experts = router_logits.shape
     _check_pick(top_k, num_experts)
-    if out is None:
-        weights = torch.empty((t, top_k), dtype=torch.float32, device=router_logits.device)
-        ids = torch.empty((t, top_k), dtype=torch.int32, device=router_logits.device)
-    else:
-        weights, ids = out
+    weights = torch.empty((t, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((t, top_k), dtype=torch.int32, device=router_logits.device)
     if t == 0:
         return weights, ids
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
@@ -249,25 +188,6 @@ def route_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool,
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
         num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device, "router"))
     return weights, ids
-
-
-@dataclass(frozen=True)
-class PendingPick:
-    """One token's top-k left to the expert kernels (route_gate_pending): the router's fp32
-    logits [1, E_POW2] (the first num_experts real) and the buffers the picks go to, weights
-    float32 [1, K] and ids int32 [1, K] -- unset until fused_moe_decode's first launch (or
-    finish) fills them."""
-
-    logits: torch.Tensor
-    num_experts: int
-    renormalize: bool
-    weights: torch.Tensor
-    ids: torch.Tensor
-
-    def finish(self) -> None:
-        """Fill weights and ids here (one route_topk launch), for a path that does not pick."""
-        route_topk(self.logits[:, :self.num_experts], self.ids.shape[1], self.renormalize,
-                   out=(self.weights, self.ids))
 
 
 def route_gate_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, renormalize: bool,
@@ -294,31 +214,14 @@ def route_gate_topk_norm(x: torch.Tensor, residual: torch.Tensor | None,
     weight or None, RMSNorm(x + residual), x + residual) -- route_gate_topk over the normalized
     rows, which are also returned (as add_rms_norm returns them) for the experts to read.
     Without a residual (a first layer) the last result is x."""
-    weights, ids, shared_w, normed, summed, _ = _route(x, gate_weight, top_k, renormalize,
-                                                       shared_gate, tiles, norm_weight, eps,
-                                                       residual, True)
+    weights, ids, shared_w, normed, summed = _route(x, gate_weight, top_k, renormalize,
+                                                    shared_gate, tiles, norm_weight, eps,
+                                                    residual, True)
     return weights, ids, shared_w, normed, (x if summed is None else summed)
 
 
-def route_gate_pending(x: torch.Tensor, residual: torch.Tensor | None,
-                       norm_weight: torch.Tensor | None, eps: float, gate_weight: torch.Tensor,
-                       top_k: int, renormalize: bool, shared_gate: torch.Tensor | None = None,
-                       tiles: RouterTiles | None = None,
-                       ) -> tuple[PendingPick, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """route_gate_topk_norm for one token with the top-k left to the experts: (PendingPick,
-    shared gate weight or None, RMSNorm(x + residual), x + residual) -- without a norm weight
-    the plain router over x (the last two are then x). The launch stores the logits only."""
-    if x.shape[0] != 1:
-        raise ValueError(f"pending router pick: one token, got {x.shape[0]}")
-    weights, ids, shared_w, normed, summed, logits = _route(
-        x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, eps, residual,
-        norm_weight is not None, pick=False)
-    return (PendingPick(logits, gate_weight.shape[0], renormalize, weights, ids), shared_w,
-            normed, x if summed is None else summed)
-
-
 def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, eps, residual,
-           write_normed: bool, pick: bool = True):
+           write_normed: bool):
     t, hidden = x.shape
     if residual is not None and (norm_weight is None or residual.shape != x.shape):
         raise ValueError(f"fused router: a residual {tuple(residual.shape)} goes with a norm and "
@@ -356,8 +259,7 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         BLOCK_H=tiles.block_k, E_POW2=e_pow2, BLOCK_K=triton.next_power_of_2(top_k),
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
-        BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))), PICK=pick,
+        BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
         num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps,
         **pdl_args(x.device, "router"))
-    return (weights, ids, (shared[1] if shared_gate is not None else None), normed, summed,
-            logits)
+    return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

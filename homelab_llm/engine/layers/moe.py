@@ -162,15 +162,11 @@ class FusedExperts(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-                pick=None) -> torch.Tensor:
-        """shared: (a shared expert's output, its gate [T]) added in; pick: the router's
-        pending top-k whose buffers topk_weights / topk_ids are (dispatch.fused_moe)."""
+                shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """shared: (a shared expert's output, its gate [T]) added in (dispatch.fused_moe)."""
         if self.w4 is not None:
-            return dispatch.fused_moe(x, self.w4, None, topk_weights, topk_ids, shared=shared,
-                                      pick=pick)
-        return dispatch.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, shared=shared,
-                                  pick=pick)
+            return dispatch.fused_moe(x, self.w4, None, topk_weights, topk_ids, shared=shared)
+        return dispatch.fused_moe(x, self.w13, self.w2, topk_weights, topk_ids, shared=shared)
 
 
 class SparseMoeBlock(nn.Module):
@@ -203,15 +199,9 @@ class SparseMoeBlock(nn.Module):
                 or not dispatch.router_norm_route(x):
             return None
         fold = self.fold_shared()
-        gate = self.shared_expert_gate.weight if fold else None
-        if dispatch.router_pick_deferred(x, self.gate.weight.shape[0]):  # the experts pick
-            pick, shared_w, normed, summed = dispatch.route_gate_pending(
-                x, residual, norm.weight, norm.eps, self.gate.weight, self.top_k,
-                self.renormalize, gate)
-            return self.mix(normed, pick.weights, pick.ids, shared_w, pick), summed
         weights, ids, shared_w, normed, summed = dispatch.route_gate_topk_norm(
             x, residual, norm.weight, norm.eps, self.gate.weight, self.top_k, self.renormalize,
-            gate)
+            self.shared_expert_gate.weight if fold else None)
         return self.mix(normed, weights, ids, shared_w), summed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -226,15 +216,13 @@ class SparseMoeBlock(nn.Module):
         return self.mix(x, weights, ids, shared_w)
 
     def mix(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-            shared_w: torch.Tensor | None, pick=None) -> torch.Tensor:
+            shared_w: torch.Tensor | None) -> torch.Tensor:
         """The picked experts' weighted sum over x (and the shared expert's gated output).
         shared_w: the shared expert's gate weight from the router's launch (fold_shared), which
-        the experts' combine adds in; None: the shared expert, if any, is added here. pick: the
-        router's pending top-k (weights / ids are its buffers, filled by the experts)."""
+        the experts' combine adds in; None: the shared expert, if any, is added here."""
         if shared_w is not None:
-            return self.experts(x, weights, ids, shared=(self.shared_expert(x), shared_w),
-                                pick=pick)
-        out = self._reduced(self.experts(x, weights, ids, pick=pick))
+            return self.experts(x, weights, ids, shared=(self.shared_expert(x), shared_w))
+        out = self._reduced(self.experts(x, weights, ids))
         if self.shared_expert is not None:
             # The shared expert's down projection all-reduces itself; the gate is replicated.
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

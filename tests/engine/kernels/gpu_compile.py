@@ -403,31 +403,6 @@ def _moe_scenarios():
         yield lambda x=x: moe_router.route_gate_topk_norm(
             x, x.clone(), nw, 1e-6, torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True,
             torch.zeros((1, hidden), dtype=torch.bfloat16))
-    yield from _pending_pick_scenarios(e, top_k, hidden, nw, w13, w2, quant)
-
-
-def _pending_pick_scenarios(e, top_k, hidden, nw, w13, w2, quant):
-    """One token's top-k left to the experts: the router storing logits only (with a shared
-    expert's gate, Qwen3-Next's 512 experts), the experts' first launch picking from them (512
-    experts' dense weights as stride-0 views: E reaches the kernels as E_POW2 alone)."""
-    import torch
-
-    from homelab_llm.engine.kernels import fused_moe, moe_router
-
-    x = torch.zeros((1, hidden), dtype=torch.bfloat16)
-    for experts, k, shared in ((e, top_k, None),
-                               (512, 10, torch.zeros((1, hidden), dtype=torch.bfloat16))):
-        gate = torch.zeros((experts, hidden), dtype=torch.bfloat16)
-        yield lambda gate=gate, k=k, shared=shared: moe_router.route_gate_pending(
-            x, x.clone(), nw, 1e-6, gate, k, k == top_k, shared)
-    many = (w13[:1].expand(512, -1, -1), w2[:1].expand(512, -1, -1))
-    for (w, w_2), k in (((w13, w2), top_k), ((quant, None), top_k), (many, 10)):
-        def run(w=w, w_2=w_2, k=k):
-            experts = w.w13.qweight.shape[0] if w_2 is None else w.shape[0]
-            pick = moe_router.PendingPick(torch.zeros((1, experts)), experts, k == top_k,
-                                          torch.zeros((1, k)), torch.zeros((1, k), dtype=torch.int32))
-            return fused_moe.moe_decode(x, w, w_2, pick.weights, pick.ids, pick=pick)
-        yield run
 
 
 def _gptoss_moe_scenarios():

@@ -47,21 +47,14 @@ def _block(seed: int, shared: bool = False) -> tuple[SparseMoeBlock, RMSNorm]:
     return block.to(torch.bfloat16), norm.to(torch.bfloat16)
 
 
-def _run(block, norm, hidden, residual, path: str, monkeypatch, pick: str = "experts"):
-    """path: "separate" (the norm launch first) or "router" (the norm in the router); pick:
-    who takes the one token's top-k on the router path (HOMELAB_LLM_MOE_PICK)."""
-    monkeypatch.setenv("HOMELAB_LLM_MOE_PICK", pick)
+def _run(block, norm, hidden, residual, path: str, monkeypatch):
+    """path: "separate" (the norm launch first) or "router" (the norm in the router)."""
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     if path == "separate":
         monkeypatch.setattr(dispatch, "router_norm_route", lambda x: False)
-    pending = []
-    real_pending = dispatch.route_gate_pending
-    monkeypatch.setattr(dispatch, "route_gate_pending",
-                        lambda *a: pending.append(1) or real_pending(*a))
     mlp_after_norm(hidden, residual, norm, block)  # first-use buffers (tickets) outside the count
     result = count_calls(monkeypatch, lambda: mlp_after_norm(hidden, residual, norm, block))
     monkeypatch.undo()
-    assert len(pending) == (2 if path == "router" and pick == "experts" else 0), pending
     return result
 
 
@@ -79,14 +72,12 @@ def _inputs(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(1, 64, generator=gen).to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("seed,pick", [(0, "experts"), (1, "experts"), (0, "router")])
-def test_moe_mlp_norm_folded_matches_and_saves_a_launch(seed, pick, monkeypatch) -> None:
-    """pick "experts": the router stores logits and the experts' first launch picks
-    (moe_router.route_gate_pending); "router": its last program picks. Same launches."""
+@pytest.mark.parametrize("seed", [0, 1])
+def test_moe_mlp_norm_folded_matches_and_saves_a_launch(seed, monkeypatch) -> None:
     block, norm = _block(seed)
     hidden, residual = _inputs(seed)
     off_counts, (want, want_res) = _run(block, norm, hidden, residual, "separate", monkeypatch)
-    on_counts, (got, got_res) = _run(block, norm, hidden, residual, "router", monkeypatch, pick)
+    on_counts, (got, got_res) = _run(block, norm, hidden, residual, "router", monkeypatch)
     assert _rel(got_res, want_res) < 1e-2
     assert _rel(got, want) < 3e-2
     assert off_counts == SEPARATE, off_counts
@@ -94,31 +85,19 @@ def test_moe_mlp_norm_folded_matches_and_saves_a_launch(seed, pick, monkeypatch)
                                  "triton._moe_decode_down_kernel": 1}), on_counts
 
 
-@pytest.mark.parametrize("pick", ["experts", "router"])
-def test_shared_expert_takes_the_router_norm(pick, monkeypatch) -> None:
+def test_shared_expert_takes_the_router_norm(monkeypatch) -> None:
     """Qwen3.5-MoE / Qwen3-Next: the shared expert reads the router's normalized rows; its
     gate rides in the router's launch, its output in the experts' combine."""
     block, norm = _block(2, shared=True)
     hidden, residual = _inputs(2)
     off_counts, (want, want_res) = _run(block, norm, hidden, residual, "separate", monkeypatch)
-    on_counts, (got, got_res) = _run(block, norm, hidden, residual, "router", monkeypatch, pick)
+    on_counts, (got, got_res) = _run(block, norm, hidden, residual, "router", monkeypatch)
     assert _rel(got_res, want_res) < 1e-2
     assert _rel(got, want) < 3e-2
     assert "triton._dense_gemv_kernel" in on_counts  # the shared expert's GEMVs
     assert sum(on_counts.values()) == sum(off_counts.values()) - 1
     assert off_counts["triton._rms_norm_kernel"] == 1 and "triton._rms_norm_kernel" not in on_counts
     assert on_counts["triton._moe_decode_down_kernel"] == 1
-
-
-def test_one_token_picks_in_the_experts_up_to_the_rank_limit(monkeypatch) -> None:
-    from homelab_llm.engine.kernels.moe_router import PICK_MAX_EXPERTS
-
-    one, two = torch.zeros(1, 64), torch.zeros(2, 64)
-    assert dispatch.router_pick_deferred(one, PICK_MAX_EXPERTS)
-    assert not dispatch.router_pick_deferred(one, PICK_MAX_EXPERTS + 1)
-    assert not dispatch.router_pick_deferred(two, 8)
-    monkeypatch.setenv("HOMELAB_LLM_MOE_PICK", "router")
-    assert not dispatch.router_pick_deferred(one, 8)
 
 
 def test_router_norm_route_is_gpu_decode_only(monkeypatch) -> None:
