@@ -96,6 +96,8 @@ def main() -> int:
     p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto or int8 (the reference deployment)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.4,
+                   help="0.85 for bf16 weights past ~50 GB (the 30B-A3B: 61 GB)")
     a = p.parse_args()
     sys.path.insert(0, a.root)
     import torch
@@ -103,7 +105,8 @@ def main() -> int:
     label = a.label or Path(a.root).name
 
     def engine(**kw):
-        return make_engine(a.config, a.quant, kv_cache_dtype=a.kv_cache_dtype, **kw)
+        return make_engine(a.config, a.quant, kv_cache_dtype=a.kv_cache_dtype,
+                           gpu_memory_utilization=a.gpu_memory_utilization, **kw)
 
     import cProfile
     import pstats

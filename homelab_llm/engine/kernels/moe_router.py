@@ -3,8 +3,10 @@ the top_k largest probabilities and their expert ids, renormalised to sum 1 when
 Reference: moe_ref.route_topk_ref (torch softmax + topk: four to five launches per layer).
 
 One program per token holds its whole logit row in registers (E <= MAX_EXPERTS) and picks the
-top_k by repeated max: ties go to the lowest expert id. Output: weights float32 [T, K], ids int32
-[T, K], in descending weight order as torch.topk gives them. No host reads: graph-capturable.
+top_k by repeated max: ties go to the lowest expert id (bf16/fp16 logits: one integer max a pick
+over keys that hold the logit's bits and the id, _softmax_topk). Output: weights float32 [T, K],
+ids int32 [T, K], in descending weight order as torch.topk gives them. No host reads:
+graph-capturable.
 
 At decode sizes (T <= FUSED_MAX_TOKENS) route_gate_topk also computes the logits, x @ W.T for the
 router's [E, H] weight (reference: F.linear, then route_topk_ref), in the same launch: each program
@@ -30,26 +32,73 @@ FUSED_MAX_TOKENS = 8  # route_gate_topk's last program holds [T, E] logits in re
 
 @triton.jit
 def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+                  BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr, ROUNDED: tl.constexpr = 0):
     """Logit rows x [R, BLOCK_E] (fp32, mask: real experts) -> (weights [R, BLOCK_K] fp32, ids
     [R, BLOCK_K] int32): softmax, then the TOP_K largest by repeated max, ties to the lowest id.
-    A NaN row still gets ids < E (the expert kernels index weights and count picks by them)."""
-    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    A NaN row still gets ids < E (the expert kernels index weights and count picks by them).
+    ROUNDED (rounded_code: 1 bf16, 2 fp16): every logit holds a value of that type (the router's
+    logits are rounded so): each pick is then one max over 32-bit keys (the logit's 16 bits in
+    signed order above 65535 - id) instead of a max and an argmin, and its probability comes
+    from the key's logit by the same formula: bit for bit in the interpreter, within a few ulp
+    on a GPU (its exp and division are approximate and compiled apart: 3 ulp seen on an H200).
+    (Logits so far below the row's max that their probability is 0 tie for the chain, lowest id
+    first, but not for the keys: with fewer than TOP_K nonzero probabilities the picks of weight
+    0 may differ.)"""
+    m = tl.max(x, axis=1)[:, None]
+    p = tl.exp(x - m)
     p = tl.where(mask, p, 0.0)
-    p = p / tl.sum(p, axis=1)[:, None]
-    remaining = tl.where(mask, p, -1.0)  # probabilities are >= 0: -1 marks taken or padding
+    total = tl.sum(p, axis=1)[:, None]
     k_offs = tl.arange(0, BLOCK_K)[None, :]
     weights = tl.zeros([x.shape[0], BLOCK_K], tl.float32)
     ids = tl.zeros([x.shape[0], BLOCK_K], tl.int32)
-    for k in tl.static_range(TOP_K):
-        best = tl.max(remaining, axis=1)[:, None]
-        idx = tl.minimum(tl.min(tl.where(remaining == best, offs_e, BLOCK_E), axis=1), E - 1)[:, None]
-        weights = tl.where(k_offs == k, best, weights)
-        ids = tl.where(k_offs == k, idx, ids)
-        remaining = tl.where(offs_e == idx, -1.0, remaining)
+    if ROUNDED == 0:
+        # probabilities are >= 0: -1 marks taken or padding
+        remaining = tl.where(mask, p / total, -1.0)
+        for k in tl.static_range(TOP_K):
+            best = tl.max(remaining, axis=1)[:, None]
+            idx = tl.minimum(tl.min(tl.where(remaining == best, offs_e, BLOCK_E), axis=1),
+                             E - 1)[:, None]
+            weights = tl.where(k_offs == k, best, weights)
+            ids = tl.where(k_offs == k, idx, ids)
+            remaining = tl.where(offs_e == idx, -1.0, remaining)
+    else:
+        keys = tl.where(mask, logit_key(x, ROUNDED) * 65536 + (65535 - offs_e), -2147483648)
+        for k in tl.static_range(TOP_K):
+            best = tl.max(keys, axis=1)[:, None]
+            idx = tl.minimum(65535 - (best & 65535), E - 1)
+            value = key_logit(best >> 16, ROUNDED)
+            weights = tl.where(k_offs == k, tl.exp(value - m) / total, weights)
+            ids = tl.where(k_offs == k, idx, ids)
+            keys = tl.where(keys == best, -2147483648, keys)
     if RENORMALIZE:
         weights = weights / tl.sum(weights, axis=1)[:, None]
     return weights, ids
+
+
+def rounded_code(dtype: torch.dtype) -> int:
+    """_softmax_topk's ROUNDED for logits rounded to `dtype`: 1 bf16, 2 fp16, 0 other."""
+    return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
+
+
+@triton.jit
+def logit_key(x, ROUNDED: tl.constexpr):
+    """fp32 values of a 16-bit type (ROUNDED) -> int32 in [-32768, 32767] in their order (-0
+    as +0)."""
+    if ROUNDED == 1:
+        bits = x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        bits = x.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+    bits = tl.where(bits == -32768, 0, bits)
+    return tl.where(bits < 0, bits ^ 32767, bits)
+
+
+@triton.jit
+def key_logit(key, ROUNDED: tl.constexpr):
+    """logit_key's inverse: the fp32 value."""
+    bits = tl.where(key < 0, key ^ 32767, key).to(tl.int16)
+    if ROUNDED == 1:
+        return bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -65,14 +114,15 @@ def _store_picks(weights_ptr, ids_ptr, weights, ids, rows, row_mask,
 @triton.jit
 def _route_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_l,
                        TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                       RENORMALIZE: tl.constexpr, PDL: tl.constexpr = False):
+                       RENORMALIZE: tl.constexpr, ROUNDED: tl.constexpr = 0,
+                       PDL: tl.constexpr = False):
     pdl_enter(PDL)
     rows = tl.program_id(0) + tl.arange(0, 1)
     offs = tl.arange(0, BLOCK_E)[None, :]
     mask = offs < E
     x = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + offs, mask=mask,
                 other=-float("inf")).to(tl.float32)
-    weights, ids = _softmax_topk(x, mask, offs, E, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE)
+    weights, ids = _softmax_topk(x, mask, offs, E, TOP_K, BLOCK_E, BLOCK_K, RENORMALIZE, ROUNDED)
     _store_picks(weights_ptr, ids_ptr, weights, ids, rows, rows >= 0, TOP_K, BLOCK_K)
 
 
@@ -103,7 +153,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
                        E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
                        SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                        WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16,
-    PDL: tl.constexpr = False):
+                       ROUNDED: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
     as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
     shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
@@ -158,7 +208,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
         logits = tl.load(logits_ptr + offs_t[:, None] * E_POW2 + offs, mask=mask,
                          other=-float("inf"), cache_modifier=".cg")
         weights, ids = _softmax_topk(logits, offs < E, offs, E, TOP_K, E_POW2, BLOCK_K,
-                                     RENORMALIZE)
+                                     RENORMALIZE, ROUNDED)
         _store_picks(weights_ptr, ids_ptr, weights, ids, offs_t, t_mask, TOP_K, BLOCK_K)
         if SHARED:
             g = tl.load(shared_ptr + offs_t, mask=t_mask, other=0.0, cache_modifier=".cg")
@@ -186,6 +236,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
+        ROUNDED=rounded_code(logits.dtype),
         num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device, "router"))
     return weights, ids
 
@@ -260,6 +311,7 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
+        ROUNDED=rounded_code(x.dtype),
         num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps,
         **pdl_args(x.device, "router"))
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

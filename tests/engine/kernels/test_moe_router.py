@@ -195,3 +195,26 @@ def test_router_writes_the_normalized_rows(tokens, residual, device):
     assert _rel(summed, want_sum) < 1e-2
     if not residual:
         assert summed is x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_keyed_pick_equals_the_chain(dtype, renormalize, device):
+    """16-bit logits take the one-max-a-pick keys (ROUNDED); the same values as fp32 take the
+    max-and-argmin chain: ids equal, with many ties (five values, -0 and +0 among them: ties go
+    to the lowest id on both) and a row of wider values (within exp's range of the row's max:
+    below it, probabilities of 0 tie for the chain, not for the keys -- picks of weight 0 either
+    way). Weights bit for bit in the interpreter, within 1e-6 relative on a GPU: the keys
+    re-form each pick's exp(l - max) / total from its logit, the chain divides the row's vector,
+    and the GPU's exp and division are approximate (3 ulp apart seen on an H200)."""
+    from homelab_llm.engine.kernels.moe_router import route_topk
+
+    gen = torch.Generator().manual_seed(11)
+    values = torch.tensor([-1.0, -0.5, -0.0, 0.0, 0.5, 1.0])
+    rows = values[torch.randint(0, 6, (4, 60), generator=gen)]
+    rows[3] = torch.randn(60, generator=gen) * 8
+    logits = rows.to(dtype).to(device)
+    weights, ids = route_topk(logits, 8, renormalize)
+    want_w, want_ids = route_topk(logits.float(), 8, renormalize)
+    assert torch.equal(ids.cpu(), want_ids.cpu())
+    torch.testing.assert_close(weights.cpu(), want_w.cpu(), rtol=1e-6, atol=0)
