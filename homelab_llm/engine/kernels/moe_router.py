@@ -36,7 +36,7 @@ def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr
     """Logit rows x [R, BLOCK_E] (fp32, mask: real experts) -> (weights [R, BLOCK_K] fp32, ids
     [R, BLOCK_K] int32): softmax, then the TOP_K largest by repeated max, ties to the lowest id.
     A NaN row still gets ids < E (the expert kernels index weights and count picks by them).
-    ROUNDED (rounded_code: 1 bf16, 2 fp16): every logit holds a value of that type (the router's
+    ROUNDED (_rounded_code: 1 bf16, 2 fp16): every logit holds a value of that type (the router's
     logits are rounded so): each pick is then one max over 32-bit keys (the logit's 16 bits in
     signed order above 65535 - id) instead of a max and an argmin, and its probability comes
     from the key's logit by the same formula: bit for bit in the interpreter, within a few ulp
@@ -62,11 +62,11 @@ def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr
             ids = tl.where(k_offs == k, idx, ids)
             remaining = tl.where(offs_e == idx, -1.0, remaining)
     else:
-        keys = tl.where(mask, logit_key(x, ROUNDED) * 65536 + (65535 - offs_e), -2147483648)
+        keys = tl.where(mask, _logit_key(x, ROUNDED) * 65536 + (65535 - offs_e), -2147483648)
         for k in tl.static_range(TOP_K):
             best = tl.max(keys, axis=1)[:, None]
             idx = tl.minimum(65535 - (best & 65535), E - 1)
-            value = key_logit(best >> 16, ROUNDED)
+            value = _key_logit(best >> 16, ROUNDED)
             weights = tl.where(k_offs == k, tl.exp(value - m) / total, weights)
             ids = tl.where(k_offs == k, idx, ids)
             keys = tl.where(keys == best, -2147483648, keys)
@@ -75,13 +75,13 @@ def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr
     return weights, ids
 
 
-def rounded_code(dtype: torch.dtype) -> int:
+def _rounded_code(dtype: torch.dtype) -> int:
     """_softmax_topk's ROUNDED for logits rounded to `dtype`: 1 bf16, 2 fp16, 0 other."""
     return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
 
 
 @triton.jit
-def logit_key(x, ROUNDED: tl.constexpr):
+def _logit_key(x, ROUNDED: tl.constexpr):
     """fp32 values of a 16-bit type (ROUNDED) -> int32 in [-32768, 32767] in their order (-0
     as +0)."""
     if ROUNDED == 1:
@@ -93,8 +93,8 @@ def logit_key(x, ROUNDED: tl.constexpr):
 
 
 @triton.jit
-def key_logit(key, ROUNDED: tl.constexpr):
-    """logit_key's inverse: the fp32 value."""
+def _key_logit(key, ROUNDED: tl.constexpr):
+    """_logit_key's inverse: the fp32 value."""
     bits = tl.where(key < 0, key ^ 32767, key).to(tl.int16)
     if ROUNDED == 1:
         return bits.to(tl.bfloat16, bitcast=True).to(tl.float32)
@@ -236,7 +236,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-        ROUNDED=rounded_code(logits.dtype),
+        ROUNDED=_rounded_code(logits.dtype),
         num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device, "router"))
     return weights, ids
 
@@ -311,7 +311,7 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
-        ROUNDED=rounded_code(x.dtype),
+        ROUNDED=_rounded_code(x.dtype),
         num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps,
         **pdl_args(x.device, "router"))
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed
