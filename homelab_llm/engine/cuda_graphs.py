@@ -8,6 +8,13 @@ K/V once, hybrid models' Gated DeltaNet kernels chain its rows), so speculation 
 graphs of batch * (K+1) rows beside the decode graphs. Padding rows (and whole padding groups)
 carry state slot -1 and KV slot -1: they write nothing.
 
+Short contexts get graphs of their own: a split count sized for the longest context leaves most
+splits of a short one empty, and those cost (BENCHMARKS 23.4: Qwen3-30B-A3B batch 1 at 32 tokens,
+32 splits 345.7 tok/s, 4 splits 353.9). Where the arch table names short_kv_splits below a decode
+shape's count, that shape gets a second graph with that many splits, replayed for the steps whose
+longest sequence wants no more (kv_splits_for). Every split count gives the same attention, so the
+choice is speed only; all ranks of a TP group choose alike (the step header's max_seq_len).
+
 A model with a sliding page group (cache/page_groups.py) gets a second static slot mapping and
 page table of the same shapes, which its sliding layers read in the captured graph.
 
@@ -85,7 +92,7 @@ class DecodeGraphs:
     def __init__(self, model, device: torch.device, max_rows: int, max_pages: int,
                  page_size: int, num_kv_splits: int, sliding: bool = False,
                  keep_hidden: bool = False, capturer: Capturer | None = None,
-                 row_programs: int = 0) -> None:
+                 row_programs: int = 0, short_kv_splits: int = 0) -> None:
         self.model = model
         self.device = device
         self.keep_hidden = keep_hidden
@@ -95,6 +102,7 @@ class DecodeGraphs:
         self.page_size = page_size
         self.num_kv_splits = num_kv_splits
         self.row_programs = row_programs  # kv_splits_at's, past batch 1
+        self.short_kv_splits = short_kv_splits  # 0: no short-context graphs
         n = max_rows
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
@@ -109,9 +117,16 @@ class DecodeGraphs:
         self.state_indices = torch.full((n,), -1, dtype=torch.int32, device=device)
         self.has_initial_state = torch.ones(n, dtype=torch.bool, device=device)
         self.graphs: dict[tuple[int, int], _Graph] = {}  # (rows, verify_width)
+        self.short: dict[int, _Graph] = {}  # rows -> the short-context decode graph
         self.memory_bytes = 0
 
-    def _context(self, bs: int, width: int) -> ForwardContext:
+    def splits(self, bs: int, width: int, short: bool = False) -> int:
+        """The KV split count of the graph of `bs` rows of this width (short: its short-context
+        graph's, which never exceeds the other's)."""
+        full = kv_splits_at(self.num_kv_splits, max(1, bs // width), self.row_programs)
+        return min(full, self.short_kv_splits) if short else full
+
+    def _context(self, bs: int, width: int, short: bool = False) -> ForwardContext:
         sliding = self.sliding_page_table is not None
         return ForwardContext(
             positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
@@ -119,37 +134,55 @@ class DecodeGraphs:
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
             decode_only=True,
-            num_kv_splits=kv_splits_at(self.num_kv_splits, max(1, bs // width), self.row_programs),
+            num_kv_splits=self.splits(bs, width, short),
             state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs],
             verify_width=width, decode_rows=bs,
             sliding_slot_mapping=self.sliding_slot_mapping[:bs] if sliding else None,
             sliding_page_table=self.sliding_page_table[:bs] if sliding else None)
 
-    def _forward(self, bs: int, width: int) -> Outputs:
+    def _forward(self, bs: int, width: int, short: bool = False) -> Outputs:
         """The captured function: the model over the first `bs` static rows."""
-        with forward_context(self._context(bs, width)):
+        with forward_context(self._context(bs, width, short)):
             hidden = self.model(self.input_ids[:bs], self.positions[:bs])
             logits = self.model.compute_logits(hidden)
         return (logits, hidden) if self.keep_hidden else (logits,)
 
     @torch.inference_mode()
     def capture(self, shapes: list[tuple[int, int]]) -> None:
-        """Capture each (rows, verify_width) shape (graph_shapes)."""
+        """Capture each (rows, verify_width) shape (graph_shapes), and a short-context graph for
+        each decode shape whose split count is above short_kv_splits."""
         before = self.capturer.allocated()
         # largest first: later graphs reuse its pool
-        for done, (bs, width) in enumerate(sorted(shapes, reverse=True)):
-            LOAD.step(done, len(shapes), f"(batch {bs})" if width == 1 else f"(verify {bs} rows)")
-            graph, out = self.capturer(lambda bs=bs, width=width: self._forward(bs, width))
-            self.graphs[bs, width] = _Graph(graph, out[0], out[1] if self.keep_hidden else None)
+        jobs = [(bs, width, short) for bs, width in sorted(shapes, reverse=True)
+                for short in (False, True)
+                if not short or (width == 1 and 0 < self.splits(bs, 1, True) < self.splits(bs, 1))]
+        for done, (bs, width, short) in enumerate(jobs):
+            what = f"(verify {bs} rows)" if width > 1 else f"(batch {bs}{', short' if short else ''})"
+            LOAD.step(done, len(jobs), what)
+            graph, out = self.capturer(lambda bs=bs, width=width, short=short:
+                                       self._forward(bs, width, short))
+            captured = _Graph(graph, out[0], out[1] if self.keep_hidden else None)
+            if short:
+                self.short[bs] = captured
+            else:
+                self.graphs[bs, width] = captured
         self.memory_bytes = max(0, self.capturer.allocated() - before)
-        log.info("captured %d decode graphs (rows, width: %s), %.1f MiB", len(shapes), shapes,
-                 self.memory_bytes / 2**20)
+        log.info("captured %d decode graphs (rows, width: %s; short-context graphs for batches "
+                 "%s), %.1f MiB", len(jobs), shapes, sorted(self.short), self.memory_bytes / 2**20)
 
     def release(self) -> None:
         """Destroy every captured graph (what they captured, collectives included, is let go)."""
-        for g in self.graphs.values():
+        for g in (*self.graphs.values(), *self.short.values()):
             g.graph.reset()
         self.graphs.clear()
+        self.short.clear()
+
+    def takes_short(self, rows: int, ctx: ForwardContext) -> bool:
+        """Whether the step replays the short-context graph of its padded `rows`: one is
+        captured and the step's longest sequence wants no more splits than it has."""
+        return (ctx.verify_width == 1 and rows in self.short
+                and kv_splits_for(ctx.max_seq_len, self.page_size, self.num_kv_splits)
+                <= self.short_kv_splits)
 
     def _shape(self, rows: int, width: int) -> tuple[int, int] | None:
         """The smallest captured shape that holds `rows` rows of this width."""
@@ -181,7 +214,7 @@ class DecodeGraphs:
             self.state_indices[bs:size].fill_(-1)  # nor read or write any state
         pages = ctx.page_table.shape[1]
         self.page_table[:bs, :pages].copy_(ctx.page_table)
-        graph = self.graphs[shape]
+        graph = self.short[size] if self.takes_short(size, ctx) else self.graphs[shape]
         graph.graph.replay()
         self.hidden = graph.hidden[:bs] if graph.hidden is not None else None
         return graph.logits[:bs][logits_indices]

@@ -328,8 +328,9 @@ GRAPH_OVERHEAD_BYTES = 2 << 20
 
 def graph_bytes(config: ModelConfig, max_num_seqs: int, dtype: str, tp_size: int,
                 enforce_eager: bool = False) -> int:
-    """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead.
-    An MTP model (config.use_mtp) adds its head's graphs in the same pool (spec/mtp_graphs.py):
+    """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead,
+    batches of up to 8 counted twice (where the arch has short_kv_splits, cuda_graphs.py captures
+    them again for short contexts; planned on every arch, the plan knowing none). An MTP model (config.use_mtp) adds its head's graphs in the same pool (spec/mtp_graphs.py):
     their overhead, the hidden-state rows each decode/verify graph keeps as a static output
     ([rows, hidden], model dtype: about one row per captured row) and the head's static input."""
     if enforce_eager:
@@ -340,7 +341,8 @@ def graph_bytes(config: ModelConfig, max_num_seqs: int, dtype: str, tp_size: int
     if config.mtp_layers:
         row = config.hidden_size * dtype_bytes(dtype)
         mtp = (sum(sizes) + max(sizes)) * row + len(sizes) * config.mtp_layers * GRAPH_OVERHEAD_BYTES
-    return pool + len(sizes) * GRAPH_OVERHEAD_BYTES + mtp
+    short = sum(1 for s in sizes if s <= 8)
+    return pool + (len(sizes) + short) * GRAPH_OVERHEAD_BYTES + mtp
 
 
 # Memory outside torch's allocator: CUDA/HIP context, cuBLAS/hipBLASLt workspaces, and with TP the

@@ -288,7 +288,8 @@ class ModelRunner:
                                    self.page_size, splits,
                                    sliding=self.pool is not None and self.pool.sliding is not None,
                                    keep_hidden=self.config.use_mtp, capturer=capturer,
-                                   row_programs=row_programs)
+                                   row_programs=row_programs,
+                                   short_kv_splits=tiles_for(self.device).short_kv_splits)
         self.graphs.capture(shapes)
         self.memory.graphs = self.graphs.memory_bytes
         if self.config.use_mtp:

@@ -127,6 +127,10 @@ class ArchTiles:
     # Decode graphs past batch 1: KV splits chosen for about this many (row, KV head, split)
     # programs an SM (cuda_graphs.kv_splits_at). 0: the batch-1 count shared out, at least 8.
     kv_programs_per_sm: int = 0
+    # Decode graphs for short contexts (cuda_graphs.DecodeGraphs): where a shape's KV split count
+    # is above this, a second graph with this many splits serves the steps whose longest
+    # sequence wants no more (kv_splits_for). 0: one graph a shape.
+    short_kv_splits: int = 0
     # Decode-path kernels launched with programmatic dependent launch (pdl.py, sm_90+ only): 0
     # off, 1 the next grid launched once every program has waited, 2 once every program is past
     # its main loop (GEMVs) or has exited (the rest).
@@ -248,6 +252,10 @@ TABLE: dict[str, ArchTiles] = {
         # 272.8; batch 32 1 split 23.1 / 554.2 against 54.1 / 536.6 (int8 24.6 / 470.7 against
         # 51.2 / 512.1): about two programs an SM
         kv_programs_per_sm=2,
+        # Qwen3-30B-A3B batch 1 at a 32-token context (BENCHMARKS 23.4, max_kv_splits patched):
+        # 32 splits bf16 345.7 tok/s, 16 348.0, 8 348.7, 4 353.9, 2 352.8, 1 354.8; W4A16 1
+        # split 382.9 against 373.5. Four splits serve contexts below 640 tokens (16-token pages).
+        short_kv_splits=4,
         # decode kernels start while the previous one drains (pdl.py; BENCHMARKS 21.1, greedy
         # tokens equal): 8B W4A16 batch 1 413.3 -> 425.2 tok/s, batch 8 1,989 -> 2,040; 27B
         # 151.3 -> 153.1, batch 8 627.2 -> 637.7; 30B-A3B bf16 316.7 -> 336.4, W4A16 350.9 ->
