@@ -79,7 +79,8 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     runners = []
     for r in range(world):
         graphs = SimpleNamespace(graphs={1: SimpleNamespace(graph=_Graph(log, r)),
-                                         8: SimpleNamespace(graph=_Graph(log, r))})
+                                         8: SimpleNamespace(graph=_Graph(log, r))},
+                                 short={1: SimpleNamespace(graph=_Graph(log, r))})  # short context
         graphs.release = lambda g=graphs: DecodeGraphs.release(g)  # the real method on the fakes
         head = SimpleNamespace(graphs={(1, 0): (_Graph(log, r), ())}, sizes=[1])  # an MTP head's
         head.release = lambda h=head: HeadGraphs.release(h)
@@ -103,7 +104,7 @@ def test_leave_destroys_graphs_then_unmaps_everywhere_before_any_free() -> None:
     first_free = min(log.index("free_own", r) for r in range(world))
     assert last_reset < first_unmap  # every GPU idle and graph-free before a buffer goes
     assert last_unmap < first_free  # an owner frees only after every importer unmapped
-    assert sum(w == "graph_reset" for w, _ in log.events) == 3 * world
+    assert sum(w == "graph_reset" for w, _ in log.events) == 4 * world
 
 
 def test_leave_on_cpu_ranks_skips_the_buffer_barrier() -> None:
