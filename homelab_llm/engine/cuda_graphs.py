@@ -120,13 +120,12 @@ class DecodeGraphs:
         self.short: dict[int, _Graph] = {}  # rows -> the short-context decode graph
         self.memory_bytes = 0
 
-    def splits(self, bs: int, width: int, short: bool = False) -> int:
-        """The KV split count of the graph of `bs` rows of this width (short: its short-context
-        graph's, which never exceeds the other's)."""
-        full = kv_splits_at(self.num_kv_splits, max(1, bs // width), self.row_programs)
-        return min(full, self.short_kv_splits) if short else full
+    def splits(self, bs: int, width: int) -> int:
+        """The KV split count of the graph of `bs` rows of this width (its short-context graph,
+        where it has one: short_kv_splits)."""
+        return kv_splits_at(self.num_kv_splits, max(1, bs // width), self.row_programs)
 
-    def _context(self, bs: int, width: int, short: bool = False) -> ForwardContext:
+    def _context(self, bs: int, width: int, splits: int) -> ForwardContext:
         sliding = self.sliding_page_table is not None
         return ForwardContext(
             positions=self.positions[:bs], slot_mapping=self.slot_mapping[:bs],
@@ -134,15 +133,15 @@ class DecodeGraphs:
             page_table=self.page_table[:bs], max_query_len=1,
             max_seq_len=self.max_pages * self.page_size, page_size=self.page_size,
             decode_only=True,
-            num_kv_splits=self.splits(bs, width, short),
+            num_kv_splits=splits,
             state_indices=self.state_indices[:bs], has_initial_state=self.has_initial_state[:bs],
             verify_width=width, decode_rows=bs,
             sliding_slot_mapping=self.sliding_slot_mapping[:bs] if sliding else None,
             sliding_page_table=self.sliding_page_table[:bs] if sliding else None)
 
-    def _forward(self, bs: int, width: int, short: bool = False) -> Outputs:
+    def _forward(self, bs: int, width: int, splits: int) -> Outputs:
         """The captured function: the model over the first `bs` static rows."""
-        with forward_context(self._context(bs, width, short)):
+        with forward_context(self._context(bs, width, splits)):
             hidden = self.model(self.input_ids[:bs], self.positions[:bs])
             logits = self.model.compute_logits(hidden)
         return (logits, hidden) if self.keep_hidden else (logits,)
@@ -153,14 +152,16 @@ class DecodeGraphs:
         each decode shape whose split count is above short_kv_splits."""
         before = self.capturer.allocated()
         # largest first: later graphs reuse its pool
-        jobs = [(bs, width, short) for bs, width in sorted(shapes, reverse=True)
-                for short in (False, True)
-                if not short or (width == 1 and 0 < self.splits(bs, 1, True) < self.splits(bs, 1))]
-        for done, (bs, width, short) in enumerate(jobs):
+        jobs = []  # (rows, width, splits, short)
+        for bs, width in sorted(shapes, reverse=True):
+            jobs.append((bs, width, self.splits(bs, width), False))
+            if width == 1 and 0 < self.short_kv_splits < self.splits(bs, 1):
+                jobs.append((bs, 1, self.short_kv_splits, True))
+        for done, (bs, width, splits, short) in enumerate(jobs):
             what = f"(verify {bs} rows)" if width > 1 else f"(batch {bs}{', short' if short else ''})"
             LOAD.step(done, len(jobs), what)
-            graph, out = self.capturer(lambda bs=bs, width=width, short=short:
-                                       self._forward(bs, width, short))
+            graph, out = self.capturer(lambda bs=bs, width=width, splits=splits:
+                                       self._forward(bs, width, splits))
             captured = _Graph(graph, out[0], out[1] if self.keep_hidden else None)
             if short:
                 self.short[bs] = captured

@@ -330,9 +330,10 @@ def graph_bytes(config: ModelConfig, max_num_seqs: int, dtype: str, tp_size: int
                 enforce_eager: bool = False) -> int:
     """Memory held by captured decode graphs: one pool sized for the largest batch plus overhead,
     batches of up to 8 counted twice (where the arch has short_kv_splits, cuda_graphs.py captures
-    them again for short contexts; planned on every arch, the plan knowing none). An MTP model (config.use_mtp) adds its head's graphs in the same pool (spec/mtp_graphs.py):
-    their overhead, the hidden-state rows each decode/verify graph keeps as a static output
-    ([rows, hidden], model dtype: about one row per captured row) and the head's static input."""
+    them again for short contexts; planned on every arch, the plan knowing none). An MTP model
+    (config.use_mtp) adds its head's graphs in the same pool (spec/mtp_graphs.py): their overhead,
+    the hidden-state rows each decode/verify graph keeps as a static output ([rows, hidden], model
+    dtype: about one row per captured row) and the head's static input."""
     if enforce_eager:
         return 0
     sizes = graph_capture_sizes(max_num_seqs)
