@@ -19,8 +19,10 @@ Sections (each reports even if another fails):
   router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph;
            and with the gate matmul: cuBLAS + the router vs route_gate_topk (one launch)
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
-           tuning.py entries (fused_moe uses the table's gemv/gemm rows today), and the W4A16
-           decode GEMV (fused_moe_gemv.py, the table's gemv_rows today) under block_n/rows/warps
+           tuning.py entries (fused_moe uses the table's gemv/gemm rows today; dense experts at
+           prefill also (gate_up, down) tile pairs with gate and up in one dot, the moe_gemm
+           entry), and the W4A16 decode GEMV (fused_moe_gemv.py, the table's gemv_rows today)
+           under block_n/rows/warps
 Decode (b <= 8) runs fused_moe_decode; `decode.KIND.bN.gemv_path_ms` / `gemm_path_ms` are the
 older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
   engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
@@ -316,6 +318,25 @@ def section_sweep(setup: Setup, quick: bool) -> None:
                     continue
                 key = f"sweep.{kind}.t{tokens}.m{bm}n{bn}k{bk}w{warps}s{stages}"
                 report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
+            if tokens >= 64 and not w4:
+                _sweep_dense_pairs(x, w13, w2, weights, ids, want, tokens)
+
+
+# dense experts at prefill sizes: (gate_up tiles, down tiles), gate and up paired in one dot
+PREFILL_PAIRS = [((128, 128, 64, 8, 3), (128, 128, 64, 8, 3)), ((128, 128, 64, 8, 4), (128, 128, 64, 8, 3)),
+                 ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3)), ((128, 128, 64, 8, 4), (128, 256, 64, 8, 4)),
+                 ((128, 128, 64, 8, 3), (128, 256, 64, 8, 4)), ((128, 64, 64, 4, 3), (128, 256, 64, 8, 4))]
+
+
+def _sweep_dense_pairs(x, w13, w2, weights, ids, want, tokens: int) -> None:
+    from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles
+
+    for up, down in PREFILL_PAIRS:
+        tiles = MoeGemmTiles(GemmTiles(*up), GemmTiles(*down), paired=True)
+        got = fused_moe(x, w13, w2, weights, ids, tiles=tiles)
+        ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
+        key = "m{}n{}k{}w{}s{}".format(*up) + ".down_m{}n{}k{}w{}s{}".format(*down)
+        report(f"sweep.bf16.t{tokens}.paired.{key}.ms", ms, f"err {rel_err(got, want):.1e}")
 
 
 GEMV_SWEEP = [  # (block_n, rows, num_warps)

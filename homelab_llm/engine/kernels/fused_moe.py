@@ -4,7 +4,9 @@ top-k weighted combine. Reference: moe_ref.moe_experts_ref.
   1. moe_align (moe_align.py) groups the T*K slots by expert in blocks of BLOCK_M rows.
   2. gate_up: each program takes one block (one expert) and BLOCK_N intermediate columns, gathers
      its tokens' rows of x, multiplies by the expert's gate and up columns side by side and
-     writes silu(gate) * up: the [T*K, 2I] gate_up tensor never exists.
+     writes silu(gate) * up: the [T*K, 2I] gate_up tensor never exists. Dense experts may take
+     gate and up in one dot over interleaved columns (MoeGemmTiles.paired: one 2 x BLOCK_N MMA a
+     K step instead of two, the activation tile read once).
   3. down: the same over the [T*K, I] activations, writing each slot's [H] output row.
   4. combine: out[t] = sum_k topk_weights[t, k] * y[t*K + k], in fp32.
 Blocks past the used ones (block_expert -1) do no work, so the grid is fixed by the shapes.
@@ -37,7 +39,7 @@ from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, moe_w4_
 from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
-from homelab_llm.engine.kernels.tuning import GemmTiles, gemm_tiles, tiles_for
+from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
 
 
 @triton.jit
@@ -80,12 +82,13 @@ def _moe_gemm_kernel(
     stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn, stride_be,
     stride_om,
     GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, PAIRED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
     + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
-    with g = min(gate, limit); else a @ w[:, n] (+ bias[n])."""
+    with g = min(gate, limit); else a @ w[:, n] (+ bias[n]). PAIRED (GATED): the tile's columns
+    alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -96,7 +99,14 @@ def _moe_gemm_kernel(
     e = tl.maximum(e, 0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if PAIRED:
+        pair = tl.arange(0, 2 * BLOCK_N)
+        offs_w = pid_n * BLOCK_N + pair // 2 + (pair % 2) * N  # gate n, up n, gate n + 1, ...
+        w_mask = pid_n * BLOCK_N + pair // 2 < N
+    else:
+        offs_w = offs_n
+        w_mask = n_mask
+    acc = tl.zeros([BLOCK_M, 2 * BLOCK_N if PAIRED else BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_end = tl.where(tl.max(valid.to(tl.int32), axis=0) > 0, K, 0)  # unused block: no loads
     for k0 in range(0, k_end, BLOCK_K):
@@ -104,14 +114,14 @@ def _moe_gemm_kernel(
         k_mask = offs_k < K
         a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
                     mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask, stride_we,
+        w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_w, k0, w_mask, k_mask, stride_we,
                          stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
                          BLOCK_K)
         if DOT_F32:
             acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
         else:
             acc += tl.dot(a, w.to(a.dtype))
-        if GATED:
+        if GATED and not PAIRED:
             w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
                                 stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
                                 WFMT, GROUP_SIZE, BLOCK_K)
@@ -120,10 +130,12 @@ def _moe_gemm_kernel(
             else:
                 acc_up += tl.dot(a, w_up.to(a.dtype))
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + e * stride_be + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if GATED:
+        acc += tl.load(bias_ptr + e * stride_be + offs_w, mask=w_mask, other=0.0).to(tl.float32)[None, :]
+        if GATED and not PAIRED:
             acc_up += tl.load(bias_ptr + e * stride_be + N + offs_n, mask=n_mask,
                               other=0.0).to(tl.float32)[None, :]
+    if PAIRED:
+        acc, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     if GATED:
         if CLAMPED:
             gate = tl.minimum(acc, limit)
@@ -150,20 +162,31 @@ def _moe_combine_kernel(y_ptr, w_ptr, out_ptr, H, stride_y, stride_o,
 
 
 def moe_tiles(num_slots: int, num_experts: int, device: torch.device,
-              four_bit: bool = False) -> GemmTiles:
-    """Tiles by the rows an expert sees on average: decode shapes get the small-M entry;
-    four_bit experts at prefill sizes the arch's moe_w4_gemm where it has one."""
+              experts: str = "dense") -> MoeGemmTiles:
+    """Tiles by the rows an expert sees on average: decode shapes get the small-M entry; at
+    prefill sizes experts "dense" take the arch's moe_gemm, "w4" its moe_w4_gemm where it has
+    them ("mx4" and the rest: `gemm` for both GEMMs)."""
     tiles = gemm_tiles(max(1, num_slots // num_experts), device)
     arch = tiles_for(device)
-    if four_bit and tiles is arch.gemm and arch.moe_w4_gemm is not None:
-        return arch.moe_w4_gemm
-    return tiles
+    if tiles is arch.gemm:
+        if experts == "w4" and arch.moe_w4_gemm is not None:
+            return MoeGemmTiles(arch.moe_w4_gemm, arch.moe_w4_gemm)
+        if experts == "dense" and arch.moe_gemm is not None:
+            return arch.moe_gemm
+    return MoeGemmTiles(tiles, tiles)
+
+
+def experts_format(w13) -> str:
+    """moe_tiles' name for a gate_up weight's format."""
+    return "w4" if isinstance(w13, MoeW4) else "mx4" if isinstance(w13, MoeMx4) else "dense"
 
 
 def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
-          tiles: GemmTiles, bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None):
+          tiles: GemmTiles, bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
+          paired: bool = False):
     """One grouped GEMM launch; weight is a dense [E, N', K] tensor, a stacked W4Weight or an
-    Mx4Weight; bias [E, N'] or None; clamp (alpha, limit) selects gpt-oss's activation."""
+    Mx4Weight; bias [E, N'] or None; clamp (alpha, limit) selects gpt-oss's activation; paired
+    (gated, dense weights): gate and up in one dot."""
     block_n = tiles.block_n
     if isinstance(weight, Mx4Weight):
         w, s = weight.blocks, weight.scales
@@ -189,7 +212,7 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         num_slots, n, k, top_k, alpha, limit,
         a.stride(0), *strides, 0 if bias is None else bias.stride(0), out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, WFMT=wfmt, GROUP_SIZE=group, HAS_BIAS=bias is not None,
-        CLAMPED=clamp is not None, BLOCK_M=tiles.block_m,
+        CLAMPED=clamp is not None, PAIRED=gated and paired and wfmt == 0, BLOCK_M=tiles.block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
@@ -208,13 +231,14 @@ def moe_combine(y: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Tensor | None,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              tiles: GemmTiles | None = None, decode: str = "fused",
+              tiles: GemmTiles | MoeGemmTiles | None = None, decode: str = "fused",
               b13: torch.Tensor | None = None, b2: torch.Tensor | None = None,
               clamp: tuple[float, float] | None = None,
               shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, H] (bf16/fp16) through the router's picks -> [T, H] (see the module doc).
     shared: (a shared expert's output [T, H], its gate [T]) added as moe_ref.add_shared_ref
     does -- inside the decode kernels' combine when they run.
+    tiles (sweeps): one GemmTiles for both GEMMs, or a MoeGemmTiles; None: the arch table's.
     decode (T <= 8, benchmarks compare them): "fused" the decode kernels, "gemv" the older 4-bit
     GEMV + combine (dense experts: the GEMM path), "gemm" the tl.dot GEMM path.
     gpt-oss: b13 [E, 2I] / b2 [E, H] expert biases and clamp = (alpha, limit)."""
@@ -242,14 +266,16 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
         return w4_decode(x, w13, topk_weights, topk_ids)
     if isinstance(w13, MoeMx4) and clamp is not None and small:
         return mx4_decode(x, w13, topk_weights, topk_ids, b13, b2, clamp)
-    tiles = tiles or moe_tiles(num_slots, num_experts, x.device, isinstance(w13, MoeW4))
-    sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.block_m)
+    if isinstance(tiles, GemmTiles):
+        tiles = MoeGemmTiles(tiles, tiles)
+    tiles = tiles or moe_tiles(num_slots, num_experts, x.device, experts_format(w13))
+    sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.up.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,
-          gated=True, by_token=True, tiles=tiles, bias=b13, clamp=clamp)
+          gated=True, by_token=True, tiles=tiles.up, bias=b13, clamp=clamp, paired=tiles.paired)
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     _gemm(act, down, y, sorted_slots, block_expert, num_slots, hidden, inter, top_k,
-          gated=False, by_token=False, tiles=tiles, bias=b2)
+          gated=False, by_token=False, tiles=tiles.down, bias=b2)
     return moe_combine(y, topk_weights)
 
 

@@ -59,6 +59,22 @@ class GemmTiles:
 
 
 @dataclass(frozen=True)
+class MoeGemmTiles:
+    """The fused MoE's two grouped GEMMs (fused_moe.py): gate_up's tiles and down's, which share
+    the align's block_m. paired: gate_up interleaves its gate and up columns in one dot of twice
+    block_n (dense experts only: their rows are K-contiguous, so an interleaved tile still loads
+    whole rows; 4-bit words are N-contiguous and keep two dots)."""
+    up: GemmTiles
+    down: GemmTiles
+    paired: bool = False
+
+    def __post_init__(self) -> None:
+        if self.up.block_m != self.down.block_m:
+            raise ValueError(f"MoeGemmTiles: gate_up and down share block_m, got "
+                             f"{self.up.block_m} and {self.down.block_m}")
+
+
+@dataclass(frozen=True)
 class RowsTiles:
     """W4A16 multi-row GEMV (w4a16_rows.py). block_n: output columns per program; it should be
     4 x 32 x num_warps x c (c = 1, 2) so each thread owns whole 16-byte vectors of every word row
@@ -124,6 +140,9 @@ class ArchTiles:
     # Fused MoE grouped GEMM at prefill sizes (the `gemm` entry's rows) over 4-bit experts: its
     # own tiles where measured (the kernel halves block_n for gate + up). None: `gemm`'s.
     moe_w4_gemm: GemmTiles | None = None
+    # The same for dense (bf16/fp16) experts: gate_up's and down's own tiles, gate and up paired
+    # in one dot where measured. None: `gemm`'s for both, two dots.
+    moe_gemm: MoeGemmTiles | None = None
     # Decode graphs past batch 1: KV splits chosen for about this many (row, KV head, split)
     # programs an SM (cuda_graphs.kv_splits_at). 0: the batch-1 count shared out, at least 8.
     kv_programs_per_sm: int = 0
@@ -246,6 +265,11 @@ TABLE: dict[str, ArchTiles] = {
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
         moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),
+        # Dense experts there (BENCHMARKS 24.2, the GEMMs timed apart, random routing): gate_up
+        # with gate and up paired in one 256-wide dot, 4 stages, 322.7 us against `gemm`'s two
+        # dots 338.3; down 128 x 256, 4 stages, 199.1 against 221.5
+        moe_gemm=MoeGemmTiles(GemmTiles(128, 128, 64, num_warps=8, num_stages=4),
+                              GemmTiles(128, 256, 64, num_warps=8, num_stages=4), paired=True),
         # 8B attention, us a layer at 512 / 16K tokens (BENCHMARKS 18.3, int8kv_decode.py
         # --splits): batch 8 4 splits 12.8 / 139.5 against 8 splits 16.5 / 143.4 (int8 KV
         # 14.1 / 132.1 against 16.3 / 137.6); batch 16 2 splits 16.8 / 259.0 against 29.2 /

@@ -338,6 +338,7 @@ def _moe_scenarios():
 
     from homelab_llm.engine.kernels import fused_moe, moe_align, moe_router
     from homelab_llm.engine.kernels.moe_ref import MoeW4
+    from homelab_llm.engine.kernels.tuning import MoeGemmTiles, tiles_for
     from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
     e, top_k, hidden = 128, 8, 2048
@@ -351,6 +352,9 @@ def _moe_scenarios():
     w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
     w2 = torch.zeros((e, hidden, inter), dtype=torch.bfloat16)
     quant = MoeW4(w4(hidden, 2 * inter), w4(inter, hidden))
+
+    def _paired(gemm):
+        return MoeGemmTiles(gemm, gemm, paired=True)
     # fused_moe_decode's K splits are constexprs set by K: the TP=1 width (768) splits down's K
     # in 6 where TP=2's splits it in 3
     wide = 768
@@ -369,6 +373,9 @@ def _moe_scenarios():
         weights = torch.ones((tokens, top_k), dtype=torch.float32)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, w13, w2, weights, ids)
         yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(x, quant, None, weights, ids)
+        if tokens == 2048:  # gate and up paired in one dot, on every target's prefill tiles
+            yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
+                x, w13, w2, weights, ids, tiles=_paired(tiles_for(None).gemm))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
             for w, w_2 in ((w13, w2), (quant, None)):
                 yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(

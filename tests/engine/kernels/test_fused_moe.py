@@ -114,29 +114,66 @@ def test_fused_moe_w4a16_matches_reference(tokens, dtype, device, full_shapes):
     assert rel_err(got, want) < bound, rel_err(got, want)
 
 
-def test_four_bit_prefill_takes_the_arch_moe_w4_gemm_tiles(device, monkeypatch):
-    """Where an arch has moe_w4_gemm, 4-bit experts at prefill sizes run on it (dense experts and
-    small batches keep the gemm / small entries), and the results still match the reference."""
+def test_prefill_takes_the_arch_moe_gemm_tiles(device, monkeypatch):
+    """Where an arch has moe_w4_gemm / moe_gemm, 4-bit / dense experts at prefill sizes run on
+    them (MXFP4 experts and small batches keep the gemm / small entries for both GEMMs), and the
+    results still match the reference."""
     import dataclasses
 
     from homelab_llm.engine.kernels import tuning
     from homelab_llm.engine.kernels.fused_moe import fused_moe, moe_tiles
+    from homelab_llm.engine.kernels.tuning import MoeGemmTiles
 
     arch = tuning.arch_name(torch.device(device))
     base = tuning.TABLE[arch]
     wide = dataclasses.replace(base.gemm, block_n=base.gemm.block_n * 2)
-    monkeypatch.setitem(tuning.TABLE, arch, dataclasses.replace(base, moe_w4_gemm=wide))
+    dense = MoeGemmTiles(base.gemm, wide, paired=True)
+    monkeypatch.setitem(tuning.TABLE, arch, dataclasses.replace(base, moe_w4_gemm=wide, moe_gemm=dense))
     dev = torch.device(device)
-    assert moe_tiles(8 * 100, 8, dev, four_bit=True) == wide
-    assert moe_tiles(8 * 100, 8, dev) == base.gemm
-    assert moe_tiles(8 * 2, 8, dev, four_bit=True) == base.gemv
+    assert moe_tiles(8 * 100, 8, dev, "w4") == MoeGemmTiles(wide, wide)
+    assert moe_tiles(8 * 100, 8, dev) == dense
+    assert moe_tiles(8 * 100, 8, dev, "mx4") == MoeGemmTiles(base.gemm, base.gemm)
+    assert moe_tiles(8 * 2, 8, dev, "w4") == MoeGemmTiles(base.gemv, base.gemv)
+    assert moe_tiles(8 * 2, 8, dev) == MoeGemmTiles(base.gemv, base.gemv)
     gen = torch.Generator().manual_seed(9)
     e, h, i, top_k, g = 4, 64, 64, 2, 32
     w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
+    w13, w2 = _experts(gen, e, h, i, torch.float32, device)
     x = (torch.randn(160, h, generator=gen) * 0.1).float().to(device)
     weights, ids = _picks(gen, 160, e, top_k, device)
-    got = fused_moe(x, w4, None, weights, ids)
-    want = moe_experts_ref(x, w4, None, weights, ids)
+    for up, down in ((w4, None), (w13, w2)):
+        got = fused_moe(x, up, down, weights, ids)
+        want = moe_experts_ref(x, up, down, weights, ids)
+        assert rel_err(got, want) < _fp32_bound(1e-4, device), rel_err(got, want)
+
+
+def test_paired_gate_up_matches_two_dots(device):
+    """Gate and up interleaved in one dot (MoeGemmTiles.paired) against the two-dot kernel and the
+    reference: plain SwiGLU, and gpt-oss's biases and clamped activation; an intermediate size
+    that is not a multiple of block_n masks the last column block. 4-bit experts ignore the flag
+    (their words are N-contiguous). Bound: fp32, 1e-5 between the kernels (the same products,
+    summed per column in one dot or the other), 1e-4 to the reference."""
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.fused_moe import fused_moe
+    from homelab_llm.engine.kernels.moe_gptoss_ref import gptoss_experts_ref
+    from homelab_llm.engine.kernels.tuning import MoeGemmTiles
+
+    gemm = tuning.tiles_for(torch.device(device)).gemm
+    paired, plain = MoeGemmTiles(gemm, gemm, paired=True), MoeGemmTiles(gemm, gemm)
+    gen = torch.Generator().manual_seed(21)
+    e, h, i, top_k = 6, 64, 40, 2
+    x, w13, w2, b13, b2, weights, ids = _gptoss_inputs(gen, 70, e, h, i, top_k, torch.float32, device)
+    cases = (({}, moe_experts_ref(x, w13, w2, weights, ids)),
+             (dict(b13=b13, b2=b2, clamp=(1.702, 0.7)),
+              gptoss_experts_ref(x, w13, b13, w2, b2, weights, ids, 1.702, 0.7)))
+    for kw, want in cases:
+        got = fused_moe(x, w13, w2, weights, ids, tiles=paired, **kw)
+        two = fused_moe(x, w13, w2, weights, ids, tiles=plain, **kw)
+        assert rel_err(got, two) < _fp32_bound(1e-5, device), rel_err(got, two)
+        assert rel_err(got, want) < _fp32_bound(1e-4, device), rel_err(got, want)
+    w4 = MoeW4(random_moe_w4(gen, e, h, 2 * 64, 32, device), random_moe_w4(gen, e, 64, h, 32, device))
+    got = fused_moe(x * 0.05, w4, None, weights, ids, tiles=paired)
+    want = moe_experts_ref(x * 0.05, w4, None, weights, ids)
     assert rel_err(got, want) < _fp32_bound(1e-4, device), rel_err(got, want)
 
 
@@ -158,7 +195,7 @@ def test_decode_reads_each_active_expert_once(device):
     gen = torch.Generator().manual_seed(3)
     for tokens in (1, 2, 8):
         _, ids = _picks(gen, tokens, 32, 8, device)
-        block_m = moe_tiles(tokens * 8, 32, device).block_m
+        block_m = moe_tiles(tokens * 8, 32, device).up.block_m
         _, block_expert, _ = moe_align(ids, 32, block_m)
         used = block_expert[block_expert >= 0].cpu()
         assert len(used) == len(set(used.tolist())) == len(set(ids.flatten().tolist()))
