@@ -21,7 +21,7 @@ Sections (each reports even if another fails):
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
            tuning.py entries (fused_moe uses the table's gemv/gemm rows today; dense experts at
            prefill also (gate_up, down) tile pairs with gate and up in one dot, the moe_gemm
-           entry), and the W4A16 decode GEMV (fused_moe_gemv.py, the table's gemv_rows today)
+           entry; 4-bit experts the same on the word-tile loop), and the W4A16 decode GEMV (fused_moe_gemv.py, the table's gemv_rows today)
            under block_n/rows/warps
 Decode (b <= 8) runs fused_moe_decode; `decode.KIND.bN.gemv_path_ms` / `gemm_path_ms` are the
 older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
@@ -309,34 +309,42 @@ def section_sweep(setup: Setup, quick: bool) -> None:
             for bm, bn, bk, warps, stages in SWEEP_TILES:
                 if (tokens < 64) != (bm <= 32):
                     continue
-                tiles = GemmTiles(bm, bn, bk, warps, stages)
-                try:
-                    got = fused_moe(x, w13, w2, weights, ids, tiles=tiles)
-                    ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
-                except Exception as exc:  # a variant that does not fit is reported, not fatal
-                    print(f"  sweep {kind} t{tokens} {tiles}: {type(exc).__name__}", flush=True)
-                    continue
-                key = f"sweep.{kind}.t{tokens}.m{bm}n{bn}k{bk}w{warps}s{stages}"
-                report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
-            if tokens >= 64 and not w4:
-                _sweep_dense_pairs(x, w13, w2, weights, ids, want, tokens)
+                _time_tiles(f"sweep.{kind}.t{tokens}.m{bm}n{bn}k{bk}w{warps}s{stages}",
+                            (x, w13, w2, weights, ids), want, GemmTiles(bm, bn, bk, warps, stages))
+            if tokens >= 64:
+                _sweep_pairs(x, w13, w2, weights, ids, want, tokens, w4)
 
 
-# dense experts at prefill sizes: (gate_up tiles, down tiles), gate and up paired in one dot
+# prefill sizes, (gate_up tiles, down tiles): dense experts with gate and up paired in one dot,
+# 4-bit experts on the word-tile loop (MoeGemmTiles.words; block_k within the group)
 PREFILL_PAIRS = [((128, 128, 64, 8, 3), (128, 128, 64, 8, 3)), ((128, 128, 64, 8, 4), (128, 128, 64, 8, 3)),
                  ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3)), ((128, 128, 64, 8, 4), (128, 256, 64, 8, 4)),
                  ((128, 128, 64, 8, 3), (128, 256, 64, 8, 4)), ((128, 64, 64, 4, 3), (128, 256, 64, 8, 4))]
+PREFILL_WORDS = [((128, 64, 128, 8, 3), (128, 64, 128, 8, 3)), ((128, 64, 128, 8, 2), (128, 64, 128, 8, 2)),
+                 ((128, 64, 128, 8, 4), (128, 128, 128, 8, 3)), ((64, 64, 128, 4, 3), (64, 64, 128, 4, 3)),
+                 ((128, 128, 128, 8, 3), (128, 128, 128, 8, 3))]  # sm_90 compiles: 128 x 64 on 8 warps no spills
 
 
-def _sweep_dense_pairs(x, w13, w2, weights, ids, want, tokens: int) -> None:
+def _sweep_pairs(x, w13, w2, weights, ids, want, tokens: int, w4: bool) -> None:
     from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles
 
-    for up, down in PREFILL_PAIRS:
-        tiles = MoeGemmTiles(GemmTiles(*up), GemmTiles(*down), paired=True)
-        got = fused_moe(x, w13, w2, weights, ids, tiles=tiles)
-        ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
+    form = "words" if w4 else "paired"
+    for up, down in PREFILL_WORDS if w4 else PREFILL_PAIRS:
+        tiles = MoeGemmTiles(GemmTiles(*up), GemmTiles(*down), paired=not w4, words=w4)
         key = "m{}n{}k{}w{}s{}".format(*up) + ".down_m{}n{}k{}w{}s{}".format(*down)
-        report(f"sweep.bf16.t{tokens}.paired.{key}.ms", ms, f"err {rel_err(got, want):.1e}")
+        kind = "w4a16" if w4 else "bf16"
+        _time_tiles(f"sweep.{kind}.t{tokens}.{form}.{key}", (x, w13, w2, weights, ids), want, tiles)
+
+
+def _time_tiles(key: str, args: tuple, want: torch.Tensor, tiles) -> None:
+    """One sweep variant: fused_moe(*args, tiles=tiles) timed in a graph, its error to `want`."""
+    try:
+        got = fused_moe(*args, tiles=tiles)
+        ms = bench_graph(lambda: fused_moe(*args, tiles=tiles))
+    except Exception as exc:  # a variant that does not fit is reported, not fatal
+        print(f"  {key}: {type(exc).__name__}", flush=True)
+        return
+    report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
 
 
 GEMV_SWEEP = [  # (block_n, rows, num_warps)

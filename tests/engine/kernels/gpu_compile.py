@@ -338,6 +338,8 @@ def _moe_scenarios():
 
     from homelab_llm.engine.kernels import fused_moe, moe_align, moe_router
     from homelab_llm.engine.kernels.moe_ref import MoeW4
+    import dataclasses
+
     from homelab_llm.engine.kernels.tuning import MoeGemmTiles, tiles_for
     from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
@@ -355,6 +357,11 @@ def _moe_scenarios():
 
     def _paired(gemm):
         return MoeGemmTiles(gemm, gemm, paired=True)
+
+    def _words(arch):
+        tiles = arch.moe_w4_gemm or arch.gemm  # sm_90: 128 x 64 on 8 warps, no spills (wider spill)
+        tiles = dataclasses.replace(tiles, block_k=128, block_n=min(tiles.block_n, 64))
+        return MoeGemmTiles(tiles, tiles, words=True)
     # fused_moe_decode's K splits are constexprs set by K: the TP=1 width (768) splits down's K
     # in 6 where TP=2's splits it in 3
     wide = 768
@@ -376,6 +383,8 @@ def _moe_scenarios():
         if tokens == 2048:  # gate and up paired in one dot, on every target's prefill tiles
             yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
                 x, w13, w2, weights, ids, tiles=_paired(tiles_for(None).gemm))
+            yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(  # 4-bit word tiles
+                x, quant, None, weights, ids, tiles=_words(tiles_for(None)))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
             for w, w_2 in ((w13, w2), (quant, None)):
                 yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
@@ -678,6 +687,16 @@ def resource_usage(kernel, target: str) -> dict:
     return {"regs": int(regs.group(1)), "spills": spills} if regs else {}
 
 
+def _chain(e: BaseException) -> str:
+    """The error with its causes (a CompilationError's message points at the call; the cause
+    says what failed inside it)."""
+    parts = []
+    while e is not None and len(parts) < 4:
+        parts.append(f"{type(e).__name__}: {e}".strip())
+        e = e.__cause__ or e.__context__
+    return "\n  caused by ".join(parts)
+
+
 def compile_one(spec: dict, target: str, usage: bool = False) -> tuple[str | None, int] | tuple[str | None, int, dict]:
     """(None when it compiles, else the compiler's message; shared memory bytes it uses), and
     with usage=True the resource_usage dict as a third item."""
@@ -690,7 +709,7 @@ def compile_one(spec: dict, target: str, usage: bool = False) -> tuple[str | Non
         src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         kernel = triton.compile(src, target=_target(target), options=dict(spec["options"]))
     except Exception as e:  # noqa: BLE001 - every compiler failure is the finding
-        return (f"{type(e).__name__}: {e}".strip(), 0) + (({},) if usage else ())
+        return (_chain(e), 0) + (({},) if usage else ())
     shared = getattr(kernel.metadata, "shared", 0) or 0
     err = None
     if shared > SMEM_LIMIT[target]:
