@@ -193,7 +193,7 @@ def moe_tiles(num_slots: int, num_experts: int, device: torch.device,
     return MoeGemmTiles(tiles, tiles)
 
 
-def experts_format(w13) -> str:
+def _experts_format(w13) -> str:
     """moe_tiles' name for a gate_up weight's format."""
     return "w4" if isinstance(w13, MoeW4) else "mx4" if isinstance(w13, MoeMx4) else "dense"
 
@@ -210,15 +210,15 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         strides = (w.stride(0), w.stride(1), 1, s.stride(0), s.stride(2), s.stride(1))
         wfmt, group, block_k = 2, 32, min(tiles.block_k, 64)
     elif not isinstance(weight, torch.Tensor):
-        # A 4-bit tile is loaded as int32 words per k row (4 bytes a weight in shared memory) and
-        # the gated GEMM holds two of them: half the table's width keeps it within the budget
-        # the table's W4A16 GEMM has (sm80's 99 KB at three stages).
         w, s = weight.qweight, weight.scales
         strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1), 0)
         wfmt, group, block_k = 1, weight.group_size, min(tiles.block_k, weight.group_size)
         # the word-tile loop's dots take block_k / 8 as their K: 16 at least on tensor cores
         # (group 32 or 64 keeps the tile loop)
         words = words and (block_k >= 128 or dot_in_fp32())
+        # The tile loop loads a 4-bit tile as int32 words per k row (4 bytes a weight in shared
+        # memory) and the gated GEMM holds two of them: half the table's width keeps it within
+        # the budget the table's W4A16 GEMM has (sm80's 99 KB at three stages).
         block_n = block_n // 2 if gated and not words else block_n
     else:
         w = s = weight
@@ -289,7 +289,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
         return mx4_decode(x, w13, topk_weights, topk_ids, b13, b2, clamp)
     if isinstance(tiles, GemmTiles):
         tiles = MoeGemmTiles(tiles, tiles)
-    tiles = tiles or moe_tiles(num_slots, num_experts, x.device, experts_format(w13))
+    tiles = tiles or moe_tiles(num_slots, num_experts, x.device, _experts_format(w13))
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.up.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,

@@ -334,12 +334,12 @@ def _dense_gemv_scenarios():
 def _moe_scenarios():
     """Fused MoE at the Qwen3-30B-A3B shape (128 experts, top 8, hidden 2048, expert 768; TP=2
     halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
+    import dataclasses
+
     import torch
 
     from homelab_llm.engine.kernels import fused_moe, moe_align, moe_router
     from homelab_llm.engine.kernels.moe_ref import MoeW4
-    import dataclasses
-
     from homelab_llm.engine.kernels.tuning import MoeGemmTiles, tiles_for
     from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
