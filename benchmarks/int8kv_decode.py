@@ -70,6 +70,13 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
     "b128w8s5": (T(128, 8, 5), BF),
     "b128w4s3": (T(128, 4, 3), BF),
     "kv.w8": (T(64, 8, 1, prefetch_kv=True), BF),
+    # short contexts (a few hundred keys a split: one or two tiles a program)
+    "b32w4s2": (T(32, 4, 2), BF),
+    "b32w2s3": (T(32, 2, 3), BF),
+    "b64w4s2": (T(64, 4, 2), BF),
+    "b128w4s2": (T(128, 4, 2), BF),
+    "w8s5.fm": (T(64, 8, 5, fused_merge=True), BF),
+    "b128w8s3.fm": (T(128, 8, 3, fused_merge=True), BF),
     "sc": (T(64, 4, 3, prefetch_scales=True), I8),
     "sc.dot": (T(64, 4, 3, int8_dot=True, prefetch_scales=True), I8),
     "sc.dot.r160": (T(64, 4, 3, int8_dot=True, prefetch_scales=True, max_regs=160), I8),

@@ -315,25 +315,21 @@ def section_sweep(setup: Setup, quick: bool) -> None:
                 _sweep_pairs(x, w13, w2, weights, ids, want, tokens, w4)
 
 
-# prefill sizes, (gate_up tiles, down tiles): dense experts with gate and up paired in one dot,
-# 4-bit experts on the word-tile loop (MoeGemmTiles.words; block_k within the group)
+# prefill sizes, (gate_up tiles, down tiles): dense experts with gate and up paired in one dot
 PREFILL_PAIRS = [((128, 128, 64, 8, 3), (128, 128, 64, 8, 3)), ((128, 128, 64, 8, 4), (128, 128, 64, 8, 3)),
                  ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3)), ((128, 128, 64, 8, 4), (128, 256, 64, 8, 4)),
                  ((128, 128, 64, 8, 3), (128, 256, 64, 8, 4)), ((128, 64, 64, 4, 3), (128, 256, 64, 8, 4))]
-PREFILL_WORDS = [((128, 64, 128, 8, 3), (128, 64, 128, 8, 3)), ((128, 64, 128, 8, 2), (128, 64, 128, 8, 2)),
-                 ((128, 64, 128, 8, 4), (128, 128, 128, 8, 3)), ((64, 64, 128, 4, 3), (64, 64, 128, 4, 3)),
-                 ((128, 128, 128, 8, 3), (128, 128, 128, 8, 3))]  # sm_90 compiles: 128 x 64 on 8 warps no spills
 
 
 def _sweep_pairs(x, w13, w2, weights, ids, want, tokens: int, w4: bool) -> None:
     from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles
 
-    form = "words" if w4 else "paired"
-    for up, down in PREFILL_WORDS if w4 else PREFILL_PAIRS:
-        tiles = MoeGemmTiles(GemmTiles(*up), GemmTiles(*down), paired=not w4, words=w4)
+    if w4:  # 4-bit words are N-contiguous: paired columns break every load (BENCHMARKS 24.2)
+        return
+    for up, down in PREFILL_PAIRS:
+        tiles = MoeGemmTiles(GemmTiles(*up), GemmTiles(*down), paired=True)
         key = "m{}n{}k{}w{}s{}".format(*up) + ".down_m{}n{}k{}w{}s{}".format(*down)
-        kind = "w4a16" if w4 else "bf16"
-        _time_tiles(f"sweep.{kind}.t{tokens}.{form}.{key}", (x, w13, w2, weights, ids), want, tiles)
+        _time_tiles(f"sweep.bf16.t{tokens}.paired.{key}", (x, w13, w2, weights, ids), want, tiles)
 
 
 def _time_tiles(key: str, args: tuple, want: torch.Tensor, tiles) -> None:

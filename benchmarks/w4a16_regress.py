@@ -92,6 +92,9 @@ def main() -> int:
     p.add_argument("--eager-profile", action="store_true")
     p.add_argument("--profile-batch", type=int, default=1, help="requests in the eager profile")
     p.add_argument("--batch", type=int, default=1, help="requests in the timed graph decode")
+    p.add_argument("--prompt-len", type=int, default=32,
+                   help="prompt tokens of every request (past 32: prefix caching off, so each "
+                        "request reads its own KV as distinct prompts would)")
     p.add_argument("--label", default="")
     p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
@@ -105,6 +108,8 @@ def main() -> int:
     label = a.label or Path(a.root).name
 
     def engine(**kw):
+        if a.prompt_len > 32:
+            kw.setdefault("enable_prefix_caching", False)
         return make_engine(a.config, a.quant, kv_cache_dtype=a.kv_cache_dtype,
                            gpu_memory_utilization=a.gpu_memory_utilization, **kw)
 
@@ -112,7 +117,7 @@ def main() -> int:
     import pstats
 
     prof = cProfile.Profile()
-    prompt = list(range(100, 132))
+    prompt = [100 + i % 1000 for i in range(a.prompt_len)]
     eng = engine()
     ids: list[int] = []
     wall, gpu, replays = graph_decode(eng, prompt, a.tokens, prof if a.cprofile else None, ids,

@@ -40,7 +40,6 @@ from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
-from homelab_llm.engine.kernels.w4a16_dot import wright_steps
 
 
 @triton.jit
@@ -83,16 +82,13 @@ def _moe_gemm_kernel(
     stride_am, stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn, stride_be,
     stride_om,
     GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, PAIRED: tl.constexpr, WORDS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, PAIRED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
     + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
     with g = min(gate, limit); else a @ w[:, n] (+ bias[n]). PAIRED (GATED): the tile's columns
-    alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both. WORDS (4-bit
-    experts, BLOCK_K within a group): the few-row W4A16 kernel's K loop (w4a16_dot.wright_steps:
-    each word loaded once a step, nibble pairs as magic-number floats, eight dots) over the
-    block's gathered rows, once for gate and once for up."""
+    alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -111,41 +107,28 @@ def _moe_gemm_kernel(
         offs_w = offs_n
         w_mask = n_mask
     k_end = tl.where(tl.max(valid.to(tl.int32), axis=0) > 0, K, 0)  # unused block: no loads
-    if WORDS:
-        x_rows = a_ptr + rows[:, None] * stride_am
-        X_F16: tl.constexpr = a_ptr.dtype.element_ty == tl.float16
-        w_e, s_e, b_e = w_ptr + e * stride_we, s_ptr + e * stride_se, b_ptr + e * stride_se
-        acc = wright_steps(x_rows, w_e, s_e, b_e, rows, offs_n, valid, n_mask, 0,
-                           k_end, stride_wk, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N, BLOCK_K // 8,
-                           X_F16, False, DOT_F32)
-        acc_up = acc
-        if GATED:
-            acc_up = wright_steps(x_rows, w_e, s_e, b_e, rows, offs_n + N, valid,
-                                  n_mask, 0, k_end, stride_wk, stride_sg, GROUP_SIZE, BLOCK_M,
-                                  BLOCK_N, BLOCK_K // 8, X_F16, False, DOT_F32)
-    else:
-        acc = tl.zeros([BLOCK_M, 2 * BLOCK_N if PAIRED else BLOCK_N], tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, k_end, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
-                        mask=valid[:, None] & k_mask[None, :], other=0.0)
-            w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_w, k0, w_mask, k_mask, stride_we,
-                             stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
-                             BLOCK_K)
+    acc = tl.zeros([BLOCK_M, 2 * BLOCK_N if PAIRED else BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
+                    mask=valid[:, None] & k_mask[None, :], other=0.0)
+        w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_w, k0, w_mask, k_mask, stride_we,
+                         stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
+                         BLOCK_K)
+        if DOT_F32:
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+        else:
+            acc += tl.dot(a, w.to(a.dtype))
+        if GATED and not PAIRED:
+            w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
+                                stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
+                                WFMT, GROUP_SIZE, BLOCK_K)
             if DOT_F32:
-                acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+                acc_up += tl.dot(a.to(tl.float32), w_up.to(tl.float32))
             else:
-                acc += tl.dot(a, w.to(a.dtype))
-            if GATED and not PAIRED:
-                w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
-                                    stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
-                                    WFMT, GROUP_SIZE, BLOCK_K)
-                if DOT_F32:
-                    acc_up += tl.dot(a.to(tl.float32), w_up.to(tl.float32))
-                else:
-                    acc_up += tl.dot(a, w_up.to(a.dtype))
+                acc_up += tl.dot(a, w_up.to(a.dtype))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e * stride_be + offs_w, mask=w_mask, other=0.0).to(tl.float32)[None, :]
         if GATED and not PAIRED:
@@ -200,10 +183,10 @@ def _experts_format(w13) -> str:
 
 def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
           tiles: GemmTiles, bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
-          paired: bool = False, words: bool = False):
+          paired: bool = False):
     """One grouped GEMM launch; weight is a dense [E, N', K] tensor, a stacked W4Weight or an
     Mx4Weight; bias [E, N'] or None; clamp (alpha, limit) selects gpt-oss's activation; paired
-    (gated, dense weights): gate and up in one dot; words (4-bit weights): the word-tile loop."""
+    (gated, dense weights): gate and up in one dot."""
     block_n = tiles.block_n
     if isinstance(weight, Mx4Weight):
         w, s = weight.blocks, weight.scales
@@ -213,13 +196,10 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         w, s = weight.qweight, weight.scales
         strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1), 0)
         wfmt, group, block_k = 1, weight.group_size, min(tiles.block_k, weight.group_size)
-        # the word-tile loop's dots take block_k / 8 as their K: 16 at least on tensor cores
-        # (group 32 or 64 keeps the tile loop)
-        words = words and (block_k >= 128 or dot_in_fp32())
         # The tile loop loads a 4-bit tile as int32 words per k row (4 bytes a weight in shared
         # memory) and the gated GEMM holds two of them: half the table's width keeps it within
         # the budget the table's W4A16 GEMM has (sm80's 99 KB at three stages).
-        block_n = block_n // 2 if gated and not words else block_n
+        block_n = block_n // 2 if gated else block_n
     else:
         w = s = weight
         strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0, 0)
@@ -232,8 +212,7 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         num_slots, n, k, top_k, alpha, limit,
         a.stride(0), *strides, 0 if bias is None else bias.stride(0), out.stride(0),
         GATED=gated, A_BY_TOKEN=by_token, WFMT=wfmt, GROUP_SIZE=group, HAS_BIAS=bias is not None,
-        CLAMPED=clamp is not None, PAIRED=gated and paired and wfmt == 0, WORDS=words and wfmt == 1,
-        BLOCK_M=tiles.block_m,
+        CLAMPED=clamp is not None, PAIRED=gated and paired and wfmt == 0, BLOCK_M=tiles.block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
@@ -293,11 +272,10 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.up.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
     _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,
-          gated=True, by_token=True, tiles=tiles.up, bias=b13, clamp=clamp, paired=tiles.paired,
-          words=tiles.words)
+          gated=True, by_token=True, tiles=tiles.up, bias=b13, clamp=clamp, paired=tiles.paired)
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     _gemm(act, down, y, sorted_slots, block_expert, num_slots, hidden, inter, top_k,
-          gated=False, by_token=False, tiles=tiles.down, bias=b2, words=tiles.words)
+          gated=False, by_token=False, tiles=tiles.down, bias=b2)
     return moe_combine(y, topk_weights)
 
 

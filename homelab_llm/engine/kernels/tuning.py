@@ -63,15 +63,10 @@ class MoeGemmTiles:
     """The fused MoE's two grouped GEMMs (fused_moe.py): gate_up's tiles and down's, which share
     the align's block_m. paired: gate_up interleaves its gate and up columns in one dot of twice
     block_n (dense experts only: their rows are K-contiguous, so an interleaved tile still loads
-    whole rows; 4-bit words are N-contiguous and keep two dots). words (4-bit experts): each K
-    step loads its [block_k / 8, block_n] words once and dots them nibble by nibble (the few-row
-    W4A16 kernel's loop) instead of a [block_k, block_n] tile of words repeated 8 times; its dots'
-    K is block_k / 8, so GPUs take it at block_k 128 (within the group) and keep the tile loop
-    below that."""
+    whole rows; 4-bit words are N-contiguous and keep two dots)."""
     up: GemmTiles
     down: GemmTiles
     paired: bool = False
-    words: bool = False
 
     def __post_init__(self) -> None:
         if self.up.block_m != self.down.block_m:

@@ -334,8 +334,6 @@ def _dense_gemv_scenarios():
 def _moe_scenarios():
     """Fused MoE at the Qwen3-30B-A3B shape (128 experts, top 8, hidden 2048, expert 768; TP=2
     halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
-    import dataclasses
-
     import torch
 
     from homelab_llm.engine.kernels import fused_moe, moe_align, moe_router
@@ -358,10 +356,6 @@ def _moe_scenarios():
     def _paired(gemm):
         return MoeGemmTiles(gemm, gemm, paired=True)
 
-    def _words(arch):
-        tiles = arch.moe_w4_gemm or arch.gemm  # sm_90: 128 x 64 on 8 warps, no spills (wider spill)
-        tiles = dataclasses.replace(tiles, block_k=128, block_n=min(tiles.block_n, 64))
-        return MoeGemmTiles(tiles, tiles, words=True)
     # fused_moe_decode's K splits are constexprs set by K: the TP=1 width (768) splits down's K
     # in 6 where TP=2's splits it in 3
     wide = 768
@@ -383,8 +377,6 @@ def _moe_scenarios():
         if tokens == 2048:  # gate and up paired in one dot, on every target's prefill tiles
             yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
                 x, w13, w2, weights, ids, tiles=_paired(tiles_for(None).gemm))
-            yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(  # 4-bit word tiles
-                x, quant, None, weights, ids, tiles=_words(tiles_for(None)))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
             for w, w_2 in ((w13, w2), (quant, None)):
                 yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(

@@ -179,31 +179,6 @@ def test_paired_gate_up_matches_two_dots(device):
     assert rel_err(got, want) < _fp32_bound(1e-4, device), rel_err(got, want)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_word_tiles_match_reference(dtype, device):
-    """4-bit experts through the word-tile loop (MoeGemmTiles.words: w4a16_dot.wright_steps over
-    the block's gathered rows) against the dequantized reference: gate_up and down, a K step of
-    half a group (the interpreter only: a GPU keeps the tile loop below 128) and of a whole
-    group, an expert no token picks (its blocks do no work). Bounds
-    as test_fused_moe_w4a16_matches_reference (fp32 1e-4: the magic-number offset subtracts ~7
-    bits of the fp32 sums; bf16 1.5e-2, fp16 2e-3); 2e-2 on a GPU (TF32 for fp32)."""
-    from homelab_llm.engine.kernels.fused_moe import fused_moe
-    from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles
-
-    gen = torch.Generator().manual_seed(33)
-    e, h, i, top_k, g = 6, 256, 128, 2, 128
-    w4 = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
-    x = (torch.randn(50, h, generator=gen) * 0.1).to(dtype).to(device)
-    weights, ids = _picks(gen, 50, e - 1, top_k, device)  # expert e - 1 unused
-    want = moe_experts_ref(x.float(), w4, None, weights, ids)
-    bound = 2e-2 if torch.device(device).type == "cuda" else {
-        torch.float32: 1e-4, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}[dtype]
-    for block_k in (64, 128):
-        tiles = GemmTiles(16, 32, block_k, num_warps=4, num_stages=2)
-        got = fused_moe(x, w4, None, weights, ids, tiles=MoeGemmTiles(tiles, tiles, words=True))
-        assert rel_err(got, want) < bound, (block_k, rel_err(got, want))
-
-
 def test_combine_matches_reference(device):
     from homelab_llm.engine.kernels.fused_moe import moe_combine
 
