@@ -49,6 +49,7 @@ from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
                                                      ticket_buffer, unscale_pow2)
+from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -64,13 +65,31 @@ def nibble_pair(packed, j: tl.constexpr, X_F16: tl.constexpr):
 
 
 @triton.jit
-def pair_tile(packed, j: tl.constexpr, X_F16: tl.constexpr):
-    """Nibbles j and j + 4 of a [BLOCK_N, WROWS] word tile as ONE [BLOCK_N, 2 WROWS] dot operand
-    (OFFSET + q): column 2r + h is nibble j + 4h of word row r. A word's masked pair is already
-    the two 16-bit values of k-adjacent columns that the MMA's left operand holds in one
-    register, so the compiler feeds the AND-OR result to the tensor cores as is: no byte
-    permutes, no shared-memory staging of the dequantized tile."""
-    lo, hi = nibble_pair(packed, j, X_F16)
+def pair_bits(packed, prev, j: tl.constexpr, X_F16: tl.constexpr, USE_ASM: tl.constexpr = False):
+    """nibble_pair's 32 bits (nibbles j and j + 4 of each word as OFFSET + q in the two 16-bit
+    halves) with one immediate an instruction: pair 0 ORs the magic number in, and pair j > 0
+    takes those bits from pair j - 1 (prev & ~mask: a bitwise select, one LOP3). With two
+    constants in one AND-OR, sm_90's compiler rematerializes the second into a register for
+    every word (a move per pair: 32 of the left loop's 366 instructions a step)."""
+    if j == 0:
+        magic: tl.constexpr = 0x64006400 if X_F16 else 0x43004300
+        return (packed & 0x000F000F) | magic
+    if USE_ASM:  # LLVM folds the plain form's prev & ~mask back to the constant
+        return tl.inline_asm_elementwise("lop3.b32 $0, $1, 983055, $2, 0xE2;", "=r,r,r",
+                                         [packed >> (4 * j), prev], dtype=tl.int32, is_pure=True, pack=1)
+    return ((packed >> (4 * j)) & 0x000F000F) | (prev & -0x000F0010)  # -0x000F0010 = ~0x000F000F
+
+
+@triton.jit
+def pair_tile(pair, X_F16: tl.constexpr):
+    """pair_bits' words [BLOCK_N, WROWS] as ONE [BLOCK_N, 2 WROWS] dot operand (OFFSET + q):
+    column 2r + h is nibble j + 4h of word row r. A word's masked pair is already the two 16-bit
+    values of k-adjacent columns that the MMA's left operand holds in one register, so the
+    compiler feeds the AND-OR result to the tensor cores as is: no byte permutes, no
+    shared-memory staging of the dequantized tile."""
+    fdt: tl.constexpr = tl.float16 if X_F16 else tl.bfloat16
+    lo = pair.to(tl.int16).to(fdt, bitcast=True)
+    hi = (pair >> 16).to(tl.int16).to(fdt, bitcast=True)
     return tl.reshape(tl.join(lo, hi), [lo.shape[0], 2 * lo.shape[1]])
 
 
@@ -89,9 +108,10 @@ def x_pair_slices(xt, WROWS: tl.constexpr):
 
 
 @triton.jit
-def pair_left_dot(acc, xs, packed, j: tl.constexpr, X_F16: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] + one nibble pair's dot, weights on the left: W_j^T xs^T."""
-    w = pair_tile(packed, j, X_F16)
+def pair_left_dot(acc, xs, pair, X_F16: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] + one nibble pair's dot (pair: pair_bits' words), weights on the
+    left: W_j^T xs^T."""
+    w = pair_tile(pair, X_F16)
     if DOT_F32:
         return acc + tl.dot(w.to(tl.float32), tl.trans(xs).to(tl.float32))
     return tl.dot(w, tl.trans(xs), acc)
@@ -119,7 +139,7 @@ def _w4a16_dot_kernel(
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -136,7 +156,7 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32)
+                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
@@ -150,12 +170,13 @@ def _w4a16_dot_kernel(
 def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                 k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-                X_F16: tl.constexpr, DOT_F32: tl.constexpr):
+                X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
     WROWS] tile a step, split in registers (x_pair_slices); the same tile gives the step's sum
-    of x for the magic-number offset. A step stays inside one group."""
+    of x for the magic-number offset. A step stays inside one group. USE_ASM (NVIDIA): pairs 1-3
+    by one PTX lop3 each (pair_bits)."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
@@ -171,10 +192,14 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
         xt = tl.load(x_rows + k0 + tl.arange(0, BLOCK_K)[None, :], mask=m_mask[:, None], other=0.0)
         x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
         x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
-        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, packed, 0, X_F16, DOT_F32)
-        inner = pair_left_dot(inner, x1, packed, 1, X_F16, DOT_F32)
-        inner = pair_left_dot(inner, x2, packed, 2, X_F16, DOT_F32)
-        inner = pair_left_dot(inner, x3, packed, 3, X_F16, DOT_F32)
+        pair = pair_bits(packed, packed, 0, X_F16)
+        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, pair, X_F16, DOT_F32)
+        pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
+        inner = pair_left_dot(inner, x1, pair, X_F16, DOT_F32)
+        pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
+        inner = pair_left_dot(inner, x2, pair, X_F16, DOT_F32)
+        pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
+        inner = pair_left_dot(inner, x3, pair, X_F16, DOT_F32)
         acc += (inner - OFFSET * x_sum) * s + x_sum * b
     return tl.trans(acc)
 
@@ -272,7 +297,8 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     if permute:
         x2 = permute_steps(x2, block_k)
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
-                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left, num_warps=t.num_warps,
+                X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
+                USE_ASM=w_left and uses_ptx(x2.device), num_warps=t.num_warps,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 
