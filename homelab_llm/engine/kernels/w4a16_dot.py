@@ -19,8 +19,9 @@ When one group covers the step the dots take the nibbles without any float arith
 AND-OR turns nibbles j and j + 4 of a word into the bf16 pair (128 + q_j, 128 + q_j+4) (fp16:
 1024 + q, for fp16 activations), exact, so a weight costs ~1 integer instruction instead of ~3.5.
 The dots then sum x (128 + q) in fp32 (bf16 products are exact in fp32), and the step applies
-W = q s + b as acc += (inner - 128 sum x) s + (sum x) b; the subtraction costs ~7 bits of the fp32
-sum's 24 (the offset is ~17x the mean nibble), far below the bf16 output's rounding.
+W = q s + b as acc += (inner - 128 sum x) s + (sum x) b (the left loop below: acc += inner s +
+(sum x)(b - 128 s), two FMAs an element); the cancellation costs ~7 bits of the fp32 sum's 24
+(the offset is ~17x the mean nibble), far below the bf16 output's rounding.
 
 With the weights as the dot's LEFT operand instead (w_left, W4A16_ROUTES "dotL": sm_90 from 3
 rows): out^T = W^T x^T, four dots a K step, one per nibble pair (j, j + 4). A word masked with
