@@ -21,7 +21,7 @@ Sections (each reports even if another fails):
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
            tuning.py entries (fused_moe uses the table's gemv/gemm rows today; dense experts at
            prefill also (gate_up, down) tile pairs with gate and up in one dot, the moe_gemm
-           entry; 4-bit experts the same on the word-tile loop), and the W4A16 decode GEMV
+           entry), and the W4A16 decode GEMV
            (fused_moe_gemv.py, the table's gemv_rows today) under block_n/rows/warps
 Decode (b <= 8) runs fused_moe_decode; `decode.KIND.bN.gemv_path_ms` / `gemm_path_ms` are the
 older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
