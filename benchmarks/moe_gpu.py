@@ -21,8 +21,8 @@ Sections (each reports even if another fails):
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
            tuning.py entries (fused_moe uses the table's gemv/gemm rows today; dense experts at
            prefill also (gate_up, down) tile pairs with gate and up in one dot, the moe_gemm
-           entry), and the W4A16 decode GEMV
-           (fused_moe_gemv.py, the table's gemv_rows today) under block_n/rows/warps
+           entry), and the W4A16 decode GEMV (fused_moe_gemv.py, the table's gemv_rows today)
+           under block_n/rows/warps
 Decode (b <= 8) runs fused_moe_decode; `decode.KIND.bN.gemv_path_ms` / `gemm_path_ms` are the
 older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
   engine   the whole Qwen3-30B-A3B (assets/model_configs, dummy W4A16 weights) through LLMEngine:
@@ -311,8 +311,8 @@ def section_sweep(setup: Setup, quick: bool) -> None:
                     continue
                 _time_tiles(f"sweep.{kind}.t{tokens}.m{bm}n{bn}k{bk}w{warps}s{stages}",
                             (x, w13, w2, weights, ids), want, GemmTiles(bm, bn, bk, warps, stages))
-            if tokens >= 64:
-                _sweep_pairs(x, w13, w2, weights, ids, want, tokens, w4)
+            if tokens >= 64 and not w4:  # 4-bit words are N-contiguous: pairing breaks their loads
+                _sweep_pairs(x, w13, w2, weights, ids, want, tokens)
 
 
 # prefill sizes, (gate_up tiles, down tiles): dense experts with gate and up paired in one dot
@@ -321,11 +321,9 @@ PREFILL_PAIRS = [((128, 128, 64, 8, 3), (128, 128, 64, 8, 3)), ((128, 128, 64, 8
                  ((128, 128, 64, 8, 3), (128, 256, 64, 8, 4)), ((128, 64, 64, 4, 3), (128, 256, 64, 8, 4))]
 
 
-def _sweep_pairs(x, w13, w2, weights, ids, want, tokens: int, w4: bool) -> None:
+def _sweep_pairs(x, w13, w2, weights, ids, want, tokens: int) -> None:
     from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles
 
-    if w4:  # 4-bit words are N-contiguous: paired columns break every load (BENCHMARKS 24.2)
-        return
     for up, down in PREFILL_PAIRS:
         tiles = MoeGemmTiles(GemmTiles(*up), GemmTiles(*down), paired=True)
         key = "m{}n{}k{}w{}s{}".format(*up) + ".down_m{}n{}k{}w{}s{}".format(*down)

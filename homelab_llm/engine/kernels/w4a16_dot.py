@@ -59,9 +59,13 @@ def nibble_pair(packed, j: tl.constexpr, X_F16: tl.constexpr):
     """Nibbles j and j + 4 (j < 4) of every word as OFFSET + q in the activations' float type,
     two per AND-OR: the nibble lands in the low mantissa bits of 128 (bf16: ulp 1 there) or
     1024 (fp16), so the value is exact and no conversion instruction runs."""
-    magic: tl.constexpr = 0x64006400 if X_F16 else 0x43004300
+    return pair_halves(pair_bits(packed >> (4 * j), packed, 0, X_F16), X_F16)
+
+
+@triton.jit
+def pair_halves(pair, X_F16: tl.constexpr):
+    """pair_bits' 32 bits as their two 16-bit halves in the activations' float type."""
     fdt: tl.constexpr = tl.float16 if X_F16 else tl.bfloat16
-    pair = ((packed >> (4 * j)) & 0x000F000F) | magic
     return pair.to(tl.int16).to(fdt, bitcast=True), (pair >> 16).to(tl.int16).to(fdt, bitcast=True)
 
 
@@ -88,9 +92,7 @@ def pair_tile(pair, X_F16: tl.constexpr):
     values of k-adjacent columns that the MMA's left operand holds in one register, so the
     compiler feeds the AND-OR result to the tensor cores as is: no byte permutes, no
     shared-memory staging of the dequantized tile."""
-    fdt: tl.constexpr = tl.float16 if X_F16 else tl.bfloat16
-    lo = pair.to(tl.int16).to(fdt, bitcast=True)
-    hi = (pair >> 16).to(tl.int16).to(fdt, bitcast=True)
+    lo, hi = pair_halves(pair, X_F16)
     return tl.reshape(tl.join(lo, hi), [lo.shape[0], 2 * lo.shape[1]])
 
 
