@@ -1,6 +1,6 @@
 """Instructions in each W4A16 GEMV's K loop, per packed word, from the compiler alone (no GPU).
 
-    python3 benchmarks/ptx_counts.py [--target sm90] [--kernels w4a16_]
+    python3 benchmarks/ptx_counts.py [--target sm90] [--kernels w4a16_] [--sass-out DIR]
 
 Captures the engine's launches with the tuning table forced to the target (the
 tests/engine/kernels/gpu_compile.py scenarios, under TRITON_INTERPRET=1), compiles each distinct
@@ -70,6 +70,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="sm90", choices=["sm80", "sm90"])
     ap.add_argument("--kernels", default="w4a16_", help="kernel names containing this")
+    ap.add_argument("--sass-out", default=None,
+                    help="also write each launch's loop SASS and PTX to DIR/<kernel>.<n>.sass / .ptx "
+                         "(read the order of loads and math)")
     a = ap.parse_args()
     from tests.engine.kernels.gpu_compile import TARGETS, resource_usage, to_source_args
 
@@ -105,6 +108,10 @@ def main() -> int:
             words = c["BLOCK_N"] * wrows / (32 * spec["options"].get("num_warps", 4))
         per = (f"per packed word: PTX {len(ptx) / words:5.1f} SASS {len(sass) / words:5.1f} "
                f"(SASS per weight {len(sass) / words / 8:.2f})" if words else "")
+        if a.sass_out:
+            Path(a.sass_out).mkdir(parents=True, exist_ok=True)
+            Path(a.sass_out, f"{name}.{len(seen)}.sass").write_text(f"{c}\n" + "\n".join(sass) + "\n")
+            Path(a.sass_out, f"{name}.{len(seen)}.ptx").write_text(f"{c}\n" + "\n".join(ptx) + "\n")
         print(f"{name} {c} warps {spec['options'].get('num_warps')} {resource_usage(kernel, a.target)}\n"
               f"  loop: PTX {len(ptx)} SASS {len(sass)} {per}\n"
               f"  SASS opcodes: {dict(collections.Counter(map(opcode, sass)).most_common(10))}", flush=True)
