@@ -277,7 +277,7 @@ def _scenarios():
                                                    split=1)
         yield lambda x=x, g=g: w4a16.w4a16_matmul(x, weights[g])
     for m, dt, w in ((40, bf16, weights[128]), (24, fp16, weights[128]), (8, bf16, weights[128]),
-                     (8, bf16, wider)):
+                     (8, bf16, wider), (40, bf16, wider), (24, bf16, wider)):
         # the weights as the left operand (route "dotL"; sm_90 routes 3-64 rows there, its tiles
         # differ past tuning.THIN_N columns), every arch compiling it on its own or the w4a16_dot
         # tiles

@@ -290,8 +290,8 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     assert tuning.dot_left_tiles(8) is None
     sm90 = tuning.TABLE["sm90"]
     narrow, wide = sm90.w4a16_dot_left_thin[0][1], sm90.w4a16_dot_left[0][1]
-    big = sm90.w4a16_dot_left[-1][1]
-    assert narrow != wide
+    big, thin_big = sm90.w4a16_dot_left[-1][1], sm90.w4a16_dot_left_thin[-1][1]
+    assert narrow != wide and big != thin_big
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
         tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
         w4a16_dot_left_thin=sm90.w4a16_dot_left_thin))
@@ -299,8 +299,14 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     assert tuning.dot_left_tiles(8, None, tuning.THIN_N) == narrow
     assert tuning.dot_left_tiles(8, None, tuning.THIN_N + 1) == wide
     assert tuning.dot_left_tiles(8) == wide
-    assert tuning.dot_left_tiles(24, None, 6144) == big  # no thin entry covers 24 rows
-    assert tuning.dot_left_tiles(200, None, 6144) == big
+    assert tuning.dot_left_tiles(24, None, 6144) == thin_big  # sm_90's thin 17-64 row entry
+    assert tuning.dot_left_tiles(24, None, tuning.THIN_N + 1) == big
+    assert tuning.dot_left_tiles(200, None, 6144) == big  # past every thin entry: the wide last
+    # rows that no thin entry covers take the wide entries
+    monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
+        tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
+        w4a16_dot_left_thin=sm90.w4a16_dot_left_thin[:1]))
+    assert tuning.dot_left_tiles(24, None, 6144) == big
 
 
 def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monkeypatch) -> None:
