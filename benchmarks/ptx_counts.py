@@ -82,6 +82,8 @@ def main() -> int:
                         f"{tmp}/specs.json"], cwd=ROOT, env=env, check=True, capture_output=True)
         specs = json.loads(Path(f"{tmp}/specs.json").read_text())[a.target]
     os.environ.pop("TRITON_INTERPRET", None)
+    if a.sass_out:
+        Path(a.sass_out).mkdir(parents=True, exist_ok=True)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -109,7 +111,6 @@ def main() -> int:
         per = (f"per packed word: PTX {len(ptx) / words:5.1f} SASS {len(sass) / words:5.1f} "
                f"(SASS per weight {len(sass) / words / 8:.2f})" if words else "")
         if a.sass_out:
-            Path(a.sass_out).mkdir(parents=True, exist_ok=True)
             Path(a.sass_out, f"{name}.{len(seen)}.sass").write_text(f"{c}\n" + "\n".join(sass) + "\n")
             Path(a.sass_out, f"{name}.{len(seen)}.ptx").write_text(f"{c}\n" + "\n".join(ptx) + "\n")
         print(f"{name} {c} warps {spec['options'].get('num_warps')} {resource_usage(kernel, a.target)}\n"

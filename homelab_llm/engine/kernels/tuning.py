@@ -248,8 +248,9 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
-        # wgmmas a K step; w4a16_dot(w_left=True)). Up to 16 rows (BENCHMARKS 20.4, 16 rows a
-        # program): 128 columns, two warpgroups, 3 stages: 27B step linears at 3 / 8 / 16 rows
+        # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a
+        # program up to 16 rows, the next power of two past them). Up to 16 rows (BENCHMARKS
+        # 20.4): 128 columns, two warpgroups, 3 stages: 27B step linears at 3 / 8 / 16 rows
         # 10.02 / 10.11 / 10.24 ms against 64 columns, 4 warps, 4 stages 10.70 / 10.69 / 10.71
         # (8B 3.44 / 3.49 / 3.54 against 3.51 / 3.52 / 3.54). 17-64 rows, up to 64 a program,
         # on outputs past THIN_N columns the same 128 columns and two warpgroups (BENCHMARKS
@@ -260,15 +261,13 @@ TABLE: dict[str, ArchTiles] = {
         # 35.3 at 40 rows). Before (20.4): at 24 / 40 rows 8B 4.85 / 7.48 ms, 27B 15.04 / 22.94;
         # before the pair dots (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 /
         # 29.2, deq's 29.9 / 29.8.
-        w4a16_dot_left=((16, GemmTiles(16, 128, 128, num_warps=8, num_stages=3, split_k=4)),
-                        (64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4))),
+        w4a16_dot_left=((64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4)),),
         # Outputs of at most THIN_N columns up to 16 rows keep 64 columns a program (20.4, 8
         # rows, us: 8B qkv 15.7 against 17.5 with 128 columns, o_proj 13.2 / 13.8, down 29.1 /
         # 29.8; the engine's 8B batch 8 lost 2.5% with 128 columns everywhere, the 27B gained
         # 2.3%: its wide calls gain 2-6%, its thin ones lose 0-3%); 17-64 rows too (26.4: 27B
         # attn.o_proj at 32 / 40 rows 25.3 / 31.5 us against 25.8 / 35.3 with 128 columns).
-        w4a16_dot_left_thin=((16, GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4)),
-                             (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4))),
+        w4a16_dot_left_thin=((64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
         moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),

@@ -305,7 +305,7 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     # rows that no thin entry covers take the wide entries
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
         tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
-        w4a16_dot_left_thin=sm90.w4a16_dot_left_thin[:1]))
+        w4a16_dot_left_thin=((16, narrow),)))
     assert tuning.dot_left_tiles(24, None, 6144) == big
 
 
