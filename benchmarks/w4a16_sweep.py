@@ -202,6 +202,14 @@ DOTL_TILES = {
     "dotL.bm32bn64w4": GemmTiles(32, 64, 128, num_warps=4, num_stages=3, split_k=4),
     "dotL.bm64bn64w4s4": GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4),
     "dotL.bm64bn128w8": GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4),
+    # wider programs: the step's fixed work (x's tile and sum, barriers, the wgmma issue) spread
+    # over more words (sm_90 SASS a weight at 16 rows: 128 columns 4.1, 256 2.8, 512 2.4)
+    "dotL.bn256w8s2": GemmTiles(16, 256, 128, num_warps=8, num_stages=2, split_k=4),
+    "dotL.bn256w8s4": GemmTiles(16, 256, 128, num_warps=8, num_stages=4, split_k=4),
+    "dotL.bn512w8": GemmTiles(16, 512, 128, num_warps=8, num_stages=3, split_k=4),
+    "dotL.bn512w8s2": GemmTiles(16, 512, 128, num_warps=8, num_stages=2, split_k=4),
+    "dotL.bm32bn256w8": GemmTiles(32, 256, 128, num_warps=8, num_stages=3, split_k=4),
+    "dotL.bm64bn256w8": GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 

@@ -56,6 +56,9 @@ class GemmTiles:
     num_warps: int
     num_stages: int
     split_k: int = 1  # >1 only for skinny (decode) shapes with few output tiles
+    # W4A16 left-operand loop only (w4a16_dot.wleft_steps): the weights formed as q s + b in
+    # registers (rounded once to bf16/fp16) instead of the offset form's per-step epilogue
+    scaled: bool = False
 
 
 @dataclass(frozen=True)
@@ -261,13 +264,23 @@ TABLE: dict[str, ArchTiles] = {
         # 35.3 at 40 rows). Before (20.4): at 24 / 40 rows 8B 4.85 / 7.48 ms, 27B 15.04 / 22.94;
         # before the pair dots (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 /
         # 29.2, deq's 29.9 / 29.8.
-        w4a16_dot_left=((64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4)),),
+        w4a16_dot_left=((32, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4)),
+                        (64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4,
+                                       scaled=True))),
         # Outputs of at most THIN_N columns up to 16 rows keep 64 columns a program (20.4, 8
         # rows, us: 8B qkv 15.7 against 17.5 with 128 columns, o_proj 13.2 / 13.8, down 29.1 /
         # 29.8; the engine's 8B batch 8 lost 2.5% with 128 columns everywhere, the 27B gained
         # 2.3%: its wide calls gain 2-6%, its thin ones lose 0-3%); 17-64 rows too (26.4: 27B
         # attn.o_proj at 32 / 40 rows 25.3 / 31.5 us against 25.8 / 35.3 with 128 columns).
-        w4a16_dot_left_thin=((64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),),
+        # 33-64 rows (64-row programs, both widths): the weights formed in registers
+        # (GemmTiles.scaled; BENCHMARKS 27.4, one step's linears at 40 / 64 rows: 8B 6.86 / 6.90
+        # -> 5.91 / 6.18 ms, 27B 20.40 / 20.70 -> 17.84 / 18.61; engine 27B batch-8 verify K = 4,
+        # 40 rows, 25.79 -> 23.37 ms). At 3-16 rows that form lost 1-3% (its two packed FMAs a
+        # register outweigh the epilogue it saves: 8 output elements a thread there, 32 at 64
+        # rows); at 17-32 rows its SASS is no shorter.
+        w4a16_dot_left_thin=((32, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
+                             (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
+                                            scaled=True))),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
         moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),

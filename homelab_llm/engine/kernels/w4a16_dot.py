@@ -34,6 +34,15 @@ rows). BENCHMARKS 20.1: 8B step linears at 8 rows 3.48 ms against the eight-dot 
 an older left-operand loop that joined all eight slices into one tile through shared memory,
 4.98).
 
+The offset form's per-step epilogue and sum of x grow with the rows (a thread applies s and b
+to 32 output elements a step at 64 rows, 8 at 16); GemmTiles.scaled forms the weights themselves
+in the left operand's registers instead, (q - z) s + r by two packed FMAs a register (z the
+group's zero point, r what is left of its bias: scaled_terms), each weight rounded once as a
+dequantize-then-GEMM route rounds it, the scale rounded to the activations' type as Marlin-style
+kernels take it; the dots' sum is then the step's product. sm_90 takes it at 33-64 rows
+(BENCHMARKS 27.4: the 8B's and the 27B's step linears at 40 and 64 rows 10-14% faster); at 3-16
+rows the two FMAs a register cost more than they save.
+
 Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
 """
@@ -97,6 +106,79 @@ def pair_tile(pair, X_F16: tl.constexpr):
 
 
 @triton.jit
+def half_bits(v, X_F16: tl.constexpr):
+    """fp32 v rounded to nearest (ties to even) in the activations' 16-bit type, as the low 16
+    bits of an int32. bf16 by integer rounding of the fp32 bits: Triton's interpreter truncates
+    an fp32 -> bf16 conversion, whose error the scaled form would then carry in every weight."""
+    if X_F16:
+        return v.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    bits = v.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+@triton.jit
+def bits_value(bits, X_F16: tl.constexpr):
+    """half_bits' 16 bits as fp32."""
+    return bits.to(tl.int16).to(tl.float16 if X_F16 else tl.bfloat16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def pair_both(v, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
+    """fp32 v rounded to nearest in the activations' 16-bit type, as int32 bits holding it twice
+    (both halves of a packed pair): one cvt on NVIDIA, half_bits elsewhere."""
+    if USE_ASM:
+        op: tl.constexpr = "cvt.rn.f16x2.f32 $0, $1, $1;" if X_F16 else "cvt.rn.bf16x2.f32 $0, $1, $1;"
+        both = tl.inline_asm_elementwise(op, "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        bits = half_bits(v, X_F16)
+        both = bits | (bits << 16)
+    return both
+
+
+@triton.jit
+def scaled_terms(scale, bias, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
+    """The scaled form's packed [BLOCK_N, 1] operands for a step's group: s, -(OFFSET + z) and
+    r, with z = round(-b / s) (the zero point: an integer for GPTQ / AWQ / AutoRound weights,
+    8 for symmetric ones), clamped to [-64, 127] so OFFSET + z stays exact in 16 bits, and
+    r = b + z s what is left of the bias (0 for integer zero points). The weight is then
+    (q - z) s + r: q - z exact, so rounding s to the activations' type errs by its 2^-9 times
+    q - z, not times q as in q s + b (whose b would cancel the large part)."""
+    OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
+    sf = scale.to(tl.float32)
+    bf = bias.to(tl.float32)
+    z = -bf / tl.where(sf == 0.0, 1.0, sf)  # masked-off columns: s = 0
+    z = tl.minimum(tl.maximum(tl.floor(z + 0.5), -64.0), 127.0)
+    return (pair_both(sf, X_F16, USE_ASM)[:, None], pair_both(-(OFFSET + z), X_F16, USE_ASM)[:, None],
+            pair_both(bf + z * sf, X_F16, USE_ASM)[:, None])
+
+
+@triton.jit
+def left_weights(pair, s, c, r, SCALED: tl.constexpr, X_F16: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """The left operand's registers for one nibble pair: pair_bits' words as they are (OFFSET +
+    q; the offset form's epilogue applies s and b), or with SCALED the weights themselves from
+    scaled_terms' packed s, c = -(OFFSET + z) and r: q - z = (OFFSET + q) * 1 + c exactly, then
+    (q - z) s + r rounded once to the activations' type; two packed FMAs a register."""
+    if not SCALED:
+        w = pair
+    elif USE_ASM:  # PTX takes no immediates for these: the constant goes in as a register
+        op: tl.constexpr = "fma.rn.f16x2 $0, $1, $2, $3;" if X_F16 else "fma.rn.bf16x2 $0, $1, $2, $3;"
+        one = tl.full(pair.shape, 0x3C003C00 if X_F16 else 0x3F803F80, tl.int32)
+        q = tl.inline_asm_elementwise(op, "=r,r,r,r", [pair, one, tl.broadcast_to(c, pair.shape)],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+        w = tl.inline_asm_elementwise(op, "=r,r,r,r", [q, tl.broadcast_to(s, q.shape),
+                                                       tl.broadcast_to(r, q.shape)],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    else:  # the same arithmetic in fp32 ((q - z) s is exact there), one rounding
+        sf = bits_value(s & 0xFFFF, X_F16)
+        cf = bits_value(c & 0xFFFF, X_F16)
+        rf = bits_value(r & 0xFFFF, X_F16)
+        w = half_bits((bits_value(pair & 0xFFFF, X_F16) + cf) * sf + rf, X_F16) | \
+            (half_bits((bits_value((pair >> 16) & 0xFFFF, X_F16) + cf) * sf + rf, X_F16) << 16)
+    return w
+
+
+@triton.jit
 def x_pair_slices(xt, WROWS: tl.constexpr):
     """A K step's activations [BLOCK_M, 8 WROWS] (k = 8r + j, natural order) as the four
     [BLOCK_M, 2 WROWS] operands pair_tile's tiles pair with: slice j holds column 2r + h =
@@ -142,7 +224,7 @@ def _w4a16_dot_kernel(
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
-    USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False,
+    USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -159,7 +241,7 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM)
+                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
@@ -173,13 +255,16 @@ def _w4a16_dot_kernel(
 def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                 k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-                X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False):
+                X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False,
+                SCALED: tl.constexpr = False):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
     WROWS] tile a step, split in registers (x_pair_slices); the same tile gives the step's sum
     of x for the magic-number offset. A step stays inside one group. USE_ASM (NVIDIA): pairs 1-3
-    by one PTX lop3 each (pair_bits)."""
+    by one PTX lop3 each (pair_bits). SCALED (GemmTiles.scaled): the registers hold q s + b
+    (left_weights), the dots sum the step's product whole and the step adds it: no sum of x, no
+    epilogue, the weights rounded once to the activations' type."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
@@ -193,21 +278,31 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     for k0 in range(k_start, k_end, BLOCK_K):
         packed = tl.load(qw_step + w_offs, mask=n_mask[:, None], other=0)  # [BLOCK_N, WROWS]
         g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
-        s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if SCALED:
+            s, c, b = scaled_terms(tl.load(scales_ptr + g_off, mask=n_mask, other=0.0),
+                                   tl.load(biases_ptr + g_off, mask=n_mask, other=0.0), X_F16, USE_ASM)
+        else:
+            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+            c = b
         xt = tl.load(x_step + x_offs, mask=m_mask[:, None], other=0.0)
-        x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
+        if not SCALED:
+            x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
         x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
         pair = pair_bits(packed, packed, 0, X_F16)
-        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, pair, X_F16, DOT_F32)
+        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0,
+                              left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
         pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x1, pair, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x1, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
         pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x2, pair, X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x2, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
         pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x3, pair, X_F16, DOT_F32)
-        acc += inner * s  # two FMAs an element: (b - OFFSET s) is per column
-        acc += x_sum * (b - OFFSET * s)
+        inner = pair_left_dot(inner, x3, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
+        if SCALED:
+            acc += inner
+        else:
+            acc += inner * s  # two FMAs an element: (b - OFFSET s) is per column
+            acc += x_sum * (b - OFFSET * s)
         qw_step += WROWS * stride_qw
         x_step += BLOCK_K
     return tl.trans(acc)
@@ -308,6 +403,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
                 X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
                 USE_ASM=w_left and uses_ptx(x2.device), num_warps=t.num_warps,
+                SCALED=w_left and t.scaled,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

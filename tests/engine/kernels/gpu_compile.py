@@ -107,7 +107,7 @@ def _scenarios():
                                             prefill_attention, sampling, w4a16, w4a16_deq,
                                             w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
-    from homelab_llm.engine.kernels.tuning import THIN_N, gemm_tiles
+    from homelab_llm.engine.kernels.tuning import THIN_N, GemmTiles, gemm_tiles
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
@@ -284,6 +284,13 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, w=w: w4a16_dot.w4a16_dot(x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16),
                                                    split=2, w_left=True)
+    for dt in (bf16, fp16):
+        # the scaled form (GemmTiles.scaled: sm_90's 33-64-row entries take it by the table above;
+        # here on every arch, PTX packed FMAs on NVIDIA, plain arithmetic on RDNA)
+        x = torch.zeros((40, k_in), dtype=dt)
+        yield lambda x=x: w4a16_dot.w4a16_dot(
+            x, wider, torch.zeros((x.shape[0], wider.out_features), dtype=bf16), split=2, w_left=True,
+            tiles=GemmTiles(64, 64, 128, num_warps=4, num_stages=2, split_k=4, scaled=True))
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()
