@@ -264,7 +264,7 @@ TABLE: dict[str, ArchTiles] = {
         # 35.3 at 40 rows). Before (20.4): at 24 / 40 rows 8B 4.85 / 7.48 ms, 27B 15.04 / 22.94;
         # before the pair dots (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 /
         # 29.2, deq's 29.9 / 29.8.
-        w4a16_dot_left=((32, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4)),
+        w4a16_dot_left=((16, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4)),
                         (64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4,
                                        scaled=True))),
         # Outputs of at most THIN_N columns up to 16 rows keep 64 columns a program (20.4, 8
@@ -272,13 +272,14 @@ TABLE: dict[str, ArchTiles] = {
         # 29.8; the engine's 8B batch 8 lost 2.5% with 128 columns everywhere, the 27B gained
         # 2.3%: its wide calls gain 2-6%, its thin ones lose 0-3%); 17-64 rows too (26.4: 27B
         # attn.o_proj at 32 / 40 rows 25.3 / 31.5 us against 25.8 / 35.3 with 128 columns).
-        # 33-64 rows (64-row programs, both widths): the weights formed in registers
-        # (GemmTiles.scaled; BENCHMARKS 27.4, one step's linears at 40 / 64 rows: 8B 6.86 / 6.90
-        # -> 5.91 / 6.18 ms, 27B 20.40 / 20.70 -> 17.84 / 18.61; engine 27B batch-8 verify K = 4,
-        # 40 rows, 25.79 -> 23.37 ms). At 3-16 rows that form lost 1-3% (its two packed FMAs a
-        # register outweigh the epilogue it saves: 8 output elements a thread there, 32 at 64
-        # rows); at 17-32 rows its SASS is no shorter.
-        w4a16_dot_left_thin=((32, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
+        # 17-64 rows (32- and 64-row programs, both widths): the weights formed in registers
+        # (GemmTiles.scaled; BENCHMARKS 27.4, one step's linears at 17 / 24 / 32 / 40 / 64
+        # rows: 8B 4.62 / 4.71 / 4.81 / 6.86 / 6.90 -> 4.16 / 4.25 / 4.37 / 5.91 / 6.18 ms, 27B
+        # 13.50 / 13.57 / 13.61 / 20.40 / 20.70 -> 11.63 / 11.72 / 11.80 / 17.84 / 18.61;
+        # engine 27B batch-8 verify K = 2 / 3 / 4 (24 / 32 / 40 rows) 17.29 / 18.03 / 25.79 ->
+        # 15.77 / 16.21 / 23.43 ms). Up to 16 rows that form lost 1-3% (its two packed FMAs a
+        # register outweigh the epilogue it saves: 8 output elements a thread there).
+        w4a16_dot_left_thin=((16, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
                              (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
                                             scaled=True))),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py

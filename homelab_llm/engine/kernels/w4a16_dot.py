@@ -39,9 +39,10 @@ to 32 output elements a step at 64 rows, 8 at 16); GemmTiles.scaled forms the we
 in the left operand's registers instead, (q - z) s + r by two packed FMAs a register (z the
 group's zero point, r what is left of its bias: scaled_terms), each weight rounded once as a
 dequantize-then-GEMM route rounds it, the scale rounded to the activations' type as Marlin-style
-kernels take it; the dots' sum is then the step's product. sm_90 takes it at 33-64 rows
-(BENCHMARKS 27.4: the 8B's and the 27B's step linears at 40 and 64 rows 10-14% faster); at 3-16
-rows the two FMAs a register cost more than they save.
+kernels take it; the dots' sum is then the step's product. sm_90 takes it at 17-64 rows
+(BENCHMARKS 27.4: the 8B's and the 27B's step linears at 17-64 rows 9-14% faster); at 3-16 rows
+(16-row programs, a quarter of the output elements a thread) the two FMAs a register cost more
+than they save.
 
 Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.

@@ -285,7 +285,7 @@ def _scenarios():
         yield lambda x=x, w=w: w4a16_dot.w4a16_dot(x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16),
                                                    split=2, w_left=True)
     for dt in (bf16, fp16):
-        # the scaled form (GemmTiles.scaled: sm_90's 33-64-row entries take it by the table above;
+        # the scaled form (GemmTiles.scaled: sm_90's 17-64-row entries take it by the table above;
         # here on every arch, PTX packed FMAs on NVIDIA, plain arithmetic on RDNA)
         x = torch.zeros((40, k_in), dtype=dt)
         yield lambda x=x: w4a16_dot.w4a16_dot(

@@ -280,19 +280,19 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_left_operand_scaled_weights(dtype: torch.dtype, device: torch.device) -> None:
-    """GemmTiles.scaled (sm_90's 33-64-row tiles): the left operand's registers hold the weights
+    """GemmTiles.scaled (sm_90's 17-64-row tiles): the left operand's registers hold the weights
     themselves, (q - z) s + r rounded once to the activations' type (the scale rounded to it
     too). Bound: per row, within 2x the error of the exact dequantized weights rounded to that
     type (what any dequantize-then-GEMM route carries; measured 1.0-1.6x bf16, 1.0x fp16) of the
     fp64 reference. Zero points (integer: exact q - z; a non-integer bias: the rest r carries
-    it), symmetric weights, rows past one program (40, 64), a 5-row program, K splits with
-    tickets reused (bit-identical again), fp16 scales and fp32 biases."""
+    it), symmetric weights, 64-row programs (40, 64 rows), 16- and 32-row ones (5, 24 rows),
+    K splits with tickets reused (bit-identical again), fp16 scales and fp32 biases."""
     from homelab_llm.engine.kernels.tuning import GemmTiles
     from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 
     gen = torch.Generator().manual_seed(29)
     for m, k, n, split, symmetric in ((40, 384, 72, 2, False), (64, 256, 40, None, True),
-                                      (5, 384, 40, 2, False), (33, 256, 40, None, None)):
+                                      (5, 384, 40, 2, False), (24, 256, 40, None, None)):
         w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, bool(symmetric)).to(device)
         if symmetric is None:  # a min-style bias (GGUF Q4_1): not a whole number of scales
             w.biases.add_(w.scales.float() * torch.rand(w.biases.shape, generator=gen).to(device))
@@ -333,19 +333,17 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     assert tuning.dot_left_tiles(8, None, tuning.THIN_N) == narrow
     assert tuning.dot_left_tiles(8, None, tuning.THIN_N + 1) == wide
     assert tuning.dot_left_tiles(8) == wide
-    assert tuning.dot_left_tiles(24, None, 6144) == sm90.w4a16_dot_left_thin[0][1]  # 17-32 rows
-    assert tuning.dot_left_tiles(24, None, tuning.THIN_N + 1) == sm90.w4a16_dot_left[0][1]
-    assert tuning.dot_left_tiles(40, None, 6144) == thin_big  # sm_90's thin 33-64 row entry
-    assert tuning.dot_left_tiles(40, None, tuning.THIN_N + 1) == big
-    # 33-64 rows take the scaled weights (BENCHMARKS 27.4), fewer rows the offset form
-    assert big.scaled and thin_big.scaled
-    assert not any(t.scaled for rows, t in sm90.w4a16_dot_left + sm90.w4a16_dot_left_thin if rows <= 32)
+    assert tuning.dot_left_tiles(24, None, 6144) == thin_big  # sm_90's thin 17-64 row entry
+    assert tuning.dot_left_tiles(24, None, tuning.THIN_N + 1) == big
+    assert tuning.dot_left_tiles(40, None, 6144) == thin_big
+    # 17-64 rows take the scaled weights (BENCHMARKS 27.4), up to 16 the offset form
+    assert big.scaled and thin_big.scaled and not (narrow.scaled or wide.scaled)
     assert tuning.dot_left_tiles(200, None, 6144) == big  # past every thin entry: the wide last
     # rows that no thin entry covers take the wide entries
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
         tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
         w4a16_dot_left_thin=((16, narrow),)))
-    assert tuning.dot_left_tiles(24, None, 6144) == sm90.w4a16_dot_left[0][1]
+    assert tuning.dot_left_tiles(24, None, 6144) == big
 
 
 def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monkeypatch) -> None:
