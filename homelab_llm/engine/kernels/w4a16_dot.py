@@ -263,9 +263,9 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
     WROWS] tile a step, split in registers (x_pair_slices); the same tile gives the step's sum
     of x for the magic-number offset. A step stays inside one group. USE_ASM (NVIDIA): pairs 1-3
-    by one PTX lop3 each (pair_bits). SCALED (GemmTiles.scaled): the registers hold q s + b
-    (left_weights), the dots sum the step's product whole and the step adds it: no sum of x, no
-    epilogue, the weights rounded once to the activations' type."""
+    by one PTX lop3 each (pair_bits). SCALED (GemmTiles.scaled): the registers hold the weights,
+    (q - z) s + r (left_weights), the dots sum the step's product whole and the step adds it: no
+    sum of x, no epilogue, each weight rounded once to the activations' type."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
@@ -291,14 +291,17 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
             x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
         x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
         pair = pair_bits(packed, packed, 0, X_F16)
-        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0,
-                              left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
+        w = left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM)
+        inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, w, X_F16, DOT_F32)
         pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x1, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x1, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16,
+                              DOT_F32)
         pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x2, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x2, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16,
+                              DOT_F32)
         pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x3, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16, DOT_F32)
+        inner = pair_left_dot(inner, x3, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16,
+                              DOT_F32)
         if SCALED:
             acc += inner
         else:
