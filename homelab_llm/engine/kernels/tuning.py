@@ -56,8 +56,8 @@ class GemmTiles:
     num_warps: int
     num_stages: int
     split_k: int = 1  # >1 only for skinny (decode) shapes with few output tiles
-    # W4A16 left-operand loop only (w4a16_dot.wleft_steps): the weights formed as q s + b in
-    # registers (rounded once to bf16/fp16) instead of the offset form's per-step epilogue
+    # W4A16 left-operand loop only (w4a16_dot.wleft_steps): the weights formed as (q - z) s + r
+    # in registers (each rounded once to bf16/fp16) instead of the offset form's per-step epilogue
     scaled: bool = False
 
 

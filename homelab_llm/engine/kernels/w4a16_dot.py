@@ -118,12 +118,6 @@ def half_bits(v, X_F16: tl.constexpr):
 
 
 @triton.jit
-def bits_value(bits, X_F16: tl.constexpr):
-    """half_bits' 16 bits as fp32."""
-    return bits.to(tl.int16).to(tl.float16 if X_F16 else tl.bfloat16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def pair_both(v, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
     """fp32 v rounded to nearest in the activations' 16-bit type, as int32 bits holding it twice
     (both halves of a packed pair): one cvt on NVIDIA, half_bits elsewhere."""
@@ -171,11 +165,12 @@ def left_weights(pair, s, c, r, SCALED: tl.constexpr, X_F16: tl.constexpr,
                                                        tl.broadcast_to(r, q.shape)],
                                       dtype=tl.int32, is_pure=True, pack=1)
     else:  # the same arithmetic in fp32 ((q - z) s is exact there), one rounding
-        sf = bits_value(s & 0xFFFF, X_F16)
-        cf = bits_value(c & 0xFFFF, X_F16)
-        rf = bits_value(r & 0xFFFF, X_F16)
-        w = half_bits((bits_value(pair & 0xFFFF, X_F16) + cf) * sf + rf, X_F16) | \
-            (half_bits((bits_value((pair >> 16) & 0xFFFF, X_F16) + cf) * sf + rf, X_F16) << 16)
+        lo, hi = pair_halves(pair, X_F16)
+        sf = pair_halves(s, X_F16)[0].to(tl.float32)
+        cf = pair_halves(c, X_F16)[0].to(tl.float32)
+        rf = pair_halves(r, X_F16)[0].to(tl.float32)
+        w = half_bits((lo.to(tl.float32) + cf) * sf + rf, X_F16) | \
+            (half_bits((hi.to(tl.float32) + cf) * sf + rf, X_F16) << 16)
     return w
 
 
