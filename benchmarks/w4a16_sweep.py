@@ -24,6 +24,7 @@ pass), against the table's own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import re
 import sys
@@ -38,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref  # noqa: E402
-from homelab_llm.engine.kernels.tuning import THIN_N, GemmTiles, RowsTiles, gemm_tiles, tiles_for  # noqa: E402
+from homelab_llm.engine.kernels.tuning import (THIN_N, GemmTiles, RowsTiles, dot_left_tiles,  # noqa: E402
+                                               gemm_tiles, tiles_for)
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
@@ -221,6 +223,13 @@ def pow2_split_dot(x: torch.Tensor, w) -> int:
     return pick_split(grid_m * grid_n, x.shape[1], 8 * wrows, x.device, waves=t.split_k)
 
 
+def integer_zero_tiles(x: torch.Tensor, w) -> GemmTiles:
+    """The tiles the table gives the left-operand kernel for x's rows and w's width, with
+    int_zeros set."""
+    t = dot_left_tiles(x.shape[0], x.device, w.out_features) or tiles_for(x.device).w4a16_dot
+    return dataclasses.replace(t, int_zeros=True)
+
+
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)
 PEERS = ("bf16", "int4mm")  # columns timed beside ours (torch bf16 matmul, torch int4 tinygemm)
 
@@ -252,6 +261,9 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, t in DOTL_TILES.items():
         if not quick and (t is None or t.block_m == 16 or m > 16):
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True))
+    # the table's left-operand tiles in the integer-zero form (GemmTiles.int_zeros; the swept
+    # weights are symmetric, so W4Weight.int_zeros holds)
+    v["dotLz"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, integer_zero_tiles(x, w), w_left=True))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV

@@ -59,6 +59,10 @@ class GemmTiles:
     # W4A16 left-operand loop only (w4a16_dot.wleft_steps): the weights formed as (q - z) s + r
     # in registers (each rounded once to bf16/fp16) instead of the offset form's per-step epilogue
     scaled: bool = False
+    # ... or, for weights whose zero points are integers (W4Weight.int_zeros), q - z exactly in
+    # registers and the scale applied by the step (one FMA an output element); others keep the
+    # scaled or offset form
+    int_zeros: bool = False
 
 
 @dataclass(frozen=True)
@@ -264,9 +268,10 @@ TABLE: dict[str, ArchTiles] = {
         # 35.3 at 40 rows). Before (20.4): at 24 / 40 rows 8B 4.85 / 7.48 ms, 27B 15.04 / 22.94;
         # before the pair dots (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 /
         # 29.2, deq's 29.9 / 29.8.
-        w4a16_dot_left=((16, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4)),
+        w4a16_dot_left=((16, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4,
+                                       int_zeros=True)),
                         (64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4,
-                                       scaled=True))),
+                                       scaled=True, int_zeros=True))),
         # Outputs of at most THIN_N columns up to 16 rows keep 64 columns a program (20.4, 8
         # rows, us: 8B qkv 15.7 against 17.5 with 128 columns, o_proj 13.2 / 13.8, down 29.1 /
         # 29.8; the engine's 8B batch 8 lost 2.5% with 128 columns everywhere, the 27B gained
@@ -279,9 +284,15 @@ TABLE: dict[str, ArchTiles] = {
         # engine 27B batch-8 verify K = 2 / 3 / 4 (24 / 32 / 40 rows) 17.29 / 18.03 / 25.79 ->
         # 15.77 / 16.21 / 23.43 ms). Up to 16 rows that form lost 1-3% (its two packed FMAs a
         # register outweigh the epilogue it saves: 8 output elements a thread there).
-        w4a16_dot_left_thin=((16, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4)),
+        # Weights with integer zero points (GPTQ / AWQ / AutoRound / symmetric) take the
+        # integer-zero form at every row count (GemmTiles.int_zeros, BENCHMARKS 28.1): as fast
+        # (one step's linears within +-1% of the forms above at 3-40 rows; engine batch 8 8B
+        # 2,159.1 -> 2,169.2 / 2,176.4 tok/s, 27B 674.7 -> 677.2) and exact where the scaled
+        # form rounds every weight to bf16 (per-row error ~5e-8 against 2e-3).
+        w4a16_dot_left_thin=((16, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
+                                            int_zeros=True)),
                              (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
-                                            scaled=True))),
+                                            scaled=True, int_zeros=True))),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
         # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
         moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),

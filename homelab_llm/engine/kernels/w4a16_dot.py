@@ -42,7 +42,12 @@ dequantize-then-GEMM route rounds it, the scale rounded to the activations' type
 kernels take it; the dots' sum is then the step's product. sm_90 takes it at 17-64 rows
 (BENCHMARKS 27.4: the 8B's and the 27B's step linears at 17-64 rows 9-14% faster); at 3-16 rows
 (16-row programs, a quarter of the output elements a thread) the two FMAs a register cost more
-than they save.
+than they save. Weights whose zero points are integers (W4Weight.int_zeros: GPTQ, AWQ,
+AutoRound, symmetric, Q4_0) take a third form, GemmTiles.int_zeros: the registers hold q - z,
+exact (one packed add a register), and the step applies s in fp32 (one FMA an output element):
+no sum of x and no rounded weights. sm_90 takes it at every row count for those weights
+(BENCHMARKS 28.1: as fast as the other two, within 1%, and exact: ~5e-8 a row against the
+scaled form's ~2e-3); GGUF Q4_1 / Q4_K mins keep the offset and scaled forms.
 
 Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
@@ -131,36 +136,70 @@ def pair_both(v, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def zero_point(sf, bf):
+    """z = round(-b / s) of fp32 scales and biases, clamped to [-64, 127] so OFFSET + z stays
+    exact in 16 bits (masked-off columns: s = 0, z = 0)."""
+    z = -bf / tl.where(sf == 0.0, 1.0, sf)
+    return tl.minimum(tl.maximum(tl.floor(z + 0.5), -64.0), 127.0)
+
+
+@triton.jit
 def scaled_terms(scale, bias, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
     """The scaled form's packed [BLOCK_N, 1] operands for a step's group: s, -(OFFSET + z) and
-    r, with z = round(-b / s) (the zero point: an integer for GPTQ / AWQ / AutoRound weights,
-    8 for symmetric ones), clamped to [-64, 127] so OFFSET + z stays exact in 16 bits, and
-    r = b + z s what is left of the bias (0 for integer zero points). The weight is then
+    r, with z = zero_point (an integer for GPTQ / AWQ / AutoRound weights, 8 for symmetric ones)
+    and r = b + z s what is left of the bias (0 for integer zero points). The weight is then
     (q - z) s + r: q - z exact, so rounding s to the activations' type errs by its 2^-9 times
     q - z, not times q as in q s + b (whose b would cancel the large part)."""
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     sf = scale.to(tl.float32)
     bf = bias.to(tl.float32)
-    z = -bf / tl.where(sf == 0.0, 1.0, sf)  # masked-off columns: s = 0
-    z = tl.minimum(tl.maximum(tl.floor(z + 0.5), -64.0), 127.0)
+    z = zero_point(sf, bf)
     return (pair_both(sf, X_F16, USE_ASM)[:, None], pair_both(-(OFFSET + z), X_F16, USE_ASM)[:, None],
             pair_both(bf + z * sf, X_F16, USE_ASM)[:, None])
 
 
 @triton.jit
-def left_weights(pair, s, c, r, SCALED: tl.constexpr, X_F16: tl.constexpr,
-                 USE_ASM: tl.constexpr):
-    """The left operand's registers for one nibble pair: pair_bits' words as they are (OFFSET +
-    q; the offset form's epilogue applies s and b), or with SCALED the weights themselves from
-    scaled_terms' packed s, c = -(OFFSET + z) and r: q - z = (OFFSET + q) * 1 + c exactly, then
-    (q - z) s + r rounded once to the activations' type; two packed FMAs a register."""
-    if not SCALED:
-        w = pair
-    elif USE_ASM:  # PTX takes no immediates for these: the constant goes in as a register
+def zero_terms(scale, bias, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
+    """The integer-zero form's [BLOCK_N, 1] operands for a step's group: s in fp32 (the
+    epilogue's) and -(OFFSET + z) packed (the registers'). Only for weights whose biases are
+    exactly -z s (W4Weight.int_zeros), so q - z times s is the weight, with no rounding."""
+    OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
+    sf = scale.to(tl.float32)
+    z = zero_point(sf, bias.to(tl.float32))
+    return sf[:, None], pair_both(-(OFFSET + z), X_F16, USE_ASM)[:, None]
+
+
+@triton.jit
+def zero_shifted(pair, c, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
+    """q - z = (OFFSET + q) * 1 + c, c = -(OFFSET + z) packed: exact (small integers), one
+    packed FMA a register (ptxas makes it an HADD2)."""
+    if USE_ASM:  # PTX takes no immediates for these: the constant goes in as a register
         op: tl.constexpr = "fma.rn.f16x2 $0, $1, $2, $3;" if X_F16 else "fma.rn.bf16x2 $0, $1, $2, $3;"
         one = tl.full(pair.shape, 0x3C003C00 if X_F16 else 0x3F803F80, tl.int32)
-        q = tl.inline_asm_elementwise(op, "=r,r,r,r", [pair, one, tl.broadcast_to(c, pair.shape)],
+        w = tl.inline_asm_elementwise(op, "=r,r,r,r", [pair, one, tl.broadcast_to(c, pair.shape)],
                                       dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        lo, hi = pair_halves(pair, X_F16)
+        cf = pair_halves(c, X_F16)[0].to(tl.float32)
+        w = half_bits(lo.to(tl.float32) + cf, X_F16) | (half_bits(hi.to(tl.float32) + cf, X_F16) << 16)
+    return w
+
+
+@triton.jit
+def left_weights(pair, s, c, r, SCALED: tl.constexpr, IZERO: tl.constexpr, X_F16: tl.constexpr,
+                 USE_ASM: tl.constexpr):
+    """The left operand's registers for one nibble pair: pair_bits' words as they are (OFFSET +
+    q; the offset form's epilogue applies s and b); with IZERO q - z (zero_shifted; the epilogue
+    applies s); with SCALED the weights themselves from scaled_terms' packed s, c = -(OFFSET +
+    z) and r: q - z, then (q - z) s + r rounded once to the activations' type; two packed FMAs
+    a register."""
+    if not (SCALED or IZERO):
+        w = pair
+    elif not SCALED:
+        w = zero_shifted(pair, c, X_F16, USE_ASM)
+    elif USE_ASM:
+        op: tl.constexpr = "fma.rn.f16x2 $0, $1, $2, $3;" if X_F16 else "fma.rn.bf16x2 $0, $1, $2, $3;"
+        q = zero_shifted(pair, c, X_F16, USE_ASM)
         w = tl.inline_asm_elementwise(op, "=r,r,r,r", [q, tl.broadcast_to(s, q.shape),
                                                        tl.broadcast_to(r, q.shape)],
                                       dtype=tl.int32, is_pure=True, pack=1)
@@ -221,6 +260,7 @@ def _w4a16_dot_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
     USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
+    IZERO: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -237,7 +277,7 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED)
+                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
@@ -252,7 +292,7 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                 k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
                 X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False,
-                SCALED: tl.constexpr = False):
+                SCALED: tl.constexpr = False, IZERO: tl.constexpr = False):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
@@ -260,7 +300,9 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     of x for the magic-number offset. A step stays inside one group. USE_ASM (NVIDIA): pairs 1-3
     by one PTX lop3 each (pair_bits). SCALED (GemmTiles.scaled): the registers hold the weights,
     (q - z) s + r (left_weights), the dots sum the step's product whole and the step adds it: no
-    sum of x, no epilogue, each weight rounded once to the activations' type."""
+    sum of x, no epilogue, each weight rounded once to the activations' type. IZERO
+    (GemmTiles.int_zeros on a W4Weight.int_zeros weight): the registers hold q - z, exact, and
+    the step applies s (one FMA an output element): no sum of x, no rounding of the weights."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     rows = tl.arange(0, WROWS)
@@ -277,28 +319,34 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
         if SCALED:
             s, c, b = scaled_terms(tl.load(scales_ptr + g_off, mask=n_mask, other=0.0),
                                    tl.load(biases_ptr + g_off, mask=n_mask, other=0.0), X_F16, USE_ASM)
+        elif IZERO:
+            s, c = zero_terms(tl.load(scales_ptr + g_off, mask=n_mask, other=0.0),
+                              tl.load(biases_ptr + g_off, mask=n_mask, other=0.0), X_F16, USE_ASM)
+            b = c
         else:
             s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
             b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
             c = b
         xt = tl.load(x_step + x_offs, mask=m_mask[:, None], other=0.0)
-        if not SCALED:
+        if not (SCALED or IZERO):
             x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
         x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
         pair = pair_bits(packed, packed, 0, X_F16)
-        w = left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM)
+        w = left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM)
         inner = pair_left_dot(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), x0, w, X_F16, DOT_F32)
         pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x1, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16,
+        inner = pair_left_dot(inner, x1, left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM), X_F16,
                               DOT_F32)
         pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x2, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16,
+        inner = pair_left_dot(inner, x2, left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM), X_F16,
                               DOT_F32)
         pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x3, left_weights(pair, s, c, b, SCALED, X_F16, USE_ASM), X_F16,
+        inner = pair_left_dot(inner, x3, left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM), X_F16,
                               DOT_F32)
         if SCALED:
             acc += inner
+        elif IZERO:
+            acc += inner * s
         else:
             acc += inner * s  # two FMAs an element: (b - OFFSET s) is per column
             acc += x_sum * (b - OFFSET * s)
@@ -399,10 +447,11 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     permute = permute and k % block_k == 0 and not w_left  # the left-weights loop reads x in k order
     if permute:
         x2 = permute_steps(x2, block_k)
+    izero = w_left and t.int_zeros and w.int_zeros
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
                 X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
                 USE_ASM=w_left and uses_ptx(x2.device), num_warps=t.num_warps,
-                SCALED=w_left and t.scaled,
+                SCALED=w_left and t.scaled and not izero, IZERO=izero,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

@@ -42,6 +42,11 @@ class W4Weight:
     # The same weight repacked for torch's CPU int4 kernel (kernels/w4a16_cpu.py), set once at
     # load on the CPU; None elsewhere. Derived data: never narrowed or moved with the rest.
     cpu_pack: Any = None
+    # Every bias is -z * scale for an integer z in [-64, 127], exactly (integer_zero_points):
+    # GPTQ / AWQ / AutoRound / symmetric / Q4_0 weights, not Q4_1 / Q4_K mins. Lets the few-row
+    # kernel hold q - z in registers (GemmTiles.int_zeros). Set by the repacks and again where a
+    # linear installs its weight (LinearBase.set_w4: concatenated parts).
+    int_zeros: bool = False
 
     @property
     def in_features(self) -> int:
@@ -54,13 +59,14 @@ class W4Weight:
     def to(self, device: torch.device | str) -> "W4Weight":
         perm = None if self.perm is None else self.perm.to(device)
         return W4Weight(self.qweight.to(device), self.scales.to(device), self.biases.to(device),
-                        self.group_size, perm)
+                        self.group_size, perm, int_zeros=self.int_zeros)
 
     def narrow_out(self, start: int, length: int) -> "W4Weight":
         """Output columns [start, start+length): a column-parallel shard."""
         sl = slice(start, start + length)
         return W4Weight(self.qweight[:, sl].contiguous(), self.scales[:, sl].contiguous(),
-                        self.biases[:, sl].contiguous(), self.group_size, self.perm)
+                        self.biases[:, sl].contiguous(), self.group_size, self.perm,
+                        int_zeros=self.int_zeros)
 
     def regroup(self, group_size: int) -> "W4Weight":
         """The same weight in finer groups (group_size divides ours): scales repeat, exactly."""
@@ -70,7 +76,8 @@ class W4Weight:
             raise QuantFormatError(f"cannot regroup group size {self.group_size} into {group_size}")
         r = self.group_size // group_size
         return W4Weight(self.qweight, self.scales.repeat_interleave(r, 0),
-                        self.biases.repeat_interleave(r, 0), group_size, self.perm)
+                        self.biases.repeat_interleave(r, 0), group_size, self.perm,
+                        int_zeros=self.int_zeros)
 
     def narrow_in(self, start: int, length: int) -> "W4Weight":
         """Input rows [start, start+length): a row-parallel shard; must cut on group boundaries."""
@@ -82,7 +89,17 @@ class W4Weight:
                                    f"group size {self.group_size}")
         g = slice(start // self.group_size, (start + length) // self.group_size)
         return W4Weight(self.qweight[start // 8:(start + length) // 8].contiguous(),
-                        self.scales[g].contiguous(), self.biases[g].contiguous(), self.group_size)
+                        self.scales[g].contiguous(), self.biases[g].contiguous(), self.group_size,
+                        int_zeros=self.int_zeros)
+
+
+def integer_zero_points(w: W4Weight) -> bool:
+    """Whether every bias is -z * scale for an integer z in [-64, 127], exactly in fp32, with z
+    as the few-row kernel computes it (w4a16_dot.zero_point: round(-b / s), z = 0 where s = 0).
+    One pass over the scales and biases (1/64 of the weight's bytes at group 128)."""
+    s, b = w.scales.float(), w.biases.float()
+    z = torch.round(-b / torch.where(s == 0, torch.ones_like(s), s))
+    return bool(((z >= -64) & (z <= 127) & (b + z * s == 0)).all())
 
 
 def _check_group(group_size: int, k: int) -> None:
@@ -159,7 +176,9 @@ def _from_packed(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tenso
         s = s.repeat_interleave(group_size // native, dim=0)
         biases = biases.repeat_interleave(group_size // native, dim=0)
         group_size = native
-    return W4Weight(qweight, s.to(torch.float16), exact_biases(biases), group_size, perm)
+    w = W4Weight(qweight, s.to(torch.float16), exact_biases(biases), group_size, perm)
+    w.int_zeros = integer_zero_points(w)
+    return w
 
 
 def quantize_rtn(weight: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> W4Weight:
@@ -320,5 +339,7 @@ def repack_gguf(raw: np.ndarray | torch.Tensor, ggml_type: str, shape: tuple[int
     if c0 % 32 or c1 % 32:
         raise QuantFormatError(f"GGUF input shard [{c0}, {c1}) is not aligned to 32")
     q, scale, bias = q[:, c0:c1], scale[:, c0 // 32:c1 // 32], bias[:, c0 // 32:c1 // 32]
-    return W4Weight(pack_int4(q.t().contiguous()), scale.t().contiguous().half(),
-                    exact_biases(bias.t().contiguous()), 32)
+    w = W4Weight(pack_int4(q.t().contiguous()), scale.t().contiguous().half(),
+                 exact_biases(bias.t().contiguous()), 32)
+    w.int_zeros = integer_zero_points(w)  # Q4_0 (-8 d): yes; Q4_1 / Q4_K mins: no
+    return w

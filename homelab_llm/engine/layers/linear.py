@@ -16,6 +16,7 @@ from torch import nn
 from homelab_llm.engine.parallel.state import all_reduce, tp_rank, tp_size
 from homelab_llm.engine.sharding import even_shard, head_shard
 from homelab_llm.engine.kernels import dispatch
+from homelab_llm.engine.kernels.w4a16_pack import integer_zero_points
 
 _defer_weights = False
 
@@ -87,6 +88,7 @@ class LinearBase(nn.Module):
         if (w4.in_features, w4.out_features) != (self.in_features, self.out_features):
             raise ValueError(f"4-bit weight is {w4.in_features}x{w4.out_features}, this layer "
                              f"{self.in_features}x{self.out_features}")
+        w4.int_zeros = integer_zero_points(w4)
         self.weight = None
         for name in ("qweight", "scales", "biases", "perm"):
             self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
@@ -117,7 +119,7 @@ class LinearBase(nn.Module):
         module = super()._apply(fn, recurse)
         if self.w4 is not None:
             self.w4 = type(self.w4)(self.w4_qweight, self.w4_scales, self.w4_biases,
-                                    self.w4.group_size, self.w4_perm)
+                                    self.w4.group_size, self.w4_perm, int_zeros=self.w4.int_zeros)
             self._attach_cpu_pack()
         return module
 

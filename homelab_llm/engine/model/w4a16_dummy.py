@@ -47,7 +47,7 @@ def random_w4(in_features: int, out_features: int, group_size: int, gen: torch.G
     groups = in_features // group_size
     scales = (torch.rand(*lead, groups, out_features, generator=gen, device=device) + 0.5) * _BASE_SCALE
     scales = scales.half()
-    return W4Weight(qweight, scales, (-8.0 * scales.float()).half(), group_size)
+    return W4Weight(qweight, scales, (-8.0 * scales.float()).half(), group_size, int_zeros=True)
 
 
 @torch.no_grad()

@@ -24,6 +24,7 @@ Against another version, one target per run (each takes 1-4 minutes on two cores
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import os
@@ -156,8 +157,6 @@ def _scenarios():
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192)
     # the split kernel's switches (tuning.AttentionTiles) at the arch's tile sizes: int8 score
     # dots, scale and K/V prefetch, fused merge, late q; one split (no merge) too
-    import dataclasses
-
     from homelab_llm.engine.kernels.tuning import tiles_for
     arch_tiles = tiles_for(None).decode
     on = dict(int8_dot=True, prefetch_scales=True, fused_merge=True)
@@ -291,6 +290,15 @@ def _scenarios():
         yield lambda x=x: w4a16_dot.w4a16_dot(
             x, wider, torch.zeros((x.shape[0], wider.out_features), dtype=bf16), split=2, w_left=True,
             tiles=GemmTiles(64, 64, 128, num_warps=4, num_stages=2, split_k=4, scaled=True))
+    int_zeros = dataclasses.replace(wider, int_zeros=True)
+    for m, dt, block_n, warps in ((8, bf16, 128, 8), (8, fp16, 64, 4), (40, bf16, 128, 8)):
+        # the integer-zero form (GemmTiles.int_zeros on a W4Weight.int_zeros weight): 16- and
+        # 64-row programs, PTX packed adds on NVIDIA, plain arithmetic on RDNA
+        x = torch.zeros((m, k_in), dtype=dt)
+        yield lambda x=x, t=GemmTiles(64, block_n, 128, num_warps=warps, num_stages=3, split_k=4,
+                                      int_zeros=True): w4a16_dot.w4a16_dot(
+            x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2,
+            w_left=True, tiles=t)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()

@@ -140,6 +140,7 @@ def test_gguf_repack_matches_gguf_dequantize(ggml_type: str, device: torch.devic
     want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[ggml_type])).float()  # [N, K]
     order = np.random.default_rng(0).permutation(n)
     w = wp.repack_gguf(raw, ggml_type, (n, k), row_order=order)
+    assert w.int_zeros == (ggml_type == "Q4_0")  # -8 d; Q4_1 / Q4_K carry mins
     # Q4_K's d*scale and dmin*min are rounded once more into fp16: compare norm-wise, 1e-3.
     assert _rel_err(dequantize_w4_ref(w).t(), want[torch.from_numpy(order)]) < 1e-3
     shard = wp.repack_gguf(raw, ggml_type, (n, k), rows=slice(8, 24), cols=slice(256, 512))
@@ -256,7 +257,11 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
     same 2e-4 per-row bound as the eight-dot loop (the same magic-number offset; a nibble joined
     out of order is ~1); rows past one 16-row block, K splits (tickets reused: bit-identical on
     a second call), zero points, and a 32-wide group, which falls back to the eight-dot loop
-    (its steps would cross groups) and equals a plain call bit for bit."""
+    (its steps would cross groups) and equals a plain call bit for bit. The table's tiles in the
+    offset form (a GPU's table gives other forms by rows and weights: the tests below)."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels.tuning import dot_left_tiles
     from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 
     gen = torch.Generator().manual_seed(23)
@@ -265,10 +270,12 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
         w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
         x = torch.randn(m, k, generator=gen).to(device, dtype)
         want = x.double() @ dequantize_w4_ref(w).double()
-        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+        t = dot_left_tiles(m, x.device, n)
+        t = t and dataclasses.replace(t, scaled=False, int_zeros=False)
+        got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), t, split=split,
                         w_left=True)
         assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
-        again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), split=split,
+        again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), t, split=split,
                           w_left=True)
         assert torch.equal(got, again), (dtype, m, split)
     w = wp.quantize_rtn(torch.randn(40, 256, generator=gen) * 0.05, 32, False).to(device)
@@ -312,6 +319,73 @@ def test_left_operand_scaled_weights(dtype: torch.dtype, device: torch.device) -
             assert torch.equal(got, again), (dtype, m, split, block_n)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_left_operand_integer_zeros(dtype: torch.dtype, device: torch.device) -> None:
+    """GemmTiles.int_zeros on a weight whose zero points are integers: the registers hold q - z
+    exactly and the step applies s in fp32, so the weights are not rounded at all. Bound: per
+    row 1e-5 of the fp64 reference (fp32 sums of exact products; measured ~5e-8, the offset
+    form 3e-6 bf16 / 5e-5 fp16, the scaled form 2e-4 fp16 / 3e-3 bf16). Symmetric and asymmetric zero points,
+    16-, 32- and 64-row programs (3, 24, 40 rows), K splits (bit-identical again). A min-style
+    bias (GGUF Q4_1) is not an integer zero point: integer_zero_points says so, and the same
+    tiles then run the form the tiles give without it (bit-identical to them)."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels.tuning import GemmTiles
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+
+    gen = torch.Generator().manual_seed(31)
+    for m, k, n, split, symmetric in ((3, 384, 72, 2, False), (24, 256, 40, None, True),
+                                      (40, 384, 40, 3, False)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
+        assert w.int_zeros and wp.integer_zero_points(w)
+        x = torch.randn(m, k, generator=gen).to(device, dtype)
+        want = x.double() @ dequantize_w4_ref(w).double()
+        for block_n, warps, scaled in ((64, 4, False), (128, 8, True)):
+            tiles = GemmTiles(64, block_n, 128, num_warps=warps, num_stages=3, split_k=4,
+                              scaled=scaled, int_zeros=True)
+            got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device),
+                            tiles=tiles, split=split, w_left=True)
+            err = ((got.double() - want).norm(dim=1) / want.norm(dim=1)).max().item()
+            assert err < 1e-5, (dtype, m, split, block_n, err)
+            again = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device),
+                              tiles=tiles, split=split, w_left=True)
+            assert torch.equal(got, again), (dtype, m, split, block_n)
+        w.biases = w.biases.float() + w.scales.float() * torch.rand(w.biases.shape, generator=gen).to(device)
+        assert not wp.integer_zero_points(w)
+        w.int_zeros = False
+        tiles = GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4, scaled=True)
+        out = [w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), tiles=t,
+                         split=split, w_left=True) for t in (tiles, dataclasses.replace(tiles, int_zeros=True))]
+        assert torch.equal(out[0], out[1])
+
+
+def test_integer_zero_flag_follows_the_weight() -> None:
+    """W4Weight.int_zeros: set by the repacks (integer zero points, symmetric weights), kept by
+    to / narrow_out / narrow_in / regroup, and set again where a linear installs a weight
+    (concatenated parts lose it); a bias that is not a whole number of scales, or a zero point
+    out of [-64, 127], clears it."""
+    from homelab_llm.engine.layers.linear import LinearBase
+
+    gen = torch.Generator().manual_seed(37)
+    w = wp.quantize_rtn(torch.randn(64, 256, generator=gen), 128, symmetric=False)
+    assert w.int_zeros
+    assert all(v.int_zeros for v in (w.to("cpu"), w.narrow_out(0, 32), w.narrow_in(128, 128),
+                                     w.regroup(32)))
+    glued = wp.W4Weight(w.qweight, w.scales, w.biases, w.group_size)
+    assert not glued.int_zeros
+    layer = LinearBase(256, 64, bias=False)
+    layer.set_w4(glued)
+    assert layer.w4.int_zeros
+    layer.to("cpu")  # _apply rebuilds the W4Weight around the moved buffers
+    assert layer.w4.int_zeros
+    minned = wp.W4Weight(w.qweight, w.scales, w.biases.float() + 0.25 * w.scales.float(), w.group_size)
+    assert not wp.integer_zero_points(minned)
+    far = wp.W4Weight(w.qweight, w.scales, -200.0 * w.scales.float(), w.group_size)
+    assert not wp.integer_zero_points(far)
+    layer.set_w4(minned)
+    assert not layer.w4.int_zeros
+
+
 def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     """tuning.dot_left_tiles: the first w4a16_dot_left entry covering the rows (the last past
     them), a w4a16_dot_left_thin entry first for outputs of at most THIN_N columns where one
@@ -338,6 +412,8 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     assert tuning.dot_left_tiles(40, None, 6144) == thin_big
     # 17-64 rows take the scaled weights (BENCHMARKS 27.4), up to 16 the offset form
     assert big.scaled and thin_big.scaled and not (narrow.scaled or wide.scaled)
+    # integer zero points take q - z in registers at every row count (BENCHMARKS 28.1)
+    assert all(t.int_zeros for t in (narrow, wide, big, thin_big))
     assert tuning.dot_left_tiles(200, None, 6144) == big  # past every thin entry: the wide last
     # rows that no thin entry covers take the wide entries
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
