@@ -212,13 +212,6 @@ DOTL_TILES = {
     "dotL.bn512w8s2": GemmTiles(16, 512, 128, num_warps=8, num_stages=2, split_k=4),
     "dotL.bm32bn256w8": GemmTiles(32, 256, 128, num_warps=8, num_stages=3, split_k=4),
     "dotL.bm64bn256w8": GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4),
-    # fewer than 4 warps: no warpgroup, so sm_90 runs mma.sync (MMAv2), whose x operand can stay
-    # in registers (wgmma reads it from shared memory: a store, a fence and a barrier a pair)
-    "dotL.bn64w2": GemmTiles(16, 64, 128, num_warps=2, num_stages=3, split_k=4),
-    "dotL.bn64w2s4": GemmTiles(16, 64, 128, num_warps=2, num_stages=4, split_k=4),
-    "dotL.bn32w2": GemmTiles(16, 32, 128, num_warps=2, num_stages=3, split_k=4),
-    "dotL.bn32w1": GemmTiles(16, 32, 128, num_warps=1, num_stages=3, split_k=4),
-    "dotL.bn128w2": GemmTiles(16, 128, 128, num_warps=2, num_stages=3, split_k=4),
 }
 DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
 
