@@ -35,11 +35,15 @@ def main() -> int:
     p.add_argument("--n", type=int, default=34816)
     p.add_argument("--left", action="store_true",
                    help="dot: the weights as the left operand (route dotL) instead of eight dots a step")
+    p.add_argument("--no-int-zeros", action="store_true",
+                   help="dot --left: the weights' integer-zero flag off, so the table's offset / scaled "
+                        "forms run instead of GemmTiles.int_zeros")
     a = p.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)
     w = random_w4(a.k, a.n, 128, gen, dev)
+    w.int_zeros = not a.no_int_zeros
     x = torch.randn(a.m, a.k, device=dev, generator=gen).to(torch.bfloat16)
     out = torch.empty((a.m, a.n), dtype=torch.bfloat16, device=dev)
     fns = {"h2": lambda: w4a16_h2(x, w, out), "gemv": lambda: w4a16_gemv(x, w, out),
