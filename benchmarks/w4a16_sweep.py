@@ -223,11 +223,11 @@ def pow2_split_dot(x: torch.Tensor, w) -> int:
     return pick_split(grid_m * grid_n, x.shape[1], 8 * wrows, x.device, waves=t.split_k)
 
 
-def integer_zero_tiles(x: torch.Tensor, w) -> GemmTiles:
-    """The tiles the table gives the left-operand kernel for x's rows and w's width, with
-    int_zeros set."""
+def without_integer_zeros(x: torch.Tensor, w) -> GemmTiles:
+    """The tiles the table gives the left-operand kernel for x's rows and w's width, int_zeros
+    cleared: the offset / scaled forms that GGUF-min weights run on those tiles."""
     t = dot_left_tiles(x.shape[0], x.device, w.out_features) or tiles_for(x.device).w4a16_dot
-    return dataclasses.replace(t, int_zeros=True)
+    return dataclasses.replace(t, int_zeros=False)
 
 
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)
@@ -261,9 +261,9 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, t in DOTL_TILES.items():
         if not quick and (t is None or t.block_m == 16 or m > 16):
             v[name] = ("dot", lambda x, w, out, t=t: w4a16_dot(x, w, out, t, w_left=True))
-    # the table's left-operand tiles in the integer-zero form (GemmTiles.int_zeros; the swept
-    # weights are symmetric, so W4Weight.int_zeros holds)
-    v["dotLz"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, integer_zero_tiles(x, w), w_left=True))
+    # the table's left-operand tiles without the integer-zero form (the swept weights are
+    # symmetric, so "dotL" runs it where the table sets GemmTiles.int_zeros)
+    v["dotL.noz"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, without_integer_zeros(x, w), w_left=True))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV

@@ -170,14 +170,20 @@ def zero_terms(scale, bias, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def packed_fma(a, b, c, X_F16: tl.constexpr):
+    """a * b + c on int32 words holding two fp16 / bf16 values each, one PTX instruction (NVIDIA
+    only: PTX takes no immediates for these, so constants go in as registers)."""
+    op: tl.constexpr = "fma.rn.f16x2 $0, $1, $2, $3;" if X_F16 else "fma.rn.bf16x2 $0, $1, $2, $3;"
+    return tl.inline_asm_elementwise(op, "=r,r,r,r", [a, tl.broadcast_to(b, a.shape), tl.broadcast_to(c, a.shape)],
+                                     dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def zero_shifted(pair, c, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
     """q - z = (OFFSET + q) * 1 + c, c = -(OFFSET + z) packed: exact (small integers), one
     packed FMA a register (ptxas makes it an HADD2)."""
-    if USE_ASM:  # PTX takes no immediates for these: the constant goes in as a register
-        op: tl.constexpr = "fma.rn.f16x2 $0, $1, $2, $3;" if X_F16 else "fma.rn.bf16x2 $0, $1, $2, $3;"
-        one = tl.full(pair.shape, 0x3C003C00 if X_F16 else 0x3F803F80, tl.int32)
-        w = tl.inline_asm_elementwise(op, "=r,r,r,r", [pair, one, tl.broadcast_to(c, pair.shape)],
-                                      dtype=tl.int32, is_pure=True, pack=1)
+    if USE_ASM:
+        w = packed_fma(pair, tl.full(pair.shape, 0x3C003C00 if X_F16 else 0x3F803F80, tl.int32), c, X_F16)
     else:
         lo, hi = pair_halves(pair, X_F16)
         cf = pair_halves(c, X_F16)[0].to(tl.float32)
@@ -193,23 +199,17 @@ def left_weights(pair, s, c, r, SCALED: tl.constexpr, IZERO: tl.constexpr, X_F16
     applies s); with SCALED the weights themselves from scaled_terms' packed s, c = -(OFFSET +
     z) and r: q - z, then (q - z) s + r rounded once to the activations' type; two packed FMAs
     a register."""
-    if not (SCALED or IZERO):
-        w = pair
-    elif not SCALED:
+    w = pair
+    if SCALED or IZERO:
         w = zero_shifted(pair, c, X_F16, USE_ASM)
-    elif USE_ASM:
-        op: tl.constexpr = "fma.rn.f16x2 $0, $1, $2, $3;" if X_F16 else "fma.rn.bf16x2 $0, $1, $2, $3;"
-        q = zero_shifted(pair, c, X_F16, USE_ASM)
-        w = tl.inline_asm_elementwise(op, "=r,r,r,r", [q, tl.broadcast_to(s, q.shape),
-                                                       tl.broadcast_to(r, q.shape)],
-                                      dtype=tl.int32, is_pure=True, pack=1)
-    else:  # the same arithmetic in fp32 ((q - z) s is exact there), one rounding
-        lo, hi = pair_halves(pair, X_F16)
-        sf = pair_halves(s, X_F16)[0].to(tl.float32)
-        cf = pair_halves(c, X_F16)[0].to(tl.float32)
-        rf = pair_halves(r, X_F16)[0].to(tl.float32)
-        w = half_bits((lo.to(tl.float32) + cf) * sf + rf, X_F16) | \
-            (half_bits((hi.to(tl.float32) + cf) * sf + rf, X_F16) << 16)
+    if SCALED:
+        if USE_ASM:
+            w = packed_fma(w, s, r, X_F16)
+        else:  # the same arithmetic in fp32 ((q - z) s is exact there), one rounding
+            lo, hi = pair_halves(w, X_F16)
+            sf = pair_halves(s, X_F16)[0].to(tl.float32)
+            rf = pair_halves(r, X_F16)[0].to(tl.float32)
+            w = half_bits(lo.to(tl.float32) * sf + rf, X_F16) | (half_bits(hi.to(tl.float32) * sf + rf, X_F16) << 16)
     return w
 
 
@@ -316,17 +316,17 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     for k0 in range(k_start, k_end, BLOCK_K):
         packed = tl.load(qw_step + w_offs, mask=n_mask[:, None], other=0)  # [BLOCK_N, WROWS]
         g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
+        scale = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0)
+        bias = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0)
         if SCALED:
-            s, c, b = scaled_terms(tl.load(scales_ptr + g_off, mask=n_mask, other=0.0),
-                                   tl.load(biases_ptr + g_off, mask=n_mask, other=0.0), X_F16, USE_ASM)
+            s, c, b = scaled_terms(scale, bias, X_F16, USE_ASM)
         elif IZERO:
-            s, c = zero_terms(tl.load(scales_ptr + g_off, mask=n_mask, other=0.0),
-                              tl.load(biases_ptr + g_off, mask=n_mask, other=0.0), X_F16, USE_ASM)
-            b = c
+            s, c = zero_terms(scale, bias, X_F16, USE_ASM)
+            b = c  # unused: left_weights reads r only for SCALED
         else:
-            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-            c = b
+            s = scale.to(tl.float32)[:, None]
+            b = bias.to(tl.float32)[:, None]
+            c = b  # unused: the offset form's registers are the pairs as they are
         xt = tl.load(x_step + x_offs, mask=m_mask[:, None], other=0.0)
         if not (SCALED or IZERO):
             x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
@@ -345,11 +345,10 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                               DOT_F32)
         if SCALED:
             acc += inner
-        elif IZERO:
-            acc += inner * s
         else:
-            acc += inner * s  # two FMAs an element: (b - OFFSET s) is per column
-            acc += x_sum * (b - OFFSET * s)
+            acc += inner * s
+            if not IZERO:  # the offset form's second FMA an element: (b - OFFSET s) is per column
+                acc += x_sum * (b - OFFSET * s)
         qw_step += WROWS * stride_qw
         x_step += BLOCK_K
     return tl.trans(acc)

@@ -88,7 +88,7 @@ class LinearBase(nn.Module):
         if (w4.in_features, w4.out_features) != (self.in_features, self.out_features):
             raise ValueError(f"4-bit weight is {w4.in_features}x{w4.out_features}, this layer "
                              f"{self.in_features}x{self.out_features}")
-        w4.int_zeros = integer_zero_points(w4)
+        w4.int_zeros = w4.int_zeros or integer_zero_points(w4)  # the repacks set it; parts joined lose it
         self.weight = None
         for name in ("qweight", "scales", "biases", "perm"):
             self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
