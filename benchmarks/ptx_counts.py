@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--kernels", default="w4a16_", help="kernel names containing this")
     ap.add_argument("--sass-out", default=None,
                     help="also write each launch's loop SASS and PTX to DIR/<kernel>.<n>.sass / .ptx "
-                         "(read the order of loads and math)")
+                         "(read the order of loads and math), and its whole TTGIR to .ttgir (layouts)")
     a = ap.parse_args()
     from tests.engine.kernels.gpu_compile import TARGETS, resource_usage, to_source_args
 
@@ -113,6 +113,7 @@ def main() -> int:
         if a.sass_out:
             Path(a.sass_out, f"{name}.{len(seen)}.sass").write_text(f"{c}\n" + "\n".join(sass) + "\n")
             Path(a.sass_out, f"{name}.{len(seen)}.ptx").write_text(f"{c}\n" + "\n".join(ptx) + "\n")
+            Path(a.sass_out, f"{name}.{len(seen)}.ttgir").write_text(kernel.asm["ttgir"])
         print(f"{name} {c} warps {spec['options'].get('num_warps')} {resource_usage(kernel, a.target)}\n"
               f"  loop: PTX {len(ptx)} SASS {len(sass)} {per}\n"
               f"  SASS opcodes: {dict(collections.Counter(map(opcode, sass)).most_common(10))}", flush=True)

@@ -40,6 +40,7 @@ from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_words import k_rows
 
 
 @triton.jit
@@ -49,11 +50,11 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
     """Expert e's weight tile [BLOCK_K, BLOCK_N] (fp32; dense: as stored). WFMT 0 dense
     (w[e, n, k]); 1 int4 words (w[e, k // 8, n], per-group scale and bias); 2 MXFP4 (bytes
     w[e, n, k // 2], two e2m1 codes a byte, low nibble first; an e8m0 scale s[e, n, k // 32])."""
-    if WFMT == 1:
-        shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
-        packed = tl.load(w_ptr + e * stride_we + (offs_k // 8)[:, None] * stride_wk
-                         + offs_n[None, :], mask=n_mask[None, :], other=0)
-        q = ((packed >> shifts) & 0xF).to(tl.float32)
+    if WFMT == 1:  # the tile's BLOCK_K // 8 word rows, loaded once and unpacked in registers
+        word_rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(w_ptr + e * stride_we + word_rows[:, None] * stride_wk + offs_n[None, :],
+                        mask=n_mask[None, :], other=0)
+        q = k_rows(words).to(tl.float32)
         group = k0 // GROUP_SIZE
         s = tl.load(s_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)
         b = tl.load(b_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)
@@ -170,7 +171,7 @@ def moe_tiles(num_slots: int, num_experts: int, device: torch.device,
     arch = tiles_for(device)
     if tiles is arch.gemm:
         if experts == "w4" and arch.moe_w4_gemm is not None:
-            return MoeGemmTiles(arch.moe_w4_gemm, arch.moe_w4_gemm)
+            return arch.moe_w4_gemm
         if experts == "dense" and arch.moe_gemm is not None:
             return arch.moe_gemm
     return MoeGemmTiles(tiles, tiles)
@@ -196,9 +197,8 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         w, s = weight.qweight, weight.scales
         strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1), 0)
         wfmt, group, block_k = 1, weight.group_size, min(tiles.block_k, weight.group_size)
-        # The tile loop loads a 4-bit tile as int32 words per k row (4 bytes a weight in shared
-        # memory) and the gated GEMM holds two of them: half the table's width keeps it within
-        # the budget the table's W4A16 GEMM has (sm80's 99 KB at three stages).
+        # The gated GEMM holds gate's and up's tiles in two dots: half the table's width keeps
+        # their two accumulators to the table's register budget.
         block_n = block_n // 2 if gated else block_n
     else:
         w = s = weight

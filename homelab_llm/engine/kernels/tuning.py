@@ -144,9 +144,10 @@ class ArchTiles:
     # The same for outputs of at most THIN_N columns, consulted first (fewer column blocks there
     # favour narrower programs). Empty: w4a16_dot_left serves every width.
     w4a16_dot_left_thin: tuple[tuple[int, GemmTiles], ...] = ()
-    # Fused MoE grouped GEMM at prefill sizes (the `gemm` entry's rows) over 4-bit experts: its
-    # own tiles where measured (the kernel halves block_n for gate + up). None: `gemm`'s.
-    moe_w4_gemm: GemmTiles | None = None
+    # Fused MoE grouped GEMMs at prefill sizes (the `gemm` entry's rows) over 4-bit experts:
+    # gate_up's and down's own tiles where measured (the kernel halves gate_up's block_n for
+    # its gate and up dots). None: `gemm`'s for both.
+    moe_w4_gemm: MoeGemmTiles | None = None
     # The same for dense (bf16/fp16) experts: gate_up's and down's own tiles, gate and up paired
     # in one dot where measured. None: `gemm`'s for both, two dots.
     moe_gemm: MoeGemmTiles | None = None
@@ -293,9 +294,12 @@ TABLE: dict[str, ArchTiles] = {
                                             int_zeros=True)),
                              (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
                                             scaled=True, int_zeros=True))),
-        # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 18.1, moe_gpu.py
-        # --sections sweep): 128 x 256 x 64, 8 warps, 3 stages 1.03 ms against `gemm`'s 1.20
-        moe_w4_gemm=GemmTiles(128, 256, 64, num_warps=8, num_stages=3),
+        # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts with their words loaded once
+        # (BENCHMARKS 29.1): gate_up 128 x 128 x 64 on 4 warps, 4 stages 0.861 ms a layer against
+        # 0.931 on the old single entry (128 x 256 x 64, 8 warps, 3 stages); down 128 x 256 x
+        # 128, 8 warps, 3 stages 0.866 against it
+        moe_w4_gemm=MoeGemmTiles(GemmTiles(128, 128, 64, num_warps=4, num_stages=4),
+                                 GemmTiles(128, 256, 128, num_warps=8, num_stages=3)),
         # Dense experts there (BENCHMARKS 24.2, the GEMMs timed apart, random routing): gate_up
         # with gate and up paired in one 256-wide dot, 4 stages, 322.7 us against `gemm`'s two
         # dots 338.3; down 128 x 256, 4 stages, 199.1 against 221.5

@@ -4,7 +4,8 @@ The table tuning.W4A16_ROUTES picks the kernel by row count: a GEMV (w4a16_rows.
 rows, the packed-half w4a16_h2.py for 1-8, or the older one-row w4a16_gemv.py), the few-row
 tensor-core kernel (w4a16_dot.py) for decode batches, for prefill chunks the weight dequantized once into the BLAS GEMM
 (w4a16_deq.py), and the GEMM kernel here where that does not apply: each
-program dequantizes a [BLOCK_K, BLOCK_N] weight tile in registers and feeds tl.dot. BLOCK_K never exceeds the group
+program loads a [BLOCK_K / 8, BLOCK_N] tile of words, dequantizes it in registers
+(w4a16_words.k_rows_f32) and feeds tl.dot. BLOCK_K never exceeds the group
 size, so a tile needs one row of scales/biases. Skinny shapes split K across programs
 (`split_k`) into an fp32 workspace that is summed afterwards: deterministic, unlike atomics.
 Decode at batch 1 is bound by reading the weights, 0.5 byte per parameter plus scales.
@@ -24,6 +25,7 @@ from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
 from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows
+from homelab_llm.engine.kernels.w4a16_words import k_rows_f32
 
 
 @triton.jit
@@ -43,16 +45,16 @@ def _w4a16_kernel(
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    shifts = ((tl.arange(0, BLOCK_K) % 8) * 4)[:, None]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None], other=0.0)
-        # Eight consecutive k share a word: the repeated addresses are served from cache.
-        packed = tl.load(qw_ptr + (offs_k // 8)[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
-                         mask=n_mask[None, :], other=0)
-        q = ((packed >> shifts) & 0xF).to(tl.float32)
+        # Eight consecutive k share a word: the tile's BLOCK_K // 8 word rows, loaded once
+        word_rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        words = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
+                        mask=n_mask[None, :], other=0)
+        q = k_rows_f32(words)
         group = k0 // GROUP_SIZE
         s = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         b = tl.load(biases_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)

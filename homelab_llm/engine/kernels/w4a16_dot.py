@@ -1,8 +1,8 @@
 """W4A16 for a few rows (decode at batch 2-64): dequantize each packed word once, feed tensor cores.
 
-The older GEMM kernel (w4a16.py) loads a [BLOCK_K, BLOCK_N] tile of *words* with K repeated
-eight times (k // 8) and shifts per row: every word is fetched 8 times from L1 and dequantized in
-a K-major tile that mixes the eight nibbles. Here a K step is WROWS word rows (8 * WROWS values of
+The GEMM kernel (w4a16.py) unpacks a [BLOCK_K / 8, BLOCK_N] tile of words into one
+[BLOCK_K, BLOCK_N] operand through a layout shuffle and stores it to shared memory for the MMA
+every step. Here a K step is WROWS word rows (8 * WROWS values of
 k): the [WROWS, BLOCK_N] words are loaded once (16-byte vectors along N), and nibble j of every
 word is the [WROWS, BLOCK_N] slice k = 8r + j. So the step is eight tensor-core dots
 

@@ -128,9 +128,10 @@ def test_prefill_takes_the_arch_moe_gemm_tiles(device, monkeypatch):
     base = tuning.TABLE[arch]
     wide = dataclasses.replace(base.gemm, block_n=base.gemm.block_n * 2)
     dense = MoeGemmTiles(base.gemm, wide, paired=True)
-    monkeypatch.setitem(tuning.TABLE, arch, dataclasses.replace(base, moe_w4_gemm=wide, moe_gemm=dense))
+    four_bit = MoeGemmTiles(wide, base.gemm)
+    monkeypatch.setitem(tuning.TABLE, arch, dataclasses.replace(base, moe_w4_gemm=four_bit, moe_gemm=dense))
     dev = torch.device(device)
-    assert moe_tiles(8 * 100, 8, dev, "w4") == MoeGemmTiles(wide, wide)
+    assert moe_tiles(8 * 100, 8, dev, "w4") == four_bit
     assert moe_tiles(8 * 100, 8, dev) == dense
     assert moe_tiles(8 * 100, 8, dev, "mx4") == MoeGemmTiles(base.gemm, base.gemm)
     assert moe_tiles(8 * 2, 8, dev, "w4") == MoeGemmTiles(base.gemv, base.gemv)
