@@ -40,7 +40,7 @@ from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
-from homelab_llm.engine.kernels.w4a16_words import k_rows
+from homelab_llm.engine.kernels.w4a16_words import k_rows, load_k_words
 
 
 @triton.jit
@@ -51,9 +51,7 @@ def _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n, k0, n_mask, k_mask,
     (w[e, n, k]); 1 int4 words (w[e, k // 8, n], per-group scale and bias); 2 MXFP4 (bytes
     w[e, n, k // 2], two e2m1 codes a byte, low nibble first; an e8m0 scale s[e, n, k // 32])."""
     if WFMT == 1:  # the tile's BLOCK_K // 8 word rows, loaded once and unpacked in registers
-        word_rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(w_ptr + e * stride_we + word_rows[:, None] * stride_wk + offs_n[None, :],
-                        mask=n_mask[None, :], other=0)
+        words = load_k_words(w_ptr + e * stride_we, k0, stride_wk, offs_n, n_mask, BLOCK_K)
         q = k_rows(words).to(tl.float32)
         group = k0 // GROUP_SIZE
         s = tl.load(s_ptr + e * stride_se + group * stride_sg + offs_n, mask=n_mask, other=0.0)

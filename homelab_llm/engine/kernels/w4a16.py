@@ -25,7 +25,7 @@ from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
 from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows
-from homelab_llm.engine.kernels.w4a16_words import k_rows_f32
+from homelab_llm.engine.kernels.w4a16_words import k_rows_f32, load_k_words
 
 
 @triton.jit
@@ -51,10 +51,7 @@ def _w4a16_kernel(
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None], other=0.0)
         # Eight consecutive k share a word: the tile's BLOCK_K // 8 word rows, loaded once
-        word_rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        words = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
-                        mask=n_mask[None, :], other=0)
-        q = k_rows_f32(words)
+        q = k_rows_f32(load_k_words(qw_ptr, k0, stride_qw, offs_n, n_mask, BLOCK_K))
         group = k0 // GROUP_SIZE
         s = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         b = tl.load(biases_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0).to(tl.float32)

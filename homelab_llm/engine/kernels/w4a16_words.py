@@ -15,6 +15,15 @@ import triton.language as tl
 
 
 @triton.jit
+def load_k_words(ptr, k0, stride_k, offs_n, n_mask, BLOCK_K: tl.constexpr):
+    """The [BLOCK_K // 8, N] words holding K rows k0 .. k0 + BLOCK_K - 1 of columns offs_n (k0 a
+    multiple of 8; ptr the weight's first word row, stride_k between word rows)."""
+    first = ptr + tl.cast(k0 // 8, tl.int64) * stride_k  # 64-bit once; 32-bit offsets in the tile
+    return tl.load(first + tl.arange(0, BLOCK_K // 8)[:, None] * stride_k + offs_n[None, :],
+                   mask=n_mask[None, :], other=0)
+
+
+@triton.jit
 def k_rows(words):
     """words [R, N] int32 -> the nibbles [8 R, N] (0..15, int32), row 8 r + j from nibble j."""
     shifts = (tl.arange(0, 8) * 4)[None, :, None]
@@ -30,4 +39,3 @@ def k_rows_f32(words):
     the fused MoE's GEMM is 4% behind with it, so keeps the conversion)."""
     bits = k_rows(words) | 0x4B000000
     return bits.to(tl.float32, bitcast=True) - 8388608.0
-
