@@ -24,6 +24,15 @@ Weights: dense w13 [E, 2I, H] / w2 [E, H, I] (HF layout, B tiles read transposed
 registers as in w4a16.py; BLOCK_K is capped at the group size so a tile needs one group row), or
 MXFP4 as gpt-oss publishes it (moe_ref.MoeMx4: e2m1 codes [E, N, K // 2] and e8m0 scales per 32
 weights, decoded in registers: about a quarter of bf16's bytes resident and read).
+
+4-bit experts on tiles with w_left (sm_90's prefill entry) take the weights as the dots' LEFT
+operand: out^T = W^T a^T through w4a16_dot.wleft_steps, whose AND-OR'd nibble pairs are the
+MMA's register operand as they are, so the dequantized tile never goes through shared memory
+(the right-operand loop stores it there each step, and its MMA waits for it). The activations
+then come in "pair order" (w4a16_dot.pair_order: a K step's four nibble-pair slices side by
+side), so each slice goes to the MMA straight from its async copy: gate_up's input is reordered
+once, and gate_up stores its output already reordered for down's K steps (in registers, where
+its column tile is whole steps of down's). Gated, one dot covers gate's columns then up's.
 gpt-oss adds per-expert biases on both projections and its clamped SwiGLU (the `clamp` argument).
 """
 
@@ -40,6 +49,9 @@ from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.kernels.w4a16_dot import pair_order, wleft_steps
+from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_words import k_rows, load_k_words
 
 
@@ -83,11 +95,16 @@ def _moe_gemm_kernel(
     GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, WFMT: tl.constexpr, GROUP_SIZE: tl.constexpr,
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, PAIRED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+    W_LEFT: tl.constexpr = False, USE_ASM: tl.constexpr = False, SCALED: tl.constexpr = False,
+    IZERO: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0,
 ):
     """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
     + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
     with g = min(gate, limit); else a @ w[:, n] (+ bias[n]). PAIRED (GATED): the tile's columns
-    alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both."""
+    alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both. W_LEFT (4-bit
+    experts): the weights as the dots' left operand (w4a16_dot.wleft_steps, its SCALED / IZERO
+    forms, a already in pair order); gated, the tile is gate's BLOCK_N columns then up's, one
+    loop. OUT_PAIRS > 0: out's columns are stored in pair order for K steps of OUT_PAIRS."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -102,34 +119,51 @@ def _moe_gemm_kernel(
         pair = tl.arange(0, 2 * BLOCK_N)
         offs_w = pid_n * BLOCK_N + pair // 2 + (pair % 2) * N  # gate n, up n, gate n + 1, ...
         w_mask = pid_n * BLOCK_N + pair // 2 < N
+    elif W_LEFT and GATED:
+        half = tl.arange(0, 2 * BLOCK_N)
+        offs_w = pid_n * BLOCK_N + half % BLOCK_N + (half // BLOCK_N) * N  # gate's columns, up's
+        w_mask = pid_n * BLOCK_N + half % BLOCK_N < N
     else:
         offs_w = offs_n
         w_mask = n_mask
     k_end = tl.where(tl.max(valid.to(tl.int32), axis=0) > 0, K, 0)  # unused block: no loads
     acc = tl.zeros([BLOCK_M, 2 * BLOCK_N if PAIRED else BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
-                    mask=valid[:, None] & k_mask[None, :], other=0.0)
-        w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_w, k0, w_mask, k_mask, stride_we,
-                         stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
-                         BLOCK_K)
-        if DOT_F32:
-            acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+    if W_LEFT:
+        both = wleft_steps(a_ptr, w_ptr + e * stride_we, s_ptr + e * stride_se, b_ptr + e * stride_se,
+                           rows, offs_w, valid, w_mask, 0, k_end, stride_am, stride_wk, stride_sg,
+                           GROUP_SIZE, BLOCK_M, offs_w.shape[0], BLOCK_K // 8,
+                           a_ptr.dtype.element_ty == tl.float16, DOT_F32, USE_ASM, SCALED, IZERO,
+                           X_PAIRS=True)
+        if GATED:
+            acc, acc_up = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
         else:
-            acc += tl.dot(a, w.to(a.dtype))
-        if GATED and not PAIRED:
-            w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
-                                stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
-                                WFMT, GROUP_SIZE, BLOCK_K)
+            acc = both
+    else:
+        for k0 in range(0, k_end, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            a = tl.load(a_ptr + rows[:, None] * stride_am + offs_k[None, :],
+                        mask=valid[:, None] & k_mask[None, :], other=0.0)
+            w = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_w, k0, w_mask, k_mask, stride_we,
+                             stride_wn, stride_wk, stride_se, stride_sg, stride_sn, WFMT, GROUP_SIZE,
+                             BLOCK_K)
             if DOT_F32:
-                acc_up += tl.dot(a.to(tl.float32), w_up.to(tl.float32))
+                acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
             else:
-                acc_up += tl.dot(a, w_up.to(a.dtype))
+                acc += tl.dot(a, w.to(a.dtype))
+            if GATED and not PAIRED:
+                w_up = _expert_tile(w_ptr, s_ptr, b_ptr, e, offs_k, offs_n + N, k0, n_mask, k_mask,
+                                    stride_we, stride_wn, stride_wk, stride_se, stride_sg, stride_sn,
+                                    WFMT, GROUP_SIZE, BLOCK_K)
+                if DOT_F32:
+                    acc_up += tl.dot(a.to(tl.float32), w_up.to(tl.float32))
+                else:
+                    acc_up += tl.dot(a, w_up.to(a.dtype))
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + e * stride_be + offs_w, mask=w_mask, other=0.0).to(tl.float32)[None, :]
+        offs_b = offs_w if PAIRED else offs_n
+        acc += tl.load(bias_ptr + e * stride_be + offs_b, mask=w_mask if PAIRED else n_mask,
+                       other=0.0).to(tl.float32)[None, :]
         if GATED and not PAIRED:
             acc_up += tl.load(bias_ptr + e * stride_be + N + offs_n, mask=n_mask,
                               other=0.0).to(tl.float32)[None, :]
@@ -142,6 +176,11 @@ def _moe_gemm_kernel(
             acc = (up + 1.0) * gate / (1.0 + tl.exp(-alpha * gate))
         else:
             acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+    if OUT_PAIRS:  # the next GEMM's left-operand loop reads its K steps of OUT_PAIRS in pair
+        # order (w4a16_dot.pair_order): the tile reordered in registers, whole-row stores
+        tl.static_assert(BLOCK_N % OUT_PAIRS == 0)
+        acc = tl.reshape(acc, (BLOCK_M, BLOCK_N // OUT_PAIRS, OUT_PAIRS // 8, 2, 4))
+        acc = tl.reshape(tl.permute(acc, (0, 1, 4, 2, 3)), (BLOCK_M, BLOCK_N))
     out = out_ptr + tl.where(valid, slots, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & n_mask[None, :])
 
@@ -180,13 +219,27 @@ def _experts_format(w13) -> str:
     return "w4" if isinstance(w13, MoeW4) else "mx4" if isinstance(w13, MoeMx4) else "dense"
 
 
+def left_block_k(weight, tiles: GemmTiles, k: int) -> int:
+    """The K step of a 4-bit grouped GEMM that takes the left-operand loop (tiles.w_left, whole
+    steps of at least 64 inside a group), whose input must then be in pair order
+    (w4a16_dot.pair_order); 0 where the GEMM takes the right-operand loop."""
+    if not (tiles.w_left and isinstance(weight, W4Weight)):
+        return 0
+    block_k = min(tiles.block_k, weight.group_size)
+    return block_k if block_k >= 64 and k % block_k == 0 and weight.group_size % block_k == 0 else 0
+
+
 def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
           tiles: GemmTiles, bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
-          paired: bool = False):
+          paired: bool = False, out_pairs: int = 0):
     """One grouped GEMM launch; weight is a dense [E, N', K] tensor, a stacked W4Weight or an
     Mx4Weight; bias [E, N'] or None; clamp (alpha, limit) selects gpt-oss's activation; paired
-    (gated, dense weights): gate and up in one dot."""
+    (gated, dense weights): gate and up in one dot. Where left_block_k is set, the weights are
+    the dots' left operand (the tiles' scaled / int_zeros / offset form) and `a` is in pair
+    order for it. out_pairs: store out in pair order for a next GEMM's K steps of that size
+    where the tile's columns are whole steps of it. Returns whether out is in pair order."""
     block_n = tiles.block_n
+    form = {}
     if isinstance(weight, Mx4Weight):
         w, s = weight.blocks, weight.scales
         strides = (w.stride(0), w.stride(1), 1, s.stride(0), s.stride(2), s.stride(1))
@@ -195,14 +248,20 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         w, s = weight.qweight, weight.scales
         strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1), 0)
         wfmt, group, block_k = 1, weight.group_size, min(tiles.block_k, weight.group_size)
-        # The gated GEMM holds gate's and up's tiles in two dots: half the table's width keeps
-        # their two accumulators to the table's register budget.
+        # The gated GEMM holds gate's and up's tiles in two dots (left: one dot of both): half
+        # the table's width keeps their accumulators to the table's register budget.
         block_n = block_n // 2 if gated else block_n
+        if left_block_k(weight, tiles, k):
+            izero = tiles.int_zeros and weight.int_zeros
+            form.update(W_LEFT=True, USE_ASM=uses_ptx(a.device), IZERO=izero,
+                        SCALED=tiles.scaled and not izero)
     else:
         w = s = weight
         strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0, 0)
         wfmt, group, block_k = 0, 0, tiles.block_k
     biases = weight.biases if wfmt == 1 else s
+    # in registers at the store (scattered stores of reordered columns cost the down GEMM 16%)
+    form["OUT_PAIRS"] = out_pairs if out_pairs and block_n % out_pairs == 0 else 0
     alpha, limit = clamp or (1.0, 0.0)
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
     _moe_gemm_kernel[grid](
@@ -212,7 +271,8 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         GATED=gated, A_BY_TOKEN=by_token, WFMT=wfmt, GROUP_SIZE=group, HAS_BIAS=bias is not None,
         CLAMPED=clamp is not None, PAIRED=gated and paired and wfmt == 0, BLOCK_M=tiles.block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **form)
+    return bool(form["OUT_PAIRS"])
 
 
 def moe_combine(y: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -269,8 +329,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     tiles = tiles or moe_tiles(num_slots, num_experts, x.device, _experts_format(w13))
     sorted_slots, block_expert, _ = moe_align(topk_ids, num_experts, tiles.up.block_m)
     act = torch.empty((num_slots, inter), dtype=x.dtype, device=x.device)
-    _gemm(x, gate_up, act, sorted_slots, block_expert, num_slots, inter, hidden, top_k,
-          gated=True, by_token=True, tiles=tiles.up, bias=b13, clamp=clamp, paired=tiles.paired)
+    up_k, down_k = left_block_k(gate_up, tiles.up, hidden), left_block_k(down, tiles.down, inter)
+    if not _gemm(pair_order(x, up_k) if up_k else x, gate_up, act, sorted_slots, block_expert,
+                 num_slots, inter, hidden, top_k, gated=True, by_token=True, tiles=tiles.up,
+                 bias=b13, clamp=clamp, paired=tiles.paired, out_pairs=down_k) and down_k:
+        act = pair_order(act, down_k)
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     _gemm(act, down, y, sorted_slots, block_expert, num_slots, hidden, inter, top_k,
           gated=False, by_token=False, tiles=tiles.down, bias=b2)

@@ -63,6 +63,10 @@ class GemmTiles:
     # registers and the scale applied by the step (one FMA an output element); others keep the
     # scaled or offset form
     int_zeros: bool = False
+    # The fused MoE's 4-bit grouped GEMMs: the weights as the dots' left operand from registers
+    # (wleft_steps over x in pair order; gate_up one dot of gate's block_n / 2 columns then
+    # up's), in the scaled / int_zeros / offset form above
+    w_left: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,12 +298,14 @@ TABLE: dict[str, ArchTiles] = {
                                             int_zeros=True)),
                              (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
                                             scaled=True, int_zeros=True))),
-        # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts with their words loaded once
-        # (BENCHMARKS 29.1): gate_up 128 x 128 x 64 on 4 warps, 4 stages 0.861 ms a layer against
-        # 0.931 on the old single entry (128 x 256 x 64, 8 warps, 3 stages); down 128 x 256 x
-        # 128, 8 warps, 3 stages 0.866 against it
-        moe_w4_gemm=MoeGemmTiles(GemmTiles(128, 128, 64, num_warps=4, num_stages=4),
-                                 GemmTiles(128, 256, 128, num_warps=8, num_stages=3)),
+        # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 30.1): the weights as
+        # the dots' left operand, scaled form, 128 x 128 x 64 on 8 warps, 3 stages, for both
+        # GEMMs: 622 us a layer (31.6% of the matmul rate) against 856 for the right-operand
+        # loop's tiles (BENCHMARKS 29.1: gate_up 128 x 128 x 64, 4 warps, 4 stages; down
+        # 128 x 256 x 128, 8 warps, 3 stages). The integer-zero form: 818 us (exact weights, but
+        # a second accumulator: ~190 registers a thread against ~120); the offset form slower.
+        moe_w4_gemm=MoeGemmTiles(GemmTiles(128, 128, 64, num_warps=8, num_stages=3, scaled=True, w_left=True),
+                                 GemmTiles(128, 128, 64, num_warps=8, num_stages=3, scaled=True, w_left=True)),
         # Dense experts there (BENCHMARKS 24.2, the GEMMs timed apart, random routing): gate_up
         # with gate and up paired in one 256-wide dot, 4 stages, 322.7 us against `gemm`'s two
         # dots 338.3; down 128 x 256, 4 stages, 199.1 against 221.5

@@ -346,6 +346,19 @@ def _dense_gemv_scenarios():
             residual=torch.zeros((1, hidden), dtype=dt), gated=True, act="gelu_tanh")
 
 
+_W_LEFT_FORMS = ({}, dict(scaled=True), dict(int_zeros=True))
+
+
+def _w_left(gemm, form):
+    """MoeGemmTiles with the 4-bit weights as the dots' left operand, in one of its forms."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels.tuning import MoeGemmTiles
+
+    tiles = dataclasses.replace(gemm, w_left=True, **form)
+    return MoeGemmTiles(tiles, tiles)
+
+
 def _moe_scenarios():
     """Fused MoE at the Qwen3-30B-A3B shape (128 experts, top 8, hidden 2048, expert 768; TP=2
     halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
@@ -358,10 +371,10 @@ def _moe_scenarios():
 
     e, top_k, hidden = 128, 8, 2048
 
-    def w4(k, n, g=128):
+    def w4(k, n, g=128, int_zeros=False):
         return W4Weight(torch.zeros((e, k // 8, n), dtype=torch.int32),
                         torch.ones((e, k // g, n), dtype=torch.float16),
-                        torch.zeros((e, k // g, n), dtype=torch.float16), g)
+                        torch.zeros((e, k // g, n), dtype=torch.float16), g, int_zeros=int_zeros)
 
     inter = 384  # per rank at TP=2; the width is a runtime int, so one size covers TP=1 too
     w13 = torch.zeros((e, 2 * inter, hidden), dtype=torch.bfloat16)
@@ -392,6 +405,11 @@ def _moe_scenarios():
         if tokens == 2048:  # gate and up paired in one dot, on every target's prefill tiles
             yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
                 x, w13, w2, weights, ids, tiles=_paired(tiles_for(None).gemm))
+            for form in _W_LEFT_FORMS:  # 4-bit weights as the dots' left operand
+                q = quant if not form else MoeW4(*(w4(k, n, int_zeros=True) for k, n in
+                                                   ((hidden, 2 * inter), (inter, hidden))))
+                yield lambda x=x, ids=ids, weights=weights, form=form, q=q: fused_moe.fused_moe(
+                    x, q, None, weights, ids, tiles=_w_left(tiles_for(None).gemm, form))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
             for w, w_2 in ((w13, w2), (quant, None)):
                 yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
