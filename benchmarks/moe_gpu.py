@@ -33,6 +33,8 @@ older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
            host functions between, then the eager step's kernels by GPU time; profile_bf16 the
            same for the bf16 model
   prefill_kernels (not default) the prefill layer's kernels one by one (torch profiler)
+  sweep_prefill (not default) the prefill layer with short last blocks in a second launch
+           (MoeGemmTiles.tail_m 16 / 32 / 64) against the table, and the align's block use
   sweep_decode (not default) fused_moe_decode and the fused router under tile variants
 The issue-15 decode numbers in one run (< 4 min on an H200):
     python3 benchmarks/moe_gpu.py --quick --sections check,layer,engine,launches
@@ -225,6 +227,36 @@ def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
         report(f"prefill.{kind}.t{tokens}.torch_loop_ms", loop)
 
 
+def section_sweep_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
+    """The prefill layer on the table's tiles against the same with each expert's short last
+    block in a second launch of tail_m-row programs (MoeGemmTiles.tail_m), bf16 and W4A16; and
+    how many align blocks the batch uses (the rows past the tokens are MMA work for nothing)."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels.fused_moe import moe_tiles
+
+    tokens = 1024 if quick else 2048
+    flops = 2 * tokens * TOP_K * 3 * HIDDEN * setup.inter
+    x, weights, ids = setup.batch(tokens)
+    for block_m in (32, 64, 128):
+        used = int((moe_align(ids, E, block_m)[1] >= 0).sum())
+        report(f"sweep_prefill.blocks_used.m{block_m}", used,
+               f"{tokens * TOP_K / (used * block_m):.0%} of their rows are tokens")
+    for w4 in (False, True):
+        kind = "w4a16" if w4 else "bf16"
+        w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
+        table = moe_tiles(tokens * TOP_K, E, x.device, "w4" if w4 else "dense")
+        want = fused_moe(x, w13, w2, weights, ids, tiles=table)
+        for tail_m in (0, 16, 32, 64):
+            if tail_m >= table.up.block_m:
+                continue
+            tiles = dataclasses.replace(table, tail_m=tail_m)
+            ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
+            err = rel_err(fused_moe(x, w13, w2, weights, ids, tiles=tiles), want)
+            report(f"sweep_prefill.{kind}.t{tokens}.tail{tail_m}.ms", ms,
+                   f"{100 * flops / ms / 1e9 / mm_tflops:.1f}% of matmul, {err:.1e} from tail 0")
+
+
 def section_prefill_kernels(setup: Setup, quick: bool, mm_tflops: float) -> None:
     """The prefill layer's kernels one by one (torch profiler, eager, 5 calls): where the time of
     `prefill` goes, and each GEMM's FLOP/s over the matmul rate."""
@@ -393,7 +425,7 @@ def main() -> int:
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
     p.add_argument("--sections", default="check,layer,decode,router,prefill,engine,launches",
                    help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv, "
-                        "sweep_decode, profile, profile_bf16, prefill_kernels")
+                        "sweep_decode, profile, profile_bf16, prefill_kernels, sweep_prefill")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     setup = Setup(INTER // a.tp)
@@ -406,6 +438,7 @@ def main() -> int:
         "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
         "sweep": lambda: section_sweep(setup, a.quick),
         "prefill_kernels": lambda: section_prefill_kernels(setup, a.quick, mm_tflops),
+        "sweep_prefill": lambda: section_sweep_prefill(setup, a.quick, mm_tflops),
         "sweep_gemv": lambda: section_sweep_gemv(setup, a.quick),
         "router": lambda: section_router(a.quick),
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),

@@ -355,8 +355,15 @@ def _w_left(gemm, form):
 
     from homelab_llm.engine.kernels.tuning import MoeGemmTiles
 
-    tiles = dataclasses.replace(gemm, w_left=True, **form)
+    tiles = dataclasses.replace(gemm, block_k=max(64, gemm.block_k), w_left=True, **form)
     return MoeGemmTiles(tiles, tiles)
+
+
+def _tails(gemm):
+    """MoeGemmTiles whose short last blocks run in a second launch (tail_m: half block_m)."""
+    from homelab_llm.engine.kernels.tuning import MoeGemmTiles
+
+    return MoeGemmTiles(gemm, gemm, tail_m=max(16, gemm.block_m // 2))
 
 
 def _moe_scenarios():
@@ -410,6 +417,13 @@ def _moe_scenarios():
                                                    ((hidden, 2 * inter), (inter, hidden))))
                 yield lambda x=x, ids=ids, weights=weights, form=form, q=q: fused_moe.fused_moe(
                     x, q, None, weights, ids, tiles=_w_left(tiles_for(None).gemm, form))
+            gemm = tiles_for(None).gemm
+            if gemm.block_m >= 32:  # short last blocks in a second launch of tail_m-row programs
+                for w, w_2 in ((w13, w2), (quant, None)):
+                    yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
+                        x, w, w_2, weights, ids, tiles=_tails(gemm))
+                yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
+                    x, quant, None, weights, ids, tiles=_tails(_w_left(gemm, {}).up))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
             for w, w_2 in ((w13, w2), (quant, None)):
                 yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
