@@ -419,9 +419,8 @@ def _moe_scenarios():
                     x, q, None, weights, ids, tiles=_w_left(tiles_for(None).gemm, form))
             gemm = tiles_for(None).gemm
             if gemm.block_m >= 32:  # short last blocks in a second launch of tail_m-row programs
-                for w, w_2 in ((w13, w2), (quant, None)):
-                    yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
-                        x, w, w_2, weights, ids, tiles=_tails(gemm))
+                yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
+                    x, w13, w2, weights, ids, tiles=_tails(gemm))
                 yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
                     x, quant, None, weights, ids, tiles=_tails(_w_left(gemm, {}).up))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
