@@ -105,6 +105,10 @@ def test_quantized_experts_match_the_dequantized_reference(hf, tmp_path, packing
     assert experts and all(m.w4 is not None and m.w13 is None for m in experts)
     assert experts[0].w4.w13.qweight.shape == (4, 128 // 8, 2 * 128)
     assert float((got - want).norm() / want.norm()) < 1e-4
+    # GPTQ / AWQ zero points are integers: the stacked experts say so (the left-operand GEMMs'
+    # exact form reads it), and a move keeps it
+    experts[0].to(torch.device("cpu"))
+    assert experts[0].w4.w13.int_zeros and experts[0].w4.w2.int_zeros
 
 
 def test_missing_expert_qweight_is_named(hf, tmp_path):

@@ -19,7 +19,7 @@ from torch import nn
 
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.kernels.moe_ref import MoeW4
-from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight, integer_zero_points
 from homelab_llm.engine.layers.linear import ReplicatedLinear, weights_deferred
 from homelab_llm.engine.parallel import state as parallel
 from homelab_llm.engine.sharding import even_shard
@@ -148,6 +148,7 @@ class FusedExperts(nn.Module):
         self.w2 = None  # type: ignore[assignment]
         for which in ("w13", "w2"):
             w = getattr(w4, which)
+            w.int_zeros = w.int_zeros or integer_zero_points(w)  # stacking and fusing lose it
             for name in ("qweight", "scales", "biases"):
                 self.register_buffer(f"{which}_{name}", getattr(w, name), persistent=False)
         self.w4 = w4
@@ -157,7 +158,8 @@ class FusedExperts(nn.Module):
         module = super()._apply(fn, recurse)
         if self.w4 is not None:
             self.w4 = MoeW4(*(W4Weight(getattr(self, f"{w}_qweight"), getattr(self, f"{w}_scales"),
-                                       getattr(self, f"{w}_biases"), getattr(self.w4, w).group_size)
+                                       getattr(self, f"{w}_biases"), getattr(self.w4, w).group_size,
+                                       int_zeros=getattr(self.w4, w).int_zeros)
                               for w in ("w13", "w2")))
         return module
 
