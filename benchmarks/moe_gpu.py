@@ -14,8 +14,8 @@ Sections (each reports even if another fails):
            time, as a share of the measured copy bandwidth (the roofline); the torch
            grouped-GEMM loop (moe_experts_ref: one matmul per active expert) timed beside it.
            Same picks every replay, so the active experts sit in the L2: `layer` is the honest one
-  prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, and the
-           torch loop
+  prefill  2,048 tokens, bf16 and W4A16: FLOP/s over the measured bf16 matmul rate, the torch
+           loop, and for bf16 torch._grouped_mm over expert-sorted slots (the peer)
   router   the one-launch Triton router (moe_router.py) vs torch softmax + topk, b1/b8, in a graph;
            and with the gate matmul: cuBLAS + the router vs route_gate_topk (one launch)
   sweep    (not default) decode b1/b8 and prefill under a few tile variants, to pick the
@@ -33,8 +33,6 @@ older paths (fused_moe(..., decode="gemv" / "gemm")) timed in the same run.
            host functions between, then the eager step's kernels by GPU time; profile_bf16 the
            same for the bf16 model
   prefill_kernels (not default) the prefill layer's kernels one by one (torch profiler)
-  sweep_prefill (not default) the prefill layer with short last blocks in a second launch
-           (MoeGemmTiles.tail_m 16 / 32 / 64) against the table, and the align's block use
   sweep_decode (not default) fused_moe_decode and the fused router under tile variants
 The issue-15 decode numbers in one run (< 4 min on an H200):
     python3 benchmarks/moe_gpu.py --quick --sections check,layer,engine,launches
@@ -160,6 +158,22 @@ def section_check(setup: Setup, quick: bool) -> None:
             report(f"check.w4a16.t{tokens}.repeat_bitwise_equal", float(again), "(must be 1)")
 
 
+def grouped_mm_experts(x, w13, w2, weights, ids) -> torch.Tensor:
+    """The peer at prefill sizes for dense experts: torch._grouped_mm (CUTLASS grouped GEMM on
+    sm_90) over the slots sorted by expert, SiLU-and-mul and the weighted combine in torch."""
+    t, top_k = ids.shape
+    flat = ids.reshape(-1)
+    order = flat.argsort(stable=True)
+    counts = torch.zeros(w13.shape[0], dtype=torch.int32, device=x.device)  # no host sync
+    offs = counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32)).cumsum(0, dtype=torch.int32)
+    gate_up = torch._grouped_mm(x[order // top_k], w13.transpose(1, 2), offs=offs)
+    gate, up = gate_up.chunk(2, dim=-1)
+    y = torch._grouped_mm(torch.nn.functional.silu(gate) * up, w2.transpose(1, 2), offs=offs)
+    out = torch.empty_like(y)
+    out[order] = y
+    return (out.view(t, top_k, -1).float() * weights.float()[..., None]).sum(1).to(x.dtype)
+
+
 def _timings(setup: Setup, tokens: int, w4: bool) -> tuple[float, float]:
     x, weights, ids = setup.batch(tokens)
     w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
@@ -225,36 +239,13 @@ def section_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
         report(f"prefill.{kind}.t{tokens}.pct_matmul", 100 * flops / ours / 1e9 / mm_tflops,
                "% of bf16 matmul (target >= 50)")
         report(f"prefill.{kind}.t{tokens}.torch_loop_ms", loop)
-
-
-def section_sweep_prefill(setup: Setup, quick: bool, mm_tflops: float) -> None:
-    """The prefill layer on the table's tiles against the same with each expert's short last
-    block in a second launch of tail_m-row programs (MoeGemmTiles.tail_m), bf16 and W4A16; and
-    how many align blocks the batch uses (the rows past the tokens are MMA work for nothing)."""
-    import dataclasses
-
-    from homelab_llm.engine.kernels.fused_moe import moe_tiles
-
-    tokens = 1024 if quick else 2048
-    flops = 2 * tokens * TOP_K * 3 * HIDDEN * setup.inter
-    x, weights, ids = setup.batch(tokens)
-    for block_m in (32, 64, 128):
-        used = int((moe_align(ids, E, block_m)[1] >= 0).sum())
-        report(f"sweep_prefill.blocks_used.m{block_m}", used,
-               f"{tokens * TOP_K / (used * block_m):.0%} of their rows are tokens")
-    for w4 in (False, True):
-        kind = "w4a16" if w4 else "bf16"
-        w13, w2 = (setup.w4, None) if w4 else (setup.w13, setup.w2)
-        table = moe_tiles(tokens * TOP_K, E, x.device, "w4" if w4 else "dense")
-        want = fused_moe(x, w13, w2, weights, ids, tiles=table)
-        for tail_m in (0, 16, 32, 64):
-            if tail_m >= table.up.block_m:
-                continue
-            tiles = dataclasses.replace(table, tail_m=tail_m)
-            ms = bench_graph(lambda: fused_moe(x, w13, w2, weights, ids, tiles=tiles))
-            err = rel_err(fused_moe(x, w13, w2, weights, ids, tiles=tiles), want)
-            report(f"sweep_prefill.{kind}.t{tokens}.tail{tail_m}.ms", ms,
-                   f"{100 * flops / ms / 1e9 / mm_tflops:.1f}% of matmul, {err:.1e} from tail 0")
+    if hasattr(torch, "_grouped_mm"):  # bf16: torch's grouped GEMM, the strongest peer here
+        x, weights, ids = setup.batch(tokens)
+        args = (x, setup.w13, setup.w2, weights, ids)
+        err = rel_err(grouped_mm_experts(*args), fused_moe(*args))
+        ms = bench_graph(lambda: grouped_mm_experts(*args))
+        report(f"prefill.bf16.t{tokens}.torch_grouped_mm_ms", ms,
+               f"{100 * flops / ms / 1e9 / mm_tflops:.1f}% of matmul, {err:.1e} from ours")
 
 
 def section_prefill_kernels(setup: Setup, quick: bool, mm_tflops: float) -> None:
@@ -425,7 +416,7 @@ def main() -> int:
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
     p.add_argument("--sections", default="check,layer,decode,router,prefill,engine,launches",
                    help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv, "
-                        "sweep_decode, profile, profile_bf16, prefill_kernels, sweep_prefill")
+                        "sweep_decode, profile, profile_bf16, prefill_kernels")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     setup = Setup(INTER // a.tp)
@@ -438,7 +429,6 @@ def main() -> int:
         "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
         "sweep": lambda: section_sweep(setup, a.quick),
         "prefill_kernels": lambda: section_prefill_kernels(setup, a.quick, mm_tflops),
-        "sweep_prefill": lambda: section_sweep_prefill(setup, a.quick, mm_tflops),
         "sweep_gemv": lambda: section_sweep_gemv(setup, a.quick),
         "router": lambda: section_router(a.quick),
         "engine": lambda: section_engine(a.quick, copy_gbps, "w4a16"),

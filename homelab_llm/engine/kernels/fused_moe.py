@@ -10,10 +10,6 @@ top-k weighted combine. Reference: moe_ref.moe_experts_ref.
   3. down: the same over the [T*K, I] activations, writing each slot's [H] output row.
   4. combine: out[t] = sum_k topk_weights[t, k] * y[t*K + k], in fp32.
 Blocks past the used ones (block_expert -1) do no work, so the grid is fixed by the shapes.
-An expert's last block is mostly padding when its rows just pass a multiple of BLOCK_M (at
-2,048 tokens on 128 experts, 187 blocks of 128 for 16,384 slots: 68% of the MMA rows are
-tokens); MoeGemmTiles.tail_m runs last blocks of at most tail_m rows in a second launch of
-each GEMM on tail_m-row programs (the same align; a block's slot tail_m tells which launch).
 
 Decode (T*K up to 64 slots, T <= 8 at top-8): a token picks an expert at most once, so with
 BLOCK_M >= T every active expert fills exactly one block, and each (expert, column tile) is read
@@ -100,8 +96,7 @@ def _moe_gemm_kernel(
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, PAIRED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
     W_LEFT: tl.constexpr = False, USE_ASM: tl.constexpr = False, SCALED: tl.constexpr = False,
-    IZERO: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0, ALIGN_M: tl.constexpr = 0,
-    ROWS_CUT: tl.constexpr = 0, TAIL: tl.constexpr = False,
+    IZERO: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0,
 ):
     """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
     + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
@@ -109,19 +104,12 @@ def _moe_gemm_kernel(
     alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both. W_LEFT (4-bit
     experts): the weights as the dots' left operand (w4a16_dot.wleft_steps, its SCALED / IZERO
     forms, a already in pair order); gated, the tile is gate's BLOCK_N columns then up's, one
-    loop. OUT_PAIRS > 0: out's columns are stored in pair order for K steps of OUT_PAIRS.
-    ALIGN_M: the align's block (default BLOCK_M); ROWS_CUT > 0 splits its blocks between two
-    launches: blocks with more rows than ROWS_CUT here, the rest (TAIL, BLOCK_M = ROWS_CUT: the
-    first rows of an align block) in a launch of short blocks."""
-    ALIGN: tl.constexpr = ALIGN_M if ALIGN_M > 0 else BLOCK_M
+    loop. OUT_PAIRS > 0: out's columns are stored in pair order for K steps of OUT_PAIRS."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
-    slots = tl.load(sorted_ptr + pid_m * ALIGN + tl.arange(0, BLOCK_M))
+    slots = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = slots < tl.where(e >= 0, num_slots, 0)  # an unused block (e -1) has no rows
-    if ROWS_CUT:  # slot ROWS_CUT of the block is padding: it has at most ROWS_CUT rows
-        probe = tl.load(sorted_ptr + pid_m * ALIGN + ROWS_CUT + tl.zeros([BLOCK_M], tl.int32))
-        valid = valid & ((probe >= num_slots) if TAIL else (probe < num_slots))
     rows = (slots // top_k) if A_BY_TOKEN else slots
     rows = tl.where(valid, rows, 0).to(tl.int64)
     e = tl.maximum(e, 0).to(tl.int64)
@@ -243,8 +231,8 @@ def left_block_k(weight, tiles: GemmTiles, k: int) -> int:
 
 def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, gated, by_token,
           tiles: GemmTiles, bias: torch.Tensor | None = None, clamp: tuple[float, float] | None = None,
-          paired: bool = False, out_pairs: int = 0, tail_m: int = 0):
-    """One grouped GEMM (tail_m > 0: two launches, MoeGemmTiles.tail_m); weight is a dense [E, N', K] tensor, a stacked W4Weight or an
+          paired: bool = False, out_pairs: int = 0):
+    """One grouped GEMM launch; weight is a dense [E, N', K] tensor, a stacked W4Weight or an
     Mx4Weight; bias [E, N'] or None; clamp (alpha, limit) selects gpt-oss's activation; paired
     (gated, dense weights): gate and up in one dot. Where left_block_k is set, the weights are
     the dots' left operand (the tiles' scaled / int_zeros / offset form) and `a` is in pair
@@ -276,18 +264,14 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
     form["OUT_PAIRS"] = out_pairs if out_pairs and block_n % out_pairs == 0 else 0
     alpha, limit = clamp or (1.0, 0.0)
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
-    launches = [dict(BLOCK_M=tiles.block_m, ROWS_CUT=tail_m)]
-    if tail_m:  # the blocks of at most tail_m rows, on tail_m-row programs
-        launches.append(dict(BLOCK_M=tail_m, ALIGN_M=tiles.block_m, ROWS_CUT=tail_m, TAIL=True))
-    for launch in launches:
-        _moe_gemm_kernel[grid](
-            a, w, s, biases, out if bias is None else bias, out, sorted_slots, block_expert,
-            num_slots, n, k, top_k, alpha, limit,
-            a.stride(0), *strides, 0 if bias is None else bias.stride(0), out.stride(0),
-            GATED=gated, A_BY_TOKEN=by_token, WFMT=wfmt, GROUP_SIZE=group, HAS_BIAS=bias is not None,
-            CLAMPED=clamp is not None, PAIRED=gated and paired and wfmt == 0, BLOCK_N=block_n,
-            BLOCK_K=block_k, DOT_F32=dot_in_fp32(), num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages, **form, **launch)
+    _moe_gemm_kernel[grid](
+        a, w, s, biases, out if bias is None else bias, out, sorted_slots, block_expert,
+        num_slots, n, k, top_k, alpha, limit,
+        a.stride(0), *strides, 0 if bias is None else bias.stride(0), out.stride(0),
+        GATED=gated, A_BY_TOKEN=by_token, WFMT=wfmt, GROUP_SIZE=group, HAS_BIAS=bias is not None,
+        CLAMPED=clamp is not None, PAIRED=gated and paired and wfmt == 0, BLOCK_M=tiles.block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, DOT_F32=dot_in_fp32(),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **form)
     return bool(form["OUT_PAIRS"])
 
 
@@ -348,12 +332,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor | MoeW4 | MoeMx4, w2: torch.Ten
     up_k, down_k = left_block_k(gate_up, tiles.up, hidden), left_block_k(down, tiles.down, inter)
     if not _gemm(pair_order(x, up_k) if up_k else x, gate_up, act, sorted_slots, block_expert,
                  num_slots, inter, hidden, top_k, gated=True, by_token=True, tiles=tiles.up,
-                 bias=b13, clamp=clamp, paired=tiles.paired, out_pairs=down_k,
-                 tail_m=tiles.tail_m) and down_k:
+                 bias=b13, clamp=clamp, paired=tiles.paired, out_pairs=down_k) and down_k:
         act = pair_order(act, down_k)
     y = torch.empty((num_slots, hidden), dtype=x.dtype, device=x.device)
     _gemm(act, down, y, sorted_slots, block_expert, num_slots, hidden, inter, top_k,
-          gated=False, by_token=False, tiles=tiles.down, bias=b2, tail_m=tiles.tail_m)
+          gated=False, by_token=False, tiles=tiles.down, bias=b2)
     return moe_combine(y, topk_weights)
 
 

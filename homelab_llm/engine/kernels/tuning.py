@@ -74,21 +74,15 @@ class MoeGemmTiles:
     """The fused MoE's two grouped GEMMs (fused_moe.py): gate_up's tiles and down's, which share
     the align's block_m. paired: gate_up interleaves its gate and up columns in one dot of twice
     block_n (dense experts only: their rows are K-contiguous, so an interleaved tile still loads
-    whole rows; 4-bit words are N-contiguous and keep two dots). tail_m > 0: an expert's last
-    block, when it holds at most tail_m rows, runs in a second launch of each GEMM on tail_m-row
-    programs (the same tiles otherwise) instead of a block_m-row one that is mostly padding."""
+    whole rows; 4-bit words are N-contiguous and keep two dots)."""
     up: GemmTiles
     down: GemmTiles
     paired: bool = False
-    tail_m: int = 0
 
     def __post_init__(self) -> None:
         if self.up.block_m != self.down.block_m:
             raise ValueError(f"MoeGemmTiles: gate_up and down share block_m, got "
                              f"{self.up.block_m} and {self.down.block_m}")
-        if self.tail_m and not (16 <= self.tail_m < self.up.block_m and self.tail_m & (self.tail_m - 1) == 0):
-            raise ValueError(f"MoeGemmTiles: tail_m is 0 or a power of two from 16 below block_m "
-                             f"{self.up.block_m}, got {self.tail_m}")
 
 
 @dataclass(frozen=True)

@@ -359,13 +359,6 @@ def _w_left(gemm, form):
     return MoeGemmTiles(tiles, tiles)
 
 
-def _tails(gemm):
-    """MoeGemmTiles whose short last blocks run in a second launch (tail_m: half block_m)."""
-    from homelab_llm.engine.kernels.tuning import MoeGemmTiles
-
-    return MoeGemmTiles(gemm, gemm, tail_m=max(16, gemm.block_m // 2))
-
-
 def _moe_scenarios():
     """Fused MoE at the Qwen3-30B-A3B shape (128 experts, top 8, hidden 2048, expert 768; TP=2
     halves the expert width): decode and prefill tiles, bf16 and W4A16 experts."""
@@ -417,12 +410,6 @@ def _moe_scenarios():
                                                    ((hidden, 2 * inter), (inter, hidden))))
                 yield lambda x=x, ids=ids, weights=weights, form=form, q=q: fused_moe.fused_moe(
                     x, q, None, weights, ids, tiles=_w_left(tiles_for(None).gemm, form))
-            gemm = tiles_for(None).gemm
-            if gemm.block_m >= 32:  # short last blocks in a second launch of tail_m-row programs
-                yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
-                    x, w13, w2, weights, ids, tiles=_tails(gemm))
-                yield lambda x=x, ids=ids, weights=weights: fused_moe.fused_moe(
-                    x, quant, None, weights, ids, tiles=_tails(_w_left(gemm, {}).up))
         if tokens <= 8:  # fused above; the tl.dot paths, the older 4-bit GEMV (+ no K splits)
             for w, w_2 in ((w13, w2), (quant, None)):
                 yield lambda x=x, ids=ids, weights=weights, w=w, w_2=w_2: fused_moe.fused_moe(
