@@ -146,6 +146,37 @@ def _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, 
 
 
 @triton.jit
+def _gate_rows(w_ptr, g_ptr, offs_e, e_mask, h0, H, stride_w, E, BLOCK_H: tl.constexpr,
+               SHARED: tl.constexpr):
+    """Experts offs_e's gate rows over [h0, h0 + BLOCK_H), fp32 [BLOCK_E, BLOCK_H] (SHARED: row
+    E is the shared expert's gate, masked off in every other program)."""
+    offs_h = h0 + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    w = tl.load(w_ptr + offs_e[:, None].to(tl.int64) * stride_w + offs_h[None, :],
+                mask=e_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+    if SHARED:
+        w += tl.load(g_ptr + offs_e[:, None] * 0 + offs_h[None, :],
+                     mask=(offs_e == E)[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
+    return w
+
+
+@triton.jit
+def _gate_step(x_ptr, res_ptr, nw_ptr, w, offs_t, t_mask, h0, H, stride_x, stride_r,
+               BLOCK_H: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr):
+    """One K step of the router's logits: (x [BLOCK_T, BLOCK_H] (NORM: times nw) @ w^T, each
+    token's sum of squares of the step) in fp32."""
+    offs_h = h0 + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    x = summed_input(x_ptr, res_ptr, offs_t[:, None], offs_h[None, :],
+                     t_mask[:, None] & h_mask[None, :], stride_x, stride_r, RESIDUAL)
+    sq = tl.zeros([x.shape[0]], tl.float32)
+    if NORM:
+        sq = tl.sum(x * x, axis=1)
+        x = x * tl.load(nw_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]
+    return tl.sum(x[:, None, :] * w[None, :, :], axis=2), sq
+
+
+@triton.jit
 def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr,
                        ids_ptr, shared_w_ptr, ticket_ptr, normed_ptr, summed_ptr, T, E, H,
                        stride_x, stride_r, stride_w, eps, TOP_K: tl.constexpr,
@@ -165,27 +196,22 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     experts read, RMSNorm(x + residual) [T, H] in x's dtype (add_rms_norm's values; the summed
     rows too with a residual), so the norm launch in front of the experts goes away; contiguous
     rows. (Program 0 storing all of it kept the ticket waiting ~1-2 us on that program.)"""
-    pdl_enter(PDL)
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
     e_mask = offs_e < E
-    acc = tl.zeros([BLOCK_T, BLOCK_E], tl.float32)
-    sq = tl.zeros([BLOCK_T], tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        offs_h = h0 + tl.arange(0, BLOCK_H)
-        h_mask = offs_h < H
-        x = summed_input(x_ptr, res_ptr, offs_t[:, None], offs_h[None, :],
-                         t_mask[:, None] & h_mask[None, :], stride_x, stride_r, RESIDUAL)
-        if NORM:
-            sq += tl.sum(x * x, axis=1)
-            x = x * tl.load(nw_ptr + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]
-        w = tl.load(w_ptr + offs_e[:, None].to(tl.int64) * stride_w + offs_h[None, :],
-                    mask=e_mask[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
-        if SHARED:  # row E: the shared expert's gate (masked off in every other program)
-            w += tl.load(g_ptr + offs_e[:, None] * 0 + offs_h[None, :],
-                         mask=(offs_e == E)[:, None] & h_mask[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    # the first K step's gate rows are weights, which no kernel of the step writes: requested
+    # ahead of the PDL wait (pdl.py), so they overlap the tail of the grid before
+    w = _gate_rows(w_ptr, g_ptr, offs_e, e_mask, 0, H, stride_w, E, BLOCK_H, SHARED)
+    pdl_enter(PDL)
+    acc, sq = _gate_step(x_ptr, res_ptr, nw_ptr, w, offs_t, t_mask, 0, H, stride_x, stride_r,
+                         BLOCK_H, NORM, RESIDUAL)
+    for h0 in range(BLOCK_H, H, BLOCK_H):
+        w = _gate_rows(w_ptr, g_ptr, offs_e, e_mask, h0, H, stride_w, E, BLOCK_H, SHARED)
+        part, part_sq = _gate_step(x_ptr, res_ptr, nw_ptr, w, offs_t, t_mask, h0, H, stride_x,
+                                   stride_r, BLOCK_H, NORM, RESIDUAL)
+        acc += part
+        sq += part_sq
     if NORM:
         rstd = tl.math.rsqrt(sq / H + eps)
         acc = acc * rstd[:, None]
