@@ -51,6 +51,10 @@ scaled form's ~2e-3); GGUF Q4_1 / Q4_K mins keep the offset and scaled forms.
 
 Thin outputs split K across programs with the GEMV's deterministic ticket epilogue
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
+
+A call of one row block (every call on sm_90) reads each weight once, so both loops load the
+words, scales and biases with EVICT = evict_first (as w4a16_h2.py does; BENCHMARKS 32.2); the MoE
+prefill GEMM (fused_moe.py), whose row blocks reread an expert's weights, keeps the default.
 """
 
 from __future__ import annotations
@@ -260,7 +264,7 @@ def _w4a16_dot_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
     USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
-    IZERO: tl.constexpr = False,
+    IZERO: tl.constexpr = False, EVICT: tl.constexpr = "",
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -277,11 +281,11 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO)
+                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO, EVICT=EVICT)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
-                           WROWS, X_F16, X_PERM, DOT_F32)
+                           WROWS, X_F16, X_PERM, DOT_F32, EVICT)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
     pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
@@ -293,7 +297,7 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
                 X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False,
                 SCALED: tl.constexpr = False, IZERO: tl.constexpr = False,
-                X_PAIRS: tl.constexpr = False):
+                X_PAIRS: tl.constexpr = False, EVICT: tl.constexpr = ""):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
@@ -320,10 +324,11 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     qw_step = qw_ptr + tl.cast(k_start // 8, tl.int64) * stride_qw
     x_step = x_ptr + k_start
     for k0 in range(k_start, k_end, BLOCK_K):
-        packed = tl.load(qw_step + w_offs, mask=n_mask[:, None], other=0)  # [BLOCK_N, WROWS]
+        packed = tl.load(qw_step + w_offs, mask=n_mask[:, None], other=0,
+                         eviction_policy=EVICT)  # [BLOCK_N, WROWS]
         g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
-        scale = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0)
-        bias = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0)
+        scale = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0, eviction_policy=EVICT)
+        bias = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0, eviction_policy=EVICT)
         if SCALED:
             s, c, b = scaled_terms(scale, bias, X_F16, USE_ASM)
         elif IZERO:
@@ -371,7 +376,7 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
 def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                  k_end, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, WROWS: tl.constexpr, X_F16: tl.constexpr,
-                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr):
+                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr, EVICT: tl.constexpr = ""):
     """The K loop with the weights as the dots' right operand: eight per-nibble dots a step."""
     BLOCK_K: tl.constexpr = WROWS * 8
     ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
@@ -382,16 +387,21 @@ def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask,
         word_rows = k0 // 8 + rows
         r_mask = word_rows * 8 < k_end
         packed = tl.load(qw_ptr + word_rows[:, None].to(tl.int64) * stride_qw + offs_n[None, :],
-                         mask=r_mask[:, None] & n_mask[None, :], other=0)
+                         mask=r_mask[:, None] & n_mask[None, :], other=0,
+                         eviction_policy=EVICT)
         if ONE_GROUP:
             g_off = (k0 // GROUP_SIZE) * stride_sg + offs_n
-            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)[None, :]
         else:
             g_off = ((word_rows * 8) // GROUP_SIZE)[:, None] * stride_sg + offs_n[None, :]
             sb_mask = r_mask[:, None] & n_mask[None, :]
-            s = tl.load(scales_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
-            b = tl.load(biases_ptr + g_off, mask=sb_mask, other=0.0).to(tl.float32)
+            s = tl.load(scales_ptr + g_off, mask=sb_mask, other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)
+            b = tl.load(biases_ptr + g_off, mask=sb_mask, other=0.0,
+                        eviction_policy=EVICT).to(tl.float32)
         if ONE_GROUP:
             # sum_k x (OFFSET + q) from tensor-core dots on magic-number floats, then
             # W = q s + b applied per step: acc += (inner - OFFSET sum_k x) s + (sum_k x) b.
@@ -470,6 +480,8 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
                 X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
                 USE_ASM=w_left and uses_ptx(x2.device), num_warps=t.num_warps,
+                # one row block reads each weight once a call: the L2 need not keep it
+                EVICT="evict_first" if grid_m == 1 else "",
                 SCALED=w_left and t.scaled and not izero, IZERO=izero,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)

@@ -26,6 +26,10 @@ the last program of each column block: w4a16_gemv.store_or_reduce). K ranges are
 (each step's 2^e is computed by whichever programs cover it, identically). Tiles: the arch
 table's w4a16_h2 entry (tuning.RowsTiles: block_n = 4 x 32 x warps x columns-per-thread/4).
 
+A decode step reads every weight once, so the words, scales and biases are loaded evict_first:
+the L2 keeps what the step does reuse (activations, the scratch pairs, split-K partials, the KV
+cache). Llama-3.1-8B W4A16 batch 1 on the H200: 433.2 -> 442-443 tok/s (docs/BENCHMARKS.md 32.2).
+
 Invariants: qweight [K // 8, N] int32, K a multiple of the group size, BLOCK_M = next pow2 >= M
 (padding rows read row M - 1, their results are dropped), 8 * WROWS <= group size.
 """
@@ -53,8 +57,9 @@ def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
     """One K step's [1, WROWS, BLOCK_N] packed words; unmasked when N fills the column blocks (a
     masked load zero-fills its registers first: one extra move per two words)."""
     if EVEN_N:
-        return tl.load(w_tile + offset)
-    return tl.load(w_tile + offset, mask=n_mask[None, None, :], other=0)
+        return tl.load(w_tile + offset, eviction_policy="evict_first")
+    return tl.load(w_tile + offset, mask=n_mask[None, None, :], other=0,
+                   eviction_policy="evict_first")
 
 
 @triton.jit
@@ -123,11 +128,13 @@ def _w4a16_h2_kernel(
         # 4 columns per vector, as the words (16 bytes): 8 would need a shared-memory shuffle
         g_off = (k0 // GROUP_SIZE) * stride_sg + tl.max_contiguous(offs_n, 4)
         if EVEN_N:  # unmasked: a masked load zero-fills its registers first
-            s = tl.load(scales_ptr + g_off).to(tl.float32)[None, :]
-            b = tl.load(biases_ptr + g_off).to(tl.float32)[None, :]
+            s = tl.load(scales_ptr + g_off, eviction_policy="evict_first").to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off, eviction_policy="evict_first").to(tl.float32)[None, :]
         else:
-            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)[None, :]
+            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)[None, :]
         x_sum = tl.load(xg_rows + seg)
         undo = tl.load(xg_rows + M * n_segs + seg)
         inner = tile_dot(words, xp_rows + k0 // 2, USE_ASM)

@@ -93,6 +93,8 @@ def _describe(value):
         return {"kind": "float", "value": value}
     if value is None:
         return {"kind": "none"}
+    if isinstance(value, str):  # a constexpr string (a load's eviction policy)
+        return {"kind": "str", "value": value}
     if hasattr(value, "value"):  # tl.constexpr
         return _describe(value.value)
     raise TypeError(f"cannot describe a kernel argument of type {type(value).__name__}")
