@@ -41,7 +41,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels import program_trace
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
+from homelab_llm.engine.kernels.program_trace import clock_ns, stamp, trace_begin
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
@@ -65,7 +67,7 @@ def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
 @triton.jit
 def _w4a16_h2_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
-    res_ptr, nw_ptr, sum_ptr, normed_ptr, eps,
+    res_ptr, nw_ptr, sum_ptr, normed_ptr, eps, trace_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om, stride_rm, stride_sm,
     num_splits,
@@ -73,10 +75,14 @@ def _w4a16_h2_kernel(
     CHUNK_SEGS: tl.constexpr, EVEN_N: tl.constexpr, PREFETCH: tl.constexpr, USE_ASM: tl.constexpr,
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
-    NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False,
+    NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    if TRACE:  # program_trace: slots 3-5 are the prologue's end, the K loop's end and the exit
+        t_start = clock_ns(pid_n)
+    else:
+        t_start = 0
     BLOCK_K: tl.constexpr = WROWS * 8
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -97,6 +103,7 @@ def _w4a16_h2_kernel(
     # with PDL the words above are requested while the previous kernel drains; its outputs (x,
     # the residual) and the shared scratch and tickets are touched only after this
     pdl_enter(PDL)
+    trace = trace_begin(trace_ptr, t_start, TRACE)
     if NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
         rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
                         RESIDUAL)
@@ -110,6 +117,7 @@ def _w4a16_h2_kernel(
                  NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN, normed_ptr=normed_ptr,
                  NORM_OUT=NORM_OUT)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
+    stamp(trace, 3, TRACE)
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
     xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
@@ -141,9 +149,11 @@ def _w4a16_h2_kernel(
         acc += inner * undo * s + x_sum * b
         if PREFETCH:
             words = words_next
+    stamp(trace, 4, TRACE)
     pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits)
+    stamp(trace, 5, TRACE)
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
@@ -191,11 +201,13 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
     res = residual if residual is not None else x2
+    form = "norm" if norm_weight is not None else (act_in or "plain")
+    trace = program_trace.buffer(p.n_blocks * p.split, f"h2 m={m} n={n} k={k} {form}", use_asm)
     sums = summed if summed is not None else (normed if normed is not None else x2)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,
-        normed if normed is not None else x2, float(eps),
+        normed if normed is not None else x2, float(eps), out if trace is None else trace,
         m, n, k, p.k_per_split,
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
         sums.stride(0), p.split,
@@ -205,7 +217,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         PREFETCH_L2=t.prefetch_l2 and use_asm,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
-        NORM_OUT=normed is not None,
+        NORM_OUT=normed is not None, TRACE=trace is not None,
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
     )
     return out

@@ -271,6 +271,18 @@ def _scenarios():
     for act in ("silu", "gelu_tanh"):
         yield lambda act=act: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
                                                 torch.zeros((1, n_out), dtype=bf16), act_in=act)
+
+    def traced():  # with program_trace's stamps (benchmarks/gemv_trace_gpu.py; PTX targets only)
+        from homelab_llm.engine.kernels import program_trace
+
+        program_trace.enable(torch.device("cpu"), rows=4096)
+        try:
+            w4a16_h2.w4a16_h2(torch.zeros((1, k_in), dtype=bf16), weights[128], torch.zeros((1, n_out), dtype=bf16),
+                              norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
+                              residual=torch.zeros((1, k_in), dtype=bf16), summed=torch.zeros((1, k_in), dtype=bf16))
+        finally:
+            program_trace.disable()
+    yield traced
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
         x = torch.zeros((m, k_in), dtype=dt)
