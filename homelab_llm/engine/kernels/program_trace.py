@@ -14,13 +14,14 @@ point the kernel marks (`stamp`). With TRACE off the kernel compiles as without 
 Host side: `enable(device)` allocates one zeroed pool before any capture (a slice launches
 nothing; a `torch.zeros` a call inside the capture would add a fill kernel between every two
 grids, which is the first thing the trace would then measure), `buffer(rows, label)` hands a call
-its slice and records it, `calls()` the recorded (label, slice) pairs in launch order. Only PTX
+its slice and records it (label() only then), `calls()` the recorded (label, slice) pairs in launch order. Only PTX
 builds stamp (`%globaltimer`: ns, 32 ns steps on the H200; `%smid`); elsewhere `buffer` gives
 None, so callers launch untraced.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ import triton.language as tl
 
 SLOTS = 8  # [SM, start, after the wait, up to 5 marks]; unused marks stay 0
 START, WAITED = 1, 2  # slot of the start time and of the time past the PDL wait
+_SLOTS_C, _START_C, _WAITED_C = tl.constexpr(SLOTS), tl.constexpr(START), tl.constexpr(WAITED)
 POOL_ROWS = 1 << 21  # programs the pool holds: ~2,000 GEMV calls of ~1,000 programs
 
 
@@ -50,9 +52,10 @@ def disable() -> None:
     _pool.update(buf=None, next=0, calls=[])
 
 
-def buffer(rows: int, label: str, ptx: bool) -> torch.Tensor | None:
+def buffer(rows: int, label: Callable[[], str], ptx: bool) -> torch.Tensor | None:
     """A [rows, SLOTS] slice of the pool for one traced launch, or None when tracing is off or the
-    launch is not a PTX build. Raises once the pool is used up (the trace would alias)."""
+    launch is not a PTX build; label() names the launch (called only when traced, so an untraced
+    launch pays for no formatting). Raises once the pool is used up (the trace would alias)."""
     buf = _pool["buf"]
     if buf is None or not ptx:
         return None
@@ -61,7 +64,7 @@ def buffer(rows: int, label: str, ptx: bool) -> torch.Tensor | None:
         raise RuntimeError(f"program_trace: pool of {buf.shape[0]} programs used up; enable() with more")
     _pool["next"] = start + rows
     view = buf[start:start + rows]
-    _pool["calls"].append(TracedCall(label, view))
+    _pool["calls"].append(TracedCall(label(), view))
     return view
 
 
@@ -79,17 +82,26 @@ def clock_ns(anchor):
 
 
 @triton.jit
+def trace_clock(anchor, TRACE: tl.constexpr):
+    """clock_ns() when tracing (a program's first statement: its start), else 0."""
+    t = tl.full([], 0, tl.int64)
+    if TRACE:
+        t = clock_ns(anchor)
+    return t
+
+
+@triton.jit
 def trace_begin(trace_ptr, start, TRACE: tl.constexpr):
     """After the PDL wait: the program's row of the trace gets its SM, `start` (clock_ns at the
     program's first instruction) and now. Returns the row's pointer."""
     pid = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    row = trace_ptr + pid.to(tl.int64) * 8  # SLOTS
+    row = trace_ptr + pid.to(tl.int64) * _SLOTS_C
     if TRACE:
         sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32,
                                        is_pure=False, pack=1)
         tl.store(row, sm.to(tl.int64))
-        tl.store(row + 1, start)
-        tl.store(row + 2, clock_ns(pid))
+        tl.store(row + _START_C, start)
+        tl.store(row + _WAITED_C, clock_ns(pid))
     return row
 
 

@@ -43,7 +43,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels import program_trace
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
-from homelab_llm.engine.kernels.program_trace import clock_ns, stamp, trace_begin
+from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
@@ -79,10 +79,7 @@ def _w4a16_h2_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if TRACE:  # program_trace: slots 3-5 are the prologue's end, the K loop's end and the exit
-        t_start = clock_ns(pid_n)
-    else:
-        t_start = 0
+    t_start = trace_clock(pid_n, TRACE)  # program_trace: marks 3-5 end the prologue, loop, program
     BLOCK_K: tl.constexpr = WROWS * 8
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -201,8 +198,9 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
     res = residual if residual is not None else x2
-    form = "norm" if norm_weight is not None else (act_in or "plain")
-    trace = program_trace.buffer(p.n_blocks * p.split, f"h2 m={m} n={n} k={k} {form}", use_asm)
+    trace = program_trace.buffer(
+        p.n_blocks * p.split, lambda: f"h2 m={m} n={n} k={k} "
+        f"{'norm' if norm_weight is not None else (act_in or 'plain')}", use_asm)
     sums = summed if summed is not None else (normed if normed is not None else x2)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,

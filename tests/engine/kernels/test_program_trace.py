@@ -24,15 +24,15 @@ def pool():
 
 
 def test_no_buffer_when_off_or_not_ptx(pool):
-    assert program_trace.buffer(4, "a", ptx=False) is None
+    assert program_trace.buffer(4, lambda: "a", ptx=False) is None
     program_trace.disable()
-    assert program_trace.buffer(4, "a", ptx=True) is None
+    assert program_trace.buffer(4, lambda: "a", ptx=True) is None
     assert program_trace.calls() == []
 
 
 def test_slices_are_views_of_one_pool_in_launch_order(pool):
-    a = program_trace.buffer(4, "a", ptx=True)
-    b = program_trace.buffer(6, "b", ptx=True)
+    a = program_trace.buffer(4, lambda: "a", ptx=True)
+    b = program_trace.buffer(6, lambda: "b", ptx=True)
     assert a.shape == (4, SLOTS) and b.shape == (6, SLOTS)
     a.fill_(1)
     b.fill_(2)  # no overlap: a keeps its values
@@ -40,7 +40,7 @@ def test_slices_are_views_of_one_pool_in_launch_order(pool):
     assert [c.label for c in program_trace.calls()] == ["a", "b"]
     assert program_trace.calls()[0].stamps.data_ptr() == a.data_ptr()
     with pytest.raises(RuntimeError, match="used up"):
-        program_trace.buffer(1, "c", ptx=True)
+        program_trace.buffer(1, lambda: "c", ptx=True)
 
 
 def _bench():
@@ -74,10 +74,10 @@ def test_summary_of_one_launch():
 
 def test_last_replay_keeps_the_recent_launches_in_start_order(pool):
     bench = _bench()
-    old = program_trace.buffer(1, "old graph", ptx=True)
-    late = program_trace.buffer(2, "second", ptx=True)
-    early = program_trace.buffer(2, "first", ptx=True)
-    never = program_trace.buffer(1, "never ran", ptx=True)  # all zero: skipped
+    old = program_trace.buffer(1, lambda: "old graph", ptx=True)
+    late = program_trace.buffer(2, lambda: "second", ptx=True)
+    early = program_trace.buffer(2, lambda: "first", ptx=True)
+    never = program_trace.buffer(1, lambda: "never ran", ptx=True)  # all zero: skipped
     old.copy_(_stamps([(0, 1_000, 1_100, 1_200, 1_300, 1_400)]))
     late.copy_(_stamps([(1, 5_000_000, 5_000_100, 5_000_200, 5_001_000, 5_002_000)] * 2))
     early.copy_(_stamps([(2, 4_000_000, 4_000_100, 4_000_200, 4_001_000, 4_002_000)] * 2))
