@@ -53,8 +53,10 @@ Thin outputs split K across programs with the GEMV's deterministic ticket epilog
 (w4a16_gemv.store_or_reduce): no second kernel, replays inside CUDA/HIP graphs.
 
 A call of one row block (every call on sm_90) reads each weight once, so both loops load the
-words, scales and biases with EVICT = evict_first (as w4a16_h2.py does; BENCHMARKS 32.2); the MoE
-prefill GEMM (fused_moe.py), whose row blocks reread an expert's weights, keeps the default.
+words, scales and biases evict_first (EVICT_FIRST; as w4a16_h2.py does; BENCHMARKS 32.2); the MoE
+prefill GEMM (fused_moe.py), whose row blocks reread an expert's weights, keeps the default. The
+switch is a bool: Triton 3.6 fails to compile a call of a jit helper that leaves a string
+constexpr parameter at its default (tests/engine/kernels/test_jit_defaults.py).
 """
 
 from __future__ import annotations
@@ -264,7 +266,7 @@ def _w4a16_dot_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
     USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
-    IZERO: tl.constexpr = False, EVICT: tl.constexpr = "",
+    IZERO: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -281,11 +283,12 @@ def _w4a16_dot_kernel(
     if W_LEFT:
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
-                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO, EVICT=EVICT)
+                          BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO,
+                          EVICT_FIRST=EVICT_FIRST)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
-                           WROWS, X_F16, X_PERM, DOT_F32, EVICT)
+                           WROWS, X_F16, X_PERM, DOT_F32, EVICT_FIRST)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
     pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
@@ -297,7 +300,7 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
                 X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False,
                 SCALED: tl.constexpr = False, IZERO: tl.constexpr = False,
-                X_PAIRS: tl.constexpr = False, EVICT: tl.constexpr = ""):
+                X_PAIRS: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
@@ -314,6 +317,7 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     K-16 MMAs in flight) was 10% slower in the MoE's gate_up at 2,048 tokens on the H200."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
+    EVICT: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     rows = tl.arange(0, WROWS)
     # [BLOCK_M, BLOCK_K] (X_PAIRS: one slice, [BLOCK_M, 2 WROWS])
     x_offs = offs_m[:, None] * stride_xm + tl.arange(0, 2 * WROWS if X_PAIRS else BLOCK_K)[None, :]
@@ -376,10 +380,11 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
 def wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask, k_start,
                  k_end, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, WROWS: tl.constexpr, X_F16: tl.constexpr,
-                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr, EVICT: tl.constexpr = ""):
+                 X_PERM: tl.constexpr, DOT_F32: tl.constexpr, EVICT_FIRST: tl.constexpr = False):
     """The K loop with the weights as the dots' right operand: eight per-nibble dots a step."""
     BLOCK_K: tl.constexpr = WROWS * 8
     ONE_GROUP: tl.constexpr = GROUP_SIZE % BLOCK_K == 0  # a K step never crosses a group
+    EVICT: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0  # nibble_pair's magic-number floor
     rows = tl.arange(0, WROWS)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -481,7 +486,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
                 X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
                 USE_ASM=w_left and uses_ptx(x2.device), num_warps=t.num_warps,
                 # one row block reads each weight once a call: the L2 need not keep it
-                EVICT="evict_first" if grid_m == 1 else "",
+                EVICT_FIRST=grid_m == 1,
                 SCALED=w_left and t.scaled and not izero, IZERO=izero,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
