@@ -1,6 +1,7 @@
 """Where each 1-2 row W4A16 GEMV of a graph-replayed decode step spends its time, per program.
 
     python3 benchmarks/gemv_trace_gpu.py [--config Llama-3.1-8B.json] [--batch 1] [--early]
+                                         [--dump stamps.pt]
 
 Builds the dummy W4A16 engine with kernels/program_trace.py enabled (every w4a16_h2 launch gets
 a slice of the trace pool), decodes greedily with graphs as w4a16_regress.py does, then reads the
@@ -9,6 +10,7 @@ last replay's stamps and prints, per GEMV shape, medians over the layers (us):
   gap       the previous traced GEMV's last program end -> this one's first program start
             (negative: launched early under PDL; other kernels between two GEMVs count in it)
   lead      first start -> first program past its PDL wait
+  rstd      per program, past the wait -> the norm's row scale computed (norm calls only)
   prologue  per program, past the wait -> the activation pairs written (norm, SiLU-and-mul)
   loop      per program, the K loop
   epilogue  per program, the split-K store, ticket and (last program) reduction
@@ -45,8 +47,10 @@ def program_rows(stamps) -> dict[str, float]:
     def med(values) -> float:
         return float(values.median()) / 1e3
 
+    rstd = stamps[:, 6].double()
     return dict(start=int(start.min()), end=int(marks[:, 2].max()),
                 lead=(int(waited.min()) - int(start.min())) / 1e3,
+                rstd=med(rstd - waited.double()) if bool((rstd > 0).all()) else float("nan"),
                 prologue=med(marks[:, 0] - waited.double()), loop=med(marks[:, 1] - marks[:, 0]),
                 epilogue=med(marks[:, 2] - marks[:, 1]),
                 work=(int(marks[:, 2].max()) - int(waited.min())) / 1e3,
@@ -71,6 +75,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=1, help="requests (1-2 rows take the traced GEMV)")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--early", action="store_true", help="launch the 1-2 row GEMVs early under PDL")
+    p.add_argument("--dump", help="also torch.save every traced launch's (label, raw stamps) here")
     a = p.parse_args()
     if a.early:
         os.environ["HOMELAB_LLM_PDL_PLAIN"] = "dot,dense,moe_w4"
@@ -84,6 +89,8 @@ def main() -> int:
     wall, gpu, _ = graph_decode(eng, prompt, a.tokens, batch=a.batch)
     print(f"GEMVTRACE {a.config} b{a.batch}{' early' if a.early else ''}: {a.batch * 1e3 / wall:.1f} tok/s, "
           f"graph {gpu:.3f} ms a step", flush=True)
+    if a.dump:
+        torch.save([(c.label, c.stamps.cpu()) for c in program_trace.calls()], a.dump)
     launches = last_replay(gpu)
     by_label: dict[str, list[dict]] = defaultdict(list)
     prev_end = None
@@ -91,7 +98,7 @@ def main() -> int:
         r["gap"] = (r["start"] - prev_end) / 1e3 if prev_end is not None else float("nan")
         prev_end = r["end"]
         by_label[label].append(r)
-    fields = ("gap", "lead", "prologue", "loop", "epilogue", "work", "sms", "most")
+    fields = ("gap", "lead", "rstd", "prologue", "loop", "epilogue", "work", "sms", "most")
     for label, rs in by_label.items():
         cells = []
         for f in fields:

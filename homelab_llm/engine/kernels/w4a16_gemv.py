@@ -123,7 +123,7 @@ def _w4a16_gemv_kernel(
 
 @triton.jit
 def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M, N, stride_om,
-                    SPLIT):
+                    SPLIT, CHUNK_VALUES: tl.constexpr = 8192, CHUNK_SLOTS: tl.constexpr = 8):
     """Epilogue shared by the W4A16 kernels: part [BLOCK_M, BLOCK_N] fp32 goes straight to `out`
     (SPLIT 1), or to split pid_k's slot of the fp32 workspace [SPLIT, M, N]; the last program of
     this output tile to take its ticket sums the slots and resets the ticket, so the launch
@@ -148,8 +148,8 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
         ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
             ELEMS: tl.constexpr = part.shape[0] * part.shape[1]
-            CHUNK: tl.constexpr = 1 if part.shape[0] > 2 else (
-                8 if ELEMS <= 1024 else (4 if ELEMS <= 2048 else (2 if ELEMS <= 4096 else 1)))
+            CHUNK: tl.constexpr = 1 if part.shape[0] > 2 else max(1, min(CHUNK_SLOTS,
+                                                                         CHUNK_VALUES // ELEMS))
             slots = tl.arange(0, CHUNK)[:, None, None]
             total = tl.zeros(part.shape, tl.float32)
             for s0 in range(0, SPLIT, CHUNK):

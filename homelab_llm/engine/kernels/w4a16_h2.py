@@ -48,9 +48,11 @@ from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
+from homelab_llm.engine.kernels.w4a16_prologue import (ACT_CODES, norm_chunk, row_parts, row_rstd,
+                                                       rstd_of_parts)
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
+REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
 MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
 
 
@@ -76,10 +78,12 @@ def _w4a16_h2_kernel(
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
     NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
+    ROW_FIRST: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    t_start = trace_clock(pid_n, TRACE)  # program_trace: marks 3-5 end the prologue, loop, program
+    t_start = trace_clock(pid_n, TRACE)  # program_trace: marks 3-5 end the prologue, loop, program;
+    # 6 the norm's row scale
     BLOCK_K: tl.constexpr = WROWS * 8
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -88,7 +92,7 @@ def _w4a16_h2_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     wr3 = tl.arange(0, WROWS)[None, :, None]
     w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
-    if PREFETCH:
+    if PREFETCH and not ROW_FIRST:
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
         words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
@@ -101,9 +105,18 @@ def _w4a16_h2_kernel(
     # the residual) and the shared scratch and tickets are touched only after this
     pdl_enter(PDL)
     trace = trace_begin(trace_ptr, t_start, TRACE)
-    if NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
+    if NORM and ROW_FIRST:
+        # The row's loads go out ahead of the first words: behind 16-32 KB of them (DRAM), the
+        # row (L2) took 1.3-2.1 us to arrive (docs/BENCHMARKS.md 33.2).
+        x_row, r_row = row_parts(x_ptr, res_ptr, M, K, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
+                                 RESIDUAL)
+        words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
+        rstd = rstd_of_parts(x_row, r_row, K, eps, RESIDUAL)
+        stamp(trace, 6, TRACE)
+    elif NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
         rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
                         RESIDUAL)
+        stamp(trace, 6, TRACE)
     else:
         rstd = tl.zeros([BLOCK_M], tl.float32)
     # column block 0's programs (all K splits) store the summed (and normalized) input, once
@@ -149,8 +162,15 @@ def _w4a16_h2_kernel(
     stamp(trace, 4, TRACE)
     pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
-                    num_splits)
+                    num_splits, REDUCE_VALUES, REDUCE_SLOTS)
     stamp(trace, 5, TRACE)
+
+
+def row_loads_first(tiles: RowsTiles, m: int, k: int, pdl: dict) -> bool:
+    """Whether a norm-prologue call issues the row's loads ahead of its first words (ROW_FIRST):
+    tiles that request those words in the prologue, a row read in one trip, and no early launch
+    (an early-launched grid requests its words ahead of its PDL wait instead)."""
+    return tiles.prefetch and norm_chunk(k, next_pow2(m)) >= k and not pdl.get("launch_pdl", False)
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
@@ -202,6 +222,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         p.n_blocks * p.split, lambda: f"h2 m={m} n={n} k={k} "
         f"{'norm' if norm_weight is not None else (act_in or 'plain')}", use_asm)
     sums = summed if summed is not None else (normed if normed is not None else x2)
+    row_first = norm_weight is not None and row_loads_first(t, m, k, pdl)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,
@@ -215,7 +236,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         PREFETCH_L2=t.prefetch_l2 and use_asm,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
-        NORM_OUT=normed is not None, TRACE=trace is not None,
+        NORM_OUT=normed is not None, TRACE=trace is not None, ROW_FIRST=row_first,
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
     )
     return out

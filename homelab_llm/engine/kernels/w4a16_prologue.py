@@ -35,13 +35,27 @@ def norm_chunk(k: int, block_m: int) -> int:
 
 
 @triton.jit
+def input_parts(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL: tl.constexpr):
+    """The loads of summed_input, no math on them yet: (x, residual) at rows x k as stored
+    (residual: x again without RESIDUAL); masked-off values are 0."""
+    x = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0)
+    r = tl.load(res_ptr + rows * stride_rm + k, mask=ok, other=0.0) if RESIDUAL else x
+    return x, r
+
+
+@triton.jit
+def summed_parts(x, r, RESIDUAL: tl.constexpr):
+    """input_parts' values summed: x (or x + residual rounded to x's dtype), fp32."""
+    if RESIDUAL:
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def summed_input(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL: tl.constexpr):
     """x (or x + residual rounded to x's dtype) at rows x k, fp32; masked-off values are 0."""
-    x = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0)
-    if RESIDUAL:
-        r = tl.load(res_ptr + rows * stride_rm + k, mask=ok, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    return x.to(tl.float32)
+    x, r = input_parts(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL)
+    return summed_parts(x, r, RESIDUAL)
 
 
 @triton.jit
@@ -58,6 +72,23 @@ def row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M: tl.conste
         s = summed_input(x_ptr, res_ptr, rows, k, k < K, stride_xm, stride_rm, RESIDUAL)
         sq += tl.sum(s * s, axis=1)
     return tl.math.rsqrt(sq / K + eps)
+
+
+@triton.jit
+def row_parts(x_ptr, res_ptr, M, K, stride_xm, stride_rm, BLOCK_M: tl.constexpr,
+              CHUNK: tl.constexpr, RESIDUAL: tl.constexpr):
+    """row_rstd's loads alone, for a row that fits one trip (CHUNK >= K): a caller can issue
+    other loads after them before rstd_of_parts waits for them."""
+    rows = tl.minimum(tl.arange(0, BLOCK_M), M - 1)[:, None].to(tl.int64)
+    k = tl.arange(0, CHUNK)[None, :]
+    return input_parts(x_ptr, res_ptr, rows, k, k < K, stride_xm, stride_rm, RESIDUAL)
+
+
+@triton.jit
+def rstd_of_parts(x, r, K, eps, RESIDUAL: tl.constexpr):
+    """row_rstd from row_parts' values (the same arithmetic as row_rstd's one trip)."""
+    s = summed_parts(x, r, RESIDUAL)
+    return tl.math.rsqrt(tl.sum(s * s, axis=1) / K + eps)
 
 
 @triton.jit
