@@ -26,6 +26,12 @@ the last program of each column block: w4a16_gemv.store_or_reduce). K ranges are
 (each step's 2^e is computed by whichever programs cover it, identically). Tiles: the arch
 table's w4a16_h2 entry (tuning.RowsTiles: block_n = 4 x 32 x warps x columns-per-thread/4).
 
+With the register prefetch, a program whose K range is one prep chunk issues every prologue
+load (the norm's row, its own inputs) before its first step's words (LOADS_FIRST): loads issued
+behind 16-32 KB of words in flight arrived only with them. The split-K epilogue sums up to 16
+slots in one round trip (REDUCE_VALUES, REDUCE_SLOTS). Both: 8B W4A16 batch 1 442.9 -> 453.4
+tok/s on the H200 (docs/BENCHMARKS.md 33.2-33.3).
+
 A decode step reads every weight once, so the words, scales and biases are loaded evict_first:
 the L2 keeps what the step does reuse (activations, the scratch pairs, split-K partials, the KV
 cache). Llama-3.1-8B W4A16 batch 1 on the H200: 433.2 -> 442-443 tok/s (docs/BENCHMARKS.md 32.2).
@@ -46,13 +52,16 @@ from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
-from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch, prep_x_pairs, tile_dot, uses_ptx
+from homelab_llm.engine.kernels.w4a16_half2 import (chunk_coords, l2_prefetch, prep_x_pairs,
+                                                    store_x_pairs, tile_dot, uses_ptx)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.w4a16_prologue import (ACT_CODES, norm_chunk, row_parts, row_rstd,
+from homelab_llm.engine.kernels.w4a16_prologue import (ACT_CODES, input_from_loads, input_loads,
+                                                       norm_chunk, row_parts, row_rstd,
                                                        rstd_of_parts)
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
 
 REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
+CHUNK_VALUES = 512  # K values a prep_x_pairs chunk covers (CHUNK_SEGS steps)
 MAX_ROWS = 8  # each row costs one packed FMA per two weights; more rows belong to w4a16_dot.py
 
 
@@ -78,7 +87,7 @@ def _w4a16_h2_kernel(
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
     NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
-    ROW_FIRST: tl.constexpr = False,
+    LOADS_FIRST: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -92,7 +101,7 @@ def _w4a16_h2_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     wr3 = tl.arange(0, WROWS)[None, :, None]
     w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
-    if PREFETCH and not ROW_FIRST:
+    if PREFETCH and not LOADS_FIRST:
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
         words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
@@ -105,27 +114,41 @@ def _w4a16_h2_kernel(
     # the residual) and the shared scratch and tickets are touched only after this
     pdl_enter(PDL)
     trace = trace_begin(trace_ptr, t_start, TRACE)
-    if NORM and ROW_FIRST:
-        # The row's loads go out ahead of the first words: behind 16-32 KB of them (DRAM), the
-        # row (L2) took 1.3-2.1 us to arrive (docs/BENCHMARKS.md 33.2).
-        x_row, r_row = row_parts(x_ptr, res_ptr, M, K, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
-                                 RESIDUAL)
+    if LOADS_FIRST:
+        # Every load of the prologue goes out ahead of the first words: issued behind 16-32 KB
+        # of them (DRAM), the row and the program's own inputs (L2) arrived only with them, and
+        # the prologue took 1.5-2.8 us (docs/BENCHMARKS.md 33.2). One chunk: k_start's.
+        if NORM:
+            x_row, r_row = row_parts(x_ptr, res_ptr, M, K, stride_xm, stride_rm, BLOCK_M,
+                                     NORM_CHUNK, RESIDUAL)
+        rows_c, k_c, ok_c = chunk_coords(k_start, k_end, M, BLOCK_K, BLOCK_M, CHUNK_SEGS)
+        in_a, in_b, in_w = input_loads(x_ptr, res_ptr, nw_ptr, rows_c, k_c, ok_c, K, stride_xm,
+                                       stride_rm, NORM, RESIDUAL, ACT_IN)
         words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
-        rstd = rstd_of_parts(x_row, r_row, K, eps, RESIDUAL)
-        stamp(trace, 6, TRACE)
-    elif NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
-        rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
-                        RESIDUAL)
-        stamp(trace, 6, TRACE)
+        if NORM:
+            rstd = rstd_of_parts(x_row, r_row, K, eps, RESIDUAL)
+            stamp(trace, 6, TRACE)
+        else:
+            rstd = tl.zeros([BLOCK_M], tl.float32)
+        x_in = input_from_loads(in_a, in_b, in_w, sum_ptr, normed_ptr, rows_c, k_c, ok_c, stride_sm,
+                                rstd[:, None, None], tl.where(pid_n == 0, K, 0), NORM, RESIDUAL,
+                                ACT_IN, NORM_OUT)
+        store_x_pairs(x_in, k_c, ok_c, k_start, xh_ptr, xg_ptr, M, K, k_end, BLOCK_K, BLOCK_M,
+                      CHUNK_SEGS)
     else:
-        rstd = tl.zeros([BLOCK_M], tl.float32)
-    # column block 0's programs (all K splits) store the summed (and normalized) input, once
-    # per element
-    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
-                 res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, tl.where(pid_n == 0, K, 0),
-                 SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
-                 NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN, normed_ptr=normed_ptr,
-                 NORM_OUT=NORM_OUT)
+        if NORM:  # the norm's scale needs the whole row: every program reads it (L2 hits)
+            rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
+                            RESIDUAL)
+            stamp(trace, 6, TRACE)
+        else:
+            rstd = tl.zeros([BLOCK_M], tl.float32)
+        # column block 0's programs (all K splits) store the summed (and normalized) input, once
+        # per element
+        prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
+                     res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd,
+                     tl.where(pid_n == 0, K, 0), SEG=BLOCK_K, BLOCK_M=BLOCK_M,
+                     CHUNK_SEGS=CHUNK_SEGS, NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN,
+                     normed_ptr=normed_ptr, NORM_OUT=NORM_OUT)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     stamp(trace, 3, TRACE)
     n_segs = K // BLOCK_K
@@ -166,11 +189,13 @@ def _w4a16_h2_kernel(
     stamp(trace, 5, TRACE)
 
 
-def row_loads_first(tiles: RowsTiles, m: int, k: int, pdl: dict) -> bool:
-    """Whether a norm-prologue call issues the row's loads ahead of its first words (ROW_FIRST):
-    tiles that request those words in the prologue, a row read in one trip, and no early launch
-    (an early-launched grid requests its words ahead of its PDL wait instead)."""
-    return tiles.prefetch and norm_chunk(k, next_pow2(m)) >= k and not pdl.get("launch_pdl", False)
+def loads_first(tiles: RowsTiles, m: int, k: int, k_per_split: int, norm: bool, pdl: dict) -> bool:
+    """Whether a call issues its prologue's loads (the norm's row, its own K range's inputs)
+    ahead of its first words (LOADS_FIRST): tiles that request those words in the prologue, a
+    K range of one prep chunk (CHUNK_VALUES) and a norm row of one trip, and no early launch (an
+    early-launched grid requests its words ahead of its PDL wait instead)."""
+    return (tiles.prefetch and k_per_split <= CHUNK_VALUES
+            and (not norm or norm_chunk(k, next_pow2(m)) >= k) and not pdl.get("launch_pdl", False))
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
@@ -222,7 +247,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         p.n_blocks * p.split, lambda: f"h2 m={m} n={n} k={k} "
         f"{'norm' if norm_weight is not None else (act_in or 'plain')}", use_asm)
     sums = summed if summed is not None else (normed if normed is not None else x2)
-    row_first = norm_weight is not None and row_loads_first(t, m, k, pdl)
+    first = loads_first(t, m, k, p.k_per_split, norm_weight is not None, pdl)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,
@@ -231,12 +256,12 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
         sums.stride(0), p.split,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
-        CHUNK_SEGS=max(1, 512 // block_k), EVEN_N=n % t.block_n == 0,
+        CHUNK_SEGS=max(1, CHUNK_VALUES // block_k), EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
         PREFETCH_L2=t.prefetch_l2 and use_asm,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
-        NORM_OUT=normed is not None, TRACE=trace is not None, ROW_FIRST=row_first,
+        NORM_OUT=normed is not None, TRACE=trace is not None, LOADS_FIRST=first,
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
     )
     return out

@@ -141,29 +141,41 @@ def prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
     the scaled values lie in (-2, 2). Programs sharing a K range write identical bits (the same
     arithmetic in the same order), so their overlapping stores race harmlessly."""
     CHUNK: tl.constexpr = CHUNK_SEGS * SEG
-    n_segs = K // SEG
-    offs_m = tl.arange(0, BLOCK_M)[:, None, None]
-    offs_s = tl.arange(0, CHUNK_SEGS)[None, :, None]
-    offs_e = tl.arange(0, SEG)[None, None, :]
-    m_ok = offs_m < M
-    m2 = tl.arange(0, BLOCK_M)[:, None]
     for c0 in range(k_start, k_end, CHUNK):
-        k = c0 + offs_s * SEG + offs_e  # [1, CHUNK_SEGS, SEG]
-        ok = m_ok & (k < k_end)
-        x = load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, offs_m.to(tl.int64), k, ok, K,
+        rows, k, ok = chunk_coords(c0, k_end, M, SEG, BLOCK_M, CHUNK_SEGS)
+        x = load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, rows, k, ok, K,
                        stride_xm, stride_rm, stride_sm, rstd[:, None, None], sum_limit, NORM,
                        RESIDUAL, ACT_IN, NORM_OUT)
-        amax = tl.max(tl.abs(x), axis=2)  # [BLOCK_M, CHUNK_SEGS]
-        expo = amax.to(tl.int32, bitcast=True) & 0x7F800000
-        undo = expo.to(tl.float32, bitcast=True)  # 2^floor(log2 amax); 0 when amax is 0/subnormal
-        inv = (0x7F000000 - expo).to(tl.float32, bitcast=True)  # 2^-floor(log2 amax), exact
-        # nibble_pairs' powers of two: pairs j = k % 4 even take 2^14, odd 2^10 (exact)
-        xs = (x * inv[:, :, None] * tl.where((k & 1) == 0, X_SCALE_EVEN, X_SCALE_ODD)).to(tl.float16)
-        # k = 8r + j + 4h (j < 4, h 0/1) goes to fp16 slot 8r + 2j + h: int32 pair 4r + j.
-        dest = (k & ~7) + 2 * (k & 3) + ((k >> 2) & 1)
-        tl.store(xh_ptr + offs_m.to(tl.int64) * K + dest, xs, mask=ok)
-        seg = (c0 // SEG + tl.arange(0, CHUNK_SEGS))[None, :]
-        s_ok = (m2 < M) & (seg < k_end // SEG)
-        s_offs = m2 * n_segs + seg
-        tl.store(xg_ptr + s_offs, tl.sum(x, axis=2), mask=s_ok)
-        tl.store(xg_ptr + M * n_segs + s_offs, undo * PRODUCT_UNDO, mask=s_ok)
+        store_x_pairs(x, k, ok, c0, xh_ptr, xg_ptr, M, K, k_end, SEG, BLOCK_M, CHUNK_SEGS)
+
+
+@triton.jit
+def chunk_coords(c0, k_end, M, SEG: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK_SEGS: tl.constexpr):
+    """One prep_x_pairs chunk's rows [BLOCK_M, 1, 1] (int64), k [1, CHUNK_SEGS, SEG] from c0 and
+    mask (rows < M, k < k_end)."""
+    offs_m = tl.arange(0, BLOCK_M)[:, None, None]
+    k = c0 + tl.arange(0, CHUNK_SEGS)[None, :, None] * SEG + tl.arange(0, SEG)[None, None, :]
+    return offs_m.to(tl.int64), k, (offs_m < M) & (k < k_end)
+
+
+@triton.jit
+def store_x_pairs(x, k, ok, c0, xh_ptr, xg_ptr, M, K, k_end, SEG: tl.constexpr,
+                  BLOCK_M: tl.constexpr, CHUNK_SEGS: tl.constexpr):
+    """One chunk's input values x (fp32, at chunk_coords' k) into prep_x_pairs' xh and xg."""
+    n_segs = K // SEG
+    offs_m = tl.arange(0, BLOCK_M)[:, None, None]
+    m2 = tl.arange(0, BLOCK_M)[:, None]
+    amax = tl.max(tl.abs(x), axis=2)  # [BLOCK_M, CHUNK_SEGS]
+    expo = amax.to(tl.int32, bitcast=True) & 0x7F800000
+    undo = expo.to(tl.float32, bitcast=True)  # 2^floor(log2 amax); 0 when amax is 0/subnormal
+    inv = (0x7F000000 - expo).to(tl.float32, bitcast=True)  # 2^-floor(log2 amax), exact
+    # nibble_pairs' powers of two: pairs j = k % 4 even take 2^14, odd 2^10 (exact)
+    xs = (x * inv[:, :, None] * tl.where((k & 1) == 0, X_SCALE_EVEN, X_SCALE_ODD)).to(tl.float16)
+    # k = 8r + j + 4h (j < 4, h 0/1) goes to fp16 slot 8r + 2j + h: int32 pair 4r + j.
+    dest = (k & ~7) + 2 * (k & 3) + ((k >> 2) & 1)
+    tl.store(xh_ptr + offs_m.to(tl.int64) * K + dest, xs, mask=ok)
+    seg = (c0 // SEG + tl.arange(0, CHUNK_SEGS))[None, :]
+    s_ok = (m2 < M) & (seg < k_end // SEG)
+    s_offs = m2 * n_segs + seg
+    tl.store(xg_ptr + s_offs, tl.sum(x, axis=2), mask=s_ok)
+    tl.store(xg_ptr + M * n_segs + s_offs, undo * PRODUCT_UNDO, mask=s_ok)

@@ -92,6 +92,42 @@ def rstd_of_parts(x, r, K, eps, RESIDUAL: tl.constexpr):
 
 
 @triton.jit
+def input_loads(x_ptr, res_ptr, nw_ptr, rows, k, ok, K, stride_xm, stride_rm, NORM: tl.constexpr,
+                RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr):
+    """load_input's loads, no math on them yet: (a, b, w) as stored -- ACT_IN: gate, up; else x,
+    the residual (x again without RESIDUAL) and with NORM the norm weight (x again without)."""
+    if ACT_IN:
+        a = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0)
+        return a, tl.load(x_ptr + rows * stride_xm + K + k, mask=ok, other=0.0), a
+    a, b = input_parts(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL)
+    w = tl.load(nw_ptr + k, mask=ok, other=0.0) if NORM else a
+    return a, b, w
+
+
+@triton.jit
+def input_from_loads(a, b, w, sum_ptr, normed_ptr, rows, k, ok, stride_sm, rstd, sum_limit,
+                     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr,
+                     NORM_OUT: tl.constexpr):
+    """load_input's value from input_loads' (and its stores)."""
+    dt = a.dtype
+    if ACT_IN:
+        gate = a.to(tl.float32)
+        up = b.to(tl.float32)
+        if ACT_IN == 2:
+            return (gate_act(gate, True).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        return (gate_act(gate, False) * up).to(dt).to(tl.float32)
+    s = summed_parts(a, b, RESIDUAL)
+    if NORM:
+        if RESIDUAL:
+            tl.store(sum_ptr + rows * stride_sm + k, s.to(dt), mask=ok & (k < sum_limit))
+        y = (s * rstd * w.to(tl.float32)).to(dt)
+        if NORM_OUT:
+            tl.store(normed_ptr + rows * stride_sm + k, y, mask=ok & (k < sum_limit))
+        return y.to(tl.float32)
+    return s
+
+
+@triton.jit
 def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, rows, k, ok, K, stride_xm,
                stride_rm, stride_sm, rstd, sum_limit, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
                ACT_IN: tl.constexpr, NORM_OUT: tl.constexpr = False):
@@ -99,20 +135,7 @@ def load_input(x_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, rows, k, ok, K, stri
     as fp32 values of x's dtype; s is written to sum_ptr where k < sum_limit (NORM + RESIDUAL: K
     in the programs that store it, 0 in the others), and with NORM_OUT the normalized input to
     normed_ptr there too (for other linears that read the same norm; sum_ptr's strides)."""
-    dt = x_ptr.dtype.element_ty
-    if ACT_IN:
-        gate = tl.load(x_ptr + rows * stride_xm + k, mask=ok, other=0.0).to(tl.float32)
-        up = tl.load(x_ptr + rows * stride_xm + K + k, mask=ok, other=0.0).to(tl.float32)
-        if ACT_IN == 2:
-            return (gate_act(gate, True).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-        return (gate_act(gate, False) * up).to(dt).to(tl.float32)
-    s = summed_input(x_ptr, res_ptr, rows, k, ok, stride_xm, stride_rm, RESIDUAL)
-    if NORM:
-        if RESIDUAL:
-            tl.store(sum_ptr + rows * stride_sm + k, s.to(dt), mask=ok & (k < sum_limit))
-        w = tl.load(nw_ptr + k, mask=ok, other=0.0).to(tl.float32)
-        y = (s * rstd * w).to(dt)
-        if NORM_OUT:
-            tl.store(normed_ptr + rows * stride_sm + k, y, mask=ok & (k < sum_limit))
-        return y.to(tl.float32)
-    return s
+    a, b, w = input_loads(x_ptr, res_ptr, nw_ptr, rows, k, ok, K, stride_xm, stride_rm, NORM,
+                          RESIDUAL, ACT_IN)
+    return input_from_loads(a, b, w, sum_ptr, normed_ptr, rows, k, ok, stride_sm, rstd, sum_limit,
+                            NORM, RESIDUAL, ACT_IN, NORM_OUT)

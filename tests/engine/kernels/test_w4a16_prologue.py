@@ -205,29 +205,46 @@ def test_two_row_fused_entry(device: torch.device, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("m,k,n,group,split", [(1, 256, 96, 128, None), (2, 384, 67, 64, 3)])
-def test_row_first_prologue_is_bit_equal(m: int, k: int, n: int, group: int, split: int | None,
-                                         device: torch.device) -> None:
-    """A prefetching tile's norm prologue issues the row's loads before its first words
-    (w4a16_h2.row_loads_first, ROW_FIRST): the same arithmetic as the row_rstd path, so the
-    output and the summed residual equal, bit for bit, those of the same tile without the
-    prefetch."""
+@pytest.mark.parametrize("form", ["norm", "norm_residual", "silu", "plain"])
+def test_loads_first_prologue_is_bit_equal(m: int, k: int, n: int, group: int, split: int | None,
+                                           form: str, device: torch.device) -> None:
+    """A prefetching tile whose K range is one prep chunk issues its prologue's loads (the norm's
+    row, its own inputs) before its first words (w4a16_h2.loads_first, LOADS_FIRST): the same
+    arithmetic as the chunk loop, so the output, the summed residual and the normalized rows
+    equal, bit for bit, those of the same tile without the prefetch."""
     from homelab_llm.engine.kernels.tuning import RowsTiles
-    from homelab_llm.engine.kernels.w4a16_h2 import row_loads_first
+    from homelab_llm.engine.kernels.w4a16_h2 import CHUNK_VALUES, loads_first
 
-    w, gen = _weight(k, n, group, device, m * 31 + k + n)
-    x = (torch.randn(m, k, generator=gen) * 3).to(device, torch.bfloat16)
+    w, gen = _weight(k, n, group, device, m * 31 + k + n + len(form))
+    x = (torch.randn(m, 2 * k if form == "silu" else k, generator=gen) * 3).to(device, torch.bfloat16)
     res = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
     nw = (1 + 0.3 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
     first = RowsTiles(32, 4, 1, waves=2, min_steps=1, prefetch=True)
     plain = RowsTiles(32, 4, 1, waves=2, min_steps=1)
-    assert row_loads_first(first, m, k, {}) and not row_loads_first(plain, m, k, {})
-    assert not row_loads_first(first, m, k, {"PDL": 1, "launch_pdl": True})
+    norm = form.startswith("norm")
+    assert k <= CHUNK_VALUES and loads_first(first, m, k, k, norm, {})
+    assert not loads_first(plain, m, k, k, norm, {})
+    assert not loads_first(first, m, k, k, norm, {"PDL": 1, "launch_pdl": True})
+    assert not loads_first(first, m, 4 * CHUNK_VALUES, 2 * CHUNK_VALUES, norm, {})
     outs = []
     for tiles in (first, plain):
-        summed = torch.full_like(x, float("nan"))
-        got = w4a16_h2(x, w, _out(m, n, device), tiles, split=split, norm_weight=nw, eps=1e-6,
-                       residual=res, summed=summed)
-        outs.append((got, summed))
-    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    normed, _ = elementwise.add_rms_norm(x, res, nw, 1e-6)
-    assert _row_rel(outs[0][0], normed.double() @ dequantize_w4_ref(w).double()) < VS_FP64
+        kw = {}
+        if norm:
+            kw = dict(norm_weight=nw, eps=1e-6, normed=torch.full((m, k), float("nan"), dtype=x.dtype,
+                                                                  device=device))
+            if form == "norm_residual":
+                kw.update(residual=res, summed=torch.full_like(kw["normed"], float("nan")))
+        elif form == "silu":
+            kw = dict(act_in="silu")
+        got = w4a16_h2(x, w, _out(m, n, device), tiles, split=split, **kw)
+        outs.append([got] + [kw[key] for key in ("normed", "summed") if key in kw])
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    if form == "silu":
+        want = elementwise.silu_and_mul(x)
+    elif norm:
+        want = elementwise.add_rms_norm(x, res, nw, 1e-6)[0] if form == "norm_residual" \
+            else elementwise.rms_norm(x, nw, 1e-6)
+    else:
+        want = x
+    assert _row_rel(outs[0][0], want.double() @ dequantize_w4_ref(w).double()) < VS_FP64
