@@ -133,7 +133,8 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
     The sum loads the slots CHUNK at a time (all in flight together, summed in a fixed tree, the
     chunks in split order: deterministic): one slot a loop trip waited out an L2 round trip per
     split, ~1 us of an 8B 1-row GEMV split 32-64 ways (docs/BENCHMARKS.md 13.3). CHUNK keeps a
-    chunk within ~8K values of registers. Tiles of more than 2 rows (the few-row kernels) sum
+    chunk within CHUNK_VALUES values of registers and CHUNK_SLOTS slots (8K and 8 by default;
+    the packed-half GEMV passes 16K and 16, BENCHMARKS 33.3). Tiles of more than 2 rows (the few-row kernels) sum
     one slot a trip: chunked, the Qwen3.6-27B W4A16 step at 8 rows took 28.3 ms instead of 15.1
     and a 3-row verify 25.4 instead of 13.3 (bisected to this epilogue, docs/BENCHMARKS.md 16.2;
     the sm_90 compiles' registers barely differ, so the cost is not residency)."""

@@ -114,6 +114,10 @@ def _w4a16_h2_kernel(
     # the residual) and the shared scratch and tickets are touched only after this
     pdl_enter(PDL)
     trace = trace_begin(trace_ptr, t_start, TRACE)
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    # column block 0's programs (all K splits) store the summed (and normalized) input, once
+    # per element
+    sum_limit = tl.where(pid_n == 0, K, 0)
     if LOADS_FIRST:
         # Every load of the prologue goes out ahead of the first words: issued behind 16-32 KB
         # of them (DRAM), the row and the program's own inputs (L2) arrived only with them, and
@@ -128,11 +132,8 @@ def _w4a16_h2_kernel(
         if NORM:
             rstd = rstd_of_parts(x_row, r_row, K, eps, RESIDUAL)
             stamp(trace, 6, TRACE)
-        else:
-            rstd = tl.zeros([BLOCK_M], tl.float32)
         x_in = input_from_loads(in_a, in_b, in_w, sum_ptr, normed_ptr, rows_c, k_c, ok_c, stride_sm,
-                                rstd[:, None, None], tl.where(pid_n == 0, K, 0), NORM, RESIDUAL,
-                                ACT_IN, NORM_OUT)
+                                rstd[:, None, None], sum_limit, NORM, RESIDUAL, ACT_IN, NORM_OUT)
         store_x_pairs(x_in, k_c, ok_c, k_start, xh_ptr, xg_ptr, M, K, k_end, BLOCK_K, BLOCK_M,
                       CHUNK_SEGS)
     else:
@@ -140,15 +141,10 @@ def _w4a16_h2_kernel(
             rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK,
                             RESIDUAL)
             stamp(trace, 6, TRACE)
-        else:
-            rstd = tl.zeros([BLOCK_M], tl.float32)
-        # column block 0's programs (all K splits) store the summed (and normalized) input, once
-        # per element
         prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end,
-                     res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd,
-                     tl.where(pid_n == 0, K, 0), SEG=BLOCK_K, BLOCK_M=BLOCK_M,
-                     CHUNK_SEGS=CHUNK_SEGS, NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN,
-                     normed_ptr=normed_ptr, NORM_OUT=NORM_OUT)
+                     res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, sum_limit,
+                     SEG=BLOCK_K, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS, NORM=NORM,
+                     RESIDUAL=RESIDUAL, ACT_IN=ACT_IN, normed_ptr=normed_ptr, NORM_OUT=NORM_OUT)
     tl.debug_barrier()  # the program's own pairs are written before any thread reads them
     stamp(trace, 3, TRACE)
     n_segs = K // BLOCK_K
