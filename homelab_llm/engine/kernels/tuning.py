@@ -94,7 +94,10 @@ class RowsTiles:
     steps a split keeps at least. prefetch (w4a16_h2.py only): request the next K step's words
     before this step's math (twice the word registers, more bytes in flight). prefetch_l2
     (w4a16_h2.py, NVIDIA): ask the L2 for the program's first K step before its activation
-    prologue, which the pipelined loop's own loads wait behind."""
+    prologue, which the pipelined loop's own loads wait behind. whole_k (w4a16_h2.py, with
+    prefetch): each program covers all of K, its threads split in lane_groups() K ranges (4
+    columns a thread) and summed once in shared memory: no split-K tail (whole_k_fits says
+    which calls can)."""
 
     block_n: int
     wrows: int
@@ -104,6 +107,25 @@ class RowsTiles:
     min_steps: int = 2
     prefetch: bool = False
     prefetch_l2: bool = False
+    whole_k: bool = False
+
+    def lane_groups(self) -> int:
+        """K ranges a whole_k program's threads split K into: 4 columns a thread, block_n / 4
+        threads a range."""
+        return 128 * self.num_warps // self.block_n
+
+
+WHOLE_K_VALUES = 4096  # a whole_k program forms its K's activation pairs in one trip of loads
+
+
+def whole_k_fits(tiles: RowsTiles, k: int, group_size: int) -> bool:
+    """Whether whole_k tiles can take a K-long input: K in equal whole-step lane ranges, and K's
+    steps a power of two within WHOLE_K_VALUES (the prologue's one trip)."""
+    block_k = 8 * min(tiles.wrows, group_size // 8)
+    lanes = tiles.lane_groups()
+    steps = k // block_k
+    return (tiles.whole_k and tiles.prefetch and lanes >= 2 and tiles.block_n * lanes == 128 * tiles.num_warps
+            and k <= WHOLE_K_VALUES and k % (lanes * block_k) == 0 and steps & (steps - 1) == 0)
 
 
 @dataclass(frozen=True)
@@ -141,6 +163,10 @@ class ArchTiles:
     # The same for fused calls with outputs of at most THIN_N columns ((min_rows, max_rows, tiles)
     # as w4a16_h2_thin), consulted before w4a16_h2_fused for rows that have a fused entry at all.
     w4a16_h2_fused_thin: tuple[tuple[int, int, RowsTiles], ...] = ()
+    # W4A16 packed-half GEMV, programs over all of K (RowsTiles.whole_k): (max_rows, max_n,
+    # tiles), consulted before the entries above; the first with m <= max_rows and n <= max_n
+    # that whole_k_fits the call's K takes it.
+    w4a16_h2_whole_k: tuple[tuple[int, int, RowsTiles], ...] = ()
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): (max_rows,
     # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
     # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
@@ -259,6 +285,11 @@ TABLE: dict[str, ArchTiles] = {
         # the thin plain tile (8B batch 2 511.8 -> 566.7 tok/s with both, 27B 213.4 -> 213.9).
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
+        # 1 row, K <= 4096 (whole_k_fits): programs over all of K, no split-K tail. Thin outputs
+        # 64 columns in 16 lane groups (8 warps; 32 columns make sm_90's compile shuffle the
+        # activation pairs through shared memory every step), wide ones 128 in 8.
+        w4a16_h2_whole_k=((1, THIN_N, RowsTiles(64, 8, 8, prefetch=True, whole_k=True)),
+                          (1, 1 << 30, RowsTiles(128, 8, 8, prefetch=True, whole_k=True))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
         # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a
         # program up to 16 rows, the next power of two past them). Up to 16 rows (BENCHMARKS
@@ -493,11 +524,17 @@ def thin_entry(entries: tuple[tuple[int, int, RowsTiles], ...], m: int) -> RowsT
 
 
 def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
-             fused: bool = False) -> RowsTiles:
+             fused: bool = False, k: int | None = None, group_size: int = 128) -> RowsTiles:
     """The packed-half GEMV tiles (w4a16_h2.py) this device's table gives m rows (of n output
     columns: thin outputs may have their own entry; fused: the call forms its input in the
-    prologue, which may have its own entry too)."""
+    prologue, which may have its own entry too; k and group_size: the input, for whole-K
+    entries)."""
     arch = tiles_for(device)
+    if n is not None and k is not None:
+        whole = next((t for rows, max_n, t in arch.w4a16_h2_whole_k
+                      if m <= rows and n <= max_n and whole_k_fits(t, k, group_size)), None)
+        if whole is not None:
+            return whole
     thin_n = n is not None and n <= THIN_N
     if fused:
         entry = h2_fused_tiles(m, device)

@@ -32,6 +32,13 @@ behind 16-32 KB of words in flight arrived only with them. The split-K epilogue 
 slots in one round trip (REDUCE_VALUES, REDUCE_SLOTS). Both: 8B W4A16 batch 1 442.9 -> 453.4
 tok/s on the H200 (docs/BENCHMARKS.md 33.2-33.3).
 
+Calls whose K fits one program (RowsTiles.whole_k, K <= 4096: tuning.whole_k_fits) can split
+K inside the program instead: its threads form lane_groups() groups, each streaming its own K
+range of the program's 64-128 columns, summed once in shared memory (lanes_loop), with each
+program forming its own copy of the whole K's pairs. That drops the split-K tail (1.7-3.9 us
+a call) for a prologue over all of K: Llama-3.1-8B W4A16 batch 1 453.9 -> 464.4 tok/s,
+Qwen3-30B-A3B 411.1 -> 426.6 (docs/BENCHMARKS.md 34).
+
 A decode step reads every weight once, so the words, scales and biases are loaded evict_first:
 the L2 keeps what the step does reuse (activations, the scratch pairs, split-K partials, the KV
 cache). Llama-3.1-8B W4A16 batch 1 on the H200: 433.2 -> 442-443 tok/s (docs/BENCHMARKS.md 32.2).
@@ -50,10 +57,11 @@ from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels import program_trace
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
-from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles
+from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, whole_k_fits
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import (chunk_coords, l2_prefetch, prep_x_pairs,
-                                                    store_x_pairs, tile_dot, uses_ptx)
+                                                    rows_sum, store_x_pairs, tile_dot, uses_ptx,
+                                                    word_products)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_prologue import (ACT_CODES, input_from_loads, input_loads,
                                                        norm_chunk, row_parts, row_rstd,
@@ -76,6 +84,68 @@ def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
 
 
 @triton.jit
+def group_terms(scales_ptr, biases_ptr, g_off, n_mask, EVEN_N: tl.constexpr):
+    """A K step's scales and biases (fp32) at g_off (columns last); unmasked when N fills the
+    column blocks (a masked load zero-fills its registers first)."""
+    if EVEN_N:
+        s = tl.load(scales_ptr + g_off, eviction_policy="evict_first")
+        b = tl.load(biases_ptr + g_off, eviction_policy="evict_first")
+    else:
+        s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0, eviction_policy="evict_first")
+        b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0, eviction_policy="evict_first")
+    return s.to(tl.float32), b.to(tl.float32)
+
+
+@triton.jit
+def lane_word_rows(k_start, k_per_lane, WROWS: tl.constexpr, KSPLIT: tl.constexpr):
+    """The word rows of a whole-K program's first step, [WROWS * KSPLIT]: row w * KSPLIT + g is
+    word row w of thread group g's K range (k_start + g * k_per_lane onwards)."""
+    r = tl.arange(0, WROWS * KSPLIT)
+    return k_start // 8 + (r % KSPLIT) * (k_per_lane // 8) + r // KSPLIT
+
+
+@triton.jit
+def lanes_loop(words, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_rows, k_start,
+               k_per_lane, offs_n, n_mask, M, K, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
+               KSPLIT: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
+    """The K loop of a program that covers all of K (KSPLIT > 1): thread group g takes k in
+    [k_start + g k_per_lane, + k_per_lane), whole steps; [BLOCK_M, BLOCK_N] fp32 summed over the
+    groups once, through shared memory, where a K split across programs pays a store, a fence
+    and ticket and the slots' loads (the split-K tail, 1.7-3.9 us a call on the 8B:
+    docs/BENCHMARKS.md 33.2). words: the first step's [1, WROWS * KSPLIT, BLOCK_N] tile (the
+    register prefetch: each step requests the next one's before its math), lane_rows its word
+    rows (lane_word_rows), w_tile [1, 1, BLOCK_N] pointers; row [BLOCK_M, 1].
+
+    The tile is 2-D in (word row, column) so that every Triton orders its threads the same way:
+    columns, then rows, whose layout repeats every KSPLIT rows, so each thread holds all WROWS
+    rows of one group in registers (a 4-D [.., WROWS, KSPLIT, ..] tile was laid out with the
+    word rows across threads by Triton 3.6's ordering of equal-contiguity axes). The products
+    are then viewed as [BLOCK_M, WROWS, KSPLIT, BLOCK_N] and summed over the word rows in-thread."""
+    BLOCK_K: tl.constexpr = WROWS * 8
+    n_segs = K // BLOCK_K
+    xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * lane_rows[None, :, None]
+    xg_rows = xg_ptr + row[:, :, None] * n_segs  # [BM, 1, 1]
+    lane_k = k_start + tl.arange(0, KSPLIT) * k_per_lane  # [KSPLIT]
+    acc = tl.zeros([BLOCK_M, KSPLIT, BLOCK_N], tl.float32)
+    for i in range(0, k_per_lane, BLOCK_K):
+        i_next = tl.minimum(i + BLOCK_K, k_per_lane - BLOCK_K)  # the last step re-requests itself
+        words_next = load_words(w_tile, ((lane_rows + i_next // 8) * stride_qw)[None, :, None],
+                                n_mask, EVEN_N)
+        k0 = lane_k + i  # [KSPLIT]
+        seg = (k0 // BLOCK_K)[None, :, None]
+        g_off = (k0 // GROUP_SIZE)[:, None] * stride_sg + tl.max_contiguous(offs_n, 4)[None, :]
+        s, b = group_terms(scales_ptr, biases_ptr, g_off, n_mask[None, :], EVEN_N)
+        x_sum = tl.load(xg_rows + seg)
+        undo = tl.load(xg_rows + M * n_segs + seg)
+        part = word_products(words, xp_rows + i // 2, USE_ASM)  # [BM, WROWS * KSPLIT, BN]
+        inner = rows_sum(tl.reshape(part, [BLOCK_M, WROWS, KSPLIT, BLOCK_N]), 1, USE_ASM)
+        acc += inner * undo * s[None, :, :] + x_sum * b[None, :, :]
+        words = words_next
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _w4a16_h2_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
     res_ptr, nw_ptr, sum_ptr, normed_ptr, eps, trace_ptr,
@@ -87,10 +157,16 @@ def _w4a16_h2_kernel(
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
     NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
-    LOADS_FIRST: tl.constexpr = False,
+    LOADS_FIRST: tl.constexpr = False, KSPLIT: tl.constexpr = 1,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    if KSPLIT > 1:
+        # a whole-K program forms its own copy of the pairs: with all programs writing one
+        # shared copy, a call took ~0.8 us a program (H200, the 8B's qkv: 76 us, 96 programs)
+        xh_ptr += pid_n * (M * K)
+        xp_ptr += pid_n * (M * (K // 2))
+        xg_ptr += pid_n * (2 * M * (K // (WROWS * 8)))
     t_start = trace_clock(pid_n, TRACE)  # program_trace: marks 3-5 end the prologue, loop, program;
     # 6 the norm's row scale
     BLOCK_K: tl.constexpr = WROWS * 8
@@ -100,11 +176,21 @@ def _w4a16_h2_kernel(
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     wr3 = tl.arange(0, WROWS)[None, :, None]
-    w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
+    if KSPLIT > 1:
+        # whole K in one program: KSPLIT groups of its threads take KSPLIT equal K ranges; a
+        # step's [1, WROWS * KSPLIT, BLOCK_N] tile holds word row w of group g at row
+        # w * KSPLIT + g (lanes_loop)
+        k_per_lane = (k_end - k_start) // KSPLIT
+        lane_rows = lane_word_rows(k_start, k_per_lane, WROWS, KSPLIT)
+        k_first = (lane_rows * stride_qw)[None, :, None]
+        w_tile = qw_ptr + offs_n[None, None, :]  # [1, 1, BLOCK_N]
+    else:
+        k_first = k_start // 8 * stride_qw
+        w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
     if PREFETCH and not LOADS_FIRST:
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
-        words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
+        words = load_words(w_tile, k_first, n_mask, EVEN_N)
     if PREFETCH_L2:
         # one request per 128-byte line of the first step's words (32 columns of each word row)
         lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
@@ -128,7 +214,7 @@ def _w4a16_h2_kernel(
         rows_c, k_c, ok_c = chunk_coords(k_start, k_end, M, BLOCK_K, BLOCK_M, CHUNK_SEGS)
         in_a, in_b, in_w = input_loads(x_ptr, res_ptr, nw_ptr, rows_c, k_c, ok_c, K, stride_xm,
                                        stride_rm, NORM, RESIDUAL, ACT_IN)
-        words = load_words(w_tile, k_start // 8 * stride_qw, n_mask, EVEN_N)
+        words = load_words(w_tile, k_first, n_mask, EVEN_N)
         if NORM:
             rstd = rstd_of_parts(x_row, r_row, K, eps, RESIDUAL)
             stamp(trace, 6, TRACE)
@@ -149,35 +235,34 @@ def _w4a16_h2_kernel(
     stamp(trace, 3, TRACE)
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
-    xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
-    xg_rows = xg_ptr + row * n_segs
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    # LOOP_STAGES > 1: the compiler streams the words through shared memory (cp.async), stages
-    # in flight without holding registers; 1: plain loads (with PREFETCH, a register double buffer)
-    for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=LOOP_STAGES):
-        if PREFETCH:
-            # The last step re-requests itself (unmasked; the bytes are still in L2).
-            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)
-            words_next = load_words(w_tile, k_next // 8 * stride_qw, n_mask, EVEN_N)
-        else:
-            words = load_words(w_tile, k0 // 8 * stride_qw, n_mask, EVEN_N)
-        seg = k0 // BLOCK_K
-        # 4 columns per vector, as the words (16 bytes): 8 would need a shared-memory shuffle
-        g_off = (k0 // GROUP_SIZE) * stride_sg + tl.max_contiguous(offs_n, 4)
-        if EVEN_N:  # unmasked: a masked load zero-fills its registers first
-            s = tl.load(scales_ptr + g_off, eviction_policy="evict_first").to(tl.float32)[None, :]
-            b = tl.load(biases_ptr + g_off, eviction_policy="evict_first").to(tl.float32)[None, :]
-        else:
-            s = tl.load(scales_ptr + g_off, mask=n_mask, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)[None, :]
-            b = tl.load(biases_ptr + g_off, mask=n_mask, other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)[None, :]
-        x_sum = tl.load(xg_rows + seg)
-        undo = tl.load(xg_rows + M * n_segs + seg)
-        inner = tile_dot(words, xp_rows + k0 // 2, USE_ASM)
-        acc += inner * undo * s + x_sum * b
-        if PREFETCH:
-            words = words_next
+    if KSPLIT > 1:
+        acc = lanes_loop(words, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_rows,
+                         k_start, k_per_lane, offs_n, n_mask, M, K, stride_qw, stride_sg, GROUP_SIZE,
+                         BLOCK_M, BLOCK_N, WROWS, KSPLIT, EVEN_N, USE_ASM)
+    else:
+        xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
+        xg_rows = xg_ptr + row * n_segs
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        # LOOP_STAGES > 1: the compiler streams the words through shared memory (cp.async),
+        # stages in flight without holding registers; 1: plain loads (with PREFETCH, a register
+        # double buffer)
+        for k0 in tl.range(k_start, k_end, BLOCK_K, num_stages=LOOP_STAGES):
+            if PREFETCH:
+                # The last step re-requests itself (unmasked; the bytes are still in L2).
+                k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)
+                words_next = load_words(w_tile, k_next // 8 * stride_qw, n_mask, EVEN_N)
+            else:
+                words = load_words(w_tile, k0 // 8 * stride_qw, n_mask, EVEN_N)
+            seg = k0 // BLOCK_K
+            # 4 columns per vector, as the words (16 bytes): 8 would need a shared-memory shuffle
+            g_off = (k0 // GROUP_SIZE) * stride_sg + tl.max_contiguous(offs_n, 4)
+            s, b = group_terms(scales_ptr, biases_ptr, g_off, n_mask, EVEN_N)
+            x_sum = tl.load(xg_rows + seg)
+            undo = tl.load(xg_rows + M * n_segs + seg)
+            inner = tile_dot(words, xp_rows + k0 // 2, USE_ASM)
+            acc += inner * undo * s[None, :] + x_sum * b[None, :]
+            if PREFETCH:
+                words = words_next
     stamp(trace, 4, TRACE)
     pdl_late(PDL)
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
@@ -185,12 +270,13 @@ def _w4a16_h2_kernel(
     stamp(trace, 5, TRACE)
 
 
-def loads_first(tiles: RowsTiles, m: int, k: int, k_per_split: int, norm: bool, pdl: dict) -> bool:
+def loads_first(tiles: RowsTiles, m: int, k: int, k_per_split: int, norm: bool, pdl: dict,
+                chunk_values: int = CHUNK_VALUES) -> bool:
     """Whether a call issues its prologue's loads (the norm's row, its own K range's inputs)
     ahead of its first words (LOADS_FIRST): tiles that request those words in the prologue, a
-    K range of one prep chunk (CHUNK_VALUES) and a norm row of one trip, and no early launch (an
+    K range of one prep chunk (chunk_values) and a norm row of one trip, and no early launch (an
     early-launched grid requests its words ahead of its PDL wait instead)."""
-    return (tiles.prefetch and k_per_split <= CHUNK_VALUES
+    return (tiles.prefetch and k_per_split <= chunk_values
             and (not norm or norm_chunk(k, next_pow2(m)) >= k) and not pdl.get("launch_pdl", False))
 
 
@@ -228,14 +314,23 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
                 or (summed is not None and normed.stride() != summed.stride()):
             raise ValueError("w4a16_h2: normed takes a new [M, K] tensor (strided as summed) "
                              "and a norm")
-    t = tiles or h2_tiles(m, x2.device, n, fused=bool(act_in) or norm_weight is not None)
+    # (a K split asked for keeps the table's split-K entries: whole-K tiles split nothing)
+    t = tiles or h2_tiles(m, x2.device, n, fused=bool(act_in) or norm_weight is not None,
+                          k=k if split in (None, 1) else None, group_size=w.group_size)
+    if t.whole_k and not (whole_k_fits(t, k, w.group_size) and split in (None, 1)):
+        raise ValueError(f"w4a16_h2: whole-K tiles {t} cannot take K {k} (group "
+                         f"{w.group_size}, split {split})")
     pdl = pdl_args(x2.device, "h2" if n <= THIN_N else "h2_wide")
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
+    # a whole-K program forms all of its K's pairs in one chunk (whole_k_fits: a power of two)
+    chunk_segs = k // block_k if t.whole_k else max(1, CHUNK_VALUES // block_k)
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
     # prep_x_pairs' scratch: the activations as scaled fp16 pairs, and per K step sum(x) and 2^e
-    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-    xg = torch.empty((2, m, k // block_k), dtype=torch.float32, device=x2.device)
+    # (whole-K tiles: one copy a column block)
+    copies = (p.n_blocks,) if t.whole_k else ()
+    xh = torch.empty(copies + (m, k), dtype=torch.float16, device=x2.device)
+    xg = torch.empty(copies + (2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
     res = residual if residual is not None else x2
@@ -243,7 +338,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         p.n_blocks * p.split, lambda: f"h2 m={m} n={n} k={k} "
         f"{'norm' if norm_weight is not None else (act_in or 'plain')}", use_asm)
     sums = summed if summed is not None else (normed if normed is not None else x2)
-    first = loads_first(t, m, k, p.k_per_split, norm_weight is not None, pdl)
+    first = loads_first(t, m, k, p.k_per_split, norm_weight is not None, pdl, chunk_segs * block_k)
     _w4a16_h2_kernel[(p.n_blocks, p.split)](
         x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,
@@ -252,12 +347,13 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
         sums.stride(0), p.split,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
-        CHUNK_SEGS=max(1, CHUNK_VALUES // block_k), EVEN_N=n % t.block_n == 0,
+        CHUNK_SEGS=chunk_segs, EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
         PREFETCH_L2=t.prefetch_l2 and use_asm,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, ACT_IN=ACT_CODES[act_in],
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         NORM_OUT=normed is not None, TRACE=trace is not None, LOADS_FIRST=first,
+        KSPLIT=t.lane_groups() if t.whole_k else 1,
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
     )
     return out

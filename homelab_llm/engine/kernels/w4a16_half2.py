@@ -102,14 +102,19 @@ def tile_dot(words, xp_ptr, USE_ASM: tl.constexpr):
     of its columns, so the row sum below stays inside the thread); xp_ptr [BLOCK_M, WROWS, 1]
     pointers to each word row's four activation pairs (int32 bits, prep_x_pairs' layout).
     A (row, word) chains its four pairs in fp16x2, the word rows add in fp16x2, then fp32."""
+    return rows_sum(word_products(words, xp_ptr, USE_ASM), 1, USE_ASM)
+
+
+@triton.jit
+def word_products(words, xp_ptr, USE_ASM: tl.constexpr):
+    """Each word's four pairs times its activation pairs (xp_ptr broadcast against words), chained
+    in fp16x2: packed int32 bits with USE_ASM, else the pair's two halves summed in fp32."""
     p0, p1, p2, p3 = nibble_pairs(words)
     if USE_ASM:
         part = hmul2(p0, tl.load(xp_ptr))
         part = hfma2(p1, tl.load(xp_ptr + 1), part)
         part = hfma2(p2, tl.load(xp_ptr + 2), part)
-        part = hfma2(p3, tl.load(xp_ptr + 3), part)
-        both = tl.reduce(part, 1, hadd2)
-        return half_lo(both).to(tl.float32) + half_hi(both).to(tl.float32)
+        return hfma2(p3, tl.load(xp_ptr + 3), part)
     else:
         lo = half_lo(p0) * half_lo(tl.load(xp_ptr))
         hi = half_hi(p0) * half_hi(tl.load(xp_ptr))
@@ -119,7 +124,17 @@ def tile_dot(words, xp_ptr, USE_ASM: tl.constexpr):
         hi += half_hi(p2) * half_hi(tl.load(xp_ptr + 2))
         lo += half_lo(p3) * half_lo(tl.load(xp_ptr + 3))
         hi += half_hi(p3) * half_hi(tl.load(xp_ptr + 3))
-        return tl.sum(lo.to(tl.float32) + hi.to(tl.float32), axis=1)
+        return lo.to(tl.float32) + hi.to(tl.float32)
+
+
+@triton.jit
+def rows_sum(part, axis: tl.constexpr, USE_ASM: tl.constexpr):
+    """word_products summed over the word rows' axis, fp32: in fp16x2 then fp32 with USE_ASM."""
+    if USE_ASM:
+        both = tl.reduce(part, axis, hadd2)
+        return half_lo(both).to(tl.float32) + half_hi(both).to(tl.float32)
+    else:
+        return tl.sum(part, axis=axis)
 
 
 @triton.jit
@@ -161,7 +176,10 @@ def chunk_coords(c0, k_end, M, SEG: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK_S
 @triton.jit
 def store_x_pairs(x, k, ok, c0, xh_ptr, xg_ptr, M, K, k_end, SEG: tl.constexpr,
                   BLOCK_M: tl.constexpr, CHUNK_SEGS: tl.constexpr):
-    """One chunk's input values x (fp32, at chunk_coords' k) into prep_x_pairs' xh and xg."""
+    """One chunk's input values x (fp32, at chunk_coords' k) into prep_x_pairs' xh and xg. The
+    values are put in their slot order first (a permute of each 8), so the stores are
+    contiguous and vectorize: stored slot by slot, 2 bytes at a time, a whole-K program's 4096
+    values took its prologue 5-15 us on the H200 (docs/BENCHMARKS.md 34)."""
     n_segs = K // SEG
     offs_m = tl.arange(0, BLOCK_M)[:, None, None]
     m2 = tl.arange(0, BLOCK_M)[:, None]
@@ -171,9 +189,12 @@ def store_x_pairs(x, k, ok, c0, xh_ptr, xg_ptr, M, K, k_end, SEG: tl.constexpr,
     inv = (0x7F000000 - expo).to(tl.float32, bitcast=True)  # 2^-floor(log2 amax), exact
     # nibble_pairs' powers of two: pairs j = k % 4 even take 2^14, odd 2^10 (exact)
     xs = (x * inv[:, :, None] * tl.where((k & 1) == 0, X_SCALE_EVEN, X_SCALE_ODD)).to(tl.float16)
-    # k = 8r + j + 4h (j < 4, h 0/1) goes to fp16 slot 8r + 2j + h: int32 pair 4r + j.
-    dest = (k & ~7) + 2 * (k & 3) + ((k >> 2) & 1)
-    tl.store(xh_ptr + offs_m.to(tl.int64) * K + dest, xs, mask=ok)
+    # k = 8r + j + 4h (j < 4, h 0/1) goes to fp16 slot 8r + 2j + h: int32 pair 4r + j. The
+    # permute moves x[8r + 4h + j] from position 8r + 4h + j to 8r + 2j + h, its slot, so each
+    # value is stored at the k of its position (chunks start at multiples of 8)
+    xs = tl.reshape(tl.permute(tl.reshape(xs, [BLOCK_M, CHUNK_SEGS, SEG // 8, 2, 4]),
+                               [0, 1, 2, 4, 3]), [BLOCK_M, CHUNK_SEGS, SEG])
+    tl.store(xh_ptr + offs_m.to(tl.int64) * K + k, xs, mask=ok)
     seg = (c0 // SEG + tl.arange(0, CHUNK_SEGS))[None, :]
     s_ok = (m2 < M) & (seg < k_end // SEG)
     s_offs = m2 * n_segs + seg

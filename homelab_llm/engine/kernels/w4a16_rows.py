@@ -130,7 +130,7 @@ def split_plan(n: int, k: int, group_size: int, tiles: RowsTiles, device: torch.
     wrows = min(tiles.wrows, group_size // 8)
     block_k = wrows * 8
     n_blocks = triton.cdiv(n, tiles.block_n)
-    split = split or rows_split(n_blocks, k, block_k, device_sms(device), tiles)
+    split = split or (1 if tiles.whole_k else rows_split(n_blocks, k, block_k, device_sms(device), tiles))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     return SplitPlan(wrows, n_blocks, triton.cdiv(k, k_per_split), k_per_split)
 

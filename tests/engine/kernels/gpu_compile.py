@@ -110,7 +110,7 @@ def _scenarios():
                                             prefill_attention, sampling, w4a16, w4a16_deq,
                                             w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
-    from homelab_llm.engine.kernels.tuning import THIN_N, GemmTiles, gemm_tiles
+    from homelab_llm.engine.kernels.tuning import THIN_N, GemmTiles, RowsTiles, gemm_tiles
 
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
@@ -271,6 +271,25 @@ def _scenarios():
     for act in ("silu", "gelu_tanh"):
         yield lambda act=act: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
                                                 torch.zeros((1, n_out), dtype=bf16), act_in=act)
+
+    # programs over all of K (RowsTiles.whole_k; sm_90 routes the 1-row calls that fit there):
+    # 64 columns in 16 lane groups (thin outputs) and 128 in 4 (wide ones), every prologue form,
+    # a partial column block (n_out + 16 columns) too
+    part = wp.W4Weight(torch.zeros((k_in // 8, n_out + 16), dtype=i32),
+                       torch.ones((k_in // 128, n_out + 16), dtype=fp16),
+                       torch.zeros((k_in // 128, n_out + 16), dtype=fp16), 128)
+    for tiles in (RowsTiles(64, 8, 8, prefetch=True, whole_k=True),
+                  RowsTiles(128, 8, 4, prefetch=True, whole_k=True)):
+        for m, w in ((1, weights[128]), (2, part)):
+            x = torch.zeros((m, k_in), dtype=bf16)
+            yield lambda x=x, w=w, t=tiles: w4a16_h2.w4a16_h2(
+                x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), t)
+            yield lambda x=x, w=w, t=tiles: w4a16_h2.w4a16_h2(
+                x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), t,
+                norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6, residual=torch.zeros_like(x),
+                summed=torch.zeros_like(x))
+        yield lambda t=tiles: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
+                                                torch.zeros((1, n_out), dtype=bf16), t, act_in="silu")
 
     def traced():  # with program_trace's stamps (benchmarks/gemv_trace_gpu.py; PTX targets only)
         from homelab_llm.engine.kernels import program_trace
