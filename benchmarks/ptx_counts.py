@@ -107,7 +107,8 @@ def main() -> int:
         words = None
         wrows = c.get("WROWS", c.get("ROWS"))
         if "BLOCK_N" in c and wrows:
-            words = c["BLOCK_N"] * wrows / (32 * spec["options"].get("num_warps", 4))
+            # a whole-K tile (w4a16_h2 KSPLIT > 1) loads KSPLIT K ranges' word rows a step
+            words = c["BLOCK_N"] * wrows * c.get("KSPLIT", 1) / (32 * spec["options"].get("num_warps", 4))
         per = (f"per packed word: PTX {len(ptx) / words:5.1f} SASS {len(sass) / words:5.1f} "
                f"(SASS per weight {len(sass) / words / 8:.2f})" if words else "")
         if a.sass_out:
