@@ -161,12 +161,6 @@ def _w4a16_h2_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if KSPLIT > 1:
-        # a whole-K program forms its own copy of the pairs: with all programs writing one
-        # shared copy, a call took ~0.8 us a program (H200, the 8B's qkv: 76 us, 96 programs)
-        xh_ptr += pid_n * (M * K)
-        xp_ptr += pid_n * (M * (K // 2))
-        xg_ptr += pid_n * (2 * M * (K // (WROWS * 8)))
     t_start = trace_clock(pid_n, TRACE)  # program_trace: marks 3-5 end the prologue, loop, program;
     # 6 the norm's row scale
     BLOCK_K: tl.constexpr = WROWS * 8
@@ -179,7 +173,11 @@ def _w4a16_h2_kernel(
     if KSPLIT > 1:
         # whole K in one program: KSPLIT groups of its threads take KSPLIT equal K ranges; a
         # step's [1, WROWS * KSPLIT, BLOCK_N] tile holds word row w of group g at row
-        # w * KSPLIT + g (lanes_loop)
+        # w * KSPLIT + g (lanes_loop). It forms its own copy of the pairs: with all programs
+        # writing one shared copy, a call took 0.8-1.0 us a program (H200, the 8B's qkv: 76 us)
+        xh_ptr += pid_n * (M * K)
+        xp_ptr += pid_n * (M * (K // 2))
+        xg_ptr += pid_n * (2 * M * (K // BLOCK_K))
         k_per_lane = (k_end - k_start) // KSPLIT
         lane_rows = lane_word_rows(k_start, k_per_lane, WROWS, KSPLIT)
         k_first = (lane_rows * stride_qw)[None, :, None]
