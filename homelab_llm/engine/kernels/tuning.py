@@ -164,9 +164,9 @@ class ArchTiles:
     # as w4a16_h2_thin), consulted before w4a16_h2_fused for rows that have a fused entry at all.
     w4a16_h2_fused_thin: tuple[tuple[int, int, RowsTiles], ...] = ()
     # W4A16 packed-half GEMV, programs over all of K (RowsTiles.whole_k): (max_rows, max_n,
-    # tiles), consulted before the entries above; the first with m <= max_rows and n <= max_n
-    # that whole_k_fits the call's K takes it.
-    w4a16_h2_whole_k: tuple[tuple[int, int, RowsTiles], ...] = ()
+    # max_k, tiles), consulted before the entries above; the first with m <= max_rows, n <= max_n
+    # and k <= max_k that whole_k_fits the call's K takes it.
+    w4a16_h2_whole_k: tuple[tuple[int, int, int, RowsTiles], ...] = ()
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): (max_rows,
     # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
     # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
@@ -285,11 +285,15 @@ TABLE: dict[str, ArchTiles] = {
         # the thin plain tile (8B batch 2 511.8 -> 566.7 tok/s with both, 27B 213.4 -> 213.9).
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
-        # 1 row, K <= 4096 (whole_k_fits): programs over all of K, no split-K tail. Thin outputs
-        # 64 columns in 16 lane groups (8 warps; 32 columns make sm_90's compile shuffle the
-        # activation pairs through shared memory every step), wide ones 128 in 8.
-        w4a16_h2_whole_k=((1, THIN_N, RowsTiles(64, 8, 8, prefetch=True, whole_k=True)),
-                          (1, 1 << 30, RowsTiles(128, 8, 8, prefetch=True, whole_k=True))),
+        # 1 row, K <= 4096 (whole_k_fits): programs over all of K, no split-K tail. Outputs of
+        # at most 4,096 columns: 32 columns a program, so twice as many programs (SMs) stream
+        # the matrix, in 4-row steps (BENCHMARKS 35.1: 8B o_proj 5.89 -> 4.61 us, the 30B-A3B's
+        # 6.01 -> 4.43; K <= 2048 in 8 warps, 4.1-4.2 -> 3.1-3.4). Other thin outputs 64 columns
+        # in 16 lane groups (8 warps), wide ones 128 in 8.
+        w4a16_h2_whole_k=((1, 4096, 2048, RowsTiles(32, 4, 8, prefetch=True, whole_k=True)),
+                          (1, 4096, 4096, RowsTiles(32, 4, 16, prefetch=True, whole_k=True)),
+                          (1, THIN_N, 4096, RowsTiles(64, 8, 8, prefetch=True, whole_k=True)),
+                          (1, 1 << 30, 4096, RowsTiles(128, 8, 8, prefetch=True, whole_k=True))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
         # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a
         # program up to 16 rows, the next power of two past them). Up to 16 rows (BENCHMARKS
@@ -531,8 +535,9 @@ def h2_tiles(m: int, device: torch.device | None = None, n: int | None = None,
     entries)."""
     arch = tiles_for(device)
     if n is not None and k is not None:
-        whole = next((t for rows, max_n, t in arch.w4a16_h2_whole_k
-                      if m <= rows and n <= max_n and whole_k_fits(t, k, group_size)), None)
+        whole = next((t for rows, max_n, max_k, t in arch.w4a16_h2_whole_k
+                      if m <= rows and n <= max_n and k <= max_k and whole_k_fits(t, k, group_size)),
+                     None)
         if whole is not None:
             return whole
     thin_n = n is not None and n <= THIN_N

@@ -84,6 +84,18 @@ def load_words(w_tile, offset, n_mask, EVEN_N: tl.constexpr):
 
 
 @triton.jit
+def first_words(w_tile, k_first, stride_qw, n_mask, WROWS: tl.constexpr, EVEN_N: tl.constexpr,
+                TWO_STEPS: tl.constexpr):
+    """The first step's words, and with TWO_STEPS (a two-step whole-K range) the second's too
+    (else the first's again): both requested before the prologue."""
+    words = load_words(w_tile, k_first, n_mask, EVEN_N)
+    words_b = words
+    if TWO_STEPS:
+        words_b = load_words(w_tile, k_first + WROWS * stride_qw, n_mask, EVEN_N)
+    return words, words_b
+
+
+@triton.jit
 def group_terms(scales_ptr, biases_ptr, g_off, n_mask, EVEN_N: tl.constexpr):
     """A K step's scales and biases (fp32) at g_off (columns last); unmasked when N fills the
     column blocks (a masked load zero-fills its registers first)."""
@@ -105,17 +117,38 @@ def lane_word_rows(k_start, k_per_lane, WROWS: tl.constexpr, KSPLIT: tl.constexp
 
 
 @triton.jit
-def lanes_loop(words, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_rows, k_start,
-               k_per_lane, offs_n, n_mask, M, K, stride_qw, stride_sg, GROUP_SIZE: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
-               KSPLIT: tl.constexpr, EVEN_N: tl.constexpr, USE_ASM: tl.constexpr):
+def lane_step(words, scales_ptr, biases_ptr, xp_rows, xg_rows, k0, offs_n, n_mask, M, n_segs,
+              stride_sg, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              WROWS: tl.constexpr, KSPLIT: tl.constexpr, EVEN_N: tl.constexpr,
+              USE_ASM: tl.constexpr):
+    """One whole-K step at the groups' K offsets k0 [KSPLIT]: [BLOCK_M, KSPLIT, BLOCK_N] fp32
+    (W = q s + b within a group: inner * 2^e * s + sum(x) * b). xp_rows: the step's pairs."""
+    BLOCK_K: tl.constexpr = WROWS * 8
+    seg = (k0 // BLOCK_K)[None, :, None]
+    g_off = (k0 // GROUP_SIZE)[:, None] * stride_sg + tl.max_contiguous(offs_n, 4)[None, :]
+    s, b = group_terms(scales_ptr, biases_ptr, g_off, n_mask[None, :], EVEN_N)
+    x_sum = tl.load(xg_rows + seg)
+    undo = tl.load(xg_rows + M * n_segs + seg)
+    part = word_products(words, xp_rows, USE_ASM)  # [BM, WROWS * KSPLIT, BN]
+    inner = rows_sum(tl.reshape(part, [BLOCK_M, WROWS, KSPLIT, BLOCK_N]), 1, USE_ASM)
+    return inner * undo * s[None, :, :] + x_sum * b[None, :, :]
+
+
+@triton.jit
+def lanes_loop(words, words_b, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_rows,
+               k_start, k_per_lane, offs_n, n_mask, M, K, stride_qw, stride_sg,
+               GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               WROWS: tl.constexpr, KSPLIT: tl.constexpr, EVEN_N: tl.constexpr,
+               USE_ASM: tl.constexpr, TWO_STEPS: tl.constexpr):
     """The K loop of a program that covers all of K (KSPLIT > 1): thread group g takes k in
     [k_start + g k_per_lane, + k_per_lane), whole steps; [BLOCK_M, BLOCK_N] fp32 summed over the
     groups once, through shared memory, where a K split across programs pays a store, a fence
     and ticket and the slots' loads (the split-K tail, 1.7-3.9 us a call on the 8B:
     docs/BENCHMARKS.md 33.2). words: the first step's [1, WROWS * KSPLIT, BLOCK_N] tile (the
     register prefetch: each step requests the next one's before its math), lane_rows its word
-    rows (lane_word_rows), w_tile [1, 1, BLOCK_N] pointers; row [BLOCK_M, 1].
+    rows (lane_word_rows), w_tile [1, 1, BLOCK_N] pointers; row [BLOCK_M, 1]. TWO_STEPS: the
+    range is two steps and words_b is the second's, requested with the first before the
+    prologue (in the loop each step after the first waits a DRAM round trip for its words).
 
     The tile is 2-D in (word row, column) so that every Triton orders its threads the same way:
     columns, then rows, whose layout repeats every KSPLIT rows, so each thread holds all WROWS
@@ -127,21 +160,23 @@ def lanes_loop(words, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_
     xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * lane_rows[None, :, None]
     xg_rows = xg_ptr + row[:, :, None] * n_segs  # [BM, 1, 1]
     lane_k = k_start + tl.arange(0, KSPLIT) * k_per_lane  # [KSPLIT]
-    acc = tl.zeros([BLOCK_M, KSPLIT, BLOCK_N], tl.float32)
-    for i in range(0, k_per_lane, BLOCK_K):
-        i_next = tl.minimum(i + BLOCK_K, k_per_lane - BLOCK_K)  # the last step re-requests itself
-        words_next = load_words(w_tile, ((lane_rows + i_next // 8) * stride_qw)[None, :, None],
-                                n_mask, EVEN_N)
-        k0 = lane_k + i  # [KSPLIT]
-        seg = (k0 // BLOCK_K)[None, :, None]
-        g_off = (k0 // GROUP_SIZE)[:, None] * stride_sg + tl.max_contiguous(offs_n, 4)[None, :]
-        s, b = group_terms(scales_ptr, biases_ptr, g_off, n_mask[None, :], EVEN_N)
-        x_sum = tl.load(xg_rows + seg)
-        undo = tl.load(xg_rows + M * n_segs + seg)
-        part = word_products(words, xp_rows + i // 2, USE_ASM)  # [BM, WROWS * KSPLIT, BN]
-        inner = rows_sum(tl.reshape(part, [BLOCK_M, WROWS, KSPLIT, BLOCK_N]), 1, USE_ASM)
-        acc += inner * undo * s[None, :, :] + x_sum * b[None, :, :]
-        words = words_next
+    if TWO_STEPS:
+        acc = lane_step(words, scales_ptr, biases_ptr, xp_rows, xg_rows, lane_k, offs_n, n_mask, M,
+                        n_segs, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N, WROWS, KSPLIT, EVEN_N,
+                        USE_ASM)
+        acc += lane_step(words_b, scales_ptr, biases_ptr, xp_rows + BLOCK_K // 2, xg_rows,
+                         lane_k + BLOCK_K, offs_n, n_mask, M, n_segs, stride_sg, GROUP_SIZE,
+                         BLOCK_M, BLOCK_N, WROWS, KSPLIT, EVEN_N, USE_ASM)
+    else:
+        acc = tl.zeros([BLOCK_M, KSPLIT, BLOCK_N], tl.float32)
+        for i in range(0, k_per_lane, BLOCK_K):
+            i_next = tl.minimum(i + BLOCK_K, k_per_lane - BLOCK_K)  # the last step re-requests itself
+            words_next = load_words(w_tile, ((lane_rows + i_next // 8) * stride_qw)[None, :, None],
+                                    n_mask, EVEN_N)
+            acc += lane_step(words, scales_ptr, biases_ptr, xp_rows + i // 2, xg_rows, lane_k + i,
+                             offs_n, n_mask, M, n_segs, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
+                             WROWS, KSPLIT, EVEN_N, USE_ASM)
+            words = words_next
     return tl.sum(acc, axis=1)
 
 
@@ -157,7 +192,7 @@ def _w4a16_h2_kernel(
     LOOP_STAGES: tl.constexpr, PREFETCH_L2: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
     NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
-    LOADS_FIRST: tl.constexpr = False, KSPLIT: tl.constexpr = 1,
+    LOADS_FIRST: tl.constexpr = False, KSPLIT: tl.constexpr = 1, TWO_STEPS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -188,7 +223,7 @@ def _w4a16_h2_kernel(
     if PREFETCH and not LOADS_FIRST:
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
-        words = load_words(w_tile, k_first, n_mask, EVEN_N)
+        words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N, TWO_STEPS)
     if PREFETCH_L2:
         # one request per 128-byte line of the first step's words (32 columns of each word row)
         lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
@@ -212,7 +247,7 @@ def _w4a16_h2_kernel(
         rows_c, k_c, ok_c = chunk_coords(k_start, k_end, M, BLOCK_K, BLOCK_M, CHUNK_SEGS)
         in_a, in_b, in_w = input_loads(x_ptr, res_ptr, nw_ptr, rows_c, k_c, ok_c, K, stride_xm,
                                        stride_rm, NORM, RESIDUAL, ACT_IN)
-        words = load_words(w_tile, k_first, n_mask, EVEN_N)
+        words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N, TWO_STEPS)
         if NORM:
             rstd = rstd_of_parts(x_row, r_row, K, eps, RESIDUAL)
             stamp(trace, 6, TRACE)
@@ -234,9 +269,9 @@ def _w4a16_h2_kernel(
     n_segs = K // BLOCK_K
     row = tl.minimum(offs_m, M - 1)[:, None]  # [BLOCK_M, 1]; padding rows repeat row M - 1
     if KSPLIT > 1:
-        acc = lanes_loop(words, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_rows,
+        acc = lanes_loop(words, words_b, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, row, lane_rows,
                          k_start, k_per_lane, offs_n, n_mask, M, K, stride_qw, stride_sg, GROUP_SIZE,
-                         BLOCK_M, BLOCK_N, WROWS, KSPLIT, EVEN_N, USE_ASM)
+                         BLOCK_M, BLOCK_N, WROWS, KSPLIT, EVEN_N, USE_ASM, TWO_STEPS)
     else:
         xp_rows = xp_ptr + row[:, :, None].to(tl.int64) * (K // 2) + 4 * wr3  # [BM, WROWS, 1]
         xg_rows = xg_ptr + row * n_segs
@@ -266,6 +301,13 @@ def _w4a16_h2_kernel(
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits, REDUCE_VALUES, REDUCE_SLOTS)
     stamp(trace, 5, TRACE)
+
+
+def two_steps(tiles: RowsTiles, k: int, block_k: int) -> bool:
+    """Whether a whole-K call's two steps both request their words before the prologue: where
+    K is two steps a lane group and the program has at most 8 warps (H200: the 30B-A3B's qkv
+    4.33 -> 3.93 us; with 16 warps, 128 registers a thread, it lost up to 0.9 us)."""
+    return tiles.whole_k and k == 2 * tiles.lane_groups() * block_k and tiles.num_warps <= 8
 
 
 def loads_first(tiles: RowsTiles, m: int, k: int, k_per_split: int, norm: bool, pdl: dict,
@@ -352,6 +394,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         NORM_OUT=normed is not None, TRACE=trace is not None, LOADS_FIRST=first,
         KSPLIT=t.lane_groups() if t.whole_k else 1,
+        TWO_STEPS=two_steps(t, k, block_k),
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
     )
     return out

@@ -273,13 +273,15 @@ def _scenarios():
                                                 torch.zeros((1, n_out), dtype=bf16), act_in=act)
 
     # programs over all of K (RowsTiles.whole_k; sm_90 routes the 1-row calls that fit there):
-    # 64 columns in 16 lane groups (thin outputs) and 128 in 4 (wide ones), every prologue form,
-    # a partial column block (n_out + 16 columns) too
+    # 64 columns in 16 lane groups (thin outputs), 128 in 4 (wide ones), 32 in 64 and 32 (outputs
+    # of at most 4,096 columns), every prologue form, a partial column block (n_out + 16 columns) too
     part = wp.W4Weight(torch.zeros((k_in // 8, n_out + 16), dtype=i32),
                        torch.ones((k_in // 128, n_out + 16), dtype=fp16),
                        torch.zeros((k_in // 128, n_out + 16), dtype=fp16), 128)
     for tiles in (RowsTiles(64, 8, 8, prefetch=True, whole_k=True),
-                  RowsTiles(128, 8, 4, prefetch=True, whole_k=True)):
+                  RowsTiles(128, 8, 4, prefetch=True, whole_k=True),
+                  RowsTiles(32, 4, 16, prefetch=True, whole_k=True),
+                  RowsTiles(32, 4, 8, prefetch=True, whole_k=True)):
         for m, w in ((1, weights[128]), (2, part)):
             x = torch.zeros((m, k_in), dtype=bf16)
             yield lambda x=x, w=w, t=tiles: w4a16_h2.w4a16_h2(
@@ -290,6 +292,13 @@ def _scenarios():
                 summed=torch.zeros_like(x))
         yield lambda t=tiles: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
                                                 torch.zeros((1, n_out), dtype=bf16), t, act_in="silu")
+
+    # two steps a lane group: both steps' words requested before the prologue (w4a16_h2.two_steps)
+    k_two = 2 * 16 * 64
+    two = wp.W4Weight(torch.zeros((k_two // 8, n_out), dtype=i32), torch.ones((k_two // 128, n_out), dtype=fp16),
+                      torch.zeros((k_two // 128, n_out), dtype=fp16), 128)
+    yield lambda: w4a16_h2.w4a16_h2(torch.zeros((1, k_two), dtype=bf16), two, torch.zeros((1, n_out), dtype=bf16),
+                                    RowsTiles(64, 8, 8, prefetch=True, whole_k=True))
 
     def traced():  # with program_trace's stamps (benchmarks/gemv_trace_gpu.py; PTX targets only)
         from homelab_llm.engine.kernels import program_trace

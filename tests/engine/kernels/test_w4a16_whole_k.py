@@ -44,19 +44,22 @@ def _tiles(full: bool) -> tuple[RowsTiles, RowsTiles]:
             RowsTiles(32, 4, 1, waves=2, min_steps=1, prefetch=True))
 
 
-@pytest.mark.parametrize("m,loads_first", [(1, True), (1, False), (2, True), (5, True)])
+@pytest.mark.parametrize("m,loads_first,steps", [(1, True, 4), (1, True, 2), (1, False, 4), (1, False, 2),
+                                                 (2, True, 4), (5, True, 2)])
 @pytest.mark.parametrize("form", ["plain", "norm", "norm_residual", "silu"])
-def test_whole_k_matches_split_k(m: int, loads_first: bool, form: str, device: torch.device,
-                                 full_shapes: bool, monkeypatch) -> None:
+def test_whole_k_matches_split_k(m: int, loads_first: bool, steps: int, form: str,
+                                 device: torch.device, full_shapes: bool, monkeypatch) -> None:
     """loads_first False: the prologue's chunk loop (prep_x_pairs, one chunk of all K) instead
-    of its loads-first form, as a launch under PDL's early launch takes it."""
+    of its loads-first form, as a launch under PDL's early launch takes it. steps: K steps a
+    lane group (2: both steps' words requested before the prologue, w4a16_h2.two_steps)."""
     from homelab_llm.engine.kernels import w4a16_h2 as h2
 
     if not loads_first:
         monkeypatch.setattr(h2, "loads_first", lambda *a, **kw: False)
     whole, split_k = _tiles(full_shapes)
-    # N: two column blocks and a masked third (N not a multiple of block_n); K: 2 steps a lane
-    k, n = (4096, 6144 + 16) if full_shapes else (256, 80)
+    # N: two column blocks and a masked third (N not a multiple of block_n)
+    k, n = (1024 * steps, 6144 + 16) if full_shapes else (128 * steps, 80)
+    assert h2.two_steps(whole, k, 8 * whole.wrows) == (steps == 2)
     gen = torch.Generator().manual_seed(m * 17 + len(form))
     w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, True).to(device)
     x = (torch.randn(m, 2 * k if form == "silu" else k, generator=gen) * 3).to(device, torch.bfloat16)
@@ -109,6 +112,27 @@ def test_whole_k_fits_and_refuses(device: torch.device) -> None:
         w4a16_h2(x, w, torch.empty((1, 32), dtype=torch.bfloat16, device=device), t)
 
 
+def test_every_table_entry_matches_split_k(device: torch.device, full_shapes: bool) -> None:
+    """Each whole-K entry of the device's table (GPU) or the interpreter's stand-in, at its
+    largest K and N with a masked column block, against the split-K form (plain and SiLU)."""
+    arch = tuning.tiles_for(device)
+    entries = arch.w4a16_h2_whole_k if full_shapes else ((1, 96, 256, _tiles(False)[0]),)
+    if not entries:
+        pytest.skip(f"{arch.name} has no whole-K entries")
+    _, split_k = _tiles(full_shapes)
+    gen = torch.Generator().manual_seed(5)
+    for _, max_n, max_k, whole in entries:
+        n = min(max_n, 8192) - 16
+        assert whole_k_fits(whole, max_k, 128), whole
+        w = wp.quantize_rtn(torch.randn(n, max_k, generator=gen) * 0.05, 128, True).to(device)
+        for act in (None, "silu"):
+            x = torch.randn(1, 2 * max_k if act else max_k, generator=gen).to(device, torch.bfloat16)
+            got, want = (w4a16_h2(x, w, torch.empty((1, n), dtype=torch.bfloat16, device=device),
+                                  t, act_in=act) for t in (whole, split_k))
+            rel = _row_rel(got, want)
+            assert rel < VS_SPLIT, f"{whole} act {act}: whole-K vs split-K {rel:.2e}"
+
+
 def test_calls_take_the_whole_k_entry_where_it_fits(device: torch.device, monkeypatch) -> None:
     """h2_tiles gives a call the arch's first w4a16_h2_whole_k entry covering its rows and
     columns that fits its K (before the thin, fused and plain entries), and the others
@@ -116,12 +140,13 @@ def test_calls_take_the_whole_k_entry_where_it_fits(device: torch.device, monkey
     whole, _ = _tiles(False)
     arch = tuning.tiles_for(device)
     monkeypatch.setitem(tuning.TABLE, arch.name,
-                        dataclasses.replace(arch, w4a16_h2_whole_k=((1, 96, whole),)))
+                        dataclasses.replace(arch, w4a16_h2_whole_k=((1, 96, 512, whole),)))
     assert tuning.h2_tiles(1, device, 96, k=256) is whole
     assert tuning.h2_tiles(1, device, 96, fused=True, k=256) is whole
     assert tuning.h2_tiles(1, device, 97, k=256) is not whole  # wider than the entry
     assert tuning.h2_tiles(2, device, 96, k=256) is not whole  # more rows
     assert tuning.h2_tiles(1, device, 96, k=384) is not whole  # K does not fit
+    assert tuning.h2_tiles(1, device, 96, k=1024) is not whole  # past the entry's max_k
     assert tuning.h2_tiles(1, device, 96) is not whole  # K not given
     gen = torch.Generator().manual_seed(5)
     w = wp.quantize_rtn(torch.randn(96, 256, generator=gen) * 0.05, 128, True).to(device)
