@@ -115,17 +115,20 @@ class RowsTiles:
         return 128 * self.num_warps // self.block_n
 
 
-WHOLE_K_VALUES = 4096  # a whole_k program forms its K's activation pairs in one trip of loads
+# K values (K rounded up to a power of two) a whole_k program's thread forms in the prologue's
+# one trip of loads: 16,384 at 16 warps (the 8B's down projection), 8,192 at 8
+WHOLE_K_THREAD_VALUES = 32
 
 
 def whole_k_fits(tiles: RowsTiles, k: int, group_size: int) -> bool:
-    """Whether whole_k tiles can take a K-long input: K in equal whole-step lane ranges, and K's
-    steps a power of two within WHOLE_K_VALUES (the prologue's one trip)."""
+    """Whether whole_k tiles can take a K-long input: K in equal whole-step lane ranges (any
+    count of steps), and K, rounded up to a power of two, within WHOLE_K_THREAD_VALUES a thread
+    (the prologue forms it in one masked trip)."""
     block_k = 8 * min(tiles.wrows, group_size // 8)
     lanes = tiles.lane_groups()
-    steps = k // block_k
     return (tiles.whole_k and tiles.prefetch and lanes >= 2 and tiles.block_n * lanes == 128 * tiles.num_warps
-            and k <= WHOLE_K_VALUES and k % (lanes * block_k) == 0 and steps & (steps - 1) == 0)
+            and k % (lanes * block_k) == 0
+            and 1 << (k - 1).bit_length() <= WHOLE_K_THREAD_VALUES * 32 * tiles.num_warps)
 
 
 @dataclass(frozen=True)
@@ -285,14 +288,17 @@ TABLE: dict[str, ArchTiles] = {
         # the thin plain tile (8B batch 2 511.8 -> 566.7 tok/s with both, 27B 213.4 -> 213.9).
         w4a16_h2_fused_thin=((1, 1, RowsTiles(512, 8, 4, waves=4, min_steps=4, prefetch=True)),
                              (2, 2, RowsTiles(1024, 8, 4, num_stages=4, waves=1, min_steps=4))),
-        # 1 row, K <= 4096 (whole_k_fits): programs over all of K, no split-K tail. Outputs of
+        # 1 row, K <= 6144 (whole_k_fits): programs over all of K, no split-K tail. Outputs of
         # at most 4,096 columns: 32 columns a program, so twice as many programs (SMs) stream
         # the matrix, in 4-row steps (BENCHMARKS 35.1: 8B o_proj 5.89 -> 4.61 us, the 30B-A3B's
         # 6.01 -> 4.43; K <= 2048 in 8 warps, 4.1-4.2 -> 3.1-3.4). Other thin outputs 64 columns
-        # in 16 lane groups (8 warps), wide ones 128 in 8.
+        # in 16 lane groups (8 warps), wide ones 128 in 8. K 6144 (the 27B's out_proj and o_proj:
+        # 9.70 -> 7.93 us) in 32 groups (16 warps). Past that (K 5120, 14336, 17408) split K wins:
+        # a whole-K prologue forms all of K in every program.
         w4a16_h2_whole_k=((1, 4096, 2048, RowsTiles(32, 4, 8, prefetch=True, whole_k=True)),
                           (1, 4096, 4096, RowsTiles(32, 4, 16, prefetch=True, whole_k=True)),
                           (1, THIN_N, 4096, RowsTiles(64, 8, 8, prefetch=True, whole_k=True)),
+                          (1, THIN_N, 6144, RowsTiles(64, 8, 16, prefetch=True, whole_k=True)),
                           (1, 1 << 30, 4096, RowsTiles(128, 8, 8, prefetch=True, whole_k=True))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
         # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a

@@ -363,8 +363,8 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     pdl = pdl_args(x2.device, "h2" if n <= THIN_N else "h2_wide")
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
-    # a whole-K program forms all of its K's pairs in one chunk (whole_k_fits: a power of two)
-    chunk_segs = k // block_k if t.whole_k else max(1, CHUNK_VALUES // block_k)
+    # a whole-K program forms all of its K's pairs in one chunk, masked past K (whole_k_fits)
+    chunk_segs = next_pow2(k // block_k) if t.whole_k else max(1, CHUNK_VALUES // block_k)
     ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
     # prep_x_pairs' scratch: the activations as scaled fp16 pairs, and per K step sum(x) and 2^e
     # (whole-K tiles: one copy a column block)

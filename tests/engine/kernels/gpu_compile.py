@@ -274,14 +274,16 @@ def _scenarios():
 
     # programs over all of K (RowsTiles.whole_k; sm_90 routes the 1-row calls that fit there):
     # 64 columns in 16 lane groups (thin outputs), 128 in 4 (wide ones), 32 in 64 and 32 (outputs
-    # of at most 4,096 columns), every prologue form, a partial column block (n_out + 16 columns) too
+    # of at most 4,096 columns), 64 in 32 (K 6144), every prologue form, a partial column block
+    # (n_out + 16 columns) too
     part = wp.W4Weight(torch.zeros((k_in // 8, n_out + 16), dtype=i32),
                        torch.ones((k_in // 128, n_out + 16), dtype=fp16),
                        torch.zeros((k_in // 128, n_out + 16), dtype=fp16), 128)
     for tiles in (RowsTiles(64, 8, 8, prefetch=True, whole_k=True),
                   RowsTiles(128, 8, 4, prefetch=True, whole_k=True),
                   RowsTiles(32, 4, 16, prefetch=True, whole_k=True),
-                  RowsTiles(32, 4, 8, prefetch=True, whole_k=True)):
+                  RowsTiles(32, 4, 8, prefetch=True, whole_k=True),
+                  RowsTiles(64, 8, 16, prefetch=True, whole_k=True)):
         for m, w in ((1, weights[128]), (2, part)):
             x = torch.zeros((m, k_in), dtype=bf16)
             yield lambda x=x, w=w, t=tiles: w4a16_h2.w4a16_h2(

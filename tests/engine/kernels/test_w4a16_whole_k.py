@@ -44,14 +44,15 @@ def _tiles(full: bool) -> tuple[RowsTiles, RowsTiles]:
             RowsTiles(32, 4, 1, waves=2, min_steps=1, prefetch=True))
 
 
-@pytest.mark.parametrize("m,loads_first,steps", [(1, True, 4), (1, True, 2), (1, False, 4), (1, False, 2),
-                                                 (2, True, 4), (5, True, 2)])
+@pytest.mark.parametrize("m,loads_first,steps", [(1, True, 4), (1, True, 2), (1, True, 3), (1, False, 4),
+                                                 (1, False, 3), (2, True, 4), (5, True, 2)])
 @pytest.mark.parametrize("form", ["plain", "norm", "norm_residual", "silu"])
 def test_whole_k_matches_split_k(m: int, loads_first: bool, steps: int, form: str,
                                  device: torch.device, full_shapes: bool, monkeypatch) -> None:
     """loads_first False: the prologue's chunk loop (prep_x_pairs, one chunk of all K) instead
     of its loads-first form, as a launch under PDL's early launch takes it. steps: K steps a
-    lane group (2: both steps' words requested before the prologue, w4a16_h2.two_steps)."""
+    lane group (2: both steps' words requested before the prologue, w4a16_h2.two_steps; 3: K
+    not a power of two, its prologue's trip masked past K)."""
     from homelab_llm.engine.kernels import w4a16_h2 as h2
 
     if not loads_first:
@@ -95,19 +96,23 @@ def test_whole_k_matches_split_k(m: int, loads_first: bool, steps: int, form: st
 
 
 def test_whole_k_fits_and_refuses(device: torch.device) -> None:
-    """whole_k_fits: equal whole-step lane ranges and a power-of-two count of steps within
-    WHOLE_K_VALUES, prefetching tiles; a call given whole-K tiles that do not fit is refused."""
+    """whole_k_fits: equal whole-step lane ranges (any count of steps) and K, rounded up to a
+    power of two, within WHOLE_K_THREAD_VALUES a thread, prefetching tiles; a call given whole-K
+    tiles that do not fit is refused."""
     t = RowsTiles(32, 4, 1, prefetch=True, whole_k=True)  # 4 lane groups, 32-value steps
     assert t.lane_groups() == 4
-    assert whole_k_fits(t, 128, 128) and whole_k_fits(t, 4096, 128)
-    assert not whole_k_fits(t, 384, 128)  # 12 steps: not a power of two
+    assert whole_k_fits(t, 128, 128) and whole_k_fits(t, 1024, 128)
+    assert whole_k_fits(t, 384, 128)  # 3 steps a lane group
     assert not whole_k_fits(t, 64, 128)  # 2 steps for 4 lane groups
-    assert not whole_k_fits(t, 8192, 128)  # past WHOLE_K_VALUES
+    assert not whole_k_fits(t, 160, 128)  # 5 steps for 4 lane groups
+    assert not whole_k_fits(t, 1152, 128)  # 2,048 rounded: past 32 a thread at 1 warp
+    assert whole_k_fits(RowsTiles(32, 4, 16, prefetch=True, whole_k=True), 14336, 128)
+    assert not whole_k_fits(RowsTiles(64, 8, 8, prefetch=True, whole_k=True), 14336, 128)
     assert not whole_k_fits(dataclasses.replace(t, prefetch=False), 256, 128)
     assert not whole_k_fits(dataclasses.replace(t, whole_k=False), 256, 128)
     assert whole_k_fits(t, 64, 16)  # group 16: 16-value steps, 4 of them
-    w = wp.quantize_rtn(torch.randn(32, 384) * 0.05, 128, True).to(device)
-    x = torch.randn(1, 384).to(device, torch.bfloat16)
+    w = wp.quantize_rtn(torch.randn(32, 160) * 0.05, 32, True).to(device)
+    x = torch.randn(1, 160).to(device, torch.bfloat16)
     with pytest.raises(ValueError, match="whole-K"):
         w4a16_h2(x, w, torch.empty((1, 32), dtype=torch.bfloat16, device=device), t)
 
@@ -145,7 +150,7 @@ def test_calls_take_the_whole_k_entry_where_it_fits(device: torch.device, monkey
     assert tuning.h2_tiles(1, device, 96, fused=True, k=256) is whole
     assert tuning.h2_tiles(1, device, 97, k=256) is not whole  # wider than the entry
     assert tuning.h2_tiles(2, device, 96, k=256) is not whole  # more rows
-    assert tuning.h2_tiles(1, device, 96, k=384) is not whole  # K does not fit
+    assert tuning.h2_tiles(1, device, 96, k=160) is not whole  # K does not fit
     assert tuning.h2_tiles(1, device, 96, k=1024) is not whole  # past the entry's max_k
     assert tuning.h2_tiles(1, device, 96) is not whole  # K not given
     gen = torch.Generator().manual_seed(5)
