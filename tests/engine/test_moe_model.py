@@ -32,6 +32,28 @@ def test_config_reads_the_moe_shape(pair):
     assert config.moe_layers == (0, 2)
 
 
+def test_only_the_sparse_layers_attention_runs_as_an_experts_layer(pair, monkeypatch):
+    """The sparse layers (0, 2) run their attention inside pdl.in_experts_layer (their W4A16
+    GEMVs launch early on sm_90), the dense layer 1 plainly; the logits are the same either way."""
+    from homelab_llm.engine.kernels import pdl
+    from homelab_llm.engine.model import llama
+
+    _, _, ours, _ = pair
+    assert [layer.experts for layer in ours.model.layers] == [True, False, True]
+    calls = []
+
+    def recorded(fn, *args):
+        calls.append(args[3])  # the layer's self_attn
+        return pdl.in_experts_layer(fn, *args)
+
+    plain = PagedHarness(ours, page_size=4).step({"s": PROMPT})
+    monkeypatch.setattr(llama, "in_experts_layer", recorded)
+    got = PagedHarness(ours, page_size=4).step({"s": PROMPT})
+    layers = ours.model.layers
+    assert calls == [layers[0].self_attn, layers[2].self_attn]
+    torch.testing.assert_close(got, plain, atol=0, rtol=0)
+
+
 def test_prefill_then_decode_matches_transformers(pair):
     hf, _, ours, _ = pair
     decode = [60, 61, 62]

@@ -24,7 +24,10 @@ previous kernel's tail when it is launched early).
 Which kernels are launched early is measured per arch (BENCHMARKS 21.1; 12.3 and 14.2 gave it to
 the W4A16 GEMV alone and lost): on sm_90 every kernel but the dense and W4A16 GEMVs (the bf16
 MoE experts' excepted), which still let their successors launch early but start plainly
-themselves (ArchTiles.pdl_plain: their grids lost 2-9% launched into a busy GPU).
+themselves (ArchTiles.pdl_plain: their grids lost 2-9% launched into a busy GPU; an early
+grid's programs pack onto the few SMs a draining grid frees, BENCHMARKS 35.2). The 1-2 row
+W4A16 GEMVs of an experts layer's attention (in_experts_layer) are the exception: launched
+early they gain (the 30B-A3B W4A16 at batch 1: +3.7%).
 
 Host side: `pdl_args(device)` gives a kernel launch both the constexpr and the launch option
 ({} where PDL is off, so the kernels compile and run exactly as without it). On by the arch
@@ -36,6 +39,8 @@ device; RDNA and sm_80 have no such launch). The interpreter and CPU never take 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 
 import torch
 import triton
@@ -53,9 +58,10 @@ ENV = "HOMELAB_LLM_PDL"
 # kernel families launched plainly, comma-separated (overrides ArchTiles.pdl_plain): "h2" (the
 # 1-2 row W4A16 GEMV on outputs of at most tuning.THIN_N columns), "h2_wide" (wider ones), "dot"
 # (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "moe" (the bf16 and MXFP4 expert GEMVs of a
-# decode step), "moe_w4" (the 4-bit ones), "router" (the MoE router), "rest" (the others)
+# decode step), "moe_w4" (the 4-bit ones), "router" (the MoE router), "rest" (the others),
+# "h2_experts_layer" (the 1-2 row W4A16 GEMVs of an experts layer's attention: in_experts_layer)
 PLAIN_ENV = "HOMELAB_LLM_PDL_PLAIN"
-FAMILIES = ("h2", "h2_wide", "dot", "dense", "moe", "moe_w4", "router", "rest")
+FAMILIES = ("h2", "h2_wide", "dot", "dense", "moe", "moe_w4", "router", "rest", "h2_experts_layer")
 OFF, EARLY, LATE = 0, 1, 2  # the modes: where a program lets the next grid launch
 
 
@@ -101,6 +107,21 @@ def pdl_mode(device: torch.device) -> int:
     return int(forced) if forced else tiles_for(device).pdl
 
 
+_scope = threading.local()  # experts_layer: in_experts_layer calls open in this thread
+
+
+def in_experts_layer(fn: Callable[..., object], *args: object) -> object:
+    """fn(*args), the attention of a layer whose MLP is an experts block, with the 1-2 row W4A16
+    GEMVs it launches (qkv, o_proj) in family "h2_experts_layer", which sm_90 launches early:
+    Qwen3-30B-A3B W4A16 batch 1 445.5 -> 461.8 tok/s, where a dense model's 1-2 row GEMVs lose
+    launched early (Llama-3.1-8B 478 -> 460-469; docs/BENCHMARKS.md 35.2)."""
+    _scope.experts_layer = getattr(_scope, "experts_layer", 0) + 1
+    try:
+        return fn(*args)
+    finally:
+        _scope.experts_layer -= 1
+
+
 def pdl_args(device: torch.device, family: str = "rest") -> dict:
     """Keyword arguments for a PDL kernel's launch: its PDL constexpr (the mode) and Triton's
     launch_pdl option, or nothing where PDL is off. A family launched plainly (ArchTiles.pdl_plain)
@@ -109,6 +130,8 @@ def pdl_args(device: torch.device, family: str = "rest") -> dict:
     mode = pdl_mode(device)
     if mode == OFF:
         return {}
+    if getattr(_scope, "experts_layer", 0) and family in ("h2", "h2_wide"):
+        family = "h2_experts_layer"
     env = os.environ.get(PLAIN_ENV)
     plain = tiles_for(device).pdl_plain if env is None else tuple(f for f in env.split(",") if f)
     if any(f not in FAMILIES for f in plain):

@@ -368,7 +368,10 @@ TABLE: dict[str, ArchTiles] = {
         # 366.5. Every GEMV but the bf16 experts' is launched plainly: launched early, the 1-2
         # row W4A16 GEMV cost the 8B 7% (383.3 with every kernel early, 410.6 with only its
         # wide calls early), the 4-bit experts the 30B-A3B 2% (358.6) and the few-row kernel
-        # its batch 8 3% (1,160 against 1,194), the bf16 GEMV the 27B 2% (150.2)
+        # its batch 8 3% (1,160 against 1,194), the bf16 GEMV the 27B 2% (150.2). An early
+        # grid's programs pack onto the SMs a draining GEMV grid frees (BENCHMARKS 35.2), but
+        # an experts layer's attention GEMVs ("h2_experts_layer", not plain) gain early: the
+        # 30B-A3B W4A16 445.5 -> 461.8
         pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(

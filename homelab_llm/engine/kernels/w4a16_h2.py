@@ -32,12 +32,14 @@ behind 16-32 KB of words in flight arrived only with them. The split-K epilogue 
 slots in one round trip (REDUCE_VALUES, REDUCE_SLOTS). Both: 8B W4A16 batch 1 442.9 -> 453.4
 tok/s on the H200 (docs/BENCHMARKS.md 33.2-33.3).
 
-Calls whose K fits one program (RowsTiles.whole_k, K <= 4096: tuning.whole_k_fits) can split
-K inside the program instead: its threads form lane_groups() groups, each streaming its own K
-range of the program's 64-128 columns, summed once in shared memory (lanes_loop), with each
-program forming its own copy of the whole K's pairs. That drops the split-K tail (1.7-3.9 us
-a call) for a prologue over all of K: Llama-3.1-8B W4A16 batch 1 453.9 -> 464.4 tok/s,
-Qwen3-30B-A3B 411.1 -> 426.6 (docs/BENCHMARKS.md 34).
+Calls whose K fits one program (RowsTiles.whole_k: tuning.whole_k_fits) can split K inside
+the program instead: its threads form lane_groups() groups, each streaming its own K range of
+the program's 32-128 columns, summed once in shared memory (lanes_loop), with each program
+forming its own copy of the whole K's pairs in one trip masked past K. That drops the split-K
+tail (1.7-3.9 us a call) for a prologue over all of K: Llama-3.1-8B W4A16 batch 1 453.9 ->
+464.4 tok/s, Qwen3-30B-A3B 411.1 -> 426.6 (docs/BENCHMARKS.md 34); with 32-column programs for
+outputs of at most 4,096 columns (twice the programs) and both words of a two-step range
+requested before the prologue, 465.5 -> 475.3 and 427.7 -> 446.1 (35).
 
 A decode step reads every weight once, so the words, scales and biases are loaded evict_first:
 the L2 keeps what the step does reuse (activations, the scratch pairs, split-K partials, the KV

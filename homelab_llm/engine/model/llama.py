@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from homelab_llm.engine.context import get_context
+from homelab_llm.engine.kernels.pdl import in_experts_layer
 from homelab_llm.engine.layers.activation import GeluTanhAndMul, SiluAndMul
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -162,10 +163,13 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
+        # an experts layer's attention GEMVs launch early under PDL (pdl.in_experts_layer)
+        self.experts = not isinstance(self.mlp, LlamaMLP)
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, residual = attention_after_norm(hidden, residual, self.input_layernorm,
-                                                self.self_attn, rope)
+        args = (hidden, residual, self.input_layernorm, self.self_attn, rope)
+        hidden, residual = in_experts_layer(attention_after_norm, *args) if self.experts \
+            else attention_after_norm(*args)
         return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
 
 

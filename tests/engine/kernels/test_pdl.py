@@ -62,6 +62,31 @@ def test_families_launched_plainly_by_the_table_or_the_switch(monkeypatch) -> No
         pdl.pdl_args(cpu, "h2")
 
 
+def test_an_experts_layers_attention_gemvs_take_their_own_family(monkeypatch) -> None:
+    """Inside in_experts_layer the 1-2 row W4A16 GEMVs ("h2", "h2_wide") launch as family
+    "h2_experts_layer" (early unless named plain); other families and calls outside keep theirs,
+    and the scope ends with the call, also when it raises."""
+    cpu = torch.device("cpu")
+    early = {"PDL": pdl.EARLY, "launch_pdl": True}
+    plain = {"PDL": pdl.EARLY, "launch_pdl": False}
+    monkeypatch.setattr(pdl, "pdl_mode", lambda device: pdl.EARLY)
+    monkeypatch.setattr(pdl, "tiles_for", lambda device: types.SimpleNamespace(
+        pdl_plain=("h2", "h2_wide", "dot")))
+    monkeypatch.delenv(pdl.PLAIN_ENV, raising=False)
+    inside = pdl.in_experts_layer(lambda *fams: [pdl.pdl_args(cpu, f) for f in fams], "h2", "h2_wide", "dot")
+    assert inside == [early, early, plain]
+    assert pdl.pdl_args(cpu, "h2") == plain and pdl.pdl_args(cpu, "h2_wide") == plain
+
+    def boom() -> None:
+        raise RuntimeError("inside")
+
+    with pytest.raises(RuntimeError):
+        pdl.in_experts_layer(boom)
+    assert pdl.pdl_args(cpu, "h2") == plain
+    monkeypatch.setenv(pdl.PLAIN_ENV, "h2,h2_experts_layer")
+    assert pdl.in_experts_layer(pdl.pdl_args, cpu, "h2") == plain
+
+
 def _pdl_launched() -> dict[str, set[str]]:
     """{module path: names of the kernels it launches with **pdl_args(...)}."""
     found: dict[str, set[str]] = {}
