@@ -41,6 +41,7 @@ from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, 
                                                      tile_pages, tile_scales)
 from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split, merge_partials
 from homelab_llm.engine.kernels.elementwise import sigmoid_mul
+from homelab_llm.engine.kernels.kv_store import NewKV, new_kv_launch, rope_q_tile, store_new_kv_head
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
@@ -55,6 +56,8 @@ MAX_TILE_ROWS = 64
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
     part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr, ticket_ptr,
+    key_ptr, value_ptr, pos_ptr, cos_sin_ptr, slot_ptr, qw_ptr, kw_ptr, scratch_ptr, eps, min_amax,
+    stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_c,
     sm_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -66,7 +69,9 @@ def _decode_split_kernel(
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     ROWS: tl.constexpr, INT8_DOT: tl.constexpr, PREFETCH_SCALES: tl.constexpr,
     PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr, LATE_Q: tl.constexpr,
-    MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False,
+    MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False, NEW_KV: tl.constexpr = False,
+    QK_NORM: tl.constexpr = False, HALF: tl.constexpr = 1, HALF_PAD: tl.constexpr = 1,
+    TAIL_PAD: tl.constexpr = 1, NUM_KV_HEADS: tl.constexpr = 1,
 ):
     pdl_enter(PDL)
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
@@ -107,6 +112,20 @@ def _decode_split_kernel(
                              GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D)
             return
 
+    t = tl.max(q_row, axis=0)  # (ROWS 1) the row's token
+    if NEW_KV:
+        # The step's new token (rope_store_kv's work, folded in): the program whose keys end at
+        # it rotates its K row and stores it and the V row into the cache, and reads them back
+        # from there with the others after a barrier; every program rotates its own q heads.
+        if (start <= seq_len - 1) & (seq_len - 1 < end):
+            store_new_kv_head(t, kv_head, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_ptr,
+                              v_ptr, ks_ptr, vs_ptr, kw_ptr, eps, scratch_ptr, stride_kt,
+                              stride_kh_in, stride_vt, stride_vh_in, stride_c, stride_kp, stride_ks,
+                              stride_kh, stride_vp, stride_vs, stride_vh, stride_sp, stride_ss,
+                              stride_sh, min_amax, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM,
+                              HEAD_DIM_PAD, HALF, HALF_PAD, TAIL_PAD, INT8_KV, ROTATE, LOG2_D,
+                              QK_NORM)
+            tl.debug_barrier()  # the row is in the cache before any thread loads it
     row_offset = first * stride_pt
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
@@ -119,8 +138,12 @@ def _decode_split_kernel(
             k_next, v_next = tile_kv(k_ptr, v_ptr, pages, start, end, offs_d, d_mask, kv_head, stride_kp,
                                      stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, BLOCK_N, PAGE_SIZE)
         pages_next = tile_pages(page_table_ptr, row_offset, start + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
-    q_raw = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    if NEW_KV:
+        q_raw = rope_q_tile(q_ptr, t, heads, g_mask, offs_d, pos_ptr, cos_sin_ptr, stride_c,
+                            stride_qt, stride_qh, qw_ptr, eps, HALF, HEAD_DIM, QK_NORM)
+    else:
+        q_raw = tl.load(q_ptr + q_row[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                        mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     if LATE_Q:  # placeholders of the prepared q's types; the first tile prepares it
         q = prepared_q_zeros(q_raw, INT8_KV, DOT_F32)
         q_hi = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.int8)
@@ -238,14 +261,21 @@ def paged_decode_attention(
     rows_per_seq: int = 1,
     tiles: AttentionTiles | None = None,
     gate: torch.Tensor | None = None,
+    new_kv: NewKV | None = None,
 ) -> torch.Tensor:
     """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits.
     gate [T, Hq, D] (a strided view is fine): the output times sigmoid(gate), in the merge kernel
     (one launch fewer; elementwise.sigmoid_mul after the split kernel when there is no merge).
     rows_per_seq > 1: the rows come in groups of that many consecutive one-token rows sharing a
     page table (a verify step's K+1 rows), attended by one program per group and KV head.
-    tiles: the split kernel's tiles instead of the arch table's (benchmarks/int8kv_decode.py)."""
+    tiles: the split kernel's tiles instead of the arch table's (benchmarks/int8kv_decode.py).
+    new_kv: the step's K/V rows, unrotated and not yet in the cache, and q unrotated (with
+    new_kv.qk_norm the projection's q, not normalized): each sequence's last split program
+    rotates and stores them (kv_store.rope_store_kv's work, one launch fewer a layer), every
+    program rotates its q heads in registers; one-token rows only (rows_per_seq 1)."""
     batch = seq_lens.shape[0]
+    if new_kv is not None and rows_per_seq != 1:
+        raise ValueError(f"new K/V rows go with one-token rows only, got rows_per_seq={rows_per_seq}")
     if rows_per_seq < 1 or batch % rows_per_seq:
         raise ValueError(f"{batch} decode rows do not split into groups of rows_per_seq={rows_per_seq}")
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -282,12 +312,13 @@ def paged_decode_attention(
                                device=q.device)
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     tickets = decode_tickets(q.device, batch, num_kv_heads) if fused else out
+    new_args, new_meta = new_kv_launch(new_kv, q, num_kv_heads, kv.rotate)
 
     def launch(num_stages: int) -> None:
         _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
             q, k_cache, v_cache, kv.k_scale, kv.v_scale,
             page_table, seq_lens, query_start_loc, part_out, part_lse, out, extras.sinks, tickets,
-            softmax_scale * _LOG2E, window,
+            *new_args, softmax_scale * _LOG2E, window,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), *kv.strides,
             page_table.stride(0),
             PAGE_SIZE=page_size, GROUP=group, GROUP_PAD=max(16, next_pow2(group * rows_per_seq)),
@@ -299,11 +330,11 @@ def paged_decode_attention(
             FUSED_MERGE=fused, LATE_Q=split_tiles.late_q, MERGE_UNROTATES=split_tiles.merge_unrotates,
             num_warps=split_tiles.num_warps, num_stages=num_stages,
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
-            **pdl_args(q.device),
+            **pdl_args(q.device), **new_meta,
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,
-                                   split_tiles), split_tiles.num_stages)
+                                   split_tiles, new_kv is not None), split_tiles.num_stages)
     if num_splits > 1 and not fused:  # the merge applies the gate too
         merge_partials(part_out, part_lse, out, query_start_loc, head_dim,
                        kv.rotate and split_tiles.merge_unrotates, kv.log2_d,

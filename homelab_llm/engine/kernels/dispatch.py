@@ -41,7 +41,7 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
                     decode_only: bool | None = None, num_kv_splits: int | None = None,
                     window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1,
-                    gate: torch.Tensor | None = None):
+                    gate: torch.Tensor | None = None, new_kv=None):
     """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
     > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits; gate
     [T, Hq, D] (gated attention; may be strided) multiplies the output by sigmoid(gate).
@@ -53,16 +53,31 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
     num_kv_splits. rows_per_seq > 1 (decode only): rows come in groups sharing a page table (a
     speculative verify's K+1 rows, row j seeing its own seq_len): the decode kernel reads each
     group's K/V once. Every row is an independent query either way, so the reference ignores it.
-    """
-    if use_triton(q) and (decode_only or (decode_only is None and query_lens_host is not None
-                                          and all(n == 1 for n in query_lens_host))):
+
+    new_kv (Triton only; a kv_store.NewKV): q and the step's K/V rows arrive unrotated, not yet
+    in the cache. Where the arch's decode tiles say so (AttentionTiles.new_kv) a decode batch of
+    one-token rows hands them to the decode kernel, which rotates and stores them itself; any
+    other batch goes through kv_store.rope_store_kv first (with new_kv.qk_norm q is then a new
+    tensor)."""
+    decode = use_triton(q) and (decode_only or (decode_only is None and query_lens_host is not None
+                                                and all(n == 1 for n in query_lens_host)))
+    if new_kv is not None:
+        from homelab_llm.engine.kernels import kv_store
+        from homelab_llm.engine.kernels.tuning import decode_tiles
+
+        if not (decode and rows_per_seq == 1 and decode_tiles(q.device, k_cache.dtype == torch.int8).new_kv):
+            q = kv_store.rope_store_kv(q, new_kv.key, new_kv.value, new_kv.positions,
+                                       new_kv.cos_sin_cache, k_cache, v_cache, new_kv.slot_mapping,
+                                       k_scale, v_scale, qk_norm=new_kv.qk_norm)
+            new_kv = None
+    if decode:
         from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
 
         max_seq_len = max(seq_lens_host) if seq_lens_host else None
         return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                       softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
                                       max_seq_len=max_seq_len, window=window, sinks=sinks,
-                                      rows_per_seq=rows_per_seq, gate=gate)
+                                      rows_per_seq=rows_per_seq, gate=gate, new_kv=new_kv)
     out = _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                              softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
                              window, sinks)

@@ -13,6 +13,8 @@ to ROCm, no libdevice), and the fp16 scale is rounded before it divides, like th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -167,11 +169,9 @@ def _rope_store_kv_kernel(
 ):
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, HALF_PAD)
     d_mask = offs_d < HALF
-    cos = tl.load(cos_sin_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
-    sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
+    cos, sin = rope_cos_sin(pos_ptr, cos_sin_ptr, t, stride_c, offs_d, d_mask, HALF)
     offs_r = 2 * HALF + tl.arange(0, TAIL_PAD)
     r_mask = offs_r < HEAD_DIM
     dtype = key_ptr.dtype.element_ty
@@ -207,10 +207,31 @@ def _rope_store_kv_kernel(
     slot = tl.load(slot_ptr + t)
     if slot < 0:  # padding token: nothing to store
         return
+    offs_h = tl.arange(0, HEADS_PAD)
+    store_rotated_kv(t, slot, offs_h, offs_h < NUM_HEADS, key_ptr, value_ptr, k_ptr, v_ptr, ks_ptr,
+                     vs_ptr, kw_ptr, eps, scratch_ptr, cos, sin, offs_d, d_mask, offs_r, r_mask,
+                     stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_kp, stride_ks,
+                     stride_kh, stride_vp, stride_vs, stride_vh, stride_sp, stride_ss, stride_sh,
+                     min_amax, PAGE_SIZE, NUM_HEADS, HEAD_DIM, HEAD_DIM_PAD, HALF, INT8_KV, ROTATE,
+                     LOG2_D, QK_NORM)
+
+
+@triton.jit
+def store_rotated_kv(t, slot, offs_h, h_mask, key_ptr, value_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                     kw_ptr, eps, scratch_ptr, cos, sin, offs_d, d_mask, offs_r, r_mask,
+                     stride_kt, stride_kh_in, stride_vt, stride_vh_in,
+                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                     stride_sp, stride_ss, stride_sh, min_amax,
+                     PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, INT8_KV: tl.constexpr,
+                     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, QK_NORM: tl.constexpr):
+    """Token t's K heads offs_h (h_mask) rotated (cos, sin [1, HALF_PAD]; with QK_NORM first
+    normalized by kw) and its V heads into the cache at `slot` (>= 0), quantized to int8 on an
+    int8 cache: rope_store_kv's store, also run by a decode attention program for its own KV
+    head (decode_attention.py, new_kv)."""
     page = slot // PAGE_SIZE
     offset = slot % PAGE_SIZE
-    offs_h = tl.arange(0, HEADS_PAD)
-    h_mask = offs_h < NUM_HEADS
+    dtype = key_ptr.dtype.element_ty
     half_mask = h_mask[:, None] & d_mask[None, :]
     # k in three parts: the two rotated halves and the dims past rotary_dim (partial rotary).
     x1f, x2f, tail = _load_head_parts(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in,
@@ -264,6 +285,110 @@ def _rope_store_kv_kernel(
         tl.store(k_dst + HALF + offs_d[None, :], r2.to(dtype), mask=half_mask)
         tl.store(k_dst + offs_r[None, :], tail.to(dtype), mask=tail_mask)
         tl.store(v_dst, value.to(v_ptr.dtype.element_ty), mask=v_mask)
+
+
+@triton.jit
+def rope_cos_sin(pos_ptr, cos_sin_ptr, t, stride_c, offs_d, d_mask, HALF: tl.constexpr):
+    """Token t's rotary cos and sin at offs_d (< HALF), [1, len(offs_d)] fp32."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
+    return cos, sin
+
+
+@triton.jit
+def store_new_kv_head(t, head, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_ptr, v_ptr,
+                      ks_ptr, vs_ptr, kw_ptr, eps, scratch_ptr, stride_kt, stride_kh_in, stride_vt,
+                      stride_vh_in, stride_c, stride_kp, stride_ks, stride_kh, stride_vp,
+                      stride_vs, stride_vh, stride_sp, stride_ss, stride_sh, min_amax,
+                      PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+                      TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr, ROTATE: tl.constexpr,
+                      LOG2_D: tl.constexpr, QK_NORM: tl.constexpr):
+    """rope_store_kv's store of token t's KV head `head` alone (a padding token, slot < 0, stores
+    nothing): what a decode attention program does for its own head before reading the cache."""
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        offs_d = tl.arange(0, HALF_PAD)
+        d_mask = offs_d < HALF
+        offs_r = 2 * HALF + tl.arange(0, TAIL_PAD)
+        cos, sin = rope_cos_sin(pos_ptr, cos_sin_ptr, t, stride_c, offs_d, d_mask, HALF)
+        offs_h = head + tl.arange(0, 1)
+        store_rotated_kv(t, slot, offs_h, offs_h < NUM_HEADS, key_ptr, value_ptr, k_ptr, v_ptr,
+                         ks_ptr, vs_ptr, kw_ptr, eps, scratch_ptr, cos, sin, offs_d, d_mask, offs_r,
+                         offs_r < HEAD_DIM, stride_kt, stride_kh_in, stride_vt, stride_vh_in,
+                         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                         stride_sp, stride_ss, stride_sh, min_amax, PAGE_SIZE, NUM_HEADS, HEAD_DIM,
+                         HEAD_DIM_PAD, HALF, INT8_KV, ROTATE, LOG2_D, QK_NORM)
+
+
+@triton.jit
+def rope_q_tile(q_ptr, t, heads, g_mask, offs_d, pos_ptr, cos_sin_ptr, stride_c, stride_qt,
+                stride_qh, qw_ptr, eps, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+                QK_NORM: tl.constexpr):
+    """Token t's query heads `heads` (g_mask) as rope_store_kv leaves them, [heads, len(offs_d)]
+    in q's dtype: rotated (neox halves, the dims past 2 * HALF as they are), with QK_NORM first
+    RMSNorm-ed by qw and rounded. Without the norm the same bits as the stored q (each value
+    one rotation's arithmetic); with it the sum of squares runs over the whole row here, which
+    may round differently from rope_store_kv's three partial sums."""
+    dtype = q_ptr.dtype.element_ty
+    rot = offs_d < 2 * HALF
+    first = offs_d < HALF
+    # each value's rotation partner: the other half's same position
+    partner = tl.where(first, offs_d + HALF, tl.where(rot, offs_d - HALF, offs_d))
+    c_idx = tl.where(first, offs_d, offs_d - HALF)
+    mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    base = q_ptr + t * stride_qt + heads[:, None] * stride_qh
+    qa = tl.load(base + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    qb = tl.load(base + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if QK_NORM:  # elementwise.qk_norm's formula, rounded to q's dtype as it stores q
+        rstd = tl.math.rsqrt(tl.sum(qa * qa, axis=1) / HEAD_DIM + eps)[:, None]
+        dmask = offs_d < HEAD_DIM
+        qa = (qa * rstd * tl.load(qw_ptr + offs_d, mask=dmask, other=0.0).to(tl.float32)[None, :])
+        qb = (qb * rstd * tl.load(qw_ptr + partner, mask=dmask, other=0.0).to(tl.float32)[None, :])
+        qa = qa.to(dtype).to(tl.float32)
+        qb = qb.to(dtype).to(tl.float32)
+    rmask = rot & (offs_d < HEAD_DIM)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + pos * stride_c + c_idx, mask=rmask, other=1.0)[None, :]
+    sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + c_idx, mask=rmask, other=0.0)[None, :]
+    out = tl.where(first[None, :], qa * cos - qb * sin, qa * cos + qb * sin)
+    return tl.where(rot[None, :], out, qa).to(dtype)
+
+
+@dataclass(frozen=True)
+class NewKV:
+    """A decode step's new K/V rows, unrotated (views of the projection are fine), for a decode
+    attention that rotates and stores them itself (decode_attention.py): rope_store_kv's
+    arguments but q. qk_norm = (q_weight, k_weight, eps) as rope_store_kv's."""
+
+    key: torch.Tensor  # [T, Hkv, D]
+    value: torch.Tensor  # [T, Hkv, D]
+    positions: torch.Tensor  # [T] int64
+    cos_sin_cache: torch.Tensor  # [max_positions, rotary_dim] float32, cos | sin
+    slot_mapping: torch.Tensor  # [T] int64; negative = no store
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
+
+
+def new_kv_launch(new_kv: NewKV | None, q: torch.Tensor, num_kv_heads: int, rotate: bool) -> tuple[list, dict]:
+    """The decode attention kernel's new-token arguments: (positional, constexpr keywords), with
+    q as the placeholder of every pointer it does not read when new_kv is None."""
+    if new_kv is None:
+        return [q] * 8 + [0.0, MIN_AMAX, 0, 0, 0, 0, 0], {}
+    key, value = new_kv.key, new_kv.value
+    shape = (q.shape[0], num_kv_heads, q.shape[2])
+    if tuple(key.shape) != shape or tuple(value.shape) != shape or key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError(f"new K/V rows must be {shape} with head_dim contiguous, got "
+                         f"{tuple(key.shape)} / {tuple(value.shape)}")
+    q_weight, k_weight, eps = new_kv.qk_norm if new_kv.qk_norm is not None else (q, q, 0.0)
+    half = new_kv.cos_sin_cache.shape[1] // 2
+    scratch = torch.empty(key.shape, dtype=key.dtype, device=key.device) if rotate else key
+    args = [key, value, new_kv.positions, new_kv.cos_sin_cache, new_kv.slot_mapping, q_weight,
+            k_weight, scratch, float(eps), MIN_AMAX, key.stride(0), key.stride(1), value.stride(0),
+            value.stride(1), new_kv.cos_sin_cache.stride(0)]
+    meta = dict(NEW_KV=True, QK_NORM=new_kv.qk_norm is not None, HALF=half, HALF_PAD=next_pow2(half),
+                TAIL_PAD=max(1, next_pow2(q.shape[2] - 2 * half)), NUM_KV_HEADS=num_kv_heads)
+    return args, meta
 
 
 def rope_store_kv(

@@ -38,6 +38,9 @@ class AttentionTiles:
     late_q: bool = False  # q prepared (rotation, int8 split) inside the first tile, after its loads
     # rotated int8 KV: the merge un-rotates each output once (False: every split program its partial)
     merge_unrotates: bool = True
+    # a decode step's new K/V rotated and stored by the split kernel (decode_attention new_kv):
+    # no rope_store_kv launch before it. Off until timed on a GPU (BENCHMARKS 35.6)
+    new_kv: bool = False
 
 
 @dataclass(frozen=True)

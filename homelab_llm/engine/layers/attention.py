@@ -5,7 +5,9 @@ on each of these modules. A forward stores the step's new K/V at ctx.slot_mappin
 each sequence's new queries over its whole page list (cached prefix + new tokens).
 
 Given the rope tables, q and k arrive unrotated and the rotation happens here: on a GPU in the same
-kernel that writes K/V into the cache (kv_store.rope_store_kv), one launch per layer instead of two.
+kernel that writes K/V into the cache (kv_store.rope_store_kv), one launch per layer instead of two,
+or, on decode steps where the arch's decode tiles say so, inside the decode attention kernel
+itself (dispatch.paged_attention's new_kv).
 """
 
 from __future__ import annotations
@@ -63,13 +65,14 @@ class Attention(nn.Module):
         if self.sliding_group and has_cache:
             assert ctx.sliding_page_table is not None, "a sliding page group layer without its table"
             slot_mapping, page_table = ctx.sliding_slot_mapping, ctx.sliding_page_table
+        new_kv = None
         if rope is not None and rope.in_kernel and has_cache and dispatch.use_triton(q):
-            from homelab_llm.engine.kernels.kv_store import rope_store_kv
+            from homelab_llm.engine.kernels.kv_store import NewKV
 
             norms = None if qk_norms is None else \
                 (qk_norms[0].weight, qk_norms[1].weight, qk_norms[0].eps)
-            q = rope_store_kv(q, k, v, rope.positions, rope.table, self.k_cache, self.v_cache,
-                              slot_mapping, self.k_scale, self.v_scale, qk_norm=norms)
+            # rotated and stored by rope_store_kv, or on decode steps by the attention kernel
+            new_kv = NewKV(k, v, rope.positions, rope.table, slot_mapping, norms)
         else:
             if qk_norms is not None:
                 raise ValueError("attention: q/k norms go into the store kernel only where "
@@ -85,7 +88,8 @@ class Attention(nn.Module):
             q, self.k_cache, self.v_cache, page_table, ctx.query_start_loc, ctx.seq_lens,
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
-            sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1, gate=gate)
+            sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1, gate=gate,
+            new_kv=new_kv)
         return out.reshape(q.shape[0], -1)
 
     @staticmethod

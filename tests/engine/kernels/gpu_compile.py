@@ -172,6 +172,20 @@ def _scenarios():
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits, t=t: decode_attention.paged_decode_attention(
             qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192,
             tiles=t)
+    # the step's new K/V rotated and stored by the attention itself (new_kv): bf16 and int8
+    # caches, the table's tiles and the prefetching ones, with q/k norms read from a projection
+    qkv_d = torch.zeros((batch, (hq + 2 * hkv) * d), dtype=bf16)
+    q_view = qkv_d[:, :hq * d].view(batch, hq, d)
+    k_view = qkv_d[:, hq * d:(hq + hkv) * d].view(batch, hkv, d)
+    nw = torch.ones(d, dtype=bf16)
+    for cdt, t, norms in ((bf16, None, None), (i8, None, None), (i8, None, (nw, nw, 1e-6)),
+                          (bf16, dataclasses.replace(arch_tiles, prefetch_kv=True, fused_merge=True,
+                                                     num_stages=1), (nw, nw, 1e-6))):
+        kc, vc, ks, vs = caches(cdt)
+        new = kv_store.NewKV(k_view, k_view, pos[:batch], cos_sin, slots[:batch], norms)
+        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, t=t, new=new: decode_attention.paged_decode_attention(
+            q_view, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, max_seq_len=8192, tiles=t,
+            new_kv=new)
     sinks = torch.zeros(hq, dtype=torch.float32)
     kc, vc, _, _ = caches(bf16)
     for splits in (1, None):  # sliding window + sinks (gpt-oss, Gemma 3 local layers)
