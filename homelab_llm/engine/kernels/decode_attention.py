@@ -21,6 +21,12 @@ A sliding-window layer (window > 0) reads only the last `window` keys: the split
 are a per-head logit with no value: split 0 starts its running max and sum from it (max = sink,
 sum = 1), which the merge then counts once.
 
+The step's own K/V (new_kv, one-token rows): q and the new rows arrive unrotated; the program
+whose split ends at the new token rotates its KV head's row and stores it with the V row (the
+store kv_store.rope_store_kv runs, kv_store.store_rotated_kv), then reads the cache after a
+barrier, and every program rotates (with q/k norms, normalizes) its own q heads in registers:
+rope_store_kv's launch is gone. AttentionTiles.new_kv says where dispatch takes it.
+
 Verify steps (rows_per_seq = K+1): a sequence's last token and its K drafts are K+1 consecutive
 rows over one page table, row j seeing the first seq_len_j keys. One program takes the whole
 group: its tile holds (K+1) x GROUP query rows, so each K/V row is read once per group rather
