@@ -289,7 +289,8 @@ def store_rotated_kv(t, slot, offs_h, h_mask, key_ptr, value_ptr, k_ptr, v_ptr, 
 
 @triton.jit
 def rope_cos_sin(pos_ptr, cos_sin_ptr, t, stride_c, offs_d, d_mask, HALF: tl.constexpr):
-    """Token t's rotary cos and sin at offs_d (< HALF), [1, len(offs_d)] fp32."""
+    """Token t's rotary cos and sin at offs_d (< HALF; 0 where d_mask is off), [1, len(offs_d)]
+    fp32."""
     pos = tl.load(pos_ptr + t).to(tl.int64)
     cos = tl.load(cos_sin_ptr + pos * stride_c + offs_d, mask=d_mask, other=0.0)[None, :]
     sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + offs_d, mask=d_mask, other=0.0)[None, :]
@@ -348,10 +349,8 @@ def rope_q_tile(q_ptr, t, heads, g_mask, offs_d, pos_ptr, cos_sin_ptr, stride_c,
         qb = (qb * rstd * tl.load(qw_ptr + partner, mask=dmask, other=0.0).to(tl.float32)[None, :])
         qa = qa.to(dtype).to(tl.float32)
         qb = qb.to(dtype).to(tl.float32)
-    rmask = rot & (offs_d < HEAD_DIM)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    cos = tl.load(cos_sin_ptr + pos * stride_c + c_idx, mask=rmask, other=1.0)[None, :]
-    sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + c_idx, mask=rmask, other=0.0)[None, :]
+    # (the lanes past the rotary dims keep qa below, whatever cos and sin read there)
+    cos, sin = rope_cos_sin(pos_ptr, cos_sin_ptr, t, stride_c, c_idx, rot & (offs_d < HEAD_DIM), HALF)
     out = tl.where(first[None, :], qa * cos - qb * sin, qa * cos + qb * sin)
     return tl.where(rot[None, :], out, qa).to(dtype)
 
