@@ -24,7 +24,9 @@ final sum: out[t] += sigmoid(g x_t) * shared[t] (moe_ref.add_shared_ref), no lau
 for the gate product and the add.
 
 Weights: 4-bit (moe_ref.MoeW4) or dense (w13 [E, 2I, H], w2 [E, H, I]); the dot products of
-one program live in moe_decode_dot.py.
+one program live in moe_decode_dot.py. One token's 4-bit experts go to the packed-half GEMV
+instead where the arch table has moe_h2 entries for both K (fused_moe_h2.py: the Qwen3-30B-A3B
+W4A16 layer 19.9 -> 14.8 us on the H200, docs/BENCHMARKS.md 36.2).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, row_mask
+from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2, moe_h2_route
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_decode_dot import expert_columns, program_share, step_weights
 from homelab_llm.engine.kernels.moe_ref import MoeW4, expert_shape
@@ -247,6 +250,9 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         raise ValueError(f"moe_decode: {t} tokens (1 to {DECODE_MAX_TOKENS})")
     num_experts, inter = expert_shape(w13)
     w4 = isinstance(w13, MoeW4)
+    h2 = moe_h2_route(x, w13) if w4 and tiles is None and shared is None else None
+    if h2 is not None:  # one token: the packed-half GEMV over the picks (fused_moe_h2.py)
+        return moe_h2(x, w13, topk_weights, topk_ids, h2)
     up_w, down_w = (w13.w13, w13.w2) if w4 else (w13, w2)
     pdl = pdl_args(x.device, "moe_w4" if w4 else "moe")
     table = moe_decode_tiles(x.device)

@@ -24,8 +24,9 @@ class AttentionTiles:
     table per step). The decode split kernel's variants (decode_attention.py; the prefill kernel
     reads only the first three): int8_dot: int8 KV scores as int8 x int8 dots (K never converted);
     prefetch_scales: int8 KV's per-token scales (and the page indices they need) requested a tile
-    ahead; prefetch_kv: the K/V rows too, into registers (with num_stages 1); fused_merge: the last split of a (sequence, KV head) merges the partials, no second
-    kernel (decode_steps.py, decode_merge.py). Swept by benchmarks/int8kv_decode.py."""
+    ahead; prefetch_kv: the K/V rows too, into registers (with num_stages 1); fused_merge: the
+    last split of a (sequence, KV head) merges the partials, no second kernel (decode_steps.py,
+    decode_merge.py). Swept by benchmarks/int8kv_decode.py."""
 
     block_n: int
     num_warps: int
@@ -39,7 +40,8 @@ class AttentionTiles:
     # rotated int8 KV: the merge un-rotates each output once (False: every split program its partial)
     merge_unrotates: bool = True
     # a decode step's new K/V rotated and stored by the split kernel (decode_attention new_kv):
-    # no rope_store_kv launch before it. Off until timed on a GPU (BENCHMARKS 35.6)
+    # no rope_store_kv launch before it. Off: on the H200 it was within noise (BENCHMARKS 36.1:
+    # 8B W4A16 batch 1 2.056 against 2.058-2.065 ms a step, int8 KV and the 30B-A3B 0.4% slower)
     new_kv: bool = False
 
 
@@ -173,6 +175,10 @@ class ArchTiles:
     # max_k, tiles), consulted before the entries above; the first with m <= max_rows, n <= max_n
     # and k <= max_k that whole_k_fits the call's K takes it.
     w4a16_h2_whole_k: tuple[tuple[int, int, int, RowsTiles], ...] = ()
+    # One token's 4-bit MoE experts on the packed-half GEMV (fused_moe_h2.py): (max_k, whole-K
+    # tiles) entries, the first with K <= max_k that whole_k_fits serving each of the layer's two
+    # GEMVs. Empty: the arch keeps fused_moe_decode's kernels at one token too.
+    moe_h2: tuple[tuple[int, RowsTiles], ...] = ()
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): (max_rows,
     # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
     # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
@@ -303,6 +309,15 @@ TABLE: dict[str, ArchTiles] = {
                           (1, THIN_N, 4096, RowsTiles(64, 8, 8, prefetch=True, whole_k=True)),
                           (1, THIN_N, 6144, RowsTiles(64, 8, 16, prefetch=True, whole_k=True)),
                           (1, 1 << 30, 4096, RowsTiles(128, 8, 8, prefetch=True, whole_k=True))),
+        # One token's 4-bit experts (fused_moe_h2.py; BENCHMARKS 36.2, the layer at batch 1, us,
+        # against fused_moe_decode's 19.91 / 16.51): gate_up (K = H = 2048) as the attention's
+        # 1-row calls of that K, 32 columns in 8 warps; down (K = I, 768 / 512 on the A3B
+        # models) 64 columns in 4 warps (8 lane groups): 30B-A3B 14.84 us (up 64 columns 15.41-
+        # 15.48, 16 warps 16.41-17.84; down 128 x 8 rows in 4 warps 14.94, 2 warps 17.55-18.64),
+        # 256 experts of I 512 12.36 (32 columns in 4 warps 12.04); engine 461.8 -> 521.0 tok/s
+        moe_h2=((1024, RowsTiles(64, 4, 4, prefetch=True, whole_k=True)),
+                (2048, RowsTiles(32, 4, 8, prefetch=True, whole_k=True)),
+                (4096, RowsTiles(32, 4, 16, prefetch=True, whole_k=True))),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
         # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a
         # program up to 16 rows, the next power of two past them). Up to 16 rows (BENCHMARKS
@@ -414,7 +429,8 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_dot=GemmTiles(16, 32, 128, num_warps=1, num_stages=1, split_k=2),
         elementwise_warps=1, max_kv_splits=4,
         w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
-        w4a16_h2=((8, RowsTiles(32, 4, 1, waves=2, min_steps=1)),)),
+        w4a16_h2=((8, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
+        moe_h2=((1024, RowsTiles(32, 4, 1, prefetch=True, whole_k=True)),)),
 }
 
 
@@ -667,6 +683,13 @@ MOE_DECODE_TABLE: dict[str, MoeDecodeArch] = {
 
 def moe_decode_tiles(device: torch.device | None = None) -> MoeDecodeArch:
     return MOE_DECODE_TABLE[arch_name(device)]
+
+
+def moe_h2_tiles(device: torch.device | None, k: int, group_size: int) -> RowsTiles | None:
+    """The whole-K tiles of this device's moe_h2 entries for one of a token's expert GEMVs over
+    a K-long input, or None (fused_moe_decode's kernels serve it)."""
+    return next((t for max_k, t in tiles_for(device).moe_h2
+                 if k <= max_k and whole_k_fits(t, k, group_size)), None)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ Invariants: qweight [K // 8, N] int32, K a multiple of the group size, BLOCK_M =
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -195,6 +197,8 @@ def _w4a16_h2_kernel(
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
     NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
     LOADS_FIRST: tl.constexpr = False, KSPLIT: tl.constexpr = 1, TWO_STEPS: tl.constexpr = False,
+    pick_ptr=None, pick_w_ptr=None, stride_we=0, stride_se=0, stride_xp=0, stride_op=0,
+    PICKS: tl.constexpr = False, PICKS_SUM: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -204,17 +208,22 @@ def _w4a16_h2_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    if PICKS:  # MoE experts at one token (Picks): axis 1 is the pick, over all of K
+        k_start = 0
+        k_end = K
+    else:
+        k_start = pid_k * k_per_split
+        k_end = tl.minimum(k_start + k_per_split, K)
     wr3 = tl.arange(0, WROWS)[None, :, None]
     if KSPLIT > 1:
         # whole K in one program: KSPLIT groups of its threads take KSPLIT equal K ranges; a
         # step's [1, WROWS * KSPLIT, BLOCK_N] tile holds word row w of group g at row
         # w * KSPLIT + g (lanes_loop). It forms its own copy of the pairs: with all programs
         # writing one shared copy, a call took 0.8-1.0 us a program (H200, the 8B's qkv: 76 us)
-        xh_ptr += pid_n * (M * K)
-        xp_ptr += pid_n * (M * (K // 2))
-        xg_ptr += pid_n * (2 * M * (K // BLOCK_K))
+        copy = pid_n + pid_k * tl.num_programs(0) if PICKS else pid_n  # a pick's row its own
+        xh_ptr += copy * (M * K)
+        xp_ptr += copy * (M * (K // 2))
+        xg_ptr += copy * (2 * M * (K // BLOCK_K))
         k_per_lane = (k_end - k_start) // KSPLIT
         lane_rows = lane_word_rows(k_start, k_per_lane, WROWS, KSPLIT)
         k_first = (lane_rows * stride_qw)[None, :, None]
@@ -222,11 +231,11 @@ def _w4a16_h2_kernel(
     else:
         k_first = k_start // 8 * stride_qw
         w_tile = qw_ptr + wr3 * stride_qw + offs_n[None, None, :]  # [1, WROWS, BLOCK_N]
-    if PREFETCH and not LOADS_FIRST:
+    if PREFETCH and not LOADS_FIRST and not PICKS:
         # The first step's words are requested before the prologue, so its latency hides
         # theirs; then each step requests the next one's before its math (register double buffer).
         words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N, TWO_STEPS)
-    if PREFETCH_L2:
+    if PREFETCH_L2 and not PICKS:
         # one request per 128-byte line of the first step's words (32 columns of each word row)
         lines = pid_n * BLOCK_N + tl.arange(0, (BLOCK_N + 31) // 32) * 32
         l2_prefetch(qw_ptr + (k_start // 8 + tl.arange(0, WROWS))[:, None] * stride_qw
@@ -234,6 +243,16 @@ def _w4a16_h2_kernel(
     # with PDL the words above are requested while the previous kernel drains; its outputs (x,
     # the residual) and the shared scratch and tickets are touched only after this
     pdl_enter(PDL)
+    if PICKS:
+        # the pick's expert (the router's, an earlier grid's output): its weights and input row
+        e = tl.load(pick_ptr + pid_k).to(tl.int64)
+        w_tile += e * stride_we
+        scales_ptr += e * stride_se
+        biases_ptr += e * stride_se
+        x_ptr += pid_k * stride_xp
+        if PREFETCH and not LOADS_FIRST:
+            words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N,
+                                         TWO_STEPS)
     trace = trace_begin(trace_ptr, t_start, TRACE)
     rstd = tl.zeros([BLOCK_M], tl.float32)
     # column block 0's programs (all K splits) store the summed (and normalized) input, once
@@ -300,6 +319,11 @@ def _w4a16_h2_kernel(
                 words = words_next
     stamp(trace, 4, TRACE)
     pdl_late(PDL)
+    if PICKS:
+        if PICKS_SUM:  # the picks' rows summed (weighted) through the split-K epilogue's slots
+            acc *= tl.load(pick_w_ptr + pid_k)
+        else:  # each pick its own output row
+            out_ptr += pid_k * stride_op
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits, REDUCE_VALUES, REDUCE_SLOTS)
     stamp(trace, 5, TRACE)
@@ -322,10 +346,41 @@ def loads_first(tiles: RowsTiles, m: int, k: int, k_per_split: int, norm: bool, 
             and (not norm or norm_chunk(k, next_pow2(m)) >= k) and not pdl.get("launch_pdl", False))
 
 
+@dataclass(frozen=True)
+class Picks:
+    """One token's experts for w4a16_h2 over MoE weights (a W4Weight whose tensors carry a
+    leading E dim: qweight [E, K // 8, N]): ids int32 [P] on the device (a graph replays them);
+    weights fp32 [P]: out [1, N] = sum_p weights[p] x_p W_ids[p], summed in pick order through
+    the split-K epilogue (deterministic), or None: out [P, N], row p = x_p W_ids[p]. x_p is
+    row p of x2 (x2 [P, K], or [P, 2K] with act_in) or, with shared_x, x2's one row for all."""
+
+    ids: torch.Tensor
+    weights: torch.Tensor | None = None
+    shared_x: bool = False
+
+
+def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
+                t: RowsTiles) -> None:
+    """ValueError unless the call fits w4a16_h2's picks form (whole-K tiles, shapes)."""
+    p = picks.ids.numel()
+    rows = 1 if picks.shared_x else p
+    want_out = (1, w.qweight.shape[-1]) if picks.weights is not None else (p, w.qweight.shape[-1])
+    if (w.qweight.dim() != 3 or w.perm is not None or x2.shape[0] != rows
+            or tuple(out.shape) != want_out or picks.ids.dtype != torch.int32
+            or (picks.weights is not None and (picks.weights.dtype != torch.float32
+                                               or picks.weights.numel() != p))
+            or not t.whole_k or p > REDUCE_SLOTS):
+        raise ValueError(f"w4a16_h2 picks: {p} picks (at most {REDUCE_SLOTS}, int32, fp32 "
+                         f"weights), x {tuple(x2.shape)}, out {tuple(out.shape)} (want "
+                         f"{want_out}), qweight {tuple(w.qweight.shape)} [E, K // 8, N] without "
+                         f"act-order, tiles {t} (whole-K)")
+
+
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
              split: int | None = None, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
              residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
-             act_in: str | None = None, normed: torch.Tensor | None = None) -> torch.Tensor:
+             act_in: str | None = None, normed: torch.Tensor | None = None,
+             picks: Picks | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..MAX_ROWS rows; x2 already permuted (act-order) and
     row-contiguous (bf16 or fp16), out [M, N] row-contiguous. tiles: the arch table's entry for
     M rows and N columns unless given (the sweep passes variants); split: K splits (None: rows_split).
@@ -335,7 +390,18 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     residual into `summed` ([M, K], x2's dtype, not aliasing x2 or residual); normed (with the
     norm; a new [M, K] tensor shaped and strided as summed): also store the normalized rows
     there, for other linears that read the same norm; act_in ("silu" or "gelu_tanh"): x2 is
-    [M, 2K] gate | up and the GEMV reads act(gate) * up."""
+    [M, 2K] gate | up and the GEMV reads act(gate) * up.
+
+    picks (Picks, with whole-K tiles, no norm): W holds experts, and each pick's row goes
+    through its own expert, one program column per pick."""
+    if picks is not None:
+        if norm_weight is not None or tiles is None:
+            raise ValueError("w4a16_h2 picks: the caller's whole-K tiles, no norm prologue")
+        picks_check(x2, w, out, picks, tiles)
+        if not whole_k_fits(tiles, w.qweight.shape[1] * 8, w.group_size):
+            raise ValueError(f"w4a16_h2 picks: whole-K tiles {tiles} cannot take K "
+                             f"{w.qweight.shape[1] * 8} (group {w.group_size})")
+        return launch(x2, w, out, tiles, 1, act_in=act_in, picks=picks)
     m = x2.shape[0]
     k = w.in_features
     n = w.out_features
@@ -362,32 +428,54 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     if t.whole_k and not (whole_k_fits(t, k, w.group_size) and split in (None, 1)):
         raise ValueError(f"w4a16_h2: whole-K tiles {t} cannot take K {k} (group "
                          f"{w.group_size}, split {split})")
-    pdl = pdl_args(x2.device, "h2" if n <= THIN_N else "h2_wide")
+    return launch(x2, w, out, t, split, norm_weight=norm_weight, eps=eps, residual=residual,
+                  summed=summed, act_in=act_in, normed=normed)
+
+
+def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split: int | None, *,
+           norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+           residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
+           act_in: str | None = None, normed: torch.Tensor | None = None,
+           picks: Picks | None = None) -> torch.Tensor:
+    """w4a16_h2's launch, its arguments checked (picks: w holds the experts)."""
+    qw = w.qweight
+    k, n = qw.shape[-2] * 8, qw.shape[-1]
+    m = 1 if picks is not None else x2.shape[0]
+    n_picks = picks.ids.numel() if picks is not None else 1
+    pick_sum = picks is not None and picks.weights is not None
+    pdl = pdl_args(x2.device, "moe_w4" if picks is not None else ("h2" if n <= THIN_N else "h2_wide"))
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     # a whole-K program forms all of its K's pairs in one chunk, masked past K (whole_k_fits)
     chunk_segs = next_pow2(k // block_k) if t.whole_k else max(1, CHUNK_VALUES // block_k)
-    ws = out if p.split == 1 else torch.empty((p.split, m, n), dtype=torch.float32, device=x2.device)
+    slots = n_picks if pick_sum else p.split  # the split-K epilogue's slots (picks: summed picks)
+    ws = out if slots == 1 else torch.empty((slots, m, n), dtype=torch.float32, device=x2.device)
     # prep_x_pairs' scratch: the activations as scaled fp16 pairs, and per K step sum(x) and 2^e
-    # (whole-K tiles: one copy a column block)
-    copies = (p.n_blocks,) if t.whole_k else ()
+    # (whole-K tiles: one copy a column block and pick)
+    copies = (p.n_blocks * n_picks,) if t.whole_k else ()
     xh = torch.empty(copies + (m, k), dtype=torch.float16, device=x2.device)
     xg = torch.empty(copies + (2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks)
     use_asm = uses_ptx(x2.device)
     res = residual if residual is not None else x2
     trace = program_trace.buffer(
-        p.n_blocks * p.split, lambda: f"h2 m={m} n={n} k={k} "
+        p.n_blocks * p.split * n_picks, lambda: f"h2 m={m} n={n} k={k} "
         f"{'norm' if norm_weight is not None else (act_in or 'plain')}", use_asm)
     sums = summed if summed is not None else (normed if normed is not None else x2)
     first = loads_first(t, m, k, p.k_per_split, norm_weight is not None, pdl, chunk_segs * block_k)
-    _w4a16_h2_kernel[(p.n_blocks, p.split)](
-        x2, w.qweight, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
+    pick_args = {}
+    if picks is not None:
+        pick_args = dict(pick_ptr=picks.ids, pick_w_ptr=picks.weights if pick_sum else picks.ids,
+                         stride_we=qw.stride(0), stride_se=w.scales.stride(0),
+                         stride_xp=0 if picks.shared_x else x2.stride(0), stride_op=out.stride(0),
+                         PICKS=True, PICKS_SUM=pick_sum)
+    _w4a16_h2_kernel[(p.n_blocks, n_picks if picks is not None else p.split)](
+        x2, qw, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,
         normed if normed is not None else x2, float(eps), out if trace is None else trace,
         m, n, k, p.k_per_split,
-        x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), res.stride(0),
-        sums.stride(0), p.split,
+        x2.stride(0), qw.stride(-2), w.scales.stride(-2), out.stride(0), res.stride(0),
+        sums.stride(0), slots,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=chunk_segs, EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
@@ -397,6 +485,6 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
         NORM_OUT=normed is not None, TRACE=trace is not None, LOADS_FIRST=first,
         KSPLIT=t.lane_groups() if t.whole_k else 1,
         TWO_STEPS=two_steps(t, k, block_k),
-        num_warps=t.num_warps, num_stages=t.num_stages, **pdl,
+        num_warps=t.num_warps, num_stages=t.num_stages, **pdl, **pick_args,
     )
     return out

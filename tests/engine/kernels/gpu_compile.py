@@ -454,6 +454,15 @@ def _moe_scenarios():
         # Qwen3.5-MoE / Qwen3-Next: the gated shared expert added in the combine
         yield lambda x=x, ids=ids, w=w, w_2=w_2: fused_moe.moe_decode(
             x, w, w_2, torch.ones((8, top_k)), ids, shared=(x, torch.ones(8)))
+    # one token's 4-bit experts on the packed-half GEMV (sm_90's moe_h2 tiles, on every target)
+    from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2
+    from homelab_llm.engine.kernels.tuning import RowsTiles
+
+    h2_tiles = (RowsTiles(32, 4, 8, prefetch=True, whole_k=True),
+                RowsTiles(64, 4, 4, prefetch=True, whole_k=True))
+    yield lambda: moe_h2(torch.zeros((1, hidden), dtype=torch.bfloat16),
+                         MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)),
+                         torch.ones((1, top_k)), torch.zeros((1, top_k), dtype=torch.int32), h2_tiles)
     for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)
@@ -880,8 +889,8 @@ def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0, only: str
             Path(f"{tmp}/jobs{i}.json").write_text(json.dumps(shard))
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.engine.kernels.gpu_compile", "_compile", f"{tmp}/jobs{i}.json",
-                 f"{tmp}/out{i}.json", "usage" if usage else ""], cwd=REPO, env=compile_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                text=True))
+                 f"{tmp}/out{i}.json", "usage" if usage else ""], cwd=REPO, env=compile_env,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         results, deadline = [], time.monotonic() + timeout
         for i, p in enumerate(procs):
             try:

@@ -1,0 +1,89 @@
+"""One token's 4-bit MoE experts on the packed-half GEMV (fused_moe_h2.py, w4a16_h2 with Picks)
+vs moe_ref.moe_experts_ref on fresh random inputs.
+
+Error bound: 2e-2 relative Frobenius error against the fp32 reference of the same bf16 inputs,
+as test_fused_moe_decode's at bf16 (the packed-half products round at 2^-11, and gate_up and the
+output are rounded to bf16, as the dense MLP's GEMV pair does; the interpreter rounds to bf16 by
+truncation, a bias toward zero: observed 1.2e-2 there, each GEMV alone 7e-4 / 3e-3 against
+references fed its own inputs. A wrong expert, pick, column or router weight is O(1)).
+Repeated calls are bitwise equal: the picks' rows are summed in pick order (graph == eager).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels.moe_ref import MoeW4, moe_experts_ref, route_topk_ref
+from homelab_llm.engine.kernels.tuning import RowsTiles
+from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err
+
+BOUND = 2e-2
+
+
+def _layer(gen, full_shapes, device, inter=None):
+    e, h, i, top_k, g = (128, 2048, 768, 8, 128) if full_shapes else (8, 256, inter or 128, 4, 32)
+    w = MoeW4(random_moe_w4(gen, e, h, 2 * i, g, device), random_moe_w4(gen, e, i, h, g, device))
+    x = (torch.randn(1, h, generator=gen) * 0.5).to(torch.bfloat16).to(device)
+    weights, ids = route_topk_ref(torch.randn(1, e, generator=gen).to(device), top_k, True)
+    return w, x, weights, ids.to(torch.int32)
+
+
+def _want(x, w, weights, ids):
+    return moe_experts_ref(x.float(), w, None, weights, ids)
+
+
+def test_one_token_takes_the_h2_route_and_matches_reference(device, full_shapes):
+    from homelab_llm.engine.kernels.fused_moe import fused_moe
+    from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2, moe_h2_route
+
+    gen = torch.Generator().manual_seed(910)
+    w, x, weights, ids = _layer(gen, full_shapes, device)
+    tiles = moe_h2_route(x, w)
+    if tiles is None:
+        pytest.skip(f"no moe_h2 entry on {device}")
+    got = moe_h2(x, w, weights, ids, tiles)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    assert rel_err(got, _want(x, w, weights, ids)) < BOUND, rel_err(got, _want(x, w, weights, ids))
+    assert torch.equal(moe_h2(x, w, weights, ids, tiles), got)  # deterministic
+    # fused_moe's decode route takes it at one token (int64 ids as route_topk_ref gives them)
+    assert torch.equal(fused_moe(x, w, None, weights, ids.long()), got)
+
+
+@pytest.mark.parametrize("inter", [128, 256])
+@pytest.mark.parametrize("tiles", [RowsTiles(32, 4, 1, prefetch=True, whole_k=True),
+                                   RowsTiles(64, 4, 2, prefetch=True, whole_k=True),
+                                   RowsTiles(64, 4, 1, prefetch=True, whole_k=True)])
+def test_tile_variants_match_reference(inter, tiles, device, full_shapes):
+    """Two to four lane groups of one to four steps each, 1-2 warps, and an expert intermediate
+    width of one or two lane trips: each GEMV must sum its picks' rows whole."""
+    from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2
+    from homelab_llm.engine.kernels.tuning import whole_k_fits
+
+    if full_shapes:
+        pytest.skip("tile variants at the interpreter's shapes")
+    gen = torch.Generator().manual_seed(920 + inter)
+    w, x, weights, ids = _layer(gen, False, device, inter)
+    assert whole_k_fits(tiles, 256, 32) and whole_k_fits(tiles, inter, 32)
+    got = moe_h2(x, w, weights, ids, (tiles, tiles))
+    assert rel_err(got, _want(x, w, weights, ids)) < BOUND, rel_err(got, _want(x, w, weights, ids))
+
+
+def test_picks_form_refuses_bad_calls(device):
+    from homelab_llm.engine.kernels.w4a16_h2 import Picks, w4a16_h2
+
+    gen = torch.Generator().manual_seed(930)
+    w, x, weights, ids = _layer(gen, False, device)
+    tiles = RowsTiles(32, 4, 1, prefetch=True, whole_k=True)
+    ids1 = ids.reshape(-1)
+    out = torch.empty((ids1.numel(), 256), dtype=x.dtype, device=device)
+    with pytest.raises(ValueError, match="picks"):  # int64 ids
+        w4a16_h2(x, w.w13, out, tiles, picks=Picks(ids1.long(), shared_x=True))
+    with pytest.raises(ValueError, match="picks"):  # split-K tiles
+        w4a16_h2(x, w.w13, out, RowsTiles(32, 4, 1), picks=Picks(ids1, shared_x=True))
+    with pytest.raises(ValueError, match="picks"):  # a summed call's output is one row
+        w4a16_h2(x, w.w13, out, tiles, picks=Picks(ids1, weights.reshape(-1), shared_x=True))
+    with pytest.raises(ValueError, match="picks"):  # 2-D weights
+        w4a16_h2(x, w.expert("w13", 0), out, tiles, picks=Picks(ids1, shared_x=True))
+    with pytest.raises(ValueError, match="picks"):  # the norm prologue
+        w4a16_h2(x, w.w13, out, tiles, norm_weight=x[0], eps=1e-6, picks=Picks(ids1, shared_x=True))
