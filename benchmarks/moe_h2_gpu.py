@@ -7,8 +7,8 @@ For each experts shape (E x H x I: the Qwen3-30B-A3B's 128 x 2048 x 768, a 256-e
 layer as the Qwen3.5/3.6-35B-A3B's) the layer's two launches run in one CUDA graph over 16
 tokens, each with its own fresh picks (random distinct experts, softmax weights), so the
 picked experts' words come from HBM as in a decode step. Reported: microseconds a layer for the
-old kernels (the table's MoeDecodeTiles), for the table's moe_h2 tiles, and for gate_up / down
-tile variants (gate_up varied with the table's down, down with the table's gate_up); each with
+old kernels (the table's MoeDecodeTiles), for the table's moe_h2 tiles (both also with a gated
+shared expert's row added, as Qwen3.5-MoE does), and for gate_up / down tile variants (gate_up varied with the table's down, down with the table's gate_up); each with
 its relative Frobenius error against the old kernels' output (both within ~5e-3 of each other
 at bf16). docs/BENCHMARKS.md 36.2 has the H200's figures.
 """
@@ -69,6 +69,15 @@ def bench_shape(experts: int, hidden: int, inter: int, top_k: int, group: int = 
     pairs = [("table", table)]
     pairs += [(f"up{name(whole_k(*v))}", (whole_k(*v), table[1])) for v in UP_VARIANTS]
     pairs += [(f"down{name(whole_k(*v))}", (table[0], whole_k(*v))) for v in DOWN_VARIANTS]
+    shared = ((torch.randn(1, hidden, generator=gen) * 0.5).bfloat16().to(dev),
+              torch.full((1,), 0.5, device=dev))
+    us = graph_ms(lambda i: moe_decode(xs[i], w, None, wts[i], ids[i], tiles=old, shared=shared),
+                  TOKENS) * 1e3
+    report(f"{tag}.old_shared_us", us, "the old kernels with a gated shared expert's row")
+    us = graph_ms(lambda i: moe_h2(xs[i], w, wts[i], ids[i], table, shared=shared), TOKENS) * 1e3
+    err = rel_err(moe_h2(xs[0], w, wts[0], ids[0], table, shared=shared),
+                  moe_decode(xs[0], w, None, wts[0], ids[0], tiles=old, shared=shared))
+    report(f"{tag}.table_shared_us", us, f"the same row in down's sum (Picks.add), rel err {err:.1e}")
     for label, tiles in pairs:
         if not (whole_k_fits(tiles[0], hidden, group) and whole_k_fits(tiles[1], inter, group)):
             continue

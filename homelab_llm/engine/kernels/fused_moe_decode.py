@@ -250,9 +250,9 @@ def moe_decode(x: torch.Tensor, w13: torch.Tensor | MoeW4, w2: torch.Tensor | No
         raise ValueError(f"moe_decode: {t} tokens (1 to {DECODE_MAX_TOKENS})")
     num_experts, inter = expert_shape(w13)
     w4 = isinstance(w13, MoeW4)
-    h2 = moe_h2_route(x, w13) if w4 and tiles is None and shared is None else None
+    h2 = moe_h2_route(x, w13) if w4 and tiles is None else None
     if h2 is not None:  # one token: the packed-half GEMV over the picks (fused_moe_h2.py)
-        return moe_h2(x, w13, topk_weights, topk_ids, h2)
+        return moe_h2(x, w13, topk_weights, topk_ids, h2, shared=shared)
     up_w, down_w = (w13.w13, w13.w2) if w4 else (w13, w2)
     pdl = pdl_args(x.device, "moe_w4" if w4 else "moe")
     table = moe_decode_tiles(x.device)

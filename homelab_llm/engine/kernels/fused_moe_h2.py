@@ -12,8 +12,9 @@ weight, and whole-K programs with no K split. Two launches, as before:
            split-K epilogue's slots (a fixed order: graph == eager), into out [1, H].
 
 Tiles: ArchTiles.moe_h2, the first entry whose K range fits each GEMV (tuning.moe_h2_tiles);
-an arch without entries, a K no entry fits, fp32 activations or a shared expert keep
-fused_moe_decode's kernels.
+an arch without entries, a K no entry fits or fp32 activations keep fused_moe_decode's
+kernels. A gated shared expert's output (Qwen3.5-MoE, Qwen3-Next), computed beforehand, joins
+down's sum in pick 0's slot.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def moe_h2_route(x: torch.Tensor, w: MoeW4) -> tuple[RowsTiles, RowsTiles] | Non
 
 
 def moe_h2(x: torch.Tensor, w: MoeW4, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-           tiles: tuple[RowsTiles, RowsTiles]) -> torch.Tensor:
+           tiles: tuple[RowsTiles, RowsTiles],
+           shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [1, H] through its picked experts -> [1, H] in x's dtype (moe_ref.moe_experts_ref's
     result). topk_weights and topk_ids [1, P] (the router's fp32 and int32 take no copy); tiles
-    moe_h2_route's."""
+    moe_h2_route's. shared: (a gated shared expert's output [1, H], its gate [1]) added in down's
+    sum (moe_ref.add_shared_ref), as fused_moe_decode's combine adds it."""
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != 1:
         raise ValueError(f"moe_h2: one token's picks and weights, got ids "
                          f"{tuple(topk_ids.shape)}, weights {tuple(topk_weights.shape)}")
@@ -47,5 +50,8 @@ def moe_h2(x: torch.Tensor, w: MoeW4, topk_weights: torch.Tensor, topk_ids: torc
     gate_up = torch.empty((ids.numel(), 2 * inter), dtype=x.dtype, device=x.device)
     w4a16_h2(x.contiguous(), w.w13, gate_up, tiles[0], picks=Picks(ids, shared_x=True))
     out = torch.empty_like(x)
+    add = None
+    if shared is not None:
+        add = (shared[0].contiguous(), shared[1].reshape(-1).float().contiguous())
     return w4a16_h2(gate_up, w.w2, out, tiles[1], act_in="silu",
-                    picks=Picks(ids, topk_weights.reshape(-1).float().contiguous()))
+                    picks=Picks(ids, topk_weights.reshape(-1).float().contiguous(), add=add))

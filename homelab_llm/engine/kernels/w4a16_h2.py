@@ -199,6 +199,7 @@ def _w4a16_h2_kernel(
     LOADS_FIRST: tl.constexpr = False, KSPLIT: tl.constexpr = 1, TWO_STEPS: tl.constexpr = False,
     pick_ptr=None, pick_w_ptr=None, stride_we=0, stride_se=0, stride_xp=0, stride_op=0,
     PICKS: tl.constexpr = False, PICKS_SUM: tl.constexpr = False,
+    add_ptr=None, add_w_ptr=None, PICKS_ADD: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -322,6 +323,10 @@ def _w4a16_h2_kernel(
     if PICKS:
         if PICKS_SUM:  # the picks' rows summed (weighted) through the split-K epilogue's slots
             acc *= tl.load(pick_w_ptr + pid_k)
+            if PICKS_ADD:  # a gated shared expert's row rides in pick 0's slot
+                if pid_k == 0:
+                    add = tl.load(add_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+                    acc += tl.load(add_w_ptr) * add[None, :]
         else:  # each pick its own output row
             out_ptr += pid_k * stride_op
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
@@ -352,11 +357,14 @@ class Picks:
     leading E dim: qweight [E, K // 8, N]): ids int32 [P] on the device (a graph replays them);
     weights fp32 [P]: out [1, N] = sum_p weights[p] x_p W_ids[p], summed in pick order through
     the split-K epilogue (deterministic), or None: out [P, N], row p = x_p W_ids[p]. x_p is
-    row p of x2 (x2 [P, K], or [P, 2K] with act_in) or, with shared_x, x2's one row for all."""
+    row p of x2 (x2 [P, K], or [P, 2K] with act_in) or, with shared_x, x2's one row for all.
+    add (with weights): (row [1, N], gate fp32 [1]) whose gate * row joins the sum (a gated
+    shared expert's output, as moe_ref.add_shared_ref adds it)."""
 
     ids: torch.Tensor
     weights: torch.Tensor | None = None
     shared_x: bool = False
+    add: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
@@ -369,10 +377,15 @@ def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
             or tuple(out.shape) != want_out or picks.ids.dtype != torch.int32
             or (picks.weights is not None and (picks.weights.dtype != torch.float32
                                                or picks.weights.numel() != p))
-            or not t.whole_k or p > REDUCE_SLOTS):
+            or not t.whole_k or p > REDUCE_SLOTS
+            or (picks.add is not None and (picks.weights is None or picks.add[0].shape != want_out
+                                           or picks.add[0].stride(-1) != 1
+                                           or picks.add[1].dtype != torch.float32
+                                           or picks.add[1].numel() != 1))):
         raise ValueError(f"w4a16_h2 picks: {p} picks (at most {REDUCE_SLOTS}, int32, fp32 "
                          f"weights), x {tuple(x2.shape)}, out {tuple(out.shape)} (want "
-                         f"{want_out}), qweight {tuple(w.qweight.shape)} [E, K // 8, N] without "
+                         f"{want_out}; an added row the same, with a summed call and one fp32 "
+                         f"gate), qweight {tuple(w.qweight.shape)} [E, K // 8, N] without "
                          f"act-order, tiles {t} (whole-K)")
 
 
@@ -469,6 +482,8 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
                          stride_we=qw.stride(0), stride_se=w.scales.stride(0),
                          stride_xp=0 if picks.shared_x else x2.stride(0), stride_op=out.stride(0),
                          PICKS=True, PICKS_SUM=pick_sum)
+        if picks.add is not None:
+            pick_args.update(add_ptr=picks.add[0], add_w_ptr=picks.add[1], PICKS_ADD=True)
     _w4a16_h2_kernel[(p.n_blocks, n_picks if picks is not None else p.split)](
         x2, qw, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,

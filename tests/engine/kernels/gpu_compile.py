@@ -460,9 +460,10 @@ def _moe_scenarios():
 
     h2_tiles = (RowsTiles(32, 4, 8, prefetch=True, whole_k=True),
                 RowsTiles(64, 4, 4, prefetch=True, whole_k=True))
-    yield lambda: moe_h2(torch.zeros((1, hidden), dtype=torch.bfloat16),
-                         MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)),
-                         torch.ones((1, top_k)), torch.zeros((1, top_k), dtype=torch.int32), h2_tiles)
+    for shared in (None, (torch.zeros((1, hidden), dtype=torch.bfloat16), torch.ones(1))):
+        yield lambda shared=shared: moe_h2(
+            torch.zeros((1, hidden), dtype=torch.bfloat16), MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)),
+            torch.ones((1, top_k)), torch.zeros((1, top_k), dtype=torch.int32), h2_tiles, shared=shared)
     for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)

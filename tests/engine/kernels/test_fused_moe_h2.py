@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from homelab_llm.engine.kernels.moe_ref import MoeW4, moe_experts_ref, route_topk_ref
+from homelab_llm.engine.kernels.moe_ref import MoeW4, add_shared_ref, moe_experts_ref, route_topk_ref
 from homelab_llm.engine.kernels.tuning import RowsTiles
 from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err
 
@@ -48,6 +48,27 @@ def test_one_token_takes_the_h2_route_and_matches_reference(device, full_shapes)
     assert torch.equal(moe_h2(x, w, weights, ids, tiles), got)  # deterministic
     # fused_moe's decode route takes it at one token (int64 ids as route_topk_ref gives them)
     assert torch.equal(fused_moe(x, w, None, weights, ids.long()), got)
+
+
+def test_gated_shared_expert_joins_the_sum(device, full_shapes):
+    """Qwen3.5-MoE / Qwen3-Next: the shared expert's gated row added in down's sum, through
+    fused_moe's route too; a zero gate leaves the experts' sum as it was, bit for bit."""
+    from homelab_llm.engine.kernels.fused_moe import fused_moe
+    from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2, moe_h2_route
+
+    gen = torch.Generator().manual_seed(940)
+    w, x, weights, ids = _layer(gen, full_shapes, device)
+    tiles = moe_h2_route(x, w)
+    if tiles is None:
+        pytest.skip(f"no moe_h2 entry on {device}")
+    shared_out = (torch.randn(x.shape, generator=gen) * 2).to(x.dtype).to(device)
+    gate = torch.tensor([0.7], device=device)
+    want = add_shared_ref(_want(x, w, weights, ids), shared_out.float(), gate)
+    got = moe_h2(x, w, weights, ids, tiles, shared=(shared_out, gate))
+    assert rel_err(got, want) < BOUND, rel_err(got, want)
+    assert torch.equal(fused_moe(x, w, None, weights, ids, shared=(shared_out, gate)), got)
+    zero = moe_h2(x, w, weights, ids, tiles, shared=(shared_out, torch.zeros(1, device=device)))
+    assert torch.equal(zero, moe_h2(x, w, weights, ids, tiles))
 
 
 @pytest.mark.parametrize("inter", [128, 256])
@@ -85,5 +106,8 @@ def test_picks_form_refuses_bad_calls(device):
         w4a16_h2(x, w.w13, out, tiles, picks=Picks(ids1, weights.reshape(-1), shared_x=True))
     with pytest.raises(ValueError, match="picks"):  # 2-D weights
         w4a16_h2(x, w.expert("w13", 0), out, tiles, picks=Picks(ids1, shared_x=True))
+    with pytest.raises(ValueError, match="picks"):  # an added row needs a summed call
+        w4a16_h2(x, w.w13, out, tiles, picks=Picks(ids1, shared_x=True,
+                                                   add=(out[:1], torch.ones(1, device=device))))
     with pytest.raises(ValueError, match="picks"):  # the norm prologue
         w4a16_h2(x, w.w13, out, tiles, norm_weight=x[0], eps=1e-6, picks=Picks(ids1, shared_x=True))
