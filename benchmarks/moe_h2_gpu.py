@@ -1,12 +1,13 @@
-"""One token's 4-bit MoE experts: fused_moe_decode's kernels against the packed-half GEMV over the
+"""Decode-size 4-bit MoE experts: fused_moe_decode's kernels against the packed-half GEMV over the
 picks (fused_moe_h2.py) under tile variants, one GPU.
 
-    python3 benchmarks/moe_h2_gpu.py [--shapes 128x2048x768,256x2048x512] [--top-k 8]
+    python3 benchmarks/moe_h2_gpu.py [--shapes 128x2048x768,256x2048x512] [--top-k 8] [--tokens 1,8]
 
 For each experts shape (E x H x I: the Qwen3-30B-A3B's 128 x 2048 x 768, a 256-expert I 512
-layer as the Qwen3.5/3.6-35B-A3B's) the layer's two launches run in one CUDA graph over 16
-tokens, each with its own fresh picks (random distinct experts, softmax weights), so the
-picked experts' words come from HBM as in a decode step. Reported: microseconds a layer for the
+layer as the Qwen3.5/3.6-35B-A3B's) and batch (--tokens: T tokens a layer call; the table's
+moe_h2_tokens says which T the engine routes to the packed-half path) the layer's two launches
+run in one CUDA graph over 16 calls, each with its own fresh picks (random distinct experts per
+token, softmax weights), so the picked experts' words come from HBM as in a decode step. Reported: microseconds a layer for the
 old kernels (the table's MoeDecodeTiles), for the table's moe_h2 tiles (both also with a gated
 shared expert's row added, as Qwen3.5-MoE does), and for gate_up / down tile variants (gate_up varied with the table's down, down with the table's gate_up); each with
 its relative Frobenius error against the old kernels' output (both within ~5e-3 of each other
@@ -48,29 +49,33 @@ def name(t: RowsTiles) -> str:
     return f"{t.block_n}r{t.wrows}w{t.num_warps}"
 
 
-def bench_shape(experts: int, hidden: int, inter: int, top_k: int, group: int = 128) -> None:
+def bench_shape(experts: int, hidden: int, inter: int, top_k: int, tokens: int,
+                group: int = 128) -> None:
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(experts + inter)
     w = MoeW4(random_moe_w4(gen, experts, hidden, 2 * inter, group, dev),
               random_moe_w4(gen, experts, inter, hidden, group, dev))
-    xs = [(torch.randn(1, hidden, generator=gen) * 0.5).bfloat16().to(dev) for _ in range(TOKENS)]
-    ids = [torch.randperm(experts, generator=gen)[:top_k].reshape(1, -1).int().to(dev)
+    xs = [(torch.randn(tokens, hidden, generator=gen) * 0.5).bfloat16().to(dev)
+          for _ in range(TOKENS)]
+    ids = [torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
+           .int().to(dev) for _ in range(TOKENS)]
+    wts = [torch.softmax(torch.randn(tokens, top_k, generator=gen), -1).to(dev)
            for _ in range(TOKENS)]
-    wts = [torch.softmax(torch.randn(1, top_k, generator=gen), -1).to(dev) for _ in range(TOKENS)]
-    tag = f"moe_h2.e{experts}h{hidden}i{inter}"
+    tag = f"moe_h2.e{experts}h{hidden}i{inter}.b{tokens}"
     old = moe_decode_tiles(dev).w4
     want = moe_decode(xs[0], w, None, wts[0], ids[0], tiles=old)
     us = graph_ms(lambda i: moe_decode(xs[i], w, None, wts[i], ids[i], tiles=old), TOKENS) * 1e3
     report(f"{tag}.old_us", us, "fused_moe_decode's kernels (the table's MoeDecodeTiles)")
-    table = moe_h2_route(xs[0], w)
+    table = moe_h2_route(xs[0][:1], w)
     if table is None:
         print(f"  {tag}: no moe_h2 entry fits on this arch; variants only", flush=True)
         table = (whole_k(32, 4, 8), whole_k(64, 4, 4))
     pairs = [("table", table)]
-    pairs += [(f"up{name(whole_k(*v))}", (whole_k(*v), table[1])) for v in UP_VARIANTS]
-    pairs += [(f"down{name(whole_k(*v))}", (table[0], whole_k(*v))) for v in DOWN_VARIANTS]
-    shared = ((torch.randn(1, hidden, generator=gen) * 0.5).bfloat16().to(dev),
-              torch.full((1,), 0.5, device=dev))
+    if tokens == 1:  # the tile sweep at batch 1; past it the table's tiles only
+        pairs += [(f"up{name(whole_k(*v))}", (whole_k(*v), table[1])) for v in UP_VARIANTS]
+        pairs += [(f"down{name(whole_k(*v))}", (table[0], whole_k(*v))) for v in DOWN_VARIANTS]
+    shared = ((torch.randn(tokens, hidden, generator=gen) * 0.5).bfloat16().to(dev),
+              torch.full((tokens,), 0.5, device=dev))
     us = graph_ms(lambda i: moe_decode(xs[i], w, None, wts[i], ids[i], tiles=old, shared=shared),
                   TOKENS) * 1e3
     report(f"{tag}.old_shared_us", us, "the old kernels with a gated shared expert's row")
@@ -91,10 +96,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="128x2048x768,256x2048x512", help="E x H x I, comma-separated")
     p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--tokens", default="1,8", help="tokens a layer call, comma-separated")
     a = p.parse_args()
     for shape in a.shapes.split(","):
         experts, hidden, inter = (int(v) for v in shape.split("x"))
-        bench_shape(experts, hidden, inter, a.top_k)
+        for tokens in (int(v) for v in a.tokens.split(",")):
+            bench_shape(experts, hidden, inter, a.top_k, tokens)
     return 0
 
 

@@ -24,9 +24,10 @@ final sum: out[t] += sigmoid(g x_t) * shared[t] (moe_ref.add_shared_ref), no lau
 for the gate product and the add.
 
 Weights: 4-bit (moe_ref.MoeW4) or dense (w13 [E, 2I, H], w2 [E, H, I]); the dot products of
-one program live in moe_decode_dot.py. One token's 4-bit experts go to the packed-half GEMV
-instead where the arch table has moe_h2 entries for both K (fused_moe_h2.py: the Qwen3-30B-A3B
-W4A16 layer 19.9 -> 14.8 us on the H200, docs/BENCHMARKS.md 36.2).
+one program live in moe_decode_dot.py. 4-bit experts go to the packed-half GEMV instead where
+the arch table has moe_h2 entries for both K, for up to its moe_h2_tokens tokens (one on sm_90
+until more are timed; fused_moe_h2.py: the Qwen3-30B-A3B W4A16 layer at one token 19.9 -> 14.8
+us on the H200, docs/BENCHMARKS.md 36.2).
 """
 
 from __future__ import annotations

@@ -175,10 +175,11 @@ class ArchTiles:
     # max_k, tiles), consulted before the entries above; the first with m <= max_rows, n <= max_n
     # and k <= max_k that whole_k_fits the call's K takes it.
     w4a16_h2_whole_k: tuple[tuple[int, int, int, RowsTiles], ...] = ()
-    # One token's 4-bit MoE experts on the packed-half GEMV (fused_moe_h2.py): (max_k, whole-K
+    # Decode-size 4-bit MoE experts on the packed-half GEMV (fused_moe_h2.py): (max_k, whole-K
     # tiles) entries, the first with K <= max_k that whole_k_fits serving each of the layer's two
-    # GEMVs. Empty: the arch keeps fused_moe_decode's kernels at one token too.
+    # GEMVs, for up to moe_h2_tokens tokens. Empty: the arch keeps fused_moe_decode's kernels.
     moe_h2: tuple[tuple[int, RowsTiles], ...] = ()
+    moe_h2_tokens: int = 1
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): (max_rows,
     # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
     # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
@@ -319,6 +320,9 @@ TABLE: dict[str, ArchTiles] = {
         moe_h2=((1024, RowsTiles(64, 4, 4, prefetch=True, whole_k=True)),
                 (2048, RowsTiles(32, 4, 8, prefetch=True, whole_k=True)),
                 (4096, RowsTiles(32, 4, 16, prefetch=True, whole_k=True))),
+        # 2-8 tokens (an expert two tokens pick is read twice there) not timed yet:
+        # `benchmarks/moe_h2_gpu.py --tokens 1,8` against fused_moe_decode's kernels
+        moe_h2_tokens=1,
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
         # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a
         # program up to 16 rows, the next power of two past them). Up to 16 rows (BENCHMARKS
@@ -431,7 +435,7 @@ TABLE: dict[str, ArchTiles] = {
         elementwise_warps=1, max_kv_splits=4,
         w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
         w4a16_h2=((8, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
-        moe_h2=((1024, RowsTiles(32, 4, 1, prefetch=True, whole_k=True)),)),
+        moe_h2=((1024, RowsTiles(32, 4, 1, prefetch=True, whole_k=True)),), moe_h2_tokens=8),
 }
 
 

@@ -198,8 +198,8 @@ def _w4a16_h2_kernel(
     NORM_OUT: tl.constexpr = False, PDL: tl.constexpr = False, TRACE: tl.constexpr = False,
     LOADS_FIRST: tl.constexpr = False, KSPLIT: tl.constexpr = 1, TWO_STEPS: tl.constexpr = False,
     pick_ptr=None, pick_w_ptr=None, stride_we=0, stride_se=0, stride_xp=0, stride_op=0,
-    PICKS: tl.constexpr = False, PICKS_SUM: tl.constexpr = False,
-    add_ptr=None, add_w_ptr=None, PICKS_ADD: tl.constexpr = False,
+    picks_k=1, x_div=1, add_ptr=None, add_w_ptr=None, stride_add=0,
+    PICKS: tl.constexpr = False, PICKS_SUM: tl.constexpr = False, PICKS_ADD: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -209,7 +209,7 @@ def _w4a16_h2_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    if PICKS:  # MoE experts at one token (Picks): axis 1 is the pick, over all of K
+    if PICKS:  # MoE experts (Picks): axis 1 is the pick (token t's k-th: t * picks_k + k), all of K
         k_start = 0
         k_end = K
     else:
@@ -250,7 +250,7 @@ def _w4a16_h2_kernel(
         w_tile += e * stride_we
         scales_ptr += e * stride_se
         biases_ptr += e * stride_se
-        x_ptr += pid_k * stride_xp
+        x_ptr += (pid_k // x_div) * stride_xp  # the token's row, or the pick's own
         if PREFETCH and not LOADS_FIRST:
             words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N,
                                          TWO_STEPS)
@@ -320,16 +320,23 @@ def _w4a16_h2_kernel(
                 words = words_next
     stamp(trace, 4, TRACE)
     pdl_late(PDL)
+    slot = pid_k  # the split-K epilogue's slot
     if PICKS:
-        if PICKS_SUM:  # the picks' rows summed (weighted) through the split-K epilogue's slots
+        if PICKS_SUM:  # a token's picks summed (weighted) through the epilogue's slots, in order
+            token = pid_k // picks_k
+            slot = pid_k % picks_k
             acc *= tl.load(pick_w_ptr + pid_k)
-            if PICKS_ADD:  # a gated shared expert's row rides in pick 0's slot
-                if pid_k == 0:
-                    add = tl.load(add_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-                    acc += tl.load(add_w_ptr) * add[None, :]
+            if PICKS_ADD:  # a gated shared expert's row rides in the token's first slot
+                if slot == 0:
+                    add = tl.load(add_ptr + token * stride_add + offs_n, mask=n_mask,
+                                  other=0.0).to(tl.float32)
+                    acc += tl.load(add_w_ptr + token) * add[None, :]
+            out_ptr += token * stride_op
+            ws_ptr += token * (picks_k * N)  # the token's [picks_k, 1, N] slots
+            ticket_ptr += token * tl.num_programs(0)
         else:  # each pick its own output row
             out_ptr += pid_k * stride_op
-    store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
+    store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, slot, offs_m, offs_n, M, N, stride_om,
                     num_splits, REDUCE_VALUES, REDUCE_SLOTS)
     stamp(trace, 5, TRACE)
 
@@ -353,40 +360,46 @@ def loads_first(tiles: RowsTiles, m: int, k: int, k_per_split: int, norm: bool, 
 
 @dataclass(frozen=True)
 class Picks:
-    """One token's experts for w4a16_h2 over MoE weights (a W4Weight whose tensors carry a
-    leading E dim: qweight [E, K // 8, N]): ids int32 [P] on the device (a graph replays them);
-    weights fp32 [P]: out [1, N] = sum_p weights[p] x_p W_ids[p], summed in pick order through
-    the split-K epilogue (deterministic), or None: out [P, N], row p = x_p W_ids[p]. x_p is
-    row p of x2 (x2 [P, K], or [P, 2K] with act_in) or, with shared_x, x2's one row for all.
-    add (with weights): (row [1, N], gate fp32 [1]) whose gate * row joins the sum (a gated
-    shared expert's output, as moe_ref.add_shared_ref adds it)."""
+    """T tokens' experts for w4a16_h2 over MoE weights (a W4Weight whose tensors carry a leading
+    E dim: qweight [E, K // 8, N]): ids int32 [T, P] on the device (a graph replays them), pick
+    (t, p) the program column t * P + p; weights fp32 [T, P]: out [T, N], row t = sum_p
+    weights[t, p] x_tp W_ids[t, p], summed in pick order through the split-K epilogue
+    (deterministic, and a token's row the same in any batch), or None: out [T * P, N], row
+    t * P + p = x_tp W_ids[t, p]. x_tp is row t * P + p of x2 (x2 [T * P, K], or [T * P, 2K]
+    with act_in) or, with token_x, x2's row t (x2 [T, K]). add (with weights): (rows [T, N],
+    gates fp32 [T]) whose gate * row joins token t's sum (a gated shared expert's output, as
+    moe_ref.add_shared_ref adds it)."""
 
     ids: torch.Tensor
     weights: torch.Tensor | None = None
-    shared_x: bool = False
+    token_x: bool = False
     add: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
                 t: RowsTiles) -> None:
     """ValueError unless the call fits w4a16_h2's picks form (whole-K tiles, shapes)."""
-    p = picks.ids.numel()
-    rows = 1 if picks.shared_x else p
-    want_out = (1, w.qweight.shape[-1]) if picks.weights is not None else (p, w.qweight.shape[-1])
-    if (w.qweight.dim() != 3 or w.perm is not None or x2.shape[0] != rows
-            or tuple(out.shape) != want_out or picks.ids.dtype != torch.int32
+    ids = picks.ids
+    tokens, p = ids.shape if ids.dim() == 2 else (0, 0)
+    rows = tokens if picks.token_x else tokens * p
+    n = w.qweight.shape[-1]
+    want_out = (tokens, n) if picks.weights is not None else (tokens * p, n)
+    add = picks.add
+    if (w.qweight.dim() != 3 or w.perm is not None or ids.dim() != 2 or not ids.is_contiguous()
+            or x2.shape[0] != rows or tuple(out.shape) != want_out or ids.dtype != torch.int32
             or (picks.weights is not None and (picks.weights.dtype != torch.float32
-                                               or picks.weights.numel() != p))
-            or not t.whole_k or p > REDUCE_SLOTS
-            or (picks.add is not None and (picks.weights is None or picks.add[0].shape != want_out
-                                           or picks.add[0].stride(-1) != 1
-                                           or picks.add[1].dtype != torch.float32
-                                           or picks.add[1].numel() != 1))):
-        raise ValueError(f"w4a16_h2 picks: {p} picks (at most {REDUCE_SLOTS}, int32, fp32 "
-                         f"weights), x {tuple(x2.shape)}, out {tuple(out.shape)} (want "
-                         f"{want_out}; an added row the same, with a summed call and one fp32 "
-                         f"gate), qweight {tuple(w.qweight.shape)} [E, K // 8, N] without "
-                         f"act-order, tiles {t} (whole-K)")
+                                               or picks.weights.shape != ids.shape
+                                               or not picks.weights.is_contiguous()))
+            or not t.whole_k or not 0 < p <= REDUCE_SLOTS
+            or (add is not None and (picks.weights is None or add[0].shape != want_out
+                                     or add[0].stride(-1) != 1 or add[1].dtype != torch.float32
+                                     or add[1].shape != (tokens,)))):
+        raise ValueError(f"w4a16_h2 picks: ids {ids.dtype} {tuple(ids.shape)} (int32 [T, P], P at "
+                         f"most {REDUCE_SLOTS}; fp32 weights the same), x {tuple(x2.shape)} "
+                         f"({rows} rows), out {tuple(out.shape)} (want {want_out}; added rows "
+                         f"the same, with a summed call and fp32 gates [T]), qweight "
+                         f"{tuple(w.qweight.shape)} [E, K // 8, N] without act-order, tiles {t} "
+                         f"(whole-K)")
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
@@ -406,7 +419,8 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     [M, 2K] gate | up and the GEMV reads act(gate) * up.
 
     picks (Picks, with whole-K tiles, no norm): W holds experts, and each pick's row goes
-    through its own expert, one program column per pick."""
+    through its own expert, one program column per pick; M is the picks' business (rows are
+    1 a program)."""
     if picks is not None:
         if norm_weight is not None or tiles is None:
             raise ValueError("w4a16_h2 picks: the caller's whole-K tiles, no norm prologue")
@@ -455,20 +469,22 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
     k, n = qw.shape[-2] * 8, qw.shape[-1]
     m = 1 if picks is not None else x2.shape[0]
     n_picks = picks.ids.numel() if picks is not None else 1
+    tokens, picks_k = picks.ids.shape if picks is not None else (1, 1)
     pick_sum = picks is not None and picks.weights is not None
     pdl = pdl_args(x2.device, "moe_w4" if picks is not None else ("h2" if n <= THIN_N else "h2_wide"))
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     # a whole-K program forms all of its K's pairs in one chunk, masked past K (whole_k_fits)
     chunk_segs = next_pow2(k // block_k) if t.whole_k else max(1, CHUNK_VALUES // block_k)
-    slots = n_picks if pick_sum else p.split  # the split-K epilogue's slots (picks: summed picks)
-    ws = out if slots == 1 else torch.empty((slots, m, n), dtype=torch.float32, device=x2.device)
+    slots = picks_k if pick_sum else p.split  # the split-K epilogue's slots (picks: a token's)
+    ws = out if slots == 1 else torch.empty((tokens, slots, m, n), dtype=torch.float32,
+                                            device=x2.device)
     # prep_x_pairs' scratch: the activations as scaled fp16 pairs, and per K step sum(x) and 2^e
     # (whole-K tiles: one copy a column block and pick)
     copies = (p.n_blocks * n_picks,) if t.whole_k else ()
     xh = torch.empty(copies + (m, k), dtype=torch.float16, device=x2.device)
     xg = torch.empty(copies + (2, m, k // block_k), dtype=torch.float32, device=x2.device)
-    tickets = ticket_buffer(x2.device, p.n_blocks)
+    tickets = ticket_buffer(x2.device, p.n_blocks * tokens)
     use_asm = uses_ptx(x2.device)
     res = residual if residual is not None else x2
     trace = program_trace.buffer(
@@ -480,10 +496,11 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
     if picks is not None:
         pick_args = dict(pick_ptr=picks.ids, pick_w_ptr=picks.weights if pick_sum else picks.ids,
                          stride_we=qw.stride(0), stride_se=w.scales.stride(0),
-                         stride_xp=0 if picks.shared_x else x2.stride(0), stride_op=out.stride(0),
-                         PICKS=True, PICKS_SUM=pick_sum)
+                         stride_xp=x2.stride(0), stride_op=out.stride(0), picks_k=picks_k,
+                         x_div=picks_k if picks.token_x else 1, PICKS=True, PICKS_SUM=pick_sum)
         if picks.add is not None:
-            pick_args.update(add_ptr=picks.add[0], add_w_ptr=picks.add[1], PICKS_ADD=True)
+            pick_args.update(add_ptr=picks.add[0], add_w_ptr=picks.add[1],
+                             stride_add=picks.add[0].stride(0), PICKS_ADD=True)
     _w4a16_h2_kernel[(p.n_blocks, n_picks if picks is not None else p.split)](
         x2, qw, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
         res, norm_weight if norm_weight is not None else x2, sums,
