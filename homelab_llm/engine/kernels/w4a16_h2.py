@@ -387,6 +387,7 @@ def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
     add = picks.add
     if (w.qweight.dim() != 3 or w.perm is not None or ids.dim() != 2 or not ids.is_contiguous()
             or x2.shape[0] != rows or tuple(out.shape) != want_out or ids.dtype != torch.int32
+            or x2.stride(-1) != 1 or out.stride(-1) != 1
             or (picks.weights is not None and (picks.weights.dtype != torch.float32
                                                or picks.weights.shape != ids.shape
                                                or not picks.weights.is_contiguous()))
@@ -419,8 +420,7 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     [M, 2K] gate | up and the GEMV reads act(gate) * up.
 
     picks (Picks, with whole-K tiles, no norm): W holds experts, and each pick's row goes
-    through its own expert, one program column per pick; M is the picks' business (rows are
-    1 a program)."""
+    through its own expert, one program column per pick, one row a program."""
     if picks is not None:
         if norm_weight is not None or tiles is None:
             raise ValueError("w4a16_h2 picks: the caller's whole-K tiles, no norm prologue")
