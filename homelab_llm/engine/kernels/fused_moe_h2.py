@@ -14,12 +14,15 @@ programs with no K split. Two launches, as before:
 
 An expert two tokens pick is read twice (fused_moe_decode's blocks read it once for both).
 Tiles: ArchTiles.moe_h2, the first entry whose K range fits each GEMV (tuning.moe_h2_tiles),
-for up to ArchTiles.moe_h2_tokens tokens; past that, on an arch without entries, for a K no
-entry fits or fp32 activations fused_moe_decode's kernels serve. A gated shared expert's output (Qwen3.5-MoE, Qwen3-Next), computed beforehand, joins
+for up to ArchTiles.moe_h2_tokens tokens (HOMELAB_LLM_MOE_H2_TOKENS=N overrides it, 0 turns
+the path off: A/B runs without a patched tree); past that, on an arch without entries, for a K
+no entry fits or fp32 activations fused_moe_decode's kernels serve. A gated shared expert's output (Qwen3.5-MoE, Qwen3-Next), computed beforehand, joins
 down's sum in pick 0's slot.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -28,10 +31,22 @@ from homelab_llm.engine.kernels.tuning import RowsTiles, moe_h2_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_h2 import Picks, w4a16_h2
 
 
+TOKENS_ENV = "HOMELAB_LLM_MOE_H2_TOKENS"
+
+
+def max_tokens(device: torch.device) -> int:
+    """The most tokens a call may have to take moe_h2: TOKENS_ENV, else the arch table's."""
+    env = os.environ.get(TOKENS_ENV, "")
+    if not env:
+        return tiles_for(device).moe_h2_tokens
+    if not env.isdigit():
+        raise ValueError(f"{TOKENS_ENV}={env!r}: a count of tokens (0 turns the path off)")
+    return int(env)
+
+
 def moe_h2_route(x: torch.Tensor, w: MoeW4) -> tuple[RowsTiles, RowsTiles] | None:
     """(gate_up's tiles, down's) where these tokens' 4-bit experts take moe_h2, else None."""
-    if not 0 < x.shape[0] <= tiles_for(x.device).moe_h2_tokens \
-            or x.dtype not in (torch.bfloat16, torch.float16):
+    if not 0 < x.shape[0] <= max_tokens(x.device) or x.dtype not in (torch.bfloat16, torch.float16):
         return None
     up = moe_h2_tiles(x.device, w.w13.qweight.shape[1] * 8, w.w13.group_size)
     down = moe_h2_tiles(x.device, w.w2.qweight.shape[1] * 8, w.w2.group_size)

@@ -125,3 +125,23 @@ def test_picks_form_refuses_bad_calls(device):
                                                    add=(out[:1], torch.ones(1, device=device))))
     with pytest.raises(ValueError, match="picks"):  # the norm prologue
         w4a16_h2(x, w.w13, out, tiles, norm_weight=x[0], eps=1e-6, picks=Picks(ids, token_x=True))
+
+
+def test_route_follows_the_table_and_its_override(device, full_shapes, monkeypatch):
+    from homelab_llm.engine.kernels.fused_moe_h2 import TOKENS_ENV, moe_h2_route
+    from homelab_llm.engine.kernels.tuning import tiles_for
+
+    gen = torch.Generator().manual_seed(950)
+    w, x, _, _ = _layer(gen, full_shapes, device, tokens=3)
+    if not tiles_for(device).moe_h2:
+        pytest.skip(f"no moe_h2 entry on {device}")
+    table = tiles_for(device).moe_h2_tokens
+    assert (moe_h2_route(x, w) is not None) == (3 <= table)
+    assert moe_h2_route(x.float(), w) is None  # fp32 activations keep the old kernels
+    monkeypatch.setenv(TOKENS_ENV, "2")
+    assert moe_h2_route(x[:2], w) is not None and moe_h2_route(x, w) is None
+    monkeypatch.setenv(TOKENS_ENV, "0")
+    assert moe_h2_route(x[:1], w) is None
+    monkeypatch.setenv(TOKENS_ENV, "eight")
+    with pytest.raises(ValueError, match=TOKENS_ENV):
+        moe_h2_route(x[:1], w)
