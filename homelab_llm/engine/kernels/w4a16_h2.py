@@ -422,8 +422,10 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
     picks (Picks, with whole-K tiles, no norm): W holds experts, and each pick's row goes
     through its own expert, one program column per pick, one row a program."""
     if picks is not None:
-        if norm_weight is not None or tiles is None:
-            raise ValueError("w4a16_h2 picks: the caller's whole-K tiles, no norm prologue")
+        if norm_weight is not None or residual is not None or summed is not None \
+                or normed is not None or tiles is None:
+            raise ValueError("w4a16_h2 picks: the caller's whole-K tiles, no norm or residual "
+                             "prologue")
         picks_check(x2, w, out, picks, tiles)
         if not whole_k_fits(tiles, w.qweight.shape[1] * 8, w.group_size):
             raise ValueError(f"w4a16_h2 picks: whole-K tiles {tiles} cannot take K "

@@ -125,6 +125,9 @@ def test_picks_form_refuses_bad_calls(device):
                                                    add=(out[:1], torch.ones(1, device=device))))
     with pytest.raises(ValueError, match="picks"):  # the norm prologue
         w4a16_h2(x, w.w13, out, tiles, norm_weight=x[0], eps=1e-6, picks=Picks(ids, token_x=True))
+    with pytest.raises(ValueError, match="picks"):  # a residual (it would be ignored)
+        w4a16_h2(x, w.w13, out, tiles, residual=x, summed=torch.empty_like(x),
+                 picks=Picks(ids, token_x=True))
 
 
 def test_route_follows_the_table_and_its_override(device, full_shapes, monkeypatch):
