@@ -391,7 +391,7 @@ def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
             or (picks.weights is not None and (picks.weights.dtype != torch.float32
                                                or picks.weights.shape != ids.shape
                                                or not picks.weights.is_contiguous()))
-            or not t.whole_k or not 0 < p <= REDUCE_SLOTS
+            or not whole_k_fits(t, w.qweight.shape[-2] * 8, w.group_size) or not 0 < p <= REDUCE_SLOTS
             or (add is not None and (picks.weights is None or add[0].shape != want_out
                                      or add[0].stride(-1) != 1 or add[1].dtype != torch.float32
                                      or add[1].shape != (tokens,)))):
@@ -400,7 +400,7 @@ def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
                          f"({rows} rows), out {tuple(out.shape)} (want {want_out}; added rows "
                          f"the same, with a summed call and fp32 gates [T]), qweight "
                          f"{tuple(w.qweight.shape)} [E, K // 8, N] without act-order, tiles {t} "
-                         f"(whole-K)")
+                         f"(whole-K tiles that fit K, group {w.group_size})")
 
 
 def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles | None = None,
@@ -427,9 +427,6 @@ def w4a16_h2(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: RowsTiles 
             raise ValueError("w4a16_h2 picks: the caller's whole-K tiles, no norm or residual "
                              "prologue")
         picks_check(x2, w, out, picks, tiles)
-        if not whole_k_fits(tiles, w.qweight.shape[1] * 8, w.group_size):
-            raise ValueError(f"w4a16_h2 picks: whole-K tiles {tiles} cannot take K "
-                             f"{w.qweight.shape[1] * 8} (group {w.group_size})")
         return launch(x2, w, out, tiles, 1, act_in=act_in, picks=picks)
     m = x2.shape[0]
     k = w.in_features
