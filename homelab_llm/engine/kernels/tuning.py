@@ -68,6 +68,11 @@ class GemmTiles:
     # registers and the scale applied by the step (one FMA an output element); others keep the
     # scaled or offset form
     int_zeros: bool = False
+    # The dense left-operand loop only (w4a16_dot(w_left=True)), in the scaled form: one
+    # accumulator a nibble pair and x in pair order (reordered before the launch), so no pair
+    # dot feeds another in the step and every K-16 wgmma stays in flight (Triton's properly
+    # async dots) instead of a wait after each pair
+    pair_accs: bool = False
     # The fused MoE's 4-bit grouped GEMMs: the weights as the dots' left operand from registers
     # (wleft_steps over x in pair order; gate_up one dot of gate's block_n / 2 columns then
     # up's), in the scaled / int_zeros / offset form above

@@ -142,10 +142,20 @@ def pair_both(v, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
 
 
 @triton.jit
-def zero_point(sf, bf):
+def zero_point(sf, bf, USE_ASM: tl.constexpr = False):
     """z = round(-b / s) of fp32 scales and biases, clamped to [-64, 127] so OFFSET + z stays
-    exact in 16 bits (masked-off columns: s = 0, z = 0)."""
-    z = -bf / tl.where(sf == 0.0, 1.0, sf)
+    exact in 16 bits (masked-off columns: s = 0, z = 0). USE_ASM (NVIDIA): -b times the
+    approximate reciprocal (rcp.approx, 1 ulp), not a full division, whose range fix-ups
+    were ~14 of the left loop's instructions a step; the quotient is rounded to an integer, so
+    an error of 1 ulp changes z only where -b / s is within ~1e-7 of a half (never for integer
+    zero points, whose quotient is z within the bias's own rounding)."""
+    d = tl.where(sf == 0.0, 1.0, sf)
+    if USE_ASM:
+        inv = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [d], dtype=tl.float32,
+                                        is_pure=True, pack=1)
+        z = -bf * inv
+    else:
+        z = -bf / d
     return tl.minimum(tl.maximum(tl.floor(z + 0.5), -64.0), 127.0)
 
 
@@ -159,8 +169,8 @@ def scaled_terms(scale, bias, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     sf = scale.to(tl.float32)
     bf = bias.to(tl.float32)
-    z = zero_point(sf, bf)
-    return (pair_both(sf, X_F16, USE_ASM)[:, None], pair_both(-(OFFSET + z), X_F16, USE_ASM)[:, None],
+    z = zero_point(sf, bf, USE_ASM)
+    return (pair_both(sf, X_F16, USE_ASM)[:, None], pair_both(-OFFSET - z, X_F16, USE_ASM)[:, None],
             pair_both(bf + z * sf, X_F16, USE_ASM)[:, None])
 
 
@@ -171,8 +181,8 @@ def zero_terms(scale, bias, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
     exactly -z s (W4Weight.int_zeros), so q - z times s is the weight, with no rounding."""
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     sf = scale.to(tl.float32)
-    z = zero_point(sf, bias.to(tl.float32))
-    return sf[:, None], pair_both(-(OFFSET + z), X_F16, USE_ASM)[:, None]
+    z = zero_point(sf, bias.to(tl.float32), USE_ASM)
+    return sf[:, None], pair_both(-OFFSET - z, X_F16, USE_ASM)[:, None]
 
 
 @triton.jit
@@ -244,6 +254,14 @@ def pair_left_dot(acc, xs, pair, X_F16: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def scaled_pair_dot(acc, xs, pair, s, c, r, X_F16: tl.constexpr, USE_ASM: tl.constexpr,
+                    DOT_F32: tl.constexpr):
+    """acc + one nibble pair's dot with the scaled form's weights (left_weights from
+    scaled_terms' s, c and r)."""
+    return pair_left_dot(acc, xs, left_weights(pair, s, c, r, True, False, X_F16, USE_ASM), X_F16, DOT_F32)
+
+
+@triton.jit
 def dot_step(acc, x_rows, k0, word_rows, j: tl.constexpr, m_mask, r_mask, w, X_PERM: tl.constexpr,
              DOT_F32: tl.constexpr):
     """acc + x[:, 8 r + j] @ w for the step's word rows r (w: nibble j's [WROWS, BLOCK_N] tile).
@@ -266,7 +284,8 @@ def _w4a16_dot_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
     USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
-    IZERO: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False,
+    IZERO: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False, PAIR_ACCS: tl.constexpr = False,
+    X_PAIRS: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -284,7 +303,7 @@ def _w4a16_dot_kernel(
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
                           BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO,
-                          EVICT_FIRST=EVICT_FIRST)
+                          X_PAIRS=X_PAIRS, EVICT_FIRST=EVICT_FIRST, PAIR_ACCS=PAIR_ACCS)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
@@ -300,7 +319,8 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
                 X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False,
                 SCALED: tl.constexpr = False, IZERO: tl.constexpr = False,
-                X_PAIRS: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False):
+                X_PAIRS: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False,
+                PAIR_ACCS: tl.constexpr = False):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
@@ -313,8 +333,14 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     the step applies s (one FMA an output element): no sum of x, no rounding of the weights.
     X_PAIRS: x is stored in pair order (pair_order), so the four slices are contiguous loads
     that go to the MMA as they are (many rows: no split in registers and store back to shared).
-    The four dots stay four: one dot of the pair tiles joined along K (Triton then keeps its
-    K-16 MMAs in flight) was 10% slower in the MoE's gate_up at 2,048 tokens on the H200."""
+    PAIR_ACCS (SCALED and X_PAIRS only; GemmTiles.pair_accs): one accumulator a nibble pair,
+    summed after the loop. Each dot then feeds only its own next step and reads x from the
+    loop's multi-buffered copies, which is what Triton's asyncLaunchDots needs to keep the
+    wgmmas in flight (eight K-16 dots a step, a wait for at most 7 pending) instead of waiting
+    after every pair (sm_90 SASS at 16 x 128: the four DEPBAR-to-zero waits and their CTA
+    fences gone, 2 barriers a step left). The four dots stay four: one dot of the pair tiles
+    joined along K (Triton then keeps its K-16 MMAs in flight) was 10% slower in the MoE's
+    gate_up at 2,048 tokens on the H200."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     EVICT: tl.constexpr = "evict_first" if EVICT_FIRST else ""
@@ -323,6 +349,9 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     x_offs = offs_m[:, None] * stride_xm + tl.arange(0, 2 * WROWS if X_PAIRS else BLOCK_K)[None, :]
     w_offs = rows[None, :] * stride_qw + offs_n[:, None]  # [BLOCK_N, WROWS]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     # scalar step pointers advanced a step at a time, 32-bit offsets within a step (per-element
     # 64-bit address math was ~45 of the loop's instructions on sm_90)
     qw_step = qw_ptr + tl.cast(k_start // 8, tl.int64) * stride_qw
@@ -355,24 +384,36 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
             if not (SCALED or IZERO):
                 x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
             x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
-        # SCALED: the dots sum into acc itself (one accumulator's registers, not two)
-        inner = acc if SCALED else tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        pair = pair_bits(packed, packed, 0, X_F16)
-        w0 = left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM)
-        inner = pair_left_dot(inner, x0, w0, X_F16, DOT_F32)
-        for j in tl.static_range(1, 4):
-            pair = pair_bits(packed, pair, j, X_F16, USE_ASM)
-            xj = x1 if j == 1 else (x2 if j == 2 else x3)
-            inner = pair_left_dot(inner, xj, left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM),
-                                  X_F16, DOT_F32)
-        if SCALED:
-            acc = inner
+        if PAIR_ACCS:  # the scaled form, one accumulator a pair: no dot feeds another this step
+            pair = pair_bits(packed, packed, 0, X_F16)
+            acc = scaled_pair_dot(acc, x0, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
+            pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
+            acc1 = scaled_pair_dot(acc1, x1, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
+            pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
+            acc2 = scaled_pair_dot(acc2, x2, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
+            pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
+            acc3 = scaled_pair_dot(acc3, x3, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
         else:
-            acc += inner * s
-            if not IZERO:  # the offset form's second FMA an element: (b - OFFSET s) is per column
-                acc += x_sum * (b - OFFSET * s)
+            # SCALED: the dots sum into acc itself (one accumulator's registers, not two)
+            inner = acc if SCALED else tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+            pair = pair_bits(packed, packed, 0, X_F16)
+            w0 = left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM)
+            inner = pair_left_dot(inner, x0, w0, X_F16, DOT_F32)
+            for j in tl.static_range(1, 4):
+                pair = pair_bits(packed, pair, j, X_F16, USE_ASM)
+                xj = x1 if j == 1 else (x2 if j == 2 else x3)
+                inner = pair_left_dot(inner, xj, left_weights(pair, s, c, b, SCALED, IZERO, X_F16, USE_ASM),
+                                      X_F16, DOT_F32)
+            if SCALED:
+                acc = inner
+            else:
+                acc += inner * s
+                if not IZERO:  # the offset form's second FMA an element: (b - OFFSET s) is per column
+                    acc += x_sum * (b - OFFSET * s)
         qw_step += WROWS * stride_qw
         x_step += BLOCK_K
+    if PAIR_ACCS:
+        acc = (acc + acc1) + (acc2 + acc3)
     return tl.trans(acc)
 
 
@@ -460,14 +501,16 @@ def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
               split: int | None = None, permute: bool | None = None,
-              w_left: bool = False) -> torch.Tensor:
+              w_left: bool = False, x_paired: bool = False) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
     arch table's w4a16_dot, or with w_left its w4a16_dot_left entry where it has one. w_left: the
     weights as the dots' left operand, four nibble-pair dots a step (wleft_steps) where the group
     size is a multiple of the K step; else the eight-dot loop (on the w4a16_dot tiles unless
-    tiles are given)."""
+    tiles are given). Tiles with pair_accs take x in pair order (pair_order at their block_k):
+    x2 is reordered here unless x_paired says the caller passes it so (one reorder serving
+    several calls); x_paired on any other launch is an error."""
     m, k = x2.shape
     n = w.out_features
     arch = tiles_for(x2.device)
@@ -476,18 +519,24 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
         w_left, t = False, tiles or arch.w4a16_dot
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
+    pairs = w_left and t.pair_accs  # every left launch's K is whole steps (whole groups)
+    if x_paired and not pairs:
+        raise ValueError("w4a16_dot: x_paired needs the left-operand loop on pair_accs tiles")
+    if pairs and not x_paired:
+        x2 = pair_order(x2, block_k)
     if permute is None:
         permute = m > PERMUTE_ABOVE
     permute = permute and k % block_k == 0 and not w_left  # the left-weights loop reads x in k order
     if permute:
         x2 = permute_steps(x2, block_k)
-    izero = w_left and t.int_zeros and w.int_zeros
+    izero = w_left and t.int_zeros and w.int_zeros and not pairs
     meta = dict(GROUP_SIZE=w.group_size, BLOCK_M=block_m, BLOCK_N=t.block_n, WROWS=wrows,
                 X_PERM=permute, DOT_F32=dot_in_fp32(), W_LEFT=w_left,
                 USE_ASM=w_left and uses_ptx(x2.device), num_warps=t.num_warps,
                 # one row block reads each weight once a call: the L2 need not keep it
                 EVICT_FIRST=grid_m == 1,
-                SCALED=w_left and t.scaled and not izero, IZERO=izero,
+                SCALED=w_left and (t.scaled or pairs) and not izero, IZERO=izero,
+                PAIR_ACCS=pairs, X_PAIRS=pairs,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

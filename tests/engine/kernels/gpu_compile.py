@@ -357,6 +357,14 @@ def _scenarios():
                                       int_zeros=True): w4a16_dot.w4a16_dot(
             x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2,
             w_left=True, tiles=t)
+    for m, dt, block_n, warps in ((8, bf16, 128, 8), (3, fp16, 64, 4), (40, bf16, 128, 8)):
+        # one accumulator a nibble pair over x in pair order (GemmTiles.pair_accs: sm_90 keeps
+        # the wgmmas in flight; every arch compiles it)
+        x = torch.zeros((m, k_in), dtype=dt)
+        yield lambda x=x, t=GemmTiles(64, block_n, 128, num_warps=warps, num_stages=3, split_k=4,
+                                      pair_accs=True): w4a16_dot.w4a16_dot(
+            x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2,
+            w_left=True, tiles=t)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()

@@ -359,6 +359,49 @@ def test_left_operand_integer_zeros(dtype: torch.dtype, device: torch.device) ->
         assert torch.equal(out[0], out[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device) -> None:
+    """GemmTiles.pair_accs: the scaled form with one accumulator a nibble pair over x in pair
+    order (the launch reorders it, or takes it reordered with x_paired). The weights are the
+    scaled form's, so its bound holds: per row within 2x the error of the exact weights rounded
+    to the activations' type. Integer zero points too (pair_accs takes precedence over
+    int_zeros), K splits (bit-identical again), 16- and 64-row programs; a caller's reordered x
+    gives the same bits as the launch's own reorder; x_paired without pair_accs tiles is an
+    error."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels.tuning import GemmTiles
+    from homelab_llm.engine.kernels.w4a16_dot import pair_order, w4a16_dot
+
+    gen = torch.Generator().manual_seed(41)
+    for m, k, n, split, symmetric in ((3, 384, 72, 2, False), (20, 256, 40, None, True),
+                                      (8, 512, 136, 3, None)):
+        w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, bool(symmetric)).to(device)
+        if symmetric is None:  # a min-style bias (GGUF Q4_1)
+            w.biases.add_(w.scales.float() * torch.rand(w.biases.shape, generator=gen).to(device))
+            w.int_zeros = False
+        x = torch.randn(m, k, generator=gen).to(device, dtype)
+        exact = dequantize_w4_ref(w).double()
+        want = x.double() @ exact
+        floor = (((x.double() @ exact.to(dtype).double()) - want).norm(dim=1) / want.norm(dim=1)).max().item()
+        for block_n, warps in ((64, 4), (128, 8)):
+            tiles = GemmTiles(16 if m <= 16 else 64, block_n, 128, num_warps=warps, num_stages=3,
+                              split_k=4, int_zeros=True, pair_accs=True)
+
+            def run(xx, **kw):
+                return w4a16_dot(xx, w, torch.empty((m, n), dtype=torch.float32, device=device),
+                                 tiles=tiles, split=split, w_left=True, **kw)
+
+            got = run(x)
+            err = ((got.double() - want).norm(dim=1) / want.norm(dim=1)).max().item()
+            assert err < 2 * floor + 1e-6, (dtype, m, split, block_n, err, floor)
+            assert torch.equal(got, run(x)), (dtype, m, split, block_n)
+            assert torch.equal(got, run(pair_order(x, 128), x_paired=True)), (dtype, m, block_n)
+        with pytest.raises(ValueError, match="x_paired"):
+            w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device),
+                      tiles=dataclasses.replace(tiles, pair_accs=False), w_left=True, x_paired=True)
+
+
 def test_integer_zero_flag_follows_the_weight() -> None:
     """W4Weight.int_zeros: set by the repacks (integer zero points, symmetric weights), kept by
     to / narrow_out / narrow_in / regroup, and set again where a linear installs a weight
