@@ -230,11 +230,16 @@ def without_integer_zeros(x: torch.Tensor, w) -> GemmTiles:
     return dataclasses.replace(t, int_zeros=False)
 
 
-def pair_accs_tiles(x: torch.Tensor, w, **change) -> GemmTiles:
-    """The table's left-operand tiles for x's rows and w's width with GemmTiles.pair_accs (the
-    scaled form, one accumulator a nibble pair, x in pair order), other fields changed too."""
+def table_left_tiles(x: torch.Tensor, w, **change) -> GemmTiles:
+    """The table's left-operand tiles for x's rows and w's width, these fields changed."""
     t = dot_left_tiles(x.shape[0], x.device, w.out_features) or tiles_for(x.device).w4a16_dot
-    return dataclasses.replace(t, pair_accs=True, **change)
+    return dataclasses.replace(t, **change)
+
+
+def pair_accs_tiles(x: torch.Tensor, w, **change) -> GemmTiles:
+    """table_left_tiles with GemmTiles.pair_accs (the scaled form, one accumulator a nibble
+    pair, x in pair order)."""
+    return table_left_tiles(x, w, pair_accs=True, **change)
 
 
 _PAIRED: dict = {}  # (x's pointer, block_k) -> x in pair order (dotL.pa.pre: reordered once, untimed)
@@ -286,11 +291,18 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     # reorder's launch is timed); .pre reorders x once outside the timed graph (what a producer
     # writing x in pair order would give); .sN other stage counts
     v["dotL.pa"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, pair_accs_tiles(x, w), w_left=True))
-    for name, change in (("dotL.pa.pre", {}), ("dotL.pa.pre.s2", dict(num_stages=2)),
-                         ("dotL.pa.pre.s4", dict(num_stages=4))):
+    for name, change in (("dotL.pa.pre", dict(pair_accs=True)),
+                         ("dotL.pa.pre.s2", dict(pair_accs=True, num_stages=2)),
+                         ("dotL.pa.pre.s4", dict(pair_accs=True, num_stages=4)),
+                         ("dotL.xp.pre", {})):  # the table's form reading x in pair order (no split)
         v[name] = ("dot", lambda x, w, out, c=change: w4a16_dot(
-            paired_once(x, w, pair_accs_tiles(x, w, **c)), w, out, pair_accs_tiles(x, w, **c), w_left=True,
+            paired_once(x, w, table_left_tiles(x, w, **c)), w, out, table_left_tiles(x, w, **c), w_left=True,
             x_paired=True))
+    # one stage: no cp.async pipeline, so the words load as 16-byte vectors (a pipelined copy
+    # into the left operand's K-major shared tile is one 4-byte word a copy) and reach the
+    # registers through one layout conversion (BENCHMARKS 37.4)
+    v["dotL.s1"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, table_left_tiles(x, w, num_stages=1),
+                                                        w_left=True))
     if m > 16:  # the default permutes x per K step past 16 rows; the stride-8 gathers beside it
         v["dot.gather"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, permute=False))
     if not quick:  # at 1 row too: wide dot tiles compile to fewer instructions per weight than the GEMV

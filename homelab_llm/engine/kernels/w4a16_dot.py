@@ -508,9 +508,11 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     arch table's w4a16_dot, or with w_left its w4a16_dot_left entry where it has one. w_left: the
     weights as the dots' left operand, four nibble-pair dots a step (wleft_steps) where the group
     size is a multiple of the K step; else the eight-dot loop (on the w4a16_dot tiles unless
-    tiles are given). Tiles with pair_accs take x in pair order (pair_order at their block_k):
-    x2 is reordered here unless x_paired says the caller passes it so (one reorder serving
-    several calls); x_paired on any other launch is an error."""
+    tiles are given). x_paired: x2 comes in pair order (pair_order at the tiles' K step), which
+    the left loop then reads as four contiguous slices a step (X_PAIRS; what a producer writing
+    that order, or one reorder serving several calls, gives); an error where the launch takes
+    the eight-dot loop. Tiles with pair_accs need that order: x2 is reordered here unless
+    x_paired."""
     m, k = x2.shape
     n = w.out_features
     arch = tiles_for(x2.device)
@@ -520,8 +522,9 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
     pairs = w_left and t.pair_accs  # every left launch's K is whole steps (whole groups)
-    if x_paired and not pairs:
-        raise ValueError("w4a16_dot: x_paired needs the left-operand loop on pair_accs tiles")
+    if x_paired and not w_left:
+        raise ValueError("w4a16_dot: x_paired needs the left-operand loop (w_left, a group size that "
+                         "is whole K steps)")
     if pairs and not x_paired:
         x2 = pair_order(x2, block_k)
     if permute is None:
@@ -536,7 +539,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
                 # one row block reads each weight once a call: the L2 need not keep it
                 EVICT_FIRST=grid_m == 1,
                 SCALED=w_left and (t.scaled or pairs) and not izero, IZERO=izero,
-                PAIR_ACCS=pairs, X_PAIRS=pairs,
+                PAIR_ACCS=pairs, X_PAIRS=pairs or x_paired,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

@@ -365,6 +365,10 @@ def _scenarios():
                                       pair_accs=True): w4a16_dot.w4a16_dot(
             x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2,
             w_left=True, tiles=t)
+    x = torch.zeros((8, k_in), dtype=bf16)  # the integer-zero form reading x in pair order
+    yield lambda x=x: w4a16_dot.w4a16_dot(
+        x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2, w_left=True,
+        tiles=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4, int_zeros=True), x_paired=True)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()

@@ -366,8 +366,9 @@ def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device
     scaled form's, so its bound holds: per row within 2x the error of the exact weights rounded
     to the activations' type. Integer zero points too (pair_accs takes precedence over
     int_zeros), K splits (bit-identical again), 16- and 64-row programs; a caller's reordered x
-    gives the same bits as the launch's own reorder; x_paired without pair_accs tiles is an
-    error."""
+    gives the same bits as the launch's own reorder. x_paired alone (the other forms reading x
+    in pair order) gives their own bits (integer zeros; the offset form's sum of x in another
+    order within 1e-5 of the row); on the eight-dot loop (a group of 32) it is an error."""
     import dataclasses
 
     from homelab_llm.engine.kernels.tuning import GemmTiles
@@ -388,18 +389,25 @@ def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device
             tiles = GemmTiles(16 if m <= 16 else 64, block_n, 128, num_warps=warps, num_stages=3,
                               split_k=4, int_zeros=True, pair_accs=True)
 
-            def run(xx, **kw):
+            def run(xx, t=tiles, **kw):
                 return w4a16_dot(xx, w, torch.empty((m, n), dtype=torch.float32, device=device),
-                                 tiles=tiles, split=split, w_left=True, **kw)
+                                 tiles=t, split=split, w_left=True, **kw)
 
             got = run(x)
             err = ((got.double() - want).norm(dim=1) / want.norm(dim=1)).max().item()
             assert err < 2 * floor + 1e-6, (dtype, m, split, block_n, err, floor)
             assert torch.equal(got, run(x)), (dtype, m, split, block_n)
             assert torch.equal(got, run(pair_order(x, 128), x_paired=True)), (dtype, m, block_n)
-        with pytest.raises(ValueError, match="x_paired"):
-            w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device),
-                      tiles=dataclasses.replace(tiles, pair_accs=False), w_left=True, x_paired=True)
+            plain = dataclasses.replace(tiles, pair_accs=False)
+            a, b = run(x, plain), run(pair_order(x, 128), plain, x_paired=True)
+            if w.int_zeros:  # the same products in the same order
+                assert torch.equal(a, b), (dtype, m, block_n)
+            else:  # the offset form sums x in another order: fp32 rounding apart
+                assert float(((a.double() - b.double()).norm(dim=1) / want.norm(dim=1)).max()) < 1e-5
+    coarse = wp.quantize_rtn(torch.randn(40, 256, generator=gen) * 0.05, 32, False).to(device)
+    with pytest.raises(ValueError, match="x_paired"):
+        w4a16_dot(torch.randn(3, 256, generator=gen).to(device, dtype), coarse,
+                  torch.empty((3, 40), dtype=torch.float32, device=device), w_left=True, x_paired=True)
 
 
 def test_integer_zero_flag_follows_the_weight() -> None:
