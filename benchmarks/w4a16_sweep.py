@@ -43,7 +43,8 @@ from homelab_llm.engine.kernels.tuning import (THIN_N, GemmTiles, RowsTiles, dot
                                                gemm_tiles, tiles_for)
 from homelab_llm.engine.kernels.w4a16 import w4a16_matmul  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_deq import w4a16_deq_matmul  # noqa: E402
-from homelab_llm.engine.kernels.w4a16_dot import dot_grid, pair_order, w4a16_dot  # noqa: E402
+from homelab_llm.engine.kernels.pair_order import pair_order  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402

@@ -214,10 +214,35 @@ def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
     return w4a16_route(m, x.device) == "h2" and h2_fused_tiles(m, x.device) is not None
 
 
+def w4a16_pairs_block(x: torch.Tensor, weight) -> int:
+    """The K step in whose pair order (kernels/pair_order.py) the W4A16 linear for x's rows
+    wants its input from the kernel that makes it (the norm, the SiLU-and-mul): a GPU whose
+    table routes these rows to the left-operand few-row kernel on tiles that read x so
+    (GemmTiles.x_pairs / pair_accs), no act-order permutation, bf16/fp16 rows contiguous; 0
+    elsewhere (the input stays in k order)."""
+    if not use_triton(x) or x.dim() != 2 or weight.perm is not None or x.stride(1) != 1 \
+            or x.dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    from homelab_llm.engine.kernels.tuning import w4a16_route
+    from homelab_llm.engine.kernels.w4a16_dot import x_pairs_block
+
+    m = x.shape[0]
+    return x_pairs_block(m, weight, x.device) if w4a16_route(m, x.device) == "dotL" else 0
+
+
+def w4a16_paired_matmul(x: torch.Tensor, weight) -> torch.Tensor:
+    """x [M, K] in pair order (at w4a16_pairs_block's step) @ W on the left-operand kernel."""
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
+
+    out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
+    return w4a16_dot(x, weight, out, w_left=True, x_paired=True)
+
+
 def w4a16_norm_matmul(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                       eps: float, weight) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(rms_norm(x + residual) @ W, x + residual or None without a residual) for a W4A16 weight:
-    one launch on w4a16_prologue_route, the separate ops elsewhere."""
+    one launch on w4a16_prologue_route; elsewhere the norm's launch, writing its rows in the
+    linear's pair order where w4a16_pairs_block asks, then the linear's."""
     return _w4a16_norm(x, residual, norm_weight, eps, weight, False)[:2]
 
 
@@ -240,6 +265,15 @@ def _w4a16_norm(x, residual, norm_weight, eps, weight, keep: bool):
         w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed,
                  normed=normed)
         return out, summed, normed
+    pairs = 0 if keep else w4a16_pairs_block(x, weight)  # kept rows serve other linears: k order
+    if pairs:
+        from homelab_llm.engine.kernels import elementwise
+
+        if residual is None:
+            paired, summed = elementwise.rms_norm(x, norm_weight, eps, pair_block=pairs), None
+        else:
+            paired, summed = elementwise.add_rms_norm(x, residual, norm_weight, eps, pair_block=pairs)
+        return w4a16_paired_matmul(paired, weight), summed, None
     if residual is None:
         normed, summed = rms_norm(x, norm_weight, eps), None
     else:
@@ -249,13 +283,19 @@ def _w4a16_norm(x, residual, norm_weight, eps, weight, keep: bool):
 
 def w4a16_act_matmul(gate_up: torch.Tensor, weight, act: str = "silu") -> torch.Tensor:
     """act(gate) * up @ W for a W4A16 weight, gate_up [M, 2K], act "silu" or "gelu_tanh": one
-    launch on w4a16_prologue_route, the separate ops elsewhere."""
+    launch on w4a16_prologue_route; elsewhere the act-and-mul's launch, a SiLU writing its rows
+    in the linear's pair order where w4a16_pairs_block asks, then the linear's."""
     if w4a16_prologue_route(gate_up, weight):
         from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
 
         out = torch.empty((gate_up.shape[0], weight.out_features), dtype=gate_up.dtype,
                           device=gate_up.device)
         return w4a16_h2(gate_up, weight, out, act_in=act)
+    pairs = w4a16_pairs_block(gate_up, weight) if act == "silu" else 0
+    if pairs:
+        from homelab_llm.engine.kernels import elementwise
+
+        return w4a16_paired_matmul(elementwise.silu_and_mul(gate_up, pair_block=pairs), weight)
     return w4a16_matmul(gated_act(gate_up, act), weight)
 
 

@@ -16,6 +16,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import tiles_for
+from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 
 
 @triton.jit
@@ -23,6 +24,7 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
     stride_x, stride_r, stride_o, stride_ro, N,
     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
+    PAIR_BLOCK: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -37,7 +39,8 @@ def _rms_norm_kernel(
     var = tl.sum(xf * xf, axis=0) / N
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = xf * tl.math.rsqrt(var + eps) * w
-    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * stride_o + pair_position(offs, PAIR_BLOCK), y.to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -45,7 +48,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pair_block: int = 0) -> torch.Tensor:
+    """norm(x); pair_block: each row in pair order for K steps of that many values
+    (w4a16_dot.pair_order: a few-row W4A16 linear's input, written where it is made)."""
     x2 = _rows(x)
     out = torch.empty_like(x2)
     n = x2.shape[1]
@@ -53,13 +58,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         _rms_norm_kernel[(x2.shape[0],)](
             x2, x2, weight, out, out, eps, x2.stride(0), 0, out.stride(0), 0, n,
             BLOCK=next_pow2(n), HAS_RESIDUAL=False, num_warps=tiles_for(x.device).elementwise_warps,
-            **pdl_args(x.device))
+            PAIR_BLOCK=pair_check(n, pair_block), **pdl_args(x.device))
     return out.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual), both new tensors in x's dtype."""
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 pair_block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual), both new tensors in x's dtype; pair_block: the norm's
+    rows in pair order (rms_norm), the sum's as they are."""
     x2, r2 = _rows(x), _rows(residual)
     out = torch.empty_like(x2)
     summed = torch.empty_like(x2)
@@ -68,8 +74,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight, out, summed, eps, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n,
             BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps,
-            **pdl_args(x.device))
+            PAIR_BLOCK=pair_check(n, pair_block), **pdl_args(x.device))
     return out.view(x.shape), summed.view(x.shape)
+
 
 
 @triton.jit
@@ -128,7 +135,7 @@ def gate_act(gate, GELU: tl.constexpr):
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = False, PAIR_BLOCK: tl.constexpr = 0):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -136,11 +143,12 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, D, BLOCK: tl.conste
     gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + D + offs, mask=mask, other=0.0).to(tl.float32)
     y = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + row * stride_o + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * stride_o + pair_position(offs, PAIR_BLOCK), y.to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[..., 2*D] (gate | up) -> [..., D]."""
+def silu_and_mul(gate_up: torch.Tensor, pair_block: int = 0) -> torch.Tensor:
+    """[..., 2*D] (gate | up) -> [..., D]; pair_block: each row in pair order (rms_norm)."""
     x2 = _rows(gate_up)
     d = x2.shape[1] // 2
     out = torch.empty((x2.shape[0], d), dtype=gate_up.dtype, device=gate_up.device)
@@ -148,7 +156,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
             x2, out, x2.stride(0), out.stride(0), d, BLOCK=block,
-            num_warps=tiles_for(gate_up.device).elementwise_warps, **pdl_args(gate_up.device))
+            num_warps=tiles_for(gate_up.device).elementwise_warps, PAIR_BLOCK=pair_check(d, pair_block),
+            **pdl_args(gate_up.device))
     return out.view(*gate_up.shape[:-1], d)
 
 

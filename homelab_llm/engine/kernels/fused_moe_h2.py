@@ -16,8 +16,8 @@ An expert two tokens pick is read twice (fused_moe_decode's blocks read it once 
 Tiles: ArchTiles.moe_h2, the first entry whose K range fits each GEMV (tuning.moe_h2_tiles),
 for up to ArchTiles.moe_h2_tokens tokens (HOMELAB_LLM_MOE_H2_TOKENS=N overrides it, 0 turns
 the path off: A/B runs without a patched tree); past that, on an arch without entries, for a K
-no entry fits or fp32 activations fused_moe_decode's kernels serve. A gated shared expert's output (Qwen3.5-MoE, Qwen3-Next), computed beforehand, joins
-down's sum in pick 0's slot.
+no entry fits or fp32 activations fused_moe_decode's kernels serve. A gated shared expert's
+output (Qwen3.5-MoE, Qwen3-Next), computed beforehand, joins down's sum in pick 0's slot.
 """
 
 from __future__ import annotations

@@ -73,6 +73,11 @@ class GemmTiles:
     # dot feeds another in the step and every K-16 wgmma stays in flight (Triton's properly
     # async dots) instead of a wait after each pair
     pair_accs: bool = False
+    # The dense left-operand loop reads x in pair order (four contiguous slices a step, no split
+    # in registers) where the linear's producer writes it so (the norm in front of it, the
+    # SiLU-and-mul in front of a down projection: dispatch.w4a16_pairs_block); pair_accs tiles
+    # want that order too (and reorder x themselves where no producer wrote it)
+    x_pairs: bool = False
     # The fused MoE's 4-bit grouped GEMMs: the weights as the dots' left operand from registers
     # (wleft_steps over x in pair order; gate_up one dot of gate's block_n / 2 columns then
     # up's), in the scaled / int_zeros / offset form above

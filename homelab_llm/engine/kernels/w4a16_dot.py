@@ -67,6 +67,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
 from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
+from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
@@ -485,18 +486,31 @@ def permute_steps(x2: torch.Tensor, block_k: int) -> torch.Tensor:
     return x2.view(m, k // block_k, block_k // 8, 8).transpose(2, 3).contiguous().view(m, k)
 
 
-def pair_order(x2: torch.Tensor, block_k: int) -> torch.Tensor:
-    """x2 [M, K] with each K step of block_k values reordered into wleft_steps' four pair
-    slices (X_PAIRS): position j (block_k / 4) + 2 r + h holds k = 8 r + 4 h + j."""
-    m, k = x2.shape
-    return x2.view(m, k // block_k, block_k // 8, 2, 4).permute(0, 1, 4, 2, 3).contiguous().view(m, k)
-
-
 def dot_grid(m: int, n: int, tiles: GemmTiles) -> tuple[int, int, int, int]:
     """(rows a program, word rows a K step, row blocks, column blocks) of a launch over m x n:
     tiles.block_m is an upper bound (at least 16, tl.dot's minimum), a step at least 16 word rows."""
     block_m = min(tiles.block_m, max(16, next_pow2(m)))
     return block_m, max(16, tiles.block_k // 8), triton.cdiv(m, block_m), triton.cdiv(n, tiles.block_n)
+
+
+def launch_tiles(m: int, w: W4Weight, device: torch.device, tiles: GemmTiles | None = None,
+                 w_left: bool = True) -> tuple[bool, GemmTiles]:
+    """(w_left, tiles) a w4a16_dot launch of m rows takes: the given tiles, else with w_left the
+    table's left-operand entry, else its w4a16_dot; the left loop only where the weight's group
+    is whole K steps (a step stays inside a group), the eight-dot loop otherwise."""
+    arch = tiles_for(device)
+    t = tiles or (w_left and dot_left_tiles(m, device, w.out_features)) or arch.w4a16_dot
+    if w_left and w.group_size % (dot_grid(m, w.out_features, t)[1] * 8):
+        return False, tiles or arch.w4a16_dot
+    return w_left, t
+
+
+def x_pairs_block(m: int, w: W4Weight, device: torch.device) -> int:
+    """The K step whose pair order (pair_order) a left-operand launch of m rows on the table's
+    tiles wants x in from its producer (GemmTiles.x_pairs or pair_accs), 0 where it reads x in
+    k order."""
+    w_left, t = launch_tiles(m, w, device)
+    return 8 * dot_grid(m, w.out_features, t)[1] if w_left and (t.x_pairs or t.pair_accs) else 0
 
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
@@ -515,10 +529,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     x_paired."""
     m, k = x2.shape
     n = w.out_features
-    arch = tiles_for(x2.device)
-    t = tiles or (w_left and dot_left_tiles(m, x2.device, n)) or arch.w4a16_dot
-    if w_left and w.group_size % (dot_grid(m, n, t)[1] * 8):  # its K steps stay inside a group
-        w_left, t = False, tiles or arch.w4a16_dot
+    w_left, t = launch_tiles(m, w, x2.device, tiles, w_left)
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
     pairs = w_left and t.pair_accs  # every left launch's K is whole steps (whole groups)

@@ -23,9 +23,10 @@ from homelab_llm.engine.layers.norm import RMSNorm
 
 
 def fuses(x: torch.Tensor, linear: LinearBase) -> bool:
-    """norm_then_linear runs as one launch for these rows and this layer's weight."""
+    """norm_then_linear runs as one launch for these rows and this layer's weight, or (W4A16 on
+    the few-row kernel) as a norm writing the linear's input in the order it reads it."""
     if linear.w4 is not None:
-        return dispatch.w4a16_prologue_route(x, linear.w4)
+        return dispatch.w4a16_prologue_route(x, linear.w4) or dispatch.w4a16_pairs_block(x, linear.w4) > 0
     return linear.weight is not None and dispatch.dense_gemv_route(x, linear.weight)
 
 
@@ -69,7 +70,8 @@ def gated_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gat
     if gate_up.w4 is None:
         h, residual = norm_then_linear(x, residual, norm, gate_up, gated=True, act=act)
         return down(h), residual
-    if down.w4 is None or not dispatch.w4a16_prologue_route(x, down.w4):
+    if down.w4 is None or not (dispatch.w4a16_prologue_route(x, down.w4)
+                               or (act == "silu" and dispatch.w4a16_pairs_block(x, down.w4))):
         return None
     h, residual = norm_then_linear(x, residual, norm, gate_up)
     return down(h, act_in=act), residual

@@ -131,6 +131,9 @@ def _scenarios():
                                                 torch.ones(128, dtype=dt), torch.ones(128, dtype=dt),
                                                 1e-6)
         yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt))
+        # their outputs in a few-row W4A16 linear's pair order (GemmTiles.x_pairs)
+        yield lambda x=x, w=w: elementwise.add_rms_norm(x, x.clone(), w, 1e-5, pair_block=128)
+        yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt), pair_block=128)
     cos_sin = torch.zeros((256, d), dtype=torch.float32)
     pos = torch.arange(4, dtype=i64)
     q = torch.zeros((4, hq, d), dtype=bf16)

@@ -24,7 +24,7 @@ from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err
 
 def test_pair_order_puts_each_pair_slice_together():
     """pair_order's position j (block_k / 4) + 2 r + h holds k = 8 r + 4 h + j in every step."""
-    from homelab_llm.engine.kernels.w4a16_dot import pair_order
+    from homelab_llm.engine.kernels.pair_order import pair_order
 
     block_k, steps = 64, 3
     x = torch.arange(2 * steps * block_k, dtype=torch.float32).view(2, -1)

@@ -372,7 +372,8 @@ def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device
     import dataclasses
 
     from homelab_llm.engine.kernels.tuning import GemmTiles
-    from homelab_llm.engine.kernels.w4a16_dot import pair_order, w4a16_dot
+    from homelab_llm.engine.kernels.pair_order import pair_order
+    from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 
     gen = torch.Generator().manual_seed(41)
     for m, k, n, split, symmetric in ((3, 384, 72, 2, False), (20, 256, 40, None, True),
