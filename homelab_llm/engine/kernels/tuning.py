@@ -11,6 +11,7 @@ its tiles are smaller and use fewer pipeline stages; nothing here asks for Hoppe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from dataclasses import dataclass
@@ -548,10 +549,33 @@ def dot_left_tiles(m: int, device: torch.device | None = None,
                    n: int | None = None) -> GemmTiles | None:
     """The left-operand few-row tiles (ArchTiles.w4a16_dot_left) this device's table gives m rows
     (of n output columns: outputs of at most THIN_N columns take a w4a16_dot_left_thin entry
-    covering m where there is one), None where it has none."""
+    covering m where there is one), None where it has none; DOT_LEFT_ENV's fields changed."""
     arch = tiles_for(device)
     thin = rows_entry(arch.w4a16_dot_left_thin, m) if n is not None and n <= THIN_N else None
-    return thin or rows_entry(arch.w4a16_dot_left, m, past_last=True)
+    t = thin or rows_entry(arch.w4a16_dot_left, m, past_last=True)
+    change = dot_left_override(os.environ.get(DOT_LEFT_ENV, ""))
+    return dataclasses.replace(t, **change) if t is not None and change else t
+
+
+# A/B runs without a patched tree: "field=value,..." over every left-operand entry the table
+# gives (the GemmTiles form switches and stages: "x_pairs=1", "pair_accs=1,num_stages=2")
+DOT_LEFT_ENV = "HOMELAB_LLM_DOT_LEFT"
+_DOT_LEFT_FIELDS = {"scaled": bool, "int_zeros": bool, "pair_accs": bool, "x_pairs": bool,
+                    "num_stages": int, "num_warps": int, "block_n": int}
+
+
+@functools.lru_cache(maxsize=8)
+def dot_left_override(spec: str) -> dict:
+    """DOT_LEFT_ENV's text as GemmTiles field changes ({} when empty)."""
+    change = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, value = item.partition("=")
+        kind = _DOT_LEFT_FIELDS.get(name.strip())
+        if kind is None or not value.strip().isdigit():
+            raise ValueError(f"{DOT_LEFT_ENV}={spec!r}: expected field=number items, fields "
+                             f"{', '.join(sorted(_DOT_LEFT_FIELDS))}")
+        change[name.strip()] = kind(int(value))
+    return change
 
 
 def rows_tiles(m: int, device: torch.device | None = None) -> RowsTiles:

@@ -442,7 +442,8 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     """tuning.dot_left_tiles: the first w4a16_dot_left entry covering the rows (the last past
     them), a w4a16_dot_left_thin entry first for outputs of at most THIN_N columns where one
     covers the rows, and None for a table without entries (sm_90's shapes on the interpreter's
-    table)."""
+    table); HOMELAB_LLM_DOT_LEFT's field changes over the entry that serves, a clear error for
+    anything else."""
     import dataclasses
 
     from homelab_llm.engine.kernels import tuning
@@ -472,6 +473,19 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
         tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
         w4a16_dot_left_thin=((16, narrow),)))
     assert tuning.dot_left_tiles(24, None, 6144) == big
+    # DOT_LEFT_ENV changes fields of whatever entry serves (A/B runs), not an empty table's None
+    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "x_pairs=1, pair_accs=1,num_stages=2")
+    assert tuning.dot_left_tiles(8) == dataclasses.replace(wide, x_pairs=True, pair_accs=True, num_stages=2)
+    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "int_zeros=0")
+    assert tuning.dot_left_tiles(24, None, 6144) == dataclasses.replace(big, int_zeros=False)
+    for bad in ("x_pairs", "warps=4", "scaled=yes"):
+        monkeypatch.setenv(tuning.DOT_LEFT_ENV, bad)
+        with pytest.raises(ValueError, match=tuning.DOT_LEFT_ENV):
+            tuning.dot_left_tiles(8)
+    monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
+        tuning.TABLE["interpret"], w4a16_dot_left=(), w4a16_dot_left_thin=()))
+    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "x_pairs=1")
+    assert tuning.dot_left_tiles(8) is None
 
 
 def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monkeypatch) -> None:
