@@ -13,6 +13,7 @@ fp32 summation on a GPU), where x in the wrong order is of order 1.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -46,6 +47,9 @@ def test_producers_write_pair_order(dtype: torch.dtype, device: torch.device) ->
 
 
 HIDDEN, INTER, ROWS = 256, 384, 4
+# the layer tests run the GPU path on CPU tensors through the interpreter, on its patched table
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="the GPU path through the Triton interpreter (CPU only)")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -78,6 +82,7 @@ def _mlp():
     return norm, gate_up, down
 
 
+@interpreted
 def test_norm_and_gated_mlp_feed_the_left_loop_in_pair_order(monkeypatch) -> None:
     from homelab_llm.engine.layers.norm_linear import gated_mlp, norm_then_linear
 
@@ -109,3 +114,58 @@ def test_norm_and_gated_mlp_feed_the_left_loop_in_pair_order(monkeypatch) -> Non
     assert _rel(out, want_out) < 1e-2
     first, same = norm_then_linear(x, None, norm, gate_up)
     assert same is x and _rel(first, want_first) < 1e-2
+
+
+@interpreted
+def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
+    """A tiny W4A16 Llama's decode step for 4 sequences (4 rows: the left-operand kernel on the
+    patched table) with x_pairs on (HOMELAB_LLM_DOT_LEFT) against the same step reading x in k
+    order: the hidden rows within 1e-2 (module docstring), the same launches (the producers'
+    order costs none), and the launch's own reorder never runs."""
+    import copy
+
+    from homelab_llm.engine.context import ForwardContext, forward_context
+    from homelab_llm.engine.layers.linear import LinearBase
+    from homelab_llm.engine.model.config import ModelConfig
+    from homelab_llm.engine.model.llama import LlamaForCausalLM
+    from tests.engine.kernels.launch_count import bind_cache, count_calls, random_weights
+
+    config = ModelConfig(architecture="llama", vocab_size=64, hidden_size=HIDDEN, intermediate_size=INTER,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         name="tiny-w4")
+    torch.manual_seed(57)
+    model = random_weights(LlamaForCausalLM(config), 0.1).to(torch.bfloat16)
+    for module in model.modules():
+        if isinstance(module, LinearBase) and module.weight is not None:
+            module.set_w4(wp.quantize_rtn(module.weight.data.float(), 128, False))
+    for attn in model.attention_layers:
+        bind_cache(attn, torch.bfloat16, pages=8)
+    ctx = ForwardContext(
+        positions=torch.full((4,), 5), slot_mapping=torch.tensor([4 * p + 1 for p in (1, 3, 5, 7)]),
+        query_start_loc=torch.arange(5, dtype=torch.int32), seq_lens=torch.full((4,), 6, dtype=torch.int32),
+        page_table=torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32), max_query_len=1,
+        max_seq_len=6, page_size=4, decode_only=True, query_lens_host=[1] * 4, seq_lens_host=[6] * 4,
+        num_kv_splits=2)
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    _table(monkeypatch, x_pairs=False)
+    ids = torch.tensor([3, 9, 27, 41])
+
+    def step(env: str):
+        monkeypatch.setenv(tuning.DOT_LEFT_ENV, env)
+        with torch.no_grad(), forward_context(ctx):
+            copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers (GEMV tickets) outside the count
+            fresh = copy.deepcopy(model)  # the caches as they were
+            return count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
+
+    paired = []
+    real = dispatch.w4a16_paired_matmul
+    monkeypatch.setattr(dispatch, "w4a16_paired_matmul", lambda x, w: paired.append(w) or real(x, w))
+    want_counts, want = step("")
+    assert not paired
+    monkeypatch.setattr(dot_mod, "pair_order", lambda *a, **k: pytest.fail("reordered at the launch"))
+    got_counts, got = step("x_pairs=1")
+    # qkv_proj and gate_up_proj after their norms, down_proj after the SiLU-and-mul (o_proj reads
+    # the attention's output in k order), per layer, in the warm-up and the counted step
+    assert len(paired) == 2 * 3 * config.num_hidden_layers
+    assert _rel(got, want) < 1e-2
+    assert got_counts == want_counts, (got_counts, want_counts)
