@@ -265,15 +265,12 @@ def _w4a16_norm(x, residual, norm_weight, eps, weight, keep: bool):
         w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed,
                  normed=normed)
         return out, summed, normed
-    pairs = 0 if keep else w4a16_pairs_block(x, weight)  # kept rows serve other linears: k order
-    if pairs:
+    pairs = w4a16_pairs_block(x, weight)
+    if pairs:  # the norm's rows in the linear's pair order (and in k order for the kept rows)
         from homelab_llm.engine.kernels import elementwise
 
-        if residual is None:
-            paired, summed = elementwise.rms_norm(x, norm_weight, eps, pair_block=pairs), None
-        else:
-            paired, summed = elementwise.add_rms_norm(x, residual, norm_weight, eps, pair_block=pairs)
-        return w4a16_paired_matmul(paired, weight), summed, None
+        paired, summed, normed = elementwise.norm_rows(x, residual, norm_weight, eps, pairs, keep)
+        return w4a16_paired_matmul(paired, weight), summed, normed
     if residual is None:
         normed, summed = rms_norm(x, norm_weight, eps), None
     else:

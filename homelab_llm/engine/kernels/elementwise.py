@@ -24,7 +24,7 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, eps,
     stride_x, stride_r, stride_o, stride_ro, N,
     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
-    PAIR_BLOCK: tl.constexpr = 0,
+    PAIR_BLOCK: tl.constexpr = 0, k_out_ptr=None, stride_ko=0, KEEP_K: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -38,9 +38,10 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / N
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    y = xf * tl.math.rsqrt(var + eps) * w
-    tl.store(out_ptr + row * stride_o + pair_position(offs, PAIR_BLOCK), y.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    y = (xf * tl.math.rsqrt(var + eps) * w).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_o + pair_position(offs, PAIR_BLOCK), y, mask=mask)
+    if KEEP_K:  # the same rows in k order too (pair order above)
+        tl.store(k_out_ptr + row * stride_ko + offs, y, mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -50,32 +51,40 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, pair_block: int = 0) -> torch.Tensor:
     """norm(x); pair_block: each row in pair order for K steps of that many values
-    (w4a16_dot.pair_order: a few-row W4A16 linear's input, written where it is made)."""
-    x2 = _rows(x)
-    out = torch.empty_like(x2)
-    n = x2.shape[1]
-    if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](
-            x2, x2, weight, out, out, eps, x2.stride(0), 0, out.stride(0), 0, n,
-            BLOCK=next_pow2(n), HAS_RESIDUAL=False, num_warps=tiles_for(x.device).elementwise_warps,
-            PAIR_BLOCK=pair_check(n, pair_block), **pdl_args(x.device))
-    return out.view(x.shape)
+    (kernels/pair_order.py: a few-row W4A16 linear's input, written where it is made)."""
+    return norm_rows(x, None, weight, eps, pair_block)[0]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  pair_block: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), both new tensors in x's dtype; pair_block: the norm's
     rows in pair order (rms_norm), the sum's as they are."""
-    x2, r2 = _rows(x), _rows(residual)
+    normed, summed, _ = norm_rows(x, residual, weight, eps, pair_block)
+    return normed, summed
+
+
+def norm_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+              pair_block: int, keep_k_order: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(norm(x + residual) in pair order for pair_block (k order for 0), x + residual or None
+    without a residual, the norm's rows in k order as well with keep_k_order (for a second
+    reader of the same rows: the Gated DeltaNet's in_proj_ba beside in_proj_qkvz), else None)."""
+    x2 = _rows(x)
+    r2 = x2 if residual is None else _rows(residual)
     out = torch.empty_like(x2)
-    summed = torch.empty_like(x2)
+    summed = None if residual is None else torch.empty_like(x2)
+    k_out = torch.empty_like(x2) if keep_k_order else None
     n = x2.shape[1]
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, summed, eps, x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n,
-            BLOCK=next_pow2(n), HAS_RESIDUAL=True, num_warps=tiles_for(x.device).elementwise_warps,
-            PAIR_BLOCK=pair_check(n, pair_block), **pdl_args(x.device))
-    return out.view(x.shape), summed.view(x.shape)
+            x2, r2, weight, out, out if summed is None else summed, eps, x2.stride(0), r2.stride(0),
+            out.stride(0), 0 if summed is None else summed.stride(0), n,
+            BLOCK=next_pow2(n), HAS_RESIDUAL=residual is not None,
+            num_warps=tiles_for(x.device).elementwise_warps, PAIR_BLOCK=pair_check(n, pair_block),
+            k_out_ptr=k_out, stride_ko=0 if k_out is None else k_out.stride(0), KEEP_K=keep_k_order,
+            **pdl_args(x.device))
+    return (out.view(x.shape), None if summed is None else summed.view(x.shape),
+            None if k_out is None else k_out.view(x.shape))
 
 
 

@@ -133,6 +133,7 @@ def _scenarios():
         yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt))
         # their outputs in a few-row W4A16 linear's pair order (GemmTiles.x_pairs)
         yield lambda x=x, w=w: elementwise.add_rms_norm(x, x.clone(), w, 1e-5, pair_block=128)
+        yield lambda x=x, w=w: elementwise.norm_rows(x, x.clone(), w, 1e-5, 128, keep_k_order=True)
         yield lambda dt=dt: elementwise.silu_and_mul(torch.zeros((4, 2 * 14336), dtype=dt), pair_block=128)
     cos_sin = torch.zeros((256, d), dtype=torch.float32)
     pos = torch.arange(4, dtype=i64)

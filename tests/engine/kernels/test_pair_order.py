@@ -1,7 +1,9 @@
 """Pair order written where the input is made (kernels/pair_order.py): the RMSNorm (with and
-without its residual add) and the SiLU-and-mul store their rows in the few-row W4A16 left
-loop's pair order, and a table whose left-operand tiles read x so (GemmTiles.x_pairs) gets a
-pre-norm linear's and a gated MLP's input from them, with no reorder of its own.
+without its residual add, and with its rows in k order as well for a second reader) and the
+SiLU-and-mul store their rows in the few-row W4A16 left loop's pair order, and a table whose
+left-operand tiles read x so (GemmTiles.x_pairs) gets a pre-norm linear's and a gated MLP's
+input from them, with no reorder of its own: layer by layer and in whole decode steps of a
+tiny Llama and a tiny Qwen3.5 hybrid.
 
 Bounds: the producers' rows are the k-order rows moved, bit for bit (the same arithmetic, only
 the store index differs). Through the layers, against the same table reading x in k order
@@ -36,6 +38,8 @@ def test_producers_write_pair_order(dtype: torch.dtype, device: torch.device) ->
         normed, summed = elementwise.add_rms_norm(x, res, w, 1e-6, pair_block=block)
         want, want_sum = elementwise.add_rms_norm(x, res, w, 1e-6)
         assert torch.equal(normed, pair_order(want, block)) and torch.equal(summed, want_sum), block
+        paired, summed, kept = elementwise.norm_rows(x, res, w, 1e-6, block, keep_k_order=True)
+        assert torch.equal(paired, normed) and torch.equal(summed, want_sum) and torch.equal(kept, want)
     gate_up = torch.randn(2, 2 * 1536, generator=gen).to(device, dtype)  # two programs of 1024
     for block in (128, 512):
         assert torch.equal(elementwise.silu_and_mul(gate_up, pair_block=block),
@@ -116,36 +120,38 @@ def test_norm_and_gated_mlp_feed_the_left_loop_in_pair_order(monkeypatch) -> Non
     assert same is x and _rel(first, want_first) < 1e-2
 
 
-@interpreted
-def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
-    """A tiny W4A16 Llama's decode step for 4 sequences (4 rows: the left-operand kernel on the
-    patched table) with x_pairs on (HOMELAB_LLM_DOT_LEFT) against the same step reading x in k
-    order: the hidden rows within 1e-2 (module docstring), the same launches (the producers'
-    order costs none), and the launch's own reorder never runs."""
-    import copy
-
-    from homelab_llm.engine.context import ForwardContext, forward_context
+def _w4_linears(model, skip: tuple[str, ...] = ()) -> None:
+    """Every linear of model as a W4A16 weight with integer zero points, but those named in skip
+    (kept bf16): group 128, or 32 where the input is narrower (the eight-dot loop, k order)."""
     from homelab_llm.engine.layers.linear import LinearBase
-    from homelab_llm.engine.model.config import ModelConfig
-    from homelab_llm.engine.model.llama import LlamaForCausalLM
-    from tests.engine.kernels.launch_count import bind_cache, count_calls, random_weights
 
-    config = ModelConfig(architecture="llama", vocab_size=64, hidden_size=HIDDEN, intermediate_size=INTER,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                         name="tiny-w4")
-    torch.manual_seed(57)
-    model = random_weights(LlamaForCausalLM(config), 0.1).to(torch.bfloat16)
-    for module in model.modules():
-        if isinstance(module, LinearBase) and module.weight is not None:
-            module.set_w4(wp.quantize_rtn(module.weight.data.float(), 128, False))
-    for attn in model.attention_layers:
-        bind_cache(attn, torch.bfloat16, pages=8)
-    ctx = ForwardContext(
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase) and module.weight is not None and not name.endswith(skip):
+            group = 128 if module.weight.shape[1] % 128 == 0 else 32
+            module.set_w4(wp.quantize_rtn(module.weight.data.float(), group, False))
+
+
+def _four_rows_context(**extra):
+    """4 sequences decoding their 6th token (pages 2s and 2s + 1 of size 4; KV split in 2)."""
+    from homelab_llm.engine.context import ForwardContext
+
+    return ForwardContext(
         positions=torch.full((4,), 5), slot_mapping=torch.tensor([4 * p + 1 for p in (1, 3, 5, 7)]),
         query_start_loc=torch.arange(5, dtype=torch.int32), seq_lens=torch.full((4,), 6, dtype=torch.int32),
         page_table=torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32), max_query_len=1,
         max_seq_len=6, page_size=4, decode_only=True, query_lens_host=[1] * 4, seq_lens_host=[6] * 4,
-        num_kv_splits=2)
+        num_kv_splits=2, **extra)
+
+
+def _steps_in_both_orders(monkeypatch, model, ctx) -> tuple[list, tuple, tuple]:
+    """(the weights w4a16_paired_matmul served, (launches, hidden) reading k order, the same with
+    x_pairs on): one decode step of model each, from the same caches and states, on the
+    interpreter's table patched to the left-operand kernel; the launch's own reorder fails."""
+    import copy
+
+    from homelab_llm.engine.context import forward_context
+    from tests.engine.kernels.launch_count import count_calls
+
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     _table(monkeypatch, x_pairs=False)
     ids = torch.tensor([3, 9, 27, 41])
@@ -154,18 +160,67 @@ def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> Non
         monkeypatch.setenv(tuning.DOT_LEFT_ENV, env)
         with torch.no_grad(), forward_context(ctx):
             copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers (GEMV tickets) outside the count
-            fresh = copy.deepcopy(model)  # the caches as they were
+            fresh = copy.deepcopy(model)  # the caches and states as they were
             return count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
 
-    paired = []
+    paired: list = []
     real = dispatch.w4a16_paired_matmul
     monkeypatch.setattr(dispatch, "w4a16_paired_matmul", lambda x, w: paired.append(w) or real(x, w))
-    want_counts, want = step("")
+    k_order = step("")
     assert not paired
     monkeypatch.setattr(dot_mod, "pair_order", lambda *a, **k: pytest.fail("reordered at the launch"))
-    got_counts, got = step("x_pairs=1")
+    return paired, k_order, step("x_pairs=1")
+
+
+@interpreted
+def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
+    """A tiny W4A16 Llama's decode step for 4 sequences (4 rows: the left-operand kernel on the
+    patched table) with x_pairs on (HOMELAB_LLM_DOT_LEFT) against the same step reading x in k
+    order: the hidden rows within 1e-2 (module docstring), the same launches (the producers'
+    order costs none), and the launch's own reorder never runs."""
+    from homelab_llm.engine.model.config import ModelConfig
+    from homelab_llm.engine.model.llama import LlamaForCausalLM
+    from tests.engine.kernels.launch_count import bind_cache, random_weights
+
+    config = ModelConfig(architecture="llama", vocab_size=64, hidden_size=HIDDEN, intermediate_size=INTER,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         name="tiny-w4")
+    torch.manual_seed(57)
+    model = random_weights(LlamaForCausalLM(config), 0.1).to(torch.bfloat16)
+    _w4_linears(model)
+    for attn in model.attention_layers:
+        bind_cache(attn, torch.bfloat16, pages=8)
+    paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model,
+                                                                           _four_rows_context())
     # qkv_proj and gate_up_proj after their norms, down_proj after the SiLU-and-mul (o_proj reads
     # the attention's output in k order), per layer, in the warm-up and the counted step
     assert len(paired) == 2 * 3 * config.num_hidden_layers
+    assert _rel(got, want) < 1e-2
+    assert got_counts == want_counts, (got_counts, want_counts)
+
+
+@interpreted
+def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
+    """The same for a tiny W4A16 Qwen3.5 hybrid (3 Gated DeltaNet layers, 1 gated attention):
+    a Gated DeltaNet layer's input norm writes its rows twice, in pair order for in_proj_qkvz
+    and in k order for the bf16 in_proj_ba beside it (one launch, as before)."""
+    from tests.engine.kernels.launch_count import TINY_QWEN3_5, tiny_decode_model
+
+    config = dataclasses.replace(TINY_QWEN3_5, hidden_size=HIDDEN, intermediate_size=INTER,
+                                 name="tiny-w4-hybrid")
+    model, _ = tiny_decode_model(torch.bfloat16, 59, config)
+    _w4_linears(model, skip=("in_proj_ba",))
+    for attn in model.attention_layers:
+        attn.k_cache, attn.v_cache = (torch.randn(8, 4, attn.num_kv_heads, attn.head_dim).to(torch.bfloat16)
+                                      for _ in range(2))
+    for gdn in model.gdn_layers:
+        gdn.conv_state = torch.randn(4, config.linear_conv_kernel_dim - 1, gdn.conv_dim).to(torch.bfloat16)
+        gdn.ssm_state = torch.randn(4, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim) * 0.1
+    ctx = _four_rows_context(state_indices=torch.arange(4, dtype=torch.int32),
+                             has_initial_state=torch.ones(4, dtype=torch.bool))
+    paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model, ctx)
+    # per layer gate_up and down; in_proj_qkvz in the Gated DeltaNet layers, qkv_proj in the
+    # attention one; in the warm-up and the counted step
+    assert len(paired) == 2 * (2 * config.num_hidden_layers + config.num_hidden_layers)
     assert _rel(got, want) < 1e-2
     assert got_counts == want_counts, (got_counts, want_counts)
