@@ -295,6 +295,9 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     for name, change in (("dotL.pa.pre", dict(pair_accs=True)),
                          ("dotL.pa.pre.s2", dict(pair_accs=True, num_stages=2)),
                          ("dotL.pa.pre.s4", dict(pair_accs=True, num_stages=4)),
+                         # narrower programs: pair_accs holds ~115 registers a thread, so 4 warps
+                         # of 64 columns fit 4 programs an SM where 8 of 128 fit 2
+                         ("dotL.pa.pre.bn64w4", dict(pair_accs=True, block_n=64, num_warps=4)),
                          ("dotL.xp.pre", {})):  # the table's form reading x in pair order (no split)
         v[name] = ("dot", lambda x, w, out, c=change: w4a16_dot(
             paired_once(x, w, table_left_tiles(x, w, **c)), w, out, table_left_tiles(x, w, **c), w_left=True,
