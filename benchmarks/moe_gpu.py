@@ -364,6 +364,29 @@ def _time_tiles(key: str, args: tuple, want: torch.Tensor, tiles) -> None:
     report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
 
 
+# 4-bit prefill GEMMs with the wgmmas kept in flight (GemmTiles.pair_accs: four accumulators, so
+# 64-row blocks: 128 spill at ~255 registers; sm_90 SASS at 64 x 128 x 64 on 8 warps: 200, one
+# program an SM), both GEMMs, against the table's 128-row scaled tiles: (block_m, block_n,
+# block_k, warps, stages)
+LEFT_PAIR_TILES = [(64, 128, 64, 8, 3), (64, 128, 64, 8, 4), (64, 256, 64, 8, 3), (64, 128, 128, 8, 3)]
+
+
+def section_sweep_left(setup: Setup, quick: bool, mm_tflops: float) -> None:
+    from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles
+
+    tokens = 1024 if quick else 2048
+    flops = 2 * tokens * TOP_K * 3 * HIDDEN * setup.inter
+    x, weights, ids = setup.batch(tokens)
+    args = (x, setup.w4, None, weights, ids)
+    want = fused_moe(*args)
+    report(f"sweep_left.w4a16.t{tokens}.table.ms", bench_graph(lambda: fused_moe(*args)))
+    for bm, bn, bk, warps, stages in LEFT_PAIR_TILES:
+        t = GemmTiles(bm, bn, bk, warps, stages, scaled=True, w_left=True, pair_accs=True)
+        key = f"sweep_left.w4a16.t{tokens}.pair_accs.m{bm}n{bn}k{bk}w{warps}s{stages}"
+        _time_tiles(key, args, want, MoeGemmTiles(t, t))
+    report("sweep_left.flop", flops / 1e9, f"GFLOP a layer (matmul {mm_tflops:.0f} TFLOP/s)")
+
+
 GEMV_SWEEP = [  # (block_n, rows, num_warps)
     (32, 16, 4), (64, 16, 4), (128, 16, 4), (64, 8, 4), (64, 16, 2), (128, 8, 8), (32, 8, 2),
     (128, 16, 8), (256, 16, 8), (256, 8, 8), (32, 16, 1), (64, 16, 1), (128, 16, 2),
@@ -415,7 +438,7 @@ def main() -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--tp", type=int, default=1, help="expert width of one rank at this TP size")
     p.add_argument("--sections", default="check,layer,decode,router,prefill,engine,launches",
-                   help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_gemv, "
+                   help="also: engine_bf16 (the 61 GB bf16 model), sweep, sweep_left, sweep_gemv, "
                         "sweep_decode, profile, profile_bf16, prefill_kernels")
     p.add_argument("--json", default=None)
     a = p.parse_args()
@@ -428,6 +451,7 @@ def main() -> int:
         "decode": lambda: section_decode(setup, a.quick, copy_gbps),
         "prefill": lambda: section_prefill(setup, a.quick, mm_tflops),
         "sweep": lambda: section_sweep(setup, a.quick),
+        "sweep_left": lambda: section_sweep_left(setup, a.quick, mm_tflops),
         "prefill_kernels": lambda: section_prefill_kernels(setup, a.quick, mm_tflops),
         "sweep_gemv": lambda: section_sweep_gemv(setup, a.quick),
         "router": lambda: section_router(a.quick),

@@ -97,15 +97,16 @@ def _moe_gemm_kernel(
     HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr, PAIRED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
     W_LEFT: tl.constexpr = False, USE_ASM: tl.constexpr = False, SCALED: tl.constexpr = False,
-    IZERO: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0,
+    IZERO: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0, PAIR_ACCS: tl.constexpr = False,
 ):
     """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
     + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
     with g = min(gate, limit); else a @ w[:, n] (+ bias[n]). PAIRED (GATED): the tile's columns
     alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both. W_LEFT (4-bit
     experts): the weights as the dots' left operand (w4a16_dot.wleft_steps, its SCALED / IZERO
-    forms, a already in pair order); gated, the tile is gate's BLOCK_N columns then up's, one
-    loop. OUT_PAIRS > 0: out's columns are stored in pair order for K steps of OUT_PAIRS."""
+    forms, a already in pair order; PAIR_ACCS its wgmmas kept in flight); gated, the tile is
+    gate's BLOCK_N columns then up's, one loop. OUT_PAIRS > 0: out's columns are stored in pair
+    order for K steps of OUT_PAIRS."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + pid_m)
@@ -135,7 +136,7 @@ def _moe_gemm_kernel(
                            rows, offs_w, valid, w_mask, 0, k_end, stride_am, stride_wk, stride_sg,
                            GROUP_SIZE, BLOCK_M, offs_w.shape[0], BLOCK_K // 8,
                            a_ptr.dtype.element_ty == tl.float16, DOT_F32, USE_ASM, SCALED, IZERO,
-                           X_PAIRS=True)
+                           X_PAIRS=True, PAIR_ACCS=PAIR_ACCS)
         if GATED:
             acc, acc_up = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
         else:
@@ -253,9 +254,9 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         # the table's width keeps their accumulators to the table's register budget.
         block_n = block_n // 2 if gated else block_n
         if left_block_k(weight, tiles, k):
-            izero = tiles.int_zeros and weight.int_zeros
+            izero = tiles.int_zeros and weight.int_zeros and not tiles.pair_accs
             form.update(W_LEFT=True, USE_ASM=uses_ptx(a.device), IZERO=izero,
-                        SCALED=tiles.scaled and not izero)
+                        SCALED=(tiles.scaled or tiles.pair_accs) and not izero, PAIR_ACCS=tiles.pair_accs)
     else:
         w = s = weight
         strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0, 0)

@@ -69,10 +69,11 @@ class GemmTiles:
     # registers and the scale applied by the step (one FMA an output element); others keep the
     # scaled or offset form
     int_zeros: bool = False
-    # The dense left-operand loop only (w4a16_dot(w_left=True)), in the scaled form: one
-    # accumulator a nibble pair and x in pair order (reordered before the launch), so no pair
-    # dot feeds another in the step and every K-16 wgmma stays in flight (Triton's properly
-    # async dots) instead of a wait after each pair
+    # The left-operand loop (w4a16_dot(w_left=True), and the MoE GEMMs' with w_left) in the
+    # scaled form with one accumulator a nibble pair over x in pair order (reordered before a
+    # dense launch where its producer did not write it so), so no pair dot feeds another in the
+    # step and every K-16 wgmma stays in flight (Triton's properly async dots) instead of a
+    # wait after each pair
     pair_accs: bool = False
     # The dense left-operand loop reads x in pair order (four contiguous slices a step, no split
     # in registers) where the linear's producer writes it so (the norm in front of it, the

@@ -420,7 +420,8 @@ def _dense_gemv_scenarios():
             residual=torch.zeros((1, hidden), dtype=dt), gated=True, act="gelu_tanh")
 
 
-_W_LEFT_FORMS = ({}, dict(scaled=True), dict(int_zeros=True))
+# the forms of 4-bit left-operand GEMMs; pair_accs (four accumulators) on 64-row blocks
+_W_LEFT_FORMS = ({}, dict(scaled=True), dict(int_zeros=True), dict(pair_accs=True, int_zeros=True, block_m=64))
 
 
 def _w_left(gemm, form):
