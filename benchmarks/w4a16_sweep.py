@@ -249,9 +249,9 @@ _PAIRED: dict = {}  # (x's pointer, block_k) -> x in pair order (dotL.pa.pre: re
 def paired_once(x: torch.Tensor, w, tiles: GemmTiles) -> torch.Tensor:
     block_k = 8 * dot_grid(x.shape[0], w.out_features, tiles)[1]
     key = (x.data_ptr(), tuple(x.shape), block_k)
-    if key not in _PAIRED:
-        _PAIRED[key] = pair_order(x, block_k)
-    return _PAIRED[key]
+    if key not in _PAIRED or _PAIRED[key][0] is not x:  # a new x at a freed one's address
+        _PAIRED[key] = (x, pair_order(x, block_k))
+    return _PAIRED[key][1]
 
 
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)
