@@ -288,16 +288,21 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     # the table's left-operand tiles without the integer-zero form (the swept weights are
     # symmetric, so "dotL" runs it where the table sets GemmTiles.int_zeros)
     v["dotL.noz"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, without_integer_zeros(x, w), w_left=True))
-    # pair_accs: the wgmmas kept in flight (one accumulator a pair, x reordered per call: the
-    # reorder's launch is timed); .pre reorders x once outside the timed graph (what a producer
-    # writing x in pair order would give); .sN other stage counts
+    # pair_accs / joined: the wgmmas kept in flight (one accumulator a pair, or one joined dot a
+    # step; x reordered per call: the reorder's launch is timed); .pre reorders x once outside
+    # the timed graph (what x_pairs' producers give); .sN other stage counts
     v["dotL.pa"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, pair_accs_tiles(x, w), w_left=True))
+    v["dotL.jn"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, table_left_tiles(x, w, joined=True),
+                                                        w_left=True))
     for name, change in (("dotL.pa.pre", dict(pair_accs=True)),
                          ("dotL.pa.pre.s2", dict(pair_accs=True, num_stages=2)),
                          ("dotL.pa.pre.s4", dict(pair_accs=True, num_stages=4)),
                          # narrower programs: pair_accs holds ~115 registers a thread, so 4 warps
                          # of 64 columns fit 4 programs an SM where 8 of 128 fit 2
                          ("dotL.pa.pre.bn64w4", dict(pair_accs=True, block_n=64, num_warps=4)),
+                         ("dotL.jn.pre", dict(joined=True)),  # one joined dot a step
+                         ("dotL.jn.pre.bn64w4", dict(joined=True, block_n=64, num_warps=4)),
+                         ("dotL.jn.pre.s4", dict(joined=True, num_stages=4)),
                          ("dotL.xp.pre", {})):  # the table's form reading x in pair order (no split)
         v[name] = ("dot", lambda x, w, out, c=change: w4a16_dot(
             paired_once(x, w, table_left_tiles(x, w, **c)), w, out, table_left_tiles(x, w, **c), w_left=True,

@@ -75,6 +75,10 @@ class GemmTiles:
     # step and every K-16 wgmma stays in flight (Triton's properly async dots) instead of a
     # wait after each pair
     pair_accs: bool = False
+    # The dense left loop's other way to the same end: one dot a step of the four pair tiles
+    # joined along K (no data movement) over x's whole step in pair order, one accumulator
+    # (fewer registers than pair_accs); takes precedence over pair_accs
+    joined: bool = False
     # The dense left-operand loop reads x in pair order (four contiguous slices a step, no split
     # in registers) where the linear's producer writes it so (the norm in front of it, the
     # SiLU-and-mul in front of a down projection: dispatch.w4a16_pairs_block); pair_accs tiles
@@ -561,7 +565,7 @@ def dot_left_tiles(m: int, device: torch.device | None = None,
 # A/B runs without a patched tree: "field=value,..." over every left-operand entry the table
 # gives (the GemmTiles form switches and stages: "x_pairs=1", "pair_accs=1,num_stages=2")
 DOT_LEFT_ENV = "HOMELAB_LLM_DOT_LEFT"
-_DOT_LEFT_FIELDS = {"scaled": bool, "int_zeros": bool, "pair_accs": bool, "x_pairs": bool,
+_DOT_LEFT_FIELDS = {"scaled": bool, "int_zeros": bool, "pair_accs": bool, "joined": bool, "x_pairs": bool,
                     "num_stages": int, "num_warps": int, "block_n": int}
 
 

@@ -255,6 +255,17 @@ def pair_left_dot(acc, xs, pair, X_F16: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def joined_tile(w0, w1, w2, w3, X_F16: tl.constexpr):
+    """The four nibble pairs' left-operand registers (left_weights' words [BLOCK_N, WROWS]) as
+    ONE [BLOCK_N, 8 WROWS] operand, pair j's tile (pair_tile) at columns [2 WROWS j, 2 WROWS (j +
+    1)): the order of a K step of x in pair order. Each register stays where it is (the
+    permute and reshape only rename them), so the joined dot needs no data movement."""
+    t = tl.join(tl.join(tl.join(*pair_halves(w0, X_F16)), tl.join(*pair_halves(w1, X_F16))),
+                tl.join(tl.join(*pair_halves(w2, X_F16)), tl.join(*pair_halves(w3, X_F16))))
+    return tl.reshape(tl.permute(t, (0, 4, 3, 1, 2)), [w0.shape[0], 8 * w0.shape[1]])
+
+
+@triton.jit
 def scaled_pair_dot(acc, xs, pair, s, c, r, X_F16: tl.constexpr, USE_ASM: tl.constexpr,
                     DOT_F32: tl.constexpr):
     """acc + one nibble pair's dot with the scaled form's weights (left_weights from
@@ -286,7 +297,7 @@ def _w4a16_dot_kernel(
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
     USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
     IZERO: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False, PAIR_ACCS: tl.constexpr = False,
-    X_PAIRS: tl.constexpr = False,
+    X_PAIRS: tl.constexpr = False, JOINED: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
@@ -304,7 +315,8 @@ def _w4a16_dot_kernel(
         acc = wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                           k_start, k_end, stride_xm, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M,
                           BLOCK_N, WROWS, X_F16, DOT_F32, USE_ASM, SCALED, IZERO,
-                          X_PAIRS=X_PAIRS, EVICT_FIRST=EVICT_FIRST, PAIR_ACCS=PAIR_ACCS)
+                          X_PAIRS=X_PAIRS, EVICT_FIRST=EVICT_FIRST, PAIR_ACCS=PAIR_ACCS,
+                          JOINED=JOINED)
     else:
         acc = wright_steps(x_rows, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n_mask,
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
@@ -321,7 +333,7 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                 X_F16: tl.constexpr, DOT_F32: tl.constexpr, USE_ASM: tl.constexpr = False,
                 SCALED: tl.constexpr = False, IZERO: tl.constexpr = False,
                 X_PAIRS: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False,
-                PAIR_ACCS: tl.constexpr = False):
+                PAIR_ACCS: tl.constexpr = False, JOINED: tl.constexpr = False):
     """The K loop with the weights as the dots' left operand: out^T = W^T x^T, four nibble-pair
     dots a K step (pair_tile: a word's masked pair is one register of the left operand; sm_90:
     wgmma with the weights in registers, BLOCK_N its M, the rows its N). x is one [BLOCK_M, 8
@@ -339,15 +351,19 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
     loop's multi-buffered copies, which is what Triton's asyncLaunchDots needs to keep the
     wgmmas in flight (eight K-16 dots a step, a wait for at most 7 pending) instead of waiting
     after every pair (sm_90 SASS at 16 x 128: the four DEPBAR-to-zero waits and their CTA
-    fences gone, 2 barriers a step left). The four dots stay four: one dot of the pair tiles
-    joined along K (Triton then keeps its K-16 MMAs in flight) was 10% slower in the MoE's
-    gate_up at 2,048 tokens on the H200."""
+    fences gone, 2 barriers a step left). JOINED (SCALED and X_PAIRS only; GemmTiles.joined):
+    one dot a step of the four pair tiles joined along K (joined_tile, no data movement) with
+    x's whole step in pair order, into one accumulator: in flight the same way, with fewer
+    registers than PAIR_ACCS (sm_90 at 16 x 128: 108 against 116, 308 instructions a step
+    against 318). Otherwise the four dots stay four: the joined dot was 10% slower in the
+    MoE's gate_up at 2,048 tokens on the H200 (30.1)."""
     BLOCK_K: tl.constexpr = WROWS * 8
     OFFSET: tl.constexpr = 1024.0 if X_F16 else 128.0
     EVICT: tl.constexpr = "evict_first" if EVICT_FIRST else ""
     rows = tl.arange(0, WROWS)
-    # [BLOCK_M, BLOCK_K] (X_PAIRS: one slice, [BLOCK_M, 2 WROWS])
-    x_offs = offs_m[:, None] * stride_xm + tl.arange(0, 2 * WROWS if X_PAIRS else BLOCK_K)[None, :]
+    # [BLOCK_M, BLOCK_K] (X_PAIRS: one slice, [BLOCK_M, 2 WROWS]; JOINED: the whole step)
+    x_offs = offs_m[:, None] * stride_xm + tl.arange(0, 2 * WROWS if X_PAIRS and not JOINED
+                                                      else BLOCK_K)[None, :]
     w_offs = rows[None, :] * stride_qw + offs_n[:, None]  # [BLOCK_N, WROWS]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc1 = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -372,7 +388,9 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
             s = scale.to(tl.float32)[:, None]
             b = bias.to(tl.float32)[:, None]
             c = b  # unused: the offset form's registers are the pairs as they are
-        if X_PAIRS:  # the four slices are contiguous: straight to the MMA, no split in registers
+        if JOINED:  # the step's x in pair order as one tile: the joined dot's operand
+            xt = tl.load(x_step + x_offs, mask=m_mask[:, None], other=0.0)
+        elif X_PAIRS:  # the four slices are contiguous: straight to the MMA, no split in registers
             x0 = tl.load(x_step + x_offs, mask=m_mask[:, None], other=0.0)
             x1 = tl.load(x_step + 2 * WROWS + x_offs, mask=m_mask[:, None], other=0.0)
             x2 = tl.load(x_step + 4 * WROWS + x_offs, mask=m_mask[:, None], other=0.0)
@@ -385,7 +403,21 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
             if not (SCALED or IZERO):
                 x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
             x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
-        if PAIR_ACCS:  # the scaled form, one accumulator a pair: no dot feeds another this step
+        if JOINED:  # the scaled form, the four pairs' registers as one operand, one dot a step
+            pair = pair_bits(packed, packed, 0, X_F16)
+            w0 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
+            pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
+            w1 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
+            pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
+            w2 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
+            pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
+            w3 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
+            wt = joined_tile(w0, w1, w2, w3, X_F16)
+            if DOT_F32:
+                acc += tl.dot(wt.to(tl.float32), tl.trans(xt).to(tl.float32))
+            else:
+                acc = tl.dot(wt, tl.trans(xt), acc)
+        elif PAIR_ACCS:  # the scaled form, one accumulator a pair: no dot feeds another this step
             pair = pair_bits(packed, packed, 0, X_F16)
             acc = scaled_pair_dot(acc, x0, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
             pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
@@ -510,7 +542,7 @@ def x_pairs_block(m: int, w: W4Weight, device: torch.device) -> int:
     tiles wants x in from its producer (GemmTiles.x_pairs or pair_accs), 0 where it reads x in
     k order."""
     w_left, t = launch_tiles(m, w, device)
-    return 8 * dot_grid(m, w.out_features, t)[1] if w_left and (t.x_pairs or t.pair_accs) else 0
+    return 8 * dot_grid(m, w.out_features, t)[1] if w_left and (t.x_pairs or t.pair_accs or t.joined) else 0
 
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
@@ -525,14 +557,14 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     tiles are given). x_paired: x2 comes in pair order (pair_order at the tiles' K step), which
     the left loop then reads as four contiguous slices a step (X_PAIRS; what a producer writing
     that order, or one reorder serving several calls, gives); an error where the launch takes
-    the eight-dot loop. Tiles with pair_accs need that order: x2 is reordered here unless
-    x_paired."""
+    the eight-dot loop. Tiles with pair_accs or joined need that order: x2 is reordered here
+    unless x_paired."""
     m, k = x2.shape
     n = w.out_features
     w_left, t = launch_tiles(m, w, x2.device, tiles, w_left)
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
-    pairs = w_left and t.pair_accs  # every left launch's K is whole steps (whole groups)
+    pairs = w_left and (t.pair_accs or t.joined)  # every left launch's K is whole steps (groups)
     if x_paired and not w_left:
         raise ValueError("w4a16_dot: x_paired needs the left-operand loop (w_left, a group size that "
                          "is whole K steps)")
@@ -550,7 +582,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
                 # one row block reads each weight once a call: the L2 need not keep it
                 EVICT_FIRST=grid_m == 1,
                 SCALED=w_left and (t.scaled or pairs) and not izero, IZERO=izero,
-                PAIR_ACCS=pairs, X_PAIRS=pairs or x_paired,
+                PAIR_ACCS=pairs and not t.joined, JOINED=pairs and t.joined, X_PAIRS=pairs or x_paired,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
     tickets = ticket_buffer(x2.device, grid_m * grid_n)
 

@@ -361,12 +361,14 @@ def _scenarios():
                                       int_zeros=True): w4a16_dot.w4a16_dot(
             x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2,
             w_left=True, tiles=t)
-    for m, dt, block_n, warps in ((8, bf16, 128, 8), (3, fp16, 64, 4), (40, bf16, 128, 8)):
-        # one accumulator a nibble pair over x in pair order (GemmTiles.pair_accs: sm_90 keeps
-        # the wgmmas in flight; every arch compiles it)
+    for m, dt, block_n, warps, form in ((8, bf16, 128, 8, "pair_accs"), (3, fp16, 64, 4, "pair_accs"),
+                                        (40, bf16, 128, 8, "pair_accs"), (8, bf16, 128, 8, "joined"),
+                                        (40, fp16, 64, 4, "joined")):
+        # one accumulator a nibble pair, or one joined dot a step, over x in pair order
+        # (GemmTiles.pair_accs / joined: sm_90 keeps the wgmmas in flight; every arch compiles it)
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, t=GemmTiles(64, block_n, 128, num_warps=warps, num_stages=3, split_k=4,
-                                      pair_accs=True): w4a16_dot.w4a16_dot(
+                                      **{form: True}): w4a16_dot.w4a16_dot(
             x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2,
             w_left=True, tiles=t)
     x = torch.zeros((8, k_in), dtype=bf16)  # the integer-zero form reading x in pair order

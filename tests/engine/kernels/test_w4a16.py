@@ -360,9 +360,10 @@ def test_left_operand_integer_zeros(dtype: torch.dtype, device: torch.device) ->
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device) -> None:
+def test_left_operand_weights_in_flight(dtype: torch.dtype, device: torch.device) -> None:
     """GemmTiles.pair_accs: the scaled form with one accumulator a nibble pair over x in pair
-    order (the launch reorders it, or takes it reordered with x_paired). The weights are the
+    order (the launch reorders it, or takes it reordered with x_paired), and GemmTiles.joined:
+    the same weights in one dot a step of the four pair tiles joined. The weights are the
     scaled form's, so its bound holds: per row within 2x the error of the exact weights rounded
     to the activations' type. Integer zero points too (pair_accs takes precedence over
     int_zeros), K splits (bit-identical again), 16- and 64-row programs; a caller's reordered x
@@ -386,9 +387,10 @@ def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device
         exact = dequantize_w4_ref(w).double()
         want = x.double() @ exact
         floor = (((x.double() @ exact.to(dtype).double()) - want).norm(dim=1) / want.norm(dim=1)).max().item()
-        for block_n, warps in ((64, 4), (128, 8)):
+        for block_n, warps, form in ((64, 4, "pair_accs"), (128, 8, "pair_accs"), (64, 4, "joined"),
+                                     (128, 8, "joined")):
             tiles = GemmTiles(16 if m <= 16 else 64, block_n, 128, num_warps=warps, num_stages=3,
-                              split_k=4, int_zeros=True, pair_accs=True)
+                              split_k=4, int_zeros=True, **{form: True})
 
             def run(xx, t=tiles, **kw):
                 return w4a16_dot(xx, w, torch.empty((m, n), dtype=torch.float32, device=device),
@@ -396,10 +398,10 @@ def test_left_operand_pair_accumulators(dtype: torch.dtype, device: torch.device
 
             got = run(x)
             err = ((got.double() - want).norm(dim=1) / want.norm(dim=1)).max().item()
-            assert err < 2 * floor + 1e-6, (dtype, m, split, block_n, err, floor)
-            assert torch.equal(got, run(x)), (dtype, m, split, block_n)
-            assert torch.equal(got, run(pair_order(x, 128), x_paired=True)), (dtype, m, block_n)
-            plain = dataclasses.replace(tiles, pair_accs=False)
+            assert err < 2 * floor + 1e-6, (dtype, m, split, block_n, form, err, floor)
+            assert torch.equal(got, run(x)), (dtype, m, split, block_n, form)
+            assert torch.equal(got, run(pair_order(x, 128), x_paired=True)), (dtype, m, block_n, form)
+            plain = dataclasses.replace(tiles, **{form: False})
             a, b = run(x, plain), run(pair_order(x, 128), plain, x_paired=True)
             if w.int_zeros:  # the same products in the same order
                 assert torch.equal(a, b), (dtype, m, block_n)
