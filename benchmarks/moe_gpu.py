@@ -364,11 +364,13 @@ def _time_tiles(key: str, args: tuple, want: torch.Tensor, tiles) -> None:
     report(f"{key}.ms", ms, f"err {rel_err(got, want):.1e}")
 
 
-# 4-bit prefill GEMMs with the wgmmas kept in flight (GemmTiles.pair_accs: four accumulators, so
-# 64-row blocks: 128 spill at ~255 registers; sm_90 SASS at 64 x 128 x 64 on 8 warps: 200, one
-# program an SM), both GEMMs, against the table's 128-row scaled tiles: (block_m, block_n,
-# block_k, warps, stages)
-LEFT_PAIR_TILES = [(64, 128, 64, 8, 3), (64, 128, 64, 8, 4), (64, 256, 64, 8, 3), (64, 128, 128, 8, 3)]
+# 4-bit prefill GEMMs with the wgmmas kept in flight, both GEMMs, against the table's 128-row
+# scaled tiles: (form, block_m, block_n, block_k, warps, stages). pair_accs (four accumulators)
+# fits 64-row blocks (sm_90: ~200 registers; 128 spill), joined (one) the table's 128 (~140).
+LEFT_PAIR_TILES = [("pair_accs", 64, 128, 64, 8, 3), ("pair_accs", 64, 128, 64, 8, 4),
+                   ("pair_accs", 64, 256, 64, 8, 3), ("pair_accs", 64, 128, 128, 8, 3),
+                   ("joined", 128, 128, 64, 8, 3), ("joined", 128, 128, 64, 8, 4),
+                   ("joined", 64, 128, 64, 8, 3), ("joined", 128, 256, 64, 8, 3)]
 
 
 def section_sweep_left(setup: Setup, quick: bool, mm_tflops: float) -> None:
@@ -380,9 +382,9 @@ def section_sweep_left(setup: Setup, quick: bool, mm_tflops: float) -> None:
     args = (x, setup.w4, None, weights, ids)
     want = fused_moe(*args)
     report(f"sweep_left.w4a16.t{tokens}.table.ms", bench_graph(lambda: fused_moe(*args)))
-    for bm, bn, bk, warps, stages in LEFT_PAIR_TILES:
-        t = GemmTiles(bm, bn, bk, warps, stages, scaled=True, w_left=True, pair_accs=True)
-        key = f"sweep_left.w4a16.t{tokens}.pair_accs.m{bm}n{bn}k{bk}w{warps}s{stages}"
+    for form, bm, bn, bk, warps, stages in LEFT_PAIR_TILES:
+        t = GemmTiles(bm, bn, bk, warps, stages, scaled=True, w_left=True, **{form: True})
+        key = f"sweep_left.w4a16.t{tokens}.{form}.m{bm}n{bn}k{bk}w{warps}s{stages}"
         _time_tiles(key, args, want, MoeGemmTiles(t, t))
     report("sweep_left.flop", flops / 1e9, f"GFLOP a layer (matmul {mm_tflops:.0f} TFLOP/s)")
 

@@ -98,13 +98,14 @@ def _moe_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
     W_LEFT: tl.constexpr = False, USE_ASM: tl.constexpr = False, SCALED: tl.constexpr = False,
     IZERO: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0, PAIR_ACCS: tl.constexpr = False,
+    JOINED: tl.constexpr = False,
 ):
     """out[slot, n] for the slots of block pid_m: GATED -> act(a @ w[:, n] + bias, a @ w[:, n + N]
     + bias), act silu(gate) * up, or (CLAMPED, gpt-oss) (clamp(up) + 1) * g * sigmoid(alpha * g)
     with g = min(gate, limit); else a @ w[:, n] (+ bias[n]). PAIRED (GATED): the tile's columns
     alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both. W_LEFT (4-bit
     experts): the weights as the dots' left operand (w4a16_dot.wleft_steps, its SCALED / IZERO
-    forms, a already in pair order; PAIR_ACCS its wgmmas kept in flight); gated, the tile is
+    forms, a already in pair order; PAIR_ACCS / JOINED its wgmmas kept in flight); gated, the tile is
     gate's BLOCK_N columns then up's, one loop. OUT_PAIRS > 0: out's columns are stored in pair
     order for K steps of OUT_PAIRS."""
     pid_m = tl.program_id(0)
@@ -136,7 +137,7 @@ def _moe_gemm_kernel(
                            rows, offs_w, valid, w_mask, 0, k_end, stride_am, stride_wk, stride_sg,
                            GROUP_SIZE, BLOCK_M, offs_w.shape[0], BLOCK_K // 8,
                            a_ptr.dtype.element_ty == tl.float16, DOT_F32, USE_ASM, SCALED, IZERO,
-                           X_PAIRS=True, PAIR_ACCS=PAIR_ACCS)
+                           X_PAIRS=True, PAIR_ACCS=PAIR_ACCS, JOINED=JOINED)
         if GATED:
             acc, acc_up = tl.split(tl.permute(tl.reshape(both, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
         else:
@@ -254,9 +255,11 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         # the table's width keeps their accumulators to the table's register budget.
         block_n = block_n // 2 if gated else block_n
         if left_block_k(weight, tiles, k):
-            izero = tiles.int_zeros and weight.int_zeros and not tiles.pair_accs
+            in_flight = tiles.pair_accs or tiles.joined  # the scaled form, wgmmas in flight
+            izero = tiles.int_zeros and weight.int_zeros and not in_flight
             form.update(W_LEFT=True, USE_ASM=uses_ptx(a.device), IZERO=izero,
-                        SCALED=(tiles.scaled or tiles.pair_accs) and not izero, PAIR_ACCS=tiles.pair_accs)
+                        SCALED=(tiles.scaled or in_flight) and not izero, JOINED=tiles.joined,
+                        PAIR_ACCS=tiles.pair_accs and not tiles.joined)
     else:
         w = s = weight
         strides = (w.stride(0), w.stride(1), w.stride(2), 0, 0, 0)

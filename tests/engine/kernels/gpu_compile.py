@@ -423,7 +423,8 @@ def _dense_gemv_scenarios():
 
 
 # the forms of 4-bit left-operand GEMMs; pair_accs (four accumulators) on 64-row blocks
-_W_LEFT_FORMS = ({}, dict(scaled=True), dict(int_zeros=True), dict(pair_accs=True, int_zeros=True, block_m=64))
+_W_LEFT_FORMS = ({}, dict(scaled=True), dict(int_zeros=True), dict(pair_accs=True, int_zeros=True, block_m=64),
+                 dict(joined=True, int_zeros=True))
 
 
 def _w_left(gemm, form):
