@@ -266,11 +266,17 @@ def joined_tile(w0, w1, w2, w3, X_F16: tl.constexpr):
 
 
 @triton.jit
-def scaled_pair_dot(acc, xs, pair, s, c, r, X_F16: tl.constexpr, USE_ASM: tl.constexpr,
-                    DOT_F32: tl.constexpr):
-    """acc + one nibble pair's dot with the scaled form's weights (left_weights from
-    scaled_terms' s, c and r)."""
-    return pair_left_dot(acc, xs, left_weights(pair, s, c, r, True, False, X_F16, USE_ASM), X_F16, DOT_F32)
+def scaled_pairs(packed, s, c, r, X_F16: tl.constexpr, USE_ASM: tl.constexpr):
+    """The scaled form's left-operand registers (left_weights from scaled_terms' s, c and r) of
+    a step's four nibble pairs."""
+    pair = pair_bits(packed, packed, 0, X_F16)
+    w0 = left_weights(pair, s, c, r, True, False, X_F16, USE_ASM)
+    pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
+    w1 = left_weights(pair, s, c, r, True, False, X_F16, USE_ASM)
+    pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
+    w2 = left_weights(pair, s, c, r, True, False, X_F16, USE_ASM)
+    pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
+    return w0, w1, w2, left_weights(pair, s, c, r, True, False, X_F16, USE_ASM)
 
 
 @triton.jit
@@ -404,28 +410,17 @@ def wleft_steps(x_ptr, qw_ptr, scales_ptr, biases_ptr, offs_m, offs_n, m_mask, n
                 x_sum = tl.sum(xt.to(tl.float32), axis=1)[None, :]
             x0, x1, x2, x3 = x_pair_slices(xt, WROWS)
         if JOINED:  # the scaled form, the four pairs' registers as one operand, one dot a step
-            pair = pair_bits(packed, packed, 0, X_F16)
-            w0 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
-            pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
-            w1 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
-            pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
-            w2 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
-            pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
-            w3 = left_weights(pair, s, c, b, True, False, X_F16, USE_ASM)
-            wt = joined_tile(w0, w1, w2, w3, X_F16)
+            wt = joined_tile(*scaled_pairs(packed, s, c, b, X_F16, USE_ASM), X_F16)
             if DOT_F32:
                 acc += tl.dot(wt.to(tl.float32), tl.trans(xt).to(tl.float32))
             else:
                 acc = tl.dot(wt, tl.trans(xt), acc)
         elif PAIR_ACCS:  # the scaled form, one accumulator a pair: no dot feeds another this step
-            pair = pair_bits(packed, packed, 0, X_F16)
-            acc = scaled_pair_dot(acc, x0, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
-            pair = pair_bits(packed, pair, 1, X_F16, USE_ASM)
-            acc1 = scaled_pair_dot(acc1, x1, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
-            pair = pair_bits(packed, pair, 2, X_F16, USE_ASM)
-            acc2 = scaled_pair_dot(acc2, x2, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
-            pair = pair_bits(packed, pair, 3, X_F16, USE_ASM)
-            acc3 = scaled_pair_dot(acc3, x3, pair, s, c, b, X_F16, USE_ASM, DOT_F32)
+            w0, w1, w2, w3 = scaled_pairs(packed, s, c, b, X_F16, USE_ASM)
+            acc = pair_left_dot(acc, x0, w0, X_F16, DOT_F32)
+            acc1 = pair_left_dot(acc1, x1, w1, X_F16, DOT_F32)
+            acc2 = pair_left_dot(acc2, x2, w2, X_F16, DOT_F32)
+            acc3 = pair_left_dot(acc3, x3, w3, X_F16, DOT_F32)
         else:
             # SCALED: the dots sum into acc itself (one accumulator's registers, not two)
             inner = acc if SCALED else tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
