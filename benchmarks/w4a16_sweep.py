@@ -237,12 +237,6 @@ def table_left_tiles(x: torch.Tensor, w, **change) -> GemmTiles:
     return dataclasses.replace(t, **change)
 
 
-def pair_accs_tiles(x: torch.Tensor, w, **change) -> GemmTiles:
-    """table_left_tiles with GemmTiles.pair_accs (the scaled form, one accumulator a nibble
-    pair, x in pair order)."""
-    return table_left_tiles(x, w, pair_accs=True, **change)
-
-
 _PAIRED: dict = {}  # (x's pointer, block_k) -> x in pair order (dotL.pa.pre: reordered once, untimed)
 
 
@@ -291,7 +285,8 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     # pair_accs / joined: the wgmmas kept in flight (one accumulator a pair, or one joined dot a
     # step; x reordered per call: the reorder's launch is timed); .pre reorders x once outside
     # the timed graph (what x_pairs' producers give); .sN other stage counts
-    v["dotL.pa"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, pair_accs_tiles(x, w), w_left=True))
+    v["dotL.pa"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, table_left_tiles(x, w, pair_accs=True),
+                                                        w_left=True))
     v["dotL.jn"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, table_left_tiles(x, w, joined=True),
                                                         w_left=True))
     for name, change in (("dotL.pa.pre", dict(pair_accs=True)),

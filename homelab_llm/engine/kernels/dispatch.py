@@ -199,14 +199,20 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
                            gated=gated, act=act)
 
 
+def w4a16_kernel_rows(x: torch.Tensor, weight) -> bool:
+    """x [M, K] may be formed for the W4A16 `weight` by a kernel in front of it (its prologue or
+    its producer): the GPU path, no act-order permutation, bf16/fp16 rows contiguous."""
+    return (use_triton(x) and x.dim() == 2 and weight.perm is None and x.stride(1) == 1
+            and x.dtype in (torch.bfloat16, torch.float16))
+
+
 def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
     """x [M, K] into the W4A16 `weight` takes the packed-half GEMV with its input formed in the
     prologue (norm, residual add, SiLU-and-mul: kernels/w4a16_prologue.py): a GPU whose table
     routes M rows to it and has fused tiles for them (tuning.h2_fused_tiles: where the fused
     calls were measured ahead of the separate kernels), no act-order permutation, bf16/fp16
     rows contiguous."""
-    if not use_triton(x) or x.dim() != 2 or weight.perm is not None or x.stride(1) != 1 \
-            or x.dtype not in (torch.bfloat16, torch.float16):
+    if not w4a16_kernel_rows(x, weight):
         return False
     from homelab_llm.engine.kernels.tuning import h2_fused_tiles, w4a16_route
 
@@ -220,8 +226,7 @@ def w4a16_pairs_block(x: torch.Tensor, weight) -> int:
     table routes these rows to the left-operand few-row kernel on tiles that read x so
     (GemmTiles.x_pairs / pair_accs), no act-order permutation, bf16/fp16 rows contiguous; 0
     elsewhere (the input stays in k order)."""
-    if not use_triton(x) or x.dim() != 2 or weight.perm is not None or x.stride(1) != 1 \
-            or x.dtype not in (torch.bfloat16, torch.float16):
+    if not w4a16_kernel_rows(x, weight):
         return 0
     from homelab_llm.engine.kernels.tuning import w4a16_route
     from homelab_llm.engine.kernels.w4a16_dot import x_pairs_block

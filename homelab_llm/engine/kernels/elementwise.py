@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import tiles_for
-from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 
 
 @triton.jit
@@ -85,7 +85,6 @@ def norm_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tens
             **pdl_args(x.device))
     return (out.view(x.shape), None if summed is None else summed.view(x.shape),
             None if k_out is None else k_out.view(x.shape))
-
 
 
 @triton.jit

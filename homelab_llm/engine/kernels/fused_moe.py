@@ -48,9 +48,9 @@ from homelab_llm.engine.kernels.fused_moe_gemv import DECODE_MAX_TOKENS, moe_w4_
 from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
+from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
-from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.w4a16_dot import wleft_steps
 from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_words import k_rows, load_k_words
@@ -105,8 +105,8 @@ def _moe_gemm_kernel(
     with g = min(gate, limit); else a @ w[:, n] (+ bias[n]). PAIRED (GATED): the tile's columns
     alternate gate n, up n, so one dot of 2 x BLOCK_N a K step computes both. W_LEFT (4-bit
     experts): the weights as the dots' left operand (w4a16_dot.wleft_steps, its SCALED / IZERO
-    forms, a already in pair order; PAIR_ACCS / JOINED its wgmmas kept in flight); gated, the tile is
-    gate's BLOCK_N columns then up's, one loop. OUT_PAIRS > 0: out's columns are stored in pair
+    forms, a already in pair order; PAIR_ACCS / JOINED its wgmmas kept in flight); gated, the
+    tile is gate's BLOCK_N columns then up's, one loop. OUT_PAIRS > 0: out's columns are stored in pair
     order for K steps of OUT_PAIRS."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -255,10 +255,9 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         # the table's width keeps their accumulators to the table's register budget.
         block_n = block_n // 2 if gated else block_n
         if left_block_k(weight, tiles, k):
-            in_flight = tiles.pair_accs or tiles.joined  # the scaled form, wgmmas in flight
-            izero = tiles.int_zeros and weight.int_zeros and not in_flight
+            izero = tiles.int_zeros and weight.int_zeros and not tiles.in_flight
             form.update(W_LEFT=True, USE_ASM=uses_ptx(a.device), IZERO=izero,
-                        SCALED=(tiles.scaled or in_flight) and not izero, JOINED=tiles.joined,
+                        SCALED=(tiles.scaled or tiles.in_flight) and not izero, JOINED=tiles.joined,
                         PAIR_ACCS=tiles.pair_accs and not tiles.joined)
     else:
         w = s = weight

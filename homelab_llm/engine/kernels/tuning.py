@@ -89,6 +89,11 @@ class GemmTiles:
     # up's), in the scaled / int_zeros / offset form above
     w_left: bool = False
 
+    @property
+    def in_flight(self) -> bool:
+        """pair_accs or joined: the scaled form over x in pair order, wgmmas kept in flight."""
+        return self.pair_accs or self.joined
+
 
 @dataclass(frozen=True)
 class MoeGemmTiles:

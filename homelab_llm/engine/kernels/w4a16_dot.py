@@ -537,7 +537,7 @@ def x_pairs_block(m: int, w: W4Weight, device: torch.device) -> int:
     tiles wants x in from its producer (GemmTiles.x_pairs or pair_accs), 0 where it reads x in
     k order."""
     w_left, t = launch_tiles(m, w, device)
-    return 8 * dot_grid(m, w.out_features, t)[1] if w_left and (t.x_pairs or t.pair_accs or t.joined) else 0
+    return 8 * dot_grid(m, w.out_features, t)[1] if w_left and (t.x_pairs or t.in_flight) else 0
 
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
@@ -559,7 +559,7 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     w_left, t = launch_tiles(m, w, x2.device, tiles, w_left)
     block_m, wrows, grid_m, grid_n = dot_grid(m, n, t)
     block_k = wrows * 8
-    pairs = w_left and (t.pair_accs or t.joined)  # every left launch's K is whole steps (groups)
+    pairs = w_left and t.in_flight  # every left launch's K is whole steps (whole groups)
     if x_paired and not w_left:
         raise ValueError("w4a16_dot: x_paired needs the left-operand loop (w_left, a group size that "
                          "is whole K steps)")
