@@ -227,13 +227,12 @@ def pow2_split_dot(x: torch.Tensor, w) -> int:
 def without_integer_zeros(x: torch.Tensor, w) -> GemmTiles:
     """The tiles the table gives the left-operand kernel for x's rows and w's width, int_zeros
     cleared: the offset / scaled forms that GGUF-min weights run on those tiles."""
-    t = dot_left_tiles(x.shape[0], x.device, w.out_features) or tiles_for(x.device).w4a16_dot
-    return dataclasses.replace(t, int_zeros=False)
+    return table_left_tiles(x, w, int_zeros=False)
 
 
 def table_left_tiles(x: torch.Tensor, w, **change) -> GemmTiles:
     """The table's left-operand tiles for x's rows and w's width, these fields changed."""
-    t = dot_left_tiles(x.shape[0], x.device, w.out_features) or tiles_for(x.device).w4a16_dot
+    t = dot_left_tiles(x.shape[0], x.device, w.out_features, w.in_features) or tiles_for(x.device).w4a16_dot
     return dataclasses.replace(t, **change)
 
 
@@ -297,6 +296,8 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
                          ("dotL.pa.pre.bn64w4", dict(pair_accs=True, block_n=64, num_warps=4)),
                          ("dotL.jn.pre", dict(joined=True)),  # one joined dot a step
                          ("dotL.jn.pre.bn64w4", dict(joined=True, block_n=64, num_warps=4)),
+                         ("dotL.jn.pre.bn64w4s4", dict(joined=True, block_n=64, num_warps=4, num_stages=4)),
+                         ("dotL.jn.pre.bn64w4s2", dict(joined=True, block_n=64, num_warps=4, num_stages=2)),
                          ("dotL.jn.pre.s4", dict(joined=True, num_stages=4)),
                          ("dotL.xp.pre", {})):  # the table's form reading x in pair order (no split)
         v[name] = ("dot", lambda x, w, out, c=change: w4a16_dot(

@@ -208,6 +208,9 @@ class ArchTiles:
     # The same for outputs of at most THIN_N columns, consulted first (fewer column blocks there
     # favour narrower programs). Empty: w4a16_dot_left serves every width.
     w4a16_dot_left_thin: tuple[tuple[int, GemmTiles], ...] = ()
+    # (max_rows, max_k, tiles) entries consulted before both: m rows over at most max_k inputs
+    # (fewer K steps a split program, where a deeper pipeline paid off). Empty: none.
+    w4a16_dot_left_short_k: tuple[tuple[int, int, GemmTiles], ...] = ()
     # Fused MoE grouped GEMMs at prefill sizes (the `gemm` entry's rows) over 4-bit experts:
     # gate_up's and down's own tiles where measured (the kernel halves gate_up's block_n for
     # its gate and up dots). None: `gemm`'s for both.
@@ -358,11 +361,7 @@ TABLE: dict[str, ArchTiles] = {
         # 35.3 at 40 rows). Before (20.4): at 24 / 40 rows 8B 4.85 / 7.48 ms, 27B 15.04 / 22.94;
         # before the pair dots (17.1) 27B 18.1 / 26.3 against the eight-dot kernel's 20.5 /
         # 29.2, deq's 29.9 / 29.8.
-        w4a16_dot_left=((16, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4,
-                                       int_zeros=True)),
-                        (64, GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4,
-                                       scaled=True, int_zeros=True))),
-        # Outputs of at most THIN_N columns up to 16 rows keep 64 columns a program (20.4, 8
+        # Before 38.1, outputs of at most THIN_N columns up to 16 rows kept 64 columns (20.4, 8
         # rows, us: 8B qkv 15.7 against 17.5 with 128 columns, o_proj 13.2 / 13.8, down 29.1 /
         # 29.8; the engine's 8B batch 8 lost 2.5% with 128 columns everywhere, the 27B gained
         # 2.3%: its wide calls gain 2-6%, its thin ones lose 0-3%); 17-64 rows too (26.4: 27B
@@ -379,10 +378,21 @@ TABLE: dict[str, ArchTiles] = {
         # (one step's linears within +-1% of the forms above at 3-40 rows; engine batch 8 8B
         # 2,159.1 -> 2,169.2 / 2,176.4 tok/s, 27B 674.7 -> 677.2) and exact where the scaled
         # form rounds every weight to bf16 (per-row error ~5e-8 against 2e-3).
-        w4a16_dot_left_thin=((16, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
-                                            int_zeros=True)),
-                             (64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
-                                            scaled=True, int_zeros=True))),
+        # 38.1 (H200, BENCHMARKS 38): every entry joined (GemmTiles.joined: the four pair tiles
+        # one dot a step, kept in flight) over x in pair order (x_pairs: the norm / SiLU-and-mul
+        # write it), 64 columns on 4 warps (108-122 registers: 4 programs an SM). Engine batch 8
+        # (w4a16_regress, one call): 27B 682.0 -> 753.3 tok/s, 8B 2,155.6 -> 2,237.6 (with the
+        # short-K entry; 3 stages there 2,130.3, 4 everywhere 27B 724.4). Stages by shape, us at
+        # 8 rows, 3 / 4 stages: 27B mlp.gate_up 55.1 / 58.0, in_proj_qkvz 28.2 / 31.1, attn.qkv
+        # 26.0 / 27.2; 8B gate_up (K 4,096) 42.5 / 37.8, lm_head 143.7 / 141.1; thin outputs
+        # (o_proj, down, 8B qkv) within 1% either way, 4 kept. 27B verify (spec_gpu --quick)
+        # batch 1 K = 2-4 1.83-1.88 -> 1.68-1.73x a plain step, batch 8 1.29-1.91 -> 1.23-1.56.
+        w4a16_dot_left=((64, GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4,
+                                       joined=True, x_pairs=True)),),
+        w4a16_dot_left_thin=((64, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
+                                            joined=True, x_pairs=True)),),
+        w4a16_dot_left_short_k=((16, 4096, GemmTiles(64, 64, 128, num_warps=4, num_stages=4, split_k=4,
+                                                     joined=True, x_pairs=True)),),
         # Qwen3-30B-A3B layer at 2,048 tokens, 4-bit experts (BENCHMARKS 30.1): the weights as
         # the dots' left operand, scaled form, 128 x 128 x 64 on 8 warps, 3 stages, for both
         # GEMMs: 622 us a layer (31.6% of the matmul rate) against 856 for the right-operand
@@ -556,13 +566,16 @@ def rows_entry(entries: tuple, m: int, past_last: bool = False):
 
 
 def dot_left_tiles(m: int, device: torch.device | None = None,
-                   n: int | None = None) -> GemmTiles | None:
+                   n: int | None = None, k: int | None = None) -> GemmTiles | None:
     """The left-operand few-row tiles (ArchTiles.w4a16_dot_left) this device's table gives m rows
-    (of n output columns: outputs of at most THIN_N columns take a w4a16_dot_left_thin entry
-    covering m where there is one), None where it has none; DOT_LEFT_ENV's fields changed."""
+    (over k inputs: a w4a16_dot_left_short_k entry covering both first; of n output columns:
+    outputs of at most THIN_N columns take a w4a16_dot_left_thin entry covering m where there
+    is one), None where it has none; DOT_LEFT_ENV's fields changed."""
     arch = tiles_for(device)
+    short = next((t for rows, max_k, t in arch.w4a16_dot_left_short_k if m <= rows and k <= max_k),
+                 None) if k is not None else None
     thin = rows_entry(arch.w4a16_dot_left_thin, m) if n is not None and n <= THIN_N else None
-    t = thin or rows_entry(arch.w4a16_dot_left, m, past_last=True)
+    t = short or thin or rows_entry(arch.w4a16_dot_left, m, past_last=True)
     change = dot_left_override(os.environ.get(DOT_LEFT_ENV, ""))
     return dataclasses.replace(t, **change) if t is not None and change else t
 

@@ -526,7 +526,7 @@ def launch_tiles(m: int, w: W4Weight, device: torch.device, tiles: GemmTiles | N
     table's left-operand entry, else its w4a16_dot; the left loop only where the weight's group
     is whole K steps (a step stays inside a group), the eight-dot loop otherwise."""
     arch = tiles_for(device)
-    t = tiles or (w_left and dot_left_tiles(m, device, w.out_features)) or arch.w4a16_dot
+    t = tiles or (w_left and dot_left_tiles(m, device, w.out_features, w.in_features)) or arch.w4a16_dot
     if w_left and w.group_size % (dot_grid(m, w.out_features, t)[1] * 8):
         return False, tiles or arch.w4a16_dot
     return w_left, t

@@ -227,7 +227,8 @@ def test_routes_cover_every_row_count() -> None:
         assert not left_rows or left[-1][0] >= max(left_rows), arch
         # tl.dot's minimum: 16 rows and 16 word rows a program
         thin = tuning.TABLE[arch].w4a16_dot_left_thin
-        assert all(t.block_m >= 16 and t.block_k % 128 == 0 for _, t in left + thin), arch
+        short = tuple((r, t) for r, _, t in tuning.TABLE[arch].w4a16_dot_left_short_k)
+        assert all(t.block_m >= 16 and t.block_k % 128 == 0 for _, t in left + thin + short), arch
         assert not thin or left, arch
     assert tuning.w4a16_route(1) == "h2" and tuning.w4a16_route(8) == "dot"
     assert tuning.w4a16_route(64) == "gemm" and tuning.w4a16_route(4096) == "deq"
@@ -271,7 +272,7 @@ def test_dot_kernel_weights_as_left_operand(dtype: torch.dtype, device: torch.de
         x = torch.randn(m, k, generator=gen).to(device, dtype)
         want = x.double() @ dequantize_w4_ref(w).double()
         t = dot_left_tiles(m, x.device, n)
-        t = t and dataclasses.replace(t, scaled=False, int_zeros=False)
+        t = t and dataclasses.replace(t, scaled=False, int_zeros=False, joined=False, pair_accs=False, x_pairs=False)
         got = w4a16_dot(x, w, torch.empty((m, n), dtype=torch.float32, device=device), t, split=split,
                         w_left=True)
         assert float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max()) < 2e-4, (dtype, m, split)
@@ -441,53 +442,66 @@ def test_integer_zero_flag_follows_the_weight() -> None:
 
 
 def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
-    """tuning.dot_left_tiles: the first w4a16_dot_left entry covering the rows (the last past
-    them), a w4a16_dot_left_thin entry first for outputs of at most THIN_N columns where one
-    covers the rows, and None for a table without entries (sm_90's shapes on the interpreter's
-    table); HOMELAB_LLM_DOT_LEFT's field changes over the entry that serves, a clear error for
-    anything else."""
+    """tuning.dot_left_tiles: a w4a16_dot_left_short_k entry first where it covers the rows and
+    the input width, then a w4a16_dot_left_thin entry for outputs of at most THIN_N columns
+    where one covers the rows, then the first w4a16_dot_left entry covering the rows (the last
+    past them); None for a table without entries (the interpreter's table);
+    HOMELAB_LLM_DOT_LEFT's field changes over the entry that serves, a clear error for anything
+    else."""
     import dataclasses
 
     from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.tuning import GemmTiles
 
     assert tuning.dot_left_tiles(8) is None
-    sm90 = tuning.TABLE["sm90"]
-    narrow, wide = sm90.w4a16_dot_left_thin[0][1], sm90.w4a16_dot_left[0][1]
-    big, thin_big = sm90.w4a16_dot_left[-1][1], sm90.w4a16_dot_left_thin[-1][1]
-    assert narrow != wide and big != thin_big
+    wide, big, narrow, thin_big, short = (GemmTiles(64, n, 128, num_warps=w, num_stages=s, split_k=4)
+                                          for n, w, s in ((128, 8, 3), (128, 8, 2), (64, 4, 4),
+                                                          (64, 4, 3), (64, 4, 5)))
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
-        tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
-        w4a16_dot_left_thin=sm90.w4a16_dot_left_thin))
+        tuning.TABLE["interpret"], w4a16_dot_left=((16, wide), (64, big)),
+        w4a16_dot_left_thin=((16, narrow), (64, thin_big)), w4a16_dot_left_short_k=((16, 4096, short),)))
     assert tuning.dot_left_tiles(8, None, 6144) == narrow
     assert tuning.dot_left_tiles(8, None, tuning.THIN_N) == narrow
     assert tuning.dot_left_tiles(8, None, tuning.THIN_N + 1) == wide
     assert tuning.dot_left_tiles(8) == wide
-    assert tuning.dot_left_tiles(24, None, 6144) == thin_big  # sm_90's thin 17-64 row entry
+    assert tuning.dot_left_tiles(24, None, 6144) == thin_big
     assert tuning.dot_left_tiles(24, None, tuning.THIN_N + 1) == big
-    assert tuning.dot_left_tiles(40, None, 6144) == thin_big
-    # 17-64 rows take the scaled weights (BENCHMARKS 27.4), up to 16 the offset form
-    assert big.scaled and thin_big.scaled and not (narrow.scaled or wide.scaled)
-    # integer zero points take q - z in registers at every row count (BENCHMARKS 28.1)
-    assert all(t.int_zeros for t in (narrow, wide, big, thin_big))
     assert tuning.dot_left_tiles(200, None, 6144) == big  # past every thin entry: the wide last
+    # the short-K entry: any width, its rows and inputs only
+    assert tuning.dot_left_tiles(8, None, tuning.THIN_N + 1, 4096) == short
+    assert tuning.dot_left_tiles(16, None, 6144, 2048) == short
+    assert tuning.dot_left_tiles(8, None, tuning.THIN_N + 1, 4097) == wide
+    assert tuning.dot_left_tiles(17, None, tuning.THIN_N + 1, 4096) == big
     # rows that no thin entry covers take the wide entries
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
-        tuning.TABLE["interpret"], w4a16_dot_left=sm90.w4a16_dot_left,
-        w4a16_dot_left_thin=((16, narrow),)))
+        tuning.TABLE["interpret"], w4a16_dot_left=((16, wide), (64, big)), w4a16_dot_left_thin=((16, narrow),)))
     assert tuning.dot_left_tiles(24, None, 6144) == big
     # DOT_LEFT_ENV changes fields of whatever entry serves (A/B runs), not an empty table's None
     monkeypatch.setenv(tuning.DOT_LEFT_ENV, "x_pairs=1, pair_accs=1,num_stages=2")
     assert tuning.dot_left_tiles(8) == dataclasses.replace(wide, x_pairs=True, pair_accs=True, num_stages=2)
-    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "int_zeros=0")
-    assert tuning.dot_left_tiles(24, None, 6144) == dataclasses.replace(big, int_zeros=False)
+    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "int_zeros=1")
+    assert tuning.dot_left_tiles(24, None, 6144) == dataclasses.replace(big, int_zeros=True)
     for bad in ("x_pairs", "warps=4", "scaled=yes"):
         monkeypatch.setenv(tuning.DOT_LEFT_ENV, bad)
         with pytest.raises(ValueError, match=tuning.DOT_LEFT_ENV):
             tuning.dot_left_tiles(8)
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
-        tuning.TABLE["interpret"], w4a16_dot_left=(), w4a16_dot_left_thin=()))
+        tuning.TABLE["interpret"], w4a16_dot_left=(), w4a16_dot_left_thin=(), w4a16_dot_left_short_k=()))
     monkeypatch.setenv(tuning.DOT_LEFT_ENV, "x_pairs=1")
     assert tuning.dot_left_tiles(8) is None
+
+
+def test_sm90_left_operand_entries_keep_wgmmas_in_flight() -> None:
+    """sm_90's few-row entries (BENCHMARKS 38.1): the joined form over x in pair order (its
+    producers write that order), 64 columns on one warpgroup, a K step inside any group size
+    the engine loads (128: dot_grid's 16 word rows)."""
+    from homelab_llm.engine.kernels import tuning
+
+    sm90 = tuning.TABLE["sm90"]
+    entries = [t for _, t in sm90.w4a16_dot_left + sm90.w4a16_dot_left_thin]
+    entries += [t for _, _, t in sm90.w4a16_dot_left_short_k]
+    assert entries and all(t.joined and t.in_flight and t.x_pairs for t in entries)
+    assert all((t.block_n, t.num_warps, t.block_k) == (64, 4, 128) for t in entries)
 
 
 def test_matmul_routes_rows_to_the_left_operand_loop(device: torch.device, monkeypatch) -> None:
