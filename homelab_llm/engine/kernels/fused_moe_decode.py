@@ -25,9 +25,9 @@ for the gate product and the add.
 
 Weights: 4-bit (moe_ref.MoeW4) or dense (w13 [E, 2I, H], w2 [E, H, I]); the dot products of
 one program live in moe_decode_dot.py. 4-bit experts go to the packed-half GEMV instead where
-the arch table has moe_h2 entries for both K, for up to its moe_h2_tokens tokens (one on sm_90
-until more are timed; fused_moe_h2.py: the Qwen3-30B-A3B W4A16 layer at one token 19.9 -> 14.8
-us on the H200, docs/BENCHMARKS.md 36.2).
+the arch table has moe_h2 entries for both K, for up to its moe_h2_tokens tokens (8 on sm_90;
+fused_moe_h2.py: the Qwen3-30B-A3B W4A16 layer at one token 19.9 -> 14.8 us on the H200, at 8
+tokens 122.7 -> 57.7, docs/BENCHMARKS.md 36.2, 38.3).
 """
 
 from __future__ import annotations
