@@ -131,7 +131,7 @@ class DrainingServer(uvicorn.Server):
 def _exit_now(reason: str | None) -> None:
     print(f"homelab-llm serve: the engine is dead ({reason}); exiting without a clean shutdown",
           file=sys.stderr, flush=True)
-    os._exit(1)
+    exit_without_teardown(1)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -158,7 +158,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
           sock: socket.socket | None = None) -> int:
     """Serve until a signal on `sock` (bound here if not given); returns the exit status (raises
-    ServeError if the port is busy or the model fails to load)."""
+    ServeError if the port is busy or the model fails to load). A dead engine ends the process
+    here with status 1 (exit_without_teardown)."""
     state: ServerState = app.state.server
     sock = sock or bind_socket(host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
@@ -177,5 +178,19 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
     if state.client.state == "dead":
         print(f"homelab-llm serve: the engine is dead: {state.client.dead_reason}",
               file=sys.stderr, flush=True)
-        return 1
+        exit_without_teardown(1)
     return server.exit_code
+
+
+def exit_without_teardown(status: int) -> None:
+    """End the process now, logs and stdio flushed, skipping the interpreter's teardown: after a
+    dead engine nothing is left to stop (its process is gone, its helpers die with the server),
+    and teardown is where a thread stuck behind the dead engine would hold the exit, past the
+    point where the watchdog's daemon thread can still run."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

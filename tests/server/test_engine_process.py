@@ -94,6 +94,21 @@ def test_killing_the_engine_process_makes_the_server_dead_and_exit_1() -> None:
         reap(child)
 
 
+def test_a_dead_engine_exits_past_a_stuck_thread_at_once() -> None:
+    """After a dead engine the server ends without the interpreter's teardown, so a thread that
+    would never end (one stuck behind the dead device, say) cannot hold the exit: status 1 in
+    well under the watchdog's DEAD_EXIT_DEADLINE_S (9 s), the normal path's ~1 s."""
+    child, base = start_child(20, 0.01, "process", "stuck")
+    try:
+        lines = running_stream(base, 900)
+        os.kill(engine_pid(child.pid), signal.SIGKILL)
+        wait_for(lambda: lines and lines[-1] == "data: [DONE]", 5, "the stream's end")
+        assert child.wait(6) == 1
+        assert "the engine is dead" in child.stdout.read().decode()
+    finally:
+        reap(child)
+
+
 def test_abort_mid_stream_frees_the_request_in_the_engine() -> None:
     with fake_server(functools.partial(FakeEngine, step_delay=0.01), engine_process=True) as running:
         base = running.base_url

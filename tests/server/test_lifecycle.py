@@ -135,13 +135,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_child(drain_s: float, step_delay: float,
-                mode: str = "thread") -> tuple[subprocess.Popen, str]:
+def start_child(drain_s: float, step_delay: float, mode: str = "thread",
+                *flags: str) -> tuple[subprocess.Popen, str]:
     """`serve` over the fake engine in a child process; mode: the engine in a "thread" of it or
-    in its own "process"."""
+    in its own "process"; flags: serve_fake's ("stuck")."""
     port = free_port()
     child = subprocess.Popen([sys.executable, "-m", "tests.server.serve_fake", str(port),
-                              str(drain_s), str(step_delay), mode], cwd=REPO,
+                              str(drain_s), str(step_delay), mode, *flags], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
 
