@@ -386,7 +386,7 @@ TABLE: dict[str, ArchTiles] = {
         # (w4a16_regress, one call): 27B 682.0 -> 753.3 tok/s, 8B 2,155.6 -> 2,237.6 (with the
         # short-K entry; 3 stages there 2,130.3, 4 everywhere 27B 724.4). Stages by shape, us at
         # 8 rows, 3 / 4 stages: 27B mlp.gate_up 55.1 / 58.0, in_proj_qkvz 28.2 / 31.1, attn.qkv
-        # 26.0 / 27.2; 8B gate_up (K 4,096) 42.5 / 37.8, lm_head 143.7 / 141.1; thin outputs
+        # 26.0 / 27.2; 8B gate_up (K 4,096) 42.5 / 37.8; thin outputs
         # (o_proj, down, 8B qkv) within 1% either way, 4 kept. 27B verify (spec_gpu --quick)
         # batch 1 K = 2-4 1.83-1.88 -> 1.68-1.73x a plain step, batch 8 1.29-1.91 -> 1.23-1.56.
         w4a16_dot_left=((64, GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4,
