@@ -202,8 +202,13 @@ def norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: tor
 def w4a16_kernel_rows(x: torch.Tensor, weight) -> bool:
     """x [M, K] may be formed for the W4A16 `weight` by a kernel in front of it (its prologue or
     its producer): the GPU path, no act-order permutation, bf16/fp16 rows contiguous."""
-    return (use_triton(x) and x.dim() == 2 and weight.perm is None and x.stride(1) == 1
-            and x.dtype in (torch.bfloat16, torch.float16))
+    return x.dim() == 2 and x.stride(1) == 1 and w4a16_kernel_dtype(x, weight)
+
+
+def w4a16_kernel_dtype(like: torch.Tensor, weight) -> bool:
+    """Rows in like's dtype on like's device may be formed for the W4A16 `weight` by a kernel in
+    front of it: the GPU path, no act-order permutation, bf16/fp16."""
+    return use_triton(like) and weight.perm is None and like.dtype in (torch.bfloat16, torch.float16)
 
 
 def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
@@ -226,13 +231,18 @@ def w4a16_pairs_block(x: torch.Tensor, weight) -> int:
     table routes these rows to the left-operand few-row kernel on tiles that read x so
     (GemmTiles.x_pairs / pair_accs), no act-order permutation, bf16/fp16 rows contiguous; 0
     elsewhere (the input stays in k order)."""
-    if not w4a16_kernel_rows(x, weight):
+    return w4a16_rows_pairs_block(x.shape[0], x, weight) if w4a16_kernel_rows(x, weight) else 0
+
+
+def w4a16_rows_pairs_block(m: int, like: torch.Tensor, weight) -> int:
+    """w4a16_pairs_block for m contiguous rows that a kernel is yet to write in like's dtype on
+    like's device (the Gated DeltaNet decode's output for its out projection)."""
+    if not w4a16_kernel_dtype(like, weight):
         return 0
     from homelab_llm.engine.kernels.tuning import w4a16_route
     from homelab_llm.engine.kernels.w4a16_dot import x_pairs_block
 
-    m = x.shape[0]
-    return x_pairs_block(m, weight, x.device) if w4a16_route(m, x.device) == "dotL" else 0
+    return x_pairs_block(m, weight, like.device) if w4a16_route(m, like.device) == "dotL" else 0
 
 
 def w4a16_paired_matmul(x: torch.Tensor, weight) -> torch.Tensor:

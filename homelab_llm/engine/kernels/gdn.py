@@ -121,27 +121,36 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             scale: float | None = None, rows_per_seq: int = 1,
                             gating: tuple[torch.Tensor, torch.Tensor] | None = None,
                             gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                            ) -> torch.Tensor:
+                            pair_block: int = 0) -> torch.Tensor:
     """Decode rows: q, k [N, Hk, Dk], v [N, Hv, Dv] -> o [N, Hv, Dv], in groups of rows_per_seq
     tokens of one sequence (one token per sequence by default); state in place. gating =
     (A_log, dt_bias): g and beta are the raw a and b, gated first (gdn_gating; on a GPU inside
     the decode kernel, one launch instead of two). gated_norm = (z [N, Hv, Dv], weight, eps):
-    the result is gated_rms_norm(o, z, weight, eps) (on a GPU inside the decode kernel too)."""
+    the result is gated_rms_norm(o, z, weight, eps) (on a GPU inside the decode kernel too).
+    pair_block (with gated_norm): each row's Hv * Dv values in that pair order
+    (kernels/pair_order.py), for the out projection's W4A16 few-row kernel
+    (dispatch.w4a16_pairs_block)."""
     _check_rule(q, k, v, g, beta, ssm_state)
     _check_slots(state_indices, q.shape[0], rows_per_seq)
     if use_triton(q):
         from homelab_llm.engine.kernels import gdn_recurrent
 
         return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                                        rows_per_seq, gating, gated_norm)
+                                                        rows_per_seq, gating, gated_norm, pair_block)
+    if pair_block and gated_norm is None:
+        raise ValueError("pair order is written by the gated norm: pass gated_norm with pair_block")
     if gating is not None:
         g, beta = gdn_ref.gdn_gating_ref(g, beta, *gating)
     o = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq)
     if gated_norm is None:
         return o
     z, weight, eps = gated_norm
-    return gated_rms_norm(o.reshape(-1, o.shape[-1]), z.reshape(-1, z.shape[-1]), weight,
-                          eps).view(o.shape)
+    o = gated_rms_norm(o.reshape(-1, o.shape[-1]), z.reshape(-1, z.shape[-1]), weight, eps)
+    if pair_block:
+        from homelab_llm.engine.kernels.pair_order import pair_check, pair_order
+
+        o = pair_order(o.view(q.shape[0], -1), pair_check(z.shape[1] * z.shape[2], pair_block))
+    return o.view(z.shape)
 
 
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor

@@ -20,6 +20,9 @@ With the layer's gated RMSNorm (NORM: rmsnorm(o) * weight * silu(z) per head, gd
 formula), the last of a head's value-block programs to finish (an atomic ticket per (group,
 head), reset after) reads the head's whole output row back, rounded as stored, and overwrites
 it normalized: the norm's launch goes away (gdn_ref.gated_rms_norm_ref on the stored output).
+With pair_block as well, that store puts each head's values in the pair order of the W4A16
+few-row kernel that reads them next (kernels/pair_order.py: the out projection's K steps, each
+inside one head), so that launch reads them with no reorder of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
+from homelab_llm.engine.kernels.pair_order import pair_check, pair_order, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import MAX_BLOCKS, ticket_buffer
@@ -43,7 +47,7 @@ def _recurrent_step_kernel(
     z_ptr, nw_ptr, ticket_ptr, eps, stride_zb, stride_zh,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr = False, DV_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PAIR_BLOCK: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
@@ -86,28 +90,31 @@ def _recurrent_step_kernel(
             tl.store(state_ptr + dst * stride_ss + s_offs, s, mask=s_mask)
     if NORM:
         _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_ptr + tl.program_id(0) * tl.num_programs(1) + h,
-                         first, h, eps, stride_ob, stride_oh, stride_zb, stride_zh, DV, DV_PAD, ROWS)
+                         first, h, eps, stride_ob, stride_oh, stride_zb, stride_zh, DV, DV_PAD, ROWS,
+                         PAIR_BLOCK)
 
 
 @triton.jit
 def _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_at, first, h, eps, stride_ob, stride_oh,
                      stride_zb, stride_zh, DV: tl.constexpr, DV_PAD: tl.constexpr,
-                     ROWS: tl.constexpr):
+                     ROWS: tl.constexpr, PAIR_BLOCK: tl.constexpr = 0):
     """The head's last value-block program: rmsnorm(o) * w * silu(z) over the head's stored
-    output rows of the group (gdn_norm._gated_rms_norm_kernel's formula), in place."""
+    output rows of the group (gdn_norm._gated_rms_norm_kernel's formula), in place; with
+    PAIR_BLOCK (a divisor of DV) stored in that pair order inside the head's values (the whole
+    row is read, reduced and only then stored, so the permuted store overwrites nothing unread)."""
     tl.debug_barrier()  # every thread's outputs are written before the ticket is taken
     if tl.atomic_add(ticket_at, 1, sem="acq_rel") == tl.num_programs(2) - 1:
         offs = tl.arange(0, DV_PAD)
         mask = offs < DV
         w = tl.load(nw_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         for j in tl.static_range(ROWS):
-            row = o_ptr + (first + j) * stride_ob + h * stride_oh + offs
-            x = tl.load(row, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            head = o_ptr + (first + j) * stride_ob + h * stride_oh
+            x = tl.load(head + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
             z = tl.load(z_ptr + (first + j) * stride_zb + h * stride_zh + offs, mask=mask,
                         other=0.0).to(tl.float32)
             inv = tl.math.rsqrt(tl.sum(x * x, axis=0) / DV + eps)
             y = x * inv * w * (z / (1.0 + tl.exp(-z)))
-            tl.store(row, y.to(o_ptr.dtype.element_ty), mask=mask)
+            tl.store(head + pair_position(offs, PAIR_BLOCK), y.to(o_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(ticket_at, 0)
 
 
@@ -116,15 +123,20 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale: float | None = None, rows_per_seq: int = 1,
                                gating: tuple[torch.Tensor, torch.Tensor] | None = None,
                                gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                               ) -> torch.Tensor:
+                               pair_block: int = 0) -> torch.Tensor:
     """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref).
     gating = (A_log, dt_bias): g and beta are the raw a and b [N, Hv], gated in the kernel
     (gdn_ref.gdn_gating_ref; one launch fewer a layer). gated_norm = (z [N, Hv, Dv], weight
-    [Dv], eps): the output is gated_rms_norm(o, z, weight, eps) (one launch fewer again)."""
+    [Dv], eps): the output is gated_rms_norm(o, z, weight, eps) (one launch fewer again).
+    pair_block (with gated_norm): each row's Hv * Dv values in pair order at that K step
+    (pair_order; stored so by the norm where the step divides Dv, else reordered after)."""
     check_rows(q, k, v, g, beta, ssm_state)
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    out = torch.empty_like(v)
+    if pair_block and gated_norm is None:
+        raise ValueError("pair order is written by the gated norm: pass gated_norm with pair_block")
+    pair_check(hv * dv, pair_block)
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # rows contiguous (v is often a view)
     if rows == 0:
         return out
     tiles = gdn_tiles(q.device)
@@ -135,12 +147,17 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if gated_norm is not None and (z.shape != v.shape or z.stride(2) != 1 or nw.shape != (dv,)):
         raise ValueError(f"gated norm: z {tuple(z.shape)} (head dim contiguous) and weight "
                          f"{tuple(nw.shape)} for outputs {tuple(v.shape)}")
+    if pair_block and dv % pair_block:  # a step across heads: the norm's store cannot permute it
+        o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
+                                       rows_per_seq, gating, gated_norm)
+        return pair_order(o.view(rows, hv * dv), pair_block).view(o.shape)
     if gated_norm is not None and groups * hv > MAX_BLOCKS:  # more heads than ticket counters
         from homelab_llm.engine.kernels.gdn_norm import gated_rms_norm
 
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
                                        rows_per_seq, gating)
-        return gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), nw, eps).view(o.shape)
+        o = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), nw, eps)
+        return (pair_order(o.view(rows, hv * dv), pair_block) if pair_block else o).view(v.shape)
     tickets = ticket_buffer(q.device, groups * hv) if gated_norm is not None else state_indices
     _recurrent_step_kernel[(groups, hv, triton.cdiv(dv, block_v))](
         q, k, v, g, beta, a_log, dt_bias, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
@@ -149,5 +166,5 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         z, nw, tickets, float(eps), z.stride(0), z.stride(1),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
         GATING=gating is not None, NORM=gated_norm is not None, DV_PAD=next_pow2(dv),
-        num_warps=tiles.decode_warps, **pdl_args(q.device))
+        PAIR_BLOCK=pair_block, num_warps=tiles.decode_warps, **pdl_args(q.device))
     return out

@@ -110,11 +110,13 @@ class GatedDeltaNet(nn.Module):
         v = mixed[:, 2 * kd:].reshape(tokens, self.num_v_heads, self.head_v_dim)
         if d == tokens and tokens:
             # decode rows only: the decode kernel gates a and b and applies the gated norm itself
+            # (in the out projection's pair order where its W4A16 kernel reads x so)
             z_heads = z.view(tokens, self.num_v_heads, self.head_v_dim)
+            pairs = self.out_proj.rows_pairs_block(tokens, v)
             o = gdn.gated_delta_rule_decode(q, k, v, a, b, self.ssm_state, ctx.state_indices,
                                             rows_per_seq=ctx.verify_width, gating=(self.A_log, self.dt_bias),
-                                            gated_norm=(z_heads, self.norm.weight, self.eps))
-            return self.out_proj(o.reshape(tokens, self.value_dim))
+                                            gated_norm=(z_heads, self.norm.weight, self.eps), pair_block=pairs)
+            return self.out_proj(o.reshape(tokens, self.value_dim), paired=pairs > 0)
         g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
         o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill,
                        (q, k, v, g, beta), (), self.ssm_state)

@@ -63,8 +63,10 @@ class LinearBase(nn.Module):
         return self._matmul(x, self.bias)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None,
-                act_in: str | None = None) -> torch.Tensor:
-        if act_in:  # x is a gated MLP's gate | up: its activation first (in the GEMV's prologue)
+                act_in: str | None = None, paired: bool = False) -> torch.Tensor:
+        if paired:  # x in the pair order rows_pairs_block gave (written so by its producer)
+            out = dispatch.w4a16_paired_matmul(x, self.w4)
+        elif act_in:  # x is a gated MLP's gate | up: its activation first (in the GEMV's prologue)
             out = dispatch.w4a16_act_matmul(x, self.w4, act_in) if self.w4 is not None else \
                 dispatch.linear(dispatch.gated_act(x, act_in), self.weight)
         elif self.w4 is None:
@@ -72,6 +74,12 @@ class LinearBase(nn.Module):
         else:
             out = dispatch.w4a16_matmul(x, self.w4)
         return out if bias is None else out + bias
+
+    def rows_pairs_block(self, m: int, like: torch.Tensor) -> int:
+        """The K step in whose pair order (kernels/pair_order.py) this linear wants m rows that a
+        kernel is yet to write in like's dtype and device: a W4A16 weight on the few-row kernel's
+        tiles that read x so (dispatch.w4a16_rows_pairs_block); 0 for k order."""
+        return dispatch.w4a16_rows_pairs_block(m, like, self.w4) if self.w4 is not None else 0
 
     def materialize(self, device: torch.device | str, dtype: torch.dtype) -> None:
         """Give a deferred (meta) weight real storage, to be filled by weight_loader."""
@@ -223,11 +231,11 @@ class RowParallelLinear(LinearBase):
             in_features, self.tp_size, self.tp_rank, "input features")
         super().__init__(in_local, out_features, bias)
 
-    def forward(self, x: torch.Tensor, act_in: str | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act_in: str | None = None, paired: bool = False) -> torch.Tensor:
         """x @ W (+ bias), all-reduced; act_in ("silu" or "gelu_tanh"): x is [gate | up] and the
-        input act(gate) * up."""
+        input act(gate) * up; paired: x in the pair order rows_pairs_block gave."""
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
-        out = self._matmul(x, self.bias if self.tp_rank == 0 else None, act_in)
+        out = self._matmul(x, self.bias if self.tp_rank == 0 else None, act_in, paired)
         return all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):

@@ -109,6 +109,46 @@ def test_gated_norm_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, dv: int
     assert rel_err(got, ref) <= (1e-5 if dtype == torch.float32 else 2e-2)
 
 
+@pytest.mark.parametrize("hv,dv,pair_block", [(2, 128, 128), (2, 128, 64), (4, 32, 128)])
+def test_gated_norm_writes_pair_order(hv: int, dv: int, pair_block: int, device: torch.device,
+                                      monkeypatch) -> None:
+    """pair_block: the output rows are pair_order(the k-order output) bit for bit (the same
+    values, only stored elsewhere): the norm's store permutes each head's values where the
+    step divides Dv (one step a head, two a head), a reorder after it where a step spans heads,
+    and past the ticket counters; a verify group of 3 with a padding row; the state the same.
+    Without the gated norm, a clear error."""
+    from homelab_llm.engine.kernels import gdn, gdn_recurrent
+    from homelab_llm.engine.kernels.pair_order import pair_order
+
+    gen = torch.Generator().manual_seed(31 + dv + pair_block)
+    slots = [3, 1, -1, 0, 2, 4]
+    q, k, v, g, beta, _, state, slots_t, _ = rule_inputs([1] * len(slots), hk=2, hv=hv, dk=16, dv=dv, gen=gen,
+                                                         slots=slots, dtype=torch.bfloat16, device=device)
+    z = (torch.randn(v.shape, generator=gen) * 2).to(device, torch.bfloat16)
+    norm = (z, (torch.rand(dv, generator=gen) + 0.5).to(device, torch.bfloat16), 1e-6)
+    k_state = state.clone()
+    want = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, k_state, slots_t, rows_per_seq=3,
+                                                    gated_norm=norm)
+    want = pair_order(want.reshape(len(slots), hv * dv), pair_block)
+    for max_blocks in (gdn_recurrent.MAX_BLOCKS, 1):
+        monkeypatch.setattr(gdn_recurrent, "MAX_BLOCKS", max_blocks)
+        got_state = state.clone()
+        got = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, got_state, slots_t, rows_per_seq=3,
+                                                       gated_norm=norm, pair_block=pair_block)
+        assert got.shape == v.shape and torch.equal(got_state, k_state), max_blocks
+        assert torch.equal(got.reshape(len(slots), hv * dv), want), max_blocks
+    with pytest.raises(ValueError, match="gated norm"):
+        gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, state, slots_t, rows_per_seq=3,
+                                                 pair_block=pair_block)
+    # the dispatching entry (the reference composition on the CPU) keeps the same contract
+    plain = gdn.gated_delta_rule_decode(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=3,
+                                        gated_norm=norm)
+    paired = gdn.gated_delta_rule_decode(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=3,
+                                         gated_norm=norm, pair_block=pair_block)
+    assert torch.equal(paired.reshape(len(slots), hv * dv),
+                       pair_order(plain.reshape(len(slots), hv * dv), pair_block))
+
+
 def test_steps_equal_prefill(device: torch.device) -> None:
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
     from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule

@@ -152,7 +152,10 @@ def _steps_in_both_orders(monkeypatch, model, ctx) -> tuple[list, tuple, tuple]:
     from homelab_llm.engine.context import forward_context
     from tests.engine.kernels.launch_count import count_calls
 
+    from homelab_llm.engine.kernels import gdn
+
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.setattr(gdn, "use_triton", lambda t: True)  # the Gated DeltaNet kernels too
     _table(monkeypatch, x_pairs=False)
     ids = torch.tensor([3, 9, 27, 41])
 
@@ -203,10 +206,13 @@ def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> Non
 def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
     """The same for a tiny W4A16 Qwen3.5 hybrid (3 Gated DeltaNet layers, 1 gated attention):
     a Gated DeltaNet layer's input norm writes its rows twice, in pair order for in_proj_qkvz
-    and in k order for the bf16 in_proj_ba beside it (one launch, as before)."""
+    and in k order for the bf16 in_proj_ba beside it (one launch, as before), and its decode
+    kernel's gated norm writes out_proj's input in pair order (value heads of 128: one K step
+    a head)."""
     from tests.engine.kernels.launch_count import TINY_QWEN3_5, tiny_decode_model
 
     config = dataclasses.replace(TINY_QWEN3_5, hidden_size=HIDDEN, intermediate_size=INTER,
+                                 linear_num_value_heads=2, linear_value_head_dim=128,
                                  name="tiny-w4-hybrid")
     model, _ = tiny_decode_model(torch.bfloat16, 59, config)
     _w4_linears(model, skip=("in_proj_ba",))
@@ -219,8 +225,8 @@ def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> No
     ctx = _four_rows_context(state_indices=torch.arange(4, dtype=torch.int32),
                              has_initial_state=torch.ones(4, dtype=torch.bool))
     paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model, ctx)
-    # per layer gate_up and down; in_proj_qkvz in the Gated DeltaNet layers, qkv_proj in the
-    # attention one; in the warm-up and the counted step
-    assert len(paired) == 2 * (2 * config.num_hidden_layers + config.num_hidden_layers)
+    # per layer gate_up and down; in_proj_qkvz and out_proj in the Gated DeltaNet layers,
+    # qkv_proj in the attention one; in the warm-up and the counted step
+    assert len(paired) == 2 * (3 * config.num_hidden_layers + len(model.gdn_layers))
     assert _rel(got, want) < 1e-2
     assert got_counts == want_counts, (got_counts, want_counts)
