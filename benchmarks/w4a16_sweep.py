@@ -214,7 +214,8 @@ DOTL_TILES = {
     "dotL.bm32bn256w8": GemmTiles(32, 256, 128, num_warps=8, num_stages=3, split_k=4),
     "dotL.bm64bn256w8": GemmTiles(64, 256, 128, num_warps=8, num_stages=3, split_k=4),
 }
-DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}  # family -> default variant
+# family -> default variant
+DEFAULTS = {"rows": "rows", "gemv": "gemv", "dot": "dot", "gemm": "gemm", "deq": "deq", "h2": "h2"}
 
 
 def pow2_split_dot(x: torch.Tensor, w) -> int:
