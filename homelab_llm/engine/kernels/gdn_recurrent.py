@@ -147,7 +147,8 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if gated_norm is not None and (z.shape != v.shape or z.stride(2) != 1 or nw.shape != (dv,)):
         raise ValueError(f"gated norm: z {tuple(z.shape)} (head dim contiguous) and weight "
                          f"{tuple(nw.shape)} for outputs {tuple(v.shape)}")
-    if pair_block and dv % pair_block:  # a step across heads: the norm's store cannot permute it
+    if pair_block and (dv % pair_block or groups * hv > MAX_BLOCKS):
+        # a step across heads, or the norm as its own kernel: k order, then reordered
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
                                        rows_per_seq, gating, gated_norm)
         return pair_order(o.view(rows, hv * dv), pair_block).view(o.shape)
@@ -156,8 +157,7 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
                                        rows_per_seq, gating)
-        o = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), nw, eps)
-        return (pair_order(o.view(rows, hv * dv), pair_block) if pair_block else o).view(v.shape)
+        return gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), nw, eps).view(o.shape)
     tickets = ticket_buffer(q.device, groups * hv) if gated_norm is not None else state_indices
     _recurrent_step_kernel[(groups, hv, triton.cdiv(dv, block_v))](
         q, k, v, g, beta, a_log, dt_bias, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
