@@ -303,6 +303,10 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
                          # 8 KB of words against 304 for 4 KB (133 registers: 3 programs an SM)
                          ("dotL.jn.pre.bn128w4", dict(joined=True, block_n=128, num_warps=4)),
                          ("dotL.jn.pre.bn128w4s4", dict(joined=True, block_n=128, num_warps=4, num_stages=4)),
+                         ("dotL.jn.pre.bn128w4s2", dict(joined=True, block_n=128, num_warps=4, num_stages=2)),
+                         # 256 columns: 802 instructions for 16 KB, 241 registers (2 programs an SM)
+                         ("dotL.jn.pre.bn256w4s2", dict(joined=True, block_n=256, num_warps=4, num_stages=2)),
+                         ("dotL.jn.pre.bn256w4", dict(joined=True, block_n=256, num_warps=4)),
                          ("dotL.jn.pre.s4", dict(joined=True, num_stages=4)),
                          ("dotL.xp.pre", {})):  # the table's form reading x in pair order (no split)
         v[name] = ("dot", lambda x, w, out, c=change: w4a16_dot(
