@@ -49,6 +49,7 @@ from homelab_llm.engine.kernels.decode_merge import decode_tickets, finish_split
 from homelab_llm.engine.kernels.elementwise import sigmoid_mul
 from homelab_llm.engine.kernels.kv_store import NewKV, new_kv_launch, rope_q_tile, store_new_kv_head
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
+from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
 
@@ -77,7 +78,7 @@ def _decode_split_kernel(
     PREFETCH_KV: tl.constexpr, FUSED_MERGE: tl.constexpr, LATE_Q: tl.constexpr,
     MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False, NEW_KV: tl.constexpr = False,
     QK_NORM: tl.constexpr = False, HALF: tl.constexpr = 1, HALF_PAD: tl.constexpr = 1,
-    TAIL_PAD: tl.constexpr = 1, NUM_KV_HEADS: tl.constexpr = 1,
+    TAIL_PAD: tl.constexpr = 1, NUM_KV_HEADS: tl.constexpr = 1, PAIR_BLOCK: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
@@ -115,7 +116,8 @@ def _decode_split_kernel(
             if FUSED_MERGE:
                 finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
                              tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
-                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D)
+                             GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D,
+                             PAIR_BLOCK)
             return
 
     t = tl.max(q_row, axis=0)  # (ROWS 1) the row's token
@@ -220,7 +222,9 @@ def _decode_split_kernel(
     if NUM_SPLITS == 1 or not MERGE_UNROTATES:
         out = unrotate_out(out, offs_d, HEAD_DIM, LOG2_D, ROTATE, DOT_F32)
     if NUM_SPLITS == 1:  # nothing to merge: the final output, no partials and no second kernel
-        tl.store(out_ptr + q_row[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        # (PAIR_BLOCK: each row's values in the out projection's pair order, rows contiguous)
+        offs_o = pair_position(heads[:, None] * stride_oh + offs_d[None, :], PAIR_BLOCK)
+        tl.store(out_ptr + q_row[:, None] * stride_ot + offs_o,
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
         return
     lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
@@ -233,7 +237,8 @@ def _decode_split_kernel(
     if FUSED_MERGE:
         finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, first.to(tl.int64),
                      tl.max(q_row, axis=0), kv_head, num_q_heads, stride_ot, stride_oh,
-                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D)
+                     GROUP, HEAD_DIM, HEAD_DIM_PAD, NUM_SPLITS, ROTATE and MERGE_UNROTATES, LOG2_D,
+                     PAIR_BLOCK)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device,
@@ -268,6 +273,7 @@ def paged_decode_attention(
     tiles: AttentionTiles | None = None,
     gate: torch.Tensor | None = None,
     new_kv: NewKV | None = None,
+    pair_block: int = 0,
 ) -> torch.Tensor:
     """window > 0: a sliding-window layer (the last `window` keys); sinks [Hq] float32 logits.
     gate [T, Hq, D] (a strided view is fine): the output times sigmoid(gate), in the merge kernel
@@ -278,7 +284,11 @@ def paged_decode_attention(
     new_kv: the step's K/V rows, unrotated and not yet in the cache, and q unrotated (with
     new_kv.qk_norm the projection's q, not normalized): each sequence's last split program
     rotates and stores them (kv_store.rope_store_kv's work, one launch fewer a layer), every
-    program rotates its q heads in registers; one-token rows only (rows_per_seq 1)."""
+    program rotates its q heads in registers; one-token rows only (rows_per_seq 1).
+    pair_block: each row's Hq * D values stored in that pair order (kernels/pair_order.py), the
+    out projection's W4A16 few-row kernel's input (dispatch.w4a16_rows_pairs_block), by the
+    kernel that writes the final output (the split kernel, the merge or the gate's launch);
+    `out`, if given, contiguous."""
     batch = seq_lens.shape[0]
     if new_kv is not None and rows_per_seq != 1:
         raise ValueError(f"new K/V rows go with one-token rows only, got rows_per_seq={rows_per_seq}")
@@ -307,7 +317,11 @@ def paged_decode_attention(
     if num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
     d_pad = next_pow2(head_dim)
-    out = torch.empty_like(q) if out is None else out
+    pair_block = pair_check(num_q_heads * head_dim, pair_block)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if pair_block else torch.empty_like(q)
+    elif pair_block and not out.is_contiguous():
+        raise ValueError("pair order is written into a contiguous output")
     if batch == 0:
         return out
     fused = split_tiles.fused_merge and rows_per_seq == 1 and num_splits > 1
@@ -319,6 +333,10 @@ def paged_decode_attention(
         part_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     tickets = decode_tickets(q.device, batch, num_kv_heads) if fused else out
     new_args, new_meta = new_kv_launch(new_kv, q, num_kv_heads, kv.rotate)
+    merged = num_splits > 1 and not fused  # the merge kernel writes the output (and gates it)
+    # a gate without the merge kernel is its own launch after the split kernel: that one writes
+    # the pair order, the split kernel k order
+    split_pairs = pair_block if gate is None or merged else 0
 
     def launch(num_stages: int) -> None:
         _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
@@ -336,15 +354,15 @@ def paged_decode_attention(
             FUSED_MERGE=fused, LATE_Q=split_tiles.late_q, MERGE_UNROTATES=split_tiles.merge_unrotates,
             num_warps=split_tiles.num_warps, num_stages=num_stages,
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
-            **pdl_args(q.device), **new_meta,
+            **pdl_args(q.device), **new_meta, PAIR_BLOCK=split_pairs,
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,
-                                   split_tiles, new_kv is not None), split_tiles.num_stages)
-    if num_splits > 1 and not fused:  # the merge applies the gate too
+                                   split_tiles, new_kv is not None, split_pairs), split_tiles.num_stages)
+    if merged:  # the merge applies the gate too
         merge_partials(part_out, part_lse, out, query_start_loc, head_dim,
                        kv.rotate and split_tiles.merge_unrotates, kv.log2_d,
-                       arch.elementwise_warps, gate)
+                       arch.elementwise_warps, gate, pair_block)
     elif gate is not None:  # no second kernel ran: the gate in one launch of its own
-        out = sigmoid_mul(out.view(out.shape[0], -1), gate).view(out.shape)
+        out = sigmoid_mul(out.view(out.shape[0], -1), gate, pair_block).view(out.shape)
     return out

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import fwht
+from homelab_llm.engine.kernels.pair_order import pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.w4a16_gemv import ticket_buffer
 
@@ -58,6 +59,7 @@ def _decode_reduce_kernel(
     stride_gt, stride_gh,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_GATE: tl.constexpr, PDL: tl.constexpr = False,
+    PAIR_BLOCK: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     b = tl.program_id(0)
@@ -71,18 +73,19 @@ def _decode_reduce_kernel(
         g = tl.load(gate_ptr + q_row * stride_gt + head * stride_gh + offs_d, mask=offs_d < HEAD_DIM,
                     other=0.0).to(tl.float32)
         out = out / (1.0 + tl.exp(-g))
-    tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    tl.store(out_ptr + q_row * stride_ot + pair_position(head * stride_oh + offs_d, PAIR_BLOCK),
+             out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
 def finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, row, q_row, kv_head, num_q_heads,
                  stride_ot, stride_oh, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                  HEAD_DIM_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, ROTATE: tl.constexpr,
-                 LOG2_D: tl.constexpr):
+                 LOG2_D: tl.constexpr, PAIR_BLOCK: tl.constexpr):
     """Fused merge, called by every split program of one decode row (int64 `row`, its output row
     q_row) and KV head once its partials are stored: the last of the NUM_SPLITS to take the
-    ticket writes the GROUP heads' merged outputs and resets the ticket."""
+    ticket writes the GROUP heads' merged outputs (in pair order at PAIR_BLOCK) and resets the
+    ticket."""
     tl.debug_barrier()  # every thread's partial is written before the ticket is taken
     ticket_at = ticket_ptr + row * tl.num_programs(1) + kv_head
     if tl.atomic_add(ticket_at, 1, sem="acq_rel") == NUM_SPLITS - 1:
@@ -92,7 +95,7 @@ def finish_split(part_out_ptr, part_lse_ptr, out_ptr, ticket_ptr, row, q_row, kv
             out = merge_head(part_out_ptr, part_lse_ptr, (row * num_q_heads + head) * NUM_SPLITS,
                              NUM_SPLITS, HEAD_DIM_PAD)
             out = unrotate_row(out, HEAD_DIM_PAD, LOG2_D, ROTATE)
-            tl.store(out_ptr + q_row * stride_ot + head * stride_oh + offs_d,
+            tl.store(out_ptr + q_row * stride_ot + pair_position(head * stride_oh + offs_d, PAIR_BLOCK),
                      out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
         tl.atomic_xchg(ticket_at, 0)
 
@@ -104,15 +107,16 @@ def decode_tickets(device: torch.device, rows: int, num_kv_heads: int) -> torch.
 
 def merge_partials(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor,
                    query_start_loc: torch.Tensor, head_dim: int, rotate: bool, log2_d: int,
-                   num_warps: int, gate: torch.Tensor | None = None) -> None:
+                   num_warps: int, gate: torch.Tensor | None = None, pair_block: int = 0) -> None:
     """Stage 2 as its own kernel: out[query_start_loc[b], h] = the merge of row b, head h
     (un-rotated when the partials come from rotated int8 rows), times sigmoid(gate[row, h]) when
-    a gate [T, Hq, D] (D contiguous) is given."""
+    a gate [T, Hq, D] (D contiguous) is given; pair_block: each row's values in that pair order
+    (kernels/pair_order.py; `out` contiguous)."""
     batch, num_q_heads, num_splits, d_pad = part_out.shape
     _decode_reduce_kernel[(batch, num_q_heads)](
         part_out, part_lse, out, out if gate is None else gate, query_start_loc,
         out.stride(0), out.stride(1), 0 if gate is None else gate.stride(0),
         0 if gate is None else gate.stride(1),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=d_pad, NUM_SPLITS=num_splits, ROTATE=rotate, LOG2_D=log2_d,
-        HAS_GATE=gate is not None, num_warps=num_warps, **pdl_args(out.device),
+        HAS_GATE=gate is not None, num_warps=num_warps, **pdl_args(out.device), PAIR_BLOCK=pair_block,
     )

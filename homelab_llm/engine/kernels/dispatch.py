@@ -41,7 +41,7 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
                     k_scale=None, v_scale=None, query_lens_host=None, seq_lens_host=None,
                     decode_only: bool | None = None, num_kv_splits: int | None = None,
                     window: int = 0, sinks: torch.Tensor | None = None, rows_per_seq: int = 1,
-                    gate: torch.Tensor | None = None, new_kv=None):
+                    gate: torch.Tensor | None = None, new_kv=None, pair_block: int = 0):
     """Causal attention of new tokens over their paged KV (see ref.paged_attention_ref); window
     > 0 for a sliding-window layer, sinks [Hq] float32 for gpt-oss's per-head sink logits; gate
     [T, Hq, D] (gated attention; may be strided) multiplies the output by sigmoid(gate).
@@ -58,7 +58,11 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
     in the cache. Where the arch's decode tiles say so (AttentionTiles.new_kv) a decode batch of
     one-token rows hands them to the decode kernel, which rotates and stores them itself; any
     other batch goes through kv_store.rope_store_kv first (with new_kv.qk_norm q is then a new
-    tensor)."""
+    tensor).
+
+    pair_block: each row's Hq * D values in that pair order (kernels/pair_order.py), the out
+    projection's W4A16 few-row input: written so by the decode kernels, reordered after the
+    others."""
     decode = use_triton(q) and (decode_only or (decode_only is None and query_lens_host is not None
                                                 and all(n == 1 for n in query_lens_host)))
     if new_kv is not None:
@@ -77,11 +81,18 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
         return paged_decode_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                                       softmax_scale, k_scale, v_scale, num_splits=num_kv_splits,
                                       max_seq_len=max_seq_len, window=window, sinks=sinks,
-                                      rows_per_seq=rows_per_seq, gate=gate, new_kv=new_kv)
+                                      rows_per_seq=rows_per_seq, gate=gate, new_kv=new_kv,
+                                      pair_block=pair_block)
     out = _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens,
                              softmax_scale, k_scale, v_scale, query_lens_host, seq_lens_host,
                              window, sinks)
-    return out if gate is None else sigmoid_mul(out.reshape(q.shape[0], -1), gate).view(out.shape)
+    out = out if gate is None else sigmoid_mul(out.reshape(q.shape[0], -1), gate).view(out.shape)
+    if pair_block:
+        from homelab_llm.engine.kernels.pair_order import rows_in_pair_order
+
+        out = rows_in_pair_order(out, pair_block)
+    return out
+
 
 
 def _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,

@@ -171,8 +171,9 @@ def silu_and_mul(gate_up: torch.Tensor, pair_block: int = 0) -> torch.Tensor:
 
 @triton.jit
 def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, stride_xt, stride_gt, stride_gh, stride_ot, D,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """Program (t, h): x's head h of token t times sigmoid of the gate's head h."""
+                        BLOCK: tl.constexpr, PDL: tl.constexpr = False, PAIR_BLOCK: tl.constexpr = 0):
+    """Program (t, h): x's head h of token t times sigmoid of the gate's head h (stored in pair
+    order at PAIR_BLOCK)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -181,12 +182,14 @@ def _sigmoid_mul_kernel(x_ptr, g_ptr, out_ptr, stride_xt, stride_gt, stride_gh, 
     x = tl.load(x_ptr + t * stride_xt + h * D + offs, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + t * stride_gt + h * stride_gh + offs, mask=mask, other=0.0).to(tl.float32)
     y = x / (1.0 + tl.exp(-g))
-    tl.store(out_ptr + t * stride_ot + h * D + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + t * stride_ot + pair_position(h * D + offs, PAIR_BLOCK), y.to(out_ptr.dtype.element_ty),
+             mask=mask)
 
 
-def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor, pair_block: int = 0) -> torch.Tensor:
     """x [T, H * D] * sigmoid(gate [T, H, D]) -> [T, H * D] in x's dtype; gate may be a strided
-    view (gated attention's gate columns, still in the q projection's output: no copy first)."""
+    view (gated attention's gate columns, still in the q projection's output: no copy first).
+    pair_block: each output row in that pair order (kernels/pair_order.py)."""
     tokens, heads, d = gate.shape
     if x.shape != (tokens, heads * d) or x.stride(-1) != 1 or gate.stride(-1) != 1:
         raise ValueError(f"sigmoid_mul: x {tuple(x.shape)} vs gate {tuple(gate.shape)} "
@@ -196,7 +199,8 @@ def sigmoid_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if tokens:
         _sigmoid_mul_kernel[(tokens, heads, triton.cdiv(d, block))](
             x, gate, out, x.stride(0), gate.stride(0), gate.stride(1), out.stride(0), d,
-            BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps, **pdl_args(x.device))
+            BLOCK=block, num_warps=tiles_for(x.device).elementwise_warps, **pdl_args(x.device),
+            PAIR_BLOCK=pair_check(heads * d, pair_block))
     return out
 
 

@@ -146,11 +146,9 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
         return o
     z, weight, eps = gated_norm
     o = gated_rms_norm(o.reshape(-1, o.shape[-1]), z.reshape(-1, z.shape[-1]), weight, eps)
-    if pair_block:
-        from homelab_llm.engine.kernels.pair_order import pair_check, pair_order
+    from homelab_llm.engine.kernels.pair_order import rows_in_pair_order
 
-        o = pair_order(o.view(q.shape[0], -1), pair_check(z.shape[1] * z.shape[2], pair_block))
-    return o.view(z.shape)
+    return rows_in_pair_order(o.view(z.shape), pair_block)
 
 
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
-from homelab_llm.engine.kernels.pair_order import pair_check, pair_order, pair_position
+from homelab_llm.engine.kernels.pair_order import pair_check, pair_position, rows_in_pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import MAX_BLOCKS, ticket_buffer
@@ -151,7 +151,7 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         # a step across heads, or the norm as its own kernel: k order, then reordered
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
                                        rows_per_seq, gating, gated_norm)
-        return pair_order(o.view(rows, hv * dv), pair_block).view(o.shape)
+        return rows_in_pair_order(o, pair_block)
     if gated_norm is not None and groups * hv > MAX_BLOCKS:  # more heads than ticket counters
         from homelab_llm.engine.kernels.gdn_norm import gated_rms_norm
 

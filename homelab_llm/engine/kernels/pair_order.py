@@ -23,6 +23,15 @@ def pair_order(x2: torch.Tensor, block_k: int) -> torch.Tensor:
     return x2.view(m, k // block_k, block_k // 8, 2, 4).permute(0, 1, 4, 2, 3).contiguous().view(m, k)
 
 
+def rows_in_pair_order(out: torch.Tensor, pair_block: int) -> torch.Tensor:
+    """out [T, ...] with each row's values in pair order at pair_block (pair_order's launch; out
+    itself for 0), same shape: the reorder for a route whose kernels write k order."""
+    if not pair_block:
+        return out
+    rows = out.reshape(out.shape[0], -1)
+    return pair_order(rows, pair_check(rows.shape[1], pair_block)).view(out.shape)
+
+
 @triton.jit
 def pair_position(offs, PAIR_BLOCK: tl.constexpr):
     """Where value k (offs, its index in the row) sits in pair order for K steps of PAIR_BLOCK;

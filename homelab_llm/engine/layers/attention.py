@@ -49,13 +49,14 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rope: RopeTables | None = None, gate: torch.Tensor | None = None,
-                qk_norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+                qk_norms: tuple[nn.Module, nn.Module] | None = None, pair_block: int = 0) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]. Without `rope`, q and k are already
         rotated; with it, they are rotated here (q in place on the kernel path). gate [T, Hq, D]
         (gated attention, may be strided): the output times sigmoid(gate), on a GPU's decode
         steps inside the attention's merge kernel. qk_norms (q_norm, k_norm), where
         norms_in_store says so: q and k (views of the projection) are normalized per head in
-        the rotating store kernel, q into a new tensor."""
+        the rotating store kernel, q into a new tensor. pair_block: each row in that pair order
+        (kernels/pair_order.py; see project)."""
         ctx = get_context()
         sinks = self.sinks
         if sinks is not None and sinks.dtype != torch.float32:  # a model cast after loading
@@ -81,7 +82,12 @@ class Attention(nn.Module):
                 q, k = self._rotate(q, k, rope)
             if not has_cache:
                 out = self._no_cache(q, k, v, ctx.query_lens_host, ctx.query_start_loc)
-                return out if gate is None else dispatch.sigmoid_mul(out, gate)
+                out = out if gate is None else dispatch.sigmoid_mul(out, gate)
+                if pair_block:
+                    from homelab_llm.engine.kernels.pair_order import rows_in_pair_order
+
+                    out = rows_in_pair_order(out, pair_block)
+                return out
             dispatch.store_kv(k, v, self.k_cache, self.v_cache, slot_mapping,
                               self.k_scale, self.v_scale)
         out = dispatch.paged_attention(
@@ -89,8 +95,18 @@ class Attention(nn.Module):
             self.scale, self.k_scale, self.v_scale, ctx.query_lens_host, ctx.seq_lens_host,
             decode_only=ctx.decode_only, num_kv_splits=ctx.num_kv_splits, window=self.window,
             sinks=sinks, rows_per_seq=ctx.verify_width if ctx.decode_only else 1, gate=gate,
-            new_kv=new_kv)
+            new_kv=new_kv, pair_block=pair_block)
         return out.reshape(q.shape[0], -1)
+
+    def project(self, o_proj: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rope: RopeTables | None = None, gate: torch.Tensor | None = None,
+                qk_norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+        """o_proj(forward(...)): the output handed over in the pair order o_proj's W4A16
+        few-row kernel reads (LinearBase.rows_pairs_block), written so by the decode kernels,
+        so o_proj needs no reorder launch of its own."""
+        pairs = o_proj.rows_pairs_block(q.shape[0], q)
+        out = self.forward(q, k, v, rope, gate, qk_norms, pair_block=pairs)
+        return o_proj(out, paired=pairs > 0)
 
     @staticmethod
     def _rotate(q: torch.Tensor, k: torch.Tensor, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:

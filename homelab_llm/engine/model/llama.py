@@ -83,17 +83,17 @@ class LlamaAttention(nn.Module):
         if self.qk_norm and self.attn.norms_in_store(qkv, rope):  # norms inside the KV store
             q = qkv[:, :self.q_size].view(tokens, self.num_heads, d)
             k = qkv[:, self.q_size:qk_size].view(tokens, self.num_kv_heads, d)
-            return self.o_proj(self.attn(q, k, v, rope, qk_norms=(self.q_norm, self.k_norm)))
+            return self.attn.project(self.o_proj, q, k, v, rope, qk_norms=(self.q_norm, self.k_norm))
         if self.qk_norm:  # one launch normalizes q's and k's heads, each with its own weight
             qk = qk_norm(qkv, self.num_heads, self.num_kv_heads, d, self.q_norm, self.k_norm)
         else:
             qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         if rope.in_kernel:  # the attention rotates q and k in the kernel that stores K/V
-            return self.o_proj(self.attn(q, k, v, rope))
+            return self.attn.project(self.o_proj, q, k, v, rope)
         # q and k sit side by side in the fused output: one rotation covers both.
         qk = rotate_qk(qk, self.num_heads, rope)
-        return self.o_proj(self.attn(qk[:, : self.num_heads], qk[:, self.num_heads :], v))
+        return self.attn.project(self.o_proj, qk[:, : self.num_heads], qk[:, self.num_heads :], v)
 
 
 class LlamaMLP(nn.Module):

@@ -122,12 +122,12 @@ class GatedAttention(nn.Module):
         if self.attn.norms_in_store(qkv, rope):  # q/k norms inside the KV store's launch
             q = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., :d]
             k = qkv[:, self.q_rows:self.q_rows + self.kv_size].view(tokens, self.num_kv_heads, d)
-            return self.o_proj(self.attn(q, k, v, rope, gate, qk_norms=(self.q_norm, self.k_norm)))
+            return self.attn.project(self.o_proj, q, k, v, rope, gate, qk_norms=(self.q_norm, self.k_norm))
         qk = qk_norm(qkv, h, self.num_kv_heads, d, self.q_norm, self.k_norm, self.q_step)
         if rope.in_kernel:  # rotated in the kernel that stores K/V (q in place)
-            return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v, rope, gate))
+            return self.attn.project(self.o_proj, qk[:, :h], qk[:, h:], v, rope, gate)
         qk = self.rotary.rotate(qk, rope)
-        return self.o_proj(self.attn(qk[:, :h], qk[:, h:], v.contiguous(), gate=gate))
+        return self.attn.project(self.o_proj, qk[:, :h], qk[:, h:], v.contiguous(), gate=gate)
 
 
 class Qwen3_5DecoderLayer(nn.Module):

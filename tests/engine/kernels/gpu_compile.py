@@ -159,8 +159,10 @@ def _scenarios():
     qd = torch.zeros((batch, hq, d), dtype=bf16)
     for cdt, splits in ((bf16, 1), (bf16, None), (i8, None)):  # None: the table's max_kv_splits
         kc, vc, ks, vs = caches(cdt)
-        yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits: decode_attention.paged_decode_attention(
-            qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs, num_splits=splits, max_seq_len=8192)
+        for pairs in (0, 128):  # 128: the output in o_proj's pair order (the final store's index)
+            yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits, pairs=pairs: \
+                decode_attention.paged_decode_attention(qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs,
+                                                        num_splits=splits, max_seq_len=8192, pair_block=pairs)
     # the split kernel's switches (tuning.AttentionTiles) at the arch's tile sizes: int8 score
     # dots, scale and K/V prefetch, fused merge, late q; one split (no merge) too
     from homelab_llm.engine.kernels.tuning import tiles_for
@@ -584,10 +586,13 @@ def _gated_attention_scenarios():
         gate = qkv[:, :hq * 2 * d].view(m, hq, 2 * d)[..., d:]
         yield lambda gate=gate, m=m: elementwise.sigmoid_mul(torch.zeros((m, hq * d), dtype=bf16), gate)
         kc, vc = torch.zeros((64, page, hkv, d), dtype=bf16), torch.zeros((64, page, hkv, d), dtype=bf16)
-        yield lambda gate=gate, m=m, kc=kc, vc=vc: decode_attention.paged_decode_attention(  # gate in the merge
-            torch.zeros((m, hq, d), dtype=bf16), kc, vc, torch.arange(m * 64, dtype=torch.int32).reshape(m, 64) % 64,
-            torch.arange(m + 1, dtype=torch.int32), torch.full((m,), 900, dtype=torch.int32), 0.0625,
-            max_seq_len=4096, gate=gate)
+        for splits, pairs in ((None, 0), (None, 128), (1, 128)):  # gate in the merge, or its own launch
+            yield lambda gate=gate, m=m, kc=kc, vc=vc, splits=splits, pairs=pairs: \
+                decode_attention.paged_decode_attention(
+                    torch.zeros((m, hq, d), dtype=bf16), kc, vc,
+                    torch.arange(m * 64, dtype=torch.int32).reshape(m, 64) % 64,
+                    torch.arange(m + 1, dtype=torch.int32), torch.full((m,), 900, dtype=torch.int32), 0.0625,
+                    max_seq_len=4096, gate=gate, num_splits=splits, pair_block=pairs)
         qk = torch.zeros((m, hq + hkv, d), dtype=bf16)
         pos, slots = torch.arange(m, dtype=i64), torch.arange(m, dtype=i64)
         cos_sin = torch.zeros((256, rd), dtype=torch.float32)

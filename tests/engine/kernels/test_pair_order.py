@@ -1,9 +1,10 @@
 """Pair order written where the input is made (kernels/pair_order.py): the RMSNorm (with and
-without its residual add, and with its rows in k order as well for a second reader) and the
-SiLU-and-mul store their rows in the few-row W4A16 left loop's pair order, and a table whose
-left-operand tiles read x so (GemmTiles.x_pairs) gets a pre-norm linear's and a gated MLP's
-input from them, with no reorder of its own: layer by layer and in whole decode steps of a
-tiny Llama and a tiny Qwen3.5 hybrid.
+without its residual add, and with its rows in k order as well for a second reader), the
+SiLU-and-mul and the decode attention's final store (o_proj's input) store their rows in the
+few-row W4A16 left loop's pair order, and a table whose left-operand tiles read x so
+(GemmTiles.x_pairs) gets a pre-norm linear's, a gated MLP's and o_proj's input from them,
+with no reorder of its own: layer by layer and in whole decode steps of a tiny Llama and a
+tiny Qwen3.5 hybrid.
 
 Bounds: the producers' rows are the k-order rows moved, bit for bit (the same arithmetic, only
 the store index differs). Through the layers, against the same table reading x in k order
@@ -48,6 +49,39 @@ def test_producers_write_pair_order(dtype: torch.dtype, device: torch.device) ->
         pair_check(384, 256)
     with pytest.raises(ValueError, match="whole K steps"):
         pair_check(384, 12)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8])
+def test_attention_output_written_in_pair_order(kv_dtype: torch.dtype, device: torch.device, paged_kv) -> None:
+    """The decode attention's final store in o_proj's pair order, bit for bit the k-order output
+    reordered: one split (the split kernel's store), four (the merge kernel's), the fused merge
+    (the last split program's), each with and without the output gate (in the merge, or its
+    own launch after one split), and verify groups of 2 rows; K steps of one head (32), two and
+    four heads (a step across heads)."""
+    import dataclasses as dc
+
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(61)
+    hq, hkv, d, lens = 4, 2, 32, [9, 5, 14, 14]
+    k_cache, v_cache, ks, vs, table = paged_kv(lens, hkv, d, 4, kv_dtype, device, gen)
+    table[3] = table[2]  # rows 2 and 3: one sequence's verify group (its last row sees 14 keys)
+    sl = torch.tensor([9, 5, 13, 14], dtype=torch.int32, device=device)
+    q = torch.randn(4, hq, d, generator=gen).to(device, torch.bfloat16)
+    gate = (torch.randn(4, hq * 2 * d, generator=gen) * 3).to(device, torch.bfloat16).view(4, hq, 2 * d)[..., d:]
+    qsl = torch.arange(5, dtype=torch.int32, device=device)
+    fused = dc.replace(tuning.decode_tiles(device, kv_dtype == torch.int8), fused_merge=True)
+    for splits, tiles, rows in ((1, None, 1), (4, None, 1), (4, fused, 1), (1, None, 2), (2, None, 2)):
+        for g in (None, gate):
+            kw = dict(num_splits=splits, tiles=tiles, rows_per_seq=rows, gate=g)
+            want = paged_decode_attention(q, k_cache, v_cache, table, qsl, sl, 0.2, ks, vs, **kw)
+            for block in (32, 64, 128):
+                got = paged_decode_attention(q, k_cache, v_cache, table, qsl, sl, 0.2, ks, vs, pair_block=block, **kw)
+                assert got.shape == want.shape and got.is_contiguous()
+                assert torch.equal(got.view(4, -1), pair_order(want.reshape(4, -1), block)), \
+                    (splits, tiles is fused, rows, g is None, block)
+    with pytest.raises(ValueError, match="whole K steps"):
+        paged_decode_attention(q, k_cache, v_cache, table, qsl, sl, 0.2, ks, vs, pair_block=256)
 
 
 HIDDEN, INTER, ROWS = 256, 384, 4
@@ -178,9 +212,10 @@ def _steps_in_both_orders(monkeypatch, model, ctx) -> tuple[list, tuple, tuple]:
 @interpreted
 def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
     """A tiny W4A16 Llama's decode step for 4 sequences (4 rows: the left-operand kernel on the
-    patched table) with x_pairs on (HOMELAB_LLM_DOT_LEFT) against the same step reading x in k
-    order: the hidden rows within 1e-2 (module docstring), the same launches (the producers'
-    order costs none), and the launch's own reorder never runs."""
+    patched table; the attention's merge writes o_proj's input) with x_pairs on
+    (HOMELAB_LLM_DOT_LEFT) against the same step reading x in k order: the hidden rows within
+    1e-2 (module docstring), the same launches (the producers' order costs none), and the
+    launch's own reorder never runs."""
     from homelab_llm.engine.model.config import ModelConfig
     from homelab_llm.engine.model.llama import LlamaForCausalLM
     from tests.engine.kernels.launch_count import bind_cache, random_weights
@@ -195,9 +230,10 @@ def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> Non
         bind_cache(attn, torch.bfloat16, pages=8)
     paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model,
                                                                            _four_rows_context())
-    # qkv_proj and gate_up_proj after their norms, down_proj after the SiLU-and-mul (o_proj reads
-    # the attention's output in k order), per layer, in the warm-up and the counted step
-    assert len(paired) == 2 * 3 * config.num_hidden_layers
+    # qkv_proj and gate_up_proj after their norms, o_proj after the attention's merge (4 heads of
+    # 64: a K step across 2 heads), down_proj after the SiLU-and-mul, per layer, in the warm-up
+    # and the counted step
+    assert len(paired) == 2 * 4 * config.num_hidden_layers
     assert _rel(got, want) < 1e-2
     assert got_counts == want_counts, (got_counts, want_counts)
 
@@ -208,7 +244,7 @@ def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> No
     a Gated DeltaNet layer's input norm writes its rows twice, in pair order for in_proj_qkvz
     and in k order for the bf16 in_proj_ba beside it (one launch, as before), and its decode
     kernel's gated norm writes out_proj's input in pair order (value heads of 128: one K step
-    a head)."""
+    a head), as the gated attention's merge does o_proj's."""
     from tests.engine.kernels.launch_count import TINY_QWEN3_5, tiny_decode_model
 
     config = dataclasses.replace(TINY_QWEN3_5, hidden_size=HIDDEN, intermediate_size=INTER,
@@ -226,7 +262,8 @@ def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> No
                              has_initial_state=torch.ones(4, dtype=torch.bool))
     paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model, ctx)
     # per layer gate_up and down; in_proj_qkvz and out_proj in the Gated DeltaNet layers,
-    # qkv_proj in the attention one; in the warm-up and the counted step
-    assert len(paired) == 2 * (3 * config.num_hidden_layers + len(model.gdn_layers))
+    # qkv_proj and o_proj (after the gated merge) in the attention one; in the warm-up and the
+    # counted step
+    assert len(paired) == 2 * 4 * config.num_hidden_layers
     assert _rel(got, want) < 1e-2
     assert got_counts == want_counts, (got_counts, want_counts)
