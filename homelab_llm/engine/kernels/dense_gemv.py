@@ -1,4 +1,4 @@
-"""bf16/fp16 decode GEMV (1-4 rows) over a dense [N, K] weight, with the small ops around a
+"""bf16/fp16 decode GEMV (1-8 rows) over a dense [N, K] weight, with the small ops around a
 decoder linear folded in, so a batch-1 step launches fewer kernels.
 
 out[m, n] = sum_k W[n, k] * x'[m, k] (+ bias[n]), where x' is, by constexpr switches:
@@ -14,7 +14,9 @@ silu(gate) * up (or GELU-tanh, Gemma's), so the activation kernel disappears too
 
 Numerics vs the unfused path: the normalized input and the gate/up products are not rounded to
 the activation dtype between ops (one fewer rounding each; differences ~2^-8 relative).
-Skinny outputs split K; the last program of a column block reduces the fp32 partials in split
+Past 4 rows, a third grid axis takes the rows 4 at a time (each group reads the weight again,
+from L2 for a skinny one: Gated DeltaNet's 1 MB in_proj_ba at batch 8, one launch where
+cuBLAS takes two). Skinny outputs split K; the last program of a column block reduces the fp32 partials in split
 order (w4a16_gemv.store_or_reduce: deterministic, no second launch, replays in graphs).
 Reference: dense_gemv_ref.norm_linear_ref.
 """
@@ -29,6 +31,9 @@ from homelab_llm.engine.kernels.elementwise import GATED_ACTS, gate_act
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import dense_gemv_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, store_or_reduce, ticket_buffer
+
+GROUP_ROWS = 4  # rows one program takes (each its own accumulators, unrolled)
+MAX_ROWS = 2 * GROUP_ROWS  # rows one launch serves (dispatch.SKINNY_GEMV_ROWS)
 
 
 @triton.jit
@@ -142,7 +147,8 @@ def _dense_gemv_kernel(
     # registers. Rows (at most 4) are unrolled, each with its own [BLOCK_N, KV] accumulator in
     # the weight tile's layout: a [rows, N, K] broadcast made the compiler move the weight tile
     # through shared memory every step. Rows past M re-read row M - 1 (no masks; the store
-    # drops them).
+    # drops them). Row group pid_m (program axis 2) owns rows [BLOCK_M pid_m, + BLOCK_M): every
+    # row pointer starts there, and its split-K slots and tickets are its own.
     VW: tl.constexpr = 4  # words a 16-byte vector
     KV: tl.constexpr = BLOCK_K // (2 * VW)
     BLOCK_W: tl.constexpr = BLOCK_K // 2
@@ -150,6 +156,15 @@ def _dense_gemv_kernel(
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    first_row = pid_m * BLOCK_M
+    x_ptr += first_row * stride_xm
+    res_ptr += first_row * stride_rm
+    new_res_ptr += first_row * stride_nm
+    out_ptr += first_row * stride_om
+    ws_ptr += pid_m * SPLIT * BLOCK_M * N
+    ticket_ptr += pid_m * tl.num_programs(0)
+    M = tl.minimum(M - first_row, BLOCK_M)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_w = tl.arange(0, KV)[:, None] * VW + tl.arange(0, VW)[None, :]
@@ -255,7 +270,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                block_n: int | None = None, block_k: int | None = None, split: int | None = None,
                num_warps: int | None = None, num_stages: int | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(out, new_residual) for x [M, K] (M <= 4 rows), weight [N, K] in x's dtype.
+    """(out, new_residual) for x [M, K] (M <= MAX_ROWS rows), weight [N, K] in x's dtype.
 
     norm_weight: RMSNorm the input first (eps its epsilon); residual: add it before the norm and
     return x + residual as new_residual (else None). gated: weight is [gate | up] (N even) and
@@ -270,8 +285,8 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError("dense_gemv: a residual is added only in front of the norm")
     if act not in GATED_ACTS:
         raise ValueError(f"dense_gemv: activation {act!r}, expected one of {GATED_ACTS}")
-    if not 0 < m <= 4:
-        raise ValueError(f"dense_gemv: {m} rows; it serves 1 to 4")
+    if not 0 < m <= MAX_ROWS:
+        raise ValueError(f"dense_gemv: {m} rows; it serves 1 to {MAX_ROWS}")
     if not words_fit(x, weight, residual, norm_weight):
         raise ValueError("dense_gemv: K must be even and every 16-bit operand 4-byte aligned "
                          "(it reads pairs as words)")
@@ -284,23 +299,26 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     n_total = weight.shape[0]
     n = n_total // 2 if gated else n_total
     n_blocks = triton.cdiv(n, block_n)
+    block_m = min(GROUP_ROWS, 1 << max(0, (m - 1).bit_length()))
+    groups = triton.cdiv(m, block_m)
     # gated: silu needs the whole dot, so no split (its outputs are wide anyway)
-    split = 1 if gated else (split or pick_split(n_blocks, k, block_k, x.device, t.waves))
+    split = 1 if gated else (split or pick_split(n_blocks * groups, k, block_k, x.device, t.waves))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    # split-K slots: [groups, split, block_m, n] (a group's [split, its rows, n] at its start)
+    ws = out if split == 1 else torch.empty((groups, split, block_m, n), dtype=torch.float32, device=x.device)
     new_res = torch.empty_like(x) if residual is not None else None
     res = residual if residual is not None else x
     xw, res_w, w_w = as_words(x), as_words(res), as_words(weight)
     new_res_w = as_words(new_res) if new_res is not None else xw
     stages = num_stages or t.num_stages
-    _dense_gemv_kernel[(n_blocks, split)](
+    _dense_gemv_kernel[(n_blocks, split, groups)](
         xw, res_w, new_res_w, as_words(norm_weight) if norm_weight is not None else xw, w_w,
-        bias if bias is not None else x, out, ws, ticket_buffer(x.device, n_blocks),
+        bias if bias is not None else x, out, ws, ticket_buffer(x.device, n_blocks * groups),
         m, n, k, n, k_per_split, float(eps),
         xw.stride(0), res_w.stride(0), new_res_w.stride(0), w_w.stride(0), out.stride(0),
-        BLOCK_M=1 << max(0, (m - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
         NORM=norm_weight is not None, RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         GATED=gated, EVEN_K=k % block_k == 0, IS_BF16=x.dtype == torch.bfloat16,
         LOOP_STAGES=stages, GELU=act == "gelu_tanh", num_warps=num_warps or t.num_warps,

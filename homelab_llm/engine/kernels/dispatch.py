@@ -152,16 +152,17 @@ def add_rms_norm(x, residual, weight, eps):
 
 
 FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
-# Outputs at most this narrow take the GEMV on every arch (up to FORCED_GEMV_ROWS rows); 0: none.
+# Outputs at most this narrow take the GEMV on every arch (up to SKINNY_GEMV_ROWS rows); 0: none.
 # Each arch's table may name a width of its own (DenseGemvTiles.skinny_n: sm_90 takes Gated
-# DeltaNet's in_proj_ba, 5120 -> 96, at 2-4 rows too, where cuBLAS runs split-K plus a reduce
-# launch; docs/BENCHMARKS.md 17.2). HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
+# DeltaNet's in_proj_ba, 5120 -> 96, at 2-8 rows too, where cuBLAS runs split-K plus a reduce
+# launch; docs/BENCHMARKS.md 17.2, 39). HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
 SKINNY_GEMV_N = 0
+SKINNY_GEMV_ROWS = 8  # dense_gemv.MAX_ROWS: past 4 rows, a program row group each 4
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """x [M, K] @ weight.T takes the decode GEMV (kernels/dense_gemv.py): a GPU, 1 to the arch
-    table's max_rows rows (tuning.DENSE_GEMV_TABLE; FORCED_GEMV_ROWS for a weight of at most
+    table's max_rows rows (tuning.DENSE_GEMV_TABLE; SKINNY_GEMV_ROWS for a weight of at most
     SKINNY_GEMV_N or the table's skinny_n outputs), bf16/fp16 in the weight's dtype, rows contiguous.
     HOMELAB_LLM_DENSE_GEMV=0 keeps the BLAS GEMM, =1 takes the GEMV for up to FORCED_GEMV_ROWS
     rows where the table has it off (benchmarks compare both)."""
@@ -172,8 +173,10 @@ def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
     tiles = dense_gemv_tiles(x.device)
     max_rows = tiles.max_rows
-    if (forced == "1" and not max_rows) or weight.shape[0] <= max(SKINNY_GEMV_N, tiles.skinny_n):
-        max_rows = max(max_rows, FORCED_GEMV_ROWS)
+    if weight.shape[0] <= max(SKINNY_GEMV_N, tiles.skinny_n):
+        max_rows = max(max_rows, SKINNY_GEMV_ROWS)
+    elif forced == "1" and not max_rows:
+        max_rows = FORCED_GEMV_ROWS
     if not (0 < x.shape[0] <= max_rows and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and x.stride(1) == 1 and weight.stride(1) == 1):
         return False

@@ -776,7 +776,7 @@ class DenseGemvTiles:
     # gated 166; 4 rows x 256 96-122, gated 168; no spills)
     rows_block_k: int = 256
     kinds: tuple[tuple[str, "DenseGemvTiles"], ...] = ()
-    # outputs at most this narrow take the GEMV up to dispatch.FORCED_GEMV_ROWS rows (0: none)
+    # outputs at most this narrow take the GEMV up to dispatch.SKINNY_GEMV_ROWS rows (0: none)
     skinny_n: int = 0
 
 

@@ -9,7 +9,8 @@ import torch
 from homelab_llm.engine.kernels.dense_gemv_ref import norm_linear_ref
 
 BF16, FP16 = torch.bfloat16, torch.float16
-# (M, K, N, split, dtype, norm, residual, gated, bias): 1-4 rows (3: a masked row of BLOCK_M 4);
+# (M, K, N, split, dtype, norm, residual, gated, bias): 1-4 rows (3: a masked row of BLOCK_M 4),
+# 5-8 in two row groups of 4 (5: a group of one row; each group its own split slots and tickets);
 # odd N (a partial column block); K 100/200/72 not a multiple of the tile (32 in the interpreter);
 # split None (the table's), 1 (no tickets) and 2-4 (ticket reduction; with the norm, each split
 # program gathers the whole row's squares first); gated only unsplit, as the wrapper runs it.
@@ -20,6 +21,10 @@ CASES = [
     (4, 200, 33, 4, BF16, True, False, False, False),
     (1, 128, 30, 1, FP16, True, False, True, True),
     (4, 72, 17, 2, BF16, False, False, False, True),
+    (8, 200, 37, 3, BF16, False, False, False, True),
+    (5, 100, 20, 2, FP16, True, True, False, False),
+    (7, 64, 24, 1, BF16, True, True, True, False),
+    (8, 96, 33, None, BF16, True, False, False, False),
 ]
 # The kernel rounds once, at its store; the fp32 reference not at all. Row-relative bound: one
 # rounding of the output, 2^-8 (bf16) / 2^-11 (fp16), doubled where the interpreter's cast
@@ -132,10 +137,11 @@ def test_cpu_routes_to_the_unfused_ops() -> None:
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_skinny_outputs_take_the_gemv_up_to_four_rows(monkeypatch) -> None:
+def test_skinny_outputs_take_the_gemv_up_to_eight_rows(monkeypatch) -> None:
     """An arch whose table serves 1 row (sm_90) and names skinny_n sends outputs at most that
-    narrow (Gated DeltaNet's in_proj_ba) to the GEMV for up to FORCED_GEMV_ROWS rows; wider
-    outputs and more rows stay with the BLAS GEMM."""
+    narrow (Gated DeltaNet's in_proj_ba) to the GEMV for up to SKINNY_GEMV_ROWS rows (8: a
+    batch-8 decode step); wider outputs and more rows stay with the BLAS GEMM; forced
+    (HOMELAB_LLM_DENSE_GEMV=1), any width takes it up to FORCED_GEMV_ROWS."""
     import dataclasses
 
     from homelab_llm.engine.kernels import dispatch, tuning
@@ -145,12 +151,15 @@ def test_skinny_outputs_take_the_gemv_up_to_four_rows(monkeypatch) -> None:
     arch = tuning.DENSE_GEMV_TABLE["interpret"]
     monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret", dataclasses.replace(arch, max_rows=1))
     narrow, wide = torch.zeros(96, 64, dtype=BF16), torch.zeros(200, 64, dtype=BF16)
-    rows = {m: torch.zeros(m, 64, dtype=BF16) for m in (1, 2, 4, 5)}
+    rows = {m: torch.zeros(m, 64, dtype=BF16) for m in (1, 2, 4, 5, 8, 9)}
     assert dispatch.dense_gemv_route(rows[1], wide) and not dispatch.dense_gemv_route(rows[2], narrow)
     monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret",
                         dataclasses.replace(arch, max_rows=1, skinny_n=128))
-    assert all(dispatch.dense_gemv_route(rows[m], narrow) for m in (1, 2, 4))
-    assert not dispatch.dense_gemv_route(rows[5], narrow) and not dispatch.dense_gemv_route(rows[2], wide)
+    assert all(dispatch.dense_gemv_route(rows[m], narrow) for m in (1, 2, 4, 5, 8))
+    assert not dispatch.dense_gemv_route(rows[9], narrow) and not dispatch.dense_gemv_route(rows[2], wide)
+    monkeypatch.setenv("HOMELAB_LLM_DENSE_GEMV", "1")
+    monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret", dataclasses.replace(arch, max_rows=0))
+    assert dispatch.dense_gemv_route(rows[4], wide) and not dispatch.dense_gemv_route(rows[5], wide)
 
 
 @pytest.mark.parametrize("m", [1, 4])
