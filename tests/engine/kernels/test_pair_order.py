@@ -84,6 +84,31 @@ def test_attention_output_written_in_pair_order(kv_dtype: torch.dtype, device: t
         paged_decode_attention(q, k_cache, v_cache, table, qsl, sl, 0.2, ks, vs, pair_block=256)
 
 
+@pytest.mark.parametrize("kernels", [False, True])
+def test_every_attention_route_hands_over_pair_order(kernels: bool, monkeypatch, paged_kv) -> None:
+    """dispatch.paged_attention(pair_block=) on each route: the decode kernels (one-token rows)
+    store pair order themselves; the extend kernel (rows of 3 and 2 new tokens) and the CPU
+    reference reorder after; gated or not, each bit for bit the k-order output reordered."""
+    if kernels and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the GPU routes through the Triton interpreter (CPU only)")
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: kernels)
+    gen = torch.Generator().manual_seed(63)
+    k_cache, v_cache, _, _, table = paged_kv([12, 7], 2, 32, 4, torch.bfloat16, torch.device("cpu"), gen)
+    sl = torch.tensor([12, 7], dtype=torch.int32)
+    for q_lens in ([1, 1], [3, 2]):
+        t = sum(q_lens)
+        q = torch.randn(t, 4, 32, generator=gen).to(torch.bfloat16)
+        gate = torch.randn(t, 4, 32, generator=gen).to(torch.bfloat16)
+        qsl = torch.tensor([0, q_lens[0], t], dtype=torch.int32)
+        for g in (None, gate):
+            def run(block: int) -> torch.Tensor:
+                return dispatch.paged_attention(q, k_cache, v_cache, table, qsl, sl, 0.2, None, None, q_lens,
+                                                [12, 7], gate=g, pair_block=block)
+
+            want = run(0).reshape(t, -1)
+            assert torch.equal(run(64).reshape(t, -1), pair_order(want, 64)), (q_lens, g is None)
+
+
 HIDDEN, INTER, ROWS = 256, 384, 4
 # the layer tests run the GPU path on CPU tensors through the interpreter, on its patched table
 interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
