@@ -94,7 +94,6 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
     return out
 
 
-
 def _attention_ungated(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, softmax_scale,
                        k_scale, v_scale, query_lens_host, seq_lens_host, window, sinks):
     """paged_attention's reference and prefill/extend routes."""
@@ -157,7 +156,7 @@ FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps th
 # DeltaNet's in_proj_ba, 5120 -> 96, at 2-8 rows too, where cuBLAS runs split-K plus a reduce
 # launch; docs/BENCHMARKS.md 17.2, 39). HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
 SKINNY_GEMV_N = 0
-SKINNY_GEMV_ROWS = 8  # dense_gemv.MAX_ROWS: past 4 rows, a program row group each 4
+SKINNY_GEMV_ROWS = 8  # at most dense_gemv.MAX_ROWS (past 4 rows, each program takes a group of 4)
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:
