@@ -70,8 +70,8 @@ from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
 from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
-from homelab_llm.engine.kernels.w4a16_gemv import (nibble_f32, pick_split, store_or_reduce,
-                                                     ticket_buffer, unscale_pow2)
+from homelab_llm.engine.kernels.w4a16_epilogue import DotChain, act_columns, finish_tile
+from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, pick_split, ticket_buffer, unscale_pow2
 from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
@@ -299,19 +299,29 @@ def _w4a16_dot_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_qw, stride_sg, stride_om, num_splits,
+    res_ptr, nw_ptr, sum_ptr, y_ptr, parts_ptr, rstd_ptr, rstd_in_ptr, act_half, eps, stride_rm, stride_ym,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WROWS: tl.constexpr,
     X_PERM: tl.constexpr, DOT_F32: tl.constexpr, W_LEFT: tl.constexpr = False,
     USE_ASM: tl.constexpr = False, PDL: tl.constexpr = False, SCALED: tl.constexpr = False,
     IZERO: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False, PAIR_ACCS: tl.constexpr = False,
-    X_PAIRS: tl.constexpr = False, JOINED: tl.constexpr = False,
+    X_PAIRS: tl.constexpr = False, JOINED: tl.constexpr = False, EPI: tl.constexpr = 0,
+    ACT: tl.constexpr = 1, NORM_IN: tl.constexpr = False, OUT_PAIRS: tl.constexpr = 0,
+    PARTS_BLOCK: tl.constexpr = 1,
 ):
+    """out = x W (w4a16_dot); EPI, ACT, NORM_IN, OUT_PAIRS: the chained epilogues
+    (w4a16_epilogue.py: the norm and act-and-mul around the linear; their pointers None unless
+    used); PARTS_BLOCK: the column blocks (NORM_OUT's partial sums a row) rounded up to a power
+    of two."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     X_F16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EPI == 2:  # ACT_OUT: half gate, half up columns, act-and-mul in the epilogue
+        offs_n = act_columns(pid_n, act_half, BLOCK_N)
+    else:
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
     k_start = pid_k * k_per_split
@@ -328,8 +338,11 @@ def _w4a16_dot_kernel(
                            k_start, k_end, stride_qw, stride_sg, GROUP_SIZE, BLOCK_M, BLOCK_N,
                            WROWS, X_F16, X_PERM, DOT_F32, EVICT_FIRST)
     ticket = ticket_ptr + pid_m * tl.num_programs(1) + pid_n
+    row_ticket = ticket_ptr + tl.num_programs(0) * tl.num_programs(1) + pid_m
     pdl_late(PDL)
-    store_or_reduce(acc, out_ptr, ws_ptr, ticket, pid_k, offs_m, offs_n, M, N, stride_om, num_splits)
+    finish_tile(acc, out_ptr, ws_ptr, ticket, row_ticket, pid_k, pid_n, offs_m, offs_n, M, N, stride_om, num_splits,
+                res_ptr, nw_ptr, sum_ptr, y_ptr, parts_ptr, rstd_ptr, rstd_in_ptr, act_half, eps, stride_rm,
+                stride_ym, EPI, ACT, NORM_IN, OUT_PAIRS, PARTS_BLOCK)
 
 
 @triton.jit
@@ -542,7 +555,7 @@ def x_pairs_block(m: int, w: W4Weight, device: torch.device) -> int:
 
 def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles | None = None,
               split: int | None = None, permute: bool | None = None,
-              w_left: bool = False, x_paired: bool = False) -> torch.Tensor:
+              w_left: bool = False, x_paired: bool = False, chain: DotChain | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for a few rows; x2 is already permuted and row-contiguous.
     tiles: block_m is an upper bound (rounded down to the next power of two >= M, at least 16),
     block_k = 8 * word rows per K step (at least 128: tl.dot needs 16 word rows); default the
@@ -553,7 +566,8 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
     the left loop then reads as four contiguous slices a step (X_PAIRS; what a producer writing
     that order, or one reorder serving several calls, gives); an error where the launch takes
     the eight-dot loop. Tiles with pair_accs or joined need that order: x2 is reordered here
-    unless x_paired."""
+    unless x_paired. chain: a chained epilogue (w4a16_epilogue.DotChain: it says what is stored
+    instead of out, which is then left alone)."""
     m, k = x2.shape
     n = w.out_features
     w_left, t = launch_tiles(m, w, x2.device, tiles, w_left)
@@ -579,11 +593,14 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
                 SCALED=w_left and (t.scaled or pairs) and not izero, IZERO=izero,
                 PAIR_ACCS=pairs and not t.joined, JOINED=pairs and t.joined, X_PAIRS=pairs or x_paired,
                 num_stages=t.num_stages, **pdl_args(x2.device, "dot"))
-    tickets = ticket_buffer(x2.device, grid_m * grid_n)
+    chain = chain or DotChain()
+    meta.update(chain.meta(n, t.block_n, grid_n))
+    # NORM_OUT: a counter a row block after the tiles' (w4a16_epilogue.row_norm_scale)
+    tickets = ticket_buffer(x2.device, grid_m * grid_n + (grid_m if chain.epi else 0))
 
     def args(ws: torch.Tensor, k_per_split: int, split: int) -> tuple:
         return (x2, w.qweight, w.scales, w.biases, out, ws, tickets, m, n, k, k_per_split,
-                x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split)
+                x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split) + chain.runtime(n)
 
     if split is None:
         resident = resident_programs(_w4a16_dot_kernel, (x2.dtype,) + tuple(sorted(meta.items())),

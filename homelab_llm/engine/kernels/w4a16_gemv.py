@@ -143,24 +143,42 @@ def store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M,
     if SPLIT == 1:
         tl.store(out_ptr + out_offs, part.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        ws_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(ws_ptr + pid_k * M * N + ws_offs, part, mask=out_mask)
-        tl.debug_barrier()  # every thread's partial is written before the ticket is taken
-        ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+        ticket = split_slot(part, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M, N)
         if ticket == SPLIT - 1:
-            ELEMS: tl.constexpr = part.shape[0] * part.shape[1]
-            CHUNK: tl.constexpr = 1 if part.shape[0] > 2 else max(1, min(CHUNK_SLOTS,
-                                                                         CHUNK_VALUES // ELEMS))
-            slots = tl.arange(0, CHUNK)[:, None, None]
-            total = tl.zeros(part.shape, tl.float32)
-            for s0 in range(0, SPLIT, CHUNK):
-                s_idx = s0 + slots
-                tile = tl.load(ws_ptr + s_idx * M * N + ws_offs[None, :, :],
-                               mask=(s_idx < SPLIT) & out_mask[None, :, :], other=0.0,
-                               cache_modifier=".cg")
-                total += tl.sum(tile, axis=0)
+            total = split_total(part, ws_ptr, offs_m, offs_n, M, N, SPLIT, CHUNK_VALUES, CHUNK_SLOTS)
             tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
             tl.atomic_xchg(ticket_ptr, 0)
+
+
+@triton.jit
+def split_slot(part, ws_ptr, ticket_ptr, pid_k, offs_m, offs_n, M, N):
+    """store_or_reduce's first half: part [BLOCK_M, BLOCK_N] fp32 to split pid_k's slot of the
+    workspace [SPLIT, M, N], then the tile's ticket taken; the program that draws SPLIT - 1 is
+    the tile's last and sums the slots (split_total), then resets the ticket to 0."""
+    ws_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(ws_ptr + pid_k * M * N + ws_offs, part, mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+    tl.debug_barrier()  # every thread's partial is written before the ticket is taken
+    return tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+
+
+@triton.jit
+def split_total(part, ws_ptr, offs_m, offs_n, M, N, SPLIT, CHUNK_VALUES: tl.constexpr = 8192,
+                CHUNK_SLOTS: tl.constexpr = 8):
+    """The sum of a tile's SPLIT slots (part: any of them, for the shape), chunked as
+    store_or_reduce says, in split order: the same total whichever program sums them."""
+    ws_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
+    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    ELEMS: tl.constexpr = part.shape[0] * part.shape[1]
+    CHUNK: tl.constexpr = 1 if part.shape[0] > 2 else max(1, min(CHUNK_SLOTS, CHUNK_VALUES // ELEMS))
+    slots = tl.arange(0, CHUNK)[:, None, None]
+    total = tl.zeros(part.shape, tl.float32)
+    for s0 in range(0, SPLIT, CHUNK):
+        s_idx = s0 + slots
+        tile = tl.load(ws_ptr + s_idx * M * N + ws_offs[None, :, :],
+                       mask=(s_idx < SPLIT) & out_mask[None, :, :], other=0.0, cache_modifier=".cg")
+        total += tl.sum(tile, axis=0)
+    return total
+
 
 def pick_split(n_blocks: int, k: int, block_k: int, device: torch.device, waves: int = 32) -> int:
     """Split K (for n_blocks output tiles) until there are about `waves` programs per SM (a decode

@@ -377,6 +377,7 @@ def _scenarios():
     yield lambda x=x: w4a16_dot.w4a16_dot(
         x, int_zeros, torch.zeros((x.shape[0], int_zeros.out_features), dtype=bf16), split=2, w_left=True,
         tiles=GemmTiles(64, 128, 128, num_warps=8, num_stages=3, split_k=4, int_zeros=True), x_paired=True)
+    yield from _dot_chain_scenarios(int_zeros)
 
     yield from _dense_gemv_scenarios()
     yield from _gdn_scenarios()
@@ -673,6 +674,34 @@ def _gdn_scenarios():
             yield lambda r=rule, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
                 gating=gates, gated_norm=(r[2][:40], *norm))
+
+
+def _dot_chain_scenarios(w):
+    """The few-row kernel's chained epilogues (kernels/w4a16_epilogue.py) over x in pair order:
+    the norm's add after the linear (split 1 and 2), the norm's scale and the act-and-mul after
+    it (SiLU, GELU-tanh), the norm's scale alone; the table's joined form (sm_90) and the
+    integer-zero one, fp16 and bf16."""
+    import torch
+
+    from homelab_llm.engine.kernels import w4a16_dot
+    from homelab_llm.engine.kernels.tuning import GemmTiles
+    from homelab_llm.engine.kernels.w4a16_epilogue import ACT_OUT, NORM_OUT, DotChain
+
+    k, n = w.in_features, w.out_features
+    for m, dt, form in ((8, torch.bfloat16, "joined"), (40, torch.float16, "joined"), (8, torch.bfloat16, "int_zeros")):
+        tiles = GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4, **{form: True})
+        x = torch.zeros((m, k), dtype=dt)
+        rstd = torch.zeros(m, dtype=torch.float32)
+        out_rows = torch.zeros((m, n), dtype=dt)
+        norm_out = DotChain(NORM_OUT, out_pairs=128, residual=torch.zeros((m, n), dtype=dt),
+                            norm_weight=torch.ones(n, dtype=dt), eps=1e-6, summed=torch.zeros((m, n), dtype=dt),
+                            y=out_rows, parts=torch.zeros((n // 64, m), dtype=torch.float32), rstd=rstd)
+        chains = [DotChain(), norm_out, DotChain(rstd_in=rstd)]  # the plain form beside them
+        chains += [DotChain(ACT_OUT, act=act, out_pairs=128, y=torch.zeros((m, n // 2), dtype=dt), rstd_in=rstd)
+                   for act in ("silu", "gelu_tanh")]
+        for chain, split in [(norm_out, 1)] + [(c, 2) for c in chains]:
+            yield lambda x=x, c=chain, s=split, t=tiles: w4a16_dot.w4a16_dot(
+                x, w, out_rows, tiles=t, split=s, w_left=True, x_paired=True, chain=c)
 
 
 def capture(arch: str) -> list[dict]:

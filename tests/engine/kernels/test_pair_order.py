@@ -25,6 +25,7 @@ from homelab_llm.engine.kernels import dispatch, elementwise, tuning
 from homelab_llm.engine.kernels import w4a16_dot as dot_mod
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_order
+from tests.engine.kernels.left_table import interpreted, use_left_table
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -110,23 +111,10 @@ def test_every_attention_route_hands_over_pair_order(kernels: bool, monkeypatch,
 
 
 HIDDEN, INTER, ROWS = 256, 384, 4
-# the layer tests run the GPU path on CPU tensors through the interpreter, on its patched table
-interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                 reason="the GPU path through the Triton interpreter (CPU only)")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1)).max())
-
-
-def _table(monkeypatch, x_pairs: bool) -> None:
-    """The interpreter's table routing 3-16 rows to the left-operand kernel on 16 x 64 tiles
-    in the integer-zero form, reading x in pair order or not."""
-    tiles = tuning.GemmTiles(16, 64, 128, num_warps=4, num_stages=2, split_k=4, int_zeros=True,
-                             x_pairs=x_pairs)
-    monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((2, "h2"), (16, "dotL"), (1 << 62, "deq")))
-    monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
-        tuning.TABLE["interpret"], w4a16_dot_left=((16, tiles),), w4a16_dot_left_thin=()))
 
 
 def _mlp():
@@ -155,13 +143,13 @@ def test_norm_and_gated_mlp_feed_the_left_loop_in_pair_order(monkeypatch) -> Non
     x = torch.randn(ROWS, HIDDEN, generator=gen).to(torch.bfloat16)
     residual = torch.randn(ROWS, HIDDEN, generator=gen).to(torch.bfloat16)
 
-    _table(monkeypatch, x_pairs=False)  # x in k order: the left loop splits it in registers
+    use_left_table(monkeypatch, x_pairs=False)  # x in k order: the left loop splits it in registers
     assert dispatch.w4a16_pairs_block(x, gate_up.w4) == 0
     want_h, want_res = norm_then_linear(x, residual, norm, gate_up)
     want_out = down(want_h, act_in="silu")
     want_first = norm_then_linear(x, None, norm, gate_up)[0]  # the first layer: no residual yet
 
-    _table(monkeypatch, x_pairs=True)
+    use_left_table(monkeypatch, x_pairs=True)
     assert dispatch.w4a16_pairs_block(x, gate_up.w4) == 128
     assert dispatch.w4a16_pairs_block(x[:2], gate_up.w4) == 0  # 2 rows: the packed-half GEMV
 
@@ -215,7 +203,7 @@ def _steps_in_both_orders(monkeypatch, model, ctx) -> tuple[list, tuple, tuple]:
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     monkeypatch.setattr(gdn, "use_triton", lambda t: True)  # the Gated DeltaNet kernels too
-    _table(monkeypatch, x_pairs=False)
+    use_left_table(monkeypatch, x_pairs=False)
     ids = torch.tensor([3, 9, 27, 41])
 
     def step(env: str):
