@@ -15,20 +15,18 @@ from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
 def norm_out_dot(x2: torch.Tensor, w: W4Weight, residual: torch.Tensor, norm_weight: torch.Tensor,
-                 eps: float, pair_block: int, rstd_in: torch.Tensor | None = None,
-                 split: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 eps: float, pair_block: int, split: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, rstd, summed) of out = x2 W into the next RMSNorm: summed = out + residual (rounded as
     the norm's add rounds it), y = summed * norm_weight in pair order at pair_block (the next
     linear's K step), rstd [M] fp32 the rows' 1 / rms: the next linear's norm_in_dot inputs.
-    rstd_in: a norm before this linear (its rows' scale). split: K splits (w4a16_dot's choice by
-    default)."""
+    split: K splits (w4a16_dot's choice by default)."""
     m, n = x2.shape[0], w.out_features
     grid_n = dot_grid(m, n, launch_tiles(m, w, x2.device)[1])[3]
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     summed = torch.empty_like(y)
     rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
     chain = DotChain(NORM_OUT, out_pairs=pair_block, residual=residual, norm_weight=norm_weight, eps=eps,
-                     summed=summed, y=y, rstd=rstd, rstd_in=rstd_in,
+                     summed=summed, y=y, rstd=rstd,
                      parts=torch.empty((grid_n, m), dtype=torch.float32, device=x2.device))
     w4a16_dot(x2, w, y, split=split, w_left=True, x_paired=True, chain=chain)
     return y, rstd, summed
@@ -43,3 +41,10 @@ def norm_in_dot(x2: torch.Tensor, w: W4Weight, rstd: torch.Tensor, act: str | No
     out = torch.empty((m, n // 2 if act else n), dtype=x2.dtype, device=x2.device)
     chain = DotChain(ACT_OUT, act=act, out_pairs=act_pairs, y=out, rstd_in=rstd) if act else DotChain(rstd_in=rstd)
     return w4a16_dot(x2, w, out, split=split, w_left=True, x_paired=True, chain=chain)
+
+
+def act_pairs_fit(m: int, w: W4Weight, device: torch.device) -> bool:
+    """norm_in_dot(act=...) can serve m rows of the gate | up weight w: the left-operand loop, and
+    its column blocks pair the gate and up features (whole half blocks of features)."""
+    w_left, t = launch_tiles(m, w, device)
+    return w_left and (w.out_features // 2) % (t.block_n // 2) == 0

@@ -18,6 +18,8 @@ out_proj is row-parallel over its value heads.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -88,9 +90,12 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.mix(self.in_proj_qkvz(hidden), self.in_proj_ba(hidden))
 
-    def mix(self, qkvz: torch.Tensor, ba: torch.Tensor) -> torch.Tensor:
+    def mix(self, qkvz: torch.Tensor, ba: torch.Tensor, out_proj: Any = None) -> Any:
         """Everything after the two input projections: conv, the delta rule, the gated norm,
-        out_proj (the decoder may form qkvz with its norm inside the GEMV's prologue)."""
+        out_proj (the decoder may form qkvz with its norm inside the GEMV's prologue). out_proj:
+        in out_proj's place (layers/norm_chain.NormAfter: out_proj with the next norm in its
+        epilogue, returning that norm's Prenormed)."""
+        proj = out_proj or self.out_proj
         ctx = get_context()
         if self.conv_state is None or self.ssm_state is None or ctx.state_indices is None:
             raise RuntimeError("Gated DeltaNet layer has no state slots bound (runner bug)")
@@ -112,17 +117,17 @@ class GatedDeltaNet(nn.Module):
             # decode rows only: the decode kernel gates a and b and applies the gated norm itself
             # (in the out projection's pair order where its W4A16 kernel reads x so)
             z_heads = z.view(tokens, self.num_v_heads, self.head_v_dim)
-            pairs = self.out_proj.rows_pairs_block(tokens, v)
+            pairs = proj.rows_pairs_block(tokens, v)
             o = gdn.gated_delta_rule_decode(q, k, v, a, b, self.ssm_state, ctx.state_indices,
                                             rows_per_seq=ctx.verify_width, gating=(self.A_log, self.dt_bias),
                                             gated_norm=(z_heads, self.norm.weight, self.eps), pair_block=pairs)
-            return self.out_proj(o.reshape(tokens, self.value_dim), paired=pairs > 0)
+            return proj(o.reshape(tokens, self.value_dim), paired=pairs > 0)
         g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
         o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill,
                        (q, k, v, g, beta), (), self.ssm_state)
         o = gdn.gated_rms_norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                self.norm.weight, self.eps)
-        return self.out_proj(o.reshape(tokens, self.value_dim))
+        return proj(o.reshape(tokens, self.value_dim))
 
     @staticmethod
     def _rows(ctx, d: int, decode, prefill, row_args: tuple[torch.Tensor, ...], const_args: tuple,

@@ -23,6 +23,8 @@ from homelab_llm.engine.layers.linear import (
     RowParallelLinear,
 )
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
+from homelab_llm.engine.layers.norm_chain import (NormAfter, Prenormed, chained_mlp_norm, chained_next_norm,
+                                                  prenormed_linear, prenormed_mlp, rows_of)
 from homelab_llm.engine.layers.norm_linear import fuses, gated_mlp, norm_then_linear
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, rotate_qk
 from homelab_llm.engine.model.config import ModelConfig
@@ -72,28 +74,30 @@ class LlamaAttention(nn.Module):
             self.sinks.weight_loader = load_sinks  # type: ignore[attr-defined]
             self.attn.sinks = self.sinks
 
-    def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        return self.attend(self.qkv_proj(hidden), rope)
+    def forward(self, hidden: torch.Tensor, rope: RopeTables, o_proj: NormAfter | None = None) -> Any:
+        return self.attend(self.qkv_proj(hidden), rope, o_proj)
 
-    def attend(self, qkv: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        """Everything after the fused q | k | v projection: norms, rotation, attention, o_proj."""
+    def attend(self, qkv: torch.Tensor, rope: RopeTables, o_proj: NormAfter | None = None) -> Any:
+        """Everything after the fused q | k | v projection: norms, rotation, attention, o_proj
+        (or, given, o_proj with the next norm in its epilogue: layers/norm_chain.Prenormed)."""
+        out_proj = o_proj or self.o_proj
         tokens, d = qkv.shape[0], self.head_dim
         qk_size = self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(tokens, self.num_kv_heads, d)
         if self.qk_norm and self.attn.norms_in_store(qkv, rope):  # norms inside the KV store
             q = qkv[:, :self.q_size].view(tokens, self.num_heads, d)
             k = qkv[:, self.q_size:qk_size].view(tokens, self.num_kv_heads, d)
-            return self.attn.project(self.o_proj, q, k, v, rope, qk_norms=(self.q_norm, self.k_norm))
+            return self.attn.project(out_proj, q, k, v, rope, qk_norms=(self.q_norm, self.k_norm))
         if self.qk_norm:  # one launch normalizes q's and k's heads, each with its own weight
             qk = qk_norm(qkv, self.num_heads, self.num_kv_heads, d, self.q_norm, self.k_norm)
         else:
             qk = qkv[:, :qk_size].view(tokens, self.num_heads + self.num_kv_heads, d)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         if rope.in_kernel:  # the attention rotates q and k in the kernel that stores K/V
-            return self.attn.project(self.o_proj, q, k, v, rope)
+            return self.attn.project(out_proj, q, k, v, rope)
         # q and k sit side by side in the fused output: one rotation covers both.
         qk = rotate_qk(qk, self.num_heads, rope)
-        return self.attn.project(self.o_proj, qk[:, : self.num_heads], qk[:, self.num_heads :], v)
+        return self.attn.project(out_proj, qk[:, : self.num_heads], qk[:, self.num_heads :], v)
 
 
 class LlamaMLP(nn.Module):
@@ -120,24 +124,38 @@ def pre_norm(hidden: torch.Tensor, residual: torch.Tensor | None,
     return norm(hidden, residual)
 
 
-def attention_after_norm(hidden: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
-                         attn: nn.Module, rope) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_after_norm(hidden: torch.Tensor | Prenormed, residual: torch.Tensor | None, norm: RMSNorm,
+                         attn: nn.Module, rope, then: tuple[RMSNorm, int] | None = None) -> tuple[Any, torch.Tensor]:
     """(attn(norm(hidden + residual)), hidden + residual) for an attention with a fused qkv_proj
-    and attend(qkv, rope): at decode sizes on a GPU the norm runs inside qkv_proj's GEMV
-    (layers/norm_linear.fuses), else the separate ops."""
+    and attend(qkv, rope[, o_proj]): at decode sizes on a GPU the norm runs inside qkv_proj's GEMV
+    (layers/norm_linear.fuses), or, hidden a Prenormed (layers/norm_chain), the linear before it
+    left it; else the separate ops. then: (the next norm, its linear's pair block) for o_proj's
+    epilogue (norm_chain.mlp_chain_pairs said yes): the attention's output is that norm's
+    Prenormed."""
+    def attend(qkv: torch.Tensor, residual: torch.Tensor) -> Any:  # other attentions take (qkv, rope)
+        return attn.attend(qkv, rope, NormAfter(attn.o_proj, residual, *then)) if then else attn.attend(qkv, rope)
+
+    if isinstance(hidden, Prenormed):
+        return attend(prenormed_linear(hidden, attn.qkv_proj), hidden.summed), hidden.summed
     if fuses(hidden, attn.qkv_proj):
         qkv, residual = norm_then_linear(hidden, residual, norm, attn.qkv_proj)
-        return attn.attend(qkv, rope), residual
+        return attend(qkv, residual), residual
     hidden, residual = pre_norm(hidden, residual, norm)
-    return attn(hidden, rope), residual
+    out = attn(hidden, rope, NormAfter(attn.o_proj, residual, *then)) if then else attn(hidden, rope)
+    return out, residual
 
 
-def mlp_after_norm(hidden: torch.Tensor, residual: torch.Tensor, norm: RMSNorm,
-                   mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def mlp_after_norm(hidden: torch.Tensor | Prenormed, residual: torch.Tensor, norm: RMSNorm,
+                   mlp: nn.Module, then: tuple[RMSNorm, int] | None = None) -> tuple[Any, torch.Tensor]:
     """(mlp(norm(hidden + residual)), hidden + residual): a gated MLP at decode sizes with its norm
-    and act-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), an experts block with its
+    and act-and-mul inside the GEMVs (layers/norm_linear.gated_mlp), or, hidden a Prenormed, inside
+    the linears around them (layers/norm_chain.prenormed_mlp); an experts block with its
     norm inside its launches where it says so (layers/moe.SparseMoeBlock.after_norm), anything
-    else through the separate ops."""
+    else through the separate ops. then (a Prenormed hidden only): (the next norm, its linear's
+    pair block) for down_proj's epilogue: the output is that norm's Prenormed."""
+    if isinstance(hidden, Prenormed):
+        down = NormAfter(mlp.down_proj, hidden.summed, *then) if then else None
+        return prenormed_mlp(hidden, mlp.gate_up_proj, mlp.down_proj, mlp.gated_act, down), hidden.summed
     fused = None
     if isinstance(mlp, LlamaMLP):
         fused = gated_mlp(hidden, residual, norm, mlp.gate_up_proj, mlp.down_proj, mlp.gated_act)
@@ -165,12 +183,18 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
         # an experts layer's attention GEMVs launch early under PDL (pdl.in_experts_layer)
         self.experts = not isinstance(self.mlp, LlamaMLP)
+        # (the next layer's input norm, its qkv_proj): set by the model where that layer takes a
+        # Prenormed (layers/norm_chain; a tuple, so not registered as submodules)
+        self.next_input: tuple[RMSNorm, QKVParallelLinear] | None = None
 
-    def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
-        args = (hidden, residual, self.input_layernorm, self.self_attn, rope)
+    def forward(self, hidden, residual, rope: RopeTables) -> tuple[Any, torch.Tensor]:
+        rows = rows_of(hidden)
+        then = chained_mlp_norm(rows, self.self_attn.o_proj, self.post_attention_layernorm, self.mlp)
+        args = (hidden, residual, self.input_layernorm, self.self_attn, rope, then)
         hidden, residual = in_experts_layer(attention_after_norm, *args) if self.experts \
             else attention_after_norm(*args)
-        return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
+        return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp,
+                              chained_next_norm(rows, self.mlp, then is not None, self.next_input))
 
 
 class PreNormDecoder(nn.Module):
@@ -207,6 +231,8 @@ class LlamaModel(PreNormDecoder):
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, make_mlp(config, i) if make_mlp else None, i)
             for i in range(config.num_hidden_layers))
+        for layer, after in zip(self.layers, list(self.layers)[1:]):
+            layer.next_input = (after.input_layernorm, after.self_attn.qkv_proj)  # norm_chain.chained_next_norm
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # A model/cpu_decode_layer.CpuDecodePlan, set by model/cpu_kernels.use_cpu_kernels when
         # the CPU default applies: one-sequence decode steps then take its few-op path.

@@ -19,7 +19,7 @@ bound to state slots the same way.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmb
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
 from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
+from homelab_llm.engine.layers.norm_chain import NormAfter, chained_mlp_norm, chained_next_norm, rows_of
 from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear_keep
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
@@ -110,11 +111,13 @@ class GatedAttention(nn.Module):
         self.rotary = rotary
         self.attn = Attention(heads.q_heads, heads.kv_heads, d, d ** -0.5)
 
-    def forward(self, hidden: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        return self.attend(self.qkv_proj(hidden), rope)
+    def forward(self, hidden: torch.Tensor, rope: RopeTables, o_proj: NormAfter | None = None) -> Any:
+        return self.attend(self.qkv_proj(hidden), rope, o_proj)
 
-    def attend(self, qkv: torch.Tensor, rope: RopeTables) -> torch.Tensor:
-        """Everything after the fused projection: norms, rotation, attention, gate, o_proj."""
+    def attend(self, qkv: torch.Tensor, rope: RopeTables, o_proj: NormAfter | None = None) -> Any:
+        """Everything after the fused projection: norms, rotation, attention, gate, o_proj (or,
+        given, o_proj with the next norm in its epilogue: layers/norm_chain.Prenormed)."""
+        out_proj = o_proj or self.o_proj
         tokens, d, h = qkv.shape[0], self.head_dim, self.num_heads
         v = qkv[:, self.q_rows + self.kv_size:].view(tokens, self.num_kv_heads, d)
         # The output gate stays in the projection's output: a strided view, no copy.
@@ -122,12 +125,12 @@ class GatedAttention(nn.Module):
         if self.attn.norms_in_store(qkv, rope):  # q/k norms inside the KV store's launch
             q = qkv[:, :self.q_rows].view(tokens, h, self.q_step)[..., :d]
             k = qkv[:, self.q_rows:self.q_rows + self.kv_size].view(tokens, self.num_kv_heads, d)
-            return self.attn.project(self.o_proj, q, k, v, rope, gate, qk_norms=(self.q_norm, self.k_norm))
+            return self.attn.project(out_proj, q, k, v, rope, gate, qk_norms=(self.q_norm, self.k_norm))
         qk = qk_norm(qkv, h, self.num_kv_heads, d, self.q_norm, self.k_norm, self.q_step)
         if rope.in_kernel:  # rotated in the kernel that stores K/V (q in place)
-            return self.attn.project(self.o_proj, qk[:, :h], qk[:, h:], v, rope, gate)
+            return self.attn.project(out_proj, qk[:, :h], qk[:, h:], v, rope, gate)
         qk = self.rotary.rotate(qk, rope)
-        return self.attn.project(self.o_proj, qk[:, :h], qk[:, h:], v.contiguous(), gate=gate)
+        return self.attn.project(out_proj, qk[:, :h], qk[:, h:], v.contiguous(), gate=gate)
 
 
 class Qwen3_5DecoderLayer(nn.Module):
@@ -142,25 +145,35 @@ class Qwen3_5DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(config, rotary)
         self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
+        # (the next layer's input norm, its qkv_proj) where that is a full attention layer, which
+        # takes a Prenormed (norm_chain.chained_next_norm; a tuple: not registered as submodules)
+        self.next_input: tuple[OffsetRMSNorm, QKVParallelLinear] | None = None
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
         """At decode sizes on a GPU the input norm runs inside the first projection's GEMV: the
         attention layers' qkv_proj (as Llama's), a Gated DeltaNet layer's W4A16 in_proj_qkvz,
         whose prologue also stores the normalized rows for in_proj_ba; the MLP's norm inside its
-        GEMVs (llama.mlp_after_norm)."""
+        GEMVs (llama.mlp_after_norm). At batch 3-64 on the few-row W4A16 kernel the post-attention
+        norm and a dense MLP's act-and-mul run inside the linears around them, and before a full
+        attention layer its input norm too (layers/norm_chain: hidden may be a Prenormed)."""
+        rows = rows_of(hidden)
+        out_proj = self.linear_attn.out_proj if self.is_linear else self.self_attn.o_proj
+        then = chained_mlp_norm(rows, out_proj, self.post_attention_layernorm, self.mlp)
         if not self.is_linear:
             hidden, residual = attention_after_norm(hidden, residual, self.input_layernorm,
-                                                    self.self_attn, rope)
-        elif self.linear_attn.in_proj_qkvz.w4 is not None \
-                and fuses(hidden, self.linear_attn.in_proj_qkvz):
-            gdn = self.linear_attn
-            qkvz, residual, normed = norm_then_linear_keep(hidden, residual, self.input_layernorm,
-                                                           gdn.in_proj_qkvz)
-            hidden = gdn.mix(qkvz, gdn.in_proj_ba(normed))
+                                                    self.self_attn, rope, then)
         else:
-            hidden, residual = pre_norm(hidden, residual, self.input_layernorm)
-            hidden = self.linear_attn(hidden)
-        return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp)
+            gdn = self.linear_attn
+            if gdn.in_proj_qkvz.w4 is not None and fuses(hidden, gdn.in_proj_qkvz):
+                qkvz, residual, normed = norm_then_linear_keep(hidden, residual, self.input_layernorm,
+                                                               gdn.in_proj_qkvz)
+                ba = gdn.in_proj_ba(normed)
+            else:
+                normed, residual = pre_norm(hidden, residual, self.input_layernorm)
+                qkvz, ba = gdn.in_proj_qkvz(normed), gdn.in_proj_ba(normed)
+            hidden = gdn.mix(qkvz, ba, NormAfter(out_proj, residual, *then) if then else None)
+        return mlp_after_norm(hidden, residual, self.post_attention_layernorm, self.mlp,
+                              chained_next_norm(rows, self.mlp, then is not None, self.next_input))
 
 
 class Qwen3_5Model(PreNormDecoder):
@@ -172,6 +185,9 @@ class Qwen3_5Model(PreNormDecoder):
         self.layers = nn.ModuleList(
             Qwen3_5DecoderLayer(config, t, self.rotary, make_mlp(config, i) if make_mlp else None)
             for i, t in enumerate(config.layer_types))
+        for layer, after in zip(self.layers, list(self.layers)[1:]):
+            if not after.is_linear:  # a Gated DeltaNet's in_proj_ba reads its normalized rows in k order
+                layer.next_input = (after.input_layernorm, after.self_attn.qkv_proj)
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 

@@ -27,9 +27,9 @@ def stub_layer(hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int
     layer = layer.to(torch.bfloat16)
     attn = layer.self_attn
 
-    def attend(qkv: torch.Tensor, rope) -> torch.Tensor:  # stands in for rope + attention
+    def attend(qkv: torch.Tensor, rope, o_proj=None):  # stands in for rope + attention (LlamaAttention.attend)
         q = qkv[:, :attn.q_size] * 0.5 + qkv[:, attn.q_size:attn.q_size + head_dim].repeat(1, heads)
-        return attn.o_proj(q.contiguous())
+        return (o_proj or attn.o_proj)(q.contiguous())
 
     attn.attend = attend
     return layer

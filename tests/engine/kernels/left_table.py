@@ -1,5 +1,6 @@
 """The interpreter's table patched to route 3-16 rows to the few-row W4A16 left-operand kernel
-(kernels/w4a16_dot.py), for tests that run the GPU path on CPU tensors through the interpreter."""
+(kernels/w4a16_dot.py), for tests that run the GPU path on CPU tensors through the interpreter;
+a model's linears as 4-bit weights, a 4-row decode context, a tiny hybrid set up for it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import dataclasses
 import os
 
 import pytest
+import torch
 
 from homelab_llm.engine.kernels import tuning
+from homelab_llm.engine.kernels import w4a16_pack as wp
 
 # the layer tests run the GPU path on CPU tensors through the interpreter, on its patched table
 interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -23,3 +26,49 @@ def use_left_table(monkeypatch, x_pairs: bool) -> None:
     monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((2, "h2"), (16, "dotL"), (1 << 62, "deq")))
     monkeypatch.setitem(tuning.TABLE, "interpret", dataclasses.replace(
         tuning.TABLE["interpret"], w4a16_dot_left=((16, tiles),), w4a16_dot_left_thin=()))
+
+
+def w4_linears(model, skip: tuple[str, ...] = ()) -> None:
+    """Every linear of model as a W4A16 weight with integer zero points, but those named in skip
+    (kept bf16): group 128, or 32 where the input is narrower (the eight-dot loop, k order)."""
+    from homelab_llm.engine.layers.linear import LinearBase
+
+    for name, module in model.named_modules():
+        if isinstance(module, LinearBase) and module.weight is not None and not name.endswith(skip):
+            group = 128 if module.weight.shape[1] % 128 == 0 else 32
+            module.set_w4(wp.quantize_rtn(module.weight.data.float(), group, False))
+
+
+def four_rows_context(**extra):
+    """4 sequences decoding their 6th token (pages 2s and 2s + 1 of size 4; KV split in 2)."""
+    from homelab_llm.engine.context import ForwardContext
+
+    return ForwardContext(
+        positions=torch.full((4,), 5), slot_mapping=torch.tensor([4 * p + 1 for p in (1, 3, 5, 7)]),
+        query_start_loc=torch.arange(5, dtype=torch.int32), seq_lens=torch.full((4,), 6, dtype=torch.int32),
+        page_table=torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32), max_query_len=1,
+        max_seq_len=6, page_size=4, decode_only=True, query_lens_host=[1] * 4, seq_lens_host=[6] * 4,
+        num_kv_splits=2, **extra)
+
+
+def hybrid_w4_model(hidden: int, inter: int, seed: int):
+    """(model, config, context): a tiny W4A16 Qwen3.5 hybrid (launch_count.TINY_QWEN3_5's layers:
+    3 Gated DeltaNet, 1 gated attention; value heads of 128) of that hidden and MLP size, its
+    in_proj_ba kept bf16, random KV pages and states for 4 sequences decoding (four_rows_context
+    with their state slots)."""
+    from tests.engine.kernels.launch_count import TINY_QWEN3_5, tiny_decode_model
+
+    config = dataclasses.replace(TINY_QWEN3_5, hidden_size=hidden, intermediate_size=inter,
+                                 linear_num_value_heads=2, linear_value_head_dim=128,
+                                 name="tiny-w4-hybrid")
+    model, _ = tiny_decode_model(torch.bfloat16, seed, config)
+    w4_linears(model, skip=("in_proj_ba",))
+    for attn in model.attention_layers:
+        attn.k_cache, attn.v_cache = (torch.randn(8, 4, attn.num_kv_heads, attn.head_dim).to(torch.bfloat16)
+                                      for _ in range(2))
+    for gdn in model.gdn_layers:
+        gdn.conv_state = torch.randn(4, config.linear_conv_kernel_dim - 1, gdn.conv_dim).to(torch.bfloat16)
+        gdn.ssm_state = torch.randn(4, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim) * 0.1
+    ctx = four_rows_context(state_indices=torch.arange(4, dtype=torch.int32),
+                            has_initial_state=torch.ones(4, dtype=torch.bool))
+    return model, config, ctx

@@ -15,7 +15,6 @@ fp32 summation on a GPU), where x in the wrong order is of order 1.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -25,7 +24,8 @@ from homelab_llm.engine.kernels import dispatch, elementwise, tuning
 from homelab_llm.engine.kernels import w4a16_dot as dot_mod
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_order
-from tests.engine.kernels.left_table import interpreted, use_left_table
+from tests.engine.kernels.left_table import (four_rows_context, hybrid_w4_model, interpreted, use_left_table,
+                                             w4_linears)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -167,29 +167,6 @@ def test_norm_and_gated_mlp_feed_the_left_loop_in_pair_order(monkeypatch) -> Non
     assert same is x and _rel(first, want_first) < 1e-2
 
 
-def _w4_linears(model, skip: tuple[str, ...] = ()) -> None:
-    """Every linear of model as a W4A16 weight with integer zero points, but those named in skip
-    (kept bf16): group 128, or 32 where the input is narrower (the eight-dot loop, k order)."""
-    from homelab_llm.engine.layers.linear import LinearBase
-
-    for name, module in model.named_modules():
-        if isinstance(module, LinearBase) and module.weight is not None and not name.endswith(skip):
-            group = 128 if module.weight.shape[1] % 128 == 0 else 32
-            module.set_w4(wp.quantize_rtn(module.weight.data.float(), group, False))
-
-
-def _four_rows_context(**extra):
-    """4 sequences decoding their 6th token (pages 2s and 2s + 1 of size 4; KV split in 2)."""
-    from homelab_llm.engine.context import ForwardContext
-
-    return ForwardContext(
-        positions=torch.full((4,), 5), slot_mapping=torch.tensor([4 * p + 1 for p in (1, 3, 5, 7)]),
-        query_start_loc=torch.arange(5, dtype=torch.int32), seq_lens=torch.full((4,), 6, dtype=torch.int32),
-        page_table=torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32), max_query_len=1,
-        max_seq_len=6, page_size=4, decode_only=True, query_lens_host=[1] * 4, seq_lens_host=[6] * 4,
-        num_kv_splits=2, **extra)
-
-
 def _steps_in_both_orders(monkeypatch, model, ctx) -> tuple[list, tuple, tuple]:
     """(the weights w4a16_paired_matmul served, (launches, hidden) reading k order, the same with
     x_pairs on): one decode step of model each, from the same caches and states, on the
@@ -201,8 +178,11 @@ def _steps_in_both_orders(monkeypatch, model, ctx) -> tuple[list, tuple, tuple]:
 
     from homelab_llm.engine.kernels import gdn
 
+    from homelab_llm.engine.layers.norm_chain import CHAIN_ENV
+
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     monkeypatch.setattr(gdn, "use_triton", lambda t: True)  # the Gated DeltaNet kernels too
+    monkeypatch.setenv(CHAIN_ENV, "0")  # the norms' own launches write the pair order here
     use_left_table(monkeypatch, x_pairs=False)
     ids = torch.tensor([3, 9, 27, 41])
 
@@ -238,11 +218,11 @@ def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> Non
                          name="tiny-w4")
     torch.manual_seed(57)
     model = random_weights(LlamaForCausalLM(config), 0.1).to(torch.bfloat16)
-    _w4_linears(model)
+    w4_linears(model)
     for attn in model.attention_layers:
         bind_cache(attn, torch.bfloat16, pages=8)
     paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model,
-                                                                           _four_rows_context())
+                                                                           four_rows_context())
     # qkv_proj and gate_up_proj after their norms, o_proj after the attention's merge (4 heads of
     # 64: a K step across 2 heads), down_proj after the SiLU-and-mul, per layer, in the warm-up
     # and the counted step
@@ -258,21 +238,7 @@ def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> No
     and in k order for the bf16 in_proj_ba beside it (one launch, as before), and its decode
     kernel's gated norm writes out_proj's input in pair order (value heads of 128: one K step
     a head), as the gated attention's merge does o_proj's."""
-    from tests.engine.kernels.launch_count import TINY_QWEN3_5, tiny_decode_model
-
-    config = dataclasses.replace(TINY_QWEN3_5, hidden_size=HIDDEN, intermediate_size=INTER,
-                                 linear_num_value_heads=2, linear_value_head_dim=128,
-                                 name="tiny-w4-hybrid")
-    model, _ = tiny_decode_model(torch.bfloat16, 59, config)
-    _w4_linears(model, skip=("in_proj_ba",))
-    for attn in model.attention_layers:
-        attn.k_cache, attn.v_cache = (torch.randn(8, 4, attn.num_kv_heads, attn.head_dim).to(torch.bfloat16)
-                                      for _ in range(2))
-    for gdn in model.gdn_layers:
-        gdn.conv_state = torch.randn(4, config.linear_conv_kernel_dim - 1, gdn.conv_dim).to(torch.bfloat16)
-        gdn.ssm_state = torch.randn(4, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim) * 0.1
-    ctx = _four_rows_context(state_indices=torch.arange(4, dtype=torch.int32),
-                             has_initial_state=torch.ones(4, dtype=torch.bool))
+    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 59)
     paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model, ctx)
     # per layer gate_up and down; in_proj_qkvz and out_proj in the Gated DeltaNet layers,
     # qkv_proj and o_proj (after the gated merge) in the attention one; in the warm-up and the

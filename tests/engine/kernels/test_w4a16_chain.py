@@ -20,6 +20,7 @@ import torch
 from homelab_llm.engine.kernels import elementwise
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.pair_order import pair_order
+from homelab_llm.engine.kernels.ref import dequantize_w4_ref
 from homelab_llm.engine.kernels.w4a16_chain import norm_in_dot, norm_out_dot
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 from tests.engine.kernels.left_table import interpreted, use_left_table
@@ -78,6 +79,8 @@ def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str) -
     norm_w = (torch.rand(HIDDEN, generator=gen) + 0.5).to(torch.bfloat16)
     y, rstd, summed = norm_out_dot(x, o_proj, residual, norm_w, EPS, BLOCK)
     normed = elementwise.rms_norm(summed, norm_w, EPS)
+    s32 = summed.float()
+    exact = (s32 * torch.rsqrt((s32 * s32).mean(1, keepdim=True) + EPS) * norm_w.float()) @ dequantize_w4_ref(gate_up)
     want_gu = _plain(normed, gate_up, paired=False)
     want_act = elementwise.silu_and_mul(want_gu) if act == "silu" else \
         (torch.nn.functional.gelu(want_gu[:, :INTER].float(), approximate="tanh").to(torch.bfloat16).float()
@@ -86,6 +89,10 @@ def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str) -
         got = norm_in_dot(y, gate_up, rstd, act=act, act_pairs=BLOCK, split=split)
         assert got.shape == (4, INTER)
         assert _rel(got, pair_order(want_act, BLOCK)) < 1e-2, split
-        assert _rel(norm_in_dot(y, gate_up, rstd, split=split), want_gu) < 1e-2, split
+        got_gu = norm_in_dot(y, gate_up, rstd, split=split)
+        assert _rel(got_gu, want_gu) < 1e-2, split
+        # and as close to fp32 math as the separate kernels are (the interpreter truncates where a
+        # GPU rounds: both ~6e-3 off here)
+        assert _rel(got_gu, exact) < 1.25 * _rel(want_gu, exact) + 1e-3, split
     with pytest.raises(ValueError, match="whole half blocks"):  # 80 features: not halves of 64
         norm_in_dot(y, _weight(HIDDEN, 2 * 80, gen), rstd, act=act, act_pairs=16)

@@ -1,0 +1,119 @@
+"""A tiny W4A16 Llama's decode step with its norms and SiLU-and-mul inside the few-row linears
+(layers/norm_chain.py, kernels/w4a16_epilogue.py) against the same step with their own launches
+(HOMELAB_LLM_NORM_CHAIN=0), both on the interpreter's table patched to the left-operand kernel
+reading x in pair order.
+
+Bounds: the final hidden rows within 2e-2 row-relative: the chained norm rounds s * w instead of
+s * rstd * w, a bf16 rounding per element, and the interpreter truncates where a GPU rounds, so
+two equally exact paths drift ~6e-3 apart a layer here (test_w4a16_chain checks the chained
+linear is as close to fp32 math as the separate kernels); a missing 1 / rms or a wrong residual
+is of order 1. Launches: the first layer's input norm and the final norm only, no
+SiLU-and-mul, the same linears.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import dispatch
+from homelab_llm.engine.layers.norm_chain import CHAIN_ENV
+from tests.engine.kernels.left_table import four_rows_context, interpreted, use_left_table, w4_linears
+
+HIDDEN, INTER, LAYERS = 256, 384, 3
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1)).max())
+
+
+def _model(o_proj_bias: bool = False):
+    from homelab_llm.engine.model.config import ModelConfig
+    from homelab_llm.engine.model.llama import LlamaForCausalLM
+    from tests.engine.kernels.launch_count import bind_cache, random_weights
+
+    config = ModelConfig(architecture="llama", vocab_size=64, hidden_size=HIDDEN, intermediate_size=INTER,
+                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         o_proj_bias=o_proj_bias, name="tiny-w4-chain")
+    torch.manual_seed(81)
+    model = random_weights(LlamaForCausalLM(config), 0.1).to(torch.bfloat16)
+    w4_linears(model)
+    for attn in model.attention_layers:
+        bind_cache(attn, torch.bfloat16, pages=8)
+    return model
+
+
+def _step(monkeypatch, model, chain: str, ctx=None):
+    """(launches by kernel, hidden) of one decode step for 4 sequences, from the caches (and
+    states) as bound."""
+    from homelab_llm.engine.context import forward_context
+    from tests.engine.kernels.launch_count import count_calls
+
+    ctx = ctx or four_rows_context()
+    ids = torch.tensor([3, 9, 27, 41])
+    monkeypatch.setenv(CHAIN_ENV, chain)
+    with torch.no_grad(), forward_context(ctx):
+        copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers (tickets) outside the count
+        fresh = copy.deepcopy(model)
+        return count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
+
+
+@interpreted
+def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch) -> None:
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)  # the GPU path, interpreted
+    use_left_table(monkeypatch, x_pairs=True)
+    model = _model()
+    want_counts, want = _step(monkeypatch, model, "0")
+    got_counts, got = _step(monkeypatch, model, "1")
+    assert _rel(got, want) < 2e-2
+    assert want_counts["triton._rms_norm_kernel"] == 2 * LAYERS + 1
+    assert want_counts["triton._silu_and_mul_kernel"] == LAYERS
+    assert got_counts["triton._rms_norm_kernel"] == 2  # the first input norm, the final norm
+    assert got_counts["triton._silu_and_mul_kernel"] == 0
+    assert got_counts["triton._w4a16_dot_kernel"] == want_counts["triton._w4a16_dot_kernel"] == 4 * LAYERS
+    same = {k: v for k, v in want_counts.items() if "rms_norm" not in k and "silu" not in k}
+    assert {k: got_counts[k] for k in same} == same
+
+
+@interpreted
+def test_hybrid_decode_step_runs_its_mlp_norms_inside_the_linears(monkeypatch) -> None:
+    """A tiny W4A16 Qwen3.5 hybrid (3 Gated DeltaNet layers, then a gated attention one): every
+    post-attention norm in out_proj's or o_proj's epilogue, the SiLU-and-muls in gate_up's, and
+    the attention layer's input norm in the layer before's down_proj; the Gated DeltaNet layers'
+    input norms keep their launch (their bf16 in_proj_ba reads the normalized rows in k order)."""
+    from homelab_llm.engine.kernels import gdn
+
+    from tests.engine.kernels.left_table import hybrid_w4_model
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.setattr(gdn, "use_triton", lambda t: True)
+    use_left_table(monkeypatch, x_pairs=True)
+    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 83)
+    want_counts, want = _step(monkeypatch, model, "0", ctx)
+    got_counts, got = _step(monkeypatch, model, "1", ctx)
+    assert _rel(got, want) < 2e-2
+    layers = config.num_hidden_layers
+    assert want_counts["triton._rms_norm_kernel"] == 2 * layers + 1
+    assert got_counts["triton._rms_norm_kernel"] == 3 + 1  # the Gated DeltaNet input norms, the final
+    assert want_counts["triton._silu_and_mul_kernel"] == layers and got_counts["triton._silu_and_mul_kernel"] == 0
+    same = {k: v for k, v in want_counts.items() if "rms_norm" not in k and "silu" not in k}
+    assert {k: got_counts[k] for k in same} == same
+
+
+@interpreted
+@pytest.mark.parametrize("why", ["o_proj bias", "two rows"])
+def test_layers_keep_the_separate_launches_where_the_chain_cannot_go(monkeypatch, why: str) -> None:
+    """o_proj with a bias (its sum is not the epilogue's left term) or 2 rows (the packed-half
+    GEMV's prologue route): the same launches with the chain switched on as off."""
+    from homelab_llm.engine.layers.norm_chain import mlp_chain_pairs
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    use_left_table(monkeypatch, x_pairs=True)
+    model = _model(o_proj_bias=why == "o_proj bias")
+    layer = model.model.layers[0]
+    rows = torch.zeros(2 if why == "two rows" else 4, HIDDEN, dtype=torch.bfloat16)
+    assert mlp_chain_pairs(rows, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj) == 0
+    if why == "o_proj bias":
+        assert _step(monkeypatch, model, "1")[0] == _step(monkeypatch, model, "0")[0]
