@@ -29,8 +29,9 @@ from homelab_llm.engine.layers.embedding import ParallelLMHead, VocabParallelEmb
 from homelab_llm.engine.layers.gated_deltanet import GatedDeltaNet
 from homelab_llm.engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm, qk_norm
-from homelab_llm.engine.layers.norm_chain import NormAfter, chained_mlp_norm, chained_next_norm, rows_of
-from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear_keep
+from homelab_llm.engine.layers.norm_chain import (NormAfter, Prenormed, chained_mlp_norm, chained_next_norm,
+                                                  prenormed_linear, rows_of)
+from homelab_llm.engine.layers.norm_linear import fuses, norm_then_linear, norm_then_linear_keep
 from homelab_llm.engine.layers.rotary import RopeTables, RotaryEmbedding, apply_rotary
 from homelab_llm.engine.model.config import LAYER_FULL, LAYER_LINEAR, ModelConfig
 from homelab_llm.engine.model.llama import (PACKED_MODULES, LlamaMLP, PreNormDecoder,
@@ -145,17 +146,19 @@ class Qwen3_5DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(config, rotary)
         self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else LlamaMLP(config)
-        # (the next layer's input norm, its qkv_proj) where that is a full attention layer, which
-        # takes a Prenormed (norm_chain.chained_next_norm; a tuple: not registered as submodules)
-        self.next_input: tuple[OffsetRMSNorm, QKVParallelLinear] | None = None
+        # (the next layer's input norm, its first projection: qkv_proj or in_proj_qkvz), set by the
+        # model: that layer takes a Prenormed (norm_chain.chained_next_norm; a tuple: not
+        # registered as submodules)
+        self.next_input: tuple[OffsetRMSNorm, Any] | None = None
 
     def forward(self, hidden, residual, rope: RopeTables) -> tuple[torch.Tensor, torch.Tensor]:
         """At decode sizes on a GPU the input norm runs inside the first projection's GEMV: the
         attention layers' qkv_proj (as Llama's), a Gated DeltaNet layer's W4A16 in_proj_qkvz,
         whose prologue also stores the normalized rows for in_proj_ba; the MLP's norm inside its
-        GEMVs (llama.mlp_after_norm). At batch 3-64 on the few-row W4A16 kernel the post-attention
-        norm and a dense MLP's act-and-mul run inside the linears around them, and before a full
-        attention layer its input norm too (layers/norm_chain: hidden may be a Prenormed)."""
+        GEMVs (llama.mlp_after_norm). At batch 3-64 on the few-row W4A16 kernel the norms and a
+        dense MLP's act-and-mul run inside the linears around them (layers/norm_chain: hidden may
+        be a Prenormed), but for a Gated DeltaNet's bf16 in_proj_ba, whose GEMV normalizes the
+        summed rows in its prologue."""
         rows = rows_of(hidden)
         out_proj = self.linear_attn.out_proj if self.is_linear else self.self_attn.o_proj
         then = chained_mlp_norm(rows, out_proj, self.post_attention_layernorm, self.mlp)
@@ -164,7 +167,10 @@ class Qwen3_5DecoderLayer(nn.Module):
                                                     self.self_attn, rope, then)
         else:
             gdn = self.linear_attn
-            if gdn.in_proj_qkvz.w4 is not None and fuses(hidden, gdn.in_proj_qkvz):
+            if isinstance(hidden, Prenormed):  # in_proj_ba's GEMV normalizes s in its prologue
+                qkvz, residual = prenormed_linear(hidden, gdn.in_proj_qkvz), hidden.summed
+                ba = norm_then_linear(residual, None, self.input_layernorm, gdn.in_proj_ba)[0]
+            elif gdn.in_proj_qkvz.w4 is not None and fuses(hidden, gdn.in_proj_qkvz):
                 qkvz, residual, normed = norm_then_linear_keep(hidden, residual, self.input_layernorm,
                                                                gdn.in_proj_qkvz)
                 ba = gdn.in_proj_ba(normed)
@@ -186,8 +192,8 @@ class Qwen3_5Model(PreNormDecoder):
             Qwen3_5DecoderLayer(config, t, self.rotary, make_mlp(config, i) if make_mlp else None)
             for i, t in enumerate(config.layer_types))
         for layer, after in zip(self.layers, list(self.layers)[1:]):
-            if not after.is_linear:  # a Gated DeltaNet's in_proj_ba reads its normalized rows in k order
-                layer.next_input = (after.input_layernorm, after.self_attn.qkv_proj)
+            first = after.linear_attn.in_proj_qkvz if after.is_linear else after.self_attn.qkv_proj
+            layer.next_input = (after.input_layernorm, first)
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
