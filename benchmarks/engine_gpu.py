@@ -223,6 +223,14 @@ def section_w4a16(quick: bool) -> None:
            f"b8 / b1 at 32: {b8_short / b1_short:.2f}x (b1 {b1_short:.1f})")
     del engine
     cleanup()
+    # gpt-fast's int4 quantizes its output layer too: the like-for-like form (--quantize-lm-head)
+    engine = make_engine("Llama-3.1-8B.json", max_model_len=4096, quantization="w4a16", max_num_seqs=8,
+                         quantize_lm_head=True)
+    decode_rate(engine, 1, 32, 16)
+    report("llama8b_w4a16_qhead_b1_decode_tok_s", decode_rate(engine, 1, 32, 128 if quick else 256), "tok/s")
+    report("llama8b_w4a16_qhead_b8_ctx32_decode_tok_s", decode_rate(engine, 8, 32, 64), "tok/s")
+    del engine
+    cleanup()
 
 
 def kernel_totals(engine: LLMEngine, prompt: list[int], label: str,

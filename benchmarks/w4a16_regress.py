@@ -99,6 +99,8 @@ def main() -> int:
     p.add_argument("--quant", default="w4a16", help="quantization (w4a16) or none (bf16)")
     p.add_argument("--cprofile", action="store_true", help="cProfile the timed steps (top by tottime)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto or int8 (the reference deployment)")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="the engine's --quantize-lm-head (logits from a 4-bit head)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.4,
                    help="0.85 for bf16 weights past ~50 GB (the 30B-A3B: 61 GB)")
     a = p.parse_args()
@@ -110,6 +112,8 @@ def main() -> int:
     def engine(**kw):
         if a.prompt_len > 32:
             kw.setdefault("enable_prefix_caching", False)
+        if a.quantize_lm_head:
+            kw["quantize_lm_head"] = True
         return make_engine(a.config, a.quant, kv_cache_dtype=a.kv_cache_dtype,
                            gpu_memory_utilization=a.gpu_memory_utilization, **kw)
 

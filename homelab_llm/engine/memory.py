@@ -149,8 +149,10 @@ def _linear_bytes(in_features: int, out_features: int, dtype_size: int, method: 
 
 
 def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
-                 tp_size: int, tp_rank: int = 0) -> int:
-    """Parameter bytes resident on one device (embeddings and lm_head vocab-split too)."""
+                 tp_size: int, tp_rank: int = 0, quantize_lm_head: bool = False) -> int:
+    """Parameter bytes resident on one device (embeddings and lm_head vocab-split too);
+    quantize_lm_head (--quantize-lm-head): the head as a 4-bit copy (ParallelLMHead.quantize_w4:
+    an untied head's 16-bit weight goes, a tied one's stays for the embedding)."""
     _check_tp(tp_size, tp_rank)
     size = dtype_bytes(resolve_model_dtype(config, dtype))
     method = quantization_method(config, quantization)
@@ -186,6 +188,8 @@ def weight_bytes(config: ModelConfig, dtype: str, quantization: str | None,
     vocab = padded_shard(config.vocab_size, tp_size, 0)[1]
     embed = vocab * h * size  # embeddings and lm_head stay in the model dtype under w4a16
     lm_head = 0 if config.tie_word_embeddings else embed
+    if quantize_lm_head:
+        lm_head = _linear_bytes(h, vocab, size, "w4a16", next((g for g in (128, 64, 32) if h % g == 0), 32))
     total = layers + embed + lm_head + h * size  # + final norm
     return total + moe_weight_delta(config, size, method, group, tp_size)
 
@@ -412,9 +416,9 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
          enforce_eager: bool = False, enable_prefix_caching: bool = True,
          max_state_snapshots: int | None = None,
          state_snapshot_memory_bytes: int | None = None,
-         num_speculative_tokens: int = 0) -> MemoryPlan:
+         num_speculative_tokens: int = 0, quantize_lm_head: bool = False) -> MemoryPlan:
     """Split each device's budget into weights, activations, graphs, state, other, and KV (the
-    rest). The snapshot flags mean what EngineArgs' fields of the same names mean;
+    rest). The snapshot flags and quantize_lm_head mean what EngineArgs' fields of the same names mean;
     num_speculative_tokens: K of --speculative-config (hybrids keep spare state slots for the
     verify rows; an MTP head is counted when config.use_mtp, spec/mtp.py)."""
     tp = tensor_parallel_size
@@ -438,7 +442,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     running = max_num_seqs + spare_slot_count(max_num_seqs, num_speculative_tokens)  # runner's rule
     state = (running + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
-    weights = [weight_bytes(config, dtype, method, tp, rank) for rank in range(tp)]
+    weights = [weight_bytes(config, dtype, method, tp, rank, quantize_lm_head) for rank in range(tp)]
     groups = [kv_groups(config, kv_cache_dtype, dtype, tp, rank, page_size, max_num_seqs,
                         max_num_batched_tokens) for rank in range(tp)]
     per_token = [g.per_token for g in groups]

@@ -97,7 +97,8 @@ class ModelRunner:
         before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         self.model = load_model(config, model_path, args.load_format, dtype, device,
                                 tp_rank=tp_rank, tp_size=tp_size, quantization=args.quantization,
-                                fast_cpu=fast_cpu_default(args.dtype, device))
+                                fast_cpu=fast_cpu_default(args.dtype, device),
+                                quantize_lm_head=args.quantize_lm_head)
         weights = sum(t.numel() * t.element_size()
                       for t in list(self.model.parameters()) + list(self.model.buffers()))
         if device.type == "cuda":

@@ -92,6 +92,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--quantization", default=None, help="w4a16 (detected for GPTQ/AWQ/AutoRound)")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="the LM head as a 4-bit copy (the engine's --quantize-lm-head)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -191,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
             enable_prefix_caching=args.enable_prefix_caching,
             max_state_snapshots=args.max_state_snapshots,
             state_snapshot_memory_bytes=args.state_snapshot_memory_bytes,
-            num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
+            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+            quantize_lm_head=args.quantize_lm_head)
         return memory.plan(config, **{**options, **changes})
 
     plan = make()

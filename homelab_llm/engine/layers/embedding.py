@@ -53,11 +53,36 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     On the CPU's quantized default the head also keeps an int8 copy (kernels/int8_cpu.py, a
     quarter of the fp32 bytes: the head is the largest single read of a small model's decode
-    step) and computes the logits from it; the dense weight stays for the embedding lookup."""
+    step) and computes the logits from it; the dense weight stays for the embedding lookup.
+    On a GPU, --quantize-lm-head gives it a 4-bit copy instead (quantize_w4), and an untied head
+    drops its 16-bit weight."""
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
         self.cpu_int8: Any = None
+        self.w4: Any = None  # kernels.w4a16_pack.W4Weight of the vocab shard [hidden, shard]
+
+    def quantize_w4(self, tied: bool, rows: int = 8192) -> None:
+        """Compute the logits from a 4-bit copy of this rank's shard (round to nearest, asymmetric,
+        128 inputs a group, or 64 / 32 where the hidden size asks) from now on, quantized `rows`
+        vocab rows at a time (an fp32 copy of a 248K x 5120 head would be 5 GB). tied: the weight
+        is the embedding's and stays; otherwise it goes."""
+        from homelab_llm.engine.kernels.w4a16_pack import W4Weight, integer_zero_points, quantize_rtn
+
+        hidden = self.weight.shape[1]
+        group = next((g for g in (128, 64, 32) if hidden % g == 0), 0)
+        if not group:
+            raise ValueError(f"--quantize-lm-head: hidden size {hidden} is not a multiple of 32")
+        parts = [quantize_rtn(self.weight.data[i:i + rows], group, symmetric=False)
+                 for i in range(0, self.weight.shape[0], rows)]
+        w4 = W4Weight(*(torch.cat([getattr(p, n) for p in parts], dim=1) for n in ("qweight", "scales", "biases")),
+                      group)
+        w4.int_zeros = integer_zero_points(w4)
+        for name in ("qweight", "scales", "biases"):  # registered so memory accounting counts them
+            self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
+        self.w4 = w4
+        if not tied:
+            self.weight = None
 
     def quantize_for_cpu(self) -> bool:
         """Build the int8 copy from the loaded weight; False (nothing done) where the kernel
@@ -75,6 +100,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.cpu_int8 is not None and hidden.device.type == "cpu":
             logits = dispatch.int8_logits(hidden, self.cpu_int8, self.weight)
+        elif self.w4 is not None:
+            logits = dispatch.w4a16_matmul(hidden, self.w4)
         else:
             logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:

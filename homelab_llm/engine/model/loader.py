@@ -139,14 +139,19 @@ def resolve_quantization(config: ModelConfig, fmt: str, quantization: str | None
 
 def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: torch.dtype,
                device: torch.device | str, tp_rank: int = 0, tp_size: int = 1,
-               quantization: str | None = None, fast_cpu: bool = False) -> nn.Module:
+               quantization: str | None = None, fast_cpu: bool = False,
+               quantize_lm_head: bool = False) -> nn.Module:
     """quantization "w4a16": GGUF linears stored as Q4_0/Q4_1/Q4_K stay 4-bit, dummy weights are
     random 4-bit; GPTQ/AutoRound/AWQ checkpoints load 4-bit with or without it. fast_cpu
     (device.fast_cpu_default): a GGUF Q4 file loads 4-bit unasked, and a 4-bit model computes
-    its 4-bit matmuls in bf16 and its logits from an int8 LM head (model/w4a16.use_cpu_kernels)."""
+    its 4-bit matmuls in bf16 and its logits from an int8 LM head (model/w4a16.use_cpu_kernels).
+    quantize_lm_head (--quantize-lm-head): on a GPU the logits come from a 4-bit copy of the head
+    (ParallelLMHead.quantize_w4); the CPU keeps its own head."""
     fmt = resolve_format(path, load_format)
     method = resolve_quantization(config, fmt, quantization or default_quantization(path, fmt, fast_cpu))
     model = _load(config, path, fmt, method, dtype, device, tp_rank, tp_size)
+    if quantize_lm_head and torch.device(device).type != "cpu":
+        model.lm_head.quantize_w4(tied=config.tie_word_embeddings)
     if fast_cpu and method == "w4a16" and torch.device(device).type == "cpu":
         from homelab_llm.engine.model.cpu_kernels import use_cpu_kernels
 
