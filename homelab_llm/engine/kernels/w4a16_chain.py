@@ -18,7 +18,7 @@ def norm_out_dot(x2: torch.Tensor, w: W4Weight, residual: torch.Tensor, norm_wei
                  eps: float, pair_block: int, split: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, rstd, summed) of out = x2 W into the next RMSNorm: summed = out + residual (rounded as
     the norm's add rounds it), y = summed * norm_weight in pair order at pair_block (the next
-    linear's K step), rstd [M] fp32 the rows' 1 / rms: the next linear's norm_in_dot inputs.
+    linear's K step), rstd [M] fp32 the rows' 1 / rms: the next linear's paired_dot inputs.
     split: K splits (w4a16_dot's choice by default)."""
     m, n = x2.shape[0], w.out_features
     grid_n = dot_grid(m, n, launch_tiles(m, w, x2.device)[1])[3]
@@ -32,11 +32,12 @@ def norm_out_dot(x2: torch.Tensor, w: W4Weight, residual: torch.Tensor, norm_wei
     return y, rstd, summed
 
 
-def norm_in_dot(x2: torch.Tensor, w: W4Weight, rstd: torch.Tensor, act: str | None = None,
-                act_pairs: int = 0, split: int | None = None) -> torch.Tensor:
-    """rms_norm's output @ W from the linear before the norm's y and rstd (norm_out_dot): out
-    [M, N]; or with act ("silu", "gelu_tanh") act(gate) * up of that gate | up product [M, N / 2],
-    in pair order at act_pairs (the down projection's K step). split: as norm_out_dot's."""
+def paired_dot(x2: torch.Tensor, w: W4Weight, rstd: torch.Tensor | None = None, act: str | None = None,
+               act_pairs: int = 0, split: int | None = None) -> torch.Tensor:
+    """x2 (pair order) @ W: out [M, N], each row scaled by rstd where given (x2 and rstd the
+    linear before the norm's y and rstd, norm_out_dot: rms_norm's output @ W); or with act
+    ("silu", "gelu_tanh") act(gate) * up of that gate | up product [M, N / 2], in pair order at
+    act_pairs (the down projection's K step). split: as norm_out_dot's."""
     m, n = x2.shape[0], w.out_features
     out = torch.empty((m, n // 2 if act else n), dtype=x2.dtype, device=x2.device)
     chain = DotChain(ACT_OUT, act=act, out_pairs=act_pairs, y=out, rstd_in=rstd) if act else DotChain(rstd_in=rstd)
@@ -44,7 +45,7 @@ def norm_in_dot(x2: torch.Tensor, w: W4Weight, rstd: torch.Tensor, act: str | No
 
 
 def act_pairs_fit(m: int, w: W4Weight, device: torch.device) -> bool:
-    """norm_in_dot(act=...) can serve m rows of the gate | up weight w: the left-operand loop, and
+    """paired_dot(act=...) can serve m rows of the gate | up weight w: the left-operand loop, and
     its column blocks pair the gate and up features (whole half blocks of features)."""
     w_left, t = launch_tiles(m, w, device)
     return w_left and (w.out_features // 2) % (t.block_n // 2) == 0

@@ -86,9 +86,9 @@ class NormAfter:
 
 def prenormed_linear(pre: Prenormed, linear: LinearBase) -> torch.Tensor:
     """linear(norm's output) from the Prenormed the linear before the norm left (+ bias)."""
-    from homelab_llm.engine.kernels.w4a16_chain import norm_in_dot
+    from homelab_llm.engine.kernels.w4a16_chain import paired_dot
 
-    out = norm_in_dot(pre.y, linear.w4, pre.rstd)
+    out = paired_dot(pre.y, linear.w4, pre.rstd)
     return out if linear.bias is None else out + linear.bias
 
 
@@ -128,13 +128,34 @@ def chained_next_norm(rows: torch.Tensor, mlp: torch.nn.Module, mlp_chained: boo
     return (norm, pairs) if pairs else None
 
 
+def act_epilogue_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gate_up: LinearBase,
+                     down: LinearBase, act: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(down(act(gate) * up of gate_up(norm(x + residual))), x + residual) where the norm keeps its
+    own launch (after a tensor-parallel all-reduce; Gemma's pre-feedforward norm) but the MLP can
+    run chained: the norm writes gate_up's pair order, gate_up's epilogue the act-and-mul in
+    down's (no act-and-mul launch; GELU-tanh in the kernel too). None where it cannot."""
+    m = x.shape[0]
+    if os.environ.get(CHAIN_ENV, "1") == "0" or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
+        return None
+    from homelab_llm.engine.kernels import dispatch, elementwise
+    from homelab_llm.engine.kernels.w4a16_chain import act_pairs_fit, paired_dot
+
+    pairs = dispatch.w4a16_pairs_block(x, gate_up.w4)
+    down_pairs = down.rows_pairs_block(m, x)
+    if not (pairs and down_pairs and act_pairs_fit(m, gate_up.w4, x.device)):
+        return None
+    paired, summed, _ = elementwise.norm_rows(x, residual, norm.weight, norm.eps, pairs)
+    h = paired_dot(paired, gate_up.w4, act=act, act_pairs=down_pairs)
+    return down(h, paired=True), (x if summed is None else summed)
+
+
 def prenormed_mlp(pre: Prenormed, gate_up: LinearBase, down: LinearBase, act: str,
                   then: NormAfter | None = None) -> torch.Tensor | Prenormed:
     """down(act(gate) * up of gate_up(norm's output)) from a Prenormed, where mlp_chain_pairs said
     yes: the act-and-mul in gate_up's epilogue, stored in down's pair order. then: down with the
     next norm in its epilogue (a NormAfter over down): a Prenormed."""
-    from homelab_llm.engine.kernels.w4a16_chain import norm_in_dot
+    from homelab_llm.engine.kernels.w4a16_chain import paired_dot
 
     pairs = down.rows_pairs_block(pre.y.shape[0], pre.y)
-    h = norm_in_dot(pre.y, gate_up.w4, pre.rstd, act=act, act_pairs=pairs)
+    h = paired_dot(pre.y, gate_up.w4, pre.rstd, act=act, act_pairs=pairs)
     return then(h, paired=True) if then is not None else down(h, paired=True)

@@ -20,6 +20,7 @@ import torch
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.linear import LinearBase, RowParallelLinear
 from homelab_llm.engine.layers.norm import RMSNorm
+from homelab_llm.engine.layers.norm_chain import act_epilogue_mlp
 
 
 def fuses(x: torch.Tensor, linear: LinearBase) -> bool:
@@ -70,6 +71,9 @@ def gated_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gat
     if gate_up.w4 is None:
         h, residual = norm_then_linear(x, residual, norm, gate_up, gated=True, act=act)
         return down(h), residual
+    chained = act_epilogue_mlp(x, residual, norm, gate_up, down, act)  # the few-row kernel's rows
+    if chained is not None:
+        return chained
     if down.w4 is None or not (dispatch.w4a16_prologue_route(x, down.w4)
                                or (act == "silu" and dispatch.w4a16_pairs_block(x, down.w4))):
         return None

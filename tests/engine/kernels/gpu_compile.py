@@ -679,8 +679,8 @@ def _gdn_scenarios():
 def _dot_chain_scenarios(w):
     """The few-row kernel's chained epilogues (kernels/w4a16_epilogue.py) over x in pair order:
     the norm's add after the linear (split 1 and 2), the norm's scale and the act-and-mul after
-    it (SiLU, GELU-tanh), the norm's scale alone; the table's joined form (sm_90) and the
-    integer-zero one, fp16 and bf16."""
+    it (SiLU, GELU-tanh; the act-and-mul alone too), the norm's scale alone; the table's joined
+    form (sm_90) and the integer-zero one, fp16 and bf16."""
     import torch
 
     from homelab_llm.engine.kernels import w4a16_dot
@@ -697,8 +697,8 @@ def _dot_chain_scenarios(w):
                             norm_weight=torch.ones(n, dtype=dt), eps=1e-6, summed=torch.zeros((m, n), dtype=dt),
                             y=out_rows, parts=torch.zeros((n // 64, m), dtype=torch.float32), rstd=rstd)
         chains = [DotChain(), norm_out, DotChain(rstd_in=rstd)]  # the plain form beside them
-        chains += [DotChain(ACT_OUT, act=act, out_pairs=128, y=torch.zeros((m, n // 2), dtype=dt), rstd_in=rstd)
-                   for act in ("silu", "gelu_tanh")]
+        chains += [DotChain(ACT_OUT, act=act, out_pairs=128, y=torch.zeros((m, n // 2), dtype=dt), rstd_in=r)
+                   for act in ("silu", "gelu_tanh") for r in (rstd, None)]  # after a chained norm or its launch
         for chain, split in [(norm_out, 1)] + [(c, 2) for c in chains]:
             yield lambda x=x, c=chain, s=split, t=tiles: w4a16_dot.w4a16_dot(
                 x, w, out_rows, tiles=t, split=s, w_left=True, x_paired=True, chain=c)

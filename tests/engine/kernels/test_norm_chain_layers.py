@@ -117,3 +117,40 @@ def test_layers_keep_the_separate_launches_where_the_chain_cannot_go(monkeypatch
     assert mlp_chain_pairs(rows, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj) == 0
     if why == "o_proj bias":
         assert _step(monkeypatch, model, "1")[0] == _step(monkeypatch, model, "0")[0]
+
+
+@interpreted
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_gated_mlp_after_its_norms_launch_runs_the_act_in_gate_ups_epilogue(monkeypatch, act: str) -> None:
+    """Where the norm keeps its launch (tensor parallelism's all-reduce before it, Gemma's
+    pre-feedforward norm) a W4A16 gated MLP on the left-operand kernel still folds its
+    act-and-mul into gate_up's epilogue (GELU-tanh too, which otherwise runs as torch ops and a
+    reorder): no SiLU-and-mul launch, the output within 1e-2 of the separate kernels'."""
+    from homelab_llm.engine.kernels import w4a16_pack as wp
+    from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+    from homelab_llm.engine.layers.norm import RMSNorm
+    from homelab_llm.engine.layers.norm_linear import gated_mlp
+    from tests.engine.kernels.launch_count import count_calls
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    use_left_table(monkeypatch, x_pairs=True)
+    gen = torch.Generator().manual_seed(85)
+    norm = RMSNorm(HIDDEN)
+    norm.weight.data = (torch.rand(HIDDEN, generator=gen) + 0.5).to(torch.bfloat16)
+    gate_up, down = MergedColumnParallelLinear(HIDDEN, [INTER, INTER]), RowParallelLinear(INTER, HIDDEN)
+    for lin in (gate_up, down):
+        lin.set_w4(wp.quantize_rtn(torch.randn(lin.weight.shape, generator=gen) * lin.weight.shape[-1] ** -0.5,
+                                   128, False))
+    x, residual = (torch.randn(4, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(2))
+
+    normed, want_res = norm(x, residual)  # the separate ops
+    want = down(dispatch.gated_act(gate_up(normed), act))
+    got_counts, (got, got_res) = count_calls(monkeypatch, lambda: gated_mlp(x, residual, norm, gate_up, down, act))
+    assert torch.equal(got_res, want_res)
+    assert _rel(got, want) < 1e-2
+    assert got_counts["triton._silu_and_mul_kernel"] == 0 and got_counts["triton._rms_norm_kernel"] == 1
+    assert got_counts["triton._w4a16_dot_kernel"] == 2
+    monkeypatch.setenv(CHAIN_ENV, "0")
+    if act == "silu":  # the switch: the SiLU-and-mul's own launch again
+        assert count_calls(monkeypatch, lambda: gated_mlp(x, residual, norm, gate_up, down, act))[0][
+            "triton._silu_and_mul_kernel"] == 1

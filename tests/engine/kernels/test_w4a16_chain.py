@@ -22,7 +22,7 @@ from homelab_llm.engine.kernels import elementwise
 from homelab_llm.engine.kernels import w4a16_pack as wp
 from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.ref import dequantize_w4_ref
-from homelab_llm.engine.kernels.w4a16_chain import norm_in_dot, norm_out_dot
+from homelab_llm.engine.kernels.w4a16_chain import paired_dot, norm_out_dot
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot, x_pairs_block
 from tests.engine.kernels.left_table import use_left_table
 
@@ -99,13 +99,13 @@ def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str, d
         (torch.nn.functional.gelu(want_gu[:, :inter].float(), approximate="tanh").to(torch.bfloat16).float()
          * want_gu[:, inter:].float()).to(torch.bfloat16)
     for split in (1, 2):
-        got = norm_in_dot(y, gate_up, rstd, act=act, act_pairs=down_pairs, split=split)
+        got = paired_dot(y, gate_up, rstd, act=act, act_pairs=down_pairs, split=split)
         assert got.shape == (4, inter)
         assert _rel(got, pair_order(want_act, down_pairs)) < 1e-2, split
-        got_gu = norm_in_dot(y, gate_up, rstd, split=split)
+        got_gu = paired_dot(y, gate_up, rstd, split=split)
         assert _rel(got_gu, want_gu) < 1e-2, split
         # and as close to fp32 math as the separate kernels are (both ~6e-3 off on the CPU, whose
         # interpreter truncates where a GPU rounds)
         assert _rel(got_gu, exact) < 1.25 * _rel(want_gu, exact) + 1e-3, split
     with pytest.raises(ValueError, match="whole half blocks"):  # 80 features: not halves of 64
-        norm_in_dot(y, _weight(hidden, 2 * 80, gen, device), rstd, act=act, act_pairs=16)
+        paired_dot(y, _weight(hidden, 2 * 80, gen, device), rstd, act=act, act_pairs=16)
