@@ -154,3 +154,27 @@ def test_gated_mlp_after_its_norms_launch_runs_the_act_in_gate_ups_epilogue(monk
     if act == "silu":  # the switch: the SiLU-and-mul's own launch again
         assert count_calls(monkeypatch, lambda: gated_mlp(x, residual, norm, gate_up, down, act))[0][
             "triton._silu_and_mul_kernel"] == 1
+
+
+@interpreted
+def test_norm_after_takes_k_order_rows_too(monkeypatch) -> None:
+    """A mixed step's Gated DeltaNet hands out_proj its rows in k order: NormAfter reorders them
+    and gives what the paired rows give, bit for bit."""
+    from homelab_llm.engine.kernels import w4a16_pack as wp
+    from homelab_llm.engine.kernels.pair_order import pair_order
+    from homelab_llm.engine.layers.linear import RowParallelLinear
+    from homelab_llm.engine.layers.norm import RMSNorm
+    from homelab_llm.engine.layers.norm_chain import NormAfter
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    use_left_table(monkeypatch, x_pairs=True)
+    gen = torch.Generator().manual_seed(87)
+    out_proj = RowParallelLinear(INTER, HIDDEN)
+    out_proj.set_w4(wp.quantize_rtn(torch.randn(HIDDEN, INTER, generator=gen) * INTER ** -0.5, 128, False))
+    norm = RMSNorm(HIDDEN)
+    x, residual = torch.randn(5, INTER, generator=gen).to(torch.bfloat16), torch.randn(5, HIDDEN).to(torch.bfloat16)
+    after = NormAfter(out_proj, residual, norm, 128)
+    block = after.rows_pairs_block(5, x)
+    assert block == 128
+    want, got = after(pair_order(x, block), paired=True), after(x)
+    assert torch.equal(got.y, want.y) and torch.equal(got.rstd, want.rstd) and torch.equal(got.summed, want.summed)
