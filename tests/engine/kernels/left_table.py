@@ -72,3 +72,16 @@ def hybrid_w4_model(hidden: int, inter: int, seed: int):
     ctx = four_rows_context(state_indices=torch.arange(4, dtype=torch.int32),
                             has_initial_state=torch.ones(4, dtype=torch.bool))
     return model, config, ctx
+
+
+def on_device(model, ctx, device: torch.device):
+    """(model, ctx) moved to device: the parameters and buffers, the attention layers' K/V pages
+    and the Gated DeltaNet layers' states (plain attributes), and every tensor of the context."""
+    model = model.to(device)
+    for attn in getattr(model, "attention_layers", []):
+        attn.k_cache, attn.v_cache = attn.k_cache.to(device), attn.v_cache.to(device)
+    for gdn in getattr(model, "gdn_layers", []):
+        gdn.conv_state, gdn.ssm_state = gdn.conv_state.to(device), gdn.ssm_state.to(device)
+    moved = {f.name: getattr(ctx, f.name).to(device) for f in dataclasses.fields(ctx)
+             if isinstance(getattr(ctx, f.name), torch.Tensor)}
+    return model, dataclasses.replace(ctx, **moved)

@@ -1,7 +1,8 @@
 """A tiny W4A16 Llama's decode step with its norms and SiLU-and-mul inside the few-row linears
 (layers/norm_chain.py, kernels/w4a16_epilogue.py) against the same step with their own launches
-(HOMELAB_LLM_NORM_CHAIN=0), both on the interpreter's table patched to the left-operand kernel
-reading x in pair order.
+(HOMELAB_LLM_NORM_CHAIN=0): on a GPU on its own table's few-row tiles, on the CPU on the
+interpreter's table patched to the left-operand kernel reading x in pair order (where the
+launches are counted too).
 
 Bounds: the final hidden rows within 2e-2 row-relative: the chained norm rounds s * w instead of
 s * rstd * w, a bf16 rounding per element, and the interpreter truncates where a GPU rounds, so
@@ -20,7 +21,7 @@ import torch
 
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.norm_chain import CHAIN_ENV
-from tests.engine.kernels.left_table import four_rows_context, interpreted, use_left_table, w4_linears
+from tests.engine.kernels.left_table import four_rows_context, interpreted, on_device, use_left_table, w4_linears
 
 HIDDEN, INTER, LAYERS = 256, 384, 3
 
@@ -47,12 +48,12 @@ def _model(o_proj_bias: bool = False):
 
 def _step(monkeypatch, model, chain: str, ctx=None):
     """(launches by kernel, hidden) of one decode step for 4 sequences, from the caches (and
-    states) as bound."""
+    states) as bound, on the model's device (launches are counted through the interpreter only)."""
     from homelab_llm.engine.context import forward_context
     from tests.engine.kernels.launch_count import count_calls
 
     ctx = ctx or four_rows_context()
-    ids = torch.tensor([3, 9, 27, 41])
+    ids = torch.tensor([3, 9, 27, 41], device=ctx.positions.device)
     monkeypatch.setenv(CHAIN_ENV, chain)
     with torch.no_grad(), forward_context(ctx):
         copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers (tickets) outside the count
@@ -60,14 +61,25 @@ def _step(monkeypatch, model, chain: str, ctx=None):
         return count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
 
 
-@interpreted
-def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch) -> None:
-    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)  # the GPU path, interpreted
-    use_left_table(monkeypatch, x_pairs=True)
-    model = _model()
-    want_counts, want = _step(monkeypatch, model, "0")
-    got_counts, got = _step(monkeypatch, model, "1")
+def _gpu_path(monkeypatch, device: torch.device) -> None:
+    """The few-row kernel's route: the device's own table on a GPU; on the CPU the GPU path
+    through the interpreter on its patched table."""
+    if device.type == "cpu":
+        from homelab_llm.engine.kernels import gdn
+
+        monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+        monkeypatch.setattr(gdn, "use_triton", lambda t: True)  # the Gated DeltaNet kernels too
+        use_left_table(monkeypatch, x_pairs=True)
+
+
+def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch, device: torch.device) -> None:
+    _gpu_path(monkeypatch, device)
+    model, ctx = on_device(_model(), four_rows_context(), device)
+    want_counts, want = _step(monkeypatch, model, "0", ctx)
+    got_counts, got = _step(monkeypatch, model, "1", ctx)
     assert _rel(got, want) < 2e-2
+    if device.type != "cpu":
+        return
     assert want_counts["triton._rms_norm_kernel"] == 2 * LAYERS + 1
     assert want_counts["triton._silu_and_mul_kernel"] == LAYERS
     assert got_counts["triton._rms_norm_kernel"] == 2  # the first input norm, the final norm
@@ -77,23 +89,21 @@ def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch) -> Non
     assert {k: got_counts[k] for k in same} == same
 
 
-@interpreted
-def test_hybrid_decode_step_runs_its_mlp_norms_inside_the_linears(monkeypatch) -> None:
+def test_hybrid_decode_step_runs_its_mlp_norms_inside_the_linears(monkeypatch, device: torch.device) -> None:
     """A tiny W4A16 Qwen3.5 hybrid (3 Gated DeltaNet layers, then a gated attention one): every
     post-attention norm in out_proj's or o_proj's epilogue, the SiLU-and-muls in gate_up's, and
     each input norm but the first in the layer before's down_proj (a Gated DeltaNet's bf16
     in_proj_ba normalizes the summed rows in its own GEMV's prologue: one launch, as before)."""
-    from homelab_llm.engine.kernels import gdn
-
     from tests.engine.kernels.left_table import hybrid_w4_model
 
-    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
-    monkeypatch.setattr(gdn, "use_triton", lambda t: True)
-    use_left_table(monkeypatch, x_pairs=True)
+    _gpu_path(monkeypatch, device)
     model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 83)
+    model, ctx = on_device(model, ctx, device)
     want_counts, want = _step(monkeypatch, model, "0", ctx)
     got_counts, got = _step(monkeypatch, model, "1", ctx)
     assert _rel(got, want) < 2e-2
+    if device.type != "cpu":
+        return
     layers = config.num_hidden_layers
     assert want_counts["triton._rms_norm_kernel"] == 2 * layers + 1
     assert got_counts["triton._rms_norm_kernel"] == 2  # the first input norm, the final norm
@@ -106,7 +116,8 @@ def test_hybrid_decode_step_runs_its_mlp_norms_inside_the_linears(monkeypatch) -
 @pytest.mark.parametrize("why", ["o_proj bias", "two rows"])
 def test_layers_keep_the_separate_launches_where_the_chain_cannot_go(monkeypatch, why: str) -> None:
     """o_proj with a bias (its sum is not the epilogue's left term) or 2 rows (the packed-half
-    GEMV's prologue route): the same launches with the chain switched on as off."""
+    GEMV's prologue route): no norm in an epilogue; with the bias every norm keeps its launch
+    and the MLP still takes its act-and-mul in gate_up's epilogue."""
     from homelab_llm.engine.layers.norm_chain import mlp_chain_pairs
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
@@ -116,7 +127,9 @@ def test_layers_keep_the_separate_launches_where_the_chain_cannot_go(monkeypatch
     rows = torch.zeros(2 if why == "two rows" else 4, HIDDEN, dtype=torch.bfloat16)
     assert mlp_chain_pairs(rows, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj) == 0
     if why == "o_proj bias":
-        assert _step(monkeypatch, model, "1")[0] == _step(monkeypatch, model, "0")[0]
+        got, want = _step(monkeypatch, model, "1")[0], _step(monkeypatch, model, "0")[0]
+        assert got["triton._rms_norm_kernel"] == want["triton._rms_norm_kernel"] == 2 * LAYERS + 1
+        assert got["triton._silu_and_mul_kernel"] == 0 and want["triton._silu_and_mul_kernel"] == LAYERS
 
 
 @interpreted
