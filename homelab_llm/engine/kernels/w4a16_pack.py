@@ -181,8 +181,12 @@ def _from_packed(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tenso
     return w
 
 
-def quantize_rtn(weight: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> W4Weight:
-    """Round-to-nearest int4 of an nn.Linear weight [N, K] (dummy weights, tests)."""
+def quantize_rtn(weight: torch.Tensor, group_size: int = 128, symmetric: bool = True,
+                 clips: tuple[float, ...] = (1.0,)) -> W4Weight:
+    """Round-to-nearest int4 of an nn.Linear weight [N, K] (dummy weights, tests, the 4-bit LM
+    head). clips: range shrink factors tried per group (asymmetric only), each group keeping the
+    one whose rounding has the least squared error (AWQ's and llama.cpp's clip search: a group's
+    extremes cost the rest resolution); (1.0,) is plain round to nearest."""
     w = weight.float().t().contiguous()  # [K, N]
     k, n = w.shape
     _check_group(group_size, k)
@@ -190,12 +194,23 @@ def quantize_rtn(weight: torch.Tensor, group_size: int = 128, symmetric: bool = 
     if symmetric:
         scale = (g.abs().amax(dim=1) / 7.0).clamp_min(1e-8)
         zero = torch.full_like(scale, 8.0)
-    else:
-        lo, hi = g.amin(dim=1).clamp(max=0), g.amax(dim=1).clamp(min=0)
-        scale = ((hi - lo) / 15.0).clamp_min(1e-8)
-        zero = torch.round(-lo / scale)
-    scale = scale.half().float()  # quantize against the scale the kernel will see
-    q = torch.clamp(torch.round(g / scale[:, None]) + zero[:, None], 0, 15)
+        scale = scale.half().float()  # quantize against the scale the kernel will see
+        q = torch.clamp(torch.round(g / scale[:, None]) + zero[:, None], 0, 15)
+        return from_parts(q.view(k, n).to(torch.uint8), scale, zero, group_size)
+    lo, hi = g.amin(dim=1).clamp(max=0), g.amax(dim=1).clamp(min=0)
+    best = None
+    for clip in clips:
+        scale = ((hi - lo) * clip / 15.0).clamp_min(1e-8).half().float()  # the scale the kernel sees
+        zero = torch.clamp(torch.round(-lo * clip / scale), 0, 15)
+        q = torch.clamp(torch.round(g / scale[:, None]) + zero[:, None], 0, 15)
+        err = ((q - zero[:, None]) * scale[:, None] - g).square().sum(dim=1)  # [K/G, N]
+        if best is None:
+            best = [err, scale, zero, q]
+        else:
+            take = err < best[0]
+            best = [torch.where(take, err, best[0]), torch.where(take, scale, best[1]),
+                     torch.where(take, zero, best[2]), torch.where(take[:, None], q, best[3])]
+    _, scale, zero, q = best
     return from_parts(q.view(k, n).to(torch.uint8), scale, zero, group_size)
 
 

@@ -47,6 +47,9 @@ class VocabParallelEmbedding(nn.Module):
         return all_reduce(out)
 
 
+HEAD_CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8)  # quantize_w4's range search (w4a16_pack.quantize_rtn)
+
+
 class ParallelLMHead(VocabParallelEmbedding):
     """hidden -> float32 logits over the full vocabulary. With tied embeddings the model points
     this layer's weight at the embedding's parameter instead of loading its own.
@@ -62,18 +65,19 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.cpu_int8: Any = None
         self.w4: Any = None  # kernels.w4a16_pack.W4Weight of the vocab shard [hidden, shard]
 
-    def quantize_w4(self, tied: bool, rows: int = 8192) -> None:
+    def quantize_w4(self, tied: bool, rows: int = 4096) -> None:
         """Compute the logits from a 4-bit copy of this rank's shard (round to nearest, asymmetric,
-        128 inputs a group, or 64 / 32 where the hidden size asks) from now on, quantized `rows`
-        vocab rows at a time (an fp32 copy of a 248K x 5120 head would be 5 GB). tied: the weight
-        is the embedding's and stays; otherwise it goes."""
+        each group's range clipped where that rounds it closer: ~10% less squared error on
+        Gaussian rows; 128 inputs a group, or 64 / 32 where the hidden size asks) from now on,
+        quantized `rows` vocab rows at a time (an fp32 copy of a 248K x 5120 head would be 5 GB).
+        tied: the weight is the embedding's and stays; otherwise it goes."""
         from homelab_llm.engine.kernels.w4a16_pack import W4Weight, integer_zero_points, quantize_rtn
 
         hidden = self.weight.shape[1]
         group = next((g for g in (128, 64, 32) if hidden % g == 0), 0)
         if not group:
             raise ValueError(f"--quantize-lm-head: hidden size {hidden} is not a multiple of 32")
-        parts = [quantize_rtn(self.weight.data[i:i + rows], group, symmetric=False)
+        parts = [quantize_rtn(self.weight.data[i:i + rows], group, symmetric=False, clips=HEAD_CLIPS)
                  for i in range(0, self.weight.shape[0], rows)]
         w4 = W4Weight(*(torch.cat([getattr(p, n) for p in parts], dim=1) for n in ("qweight", "scales", "biases")),
                       group)
