@@ -15,7 +15,8 @@ from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
 def norm_out_dot(x2: torch.Tensor, w: W4Weight, residual: torch.Tensor, norm_weight: torch.Tensor,
-                 eps: float, pair_block: int, split: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 eps: float, pair_block: int, split: int | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, rstd, summed) of out = x2 W into the next RMSNorm: summed = out + residual (rounded as
     the norm's add rounds it), y = summed * norm_weight in pair order at pair_block (the next
     linear's K step), rstd [M] fp32 the rows' 1 / rms: the next linear's paired_dot inputs.
