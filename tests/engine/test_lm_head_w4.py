@@ -94,3 +94,29 @@ def test_flag_and_memory_plan() -> None:
     assert tied - memory.weight_bytes(SMOLLM2_135M, "bfloat16", None, 1) == 49152 * 576 // 2 + 9 * 49152 * 4
     plan = memory.plan(LLAMA_3_1_8B, gpu_memory_bytes=24 << 30, quantization="w4a16", quantize_lm_head=True)
     assert plan.per_device[0].weights_bytes == quant
+
+
+def test_a_checkpoints_4bit_head_takes_this_ranks_vocab_shard() -> None:
+    """install_w4 (a quantized checkpoint's head, kept 4-bit): each of 2 ranks takes its vocab
+    columns, the last padded with zero columns, so its logits are the full head's slice (and 0
+    in the padding); the 16-bit weight goes."""
+    from homelab_llm.engine.kernels.w4a16_pack import quantize_rtn
+    from homelab_llm.engine.parallel import state as parallel
+
+    full = quantize_rtn(torch.randn(1001, 128, generator=torch.Generator().manual_seed(5)), 128, False)
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(6))
+    want = x @ dequantize_w4_ref(full).float()
+    try:
+        for rank in (0, 1):
+            parallel.set_parallel_state(rank, 2)
+            head = ParallelLMHead(1001, 128)
+            head.install_w4(full)
+            assert head.weight is None and head.w4.out_features == head.shard_size == 501
+            n = head.vocab_end - head.vocab_start
+            logits = x @ dequantize_w4_ref(head.w4).float()
+            assert torch.allclose(logits[:, :n], want[:, head.vocab_start:head.vocab_end], rtol=1e-5, atol=1e-5)
+            assert not logits[:, n:].any()
+    finally:
+        parallel.set_parallel_state(0, 1)
+    with pytest.raises(ValueError, match="1001 outputs"):
+        ParallelLMHead(1000, 128).install_w4(full)

@@ -349,3 +349,22 @@ def test_two_rank_forward_equals_one_rank(hf, tmp_path):
              join=True)
     torch.testing.assert_close(torch.load(out), expected, atol=1e-4, rtol=0)
     assert parallel.tp_size() == 1
+
+
+def test_an_untied_quantized_head_stays_4bit(hf, tmp_path, monkeypatch):
+    """A GPTQ checkpoint whose lm_head is 4-bit too: on a GPU (keeps_head_4bit, forced here on the
+    CPU) the head is installed 4-bit (no 16-bit weight) and the logits match the dequantized
+    reference as the linears do; on the CPU it loads dense, as before."""
+    from homelab_llm.engine.model import w4a16_checkpoint
+
+    config = dict(quant_method="gptq", bits=4, group_size=128, sym=True, desc_act=False)
+    quant_dir, ref_dir = write_checkpoints(hf, tmp_path, config, "gptq", 128, True,
+                                           linears=LINEARS + ("lm_head",))
+    reference = _logits(_load(ref_dir))
+    dense = _load(quant_dir)
+    assert dense.lm_head.w4 is None and dense.lm_head.weight is not None
+    monkeypatch.setattr(w4a16_checkpoint, "keeps_head_4bit", lambda model, device: True)
+    model = _load(quant_dir)
+    assert model.lm_head.w4 is not None and model.lm_head.weight is None
+    assert model.lm_head.w4.out_features == model.config.vocab_size
+    assert _rel(_logits(model), reference) < 1e-2

@@ -82,10 +82,31 @@ class ParallelLMHead(VocabParallelEmbedding):
         w4 = W4Weight(*(torch.cat([getattr(p, n) for p in parts], dim=1) for n in ("qweight", "scales", "biases")),
                       group)
         w4.int_zeros = integer_zero_points(w4)
-        for name in ("qweight", "scales", "biases"):  # registered so memory accounting counts them
+        self._use_w4(w4, keep_weight=tied)
+
+    def install_w4(self, w4: Any) -> None:
+        """A checkpoint's 4-bit head (GPTQ / AutoRound / AWQ with a quantized lm_head, untied),
+        kept 4-bit instead of dequantized: this rank's vocab columns, padded with zero columns to
+        the shard's length (their logits are cut off after the gather); the 16-bit weight goes."""
+        from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+        if w4.out_features != self.vocab_size:
+            raise ValueError(f"4-bit lm_head has {w4.out_features} outputs, the vocab is {self.vocab_size}")
+        n = self.vocab_end - self.vocab_start
+        part = w4.narrow_out(self.vocab_start, n)
+        pad = self.shard_size - n
+        if pad:
+            cols = [(t, torch.zeros((t.shape[0], pad), dtype=t.dtype, device=t.device))
+                    for t in (part.qweight, part.scales, part.biases)]
+            part = W4Weight(*(torch.cat(c, dim=1) for c in cols), part.group_size, part.perm,
+                            int_zeros=part.int_zeros)
+        self._use_w4(part, keep_weight=False)
+
+    def _use_w4(self, w4: Any, keep_weight: bool) -> None:
+        for name in ("qweight", "scales", "biases", "perm"):  # registered: memory accounting counts them
             self.register_buffer(f"w4_{name}", getattr(w4, name), persistent=False)
         self.w4 = w4
-        if not tied:
+        if not keep_weight:
             self.weight = None
 
     def quantize_for_cpu(self) -> bool:

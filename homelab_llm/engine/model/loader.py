@@ -150,8 +150,8 @@ def load_model(config: ModelConfig, path: str | Path, load_format: str, dtype: t
     fmt = resolve_format(path, load_format)
     method = resolve_quantization(config, fmt, quantization or default_quantization(path, fmt, fast_cpu))
     model = _load(config, path, fmt, method, dtype, device, tp_rank, tp_size)
-    if quantize_lm_head and torch.device(device).type != "cpu":
-        model.lm_head.quantize_w4(tied=config.tie_word_embeddings)
+    if quantize_lm_head and torch.device(device).type != "cpu" and model.lm_head.w4 is None:
+        model.lm_head.quantize_w4(tied=config.tie_word_embeddings)  # (a checkpoint's 4-bit head stays)
     if fast_cpu and method == "w4a16" and torch.device(device).type == "cpu":
         from homelab_llm.engine.model.cpu_kernels import use_cpu_kernels
 

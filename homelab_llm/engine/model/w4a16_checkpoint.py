@@ -6,8 +6,10 @@ and is checked against them. A linear of ours whose every fused part is 4-bit ke
 weights and never exists densely on the device: its placeholder weight stays on the meta
 device, each part is repacked (kernels/w4a16_pack.py) as its tensors stream past, cut to this
 rank's shard, and the parts are concatenated along the outputs. Anything else (a part excluded
-by a `dynamic` rule, a quantized lm_head, fused parts whose act-order permutations differ) is
-dequantized into an ordinary dense weight.
+by a `dynamic` rule, a tied quantized lm_head, fused parts whose act-order permutations differ) is
+dequantized into an ordinary dense weight. On a GPU an untied quantized lm_head stays 4-bit
+(keeps_head_4bit; ParallelLMHead.install_w4: its vocab shard, the logits through the W4A16
+kernels); the CPU dequantizes it (its default then keeps an int8 head, its exact mode fp32).
 
 Tensor parallelism cuts the packed weight on group boundaries: column-parallel layers take
 whole output columns (any split), row-parallel ones whole input groups; a split that is not a
@@ -194,6 +196,12 @@ def _route(model: nn.Module, prefix: str, w: W4Weight) -> list[tuple[str, Any, W
     return [(prefix, None, w)]
 
 
+def keeps_head_4bit(model: nn.Module, device: torch.device) -> bool:
+    """A checkpoint's 4-bit lm_head is installed as it is (not dequantized): an untied head on
+    a GPU."""
+    return device.type != "cpu" and not model.config.tie_word_embeddings
+
+
 def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict[str, Any],
                               device: torch.device, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor, Any]]:
     """Prepare `model` (built under deferred_weights) and return what the ordinary loader should
@@ -254,6 +262,9 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path, quant_config: dict
             our_prefix = model.checkpoint_name(prefix)
             if our_prefix is None:
                 continue  # not ours to load (a vision tower, an MTP head)
+            if our_prefix == "lm_head" and keeps_head_4bit(model, device):
+                model.lm_head.install_w4(w)
+                continue
             expert = expert_target(f"{our_prefix}.weight")
             if expert is not None and expert[0].rpartition(".")[0] in four_bit:
                 experts.add(expert[0].rpartition(".")[0], expert[1], w, prefix)
