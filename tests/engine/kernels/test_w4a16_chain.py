@@ -55,7 +55,7 @@ def _plain(x: torch.Tensor, w: wp.W4Weight, paired: bool = True, split: int | No
     return w4a16_dot(x, w, out, split=split, w_left=True, x_paired=paired)
 
 
-@pytest.mark.parametrize("rows", [3, 5, 16])
+@pytest.mark.parametrize("rows", [3, 5, 16, 40])  # 40: three row blocks of 16, a counter each
 def test_norm_out_forms_the_next_norms_input(monkeypatch, rows: int, device: torch.device) -> None:
     """o_proj's launch with the post-attention norm's add in its epilogue: the next residual bit
     for bit, s * w in gate_up's pair order, the rows' 1 / rms (the last column block to finish
@@ -78,19 +78,20 @@ def test_norm_out_forms_the_next_norms_input(monkeypatch, rows: int, device: tor
         assert float(((rstd - want_rstd).abs() / want_rstd).max()) < 1e-5, split
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
-def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str, device: torch.device) -> None:
+@pytest.mark.parametrize("act,rows", [("silu", 4), ("gelu_tanh", 4), ("silu", 40)])
+def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str, rows: int,
+                                                       device: torch.device) -> None:
     """gate_up after the norm (its 1 / rms from o_proj's launch) with the act-and-mul in its
     epilogue, stored in down's pair order; and qkv_proj's form (the norm's scale only), both
     against norm -> linear (-> act-and-mul) through the separate kernels; split 1 and 2."""
     hidden, inter = _shapes(monkeypatch, device)
     gen = torch.Generator().manual_seed(73)
     o_proj, gate_up = _weight(inter, hidden, gen, device), _weight(hidden, 2 * inter, gen, device)
-    down_pairs = x_pairs_block(4, o_proj, device)  # a down projection's K step (its K is inter too)
-    x = pair_order(_rows((4, inter), gen, device), down_pairs)
-    residual = _rows((4, hidden), gen, device)
+    down_pairs = x_pairs_block(rows, o_proj, device)  # a down projection's K step (its K is inter too)
+    x = pair_order(_rows((rows, inter), gen, device), down_pairs)
+    residual = _rows((rows, hidden), gen, device)
     norm_w = (torch.rand(hidden, generator=gen) + 0.5).to(device, torch.bfloat16)
-    y, rstd, summed = norm_out_dot(x, o_proj, residual, norm_w, EPS, x_pairs_block(4, gate_up, device))
+    y, rstd, summed = norm_out_dot(x, o_proj, residual, norm_w, EPS, x_pairs_block(rows, gate_up, device))
     normed = elementwise.rms_norm(summed, norm_w, EPS)
     s32 = summed.float()
     exact = (s32 * torch.rsqrt((s32 * s32).mean(1, keepdim=True) + EPS) * norm_w.float()) @ dequantize_w4_ref(gate_up)
@@ -100,7 +101,7 @@ def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str, d
          * want_gu[:, inter:].float()).to(torch.bfloat16)
     for split in (1, 2):
         got = paired_dot(y, gate_up, rstd, act=act, act_pairs=down_pairs, split=split)
-        assert got.shape == (4, inter)
+        assert got.shape == (rows, inter)
         assert _rel(got, pair_order(want_act, down_pairs)) < 1e-2, split
         got_gu = paired_dot(y, gate_up, rstd, split=split)
         assert _rel(got_gu, want_gu) < 1e-2, split
