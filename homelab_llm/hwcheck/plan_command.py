@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
 
 def suggestions(plan: Any, args: argparse.Namespace, make: Any, unit: str) -> list[str]:
     """What to change when the weights or the KV cache do not fit, each re-planned to check it
-    helps: 4-bit weights, int8 KV, a shorter context, more GPUs."""
+    helps: 4-bit weights, a 4-bit LM head, int8 KV, a shorter context, more GPUs."""
     out: list[str] = []
     scale = UNITS[unit]
     no_room = any(d.kv_cache_bytes == 0 for d in plan.per_device)
@@ -224,6 +224,13 @@ def suggestions(plan: Any, args: argparse.Namespace, make: Any, unit: str) -> li
                       else "; still too big for this memory"))
     if no_room and args.tensor_parallel_size == 1:
         out.append("suggestion: split the model over two GPUs with -tp 2")
+    if (no_room or short) and plan.quantization and not args.quantize_lm_head:
+        h = make(quantize_lm_head=True)
+        freed = plan.per_device[0].weights_bytes - h.per_device[0].weights_bytes
+        if freed > 0 and h.tokens_capacity > plan.tokens_capacity:
+            out.append(f"suggestion: --quantize-lm-head keeps the LM head in 4 bits, "
+                       f"{freed / scale:.2f} {unit} less per device: {h.tokens_capacity:,} tokens "
+                       "of KV cache")
     if short and not no_room:
         fit = plan.tokens_capacity // plan.page_size * plan.page_size
         out.append(f"suggestion: --max-model-len {fit} (what the KV cache holds), or fewer bytes "

@@ -81,6 +81,16 @@ def test_plan_suggests_what_would_fit(capsys) -> None:
     assert "-tp 2" in out
     _, out, _ = run(capsys, "plan", "Qwen3-8B", "--gpu-memory", "24GB", "--max-model-len", "131072")
     assert re.search(r"suggestion: --max-model-len \d+ \(what the KV cache holds\).*int8", out)
+    # 4-bit weights, the KV short of one sequence: the 4-bit LM head's bytes go to the KV cache
+    args = ("plan", "Qwen3-32B", "--gpu-memory", "24GiB", "--max-model-len", "131072", "--quantization",
+            "w4a16", "--kv-cache-dtype", "int8", "--max-num-seqs", "8")
+    _, out, _ = run(capsys, *args)
+    held = int(re.search(r"the KV cache holds (\d+) tokens", out)[1])
+    match = re.search(r"suggestion: --quantize-lm-head keeps the LM head in 4 bits, ([\d.]+) GiB less per "
+                      r"device: ([\d,]+) tokens", out)
+    assert match and 0.9 < float(match[1]) < 1.2 and int(match[2].replace(",", "")) > held
+    _, out, _ = run(capsys, *args, "--quantize-lm-head")
+    assert "--quantize-lm-head" not in out and f"holds {match[2].replace(',', '')} tokens" in out
 
 
 def test_readme_commands_table_has_no_bare_pipe_in_code() -> None:
