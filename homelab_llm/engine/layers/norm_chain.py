@@ -2,12 +2,15 @@
 them (kernels/w4a16_epilogue.py): at batch 3-64 on the left-operand kernel a decode step then
 launches no norm or act-and-mul between the first layer's input norm and the final norm.
 
-The linear before a norm (o_proj, down_proj: row-parallel at TP 1, no bias) adds the residual
-and leaves the norm's input as a `Prenormed`: s * norm_weight in the next linear's pair order,
-each row's 1 / rms, and s, the residual after it. The linear after the norm (qkv_proj, gate_up)
-takes it with the scale applied to its dot; a gate | up projection also stores act(gate) * up
-in the down projection's pair order. The layers pass a Prenormed where they passed the hidden
-rows (llama.attention_after_norm / mlp_after_norm take either).
+The linear before a norm (o_proj, a Gated DeltaNet's out_proj, down_proj: row-parallel at TP
+1, no bias) adds the residual and leaves the norm's input as a `Prenormed`: s * norm_weight in
+the next linear's pair order, each row's 1 / rms, and s, the residual after it. The linear
+after the norm (qkv_proj, in_proj_qkvz, gate_up) takes it with the scale applied to its dot;
+a gate | up projection also stores act(gate) * up in the down projection's pair order. The
+layers pass a Prenormed where they passed the hidden rows (llama.attention_after_norm /
+mlp_after_norm take either). Where the norm keeps its launch (tensor parallelism: it follows
+an all-reduce) a gated MLP still takes its act-and-mul in gate_up's epilogue
+(act_epilogue_mlp).
 
 `chain_pairs` says where it applies; HOMELAB_LLM_NORM_CHAIN=0 keeps the separate launches (the
 A/B switch for benchmarks).
