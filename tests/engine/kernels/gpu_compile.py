@@ -688,7 +688,8 @@ def _dot_chain_scenarios(w):
     from homelab_llm.engine.kernels.w4a16_epilogue import ACT_OUT, NORM_OUT, DotChain
 
     k, n = w.in_features, w.out_features
-    for m, dt, form in ((8, torch.bfloat16, "joined"), (40, torch.float16, "joined"), (8, torch.bfloat16, "int_zeros")):
+    for m, dt, form, every in ((8, torch.bfloat16, "joined", True), (40, torch.float16, "joined", False),
+                               (8, torch.bfloat16, "int_zeros", False)):
         tiles = GemmTiles(64, 64, 128, num_warps=4, num_stages=3, split_k=4, **{form: True})
         x = torch.zeros((m, k), dtype=dt)
         rstd = torch.zeros(m, dtype=torch.float32)
@@ -699,6 +700,8 @@ def _dot_chain_scenarios(w):
         chains = [DotChain(), norm_out, DotChain(rstd_in=rstd)]  # the plain form beside them
         chains += [DotChain(ACT_OUT, act=act, out_pairs=128, y=torch.zeros((m, n // 2), dtype=dt), rstd_in=r)
                    for act in ("silu", "gelu_tanh") for r in (rstd, None)]  # after a chained norm or its launch
+        if not every:  # the other tiles: the norm's add and the act-and-mul after a chained norm
+            chains = [norm_out, chains[3]]
         for chain, split in [(norm_out, 1)] + [(c, 2) for c in chains]:
             yield lambda x=x, c=chain, s=split, t=tiles: w4a16_dot.w4a16_dot(
                 x, w, out_rows, tiles=t, split=s, w_left=True, x_paired=True, chain=c)

@@ -51,15 +51,17 @@ def four_rows_context(**extra):
         num_kv_splits=2, **extra)
 
 
-def hybrid_w4_model(hidden: int, inter: int, seed: int):
+def hybrid_w4_model(hidden: int, inter: int, seed: int, layer_types: tuple[str, ...] | None = None):
     """(model, config, context): a tiny W4A16 Qwen3.5 hybrid (launch_count.TINY_QWEN3_5's layers:
-    3 Gated DeltaNet, 1 gated attention; value heads of 128) of that hidden and MLP size, its
-    in_proj_ba kept bf16, random KV pages and states for 4 sequences decoding (four_rows_context
-    with their state slots)."""
+    3 Gated DeltaNet, 1 gated attention, or layer_types; value heads of 128) of that hidden and
+    MLP size, its in_proj_ba kept bf16, random KV pages and states for 4 sequences decoding
+    (four_rows_context with their state slots)."""
     from tests.engine.kernels.launch_count import TINY_QWEN3_5, tiny_decode_model
 
+    types = layer_types or TINY_QWEN3_5.layer_types
     config = dataclasses.replace(TINY_QWEN3_5, hidden_size=hidden, intermediate_size=inter,
                                  linear_num_value_heads=2, linear_value_head_dim=128,
+                                 num_hidden_layers=len(types), layer_types=tuple(types),
                                  name="tiny-w4-hybrid")
     model, _ = tiny_decode_model(torch.bfloat16, seed, config)
     w4_linears(model, skip=("in_proj_ba",))

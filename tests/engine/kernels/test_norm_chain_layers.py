@@ -23,20 +23,20 @@ from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.norm_chain import CHAIN_ENV
 from tests.engine.kernels.left_table import four_rows_context, interpreted, on_device, use_left_table, w4_linears
 
-HIDDEN, INTER, LAYERS = 256, 384, 3
+HIDDEN, INTER, LAYERS = 256, 384, 2
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1)).max())
 
 
-def _model(o_proj_bias: bool = False):
+def _model(o_proj_bias: bool = False, layers: int = LAYERS):
     from homelab_llm.engine.model.config import ModelConfig
     from homelab_llm.engine.model.llama import LlamaForCausalLM
     from tests.engine.kernels.launch_count import bind_cache, random_weights
 
     config = ModelConfig(architecture="llama", vocab_size=64, hidden_size=HIDDEN, intermediate_size=INTER,
-                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                          o_proj_bias=o_proj_bias, name="tiny-w4-chain")
     torch.manual_seed(81)
     model = random_weights(LlamaForCausalLM(config), 0.1).to(torch.bfloat16)
@@ -90,14 +90,16 @@ def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch, device
 
 
 def test_hybrid_decode_step_runs_its_mlp_norms_inside_the_linears(monkeypatch, device: torch.device) -> None:
-    """A tiny W4A16 Qwen3.5 hybrid (3 Gated DeltaNet layers, then a gated attention one): every
-    post-attention norm in out_proj's or o_proj's epilogue, the SiLU-and-muls in gate_up's, and
-    each input norm but the first in the layer before's down_proj (a Gated DeltaNet's bf16
-    in_proj_ba normalizes the summed rows in its own GEMV's prologue: one launch, as before)."""
+    """A tiny W4A16 Qwen3.5 hybrid (a Gated DeltaNet layer, a gated attention one, a Gated
+    DeltaNet one: each kind after the other): every post-attention norm in out_proj's or o_proj's
+    epilogue, the SiLU-and-muls in gate_up's, and each input norm but the first in the layer
+    before's down_proj (a Gated DeltaNet's bf16 in_proj_ba normalizes the summed rows in its own
+    GEMV's prologue: one launch, as before)."""
     from tests.engine.kernels.left_table import hybrid_w4_model
 
     _gpu_path(monkeypatch, device)
-    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 83)
+    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 83, ("linear_attention", "full_attention",
+                                                              "linear_attention"))
     model, ctx = on_device(model, ctx, device)
     want_counts, want = _step(monkeypatch, model, "0", ctx)
     got_counts, got = _step(monkeypatch, model, "1", ctx)
@@ -122,14 +124,14 @@ def test_layers_keep_the_separate_launches_where_the_chain_cannot_go(monkeypatch
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     use_left_table(monkeypatch, x_pairs=True)
-    model = _model(o_proj_bias=why == "o_proj bias")
+    model = _model(o_proj_bias=why == "o_proj bias", layers=1)
     layer = model.model.layers[0]
     rows = torch.zeros(2 if why == "two rows" else 4, HIDDEN, dtype=torch.bfloat16)
     assert mlp_chain_pairs(rows, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj) == 0
     if why == "o_proj bias":
         got, want = _step(monkeypatch, model, "1")[0], _step(monkeypatch, model, "0")[0]
-        assert got["triton._rms_norm_kernel"] == want["triton._rms_norm_kernel"] == 2 * LAYERS + 1
-        assert got["triton._silu_and_mul_kernel"] == 0 and want["triton._silu_and_mul_kernel"] == LAYERS
+        assert got["triton._rms_norm_kernel"] == want["triton._rms_norm_kernel"] == 3
+        assert got["triton._silu_and_mul_kernel"] == 0 and want["triton._silu_and_mul_kernel"] == 1
 
 
 @interpreted
