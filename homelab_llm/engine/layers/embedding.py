@@ -71,7 +71,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         Gaussian rows; 128 inputs a group, or 64 / 32 where the hidden size asks) from now on,
         quantized `rows` vocab rows at a time (an fp32 copy of a 248K x 5120 head would be 5 GB).
         tied: the weight is the embedding's and stays; otherwise it goes."""
-        from homelab_llm.engine.kernels.w4a16_pack import W4Weight, integer_zero_points, quantize_rtn
+        from homelab_llm.engine.kernels.w4a16_pack import W4Weight, quantize_rtn
 
         hidden = self.weight.shape[1]
         group = next((g for g in (128, 64, 32) if hidden % g == 0), 0)
@@ -80,8 +80,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         parts = [quantize_rtn(self.weight.data[i:i + rows], group, symmetric=False, clips=HEAD_CLIPS)
                  for i in range(0, self.weight.shape[0], rows)]
         w4 = W4Weight(*(torch.cat([getattr(p, n) for p in parts], dim=1) for n in ("qweight", "scales", "biases")),
-                      group)
-        w4.int_zeros = integer_zero_points(w4)
+                      group, int_zeros=all(p.int_zeros for p in parts))  # each chunk's repack checked its own
         self._use_w4(w4, keep_weight=tied)
 
     def install_w4(self, w4: Any) -> None:

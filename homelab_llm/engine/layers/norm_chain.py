@@ -95,17 +95,25 @@ def prenormed_linear(pre: Prenormed, linear: LinearBase) -> torch.Tensor:
     return out if linear.bias is None else out + linear.bias
 
 
+def act_chain_pairs(rows: torch.Tensor, gate_up: LinearBase, down: LinearBase) -> int:
+    """down's pair block where gate_up's launch for these rows can store act(gate) * up in it
+    (both W4A16 on the few-row kernel's pair-order tiles, gate_up without bias, its column
+    blocks pairing gate and up features); 0 where the act-and-mul keeps its own launch."""
+    from homelab_llm.engine.kernels.w4a16_chain import act_pairs_fit
+
+    if os.environ.get(CHAIN_ENV, "1") == "0" or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
+        return 0
+    m = rows.shape[0]
+    pairs = down.rows_pairs_block(m, rows)
+    return pairs if pairs and act_pairs_fit(m, gate_up.w4, rows.device) else 0
+
+
 def mlp_chain_pairs(rows: torch.Tensor, o_proj: LinearBase, gate_up: LinearBase, down: LinearBase) -> int:
     """gate_up's pair block where o_proj's launch for these rows can form the norm before a gated
     MLP and the MLP run chained (prenormed_mlp): gate_up's act-and-mul in its epilogue, in the
-    pair order down reads; 0 where the MLP keeps its separate launches."""
-    from homelab_llm.engine.kernels.w4a16_chain import act_pairs_fit
-
+    pair order down reads (act_chain_pairs); 0 where the MLP keeps its separate launches."""
     pairs = chain_pairs(rows, o_proj, gate_up)
-    m = rows.shape[0]
-    if not pairs or gate_up.bias is not None or down.w4 is None or not down.rows_pairs_block(m, rows):
-        return 0
-    return pairs if act_pairs_fit(m, gate_up.w4, rows.device) else 0
+    return pairs if pairs and act_chain_pairs(rows, gate_up, down) else 0
 
 
 def chained_mlp_norm(rows: torch.Tensor, producer: LinearBase, norm: RMSNorm,
@@ -137,15 +145,12 @@ def act_epilogue_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNo
     own launch (after a tensor-parallel all-reduce; Gemma's pre-feedforward norm) but the MLP can
     run chained: the norm writes gate_up's pair order, gate_up's epilogue the act-and-mul in
     down's (no act-and-mul launch; GELU-tanh in the kernel too). None where it cannot."""
-    m = x.shape[0]
-    if os.environ.get(CHAIN_ENV, "1") == "0" or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
-        return None
     from homelab_llm.engine.kernels import dispatch, elementwise
-    from homelab_llm.engine.kernels.w4a16_chain import act_pairs_fit, paired_dot
+    from homelab_llm.engine.kernels.w4a16_chain import paired_dot
 
-    pairs = dispatch.w4a16_pairs_block(x, gate_up.w4)
-    down_pairs = down.rows_pairs_block(m, x)
-    if not (pairs and down_pairs and act_pairs_fit(m, gate_up.w4, x.device)):
+    down_pairs = act_chain_pairs(x, gate_up, down)
+    pairs = down_pairs and dispatch.w4a16_pairs_block(x, gate_up.w4)
+    if not pairs:
         return None
     paired, summed, _ = elementwise.norm_rows(x, residual, norm.weight, norm.eps, pairs)
     h = paired_dot(paired, gate_up.w4, act=act, act_pairs=down_pairs)
