@@ -27,3 +27,17 @@ def model_configs_dir() -> Path:
     from homelab_llm.assets import assets_dir
 
     return assets_dir() / "model_configs"
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """The GPU compile check's compiles start now, in the background; its tests run last."""
+    from tests.engine.kernels.compile_background import schedule
+
+    schedule(config, items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.engine.kernels.compile_background import stop
+
+    stop(session.config)

@@ -3,24 +3,28 @@ on a machine without a GPU (see gpu_compile.py for how launches are captured and
 
 The CPU interpreter accepts code the real compiler rejects; this is the check that catches it.
 It takes a few minutes on two cores (more on a loaded box) and caches nothing across runs, so
-its timeouts are generous: a slow machine is not a failed compile.
+its timeouts are generous: a slow machine is not a failed compile. In a run of the whole suite
+the compiles start right after collection, in the background, and these tests run last
+(compile_background.py).
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.timeout(2400)
 
+from tests.engine.kernels.compile_background import JOBS, TIMEOUT, started  # noqa: E402
 from tests.engine.kernels.gpu_compile import TARGETS, launched_kernels, run_all  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
-    return run_all(list(TARGETS), jobs=max(1, min(2, os.cpu_count() or 1)), timeout=1800)
+def compile_report(request: pytest.FixtureRequest) -> dict:
+    handle = started(request.config)
+    if handle is not None:
+        return handle.result()
+    return run_all(list(TARGETS), jobs=JOBS, timeout=TIMEOUT)
 
 
 def test_the_launch_scan_finds_kernels() -> None:
@@ -30,17 +34,17 @@ def test_the_launch_scan_finds_kernels() -> None:
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_every_launched_kernel_is_captured(report: dict, target: str) -> None:
-    missing = report["missing"][target]
+def test_every_launched_kernel_is_captured(compile_report: dict, target: str) -> None:
+    missing = compile_report["missing"][target]
     assert not missing, (f"{target}: kernels launched in homelab_llm/engine/kernels but never reached by "
                          f"gpu_compile._scenarios (add a wrapper call there): {missing}")
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-def test_kernels_compile(report: dict, target: str) -> None:
-    if target in report["skipped"]:
-        pytest.skip(report["skipped"][target])
-    results = [r for r in report["results"] if r["target"] == target]
+def test_kernels_compile(compile_report: dict, target: str) -> None:
+    if target in compile_report["skipped"]:
+        pytest.skip(compile_report["skipped"][target])
+    results = [r for r in compile_report["results"] if r["target"] == target]
     assert results, f"no kernels compiled for {target}"
     failures = [r for r in results if r["error"]]
     msg = "\n\n".join(
