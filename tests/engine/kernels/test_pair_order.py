@@ -233,12 +233,12 @@ def test_llama_decode_step_with_producers_writing_pair_order(monkeypatch) -> Non
 
 @interpreted
 def test_hybrid_decode_step_with_producers_writing_pair_order(monkeypatch) -> None:
-    """The same for a tiny W4A16 Qwen3.5 hybrid (3 Gated DeltaNet layers, 1 gated attention):
+    """The same for a tiny W4A16 Qwen3.5 hybrid (a Gated DeltaNet layer, then a gated attention):
     a Gated DeltaNet layer's input norm writes its rows twice, in pair order for in_proj_qkvz
     and in k order for the bf16 in_proj_ba beside it (one launch, as before), and its decode
     kernel's gated norm writes out_proj's input in pair order (value heads of 128: one K step
     a head), as the gated attention's merge does o_proj's."""
-    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 59)
+    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 59, ("linear_attention", "full_attention"))
     paired, (want_counts, want), (got_counts, got) = _steps_in_both_orders(monkeypatch, model, ctx)
     # per layer gate_up and down; in_proj_qkvz and out_proj in the Gated DeltaNet layers,
     # qkv_proj and o_proj (after the gated merge) in the attention one; in the warm-up and the
