@@ -80,8 +80,8 @@ def _shim() -> types.ModuleType:
 
 
 class MonkeyPatch:
-    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setitem/setenv/delenv,
-    undone after."""
+    """pytest's monkeypatch fixture, the parts the kernel tests use: setattr/setitem/setenv/delenv
+    and context(), undone after."""
 
     def __init__(self) -> None:
         self._undo: list = []
@@ -114,6 +114,15 @@ class MonkeyPatch:
     def undo(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+    @contextlib.contextmanager
+    def context(self):
+        """A MonkeyPatch whose changes are undone when the block ends (pytest's context())."""
+        inner = MonkeyPatch()
+        try:
+            yield inner
+        finally:
+            inner.undo()
 
 
 def _load(path: Path) -> types.ModuleType:

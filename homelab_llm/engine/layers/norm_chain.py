@@ -12,8 +12,9 @@ mlp_after_norm take either). Where the norm keeps its launch (tensor parallelism
 an all-reduce) a gated MLP still takes its act-and-mul in gate_up's epilogue
 (act_epilogue_mlp).
 
-`chain_pairs` says where it applies; HOMELAB_LLM_NORM_CHAIN=0 keeps the separate launches (the
-A/B switch for benchmarks).
+`chain_pairs` says where it applies. It is off unless HOMELAB_LLM_NORM_CHAIN=1 (timed on an
+H100: no gain at the 8B's batch 8, 11% lost at the 27B's; docs/BENCHMARKS.md 41); the code and
+its tests stay for the A/B and for other GPUs' tables.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import torch
 from homelab_llm.engine.layers.linear import LinearBase
 from homelab_llm.engine.layers.norm import RMSNorm
 
+# "1" turns the chain on. Off by default: on an H100 (docs/BENCHMARKS.md 41) it bought nothing
+# at the 8B's batch 8 (2,149.5 -> 2,147.6 tok/s) and cost the 27B's 11% (695.5 -> 620.2).
 CHAIN_ENV = "HOMELAB_LLM_NORM_CHAIN"
+
+
+def chain_enabled() -> bool:
+    return os.environ.get(CHAIN_ENV, "0") == "1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +53,7 @@ def chain_pairs(rows: torch.Tensor, producer: LinearBase, consumer: LinearBase) 
     consumer take it: both W4A16 on the few-row kernel's pair-order tiles, the producer at TP 1
     with no bias (its output is whole and is the sum's left term); 0 where they keep the
     separate launches."""
-    if os.environ.get(CHAIN_ENV, "1") == "0" or producer.w4 is None or consumer.w4 is None:
+    if not chain_enabled() or producer.w4 is None or consumer.w4 is None:
         return 0
     if producer.bias is not None or getattr(producer, "tp_size", 1) != 1:
         return 0
@@ -101,7 +108,7 @@ def act_chain_pairs(rows: torch.Tensor, gate_up: LinearBase, down: LinearBase) -
     blocks pairing gate and up features); 0 where the act-and-mul keeps its own launch."""
     from homelab_llm.engine.kernels.w4a16_chain import act_pairs_fit
 
-    if os.environ.get(CHAIN_ENV, "1") == "0" or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
+    if not chain_enabled() or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
         return 0
     m = rows.shape[0]
     pairs = down.rows_pairs_block(m, rows)

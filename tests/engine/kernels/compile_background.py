@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.engine.kernels.gpu_compile import REPO, TARGETS, run_all
 
 # The fixture the report tests take: a selected test that uses it starts the compiles.
@@ -76,28 +74,29 @@ class BackgroundCompile:
         self._dir.cleanup()
 
 
-HANDLE = pytest.StashKey[BackgroundCompile]()
+# The running compile of each pytest config (by id: a plain dict, so that kernels_selftest's
+# stand-in for pytest, which has no config stash, can import this module).
+_RUNNING: dict[int, BackgroundCompile] = {}
 
 
-def schedule(config: pytest.Config, items: list, jobs: int = JOBS, timeout: float = TIMEOUT) -> None:
+def schedule(config, items: list, jobs: int = JOBS, timeout: float = TIMEOUT) -> None:
     """After collection (and deselection): if any item takes the report, move those items to
-    the end and start the compiles (the handle goes in the config's stash)."""
+    the end and start the compiles."""
     users = [item for item in items if REPORT_FIXTURE in getattr(item, "fixturenames", ())]
     if not users:
         return
     others = [item for item in items if REPORT_FIXTURE not in getattr(item, "fixturenames", ())]
     items[:] = others + users
-    config.stash[HANDLE] = BackgroundCompile(list(TARGETS), jobs, timeout)
+    _RUNNING[id(config)] = BackgroundCompile(list(TARGETS), jobs, timeout)
 
 
-def started(config: pytest.Config) -> BackgroundCompile | None:
-    return config.stash.get(HANDLE, None)
+def started(config) -> BackgroundCompile | None:
+    return _RUNNING.get(id(config))
 
 
-def stop(config: pytest.Config) -> None:
-    handle = started(config)
+def stop(config) -> None:
+    handle = _RUNNING.pop(id(config), None)
     if handle is not None:
-        del config.stash[HANDLE]
         handle.stop()
 
 

@@ -12,8 +12,7 @@ from tests.engine.kernels import compile_background as bg
 
 
 class Config:
-    def __init__(self) -> None:
-        self.stash = pytest.Stash()
+    """A pytest config as compile_background sees it: only its identity."""
 
 
 def item(name: str, uses_report: bool) -> SimpleNamespace:

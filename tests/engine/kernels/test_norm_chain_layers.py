@@ -1,6 +1,6 @@
 """A tiny W4A16 Llama's decode step with its norms and SiLU-and-mul inside the few-row linears
-(layers/norm_chain.py, kernels/w4a16_epilogue.py) against the same step with their own launches
-(HOMELAB_LLM_NORM_CHAIN=0): on a GPU on its own table's few-row tiles, on the CPU on the
+(layers/norm_chain.py, kernels/w4a16_epilogue.py; HOMELAB_LLM_NORM_CHAIN=1) against the same
+step with their own launches (=0, the default): on a GPU on its own table's few-row tiles, on the CPU on the
 interpreter's table patched to the left-operand kernel reading x in pair order (where the
 launches are counted too).
 
@@ -148,6 +148,7 @@ def test_gated_mlp_after_its_norms_launch_runs_the_act_in_gate_ups_epilogue(monk
     from tests.engine.kernels.launch_count import count_calls
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.setenv(CHAIN_ENV, "1")  # the chain's switch (off by default)
     use_left_table(monkeypatch, x_pairs=True)
     gen = torch.Generator().manual_seed(85)
     norm = RMSNorm(HIDDEN)
