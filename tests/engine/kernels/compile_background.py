@@ -64,7 +64,7 @@ class BackgroundCompile:
 
     def stop(self) -> None:
         """Kill the child and its workers if still running, reap it, drop the files."""
-        if self._proc.poll() is None:
+        if self.running:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -82,11 +82,10 @@ _RUNNING: dict[int, BackgroundCompile] = {}
 def schedule(config, items: list, jobs: int = JOBS, timeout: float = TIMEOUT) -> None:
     """After collection (and deselection): if any item takes the report, move those items to
     the end and start the compiles."""
-    users = [item for item in items if REPORT_FIXTURE in getattr(item, "fixturenames", ())]
-    if not users:
+    reads = [REPORT_FIXTURE in getattr(item, "fixturenames", ()) for item in items]
+    if not any(reads):
         return
-    others = [item for item in items if REPORT_FIXTURE not in getattr(item, "fixturenames", ())]
-    items[:] = others + users
+    items[:] = [i for i, r in zip(items, reads) if not r] + [i for i, r in zip(items, reads) if r]
     _RUNNING[id(config)] = BackgroundCompile(list(TARGETS), jobs, timeout)
 
 
