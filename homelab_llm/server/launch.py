@@ -51,21 +51,25 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
-        self._watch_task = asyncio.ensure_future(self._watch_load())
+        self._watch_task = asyncio.ensure_future(self.watch_engine())
         try:
             await super().serve(sockets)
         finally:
             self._watch_task.cancel()
 
-    async def _watch_load(self) -> None:
+    async def watch_engine(self) -> None:
+        """From serve's start: a failed load stops the server; a dead engine ends it (status 1)."""
         client = self.state.client
         while client.state == "loading" and not self.should_exit:
             await asyncio.sleep(0.05)
         if client.state == "failed":
             self.should_exit = True
-        elif client.state == "ready":
+            return
+        if client.state == "ready":
             log.info("ready: serving %s", ", ".join(self.state.config.served_model_names))
-            await self._watch_dead()
+        # Also when the engine died between two looks (ready, a request, dead within one poll):
+        # it must still end the server.
+        await self._watch_dead()
 
     async def _watch_dead(self) -> None:
         """A dead engine ends the server. A watchdog makes sure of it even if the engine thread

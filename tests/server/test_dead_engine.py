@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
+import uvicorn
 
+from homelab_llm.server import launch
 from tests.server.conftest import fake_server, in_thread_engine
 from tests.server.fake_engine import FakeEngine
 from tests.server.test_lifecycle import MODES, reap, start_child, stream_in_thread, wait_for
@@ -83,3 +87,38 @@ def test_serve_exits_non_zero_soon_after_the_engine_dies(mode: str) -> None:
         reap(child)
     wait_for(lambda: other and other[-1] == "data: [DONE]", 5, "the other stream's end")
     assert_error_then_done(other, "the engine is dead")
+
+
+class RecordingTimer:
+    """Stands in for the watchdog's threading.Timer: records that it was armed, never fires."""
+    armed: list[float] = []
+
+    def __init__(self, interval: float, function, args=()) -> None:
+        self.interval = interval
+        self.daemon = False
+
+    def start(self) -> None:
+        RecordingTimer.armed.append(self.interval)
+
+
+def test_an_engine_dead_between_two_looks_of_the_load_watch_still_ends_the_server(monkeypatch) -> None:
+    """The engine turned ready and died within one poll of the load watch (a request can finish
+    its first token and the engine be killed in ~30 ms): the server must still exit, watchdog
+    armed. It used to stay up for good, 'dead' on /health (CI saw it as a 15 s timeout)."""
+    RecordingTimer.armed = []
+    monkeypatch.setattr(launch.threading, "Timer", RecordingTimer)
+    monkeypatch.setattr(launch, "DEAD_FLUSH_S", 0.0)
+    client = SimpleNamespace(state="loading", dead_reason="killed by SIGKILL")
+    state = SimpleNamespace(client=client, config=SimpleNamespace(served_model_names=("fake",)))
+    server = launch.DrainingServer(uvicorn.Config(app=None), state)
+
+    async def scenario() -> None:
+        watch = asyncio.ensure_future(server.watch_engine())
+        await asyncio.sleep(0.01)  # the watch is inside its poll's sleep
+        client.state = "ready"
+        client.state = "dead"
+        await asyncio.wait_for(watch, 5)
+
+    asyncio.run(scenario())
+    assert server.should_exit
+    assert RecordingTimer.armed == [launch.DEAD_EXIT_DEADLINE_S]

@@ -40,7 +40,10 @@ class BackgroundCompile:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.engine.kernels.compile_background", str(self._out),
              ",".join(targets), str(jobs), str(timeout)],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
+        # Its own process group (stop() kills it whole) but the tests' session: with the kernel's
+        # autogroup scheduling, a new session would be a new CPU group, where NICENESS counts only
+        # against its own workers, and the compiles would take a full core from the tests.
         self.pid = self._proc.pid  # also the process group's id
         self._started = time.monotonic()
 
