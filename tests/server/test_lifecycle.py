@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -172,8 +173,16 @@ def stream_in_thread(base: str, max_tokens: int, first_line: threading.Event) ->
 
 
 def reap(child: subprocess.Popen) -> int:
+    """The child's exit status within 15 s; past that it is killed and the failure shows what it
+    printed (read without blocking: a grandchild may still hold the pipe open)."""
     try:
         return child.wait(15)
+    except subprocess.TimeoutExpired as err:
+        child.kill()
+        child.wait()
+        os.set_blocking(child.stdout.fileno(), False)
+        printed = (child.stdout.read() or b"").decode(errors="replace")
+        raise AssertionError(f"the child did not exit within 15 s; it printed:\n{printed[-4000:]}") from err
     finally:
         if child.poll() is None:
             child.kill()
