@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hwcheck.hw_fakes import FakeAmd, FakeAmdGpu, FakeNvml, nvml_4090_pair
+from tests.hwcheck.hw_fakes import FakeAmd, FakeAmdGpu, nvml_4090_pair
 from homelab_llm.hwcheck.gpus import detect_gpus
 from homelab_llm.hwcheck.report import make_report
 from tests.hwcheck.hwcheck_fixtures import FIXTURES

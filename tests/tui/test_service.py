@@ -17,7 +17,7 @@ import pytest
 
 from homelab_llm.tui.process_group import PortBusyError, free_port, process_group_alive
 from homelab_llm.tui.service import ServiceManager, ServiceState, StateChanged
-from tui_fakes import TINY_SERVER, crash_preset, tiny_preset
+from tui_fakes import crash_preset, tiny_preset
 
 pytestmark = pytest.mark.timeout(60)
 
