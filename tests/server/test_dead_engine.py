@@ -89,24 +89,13 @@ def test_serve_exits_non_zero_soon_after_the_engine_dies(mode: str) -> None:
     assert_error_then_done(other, "the engine is dead")
 
 
-class RecordingTimer:
-    """Stands in for the watchdog's threading.Timer: records that it was armed, never fires."""
-    armed: list[float] = []
-
-    def __init__(self, interval: float, function, args=()) -> None:
-        self.interval = interval
-        self.daemon = False
-
-    def start(self) -> None:
-        RecordingTimer.armed.append(self.interval)
-
-
 def test_an_engine_dead_between_two_looks_of_the_load_watch_still_ends_the_server(monkeypatch) -> None:
     """The engine turned ready and died within one poll of the load watch (a request can finish
     its first token and the engine be killed in ~30 ms): the server must still exit, watchdog
     armed. It used to stay up for good, 'dead' on /health (CI saw it as a 15 s timeout)."""
-    RecordingTimer.armed = []
-    monkeypatch.setattr(launch.threading, "Timer", RecordingTimer)
+    armed: list[float] = []  # the watchdog's threading.Timer, recorded and never fired
+    monkeypatch.setattr(launch.threading, "Timer", lambda interval, function, args=(): SimpleNamespace(
+        daemon=False, start=lambda: armed.append(interval)))
     monkeypatch.setattr(launch, "DEAD_FLUSH_S", 0.0)
     client = SimpleNamespace(state="loading", dead_reason="killed by SIGKILL")
     state = SimpleNamespace(client=client, config=SimpleNamespace(served_model_names=("fake",)))
@@ -121,4 +110,4 @@ def test_an_engine_dead_between_two_looks_of_the_load_watch_still_ends_the_serve
 
     asyncio.run(scenario())
     assert server.should_exit
-    assert RecordingTimer.armed == [launch.DEAD_EXIT_DEADLINE_S]
+    assert armed == [launch.DEAD_EXIT_DEADLINE_S]
