@@ -153,10 +153,12 @@ def add_rms_norm(x, residual, weight, eps):
 FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps the BLAS GEMM
 # Outputs at most this narrow take the GEMV on every arch (up to SKINNY_GEMV_ROWS rows); 0: none.
 # Each arch's table may name a width of its own (DenseGemvTiles.skinny_n: sm_90 takes Gated
-# DeltaNet's in_proj_ba, 5120 -> 96, at 2-8 rows too, where cuBLAS runs split-K plus a reduce
-# launch; docs/BENCHMARKS.md 17.2, 39). HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
+# DeltaNet's in_proj_ba, 5120 -> 96, at 2-4 rows too, where cuBLAS runs split-K plus a reduce
+# launch; docs/BENCHMARKS.md 17.2). At 5-8 rows (a batch-8 step) cuBLAS won on the H100 (27B
+# batch 8: 716.6 against 700.8 tok/s, BENCHMARKS 43), so the row groups serve only forced calls.
+# HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
 SKINNY_GEMV_N = 0
-SKINNY_GEMV_ROWS = 8  # at most dense_gemv.MAX_ROWS (past 4 rows, each program takes a group of 4)
+SKINNY_GEMV_ROWS = 4  # at most dense_gemv.MAX_ROWS (past 4 rows, each program takes a group of 4)
 
 
 def dense_gemv_route(x: torch.Tensor, weight: torch.Tensor) -> bool:

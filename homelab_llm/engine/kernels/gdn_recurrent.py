@@ -35,7 +35,7 @@ from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position, rows_in_pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
-from homelab_llm.engine.kernels.tuning import gdn_tiles
+from homelab_llm.engine.kernels.tuning import gdn_step_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import MAX_BLOCKS, ticket_buffer
 
 
@@ -139,10 +139,10 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # rows contiguous (v is often a view)
     if rows == 0:
         return out
-    tiles = gdn_tiles(q.device)
-    block_v = min(tiles.decode_block_v, next_pow2(dv))
     a_log, dt_bias = gating if gating is not None else (g, g)
     groups = rows // rows_per_seq
+    block_v, warps = gdn_step_tiles(q.device, groups, rows_per_seq)
+    block_v = min(block_v, next_pow2(dv))
     z, nw, eps = gated_norm if gated_norm is not None else (v, v, 0.0)
     if gated_norm is not None and (z.shape != v.shape or z.stride(2) != 1 or nw.shape != (dv,)):
         raise ValueError(f"gated norm: z {tuple(z.shape)} (head dim contiguous) and weight "
@@ -166,5 +166,5 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         z, nw, tickets, float(eps), z.stride(0), z.stride(1),
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
         GATING=gating is not None, NORM=gated_norm is not None, DV_PAD=next_pow2(dv),
-        PAIR_BLOCK=pair_block, num_warps=tiles.decode_warps, **pdl_args(q.device))
+        PAIR_BLOCK=pair_block, num_warps=warps, **pdl_args(q.device))
     return out

@@ -659,7 +659,11 @@ class GdnTiles:
     Dk x block_v fp32 in registers); conv_t x conv_c: tokens x channels per conv program.
     split: the prefill's sequential walk only carries the state (state_warps per program) and a
     parallel kernel computes the outputs from the stored per-chunk states, out_block_v value
-    columns per program (gdn_chunk_split.py); False: outputs inside the walk (gdn_chunk.py)."""
+    columns per program (gdn_chunk_split.py); False: outputs inside the walk (gdn_chunk.py).
+    verify_*: a verify step of at most verify_groups sequences (rows_per_seq > 1) carries each
+    state tile through K + 1 rows, a chain of dependent sums over Dk: there the decode step takes
+    verify_block_v columns and verify_warps warps a program instead (one warp: its sums stay in
+    the warp; narrower: twice the programs for the few heads of one sequence); 0: none."""
 
     chunk: int
     block_v: int
@@ -673,21 +677,38 @@ class GdnTiles:
     split: bool
     state_warps: int
     out_block_v: int
+    verify_groups: int = 0
+    verify_block_v: int = 0
+    verify_warps: int = 0
 
 
 GDN_TABLE: dict[str, GdnTiles] = {
     "sm80": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
-    "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
+    # verify: the 27B's 48 heads x 128 at one sequence, graph-timed on the H100 (BENCHMARKS 43.3):
+    # 2 / 3 / 5 rows 7.96 / 10.47 / 15.87 us at 32 x 4 warps, 7.15 / 9.22 / 13.48 at 16 x 1;
+    # at 8 sequences 16 x 1 loses at 1 row (17.75 against 15.22) and is even at 2-4.
+    "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64,
+                     verify_groups=1, verify_block_v=16, verify_warps=1),
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
     # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).
     "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4, True, 4, 32),
-    "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16),
+    "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16,
+                          verify_groups=1, verify_block_v=8, verify_warps=1),
 }
 
 
 def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
     return GDN_TABLE[arch_name(device)]
+
+
+def gdn_step_tiles(device: torch.device | None, groups: int, rows_per_seq: int) -> tuple[int, int]:
+    """(block_v, warps) of the decode / verify step kernel for `groups` sequences of
+    rows_per_seq rows each (GdnTiles.verify_*)."""
+    t = gdn_tiles(device)
+    if rows_per_seq > 1 and groups <= t.verify_groups and t.verify_block_v:
+        return t.verify_block_v, t.verify_warps
+    return t.decode_block_v, t.decode_warps
 
 
 @dataclass(frozen=True)

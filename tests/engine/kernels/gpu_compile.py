@@ -658,6 +658,9 @@ def _gdn_scenarios():
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
             yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
+            # one sequence's verify (5 rows) takes the table's verify tiles
+            yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:5] for t in r), ssm_state, verify_idx[:5], rows_per_seq=5)
             # the gating in the kernel: raw a and b (bf16 / fp16 columns of in_proj_ba's output)
             gates = (torch.zeros(hv), torch.zeros(hv))
             yield lambda r=rule, idx=idx, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(

@@ -137,11 +137,11 @@ def test_cpu_routes_to_the_unfused_ops() -> None:
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_skinny_outputs_take_the_gemv_up_to_eight_rows(monkeypatch) -> None:
+def test_skinny_outputs_take_the_gemv_up_to_the_skinny_rows(monkeypatch) -> None:
     """An arch whose table serves 1 row (sm_90) and names skinny_n sends outputs at most that
-    narrow (Gated DeltaNet's in_proj_ba) to the GEMV for up to SKINNY_GEMV_ROWS rows (8: a
-    batch-8 decode step); wider outputs and more rows stay with the BLAS GEMM; forced
-    (HOMELAB_LLM_DENSE_GEMV=1), any width takes it up to FORCED_GEMV_ROWS."""
+    narrow (Gated DeltaNet's in_proj_ba) to the GEMV for up to SKINNY_GEMV_ROWS rows (4: a
+    verify step's; cuBLAS keeps batch 8); wider outputs and more rows stay with the BLAS GEMM;
+    forced (HOMELAB_LLM_DENSE_GEMV=1), any width takes it up to FORCED_GEMV_ROWS."""
     import dataclasses
 
     from homelab_llm.engine.kernels import dispatch, tuning
@@ -155,8 +155,12 @@ def test_skinny_outputs_take_the_gemv_up_to_eight_rows(monkeypatch) -> None:
     assert dispatch.dense_gemv_route(rows[1], wide) and not dispatch.dense_gemv_route(rows[2], narrow)
     monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret",
                         dataclasses.replace(arch, max_rows=1, skinny_n=128))
-    assert all(dispatch.dense_gemv_route(rows[m], narrow) for m in (1, 2, 4, 5, 8))
-    assert not dispatch.dense_gemv_route(rows[9], narrow) and not dispatch.dense_gemv_route(rows[2], wide)
+    skinny = dispatch.SKINNY_GEMV_ROWS
+    assert 1 < skinny < 9
+    assert all(dispatch.dense_gemv_route(rows[m], narrow) == (m <= skinny) for m in rows)
+    assert not dispatch.dense_gemv_route(rows[2], wide)
+    monkeypatch.setattr(dispatch, "SKINNY_GEMV_ROWS", 8)  # the row groups' upper end
+    assert dispatch.dense_gemv_route(rows[8], narrow) and not dispatch.dense_gemv_route(rows[9], narrow)
     monkeypatch.setenv("HOMELAB_LLM_DENSE_GEMV", "1")
     monkeypatch.setitem(tuning.DENSE_GEMV_TABLE, "interpret", dataclasses.replace(arch, max_rows=0))
     assert dispatch.dense_gemv_route(rows[4], wide) and not dispatch.dense_gemv_route(rows[5], wide)

@@ -118,6 +118,24 @@ def test_conv_verify_matches_reference(dtype, with_bias, width, device: torch.de
                 slots=[0, 4, 5, 6, 7, 8], rows=6)
 
 
+def test_one_sequences_verify_takes_the_verify_tiles(monkeypatch) -> None:
+    """GdnTiles.verify_*: a verify step of at most verify_groups sequences takes the narrower
+    one-warp tiles; plain decode steps and more sequences keep the decode tiles; an arch without
+    them (0) always keeps the decode tiles."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels import tuning
+
+    cpu = torch.device("cpu")
+    t = tuning.gdn_tiles(cpu)
+    verify, decode = (t.verify_block_v, t.verify_warps), (t.decode_block_v, t.decode_warps)
+    assert t.verify_groups == 1 and verify != decode
+    assert tuning.gdn_step_tiles(cpu, 1, 5) == verify and tuning.gdn_step_tiles(cpu, 1, 2) == verify
+    assert tuning.gdn_step_tiles(cpu, 2, 5) == decode and tuning.gdn_step_tiles(cpu, 1, 1) == decode
+    monkeypatch.setitem(tuning.GDN_TABLE, "interpret", dataclasses.replace(t, verify_groups=0))
+    assert tuning.gdn_step_tiles(cpu, 1, 5) == decode
+
+
 def test_group_size_must_divide_the_rows() -> None:
     from homelab_llm.engine.kernels import gdn
 
