@@ -684,11 +684,13 @@ class GdnTiles:
 
 GDN_TABLE: dict[str, GdnTiles] = {
     "sm80": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
-    # verify: the 27B's 48 heads x 128 at one sequence, graph-timed on the H100 (BENCHMARKS 43.3):
-    # 2 / 3 / 5 rows 7.96 / 10.47 / 15.87 us at 32 x 4 warps, 7.15 / 9.22 / 13.48 at 16 x 1;
-    # at 8 sequences 16 x 1 loses at 1 row (17.75 against 15.22) and is even at 2-4.
+    # verify: the 27B's 48 heads x 128, graph-timed on the H100 (BENCHMARKS 43.3), us at 32 x 4
+    # warps -> 16 x 1: one sequence, 2 / 3 / 5 rows 7.96 / 10.47 / 15.87 -> 7.15 / 9.22 / 13.48;
+    # two 10.63 / 15.57 / 23.14 -> 9.32 / 11.77 / 21.17; four 18.29 / 27.43 / 46.95 -> 14.48 /
+    # 21.19 / 40.65; eight 38.1 / 64.2 / 78.7 at 2 / 4 / 5 rows -> 35.6 / 66.2 / 78.8 (even, kept)
+    # and at 1 row (plain decode) 15.22 -> 17.75 (a loss).
     "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64,
-                     verify_groups=1, verify_block_v=16, verify_warps=1),
+                     verify_groups=4, verify_block_v=16, verify_warps=1),
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
     # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).

@@ -152,4 +152,6 @@ def test_verify_full_shape() -> None:
     slots = list(range(40))
     slots[7] = slots[23] = -1
     _check_rule(FULL_RULE, gen, torch.bfloat16, torch.device("cuda"), slots=slots, rows=5)
+    for groups in (1, 3):  # few sequences: the table's verify tiles (GdnTiles.verify_*)
+        _check_rule(FULL_RULE, gen, torch.bfloat16, torch.device("cuda"), slots=slots[:5 * groups], rows=5)
     _check_conv(FULL_CONV_CHANNELS, 4, gen, torch.bfloat16, torch.device("cuda"), False, slots=slots, rows=5)
