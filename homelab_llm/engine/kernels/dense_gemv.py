@@ -15,10 +15,11 @@ silu(gate) * up (or GELU-tanh, Gemma's), so the activation kernel disappears too
 Numerics vs the unfused path: the normalized input and the gate/up products are not rounded to
 the activation dtype between ops (one fewer rounding each; differences ~2^-8 relative).
 Past 4 rows, a third grid axis takes the rows 4 at a time (each group reads the weight again,
-from L2 for a skinny one; dispatch sends 5-8 rows here only when forced: at batch 8 cuBLAS's
-two launches won on the H100, docs/BENCHMARKS.md 43). Skinny outputs split K; the last program of a column block reduces the
-fp32 partials in split order (w4a16_gemv.store_or_reduce: deterministic, no second launch,
-replays in graphs).
+from L2 for a skinny one; dispatch no longer routes 5-8 rows here, as cuBLAS's two launches
+won at batch 8 on the H100, docs/BENCHMARKS.md 43: the groups serve direct calls and a table
+that raises dispatch.SKINNY_GEMV_ROWS). Skinny outputs split K; the last program of a column
+block reduces the fp32 partials in split order (w4a16_gemv.store_or_reduce: deterministic, no
+second launch, replays in graphs).
 Reference: dense_gemv_ref.norm_linear_ref.
 """
 

@@ -155,8 +155,8 @@ FORCED_GEMV_ROWS = 4  # HOMELAB_LLM_DENSE_GEMV=1 on an arch whose table keeps th
 # Each arch's table may name a width of its own (DenseGemvTiles.skinny_n: sm_90 takes Gated
 # DeltaNet's in_proj_ba, 5120 -> 96, at 2-4 rows too, where cuBLAS runs split-K plus a reduce
 # launch; docs/BENCHMARKS.md 17.2). At 5-8 rows (a batch-8 step) cuBLAS won on the H100 (27B
-# batch 8: 716.6 against 700.8 tok/s, BENCHMARKS 43), so the row groups serve only forced calls.
-# HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
+# batch 8: 716.6 against 700.8 tok/s, BENCHMARKS 43), so dispatch stops at 4 rows (the GEMV's
+# row groups serve 5-8 rows to direct calls). HOMELAB_LLM_DENSE_GEMV=1 forces it (with any width).
 SKINNY_GEMV_N = 0
 SKINNY_GEMV_ROWS = 4  # at most dense_gemv.MAX_ROWS (past 4 rows, each program takes a group of 4)
 

@@ -663,7 +663,8 @@ class GdnTiles:
     verify_*: a verify step of at most verify_groups sequences (rows_per_seq > 1) carries each
     state tile through K + 1 rows, a chain of dependent sums over Dk: there the decode step takes
     verify_block_v columns and verify_warps warps a program instead (one warp: its sums stay in
-    the warp; narrower: twice the programs for the few heads of one sequence); 0: none."""
+    the warp; narrower: twice the programs for the few heads of one sequence); verify_groups 0:
+    none (the other two are then unread)."""
 
     chunk: int
     block_v: int
@@ -708,7 +709,7 @@ def gdn_step_tiles(device: torch.device | None, groups: int, rows_per_seq: int) 
     """(block_v, warps) of the decode / verify step kernel for `groups` sequences of
     rows_per_seq rows each (GdnTiles.verify_*)."""
     t = gdn_tiles(device)
-    if rows_per_seq > 1 and groups <= t.verify_groups and t.verify_block_v:
+    if rows_per_seq > 1 and groups <= t.verify_groups:
         return t.verify_block_v, t.verify_warps
     return t.decode_block_v, t.decode_warps
 
