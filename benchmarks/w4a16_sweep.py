@@ -102,7 +102,7 @@ DOT_TILES = {
     "dot.bm16bn64w4": GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
     "dot.bm16k256": GemmTiles(16, 128, 256, num_warps=8, num_stages=3, split_k=4),
     "dot.bm16s4": GemmTiles(16, 128, 128, num_warps=8, num_stages=4, split_k=8),
-    # deeper pipelines (the split comes from launch_fit.fit_split on a GPU, not split_k)
+    # deeper pipelines (the split comes from launch_fit.balance_split on a GPU, not split_k)
     "dot.bn64w4s5": GemmTiles(16, 64, 128, num_warps=4, num_stages=5, split_k=4),
     "dot.bn256s3": GemmTiles(16, 256, 128, num_warps=8, num_stages=3, split_k=4),
 }

@@ -66,10 +66,10 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
-from homelab_llm.engine.kernels.launch_fit import fit_split, resident_programs
+from homelab_llm.engine.kernels.launch_fit import balance_split, resident_programs
 from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
-from homelab_llm.engine.kernels.tuning import GemmTiles, dot_left_tiles, tiles_for
+from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, dot_left_tiles, tiles_for
 from homelab_llm.engine.kernels.w4a16_epilogue import DotChain, act_columns, finish_tile
 from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, pick_split, ticket_buffer, unscale_pow2
 from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
@@ -606,8 +606,9 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
         resident = resident_programs(_w4a16_dot_kernel, (x2.dtype,) + tuple(sorted(meta.items())),
                                      x2.device, args(out, 2 * block_k, 2), meta)
         # these programs are longer than the GEMV's (tiles.split_k: programs per SM otherwise)
-        split = (fit_split(grid_m * grid_n, triton.cdiv(k, block_k), resident, min_steps=2) if resident
-                 else pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k))
+        sms = device_sms(x2.device)
+        split = (balance_split(grid_m * grid_n, triton.cdiv(k, block_k), sms, resident // sms, min_steps=2)
+                 if resident else pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
