@@ -77,8 +77,11 @@ class DotChain:
             raise ValueError(f"act-and-mul epilogue: {n // 2} features are not whole half blocks of {block_n}")
         if self.epi == NORM_OUT and self.parts is not None and self.parts.shape[0] != grid_n:
             raise ValueError(f"norm epilogue: {self.parts.shape[0]} partial sums a row for {grid_n} column blocks")
+        # PARTS_BLOCK only shapes NORM_OUT's read of the partial sums: elsewhere 1, so launches
+        # of every width share one compiled kernel instead of one per power of two of grid_n
+        parts = triton.next_power_of_2(grid_n) if self.epi == NORM_OUT else 1
         return dict(EPI=self.epi, ACT=ACTS[self.act], NORM_IN=self.rstd_in is not None,
-                    OUT_PAIRS=self.out_pairs, PARTS_BLOCK=triton.next_power_of_2(grid_n))
+                    OUT_PAIRS=self.out_pairs, PARTS_BLOCK=parts)
 
     def runtime(self, n: int) -> tuple:
         """The kernel's chained-epilogue arguments, after num_splits."""

@@ -110,3 +110,15 @@ def test_norm_in_and_act_out_match_the_separate_kernels(monkeypatch, act: str, r
         assert _rel(got_gu, exact) < 1.25 * _rel(want_gu, exact) + 1e-3, split
     with pytest.raises(ValueError, match="whole half blocks"):  # 80 features: not halves of 64
         paired_dot(y, _weight(hidden, 2 * 80, gen, device), rstd, act=act, act_pairs=16)
+
+
+def test_only_the_norm_epilogue_specializes_on_the_column_blocks() -> None:
+    """PARTS_BLOCK shapes NORM_OUT's read of its partial sums alone; every other launch passes 1,
+    so linears of different widths share one compiled kernel."""
+    from homelab_llm.engine.kernels.w4a16_epilogue import ACT_OUT, NORM_OUT, DotChain
+
+    assert DotChain().meta(5120, 64, 80)["PARTS_BLOCK"] == 1
+    assert DotChain().meta(34816, 64, 544) == DotChain().meta(5120, 64, 80)
+    assert DotChain(epi=ACT_OUT).meta(256, 64, 4)["PARTS_BLOCK"] == 1
+    parts = torch.zeros((80, 3))
+    assert DotChain(epi=NORM_OUT, parts=parts).meta(5120, 64, 80)["PARTS_BLOCK"] == 128
