@@ -35,7 +35,7 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
-from homelab_llm.engine.kernels.tuning import device_sms, interpreting
+from homelab_llm.engine.kernels.tuning import interpreting
 
 _RESIDENT: dict[tuple, int | None] = {}
 
@@ -68,8 +68,8 @@ def kernel_registers(compiled) -> int:
     return getattr(compiled, "n_regs", 0) or 0
 
 
-def resident_programs(kernel, key: tuple, device: torch.device, args: tuple, meta: dict) -> int | None:
-    """Programs of `kernel` (a triton.jit function) resident on the whole device, for the launch
+def resident_per_sm(kernel, key: tuple, device: torch.device, args: tuple, meta: dict) -> int | None:
+    """Programs of `kernel` (a triton.jit function) one SM holds at once, for the launch
     `kernel[grid](*args, **meta)`; key: what specializes it (constexprs, dtypes). None where the
     backend does not say (interpreter, HIP)."""
     if device.type != "cuda" or interpreting() or torch.version.hip:
@@ -79,9 +79,8 @@ def resident_programs(kernel, key: tuple, device: torch.device, args: tuple, met
         try:
             compiled = kernel.warmup(*args, grid=(1,), **meta)
             props = torch.cuda.get_device_properties(device)
-            per_sm = programs_per_sm(kernel_registers(compiled), compiled.metadata.shared,
-                                     meta.get("num_warps", 4), props)
-            _RESIDENT[full] = per_sm * device_sms(device)
+            _RESIDENT[full] = programs_per_sm(kernel_registers(compiled), compiled.metadata.shared,
+                                              meta.get("num_warps", 4), props)
         except (AttributeError, TypeError):
             _RESIDENT[full] = None
     return _RESIDENT[full]

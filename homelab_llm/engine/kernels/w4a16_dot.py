@@ -66,7 +66,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
-from homelab_llm.engine.kernels.launch_fit import balance_split, resident_programs
+from homelab_llm.engine.kernels.launch_fit import balance_split, resident_per_sm
 from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, dot_left_tiles, tiles_for
@@ -603,12 +603,12 @@ def w4a16_dot(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: GemmTiles
                 x2.stride(0), w.qweight.stride(0), w.scales.stride(0), out.stride(0), split) + chain.runtime(n)
 
     if split is None:
-        resident = resident_programs(_w4a16_dot_kernel, (x2.dtype,) + tuple(sorted(meta.items())),
-                                     x2.device, args(out, 2 * block_k, 2), meta)
+        per_sm = resident_per_sm(_w4a16_dot_kernel, (x2.dtype,) + tuple(sorted(meta.items())),
+                                 x2.device, args(out, 2 * block_k, 2), meta)
         # these programs are longer than the GEMV's (tiles.split_k: programs per SM otherwise)
-        sms = device_sms(x2.device)
-        split = (balance_split(grid_m * grid_n, triton.cdiv(k, block_k), sms, resident // sms, min_steps=2)
-                 if resident else pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k))
+        split = (balance_split(grid_m * grid_n, triton.cdiv(k, block_k), device_sms(x2.device), per_sm,
+                               min_steps=2)
+                 if per_sm else pick_split(grid_m * grid_n, k, block_k, x2.device, waves=t.split_k))
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)

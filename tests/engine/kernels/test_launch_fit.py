@@ -113,7 +113,7 @@ def test_kernel_registers_of_a_real_warmed_up_kernel() -> None:
     registers, and the residency of the few-row W4A16 kernel counts them."""
     import triton.language as tl
 
-    from homelab_llm.engine.kernels.launch_fit import resident_programs
+    from homelab_llm.engine.kernels.launch_fit import resident_per_sm
 
     @triton.jit
     def _scale(x_ptr, n, BLOCK: tl.constexpr):
@@ -125,6 +125,5 @@ def test_kernel_registers_of_a_real_warmed_up_kernel() -> None:
     regs = kernel_registers(compiled)
     assert 0 < regs <= 255
     props = torch.cuda.get_device_properties(x.device)
-    sms = props.multi_processor_count
-    resident = resident_programs(_scale, ("test", 256), x.device, (x, 1024), dict(BLOCK=256, num_warps=4))
-    assert resident == programs_per_sm(regs, compiled.metadata.shared, 4, props) * sms
+    per_sm = resident_per_sm(_scale, ("test", 256), x.device, (x, 1024), dict(BLOCK=256, num_warps=4))
+    assert per_sm == programs_per_sm(regs, compiled.metadata.shared, 4, props)
