@@ -583,10 +583,11 @@ def dot_left_tiles(m: int, device: torch.device | None = None,
 
 
 # A/B runs without a patched tree: "field=value,..." over every left-operand entry the table
-# gives (the GemmTiles form switches and stages: "x_pairs=1", "pair_accs=1,num_stages=2")
+# gives (the GemmTiles form switches, stages and tiles: "x_pairs=1", "num_stages=2", "block_m=32":
+# rows a program at most)
 DOT_LEFT_ENV = "HOMELAB_LLM_DOT_LEFT"
 _DOT_LEFT_FIELDS = {"scaled": bool, "int_zeros": bool, "pair_accs": bool, "joined": bool, "x_pairs": bool,
-                    "num_stages": int, "num_warps": int, "block_n": int}
+                    "num_stages": int, "num_warps": int, "block_n": int, "block_m": int}
 
 
 @functools.lru_cache(maxsize=8)

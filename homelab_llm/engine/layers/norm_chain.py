@@ -14,7 +14,8 @@ an all-reduce) a gated MLP still takes its act-and-mul in gate_up's epilogue
 
 `chain_pairs` says where it applies. It is off unless HOMELAB_LLM_NORM_CHAIN=1 (timed on an
 H100: no gain at the 8B's batch 8, 11% lost at the 27B's; docs/BENCHMARKS.md 41); the code and
-its tests stay for the A/B and for other GPUs' tables.
+its tests stay for the A/B and for other GPUs' tables. HOMELAB_LLM_NORM_CHAIN=act keeps the
+norms' launches and chains only the act-and-mul (act_epilogue_mlp at TP 1 too).
 """
 
 from __future__ import annotations
@@ -27,13 +28,17 @@ import torch
 from homelab_llm.engine.layers.linear import LinearBase
 from homelab_llm.engine.layers.norm import RMSNorm
 
-# "1" turns the chain on. Off by default: on an H100 (docs/BENCHMARKS.md 41) it bought nothing
+# "1" turns the chain on, "act" only gate_up's act-and-mul epilogue. Off by default: on an H100 (docs/BENCHMARKS.md 41) it bought nothing
 # at the 8B's batch 8 (2,149.5 -> 2,147.6 tok/s) and cost the 27B's 11% (695.5 -> 620.2).
 CHAIN_ENV = "HOMELAB_LLM_NORM_CHAIN"
 
 
 def chain_enabled() -> bool:
     return os.environ.get(CHAIN_ENV, "0") == "1"
+
+
+def act_chain_enabled() -> bool:
+    return os.environ.get(CHAIN_ENV, "0") in ("1", "act")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +113,7 @@ def act_chain_pairs(rows: torch.Tensor, gate_up: LinearBase, down: LinearBase) -
     blocks pairing gate and up features); 0 where the act-and-mul keeps its own launch."""
     from homelab_llm.engine.kernels.w4a16_chain import act_pairs_fit
 
-    if not chain_enabled() or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
+    if not act_chain_enabled() or gate_up.w4 is None or down.w4 is None or gate_up.bias is not None:
         return 0
     m = rows.shape[0]
     pairs = down.rows_pairs_block(m, rows)

@@ -479,8 +479,8 @@ def test_left_operand_tiles_by_rows_and_width(monkeypatch) -> None:
     # DOT_LEFT_ENV changes fields of whatever entry serves (A/B runs), not an empty table's None
     monkeypatch.setenv(tuning.DOT_LEFT_ENV, "x_pairs=1, pair_accs=1,num_stages=2")
     assert tuning.dot_left_tiles(8) == dataclasses.replace(wide, x_pairs=True, pair_accs=True, num_stages=2)
-    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "int_zeros=1")
-    assert tuning.dot_left_tiles(24, None, 6144) == dataclasses.replace(big, int_zeros=True)
+    monkeypatch.setenv(tuning.DOT_LEFT_ENV, "int_zeros=1,block_m=32")
+    assert tuning.dot_left_tiles(24, None, 6144) == dataclasses.replace(big, int_zeros=True, block_m=32)
     for bad in ("x_pairs", "warps=4", "scaled=yes"):
         monkeypatch.setenv(tuning.DOT_LEFT_ENV, bad)
         with pytest.raises(ValueError, match=tuning.DOT_LEFT_ENV):
