@@ -665,7 +665,8 @@ class GdnTiles:
     state tile through K + 1 rows, a chain of dependent sums over Dk: there the decode step takes
     verify_block_v columns and verify_warps warps a program instead (one warp: its sums stay in
     the warp; narrower: twice the programs for the few heads of one sequence); verify_groups 0:
-    none (the other two are then unread)."""
+    none (the other two are then unread). verify_wide_*: a verify step of more sequences takes
+    these (0: the decode tiles)."""
 
     chunk: int
     block_v: int
@@ -682,6 +683,8 @@ class GdnTiles:
     verify_groups: int = 0
     verify_block_v: int = 0
     verify_warps: int = 0
+    verify_wide_block_v: int = 0
+    verify_wide_warps: int = 0
 
 
 GDN_TABLE: dict[str, GdnTiles] = {
@@ -690,15 +693,20 @@ GDN_TABLE: dict[str, GdnTiles] = {
     # warps -> 16 x 1: one sequence, 2 / 3 / 5 rows 7.96 / 10.47 / 15.87 -> 7.15 / 9.22 / 13.48;
     # two 10.63 / 15.57 / 23.14 -> 9.32 / 11.77 / 21.17; four 18.29 / 27.43 / 46.95 -> 14.48 /
     # 21.19 / 40.65; eight 38.1 / 64.2 / 78.7 at 2 / 4 / 5 rows -> 35.6 / 66.2 / 78.8 (even, kept)
-    # and at 1 row (plain decode) 15.22 -> 17.75 (a loss).
+    # and at 1 row (plain decode) 15.22 -> 17.75 (a loss). More than four sequences (BENCHMARKS
+    # 45.4, eight at 2 / 3 / 4 / 5 rows): 32 x 4 37.64 / 51.98 / 64.19 / 78.33 -> 32 x 2 34.37 /
+    # 46.29 / 63.35 / 75.71 (16 x 1 35.80 / 49.62 / 66.65 / 79.64, 64 x 4 34.20 / 46.08 / 67.22 /
+    # 79.61).
     "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64,
-                     verify_groups=4, verify_block_v=16, verify_warps=1),
+                     verify_groups=4, verify_block_v=16, verify_warps=1,
+                     verify_wide_block_v=32, verify_wide_warps=2),
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
     # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).
     "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4, True, 4, 32),
     "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16,
-                          verify_groups=1, verify_block_v=8, verify_warps=1),
+                          verify_groups=1, verify_block_v=8, verify_warps=1,
+                          verify_wide_block_v=8, verify_wide_warps=2),
 }
 
 
@@ -712,6 +720,8 @@ def gdn_step_tiles(device: torch.device | None, groups: int, rows_per_seq: int) 
     t = gdn_tiles(device)
     if rows_per_seq > 1 and groups <= t.verify_groups:
         return t.verify_block_v, t.verify_warps
+    if rows_per_seq > 1 and t.verify_wide_block_v:
+        return t.verify_wide_block_v, t.verify_wide_warps
     return t.decode_block_v, t.decode_warps
 
 

@@ -120,8 +120,8 @@ def test_conv_verify_matches_reference(dtype, with_bias, width, device: torch.de
 
 def test_one_sequences_verify_takes_the_verify_tiles(monkeypatch) -> None:
     """GdnTiles.verify_*: a verify step of at most verify_groups sequences takes the narrower
-    one-warp tiles; plain decode steps and more sequences keep the decode tiles; an arch without
-    them (0) always keeps the decode tiles."""
+    one-warp tiles, more sequences the verify_wide tiles, plain decode steps the decode tiles;
+    an arch without them (0) keeps the decode tiles."""
     import dataclasses
 
     from homelab_llm.engine.kernels import tuning
@@ -131,9 +131,13 @@ def test_one_sequences_verify_takes_the_verify_tiles(monkeypatch) -> None:
     verify, decode = (t.verify_block_v, t.verify_warps), (t.decode_block_v, t.decode_warps)
     assert t.verify_groups == 1 and verify != decode
     assert tuning.gdn_step_tiles(cpu, 1, 5) == verify and tuning.gdn_step_tiles(cpu, 1, 2) == verify
-    assert tuning.gdn_step_tiles(cpu, 2, 5) == decode and tuning.gdn_step_tiles(cpu, 1, 1) == decode
-    monkeypatch.setitem(tuning.GDN_TABLE, "interpret", dataclasses.replace(t, verify_groups=0))
-    assert tuning.gdn_step_tiles(cpu, 1, 5) == decode
+    wide = (t.verify_wide_block_v, t.verify_wide_warps)
+    assert wide not in (verify, decode)
+    assert tuning.gdn_step_tiles(cpu, 2, 5) == wide and tuning.gdn_step_tiles(cpu, 8, 2) == wide
+    assert tuning.gdn_step_tiles(cpu, 1, 1) == decode and tuning.gdn_step_tiles(cpu, 8, 1) == decode
+    monkeypatch.setitem(tuning.GDN_TABLE, "interpret",
+                        dataclasses.replace(t, verify_groups=0, verify_wide_block_v=0))
+    assert tuning.gdn_step_tiles(cpu, 1, 5) == decode and tuning.gdn_step_tiles(cpu, 8, 5) == decode
 
 
 def test_group_size_must_divide_the_rows() -> None:
