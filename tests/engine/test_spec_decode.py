@@ -67,6 +67,8 @@ def _assert_no_leak(llm: LLM) -> None:
      "prompt_lookup_min"),
     ('{"method": "mtp", "num_speculative_tokens": 2, "prompt_lookup_max": 2}', "only apply"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "typo": 1}', "unknown key"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}', "disable_by_batch_size"),
+    ('{"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": "4"}', "disable_by_batch_size"),
 ])
 def test_bad_configs_are_one_line_errors(text: str, needle: str) -> None:
     with pytest.raises(SpeculativeConfigError) as err:
@@ -104,6 +106,40 @@ def test_config_defaults_follow_vllm() -> None:
     cfg = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}')
     assert (cfg.prompt_lookup_max, cfg.prompt_lookup_min) == (4, 4)
     assert parse_speculative_config(None) is None and parse_speculative_config("") is None
+    assert cfg.disable_by_batch_size == 0 and cfg.drafts_in_batch(10_000)
+    cfg = parse_speculative_config('{"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": 4}')
+    assert cfg.disable_by_batch_size == 4 and cfg.drafts_in_batch(4) and not cfg.drafts_in_batch(5)
+
+
+def test_disable_by_batch_size_drafts_nothing_in_larger_batches(tmp_path: Path) -> None:
+    """vLLM's disable_by_batch_size: the drafter gives no sequence a draft while more are running;
+    the output still equals the run without speculation, and the batch drafts again once it
+    shrinks (requests of different lengths), so some steps verify and some do not."""
+    from homelab_llm.engine.sequence import Sequence
+    from homelab_llm.engine.spec.drafter import make_drafter
+
+    drafter = make_drafter(parse_speculative_config(
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "disable_by_batch_size": 2}'), 64)
+    seqs = [Sequence(str(i), [4, 5, 6, 4, 5], SamplingParams(temperature=0.0), 0.0, max_tokens=16) for i in range(3)]
+    for seq in seqs:
+        seq.token_ids.append(6)  # one output token: 5, 6 matched earlier, so "4, 5" is the draft
+    drafter.draft(seqs)
+    assert [seq.spec_token_ids for seq in seqs] == [[], [], []]
+    drafter.draft(seqs[:2])
+    assert [seq.spec_token_ids for seq in seqs[:2]] == [[4, 5, 6], [4, 5, 6]]
+    ps = _copy_heavy(4, seed=7)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 10, 24, 28)]
+    want = _run(tiny_llm(tmp_path, max_num_seqs=4), ps, params)
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+                       "prompt_lookup_min": 1, "disable_by_batch_size": 2})
+    llm = tiny_llm(tmp_path, max_num_seqs=4, speculative_config=spec)
+    assert _run(llm, ps, params) == want
+    drafts = llm.engine.status()["spec_decode"]["drafts"]
+    _assert_no_leak(llm)
+    always = tiny_llm(tmp_path, max_num_seqs=4, speculative_config=json.dumps(
+        {k: v for k, v in json.loads(spec).items() if k != "disable_by_batch_size"}))
+    assert _run(always, ps, params) == want
+    assert 0 < drafts < always.engine.status()["spec_decode"]["drafts"]
 
 
 # -- proposer and acceptance ----------------------------------------------------------------------

@@ -3,6 +3,8 @@
 `{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M}`
 or `{"method": "mtp", "num_speculative_tokens": K}`. As in vLLM, an n-gram config without lookup
 bounds uses 5 for both, and one bound alone sets the other. Every error is one line naming the flag.
+Either method takes vLLM's `"disable_by_batch_size": B`: a step with more than B running
+sequences drafts nothing (a verify row costs more as the batch grows: docs/BENCHMARKS.md 45.2).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from homelab_llm.errors import HomelabError
 
 METHODS = ("ngram", "mtp")
 MAX_SPECULATIVE_TOKENS = 16  # a verify step computes K+1 positions per sequence
-_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
 FLAG = "--speculative-config"
 
 
@@ -29,6 +31,11 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_max: int = 0  # ngram only
     prompt_lookup_min: int = 0
+    disable_by_batch_size: int = 0  # > 0: no drafts in a step with more running sequences
+
+    def drafts_in_batch(self, running: int) -> bool:
+        """Whether a step with this many running sequences drafts at all."""
+        return not self.disable_by_batch_size or running <= self.disable_by_batch_size
 
 
 def verify_width(config: SpeculativeConfig | None) -> int:
@@ -71,11 +78,12 @@ def parse_speculative_config(text: str | dict[str, Any] | None) -> SpeculativeCo
     if k > MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(
             f"{FLAG} \"num_speculative_tokens\" must be <= {MAX_SPECULATIVE_TOKENS}, got {k}")
+    disable = _positive_int(data, "disable_by_batch_size", None) if "disable_by_batch_size" in data else 0
     if method == "mtp":
         extra = sorted({"prompt_lookup_max", "prompt_lookup_min"} & set(data))
         if extra:
             raise SpeculativeConfigError(f"{FLAG} {', '.join(extra)} only apply to method ngram")
-        return SpeculativeConfig("mtp", k)  # the checkpoint is checked by spec/mtp.py
+        return SpeculativeConfig("mtp", k, disable_by_batch_size=disable)  # checkpoint: spec/mtp.py
     lo_given = data.get("prompt_lookup_min")
     if lo_given is not None:
         lo_given = _positive_int(data, "prompt_lookup_min", None)
@@ -84,4 +92,4 @@ def parse_speculative_config(text: str | dict[str, Any] | None) -> SpeculativeCo
     if lo > hi:
         raise SpeculativeConfigError(
             f"{FLAG} \"prompt_lookup_min\" ({lo}) must be <= \"prompt_lookup_max\" ({hi})")
-    return SpeculativeConfig("ngram", k, hi, lo)
+    return SpeculativeConfig("ngram", k, hi, lo, disable)

@@ -36,8 +36,9 @@ class Drafter:
         self.max_model_len = max_model_len
 
     def draft(self, running: list[Sequence]) -> None:
-        """Set seq.spec_token_ids for every running sequence ([] where none applies)."""
-        k = self.config.num_speculative_tokens
+        """Set seq.spec_token_ids for every running sequence ([] where none applies, and for all
+        of them in a batch past the config's disable_by_batch_size)."""
+        k = self.config.num_speculative_tokens if self.config.drafts_in_batch(len(running)) else 0
         for seq in running:
             # Decodes, and outputs being recomputed (after a hybrid rollback or a preemption):
             # drafts follow the last token either way.
