@@ -416,11 +416,13 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
          enforce_eager: bool = False, enable_prefix_caching: bool = True,
          max_state_snapshots: int | None = None,
          state_snapshot_memory_bytes: int | None = None,
-         num_speculative_tokens: int = 0, quantize_lm_head: bool = False) -> MemoryPlan:
+         num_speculative_tokens: int = 0, quantize_lm_head: bool = False,
+         spec_disable_by_batch_size: int = 0) -> MemoryPlan:
     """Split each device's budget into weights, activations, graphs, state, other, and KV (the
     rest). The snapshot flags and quantize_lm_head mean what EngineArgs' fields of the same names mean;
     num_speculative_tokens: K of --speculative-config (hybrids keep spare state slots for the
-    verify rows; an MTP head is counted when config.use_mtp, spec/mtp.py)."""
+    verify rows; an MTP head is counted when config.use_mtp, spec/mtp.py), and
+    spec_disable_by_batch_size its disable_by_batch_size (fewer sequences verify at once)."""
     tp = tensor_parallel_size
     _check_tp(tp, 0)
     if gpu_memory_bytes <= 0:
@@ -439,7 +441,8 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     layout = StateLayout.for_model(config, tp, dtype)
     snapshots = layout.snapshot_count(max_num_seqs, max_state_snapshots,
                                       state_snapshot_memory_bytes, enable_prefix_caching)
-    running = max_num_seqs + spare_slot_count(max_num_seqs, num_speculative_tokens)  # runner's rule
+    running = max_num_seqs + spare_slot_count(max_num_seqs, num_speculative_tokens,
+                                              spec_disable_by_batch_size)  # the runner's rule
     state = (running + snapshots) * layout.bytes_per_sequence
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank, quantize_lm_head) for rank in range(tp)]

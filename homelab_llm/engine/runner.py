@@ -122,6 +122,7 @@ class ModelRunner:
         self.fault_hook: Callable[[StepBatch], None] | None = None
         spec = parse_speculative_config(args.speculative_config)
         self.verify_width = verify_width(spec)
+        self.spec_disable_by_batch_size = spec.disable_by_batch_size if spec else 0
         self.state_pool = self._allocate_states()
 
     # -- hybrid state -------------------------------------------------------------------------
@@ -132,7 +133,8 @@ class ModelRunner:
         a = self.args
         layout = self.state_layout()
         # Speculation: spare slots the verify rows write their states into (cache/verify_slots.py).
-        running = a.max_num_seqs + spare_slot_count(a.max_num_seqs, self.verify_width - 1)
+        running = a.max_num_seqs + spare_slot_count(a.max_num_seqs, self.verify_width - 1,
+                                                     self.spec_disable_by_batch_size)
         return running, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
                                                       a.state_snapshot_memory_bytes,
                                                       a.enable_prefix_caching)

@@ -79,6 +79,23 @@ def test_mixed_steps_and_batches_equal_no_speculation(folder) -> None:
     assert (True, 4, True) in shapes and (False, 4, True) in shapes  # all-verify and mixed steps
     slots = llm.engine.kv.state_slots
     assert slots.running_free == slots.num_running
+    # disable_by_batch_size 2: a pool with two sequences' spares (3 + 2 x 3 running slots), drafts
+    # only in steps with at most two sequences running, the same output
+    bounded = our_llm(folder, speculative_config=json.dumps({**json.loads(NGRAM), "disable_by_batch_size": 2}), **kw)
+    bounded.engine.drafter.proposer = Oracle({len(p): p + w for p, w in zip(prompts, want)})
+    drafter, steps = bounded.engine.drafter, []
+    plain_draft = drafter.draft
+
+    def draft(running) -> None:  # (sequences running, whether any drafted) at each step's drafting
+        plain_draft(running)
+        steps.append((len(running), any(seq.spec_token_ids for seq in running)))
+
+    drafter.draft = draft
+    assert [c.token_ids for c in bounded.generate(prompts, greedy(20))] == want
+    assert bounded.engine.kv.state_slots.num_running == 3 + 2 * 3
+    assert any(d for _, d in steps) and any(n > 2 for n, _ in steps)
+    assert all(n <= 2 for n, d in steps if d)
+    assert bounded.engine.kv.state_slots.running_free == 3 + 2 * 3
 
 
 def _states(llm, seq) -> list[torch.Tensor]:

@@ -205,6 +205,10 @@ def test_plan_cli_counts_the_head_and_backup_states(capsys) -> None:
     # K spare running state slots per verifying sequence (cache/verify_slots.py)
     spare = spare_slot_count(4, 3)
     assert spec["state_bytes"] - plain["state_bytes"] == spare * plain["state_bytes_per_sequence"] > 0
+    # disable_by_batch_size 2: at most two sequences verify in a step, so two sequences' spares
+    bounded = plan("--speculative-config", json.dumps({**json.loads(mtp(3)), "disable_by_batch_size": 2}))
+    assert spare_slot_count(4, 3, 2) == 6 and spare_slot_count(4, 3, 9) == spare == 12
+    assert bounded["state_bytes"] - plain["state_bytes"] == 6 * plain["state_bytes_per_sequence"]
 
 
 def test_tensor_parallel_head_drafts_and_output(checkpoint, want) -> None:

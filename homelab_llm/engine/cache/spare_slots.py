@@ -8,6 +8,9 @@ from __future__ import annotations
 MAX_VERIFYING_SEQS = 8
 
 
-def spare_slot_count(max_num_seqs: int, num_speculative_tokens: int) -> int:
-    """Running slots beyond max_num_seqs that speculation needs (K per verifying sequence)."""
-    return num_speculative_tokens * min(max_num_seqs, MAX_VERIFYING_SEQS)
+def spare_slot_count(max_num_seqs: int, num_speculative_tokens: int, disable_by_batch_size: int = 0) -> int:
+    """Running slots beyond max_num_seqs that speculation needs (K per verifying sequence). With
+    --speculative-config's disable_by_batch_size B, no step with more than B running sequences
+    drafts, so at most B verify at once."""
+    verifying = min(max_num_seqs, MAX_VERIFYING_SEQS, disable_by_batch_size or max_num_seqs)
+    return num_speculative_tokens * verifying
