@@ -11,9 +11,10 @@ equals the one of a run that never drafted.
 Spares come from the running slots: the pool holds max_num_seqs running slots plus
 `spare_slots.spare_slot_count` more, and a sequence only takes spares while enough free slots remain for every
 sequence the scheduler may still admit (so admission never runs out). Spares are held for one
-step only; at most `spare_slots.MAX_VERIFYING_SEQS` sequences' worth are in the pool, since every slot holds
-one state per GDN layer (Qwen3.6-27B: 144 MiB): past that many speculating sequences the rest
-decode plainly in the same step.
+step only; at most `spare_slots.MAX_VERIFYING_SEQS` sequences' worth are in the pool (fewer with
+--speculative-config's disable_by_batch_size), since every slot holds one state per GDN layer
+(Qwen3.6-27B: 144 MiB): past that many speculating sequences the rest decode plainly in the
+same step.
 """
 
 from __future__ import annotations
