@@ -107,6 +107,8 @@ def test_config_defaults_follow_vllm() -> None:
     assert (cfg.prompt_lookup_max, cfg.prompt_lookup_min) == (4, 4)
     assert parse_speculative_config(None) is None and parse_speculative_config("") is None
     assert cfg.disable_by_batch_size == 0 and cfg.drafts_in_batch(10_000)
+    cfg = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": null}')
+    assert cfg.disable_by_batch_size == 0
     cfg = parse_speculative_config('{"method": "mtp", "num_speculative_tokens": 2, "disable_by_batch_size": 4}')
     assert cfg.disable_by_batch_size == 4 and cfg.drafts_in_batch(4) and not cfg.drafts_in_batch(5)
 

@@ -78,7 +78,8 @@ def parse_speculative_config(text: str | dict[str, Any] | None) -> SpeculativeCo
     if k > MAX_SPECULATIVE_TOKENS:
         raise SpeculativeConfigError(
             f"{FLAG} \"num_speculative_tokens\" must be <= {MAX_SPECULATIVE_TOKENS}, got {k}")
-    disable = _positive_int(data, "disable_by_batch_size", None) if "disable_by_batch_size" in data else 0
+    # null (vLLM's default) or absent: never disabled
+    disable = _positive_int(data, "disable_by_batch_size", None) if data.get("disable_by_batch_size") is not None else 0
     if method == "mtp":
         extra = sorted({"prompt_lookup_max", "prompt_lookup_min"} & set(data))
         if extra:
