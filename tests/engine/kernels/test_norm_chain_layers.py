@@ -73,13 +73,18 @@ def _gpu_path(monkeypatch, device: torch.device) -> None:
 
 
 def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch, device: torch.device) -> None:
+    """The chain ("1"): norms and SiLU-and-muls inside the linears; "act": only the
+    SiLU-and-muls (gate_up's epilogue), every norm its own launch."""
     _gpu_path(monkeypatch, device)
     model, ctx = on_device(_model(), four_rows_context(), device)
     want_counts, want = _step(monkeypatch, model, "0", ctx)
     got_counts, got = _step(monkeypatch, model, "1", ctx)
-    assert _rel(got, want) < 2e-2
+    act_counts, act = _step(monkeypatch, model, "act", ctx)
+    assert _rel(got, want) < 2e-2 and _rel(act, want) < 2e-2
     if device.type != "cpu":
         return
+    assert act_counts["triton._rms_norm_kernel"] == 2 * LAYERS + 1 and act_counts["triton._silu_and_mul_kernel"] == 0
+    assert act_counts["triton._w4a16_dot_kernel"] == 4 * LAYERS
     assert want_counts["triton._rms_norm_kernel"] == 2 * LAYERS + 1
     assert want_counts["triton._silu_and_mul_kernel"] == LAYERS
     assert got_counts["triton._rms_norm_kernel"] == 2  # the first input norm, the final norm
@@ -87,21 +92,6 @@ def test_llama_decode_step_runs_its_norms_inside_the_linears(monkeypatch, device
     assert got_counts["triton._w4a16_dot_kernel"] == want_counts["triton._w4a16_dot_kernel"] == 4 * LAYERS
     same = {k: v for k, v in want_counts.items() if "rms_norm" not in k and "silu" not in k}
     assert {k: got_counts[k] for k in same} == same
-
-
-def test_llama_act_only_chain_keeps_the_norms(monkeypatch, device: torch.device) -> None:
-    """HOMELAB_LLM_NORM_CHAIN=act: every SiLU-and-mul in gate_up's epilogue, every norm its own launch."""
-    _gpu_path(monkeypatch, device)
-    model, ctx = on_device(_model(), four_rows_context(), device)
-    want_counts, want = _step(monkeypatch, model, "0", ctx)
-    got_counts, got = _step(monkeypatch, model, "act", ctx)
-    assert _rel(got, want) < 2e-2
-    if device.type != "cpu":
-        return
-    assert got_counts["triton._rms_norm_kernel"] == want_counts["triton._rms_norm_kernel"] == 2 * LAYERS + 1
-    assert want_counts["triton._silu_and_mul_kernel"] == LAYERS
-    assert got_counts["triton._silu_and_mul_kernel"] == 0
-    assert got_counts["triton._w4a16_dot_kernel"] == want_counts["triton._w4a16_dot_kernel"] == 4 * LAYERS
 
 
 def test_hybrid_decode_step_runs_its_mlp_norms_inside_the_linears(monkeypatch, device: torch.device) -> None:
