@@ -28,8 +28,9 @@ import torch
 from homelab_llm.engine.layers.linear import LinearBase
 from homelab_llm.engine.layers.norm import RMSNorm
 
-# "1" turns the chain on, "act" only gate_up's act-and-mul epilogue. Off by default: on an H100 (docs/BENCHMARKS.md 41) it bought nothing
-# at the 8B's batch 8 (2,149.5 -> 2,147.6 tok/s) and cost the 27B's 11% (695.5 -> 620.2).
+# "1" turns the chain on, "act" only gate_up's act-and-mul epilogue. Off by default: on an H100
+# (docs/BENCHMARKS.md 41) the chain bought nothing at the 8B's batch 8 (2,149.5 -> 2,147.6
+# tok/s) and cost the 27B's 11% (695.5 -> 620.2); "act" alone gained nothing either (45.1).
 CHAIN_ENV = "HOMELAB_LLM_NORM_CHAIN"
 
 
