@@ -32,6 +32,7 @@ from homelab_llm.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutpu
 from homelab_llm.engine.sequence import Sequence
 from homelab_llm.engine.spec.config import parse_speculative_config, verify_width
 from homelab_llm.engine.spec.drafter import Drafter, make_drafter
+from homelab_llm.engine.step_plan import plan_order
 from homelab_llm.engine.spec.mtp import enable_mtp
 from homelab_llm.engine.spec.mtp_draft import MtpDrafter, collect_work
 from homelab_llm.engine.spec.stats import SpecDecodeStats
@@ -123,6 +124,7 @@ class LLMEngine:
         # Speculative decoding: drafts need the sequences' tokens on the host, so while it is on
         # every step runs synchronously (async scheduling brings nothing a draft would not).
         self.drafter: Drafter | None = make_drafter(spec, self.max_model_len) if spec else None
+        self.verify_width = verify_width(spec)  # rows of a verify group (1: no speculation)
         self.spec_stats = SpecDecodeStats(spec.num_speculative_tokens) if spec else None
         self.mtp: MtpDrafter | None = None
         if self.model_config.use_mtp:
@@ -284,10 +286,11 @@ class LLMEngine:
             results.extend(self._finish_pending())
             return results
         self.prompt_tokens_total += sum(item.num_prompt_tokens for item in ran)
-        mtp_work = collect_work(ran, verify_width(self.drafter.config)) if self.mtp is not None else []
+        mtp_work = collect_work(ran, self.verify_width) if self.mtp is not None else []
         sampling_items = [item for item in ran if item.samples]  # logits rows, in order
         samplers = [item.seq for item in sampling_items]
-        self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies))
+        self.scheduler.advance(SchedulerOutput(ran, plan.preempted, plan.copies),
+                               plan_order(ran, self.verify_width)[0])
         # The previous step's tokens: read while this step runs on the device. A sequence they
         # finish was computed once more in this step; its row is dropped.
         results.extend(self._finish_pending())

@@ -28,7 +28,6 @@ from typing import Any
 
 from homelab_llm.engine.cache.page_groups import GroupSplit, sliding_group_window, sliding_page_cap
 from homelab_llm.engine.cache.state_layout import StateLayout
-from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.dtype_sizes import MemoryPlanError, dtype_bytes, resolve_model_dtype
 from homelab_llm.engine.gdn_memory import (gdn_activation_bytes, gdn_linears, gdn_param_count,
                                            gdn_small_param_bytes)
@@ -416,13 +415,11 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
          enforce_eager: bool = False, enable_prefix_caching: bool = True,
          max_state_snapshots: int | None = None,
          state_snapshot_memory_bytes: int | None = None,
-         num_speculative_tokens: int = 0, quantize_lm_head: bool = False,
-         spec_disable_by_batch_size: int = 0) -> MemoryPlan:
+         num_speculative_tokens: int = 0, quantize_lm_head: bool = False) -> MemoryPlan:
     """Split each device's budget into weights, activations, graphs, state, other, and KV (the
     rest). The snapshot flags and quantize_lm_head mean what EngineArgs' fields of the same names mean;
-    num_speculative_tokens: K of --speculative-config (hybrids keep spare state slots for the
-    verify rows; an MTP head is counted when config.use_mtp, spec/mtp.py), and
-    spec_disable_by_batch_size its disable_by_batch_size (fewer sequences verify at once)."""
+    num_speculative_tokens: K of --speculative-config (hybrids keep K+1 pending verify rows per
+    running slot, kernels/gdn_pending.py; an MTP head is counted when config.use_mtp, spec/mtp.py)."""
     tp = tensor_parallel_size
     _check_tp(tp, 0)
     if gpu_memory_bytes <= 0:
@@ -441,9 +438,8 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
     layout = StateLayout.for_model(config, tp, dtype)
     snapshots = layout.snapshot_count(max_num_seqs, max_state_snapshots,
                                       state_snapshot_memory_bytes, enable_prefix_caching)
-    running = max_num_seqs + spare_slot_count(max_num_seqs, num_speculative_tokens,
-                                              spec_disable_by_batch_size)  # the runner's rule
-    state = (running + snapshots) * layout.bytes_per_sequence
+    pending = layout.pending_bytes_per_sequence(num_speculative_tokens + 1 if num_speculative_tokens else 0)
+    state = (max_num_seqs + snapshots) * layout.bytes_per_sequence + max_num_seqs * pending  # the runner's rule
     warnings: list[str] = []
     weights = [weight_bytes(config, dtype, method, tp, rank, quantize_lm_head) for rank in range(tp)]
     groups = [kv_groups(config, kv_cache_dtype, dtype, tp, rank, page_size, max_num_seqs,

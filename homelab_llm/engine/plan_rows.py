@@ -7,9 +7,9 @@ A scheduled sequence enters a step in one of two shapes:
   j seeing the first start+j+1 tokens (every row's K/V is stored before any row attends), so a
   verify stays decode-only and runs in a captured graph. The rows come padded to a group of
   `width` = K+1 (decode attention takes a group in one program, kernels/decode_attention.py
-  rows_per_seq); on hybrid models they carry a state slot each: row 0 the sequence's own slot,
-  row j the slot that receives the Gated DeltaNet state after it (cache/verify_slots.py), which
-  the GDN layers chain (kernels/gdn.py). Padding rows write no K/V, no state, give no logits.
+  rows_per_seq); on hybrid models they carry a state word each: row 0 the sequence's slot with
+  its pending verify rows (cache/verify_slots.py), the others the slot again, which the GDN
+  layers chain (kernels/gdn.py). Padding rows write no K/V, no state, give no logits.
 
 On a model with a sliding page group (cache/page_groups.py), every row also has the sliding
 group's KV slot and page table (`sliding`: (slots, table) per call; padding rows write nowhere).

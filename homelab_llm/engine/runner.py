@@ -17,7 +17,6 @@ from homelab_llm.engine.cache.page_pool import KVLayout, PagePool
 from homelab_llm.engine.cache.state_layout import StateLayout
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.state_pool import StatePool
-from homelab_llm.engine.cache.spare_slots import spare_slot_count
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.device import fast_cpu_default
 from homelab_llm.engine.graph_capture import Capturer
@@ -122,7 +121,6 @@ class ModelRunner:
         self.fault_hook: Callable[[StepBatch], None] | None = None
         spec = parse_speculative_config(args.speculative_config)
         self.verify_width = verify_width(spec)
-        self.spec_disable_by_batch_size = spec.disable_by_batch_size if spec else 0
         self.state_pool = self._allocate_states()
 
     # -- hybrid state -------------------------------------------------------------------------
@@ -131,13 +129,8 @@ class ModelRunner:
         if not self.config.is_hybrid:
             return 0, 0
         a = self.args
-        layout = self.state_layout()
-        # Speculation: spare slots the verify rows write their states into (cache/verify_slots.py).
-        running = a.max_num_seqs + spare_slot_count(a.max_num_seqs, self.verify_width - 1,
-                                                     self.spec_disable_by_batch_size)
-        return running, layout.snapshot_count(a.max_num_seqs, a.max_state_snapshots,
-                                                      a.state_snapshot_memory_bytes,
-                                                      a.enable_prefix_caching)
+        return a.max_num_seqs, self.state_layout().snapshot_count(
+            a.max_num_seqs, a.max_state_snapshots, a.state_snapshot_memory_bytes, a.enable_prefix_caching)
 
     def state_layout(self) -> StateLayout:
         return StateLayout.for_model(self.config, self.tp_size, str(self.dtype).removeprefix("torch."))
@@ -147,9 +140,13 @@ class ModelRunner:
         budget sees them as used; bound to the model's GDN layers."""
         if not self.config.is_hybrid:
             return None
-        pool = StatePool(self.state_layout(), sum(self.state_slot_counts()), self.device, self.dtype)
-        for layer, conv, ssm in zip(self.model.gdn_layers, pool.conv_states, pool.ssm_states):
+        running, snapshots = self.state_slot_counts()
+        # Speculation: the verify rows' pending-row areas (kernels/gdn_pending.py).
+        pending_rows = self.verify_width if self.verify_width > 1 else 0
+        pool = StatePool(self.state_layout(), running + snapshots, self.device, self.dtype, pending_rows, running)
+        for i, (layer, conv, ssm) in enumerate(zip(self.model.gdn_layers, pool.conv_states, pool.ssm_states)):
             layer.conv_state, layer.ssm_state = conv, ssm
+            layer.pending = pool.pending[i] if pool.pending else None
         self.memory.state = pool.memory_bytes
         return pool
 

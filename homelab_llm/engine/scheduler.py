@@ -126,7 +126,7 @@ class Scheduler:
     def _drafts_that_fit(self, seq: Sequence, budget: int) -> list[int]:
         """The drafts this sequence can verify now, after all its uncomputed tokens (one for a
         decode; exactly one on hybrid models, whose verify rows chain from the computed state):
-        within the budget, on free pages and (hybrid) spare state slots only."""
+        within the budget and on free pages only."""
         drafts = seq.spec_token_ids
         todo = seq.num_uncomputed_tokens
         if not drafts or seq.num_output_tokens == 0 or todo < 1 or budget <= todo:
@@ -136,8 +136,6 @@ class Scheduler:
         drafts = drafts[:budget - todo]
         end = seq.num_computed_tokens + todo + len(drafts)
         if self.kv.spare_pages(seq, end) < len(self.running):
-            return []
-        if not self.kv.take_verify_slots(seq, len(drafts), self.max_num_seqs - len(self.running)):
             return []
         ok = self.kv.ensure_pages(seq, end)
         assert ok
@@ -162,10 +160,14 @@ class Scheduler:
         preempted.append(seq)
 
     # -- after the forward --------------------------------------------------------------------
-    def advance(self, out: SchedulerOutput) -> None:
-        """Mark the step's tokens as computed; offer finished prompts to the prefix cache."""
-        for item in out.scheduled:
+    def advance(self, out: SchedulerOutput, decode_widths: list[int] | None = None) -> None:
+        """Mark the step's tokens as computed; offer finished prompts to the prefix cache.
+        decode_widths: each item's decode-group width in the step's plan (step_plan.plan_order;
+        0: a varlen query), which leaves a hybrid sequence's verify rows pending or applied."""
+        for i, item in enumerate(out.scheduled):
             seq = item.seq
+            if decode_widths and decode_widths[i]:
+                self.kv.ran_decode_rows(seq, decode_widths[i])
             before = seq.num_computed_tokens
             seq.num_computed_tokens += item.num_new_tokens - len(item.spec)  # drafts: rollback()
             if before < seq.num_prompt_tokens <= seq.num_computed_tokens:
@@ -177,9 +179,9 @@ class Scheduler:
         kept, should a stop cut them), the rejected ones never existed: their pages beyond the
         sequence's tokens go back. The radix cache only ever sees tokens below num_computed.
 
-        Hybrid models: the verify forward left the state after each of its rows in a slot of
-        its own (cache/verify_slots.py); the slot of the last kept token becomes the sequence's,
-        so the state equals that of a run that never drafted. Runs after advance()."""
+        Hybrid models: the verify forward left its rows pending in the sequence's slot
+        (cache/verify_slots.py); it keeps those up to the last kept token, so the state equals
+        that of a run that never drafted. Runs after advance()."""
         seq, num_drafted = item.seq, len(item.spec)
         start = seq.num_computed_tokens - (item.num_new_tokens - num_drafted)  # before the step
         computed = min(seq.num_computed_tokens + num_accepted, seq.num_tokens)

@@ -45,9 +45,11 @@ class Sequence:
     # Hybrid models: the running state slot (cache/state_pool.py) holding the Gated DeltaNet
     # state after token_ids[:num_computed_tokens]; -1 while it has none.
     state_slot: int = -1
-    # Speculative decoding on hybrid models: the spare running slots a verify step writes the state
-    # after each draft into, held from schedule to rollback (cache/verify_slots.py).
-    verify_slots: list[int] = field(default_factory=list)
+    # Speculative decoding on hybrid models: how many rows of its last verify step the slot
+    # still holds pending, and which half of the pending areas they are in
+    # (kernels/gdn_pending.py, cache/verify_slots.py).
+    gdn_pending: int = 0
+    gdn_half: int = 0
     num_preemptions: int = 0
     admitted: bool = False  # its prefix lookup has been counted
     finish_reason: str | None = None

@@ -13,8 +13,10 @@ forward (cache/copies.py words).
 A sequence verifying K drafts has K+1 input rows (its last token, then the drafts) and K+1 logits
 rows; every rank runs the same verify forward from these words. Those rows are K+1 one-token
 "sequences" sharing a page table; every decode of such a step is padded to a group of K+1 rows
-(hybrid models: with a state slot per row), placed before any varlen sequence, and the header's
-verify_width and decode_rows say so (plan_rows.py). An all-decode step stays decode-only: its
+(hybrid models: the group's first state word carries the slot's pending rows, cache/
+verify_slots.py), placed before any varlen sequence, and the header's verify_width and
+decode_rows say so (plan_rows.py); a hybrid sequence with pending rows decodes as a group of one
+row in any other step. An all-decode step stays decode-only: its
 graphs apply, and decode attention reads each group's K/V once.
 """
 
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from homelab_llm.engine.cache.copies import CacheCopies
+from homelab_llm.engine.cache.verify_slots import slot_word
 from homelab_llm.engine.context import ForwardContext
 from homelab_llm.engine.plan_rows import PlanRows
 
@@ -133,8 +136,10 @@ def _kv_slots(table: list[int], start: int, n: int, page_size: int) -> list[int]
 
 def _add_item(rows: PlanRows, item: ScheduledSeq, page_size: int, group_width: int,
               sliding: bool) -> list[int]:
-    """Add one scheduled sequence's rows; its logits rows. group_width > 0: a verify group.
-    `sliding`: the model has a sliding page group, whose slots and table go along."""
+    """Add one scheduled sequence's rows; its logits rows. group_width > 0: decode rows in a
+    group of that width (hybrid models: the first row's state word carries the slot's pending
+    rows, cache/verify_slots.py). `sliding`: the model has a sliding page group, whose slots and
+    table go along."""
     seq, n, k = item.seq, item.num_new_tokens, len(item.spec)
     start = seq.num_computed_tokens
     ids = seq.token_ids[start:start + n - k] + item.spec  # drafts: one logits row each
@@ -142,9 +147,10 @@ def _add_item(rows: PlanRows, item: ScheduledSeq, page_size: int, group_width: i
     kv = _kv_slots(pt, start, n, page_size)
     window = (_kv_slots(seq.sliding_table, start, n, page_size), seq.sliding_table) if sliding else None
     if group_width:
-        states = [seq.state_slot] + seq.verify_slots[:k] if seq.state_slot >= 0 else [-1] * n
+        states = [slot_word(seq)] + [seq.state_slot] * k if seq.state_slot >= 0 else [-1] * n
         return rows.add_decode_rows(ids, start, kv, pt, states, group_width, window)
     assert not (k and seq.state_slot >= 0), "a hybrid verify runs as decode rows (verify_width > 1)"
+    assert not seq.gdn_pending, "a sequence with pending rows runs as decode rows"
     return rows.add_varlen(ids, start, kv, pt, k + 1 if item.samples else 0, seq.state_slot, window)
 
 
@@ -154,36 +160,38 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopie
     when speculating (hybrid models group their decode rows by it), else 1. `sliding`: the model
     has a sliding page group (seq.sliding_table), whose slots and tables travel too."""
     rows = PlanRows()
-    grouped, decode, order = plan_order(scheduled, verify_width)
+    widths, order = plan_order(scheduled, verify_width)
     logits: dict[int, list[int]] = {}
     for i in order:
-        logits[i] = _add_item(rows, scheduled[i], page_size, verify_width if decode[i] else 0, sliding)
+        logits[i] = _add_item(rows, scheduled[i], page_size, widths[i], sliding)
     logits_rows = [r for i in range(len(scheduled)) for r in logits[i]]
+    width = max(widths, default=0)
     return plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens, rows.tables,
                            logits_rows, rows.state_slots, rows.has_initial, copies,
-                           verify_width if grouped else 1, verify_width * sum(decode),
+                           max(width, 1), sum(widths),
                            (rows.sliding_slots, rows.sliding_tables) if sliding else None)
 
 
-def plan_order(scheduled: list[ScheduledSeq], verify_width: int
-               ) -> tuple[bool, list[bool], list[int]]:
-    """Whether the step groups rows (it verifies drafts), which scheduled items enter as verify
-    groups of decode rows, and the order the plan lays the items out in (decode groups first)."""
+def plan_order(scheduled: list[ScheduledSeq], verify_width: int) -> tuple[list[int], list[int]]:
+    """Each scheduled item's decode-group width (0: a varlen query), and the order the plan lays
+    the items out in (decode groups first). A step that verifies drafts lays every decode out as
+    a group of verify_width rows; otherwise only a hybrid sequence with pending verify rows
+    (cache/verify_slots.py) takes a group of one row, whose decode kernels apply them."""
     grouped = verify_width > 1 and any(item.spec for item in scheduled)
-    decode = [grouped and _decode_form(item) for item in scheduled]
-    return grouped, decode, sorted(range(len(scheduled)), key=lambda i: not decode[i])
+    widths = [(verify_width if grouped else 1) if _decode_form(item) and (grouped or item.seq.gdn_pending)
+              else 0 for item in scheduled]
+    return widths, sorted(range(len(scheduled)), key=lambda i: not widths[i])
 
 
 def first_rows(scheduled: list[ScheduledSeq], verify_width: int) -> list[int]:
     """Each scheduled item's first input row in build_plan's layout (a verify group's rows come
     padded to verify_width; its real rows first)."""
-    _, decode, order = plan_order(scheduled, verify_width)
+    widths, order = plan_order(scheduled, verify_width)
     first = [0] * len(scheduled)
     row = 0
     for i in order:
         first[i] = row
-        n = scheduled[i].num_new_tokens
-        row += max(n, verify_width) if decode[i] else n
+        row += max(scheduled[i].num_new_tokens, widths[i])
     return first
 
 

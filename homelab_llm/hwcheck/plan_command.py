@@ -194,7 +194,6 @@ def run(args: argparse.Namespace) -> int:
             max_state_snapshots=args.max_state_snapshots,
             state_snapshot_memory_bytes=args.state_snapshot_memory_bytes,
             num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
-            spec_disable_by_batch_size=spec.disable_by_batch_size if spec else 0,
             quantize_lm_head=args.quantize_lm_head)
         return memory.plan(config, **{**options, **changes})
 

@@ -28,7 +28,7 @@ from homelab_llm.engine.cache.radix import PrefixMatch, RadixCache
 from homelab_llm.engine.cache.copies import CacheCopies
 from homelab_llm.engine.cache.sliding_group import SlidingGroup, copies_in, table_from_plan
 from homelab_llm.engine.cache.state_pool import StateSlots
-from homelab_llm.engine.cache.verify_slots import keep_row, release_spares, take_spares
+from homelab_llm.engine.cache.verify_slots import after_decode_rows, keep_rows, slot_word
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.sequence import Sequence
 
@@ -132,19 +132,17 @@ class KVCacheManager:
         if self.state_slots is not None and seq.state_slot < 0:
             seq.state_slot = self.state_slots.alloc_running()
 
-    def take_verify_slots(self, seq: Sequence, k: int, keep_free: int) -> bool:
-        """Hybrid models, before a verify step of k drafts: the spare state slots its rows write
-        into (cache/verify_slots.py), unless that would leave fewer than keep_free free running
-        slots. Always True on other models."""
-        if self.state_slots is None or seq.state_slot < 0:
-            return True
-        return take_spares(self.state_slots, seq, k, keep_free)
+    def ran_decode_rows(self, seq: Sequence, width: int) -> None:
+        """Hybrid models: a step ran the sequence as decode rows in groups of `width` (2+: a
+        verify group, its rows left pending; cache/verify_slots.py)."""
+        if self.state_slots is not None and seq.state_slot >= 0:
+            after_decode_rows(seq, width)
 
     def keep_verified_state(self, seq: Sequence, row: int) -> None:
-        """Hybrid models, after a verify step: the state after group row `row` (the last token
-        the sequence keeps) becomes its own; the other slots of the group are freed."""
+        """Hybrid models, after a verify step: the sequence keeps group rows 0..row (the last
+        token it keeps) pending in its slot (cache/verify_slots.py)."""
         if self.state_slots is not None and seq.state_slot >= 0:
-            keep_row(self.state_slots, seq, row)
+            keep_rows(seq, row)
 
     def record_admission(self, seq: Sequence) -> None:
         """Count a request's prefix lookup once, when it is first admitted (not on retries of a
@@ -235,11 +233,12 @@ class KVCacheManager:
         window = self.sliding.window_slots(seq, n) if self.sliding is not None else None
         self.radix.insert(seq.token_ids[:n], slots, window)
         if self.state_slots is not None and seq.state_slot >= 0 and len(seq.token_ids) >= n:
-            # The running slot holds the state after exactly these n tokens: keep a copy there.
+            # The running slot holds the state after exactly these n tokens (with its pending
+            # rows, which the copy applies): keep a copy there.
             node = self.radix.node_at(seq.token_ids[:n])
             snapshot = self.radix.attach_snapshot(node) if node is not None else None
             if snapshot is not None:
-                self.copies.state.add(seq.state_slot, snapshot)
+                self.copies.state.add(slot_word(seq), snapshot)
 
     def free(self, seq: Sequence, cache: bool = True) -> None:
         if cache:
@@ -256,8 +255,7 @@ class KVCacheManager:
         if seq.state_slot >= 0 and self.state_slots is not None:
             self.state_slots.free_running(seq.state_slot)
             seq.state_slot = -1
-        if seq.verify_slots and self.state_slots is not None:
-            release_spares(self.state_slots, seq)
+        seq.gdn_pending = 0
 
     def release_outside_window(self, seq: Sequence) -> None:
         """Return the pages no later query of `seq` can see (see the module docstring). The next

@@ -53,6 +53,14 @@ class StateLayout:
         """Conv plus recurrent state of one sequence over all GDN layers, on one rank."""
         return self.num_layers * (self.conv_bytes_per_layer + self.recurrent_bytes_per_layer)
 
+    def pending_bytes_per_sequence(self, rows: int) -> int:
+        """The pending-row areas of one running slot for verify groups of `rows` rows, over all
+        GDN layers (kernels/gdn_pending.PendingRows: d and k in two halves, u and the conv
+        inputs once); 0 without speculation (rows 0)."""
+        hv, dk, dv = self.recurrent_shape
+        floats = rows * (2 * (hv + self.key_heads_per_rank * dk) + hv * dv)
+        return self.num_layers * (floats * 4 + rows * self.conv_shape[1] * dtype_bytes(self.conv_dtype))
+
     def snapshot_count(self, max_num_seqs: int, max_state_snapshots: int | None = None,
                        state_snapshot_memory_bytes: int | None = None,
                        enable_prefix_caching: bool = True) -> int:

@@ -1,52 +1,43 @@
-"""Hybrid models' state slots for speculative verify steps: rollback by relabelling, not copying.
+"""Hybrid models' state slots across speculative verify steps: rollback by a count, not by copies.
 
 A verify step of K drafts runs the sequence's last token and its drafts as K+1 decode rows
-(plan_rows.py). The Gated DeltaNet kernels start from the sequence's own slot and write the
-state after row j into slot j of the group [own slot, spare 1, ..., spare K] (kernels/gdn.py,
-rows_per_seq). After acceptance the sequence has computed its last token and `a` drafts: the
-state it needs is the one after row a, already sitting in slot a of the group. That slot becomes
-the sequence's own and the other K go back to the pool: no state copy, no recompute, and the state
-equals the one of a run that never drafted.
+(plan_rows.py). The Gated DeltaNet kernels leave the state the group started from in the
+sequence's own slot and keep the group's rows as pending rank-1 updates (kernels/gdn_pending.py).
+After acceptance the sequence has computed its last token and `a` drafts: it keeps a + 1 of
+those rows pending, and its next decode applies them as it loads the state, so the state equals
+the one of a run that never drafted, with no spare slot, no copy and no recompute.
 
-Spares come from the running slots: the pool holds max_num_seqs running slots plus
-`spare_slots.spare_slot_count` more, and a sequence only takes spares while enough free slots remain for every
-sequence the scheduler may still admit (so admission never runs out). Spares are held for one
-step only; at most `spare_slots.MAX_VERIFYING_SEQS` sequences' worth are in the pool (fewer with
---speculative-config's disable_by_batch_size), since every slot holds one state per GDN layer
-(Qwen3.6-27B: 144 MiB): past that many speculating sequences the rest decode plainly in the
-same step.
+The host side is two numbers per sequence (Sequence.gdn_pending and gdn_half), carried to the
+kernels in the first state word of each decode group (gdn_pending.state_word):
+- a step that lays the sequence out as a verify group (plan width K+1) writes this step's rows to
+  the half it does not read: afterwards 1 row is pending (the sequence's token), and rollback
+  sets a + 1 for the drafts it kept;
+- a plain decode row (width 1) applies the pending rows and stores the state after its row:
+  nothing is pending afterwards.
+A sequence with rows pending always runs its next step as decode rows (step_plan.plan_order),
+and a copy out of its slot (a prefix snapshot) applies them on the way (StatePool.copy).
 """
 
 from __future__ import annotations
 
-from homelab_llm.engine.cache.state_pool import StateSlots
+from homelab_llm.engine.kernels.gdn_pending import state_word
 from homelab_llm.engine.sequence import Sequence
 
 
-def take_spares(slots: StateSlots, seq: Sequence, k: int, keep_free: int) -> bool:
-    """Give `seq` k spare slots for this step's verify, unless fewer than keep_free free slots
-    would remain (the admissions still possible). False: it decodes plainly this step."""
-    need = k - len(seq.verify_slots)
-    if need <= 0:
-        return True
-    if slots.running_free - need < keep_free:
-        return False
-    seq.verify_slots += [slots.alloc_running() for _ in range(need)]
-    return True
+def slot_word(seq: Sequence) -> int:
+    """The state word of a sequence's running slot: slot, pending rows, the half they are in."""
+    return state_word(seq.state_slot, seq.gdn_pending, seq.gdn_half)
 
 
-def keep_row(slots: StateSlots, seq: Sequence, row: int) -> None:
-    """After a verify: the state after group row `row` becomes the sequence's own (row 0: its
-    slot already); every other slot of the group goes back to the pool."""
-    group = [seq.state_slot] + seq.verify_slots
-    seq.state_slot = group[row]
-    for slot in group[:row] + group[row + 1:]:
-        slots.free_running(slot)
-    seq.verify_slots = []
+def after_decode_rows(seq: Sequence, width: int) -> None:
+    """A step ran the sequence as decode rows in groups of `width`: with 2+ rows, its rows are
+    pending in the other half (1 of them kept until rollback says more); with 1, none."""
+    if width > 1:
+        seq.gdn_pending, seq.gdn_half = 1, 1 - seq.gdn_half
+    else:
+        seq.gdn_pending = 0
 
 
-def release_spares(slots: StateSlots, seq: Sequence) -> None:
-    """A sequence leaving the running set returns any spare it still holds."""
-    for slot in seq.verify_slots:
-        slots.free_running(slot)
-    seq.verify_slots = []
+def keep_rows(seq: Sequence, row: int) -> None:
+    """After a verify: the sequence keeps group rows 0..row (its token and `row` drafts)."""
+    seq.gdn_pending = row + 1

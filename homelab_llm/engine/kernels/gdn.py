@@ -15,10 +15,12 @@ Contract (all tensors on one device; T tokens of a varlen batch of B sequences; 
 - The decode functions are CUDA-graph capturable: no host syncs, shapes fixed by B.
 
 Speculative decoding (issue 17): a verify step decodes groups of R = K+1 consecutive rows of one
-sequence (`rows_per_seq`); the group starts from the slot of its first row and the state after
-row j is written to row j's slot, so every verified position's state exists after the step and
-rolling back to the last accepted one means using its slot (cache/verify_slots.py). R = 1 is the
-plain decode. Rows past a sequence's drafts carry slot -1 (zeros out, no state written).
+sequence (`rows_per_seq`) and needs the layer's pending-row areas (`pending`,
+kernels/gdn_pending.py): the state the group started from stays in the slot, and the group's rows
+are kept as rank-1 updates still to apply. A decode row's state word then carries the slot, how
+many of those rows the sequence kept (set by the host after acceptance) and which half of the
+areas to read; the next decode of that slot applies them as it loads. R = 1 is the plain decode.
+Rows past a sequence's drafts carry word -1 (zeros out).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from homelab_llm.engine.kernels import gdn_ref
 from homelab_llm.engine.kernels.dispatch import use_triton
+from homelab_llm.engine.kernels.gdn_pending import PendingRows
 
 
 def _check_slots(state_indices: torch.Tensor, batch: int, rows_per_seq: int = 1) -> None:
@@ -88,16 +91,17 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 def causal_conv1d_decode(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          conv_state: torch.Tensor, state_indices: torch.Tensor,
-                         rows_per_seq: int = 1) -> torch.Tensor:
+                         rows_per_seq: int = 1, pending: PendingRows | None = None) -> torch.Tensor:
     """Decode rows, x [N, C] -> y [N, C], in groups of rows_per_seq tokens of one sequence (one
-    token per sequence by default); conv_state updated in place (see the module docstring)."""
+    token per sequence by default); conv_state (and pending's x) updated in place (see the module
+    docstring)."""
     _check_conv(x, weight, conv_state)
     _check_slots(state_indices, x.shape[0], rows_per_seq)
     if use_triton(x):
         from homelab_llm.engine.kernels import gdn_conv
 
-        return gdn_conv.conv1d_decode(x, weight, bias, conv_state, state_indices, rows_per_seq)
-    return gdn_ref.causal_conv1d_decode_ref(x, weight, bias, conv_state, state_indices, rows_per_seq)
+        return gdn_conv.conv1d_decode(x, weight, bias, conv_state, state_indices, rows_per_seq, pending)
+    return gdn_ref.causal_conv1d_decode_ref(x, weight, bias, conv_state, state_indices, rows_per_seq, pending)
 
 
 def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -121,7 +125,7 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             scale: float | None = None, rows_per_seq: int = 1,
                             gating: tuple[torch.Tensor, torch.Tensor] | None = None,
                             gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                            pair_block: int = 0) -> torch.Tensor:
+                            pair_block: int = 0, pending: PendingRows | None = None) -> torch.Tensor:
     """Decode rows: q, k [N, Hk, Dk], v [N, Hv, Dv] -> o [N, Hv, Dv], in groups of rows_per_seq
     tokens of one sequence (one token per sequence by default); state in place. gating =
     (A_log, dt_bias): g and beta are the raw a and b, gated first (gdn_gating; on a GPU inside
@@ -129,19 +133,21 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     the result is gated_rms_norm(o, z, weight, eps) (on a GPU inside the decode kernel too).
     pair_block (with gated_norm): each row's Hv * Dv values in that pair order
     (kernels/pair_order.py), for the out projection's W4A16 few-row kernel
-    (dispatch.w4a16_pairs_block)."""
+    (dispatch.w4a16_pairs_block). pending: the layer's pending rows (required for groups of 2+
+    rows; see the module docstring)."""
     _check_rule(q, k, v, g, beta, ssm_state)
     _check_slots(state_indices, q.shape[0], rows_per_seq)
     if use_triton(q):
         from homelab_llm.engine.kernels import gdn_recurrent
 
         return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                                        rows_per_seq, gating, gated_norm, pair_block)
+                                                        rows_per_seq, gating, gated_norm, pair_block, pending)
     if pair_block and gated_norm is None:
         raise ValueError("pair order is written by the gated norm: pass gated_norm with pair_block")
     if gating is not None:
         g, beta = gdn_ref.gdn_gating_ref(g, beta, *gating)
-    o = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq)
+    o = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale, rows_per_seq,
+                                            pending)
     if gated_norm is None:
         return o
     z, weight, eps = gated_norm

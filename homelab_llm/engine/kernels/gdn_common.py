@@ -10,10 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
+from homelab_llm.engine.kernels import gdn_pending
 from homelab_llm.engine.kernels.gdn_ref import L2_EPS
 
 
 EPS = tl.constexpr(L2_EPS)
+# a decode row's state word (gdn_pending.state_word)
+SLOT_MASK = tl.constexpr(gdn_pending.SLOT_MASK)
+PEND_SHIFT = tl.constexpr(gdn_pending.PEND_SHIFT)
+PEND_MASK = tl.constexpr(gdn_pending.PEND_MASK)
+HALF_SHIFT = tl.constexpr(gdn_pending.HALF_SHIFT)
 
 
 def block_grid(num_tokens: int, batch: int, block: int) -> int:

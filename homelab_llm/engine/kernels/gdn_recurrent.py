@@ -7,10 +7,11 @@ sums: cheaper than another launch), and given the raw a/b it gates them too (dec
 gdn_norm's gating kernel: another launch saved). Memory bound: the state is read and written once per token.
 
 Verify steps (speculative decoding): rows come in groups of ROWS = K+1 consecutive tokens of one
-sequence; the program carries the state tile through the group in registers and stores the state
-after row j into that row's slot, so the state after every verified position exists when the step
-ends and a rollback is a change of slot, not a copy nor a recompute. Row 0's slot is the group's
-own (read first, then overwritten in place, exactly as a plain decode with ROWS = 1).
+sequence; the program carries the state tile through the group in registers and stores no state
+after any row: each row's rank-1 update (d, k, u) goes to the layer's pending-row areas, and the
+state it started from (the slot's base after its own pending rows, replayed as it loads) becomes
+the new base (gdn_pending.py). Then a step reads and writes one state whatever K is, and the
+host's rollback is setting how many rows stay pending: no spare slots, no copies.
 
 CUDA/HIP-graph capturable: the grid depends only on the row count and the shapes, there are no
 host reads, and a negative slot (padding group or row) writes zeros to its output and touches no
@@ -32,7 +33,11 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
-from homelab_llm.engine.kernels.gdn_common import check_rows, gate_values, l2_normalize_rows
+from homelab_llm.engine.kernels import gdn_pending
+from homelab_llm.engine.kernels.gdn_common import (
+    HALF_SHIFT, PEND_MASK, PEND_SHIFT, SLOT_MASK, check_rows, gate_values, l2_normalize_rows,
+)
+from homelab_llm.engine.kernels.gdn_ref import check_groups
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position, rows_in_pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_step_tiles
@@ -45,17 +50,19 @@ def _recurrent_step_kernel(
     stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh, stride_gb, stride_bb,
     stride_ob, stride_oh, stride_ss, stride_sh, stride_sk,
     z_ptr, nw_ptr, ticket_ptr, eps, stride_zb, stride_zh,
+    pd_ptr, pk_ptr, pu_ptr, stride_pds, stride_pdh, stride_pdr, stride_pks, stride_pkh, stride_pkr,
+    stride_pkk, stride_pus, stride_pur, stride_puh,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr = False, DV_PAD: tl.constexpr = 1,
-    PDL: tl.constexpr = False, PAIR_BLOCK: tl.constexpr = 0,
+    PDL: tl.constexpr = False, PAIR_BLOCK: tl.constexpr = 0, PEND_ROWS: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
     h = tl.program_id(1)
     offs_v = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_mask = offs_v < DV
-    slot = tl.load(slots_ptr + first).to(tl.int64)
-    if slot < 0:
+    word = tl.load(slots_ptr + first)
+    if word < 0:
         for j in tl.static_range(ROWS):
             tl.store(o_ptr + (first + j) * stride_ob + h * stride_oh + offs_v,
                      tl.zeros([BLOCK_V], tl.float32).to(o_ptr.dtype.element_ty), mask=v_mask)
@@ -65,7 +72,27 @@ def _recurrent_step_kernel(
     kh = h // GROUP
     s_offs = h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     s_mask = k_mask[:, None] & v_mask[None, :]
-    s = tl.load(state_ptr + slot * stride_ss + s_offs, mask=s_mask, other=0.0)
+    if PEND_ROWS:  # the slot's base state, then its pending rows (gdn_pending.py)
+        slot = (word & SLOT_MASK).to(tl.int64)
+        count = (word >> PEND_SHIFT) & PEND_MASK
+        half = (word >> HALF_SHIFT) & 1
+        s = tl.load(state_ptr + slot * stride_ss + s_offs, mask=s_mask, other=0.0)
+        pd_at = pd_ptr + slot * stride_pds
+        pk_at = pk_ptr + slot * stride_pks + kh * stride_pkk + offs_k
+        pu_at = pu_ptr + slot * stride_pus + h * stride_puh + offs_v
+        for j in tl.static_range(PEND_ROWS):
+            if j < count:
+                d = tl.load(pd_at + half * stride_pdh + j * stride_pdr + h)
+                kj = tl.load(pk_at + half * stride_pkh + j * stride_pkr, mask=k_mask, other=0.0)
+                uj = tl.load(pu_at + j * stride_pur, mask=v_mask, other=0.0)
+                s = s * d + kj[:, None] * uj[None, :]
+        if ROWS > 1:
+            if count > 0:
+                tl.store(state_ptr + slot * stride_ss + s_offs, s, mask=s_mask)  # the new base
+            tl.debug_barrier()  # every lane has read the pending u rows before this step's replace them
+    else:
+        slot = word.to(tl.int64)
+        s = tl.load(state_ptr + slot * stride_ss + s_offs, mask=s_mask, other=0.0)
     for j in tl.static_range(ROWS):
         b = first + j
         q = tl.load(q_ptr + b * stride_qb + kh * stride_qh + offs_k, mask=k_mask, other=0.0).to(tl.float32)
@@ -83,11 +110,17 @@ def _recurrent_step_kernel(
         s = s * decay
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
         s = s + k[:, None] * u[None, :]
-        dst = tl.load(slots_ptr + b).to(tl.int64)  # row 0: the group's own slot
-        o = tl.where(dst >= 0, tl.sum(s * q[:, None], axis=0), 0.0)
+        live = tl.load(slots_ptr + b) >= 0
+        o = tl.where(live, tl.sum(s * q[:, None], axis=0), 0.0)
         tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_v, o.to(o_ptr.dtype.element_ty), mask=v_mask)
-        if dst >= 0:
-            tl.store(state_ptr + dst * stride_ss + s_offs, s, mask=s_mask)
+        if ROWS > 1:  # this row becomes pending: u in the program's columns, d and k in the other half
+            tl.store(pu_at + j * stride_pur, u, mask=v_mask)
+            if tl.program_id(2) == 0:
+                tl.store(pd_at + (1 - half) * stride_pdh + j * stride_pdr + h, decay)
+                if h % GROUP == 0:
+                    tl.store(pk_at + (1 - half) * stride_pkh + j * stride_pkr, k, mask=k_mask)
+    if ROWS == 1:
+        tl.store(state_ptr + slot * stride_ss + s_offs, s, mask=s_mask)
     if NORM:
         _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_ptr + tl.program_id(0) * tl.num_programs(1) + h,
                          first, h, eps, stride_ob, stride_oh, stride_zb, stride_zh, DV, DV_PAD, ROWS,
@@ -123,14 +156,19 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                scale: float | None = None, rows_per_seq: int = 1,
                                gating: tuple[torch.Tensor, torch.Tensor] | None = None,
                                gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                               pair_block: int = 0) -> torch.Tensor:
+                               pair_block: int = 0,
+                               pending: gdn_pending.PendingRows | None = None) -> torch.Tensor:
     """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref).
     gating = (A_log, dt_bias): g and beta are the raw a and b [N, Hv], gated in the kernel
     (gdn_ref.gdn_gating_ref; one launch fewer a layer). gated_norm = (z [N, Hv, Dv], weight
     [Dv], eps): the output is gated_rms_norm(o, z, weight, eps) (one launch fewer again).
     pair_block (with gated_norm): each row's Hv * Dv values in pair order at that K step
-    (pair_order; stored so by the norm where the step divides Dv, else reordered after)."""
+    (pair_order; stored so by the norm where the step divides Dv, else reordered after).
+    pending: the layer's pending rows (gdn_pending.py; required for groups of 2+ rows)."""
     check_rows(q, k, v, g, beta, ssm_state)
+    check_groups(rows_per_seq, pending)
+    if pending is not None:
+        pending.check(ssm_state)
     rows, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     if pair_block and gated_norm is None:
@@ -150,21 +188,25 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if pair_block and (dv % pair_block or groups * hv > MAX_BLOCKS):
         # a step across heads, or the norm as its own kernel: k order, then reordered
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                       rows_per_seq, gating, gated_norm)
+                                       rows_per_seq, gating, gated_norm, pending=pending)
         return rows_in_pair_order(o, pair_block)
     if gated_norm is not None and groups * hv > MAX_BLOCKS:  # more heads than ticket counters
         from homelab_llm.engine.kernels.gdn_norm import gated_rms_norm
 
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                       rows_per_seq, gating)
+                                       rows_per_seq, gating, pending=pending)
         return gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), nw, eps).view(o.shape)
     tickets = ticket_buffer(q.device, groups * hv) if gated_norm is not None else state_indices
+    pd, pk, pu = (pending.d, pending.k, pending.u) if pending is not None else (ssm_state,) * 3
+    pend_strides = ((*pd.stride()[:3], *pk.stride()[:4], *pu.stride()[:3]) if pending is not None
+                    else (0,) * 10)
     _recurrent_step_kernel[(groups, hv, triton.cdiv(dv, block_v))](
         q, k, v, g, beta, a_log, dt_bias, out, ssm_state, state_indices, dk ** -0.5 if scale is None else scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), ssm_state.stride(0), ssm_state.stride(1), ssm_state.stride(2),
-        z, nw, tickets, float(eps), z.stride(0), z.stride(1),
+        z, nw, tickets, float(eps), z.stride(0), z.stride(1), pd, pk, pu, *pend_strides,
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
         GATING=gating is not None, NORM=gated_norm is not None, DV_PAD=next_pow2(dv),
-        PAIR_BLOCK=pair_block, num_warps=warps, **pdl_args(q.device))
+        PAIR_BLOCK=pair_block, PEND_ROWS=pending.rows if pending is not None else 0,
+        num_warps=warps, **pdl_args(q.device))
     return out

@@ -20,6 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from homelab_llm.engine.kernels.gdn_pending import (
+    HALF_SHIFT, PEND_MASK, PEND_SHIFT, SLOT_MASK, PendingRows, replay_conv, replay_rule,
+)
+
 L2_EPS = 1e-6
 CHUNK = 64
 
@@ -66,25 +70,51 @@ def causal_conv1d_prefill_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch
     return y
 
 
+def check_groups(rows_per_seq: int, pending: PendingRows | None) -> None:
+    """Groups of more than one row (a verify) keep their rows pending (kernels/gdn_pending.py)."""
+    if rows_per_seq > 1 and pending is None:
+        raise ValueError(f"a verify step (rows_per_seq={rows_per_seq}) needs the layer's pending rows")
+    if pending is not None and rows_per_seq > pending.rows:
+        raise ValueError(f"rows_per_seq={rows_per_seq} exceeds the {pending.rows} pending rows a slot holds")
+
+
+def group_starts(state_indices: torch.Tensor, rows_per_seq: int, pending: PendingRows | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(live groups, their slots, pending counts, read halves), int64 [n], from each group's first
+    state word (plain slots when there is no pending area)."""
+    words = state_indices.view(-1, rows_per_seq)[:, 0].long()
+    live = (words >= 0).nonzero().flatten()
+    w = words[live]
+    if pending is None:
+        return live, w, torch.zeros_like(w), torch.zeros_like(w)
+    return live, w & SLOT_MASK, (w >> PEND_SHIFT) & PEND_MASK, (w >> HALF_SHIFT) & 1
+
+
 def causal_conv1d_decode_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                              conv_state: torch.Tensor, state_indices: torch.Tensor,
-                             rows_per_seq: int = 1) -> torch.Tensor:
+                             rows_per_seq: int = 1, pending: PendingRows | None = None) -> torch.Tensor:
     """Decode rows in groups of R = rows_per_seq consecutive tokens of one sequence (R = 1: a
-    plain decode; R = K+1: a verify). Group b reads the history of slot state_indices[b*R] and
-    row j writes the last W-1 inputs after it to slot state_indices[b*R + j] (skipped when < 0).
-    y [B*R, C]; rows with a negative slot get zeros."""
+    plain decode; R = K+1: a verify). A group's history is its slot's W-1 inputs after its
+    pending rows (kernels/gdn_pending.py). R = 1: the slot keeps the last W-1 inputs after the
+    row; R > 1: the slot keeps that history and the group's R inputs become its pending rows.
+    y [B*R, C]; rows with a negative state word get zeros."""
+    check_groups(rows_per_seq, pending)
     y = torch.zeros_like(x)
-    width = weight.shape[1]
-    slots = state_indices.tolist()
-    for first in range(0, len(slots), rows_per_seq):
-        if slots[first] < 0:
-            continue
-        xx = torch.cat([conv_state[slots[first]].float(), x[first:first + rows_per_seq].float()])
+    words = state_indices.tolist()
+    live, slots, counts, _ = group_starts(state_indices, rows_per_seq, pending)
+    for group, slot, count in zip(live.tolist(), slots.tolist(), counts.tolist()):
+        first = group * rows_per_seq
+        hist = replay_conv(conv_state[slot], pending, slot, count) if count else conv_state[slot]
+        xx = torch.cat([hist.float(), x[first:first + rows_per_seq].float()])
         out = _conv_silu(xx, weight, bias, rows_per_seq).to(x.dtype)
         for j in range(rows_per_seq):
-            if slots[first + j] >= 0:
+            if words[first + j] >= 0:
                 y[first + j] = out[j]
-                conv_state[slots[first + j]] = xx[j + 1:j + width].to(conv_state.dtype)
+        if rows_per_seq == 1:
+            conv_state[slot] = xx[1:].to(conv_state.dtype)
+        else:
+            conv_state[slot] = hist
+            pending.x[slot, :rows_per_seq] = x[first:first + rows_per_seq].to(pending.x.dtype)
     return y
 
 
@@ -163,26 +193,38 @@ def recurrent_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 
 
 def gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scale: float | None = None,
-                                rows_per_seq: int = 1) -> torch.Tensor:
+                                rows_per_seq: int = 1, pending: PendingRows | None = None) -> torch.Tensor:
     """Decode rows in groups of R = rows_per_seq tokens of one sequence (R = 1: one token per
-    sequence; R = K+1: a verify). Group b starts from slot state_indices[b*R]; the state after
-    row j goes to slot state_indices[b*R + j] (skipped when < 0, and that row's output is zero),
-    so the state after every verified position survives the step. o [B*R, Hv, Dv]."""
+    sequence; R = K+1: a verify). A group starts from its slot's state after its pending rows
+    (kernels/gdn_pending.py). R = 1: the slot keeps the state after the row; R > 1: the slot
+    keeps the start state and the group's R rows become its pending rows (d and k in the half
+    the word does not read). Rows with a negative state word output zeros. o [B*R, Hv, Dv]."""
+    check_groups(rows_per_seq, pending)
     out = torch.zeros_like(v)
-    groups = state_indices.view(-1, rows_per_seq)
-    live = (groups[:, 0] >= 0).nonzero().flatten()
+    live, slot, count, half = group_starts(state_indices, rows_per_seq, pending)
     if live.numel() == 0:
         return out
-    state = ssm_state[groups[live, 0].long()].float()
+    state = ssm_state[slot].float()
+    if pending is not None:
+        state = replay_rule(state, pending, slot, count, half)
+        if rows_per_seq > 1:
+            ssm_state[slot] = state.to(ssm_state.dtype)
+    words = state_indices.view(-1, rows_per_seq)[live]
     for j in range(rows_per_seq):
         rows = live * rows_per_seq + j
-        qf, kf = prepare_qk(q[rows], k[rows], v.shape[1], scale)  # [Hv, n, Dk]
-        o, state = recurrent_step(qf.transpose(0, 1), kf.transpose(0, 1), v[rows].float(), g[rows].float(),
-                                  beta[rows].float(), state)
-        dst = groups[live, j]
-        keep = dst >= 0
-        out[rows[keep]] = o[keep].to(v.dtype)
-        ssm_state[dst[keep].long()] = state[keep].to(ssm_state.dtype)
+        qf, kf = (t.transpose(0, 1) for t in prepare_qk(q[rows], k[rows], v.shape[1], scale))  # [n, Hv, Dk]
+        decay = g[rows].float().exp()
+        state = state * decay[..., None, None]
+        u = beta[rows].float()[..., None] * (v[rows].float() - (state * kf[..., None]).sum(-2))
+        state = state + kf[..., None] * u[..., None, :]
+        keep = words[:, j] >= 0
+        out[rows[keep]] = (state * qf[..., None]).sum(-2)[keep].to(v.dtype)
+        if rows_per_seq > 1:
+            pending.d[slot, 1 - half, j] = decay
+            pending.k[slot, 1 - half, j] = l2_normalize(k[rows].float())
+            pending.u[slot, j] = u
+    if rows_per_seq == 1:
+        ssm_state[slot] = state.to(ssm_state.dtype)
     return out
 
 

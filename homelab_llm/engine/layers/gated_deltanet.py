@@ -9,7 +9,8 @@ State: each sequence owns a slot (ForwardContext.state_indices) in this layer's 
 [slots, W-1, C_rank] and recurrent state [slots, Hv_rank, Dk, Dv] (fp32), bound by the runner like
 the KV cache. Chunked prefill resumes from the slot when has_initial_state says so. A speculative
 verify step's decode rows (ForwardContext.decode_rows, in groups of verify_width) go through the
-decode kernels, which keep the state after every verified row in that row's slot.
+decode kernels, which keep the group's rows pending in the layer's `pending` areas until the
+slot's next decode applies the ones the sequence kept (kernels/gdn_pending.py).
 
 Tensor parallelism: key heads, value heads and the conv channels split with them: every part of
 q|k|v|z and b|a is sharded by heads, so a rank's conv channels are [its q | its k | its v] and
@@ -25,6 +26,7 @@ from torch import nn
 
 from homelab_llm.engine.context import get_context
 from homelab_llm.engine.kernels import gdn
+from homelab_llm.engine.kernels.gdn_pending import PendingRows
 from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.parallel.state import tp_rank, tp_size
@@ -86,6 +88,7 @@ class GatedDeltaNet(nn.Module):
         # Bound by the runner (cache/state_pool.py); plain attributes like Attention.k_cache.
         self.conv_state: torch.Tensor | None = None
         self.ssm_state: torch.Tensor | None = None
+        self.pending: PendingRows | None = None  # with speculative decoding
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.mix(self.in_proj_qkvz(hidden), self.in_proj_ba(hidden))
@@ -108,7 +111,7 @@ class GatedDeltaNet(nn.Module):
         # the conv kernels read rows by their stride: the projection's columns need no copy
         # (one launch a layer at 2+ rows)
         mixed = self._rows(ctx, d, gdn.causal_conv1d_decode, gdn.causal_conv1d_prefill, (mixed,),
-                           (self.conv1d.weight, None), self.conv_state)
+                           (self.conv1d.weight, None), self.conv_state, self.pending)
         kd = self.key_dim
         q = mixed[:, :kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
         k = mixed[:, kd:2 * kd].reshape(tokens, self.num_k_heads, self.head_k_dim)
@@ -120,18 +123,19 @@ class GatedDeltaNet(nn.Module):
             pairs = proj.rows_pairs_block(tokens, v)
             o = gdn.gated_delta_rule_decode(q, k, v, a, b, self.ssm_state, ctx.state_indices,
                                             rows_per_seq=ctx.verify_width, gating=(self.A_log, self.dt_bias),
-                                            gated_norm=(z_heads, self.norm.weight, self.eps), pair_block=pairs)
+                                            gated_norm=(z_heads, self.norm.weight, self.eps), pair_block=pairs,
+                                            pending=self.pending)
             return proj(o.reshape(tokens, self.value_dim), paired=pairs > 0)
         g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
         o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill,
-                       (q, k, v, g, beta), (), self.ssm_state)
+                       (q, k, v, g, beta), (), self.ssm_state, self.pending)
         o = gdn.gated_rms_norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim),
                                self.norm.weight, self.eps)
         return proj(o.reshape(tokens, self.value_dim))
 
     @staticmethod
     def _rows(ctx, d: int, decode, prefill, row_args: tuple[torch.Tensor, ...], const_args: tuple,
-              state: torch.Tensor) -> torch.Tensor:
+              state: torch.Tensor, pending: PendingRows | None) -> torch.Tensor:
         """decode(...) over the first d rows (a state slot per row, chained in groups of
         ctx.verify_width), prefill(...) over the varlen rest; one call when the step is all one
         or the other. Both kernels take (row tensors, constants, [cu_seqlens,] state, slots, ...)."""
@@ -139,7 +143,7 @@ class GatedDeltaNet(nn.Module):
         out = []
         if d:
             out.append(decode(*(t[:d] for t in row_args), *const_args, state, ctx.state_indices[:d],
-                              rows_per_seq=ctx.verify_width))
+                              rows_per_seq=ctx.verify_width, pending=pending))
         if d < total or total == 0:
             qsl = ctx.query_start_loc[d:] - d if d else ctx.query_start_loc
             out.append(prefill(*(t[d:] for t in row_args), *const_args, qsl, state, ctx.state_indices[d:],

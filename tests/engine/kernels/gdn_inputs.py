@@ -39,3 +39,31 @@ def rule_inputs(lens: list[int], hk: int, hv: int, dk: int, dv: int, gen: torch.
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| over max(1, max |want|): one number per tensor, scale-free for big outputs."""
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1.0)).item()
+
+
+def pending_inputs(num_slots: int, rows: int, hk: int, hv: int, dk: int, dv: int, channels: int,
+                   gen: torch.Generator, conv_dtype: torch.dtype = torch.float32,
+                   device: torch.device | str = "cpu"):
+    """Random pending-row areas (kernels/gdn_pending.PendingRows) in the model's ranges: decays
+    0.1-1, unit keys, deltas and conv inputs of the inputs' scale."""
+    from homelab_llm.engine.kernels.gdn_pending import PendingRows
+
+    k = torch.randn(num_slots, 2, rows, hk, dk, generator=gen)
+    return PendingRows(
+        (torch.rand(num_slots, 2, rows, hv, generator=gen) * 0.9 + 0.1).to(device),
+        (k / k.norm(dim=-1, keepdim=True)).to(device),
+        (torch.randn(num_slots, rows, hv, dv, generator=gen) * 0.5).to(device),
+        torch.randn(num_slots, rows, channels, generator=gen).to(device, conv_dtype))
+
+
+def pending_words(slots: list[int], rows_per_seq: int, max_pending: int, gen: torch.Generator) -> list[int]:
+    """State words for decode rows in groups of rows_per_seq: each live group's first row gets a
+    random pending count (0..max_pending) and half; other rows keep their liveness (-1 or >= 0)."""
+    from homelab_llm.engine.kernels.gdn_pending import state_word
+
+    words = list(slots)
+    for first in range(0, len(words), rows_per_seq):
+        if words[first] >= 0:
+            count = int(torch.randint(0, max_pending + 1, (1,), generator=gen))
+            words[first] = state_word(words[first], count, int(torch.randint(0, 2, (1,), generator=gen)))
+    return words

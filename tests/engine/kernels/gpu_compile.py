@@ -624,6 +624,7 @@ def _gdn_scenarios():
     import torch
 
     from homelab_llm.engine.kernels import gdn_chunk, gdn_conv, gdn_norm, gdn_recurrent
+    from homelab_llm.engine.kernels.gdn_pending import PendingRows
 
     bf16, i32 = torch.bfloat16, torch.int32
     hk, hv, d, channels, width, slots = 16, 48, 128, 10240, 4, 16
@@ -644,7 +645,9 @@ def _gdn_scenarios():
         yield lambda b=bias: gdn_conv.conv1d_prefill(x, weight, b, cu, conv_state, idx, init)
         yield lambda b=bias: gdn_conv.conv1d_decode(x[:8], weight, b, conv_state, idx)
     verify_idx = torch.arange(40, dtype=i32) % slots  # a verify step: 8 sequences x K+1 = 5 rows
-    yield lambda: gdn_conv.conv1d_decode(x[:40], weight, None, conv_state, verify_idx, rows_per_seq=5)
+    pend = PendingRows.allocate(slots, 5, hk, d, hv, d, channels, bf16, torch.device("cpu"))
+    yield lambda: gdn_conv.conv1d_decode(x[:40], weight, None, conv_state, verify_idx, rows_per_seq=5, pending=pend)
+    yield lambda: gdn_conv.conv1d_decode(x[:8], weight, None, conv_state, idx, pending=pend)  # after a verify
     yield lambda: gdn_norm.gated_rms_norm(rule[2].reshape(-1, d), rule[2].reshape(-1, d), torch.ones(d, dtype=bf16),
                                           1e-6)
     yield lambda: gdn_norm.gdn_gating(rule[4], rule[4], torch.zeros(hv), torch.zeros(hv))
@@ -657,10 +660,10 @@ def _gdn_scenarios():
             yield lambda r=rule, idx=idx: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r), ssm_state, idx)
             yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
-                *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5)
+                *(t[:40] for t in r), ssm_state, verify_idx, rows_per_seq=5, pending=pend)
             # one sequence's verify (5 rows) takes the table's verify tiles
             yield lambda r=rule: gdn_recurrent.recurrent_gated_delta_rule(
-                *(t[:5] for t in r), ssm_state, verify_idx[:5], rows_per_seq=5)
+                *(t[:5] for t in r), ssm_state, verify_idx[:5], rows_per_seq=5, pending=pend)
             # the gating in the kernel: raw a and b (bf16 / fp16 columns of in_proj_ba's output)
             gates = (torch.zeros(hv), torch.zeros(hv))
             yield lambda r=rule, idx=idx, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
@@ -668,7 +671,7 @@ def _gdn_scenarios():
                 idx, gating=gates)
             yield lambda r=rule, gates=gates: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
-                gating=gates)
+                gating=gates, pending=pend)
             # and the layer's gated norm by each head's last value-block program
             norm = (torch.ones(d, dtype=dt), 1e-6)
             yield lambda r=rule, idx=idx, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
@@ -676,7 +679,11 @@ def _gdn_scenarios():
                 idx, gating=gates, gated_norm=(r[2][:idx.shape[0]], *norm))
             yield lambda r=rule, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:40] for t in r[:3]), r[4][:40], r[4][:40], ssm_state, verify_idx, rows_per_seq=5,
-                gating=gates, gated_norm=(r[2][:40], *norm))
+                gating=gates, gated_norm=(r[2][:40], *norm), pending=pend)
+            # a plain decode step after verifies: the pending rows replayed as the state loads
+            yield lambda r=rule, idx=idx, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
+                *(t[:idx.shape[0]] for t in r[:3]), r[4][:idx.shape[0]], r[4][:idx.shape[0]], ssm_state,
+                idx, gating=gates, gated_norm=(r[2][:idx.shape[0]], *norm), pending=pend)
 
 
 def _dot_chain_scenarios(w):

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import gdn_ref
-from tests.engine.kernels.gdn_inputs import FULL_CONV_CHANNELS, cu_seqlens
+from homelab_llm.engine.kernels.gdn_pending import PendingRows, state_word
+from tests.engine.kernels.gdn_inputs import FULL_CONV_CHANNELS, cu_seqlens, pending_inputs
 
 
 def _inputs(lens, channels, width, gen, dtype, device, with_bias):
@@ -85,11 +86,13 @@ def test_rows_of_a_wider_projection_need_no_copy(device: torch.device) -> None:
     torch.testing.assert_close(got, conv1d_prefill(x, weight, bias, cu, s_copy, slots, init),
                                atol=0, rtol=0)
     assert torch.equal(s_view, s_copy)
-    verify_slots = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=device)
-    got = conv1d_decode(wide[:4, :40], weight, bias, s_view, verify_slots, rows_per_seq=2)
-    want = conv1d_decode(x[:4].contiguous(), weight, bias, s_copy, verify_slots, rows_per_seq=2)
+    words = torch.tensor([state_word(0, 1), 0, state_word(2, 2, 1), 2], dtype=torch.int32, device=device)
+    pend = pending_inputs(4, 2, 1, 1, 4, 4, 40, gen, device=device)
+    p_view, p_copy = pend, PendingRows(pend.d, pend.k, pend.u, pend.x.clone())
+    got = conv1d_decode(wide[:4, :40], weight, bias, s_view, words, rows_per_seq=2, pending=p_view)
+    want = conv1d_decode(x[:4].contiguous(), weight, bias, s_copy, words, rows_per_seq=2, pending=p_copy)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert torch.equal(s_view, s_copy)
+    assert torch.equal(s_view, s_copy) and torch.equal(p_view.x, p_copy.x)
 
 
 @pytest.mark.gpu

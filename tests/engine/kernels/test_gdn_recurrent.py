@@ -12,7 +12,25 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import gdn_ref
-from tests.engine.kernels.gdn_inputs import FULL_RULE, cu_seqlens, rule_inputs, rel_err
+from tests.engine.kernels.gdn_inputs import (
+    FULL_RULE, cu_seqlens, pending_inputs, pending_words, rel_err, rule_inputs,
+)
+
+
+def _verify_words(slots: list[int], rows: int, hk: int, hv: int, dk: int, dv: int, gen: torch.Generator,
+                  device: torch.device):
+    """(state words, pending areas) for decode rows in groups of `rows` (no areas for 1 row):
+    random pending counts and halves (kernels/gdn_pending.py)."""
+    if rows == 1:
+        return torch.tensor(slots, dtype=torch.int32, device=device), None
+    pend = pending_inputs(8, rows, hk, hv, dk, dv, 4, gen, device=device)
+    return torch.tensor(pending_words(slots, rows, rows, gen), dtype=torch.int32, device=device), pend
+
+
+def _copy(pend):
+    from homelab_llm.engine.kernels.gdn_pending import PendingRows
+
+    return None if pend is None else PendingRows(*(t.clone() for t in (pend.d, pend.k, pend.u, pend.x)))
 
 
 def _check(batch, dims, gen, device, dtype, slots) -> None:
@@ -49,8 +67,10 @@ def test_gating_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, device: tor
     gen = torch.Generator().manual_seed(4)
     hv, dims = 6, dict(hk=2, hv=6, dk=16, dv=32)
     slots = [3, 1, 0, -1, 5, 4] if rows_per_seq == 3 else [3, -1, 0, 5]
-    q, k, v, _, _, _, state, slots_t, _ = rule_inputs([1] * len(slots), **dims, gen=gen, slots=slots,
-                                                      dtype=dtype, device=device)
+    q, k, v, _, _, _, state, _, _ = rule_inputs([1] * len(slots), **dims, gen=gen, slots=slots,
+                                                dtype=dtype, device=device)
+    slots_t, pend = _verify_words(slots, rows_per_seq, **dims, gen=gen, device=device)
+    want_pend = _copy(pend)
     ba = torch.randn(len(slots), 2 * hv, generator=gen) * 3
     ba[0, hv:] += 25.0  # softplus(x) == x past 20
     ba = ba.to(device, dtype)
@@ -59,13 +79,16 @@ def test_gating_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, device: tor
     dt_bias = torch.randn(hv, generator=gen).to(device)
     want_state = state.clone()
     g, beta = gdn_ref.gdn_gating_ref(a, b, a_log, dt_bias)
-    want = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, want_state, slots_t, rows_per_seq=rows_per_seq)
+    want = gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, want_state, slots_t, rows_per_seq=rows_per_seq,
+                                               pending=want_pend)
     got = recurrent_gated_delta_rule(q, k, v, a, b, state, slots_t, rows_per_seq=rows_per_seq,
-                                     gating=(a_log, dt_bias))
+                                     gating=(a_log, dt_bias), pending=pend)
     # bf16: beta is rounded to b's dtype on both sides, a cast the interpreter truncates where a
     # GPU and torch round to nearest (one bf16 ulp of beta: ~4e-3 in the state).
     bound = 1e-5 if dtype == torch.float32 else 1e-2
     assert rel_err(got, want) <= bound and rel_err(state, want_state) <= bound
+    if pend is not None:
+        assert rel_err(pend.u, want_pend.u) <= bound and rel_err(pend.d, want_pend.d) <= 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,17 +106,19 @@ def test_gated_norm_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, dv: int
     gen = torch.Generator().manual_seed(9 + dv)
     hv, dims = 6, dict(hk=2, hv=6, dk=16, dv=dv)
     slots = [3, 1, -1, 0, 2, 4] if rows_per_seq == 3 else [3, -1, 0, 5]
-    q, k, v, g, beta, _, state, slots_t, _ = rule_inputs([1] * len(slots), **dims, gen=gen,
-                                                         slots=slots, dtype=dtype, device=device)
+    q, k, v, g, beta, _, state, _, _ = rule_inputs([1] * len(slots), **dims, gen=gen,
+                                                   slots=slots, dtype=dtype, device=device)
+    slots_t, pend = _verify_words(slots, rows_per_seq, **dims, gen=gen, device=device)
     zz = (torch.randn(len(slots), 2 * hv * dv, generator=gen) * 2).to(device, dtype)
     z = zz[:, hv * dv:].view(len(slots), hv, dv)  # the z half of a wider projection row
     w = (torch.rand(dv, generator=gen) + 0.5).to(device, dtype)
     for _ in range(2):
         s_sep, s_fused = state.clone(), state.clone()
-        o = recurrent_gated_delta_rule(q, k, v, g, beta, s_sep, slots_t, rows_per_seq=rows_per_seq)
+        o = recurrent_gated_delta_rule(q, k, v, g, beta, s_sep, slots_t, rows_per_seq=rows_per_seq,
+                                       pending=_copy(pend))
         want = gated_rms_norm(o.reshape(-1, dv), z.reshape(-1, dv), w, 1e-6).view(o.shape)
         got = recurrent_gated_delta_rule(q, k, v, g, beta, s_fused, slots_t,
-                                         rows_per_seq=rows_per_seq, gated_norm=(z, w, 1e-6))
+                                         rows_per_seq=rows_per_seq, gated_norm=(z, w, 1e-6), pending=_copy(pend))
         assert torch.equal(s_fused, s_sep)
         torch.testing.assert_close(got, want, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-5,
                                    atol=1e-6)
@@ -104,7 +129,7 @@ def test_gated_norm_in_the_kernel(dtype: torch.dtype, rows_per_seq: int, dv: int
     ref_state = state.clone()
     ref = gdn_ref.gated_rms_norm_ref(
         gdn_ref.gated_delta_rule_decode_ref(q, k, v, g, beta, ref_state, slots_t,
-                                            rows_per_seq=rows_per_seq).reshape(-1, dv),
+                                            rows_per_seq=rows_per_seq, pending=_copy(pend)).reshape(-1, dv),
         z.reshape(-1, dv), w, 1e-6).view(got.shape)
     assert rel_err(got, ref) <= (1e-5 if dtype == torch.float32 else 2e-2)
 
@@ -122,29 +147,30 @@ def test_gated_norm_writes_pair_order(hv: int, dv: int, pair_block: int, device:
 
     gen = torch.Generator().manual_seed(31 + dv + pair_block)
     slots = [3, 1, -1, 0, 2, 4]
-    q, k, v, g, beta, _, state, slots_t, _ = rule_inputs([1] * len(slots), hk=2, hv=hv, dk=16, dv=dv, gen=gen,
-                                                         slots=slots, dtype=torch.bfloat16, device=device)
+    q, k, v, g, beta, _, state, _, _ = rule_inputs([1] * len(slots), hk=2, hv=hv, dk=16, dv=dv, gen=gen,
+                                                   slots=slots, dtype=torch.bfloat16, device=device)
+    slots_t, pend = _verify_words(slots, 3, hk=2, hv=hv, dk=16, dv=dv, gen=gen, device=device)
     z = (torch.randn(v.shape, generator=gen) * 2).to(device, torch.bfloat16)
     norm = (z, (torch.rand(dv, generator=gen) + 0.5).to(device, torch.bfloat16), 1e-6)
     k_state = state.clone()
     want = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, k_state, slots_t, rows_per_seq=3,
-                                                    gated_norm=norm)
+                                                    gated_norm=norm, pending=_copy(pend))
     want = pair_order(want.reshape(len(slots), hv * dv), pair_block)
     for max_blocks in (gdn_recurrent.MAX_BLOCKS, 1):
         monkeypatch.setattr(gdn_recurrent, "MAX_BLOCKS", max_blocks)
         got_state = state.clone()
         got = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, got_state, slots_t, rows_per_seq=3,
-                                                       gated_norm=norm, pair_block=pair_block)
+                                                       gated_norm=norm, pair_block=pair_block, pending=_copy(pend))
         assert got.shape == v.shape and torch.equal(got_state, k_state), max_blocks
         assert torch.equal(got.reshape(len(slots), hv * dv), want), max_blocks
     with pytest.raises(ValueError, match="gated norm"):
         gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, state, slots_t, rows_per_seq=3,
-                                                 pair_block=pair_block)
+                                                 pair_block=pair_block, pending=_copy(pend))
     # the dispatching entry (the reference composition on the CPU) keeps the same contract
     plain = gdn.gated_delta_rule_decode(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=3,
-                                        gated_norm=norm)
+                                        gated_norm=norm, pending=_copy(pend))
     paired = gdn.gated_delta_rule_decode(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=3,
-                                         gated_norm=norm, pair_block=pair_block)
+                                         gated_norm=norm, pair_block=pair_block, pending=_copy(pend))
     assert torch.equal(paired.reshape(len(slots), hv * dv),
                        pair_order(plain.reshape(len(slots), hv * dv), pair_block))
 
