@@ -77,22 +77,20 @@ def _recurrent_step_kernel(
         count = (word >> PEND_SHIFT) & PEND_MASK
         half = (word >> HALF_SHIFT) & 1
         s = tl.load(state_ptr + slot * stride_ss + s_offs, mask=s_mask, other=0.0)
-        pd_at = pd_ptr + slot * stride_pds
-        pk_at = pk_ptr + slot * stride_pks + kh * stride_pkk + offs_k
-        pu_at = pu_ptr + slot * stride_pus + h * stride_puh + offs_v
         for j in tl.static_range(PEND_ROWS):
             if j < count:
-                d = tl.load(pd_at + half * stride_pdh + j * stride_pdr + h)
-                kj = tl.load(pk_at + half * stride_pkh + j * stride_pkr, mask=k_mask, other=0.0)
-                uj = tl.load(pu_at + j * stride_pur, mask=v_mask, other=0.0)
+                d = tl.load(pd_ptr + slot * stride_pds + half * stride_pdh + j * stride_pdr + h)
+                kj = tl.load(pk_ptr + slot * stride_pks + half * stride_pkh + j * stride_pkr + kh * stride_pkk
+                             + offs_k, mask=k_mask, other=0.0)
+                uj = tl.load(pu_ptr + slot * stride_pus + j * stride_pur + h * stride_puh + offs_v,
+                             mask=v_mask, other=0.0)
                 s = s * d + kj[:, None] * uj[None, :]
         if ROWS > 1:
             if count > 0:
                 tl.store(state_ptr + slot * stride_ss + s_offs, s, mask=s_mask)  # the new base
             tl.debug_barrier()  # every lane has read the pending u rows before this step's replace them
     else:
-        slot = word.to(tl.int64)
-        s = tl.load(state_ptr + slot * stride_ss + s_offs, mask=s_mask, other=0.0)
+        s = tl.load(state_ptr + word.to(tl.int64) * stride_ss + s_offs, mask=s_mask, other=0.0)
     for j in tl.static_range(ROWS):
         b = first + j
         q = tl.load(q_ptr + b * stride_qb + kh * stride_qh + offs_k, mask=k_mask, other=0.0).to(tl.float32)
@@ -110,17 +108,24 @@ def _recurrent_step_kernel(
         s = s * decay
         u = beta * (v - tl.sum(s * k[:, None], axis=0))
         s = s + k[:, None] * u[None, :]
-        live = tl.load(slots_ptr + b) >= 0
-        o = tl.where(live, tl.sum(s * q[:, None], axis=0), 0.0)
+        o = tl.where(tl.load(slots_ptr + b) >= 0, tl.sum(s * q[:, None], axis=0), 0.0)
         tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_v, o.to(o_ptr.dtype.element_ty), mask=v_mask)
         if ROWS > 1:  # this row becomes pending: u in the program's columns, d and k in the other half
-            tl.store(pu_at + j * stride_pur, u, mask=v_mask)
+            # (the word read again after the output's store: no slot address kept live over the row)
+            again = tl.load(slots_ptr + first)
+            at = (again & SLOT_MASK).to(tl.int64)
+            other = 1 - ((again >> HALF_SHIFT) & 1)
+            tl.store(pu_ptr + at * stride_pus + j * stride_pur + h * stride_puh + offs_v, u, mask=v_mask)
             if tl.program_id(2) == 0:
-                tl.store(pd_at + (1 - half) * stride_pdh + j * stride_pdr + h, decay)
+                tl.store(pd_ptr + at * stride_pds + other * stride_pdh + j * stride_pdr + h, decay)
                 if h % GROUP == 0:
-                    tl.store(pk_at + (1 - half) * stride_pkh + j * stride_pkr, k, mask=k_mask)
-    if ROWS == 1:
-        tl.store(state_ptr + slot * stride_ss + s_offs, s, mask=s_mask)
+                    tl.store(pk_ptr + at * stride_pks + other * stride_pkh + j * stride_pkr + kh * stride_pkk
+                             + offs_k, k, mask=k_mask)
+    if ROWS == 1:  # the state after the row (the word read again, as above)
+        again = tl.load(slots_ptr + first)
+        if PEND_ROWS:
+            again = again & SLOT_MASK
+        tl.store(state_ptr + again.to(tl.int64) * stride_ss + s_offs, s, mask=s_mask)
     if NORM:
         _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_ptr + tl.program_id(0) * tl.num_programs(1) + h,
                          first, h, eps, stride_ob, stride_oh, stride_zb, stride_zh, DV, DV_PAD, ROWS,
