@@ -20,8 +20,12 @@ import torch
 
 from gpu_harness import profile_totals
 from homelab_llm.engine.cuda_graphs import DecodeGraphs, kv_splits_for
+from homelab_llm.engine.kernels.gdn_pending import replay_slot, state_word
 from homelab_llm.engine.plan_rows import PlanRows
 from homelab_llm.engine.step_plan import StepBatch, plan_from_lists
+
+
+STEADY_PENDING = 2  # rows a hybrid verify step applies from the previous one (~2 tokens a step)
 
 
 @dataclass
@@ -31,9 +35,10 @@ class VerifyCost:
     ms: float
 
 
-def step_batch(runner, ids: list[list[int]], ctx: int, pages: int) -> StepBatch:
+def step_batch(runner, ids: list[list[int]], ctx: int, pages: int, pending: int = 0) -> StepBatch:
     """Sequence i (pages [i*pages, (i+1)*pages), state slot i) with `ctx` computed tokens runs the
-    rows ids[i]: its last token and len(ids[i]) - 1 drafts."""
+    rows ids[i]: its last token and len(ids[i]) - 1 drafts; on a hybrid model its slot applies
+    `pending` rows of a previous verify first (half 0; the verify rows go to half 1)."""
     ps = runner.page_size
     hybrid = runner.config.is_hybrid
     rows = PlanRows()
@@ -42,8 +47,7 @@ def step_batch(runner, ids: list[list[int]], ctx: int, pages: int) -> StepBatch:
     for i, row_ids in enumerate(ids):
         table = list(range(i * pages, (i + 1) * pages))
         kv = [table[p // ps] * ps + p % ps for p in range(ctx, ctx + k + 1)]
-        # hybrid: row 0 the sequence's slot, rows 1..k spares past the batch's own slots
-        states = [i] + [len(ids) + i * k + j for j in range(k)] if hybrid else [-1] * (k + 1)
+        states = [state_word(i, pending)] + [i] * k if hybrid else [-1] * (k + 1)
         logits += rows.add_decode_rows(row_ids, ctx, kv, table, states)
     header, payload = plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens,
                                       rows.tables, logits, rows.state_slots, rows.has_initial,
@@ -86,13 +90,16 @@ def time_forward(runner, batch: StepBatch, iters: int) -> float:
 
 
 def measure(runner, batches: list[int], ks: list[int], ctx: int, iters: int) -> list[VerifyCost]:
-    """Plain (k = 0) and verify step times for every batch and K."""
+    """Plain (k = 0, nothing pending: a run without speculation) and verify step times for every
+    batch and K; a hybrid verify step applies STEADY_PENDING rows of the previous one first, as
+    in a run that keeps about that many tokens a step."""
     rng = random.Random(0)
     pages = -(-(ctx + max(ks) + 1) // runner.page_size)
     out = []
     for b in batches:
         for k in [0] + ks:
-            batch = step_batch(runner, random_rows(runner, b, k, rng), ctx, pages)
+            pending = min(STEADY_PENDING, k + 1) if k else 0
+            batch = step_batch(runner, random_rows(runner, b, k, rng), ctx, pages, pending)
             out.append(VerifyCost(b, k, time_forward(runner, batch, iters)))
     return out
 
@@ -125,23 +132,26 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
 def check(runner, batch: int, k: int, ctx: int) -> tuple[float, float, float]:
     """The verify forward (graphs on where captured) against k+1 plain decode steps over the same
     tokens: (max relative logits error, argmax agreement, max relative error of the state after
-    each row vs after that many plain steps; 0 on dense models). Leaves the states it used dirty."""
+    each row, its pending rows applied, vs after that many plain steps; 0 on dense models).
+    Leaves the states it used dirty."""
     rows = random_rows(runner, batch, k, random.Random(1))
     pages = -(-(ctx + k + 1) // runner.page_size)
     pool = runner.state_pool
-    states = (pool.conv_states + pool.ssm_states) if pool is not None else []
-    saved = [t[:batch].clone() for t in states]
+    layers = list(zip(pool.conv_states, pool.ssm_states, pool.pending)) if pool is not None else []
+    saved = [t[:batch].clone() for conv, ssm, _ in layers for t in (conv, ssm)]
     verify = runner.forward(step_batch(runner, rows, ctx, pages)).view(batch, k + 1, -1).float()
-    after = [[[t[i if j == 0 else batch + i * k + j - 1].clone() for t in states] for j in range(k + 1)]
+    # the verify read half 0 and wrote its rows to half 1
+    after = [[[t for layer in layers for t in replay_slot(*layer, state_word(i, j + 1, 1))] for j in range(k + 1)]
              for i in range(batch)]
-    for t, s in zip(states, saved):
+    for t, s in zip([t for conv, ssm, _ in layers for t in (conv, ssm)], saved):
         t[:batch].copy_(s)
     plain, state_err = [], 0.0
     for j in range(k + 1):
         plain.append(runner.forward(step_batch(runner, [[r[j]] for r in rows], ctx + j, pages)).float())
         for i in range(batch):
-            for got, t in zip(after[i][j], states):
-                state_err = max(state_err, _rel(got, t[i]))
+            now = [t[i] for conv, ssm, _ in layers for t in (conv, ssm)]
+            for got, want in zip(after[i][j], now):
+                state_err = max(state_err, _rel(got, want))
     plain_t = torch.stack(plain, dim=1)
     agree = (verify.argmax(-1) == plain_t.argmax(-1)).float().mean().item()
     return _rel(verify, plain_t), agree, state_err
