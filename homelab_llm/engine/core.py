@@ -120,6 +120,7 @@ class LLMEngine:
         # tensor parallelism rank 0 broadcasts them to the other ranks after the next plan.
         self._async = args.async_scheduling and self.device.type == "cuda"
         self._pending: PendingTokens | None = None
+        self._forward_began = False  # the step's forward reached the device (_before_retry)
         self._seed_rng = torch.Generator().manual_seed(args.seed)
         # Speculative decoding: drafts need the sequences' tokens on the host, so while it is on
         # every step runs synchronously (async scheduling brings nothing a draft would not).
@@ -280,7 +281,8 @@ class LLMEngine:
         ran, logits = run_isolated(
             plan.scheduled, lambda items: self._forward(items, plan.copies),
             lambda item: item.seq.request_id, _largest_prefill,
-            lambda item, exc: self._fail(item.seq, exc), self._die)
+            lambda item, exc: self._fail(item.seq, exc), self._die,
+            lambda items: self._before_retry(items, results))
         results.extend(self._take_ended())  # the requests this forward failed
         if not ran:
             results.extend(self._finish_pending())
@@ -307,12 +309,29 @@ class LLMEngine:
     def _forward(self, scheduled: list[ScheduledSeq], copies: CacheCopies) -> torch.Tensor:
         # Copies are idempotent (same source rows, same targets): a step re-run without a faulty
         # request may apply them again.
+        self._forward_began = False
         batch = self.runner.prepare(scheduled, copies)
         if self._pending is not None:
             rows = placeholder_rows(scheduled, self._pending)
             if rows[0]:
                 self.runner.patch_inputs(batch, *rows, self._pending.device_tokens)
+        self._forward_began = True  # from here a fault may leave states half-advanced
         return self.runner.forward(batch)
+
+    def _before_retry(self, items: list[ScheduledSeq], results: list[RequestOutput]) -> list[ScheduledSeq]:
+        """Before a forward runs again without its faulty requests (isolate.run_isolated). On a
+        hybrid model a forward that reached the device may have advanced the others' recurrent
+        states in place, which a rerun would advance again: those sequences are computed again
+        from their tokens instead (Scheduler.recompute), after the previous step's tokens are
+        in (no placeholder goes back to the queue). A fault before the device work (the plan's
+        checks) reruns them as usual."""
+        if self.kv.state_slots is None or not self._forward_began:
+            return items
+        results.extend(self._finish_pending())
+        for item in items:
+            log.warning("request %s: recomputed after a fault next to it (hybrid states)", item.seq.request_id)
+            self.scheduler.recompute(item.seq)
+        return []
 
     def _sample(self, logits: torch.Tensor, rows: list[tuple[int, Sequence]]) -> list[RequestOutput]:
         """Sample each (logits row, sequence); a request whose parameters make the sampler raise

@@ -6,7 +6,9 @@ engine (on_fatal's error is raised); a SequenceFault names its sequence; an out-
 blames the largest prefill (no prefill: fatal); any other error is pinned down by running each
 item alone. The culprits are handed to on_fault (which ends their requests) and the part runs
 again without them, so the healthy items get exactly what they would have got alone: sampling is
-keyed per request, and a forward rewrites the same KV slots with the same values.
+keyed per request, and a forward rewrites the same KV slots with the same values. What a run
+changes in place that a second run would change again (a hybrid model's recurrent states) is
+before_retry's to handle: it gets the healthy items before each rerun and returns those to rerun.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ def run_isolated(items: list[T], run: Callable[[list[T]], R],
                  request_id: Callable[[T], str],
                  oom_victim: Callable[[list[T]], T | None],
                  on_fault: Callable[[T, BaseException], None],
-                 on_fatal: Callable[[BaseException], BaseException]) -> tuple[list[T], R | None]:
+                 on_fatal: Callable[[BaseException], BaseException],
+                 before_retry: Callable[[list[T]], list[T]] | None = None) -> tuple[list[T], R | None]:
     """(the items that ran, run's result over them); (the empty list, None) if none is left."""
     items = list(items)
     while items:
@@ -36,6 +39,8 @@ def run_isolated(items: list[T], run: Callable[[list[T]], R],
             on_fault(item, err)
         gone = {id(item) for item, _ in culprits}
         items = [item for item in items if id(item) not in gone]
+        if items and before_retry is not None:
+            items = before_retry(items)
     return [], None
 
 

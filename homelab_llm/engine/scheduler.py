@@ -150,14 +150,21 @@ class Scheduler:
                 return seq
         return None
 
-    def _preempt(self, seq: Sequence, preempted: list[Sequence]) -> None:
+    def _preempt(self, seq: Sequence, preempted: list[Sequence], cache: bool = True) -> None:
         self.running.remove(seq)
-        self.kv.free(seq, cache=True)
+        self.kv.free(seq, cache=cache)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
         preempted.append(seq)
+
+    def recompute(self, seq: Sequence) -> None:
+        """Send a running sequence back to the front of the waiting queue, to be computed again
+        from its tokens, offering nothing to the prefix cache (its state may be half-advanced:
+        LLMEngine's retry of a faulted forward on a hybrid model)."""
+        if seq in self.running:
+            self._preempt(seq, [], cache=False)
 
     # -- after the forward --------------------------------------------------------------------
     def advance(self, out: SchedulerOutput, decode_widths: list[int] | None = None) -> None:

@@ -83,6 +83,19 @@ def our_llm(folder: Path, **engine_args: Any) -> LLM:
     return LLM(str(folder), **defaults)
 
 
+def slot_states(llm: LLM, seq) -> list[torch.Tensor]:
+    """Every GDN layer's (conv, recurrent) state of a running sequence, its pending verify rows
+    applied (kernels/gdn_pending.replay_slot)."""
+    from homelab_llm.engine.cache.verify_slots import slot_word
+    from homelab_llm.engine.kernels.gdn_pending import replay_slot
+
+    pool = llm.engine.runner.state_pool
+    if not pool.pending:
+        return [t[seq.state_slot].clone() for pair in zip(pool.conv_states, pool.ssm_states) for t in pair]
+    return [t for args in zip(pool.conv_states, pool.ssm_states, pool.pending)
+            for t in replay_slot(*args, slot_word(seq))]
+
+
 def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 

@@ -15,9 +15,7 @@ import json
 import pytest
 import torch
 
-from homelab_llm.engine.cache.verify_slots import slot_word
-from homelab_llm.engine.kernels.gdn_pending import replay_slot
-from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
+from hybrid_reference import greedy, make_hf_qwen3_5, our_llm, slot_states
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                     "prompt_lookup_min": 1})
@@ -105,15 +103,6 @@ def test_mixed_steps_and_batches_equal_no_speculation(folder) -> None:
     assert bounded.engine.kv.state_slots.running_free == 3
 
 
-def _states(llm, seq) -> list[torch.Tensor]:
-    """Every layer's (conv, recurrent) state of the sequence, its pending rows applied."""
-    pool = llm.engine.runner.state_pool
-    if not pool.pending:
-        return [t[seq.state_slot].clone() for pair in zip(pool.conv_states, pool.ssm_states) for t in pair]
-    return [t for args in zip(pool.conv_states, pool.ssm_states, pool.pending)
-            for t in replay_slot(*args, slot_word(seq))]
-
-
 def compare_states_while_running(spec, plain, request_id: str) -> tuple[int, int]:
     """Step request `request_id` (added to both engines) to its end in the speculating engine;
     right after every verify step, bring the plain engine to the same computed token and assert
@@ -131,7 +120,7 @@ def compare_states_while_running(spec, plain, request_id: str) -> tuple[int, int
         while p_seq.num_computed_tokens < s_seq.num_computed_tokens:
             plain.engine.step()
         assert p_seq.num_computed_tokens == s_seq.num_computed_tokens
-        for a, b in zip(_states(spec, s_seq), _states(plain, p_seq)):
+        for a, b in zip(slot_states(spec, s_seq), slot_states(plain, p_seq)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         compared += 1
         partial += 0 < stats.num_accepted_tokens - accepted < stats.num_draft_tokens - drafted
