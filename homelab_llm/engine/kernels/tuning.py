@@ -593,13 +593,18 @@ _DOT_LEFT_FIELDS = {"scaled": bool, "int_zeros": bool, "pair_accs": bool, "joine
 @functools.lru_cache(maxsize=8)
 def dot_left_override(spec: str) -> dict:
     """DOT_LEFT_ENV's text as GemmTiles field changes ({} when empty)."""
+    return field_override(DOT_LEFT_ENV, spec, _DOT_LEFT_FIELDS)
+
+
+def field_override(env: str, spec: str, kinds: dict[str, type]) -> dict:
+    """An A/B switch's "field=number,..." text as dataclass field changes ({} when empty); an
+    unknown field or a value that is not a number is an error naming the fields."""
     change = {}
     for item in filter(None, (p.strip() for p in spec.split(","))):
         name, _, value = item.partition("=")
-        kind = _DOT_LEFT_FIELDS.get(name.strip())
+        kind = kinds.get(name.strip())
         if kind is None or not value.strip().isdigit():
-            raise ValueError(f"{DOT_LEFT_ENV}={spec!r}: expected field=number items, fields "
-                             f"{', '.join(sorted(_DOT_LEFT_FIELDS))}")
+            raise ValueError(f"{env}={spec!r}: expected field=number items, fields {', '.join(sorted(kinds))}")
         change[name.strip()] = kind(int(value))
     return change
 
@@ -711,7 +716,21 @@ GDN_TABLE: dict[str, GdnTiles] = {
 
 
 def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
-    return GDN_TABLE[arch_name(device)]
+    t = GDN_TABLE[arch_name(device)]
+    change = gdn_override(os.environ.get(GDN_TILES_ENV, ""))
+    return dataclasses.replace(t, **change) if change else t
+
+
+# A/B runs without a patched tree: "field=value,..." over this device's GdnTiles
+# ("verify_wide_block_v=16,verify_wide_warps=1": the verify tiles of 5+ sequences)
+GDN_TILES_ENV = "HOMELAB_LLM_GDN_TILES"
+
+
+@functools.lru_cache(maxsize=8)
+def gdn_override(spec: str) -> dict:
+    """GDN_TILES_ENV's text as GdnTiles field changes ({} when empty)."""
+    kinds = {f.name: bool if f.type == "bool" else int for f in dataclasses.fields(GdnTiles)}
+    return field_override(GDN_TILES_ENV, spec, kinds)
 
 
 def gdn_step_tiles(device: torch.device | None, groups: int, rows_per_seq: int) -> tuple[int, int]:

@@ -226,6 +226,22 @@ def test_one_sequences_verify_takes_the_verify_tiles(monkeypatch) -> None:
     assert tuning.gdn_step_tiles(cpu, 1, 5) == decode and tuning.gdn_step_tiles(cpu, 8, 5) == decode
 
 
+def test_gdn_tiles_switch(monkeypatch) -> None:
+    """HOMELAB_LLM_GDN_TILES changes this device's GdnTiles fields (A/B runs without a patched
+    tree): the verify tiles of 5+ sequences here; a bad field or value names the fields."""
+    from homelab_llm.engine.kernels import tuning
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(tuning.GDN_TILES_ENV, "verify_wide_block_v=8, verify_wide_warps=1")
+    assert tuning.gdn_step_tiles(cpu, 8, 5) == (8, 1)
+    assert tuning.gdn_step_tiles(cpu, 8, 1) == (tuning.GDN_TABLE["interpret"].decode_block_v,
+                                                tuning.GDN_TABLE["interpret"].decode_warps)
+    for bad in ("verify_wide=8", "decode_warps=two"):
+        monkeypatch.setenv(tuning.GDN_TILES_ENV, bad)
+        with pytest.raises(ValueError, match="verify_wide_block_v"):
+            tuning.gdn_tiles(cpu)
+
+
 def test_group_size_must_divide_the_rows() -> None:
     from homelab_llm.engine.kernels import gdn
 
