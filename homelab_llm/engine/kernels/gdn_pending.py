@@ -93,11 +93,13 @@ class PendingRows:
 
 
 def replay_rule(state: torch.Tensor, pending: PendingRows, slot: torch.Tensor, count: torch.Tensor,
-                half: torch.Tensor) -> torch.Tensor:
+                half: torch.Tensor, most: int | None = None) -> torch.Tensor:
     """States [n, Hv, Dk, Dv] fp32 after each slot's pending rows: slot, count, half [n] int64
-    (a new tensor; a host read of the largest count: references and copies out of a slot only)."""
+    (a new tensor). most: the largest count, if the caller knows it (else a host read)."""
     group = state.shape[1] // pending.k.shape[3]
-    for j in range(int(count.max()) if count.numel() else 0):
+    if most is None:
+        most = int(count.max()) if count.numel() else 0
+    for j in range(most):
         d = pending.d[slot, half, j]
         k = pending.k[slot, half, j].repeat_interleave(group, dim=1)
         step = state * d[..., None, None] + k[..., None] * pending.u[slot, j][:, :, None, :]
@@ -116,5 +118,5 @@ def replay_slot(conv_state: torch.Tensor, ssm_state: torch.Tensor, pending: Pend
     the states' dtypes (new tensors; the slot keeps its base and pending rows)."""
     slot, count, half = split_word(word)
     at = [torch.tensor([v], device=ssm_state.device) for v in (slot, count, half)]
-    ssm = replay_rule(ssm_state[slot:slot + 1].float(), pending, *at)[0].to(ssm_state.dtype)
+    ssm = replay_rule(ssm_state[slot:slot + 1].float(), pending, *at, most=count)[0].to(ssm_state.dtype)
     return replay_conv(conv_state[slot], pending, slot, count), ssm
