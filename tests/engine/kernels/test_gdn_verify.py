@@ -178,6 +178,10 @@ def test_kernels_match_reference(dtype: torch.dtype, rows: int, device: torch.de
 
 
 def test_state_words() -> None:
+    from homelab_llm.engine.kernels.gdn_pending import MAX_PENDING
+    from homelab_llm.engine.spec.config import MAX_SPECULATIVE_TOKENS
+
+    assert MAX_SPECULATIVE_TOKENS + 1 <= MAX_PENDING  # every verify group's rows fit a word's count
     word = state_word(1234, 5, 1)
     assert split_word(word) == (1234, 5, 1) and word > 0 and state_word(-1, 3, 1) == -1
     for bad in ((1 << 24, 0, 0), (0, 32, 0), (0, 0, 2)):
