@@ -2,7 +2,7 @@
 Dk = Dv 128, conv over 10240 channels, width 4): correctness of every kernel against its torch
 reference (kernels/gdn_ref.py) and speed side by side with fla-core, with the bandwidth each implies.
 
-    python3 benchmarks/gdn_gpu.py [--quick] [--json out.json] [--sections check,prefill,decode,misc]
+    python3 benchmarks/gdn_gpu.py [--quick] [--json out.json] [--sections check,prefill,decode,verify,misc]
 
 Sections:
   check    every kernel vs its reference at full shapes (max abs error and rel = err / max|ref|),
@@ -15,6 +15,11 @@ Sections:
            (state_warps, block_v, out_block_v, chunk_stages): the row to pick the table from.
   decode   one token for B sequences (1/8/32) from a 64-slot state pool: ours (in place, slot
            indices) vs fla fused_recurrent_gated_delta_rule (gathered initial states, final state out)
+  verify   the engine's decode-step call (gating and gated norm in the kernel) for G sequences x R
+           rows (G 1/4/8, R 1/2/3/5) with pending rows (kernels/gdn_pending.py): R > 1 a verify
+           group replaying 2 rows of the previous one; R = 1 a decode after a verify (2 rows
+           replayed) beside the plain decode (nothing pending); timed as a CUDA graph of 20 calls,
+           and the conv decode the same way
   misc     conv1d prefill/decode, gated RMSNorm, gating
 GB/s counts the bytes each kernel must move at least (inputs once, outputs once, states read and
 written once); the copy ceiling is a device-to-device copy measured in the same run. fla-core is
@@ -244,6 +249,57 @@ def section_decode() -> None:
         _row(f"decode B={seqs}", ms, rule_bytes(seqs, seqs), fla_ms, ceiling)
 
 
+def graph_us(fn: Callable[[], object], calls: int = 20) -> float:
+    """us a call of fn, from replays of a CUDA graph of `calls` calls (no launch gaps)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return 1000 * bench(graph.replay) / calls
+
+
+def section_verify() -> None:
+    from homelab_llm.engine.kernels.gdn_pending import PendingRows, state_word
+
+    ceiling = copy_gbps()
+    gen = torch.Generator().manual_seed(4)
+    pend = PendingRows.allocate(SLOTS, 5, HK, D, HV, D, CONV_C, DT, torch.device("cuda"))
+    pend.d.uniform_(0.1, 1.0)
+    pend.k.normal_().div_(D ** 0.5)
+    pend.u.normal_()
+    pend.x.normal_()
+    a_log, dt_bias = torch.zeros(HV, device="cuda"), torch.zeros(HV, device="cuda")
+    norm_w = torch.ones(D, device="cuda", dtype=DT)
+    weight = torch.randn(CONV_C, WIDTH, generator=gen).to("cuda", DT)
+    conv_state = torch.randn(SLOTS, WIDTH - 1, CONV_C, generator=gen).to("cuda", DT)
+    term = (HV * D + HK * D + HV) * 4
+    for groups in (1, 4, 8):
+        for rows, count in ((1, 0), (1, 2), (2, 2), (3, 2), (5, 2)):
+            x = rule_inputs(groups * rows, 1, gen)
+            words = torch.tensor([state_word(g, count) if j == 0 else g for g in range(groups) for j in range(rows)],
+                                 dtype=torch.int32, device="cuda")
+            areas = pend if count or rows > 1 else None
+            z = torch.randn(groups * rows, HV, D, generator=gen).to("cuda", DT)
+            ba = torch.randn(groups * rows, 2 * HV, generator=gen).to("cuda", DT)
+
+            def rule():
+                return gdn.gated_delta_rule_decode(x["q"], x["k"], x["v"], ba[:, HV:], ba[:, :HV], x["state"], words,
+                                                   rows_per_seq=rows, gating=(a_log, dt_bias),
+                                                   gated_norm=(z, norm_w, 1e-6), pending=areas)
+
+            xc = torch.randn(groups * rows, CONV_C, generator=gen).to("cuda", DT)
+            us, conv_us = graph_us(rule), graph_us(
+                lambda: gdn.causal_conv1d_decode(xc, weight, None, conv_state, words, rows, areas))
+            nbytes = rule_bytes(groups * rows, groups) + groups * (count + (rows if rows > 1 else 0)) * term
+            label = f"verify G={groups} R={rows} pending={count}" if areas is not None else f"plain G={groups}"
+            print(f"  {label:34s} rule {us:7.2f} us ({nbytes / us / 1e3:6.0f} GB/s, "
+                  f"{100 * nbytes / us / 1e3 / ceiling:4.1f}% of copy)   conv {conv_us:6.2f} us", flush=True)
+            report(f"{label} rule_us", us, "us")
+            report(f"{label} conv_us", conv_us, "us")
+
+
 def section_misc() -> None:
     ceiling = copy_gbps()
     gen = torch.Generator().manual_seed(3)
@@ -273,14 +329,15 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", default=None)
-    p.add_argument("--sections", default="check,prefill,decode,misc")
+    p.add_argument("--sections", default="check,prefill,decode,verify,misc")
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA/HIP GPU")
         return 1
     ARGS.quick = a.quick
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
-    sections = {"check": section_check, "prefill": section_prefill, "decode": section_decode, "misc": section_misc}
+    sections = {"check": section_check, "prefill": section_prefill, "decode": section_decode,
+                "verify": section_verify, "misc": section_misc}
     return run_sections(sections, a.sections, a.json)
 
 
