@@ -147,3 +147,46 @@ def test_tensor_parallel_verify_equals_no_speculation(folder) -> None:
         assert llm.engine.status()["spec_decode"]["drafts"] > 0
     finally:
         llm.shutdown()
+
+
+def test_preempted_with_pending_rows_equals_no_speculation(folder) -> None:
+    """A sequence preempted while it holds pending verify rows (forced right after a verify step:
+    the scheduler itself stops drafting before pages run out, so it rarely picks one): its prefix
+    snapshot applies the rows in the copy and its recompute resumes from that snapshot; once it
+    decodes again its state equals a never-drafted run's at the same token (the tiny model's
+    tokens barely feel the state), and every output equals the run without speculation."""
+    prompts = [PROMPTS[1], PROMPTS[0]]
+    want = [c.token_ids for c in our_llm(folder).generate(prompts, greedy(24))]
+    llm, plain = our_llm(folder, speculative_config=NGRAM), our_llm(folder)
+    engine = llm.engine
+    engine.drafter.proposer = Oracle({len(p): p + w for p, w in zip(prompts, want)})
+    for e in (engine, plain.engine):
+        for i, prompt in enumerate(prompts):
+            e.add_request(f"r{i}", prompt, greedy(24))
+    got = {"r0": [], "r1": []}
+    forced, matched, compared = 0, [], False
+    match = engine.kv.match_prefix
+
+    def match_prefix(seq):
+        match(seq)
+        matched.append((seq.request_id, seq.num_computed_tokens))
+
+    engine.kv.match_prefix = match_prefix
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            got[out.request_id].extend(out.new_token_ids)
+        seq = engine._seqs.get("r0")
+        if not forced and seq is not None and seq.gdn_pending > 1:
+            forced = seq.num_computed_tokens
+            engine.scheduler._preempt(seq, [])
+        elif forced and not compared and seq is not None and seq.is_decoding and seq.state_slot >= 0:
+            ref = plain.engine._seqs["r0"]
+            while ref.num_computed_tokens < seq.num_computed_tokens:
+                plain.engine.step()
+            assert ref.num_computed_tokens == seq.num_computed_tokens
+            for a, b in zip(slot_states(llm, seq), slot_states(plain, ref)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+            compared = True
+    assert forced and compared and engine.scheduler.num_preemptions == 1
+    assert ("r0", forced) in matched  # resumed from the snapshot taken with its pending rows
+    assert [got["r0"], got["r1"]] == want
