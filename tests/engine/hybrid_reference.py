@@ -24,21 +24,33 @@ TEXT_SHAPE: dict[str, Any] = dict(
     eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
 
 
+# For tests of the GDN state's bookkeeping (speculative rollback, snapshots, fault reruns): the
+# linear-attention branch's output gate (z) and out projection scaled up. At the default init
+# (std 0.02) a tiny model's GDN output reaches the residual so weakly that its greedy tokens do
+# not notice even a wrong state (a conv state scaled by 1.5 mid-run: same tokens); with this
+# gain they do.
+GDN_GAIN = 10.0
+
+
 @torch.no_grad()
-def perturb_hybrid(model) -> None:
+def perturb_hybrid(model, gdn_gain: float = 1.0) -> None:
     """Norm weights and the decay parameters start at constants: randomise them so the (1 + w)
-    norms and the gating are exercised."""
+    norms and the gating are exercised; gdn_gain scales the GDN branch's z and out projection."""
     for name, p in model.named_parameters():
         if name.endswith(("norm.weight", "dt_bias")):
             p.normal_(0.0, 0.2)
         elif name.endswith("A_log"):
             p.uniform_(-1.0, 1.0)
+        elif "linear_attn.out_proj" in name or "linear_attn.in_proj_z" in name:
+            p.mul_(gdn_gain)
 
 
-def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, **overrides: Any):
+def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, gdn_gain: float = 1.0,
+                    **overrides: Any):
     """A random Qwen3_5ForCausalLM (or the ForConditionalGeneration layout) saved to `folder`;
     returns the text model (a CausalLM) in fp32, eval mode. Norm weights and the decay
-    parameters are randomised too, so the (1 + w) norms and gating are exercised."""
+    parameters are randomised too, so the (1 + w) norms and gating are exercised (gdn_gain:
+    perturb_hybrid's)."""
     from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
                               Qwen3_5TextConfig)
 
@@ -52,7 +64,7 @@ def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, **ov
         model = Qwen3_5ForConditionalGeneration(cfg)
     else:
         model = Qwen3_5ForCausalLM(text)
-    perturb_hybrid(model)
+    perturb_hybrid(model, gdn_gain)
     model.float().eval()
     model.save_pretrained(folder)
     if conditional:
