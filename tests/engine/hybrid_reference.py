@@ -24,16 +24,16 @@ TEXT_SHAPE: dict[str, Any] = dict(
     eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
 
 
-# For tests of the GDN state's bookkeeping (speculative rollback, snapshots, fault reruns): the
-# linear-attention branch's output gate (z) and out projection scaled up. At the default init
-# (std 0.02) a tiny model's GDN output reaches the residual so weakly that its greedy tokens do
-# not notice even a wrong state (a conv state scaled by 1.5 mid-run: same tokens); with this
-# gain they do.
+# The linear-attention branch's output gate (z) and out projection scaled up. At the default
+# init (std 0.02) a tiny model's GDN output reaches the residual so weakly that its greedy tokens
+# do not notice even a wrong state (a conv state scaled by 1.5 mid-run: same tokens; a prefix
+# snapshot without its conv state: same tokens), and its logits hardly test the GDN math against
+# transformers'; with this gain they do.
 GDN_GAIN = 10.0
 
 
 @torch.no_grad()
-def perturb_hybrid(model, gdn_gain: float = 1.0) -> None:
+def perturb_hybrid(model, gdn_gain: float = GDN_GAIN) -> None:
     """Norm weights and the decay parameters start at constants: randomise them so the (1 + w)
     norms and the gating are exercised; gdn_gain scales the GDN branch's z and out projection."""
     for name, p in model.named_parameters():
@@ -45,7 +45,7 @@ def perturb_hybrid(model, gdn_gain: float = 1.0) -> None:
             p.mul_(gdn_gain)
 
 
-def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, gdn_gain: float = 1.0,
+def make_hf_qwen3_5(folder: Path, seed: int = 0, conditional: bool = False, gdn_gain: float = GDN_GAIN,
                     **overrides: Any):
     """A random Qwen3_5ForCausalLM (or the ForConditionalGeneration layout) saved to `folder`;
     returns the text model (a CausalLM) in fp32, eval mode. Norm weights and the decay

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from hybrid_reference import make_hf_qwen3_5
+from hybrid_reference import GDN_GAIN, make_hf_qwen3_5
 
 FULL_LAYER = 1  # TEXT_SHAPE's first full-attention layer: the MTP layer's shape donor
 
@@ -50,8 +50,11 @@ def add_mtp_weights(folder: Path, seed: int, echo: bool = False,
 
 
 def make_mtp_checkpoint(folder: Path, seed: int = 0, echo: bool = False):
-    """A tiny Qwen3.5 hybrid with an MTP head: (transformers' model, the mtp tensors)."""
-    model = make_hf_qwen3_5(folder, seed=seed)
+    """A tiny Qwen3.5 hybrid with an MTP head: (transformers' model, the mtp tensors). An echo
+    head drafts the last token again, so it is accepted where the model repeats tokens: that
+    model keeps the default init's weak GDN branch (hybrid_reference.GDN_GAIN), under which a
+    tiny model repeats itself."""
+    model = make_hf_qwen3_5(folder, seed=seed, gdn_gain=1.0 if echo else GDN_GAIN)
     return model, add_mtp_weights(folder, seed + 1, echo)
 
 

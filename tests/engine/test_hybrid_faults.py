@@ -18,7 +18,7 @@ import json
 import pytest
 import torch
 
-from hybrid_reference import GDN_GAIN, greedy, make_hf_qwen3_5, our_llm, slot_states
+from hybrid_reference import greedy, make_hf_qwen3_5, our_llm, slot_states
 from tests.engine.engine_fixtures import assert_all_pages_free
 
 POISON = 299
@@ -30,7 +30,7 @@ NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_look
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3_5_faults")
-    make_hf_qwen3_5(path, seed=5, gdn_gain=GDN_GAIN)
+    make_hf_qwen3_5(path, seed=5)
     return path
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_reference import GDN_GAIN, greedy, make_hf_qwen3_5, our_llm
+from hybrid_reference import greedy, make_hf_qwen3_5, our_llm
 from homelab_llm.server.metrics import render_metrics
 from homelab_llm.server.stats import ServerStats
 
@@ -21,7 +21,7 @@ EXTENSIONS = [[77], [91, 92, 93], [(3 * i) % 290 + 4 for i in range(17)]]
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3_5_prefix")
-    make_hf_qwen3_5(path, seed=2, gdn_gain=GDN_GAIN)
+    make_hf_qwen3_5(path, seed=2)
     return path
 
 

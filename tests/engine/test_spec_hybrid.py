@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from hybrid_reference import GDN_GAIN, greedy, make_hf_qwen3_5, our_llm, slot_states
+from hybrid_reference import greedy, make_hf_qwen3_5, our_llm, slot_states
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                     "prompt_lookup_min": 1})
@@ -46,7 +46,7 @@ class Oracle:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3_5_spec")
-    make_hf_qwen3_5(path, seed=3, gdn_gain=GDN_GAIN)
+    make_hf_qwen3_5(path, seed=3)
     return path
 
 
