@@ -387,6 +387,8 @@ class MemoryPlan:
     tokens_capacity: int  # the smallest device's: a token needs a page on every rank
     state_bytes_per_sequence: int = 0  # per device (heads split evenly); 0 without GDN layers
     state_snapshots: int = 0  # the prefix cache's snapshot pool, in sequences' worth of state
+    # speculation on a hybrid: each running sequence's pending verify rows (kernels/gdn_pending.py)
+    verify_bytes_per_sequence: int = 0
     max_concurrency: dict[str, int] = field(default_factory=dict)  # seq len -> full-length seqs
     warnings: list[str] = field(default_factory=list)
     sliding: dict[str, Any] = field(default_factory=dict)  # sliding_window_figures; {} without
@@ -477,7 +479,7 @@ def plan(config: ModelConfig, *, gpu_memory_bytes: int, tensor_parallel_size: in
         quantization=method, page_size=page_size, max_model_len=max_len, per_device=devices,
         kv_bytes_per_token=devices[0].kv_bytes_per_token, tokens_capacity=capacity,
         state_bytes_per_sequence=layout.bytes_per_sequence, state_snapshots=snapshots,
-        max_concurrency=concurrency, warnings=warnings, sliding=sliding,
+        verify_bytes_per_sequence=pending, max_concurrency=concurrency, warnings=warnings, sliding=sliding,
         **parameter_fields(config),
     )
 

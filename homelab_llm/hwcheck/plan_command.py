@@ -275,8 +275,10 @@ def render_plan(plan: Any, max_num_seqs: int | None = None, unit: str = "GB") ->
     per_token = ", ".join(f"{d.kv_bytes_per_token:,}" for d in plan.per_device)
     lines += ["", f"KV bytes per token per device: {per_token}"]
     if plan.state_bytes_per_sequence:  # hybrid: GDN conv + recurrent state instead of KV pages
+        verify = (f" (+ {plan.verify_bytes_per_sequence / 1e6:.1f} MB of pending verify rows each)"
+                  if plan.verify_bytes_per_sequence else "")
         lines.append(f"state per sequence per device: {plan.state_bytes_per_sequence:,} bytes "
-                     f"({plan.state_bytes_per_sequence / 1e6:.1f} MB); running sequences + "
+                     f"({plan.state_bytes_per_sequence / 1e6:.1f} MB); running sequences{verify} + "
                      f"{plan.state_snapshots} prefix-cache snapshots: {d0.state_bytes / 1e9:.2f} GB")
     lines.append(f"token capacity: {plan.tokens_capacity:,} tokens "
                  f"({plan.per_device[0].num_pages:,} pages of {plan.page_size})")

@@ -196,7 +196,8 @@ def test_plan_cli_counts_the_head_and_backup_states(capsys) -> None:
     def plan(*extra: str) -> dict:
         assert main(["plan", str(model_configs_dir() / "Qwen3.6-27B.json"), "--gpu-memory", "80GiB",
                      "--max-num-seqs", "4", "--json", *extra]) == 0
-        return json.loads(capsys.readouterr().out)["per_device"][0]
+        out = json.loads(capsys.readouterr().out)
+        return {**out["per_device"][0], "verify_bytes_per_sequence": out["verify_bytes_per_sequence"]}
 
     plain, spec = plan(), plan("--speculative-config", mtp(3))
     assert spec["kv_bytes_per_token"] * 16 == plain["kv_bytes_per_token"] * 17
@@ -207,6 +208,7 @@ def test_plan_cli_counts_the_head_and_backup_states(capsys) -> None:
     rows = 4
     per_layer = rows * (2 * (48 + 16 * 128) + 48 * 128) * 4 + rows * 10240 * 2
     assert spec["state_bytes"] - plain["state_bytes"] == 4 * 48 * per_layer
+    assert spec["verify_bytes_per_sequence"] == 48 * per_layer and plain["verify_bytes_per_sequence"] == 0
     assert 48 * per_layer < plain["state_bytes_per_sequence"] / 10
     # disable_by_batch_size changes only which steps draft: the same memory
     bounded = plan("--speculative-config", json.dumps({**json.loads(mtp(3)), "disable_by_batch_size": 2}))
