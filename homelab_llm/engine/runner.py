@@ -144,9 +144,9 @@ class ModelRunner:
         # Speculation: the verify rows' pending-row areas (kernels/gdn_pending.py).
         pending_rows = self.verify_width if self.verify_width > 1 else 0
         pool = StatePool(self.state_layout(), running + snapshots, self.device, self.dtype, pending_rows, running)
-        for i, (layer, conv, ssm) in enumerate(zip(self.model.gdn_layers, pool.conv_states, pool.ssm_states)):
-            layer.conv_state, layer.ssm_state = conv, ssm
-            layer.pending = pool.pending[i] if pool.pending else None
+        pending = pool.pending or [None] * len(pool.conv_states)
+        for layer, conv, ssm, rows in zip(self.model.gdn_layers, pool.conv_states, pool.ssm_states, pending):
+            layer.conv_state, layer.ssm_state, layer.pending = conv, ssm, rows
         self.memory.state = pool.memory_bytes
         return pool
 

@@ -165,10 +165,9 @@ def build_plan(scheduled: list[ScheduledSeq], page_size: int, copies: CacheCopie
     for i in order:
         logits[i] = _add_item(rows, scheduled[i], page_size, widths[i], sliding)
     logits_rows = [r for i in range(len(scheduled)) for r in logits[i]]
-    width = max(widths, default=0)
     return plan_from_lists(rows.ids, rows.positions, rows.slots, rows.query_lens, rows.seq_lens, rows.tables,
                            logits_rows, rows.state_slots, rows.has_initial, copies,
-                           max(width, 1), sum(widths),
+                           max([1, *widths]), sum(widths),
                            (rows.sliding_slots, rows.sliding_tables) if sliding else None)
 
 

@@ -21,8 +21,7 @@ from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.gdn_common import (
     PEND_MASK, PEND_SHIFT, SLOT_MASK, block_grid, check_rows, locate_block,
 )
-from homelab_llm.engine.kernels.gdn_pending import PendingRows
-from homelab_llm.engine.kernels.gdn_ref import check_groups
+from homelab_llm.engine.kernels.gdn_pending import PendingRows, check_groups
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_tiles
 

@@ -47,8 +47,9 @@ def state_word(slot: int, pending: int = 0, half: int = 0) -> int:
     return slot | pending << PEND_SHIFT | half << HALF_SHIFT
 
 
-def split_word(word: int) -> tuple[int, int, int]:
-    """(slot, pending rows, read half) of a non-negative state word."""
+def split_word(word):
+    """(slot, pending rows, read half) of a non-negative state word: an int, or an integer tensor
+    of words (then three tensors)."""
     return word & SLOT_MASK, (word >> PEND_SHIFT) & PEND_MASK, (word >> HALF_SHIFT) & 1
 
 
@@ -90,6 +91,14 @@ class PendingRows:
                              f"{tuple(self.u.shape)}, x {tuple(self.x.shape)} do not fit the states "
                              f"{None if ssm_state is None else tuple(ssm_state.shape)}, "
                              f"{None if conv_state is None else tuple(conv_state.shape)}")
+
+
+def check_groups(rows_per_seq: int, pending: PendingRows | None) -> None:
+    """Groups of more than one row (a verify) keep their rows pending, within the areas' rows."""
+    if rows_per_seq > 1 and pending is None:
+        raise ValueError(f"a verify step (rows_per_seq={rows_per_seq}) needs the layer's pending rows")
+    if pending is not None and rows_per_seq > pending.rows:
+        raise ValueError(f"rows_per_seq={rows_per_seq} exceeds the {pending.rows} pending rows a slot holds")
 
 
 def replay_rule(state: torch.Tensor, pending: PendingRows, slot: torch.Tensor, count: torch.Tensor,

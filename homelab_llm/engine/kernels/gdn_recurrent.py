@@ -37,7 +37,6 @@ from homelab_llm.engine.kernels import gdn_pending
 from homelab_llm.engine.kernels.gdn_common import (
     HALF_SHIFT, PEND_MASK, PEND_SHIFT, SLOT_MASK, check_rows, gate_values, l2_normalize_rows,
 )
-from homelab_llm.engine.kernels.gdn_ref import check_groups
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position, rows_in_pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_step_tiles
@@ -171,7 +170,7 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     (pair_order; stored so by the norm where the step divides Dv, else reordered after).
     pending: the layer's pending rows (gdn_pending.py; required for groups of 2+ rows)."""
     check_rows(q, k, v, g, beta, ssm_state)
-    check_groups(rows_per_seq, pending)
+    gdn_pending.check_groups(rows_per_seq, pending)
     if pending is not None:
         pending.check(ssm_state)
     rows, hk, dk = q.shape

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from homelab_llm.engine.kernels.gdn_pending import (
-    HALF_SHIFT, PEND_MASK, PEND_SHIFT, SLOT_MASK, PendingRows, replay_conv, replay_rule,
+    PendingRows, check_groups, replay_conv, replay_rule, split_word,
 )
 
 L2_EPS = 1e-6
@@ -70,24 +70,13 @@ def causal_conv1d_prefill_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch
     return y
 
 
-def check_groups(rows_per_seq: int, pending: PendingRows | None) -> None:
-    """Groups of more than one row (a verify) keep their rows pending (kernels/gdn_pending.py)."""
-    if rows_per_seq > 1 and pending is None:
-        raise ValueError(f"a verify step (rows_per_seq={rows_per_seq}) needs the layer's pending rows")
-    if pending is not None and rows_per_seq > pending.rows:
-        raise ValueError(f"rows_per_seq={rows_per_seq} exceeds the {pending.rows} pending rows a slot holds")
-
-
-def group_starts(state_indices: torch.Tensor, rows_per_seq: int, pending: PendingRows | None
+def group_starts(state_indices: torch.Tensor, rows_per_seq: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(live groups, their slots, pending counts, read halves), int64 [n], from each group's first
-    state word (plain slots when there is no pending area)."""
+    state word (a plain slot is a word with nothing pending)."""
     words = state_indices.view(-1, rows_per_seq)[:, 0].long()
     live = (words >= 0).nonzero().flatten()
-    w = words[live]
-    if pending is None:
-        return live, w, torch.zeros_like(w), torch.zeros_like(w)
-    return live, w & SLOT_MASK, (w >> PEND_SHIFT) & PEND_MASK, (w >> HALF_SHIFT) & 1
+    return live, *split_word(words[live])
 
 
 def causal_conv1d_decode_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -101,7 +90,7 @@ def causal_conv1d_decode_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     check_groups(rows_per_seq, pending)
     y = torch.zeros_like(x)
     words = state_indices.tolist()
-    live, slots, counts, _ = group_starts(state_indices, rows_per_seq, pending)
+    live, slots, counts, _ = group_starts(state_indices, rows_per_seq)
     for group, slot, count in zip(live.tolist(), slots.tolist(), counts.tolist()):
         first = group * rows_per_seq
         hist = replay_conv(conv_state[slot], pending, slot, count) if count else conv_state[slot]
@@ -201,7 +190,7 @@ def gated_delta_rule_decode_ref(q, k, v, g, beta, ssm_state, state_indices, scal
     the word does not read). Rows with a negative state word output zeros. o [B*R, Hv, Dv]."""
     check_groups(rows_per_seq, pending)
     out = torch.zeros_like(v)
-    live, slot, count, half = group_starts(state_indices, rows_per_seq, pending)
+    live, slot, count, half = group_starts(state_indices, rows_per_seq)
     if live.numel() == 0:
         return out
     state = ssm_state[slot].float()
