@@ -18,7 +18,8 @@ Sections:
   verify   the engine's decode-step call (gating and gated norm in the kernel) for G sequences x R
            rows (G 1/4/8, R 1/2/3/5) with pending rows (kernels/gdn_pending.py): R > 1 a verify
            group replaying 2 rows of the previous one; R = 1 a decode after a verify (2 rows
-           replayed) beside the plain decode (nothing pending); timed as a CUDA graph of 20 calls,
+           replayed) beside the plain decode (nothing pending, with and without the areas: a
+           speculating engine's rows without drafts run the former); timed as a CUDA graph of 20 calls,
            and the conv decode the same way
   misc     conv1d prefill/decode, gated RMSNorm, gating
 GB/s counts the bytes each kernel must move at least (inputs once, outputs once, states read and
@@ -276,11 +277,14 @@ def section_verify() -> None:
     conv_state = torch.randn(SLOTS, WIDTH - 1, CONV_C, generator=gen).to("cuda", DT)
     term = (HV * D + HK * D + HV) * 4
     for groups in (1, 4, 8):
-        for rows, count in ((1, 0), (1, 2), (2, 2), (3, 2), (5, 2)):
+        # (1, 0, True): a plain decode on the pending-row kernel (what a speculating engine's
+        # rows without drafts run) against (1, 0, False), the kernel without the areas
+        for rows, count, pending in ((1, 0, False), (1, 0, True), (1, 2, True), (2, 2, True), (3, 2, True),
+                                     (5, 2, True)):
             x = rule_inputs(groups * rows, 1, gen)
             words = torch.tensor([state_word(g, count) if j == 0 else g for g in range(groups) for j in range(rows)],
                                  dtype=torch.int32, device="cuda")
-            areas = pend if count or rows > 1 else None
+            areas = pend if pending else None
             z = torch.randn(groups * rows, HV, D, generator=gen).to("cuda", DT)
             ba = torch.randn(groups * rows, 2 * HV, generator=gen).to("cuda", DT)
 

@@ -701,10 +701,13 @@ GDN_TABLE: dict[str, GdnTiles] = {
     # and at 1 row (plain decode) 15.22 -> 17.75 (a loss). More than four sequences (BENCHMARKS
     # 45.4, eight at 2 / 3 / 4 / 5 rows): 32 x 4 37.64 / 51.98 / 64.19 / 78.33 -> 32 x 2 34.37 /
     # 46.29 / 63.35 / 75.71 (16 x 1 35.80 / 49.62 / 66.65 / 79.64, 64 x 4 34.20 / 46.08 / 67.22 /
-    # 79.61).
+    # 79.61). Since the verify kernel keeps rows pending instead of storing a state a row (BENCHMARKS
+    # 47.2, H100, the 27B's batch-8 verify, x a plain step at K = 1 / 2 / 3 / 4): 32 x 2 1.048 /
+    # 1.211 / 1.239 / 1.513 -> 16 x 1 1.043 / 1.179 / 1.198 / 1.462 (32 x 1 1.075 / 1.234 at K =
+    # 1 / 2, 16 x 2 1.069 / 1.222): the verify tiles for any count of sequences.
     "sm90": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64,
                      verify_groups=4, verify_block_v=16, verify_warps=1,
-                     verify_wide_block_v=32, verify_wide_warps=2),
+                     verify_wide_block_v=16, verify_wide_warps=1),
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
     # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).

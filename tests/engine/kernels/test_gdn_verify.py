@@ -87,12 +87,13 @@ class _Streams:
         return self.q[s, at], self.k[s, at], self.v[s, at], self.g[s, at], self.beta[s, at], self.x[s, at]
 
 
-def _trajectory(rule, conv, seed: int, steps: int = 9) -> None:
+def _trajectory(rule, conv, seed: int, device: torch.device, steps: int = 9) -> None:
+    """The streams' plain decodes on the CPU (reference); the verify steps on `device`."""
     data = _Streams(seed)
     gen = torch.Generator().manual_seed(seed + 100)
     pend = PendingRows.allocate(5, ROWS, DIMS["hk"], DIMS["dk"], DIMS["hv"], DIMS["dv"], data.x.shape[-1],
-                                torch.float32, torch.device("cpu"))
-    state, conv_state = data.state.clone(), data.conv.clone()
+                                torch.float32, device)
+    state, conv_state, weight = data.state.to(device), data.conv.to(device), data.weight.to(device)
     pos, count, half = [0, 0, 0], [0, 0, 0], [0, 0, 0]
     for step in range(steps):
         width = 1 if step % 3 == 2 else ROWS  # every third step decodes one plain row
@@ -104,10 +105,10 @@ def _trajectory(rule, conv, seed: int, steps: int = 9) -> None:
             parts.append(data.rows(s, pos[s], width))
         words += [-1] * width  # a CUDA-graph padding group
         parts.append(data.rows(0, 0, width))
-        q, k, v, g, beta, x = (torch.cat(t) for t in zip(*parts))
-        idx = torch.tensor(words, dtype=torch.int32)
-        o = rule(q, k, v, g, beta, state, idx, width, pend)
-        y = conv(x, data.weight, conv_state, idx, width, pend)
+        q, k, v, g, beta, x = (torch.cat(t).to(device) for t in zip(*parts))
+        idx = torch.tensor(words, dtype=torch.int32, device=device)
+        o = rule(q, k, v, g, beta, state, idx, width, pend).cpu()
+        y = conv(x, weight, conv_state, idx, width, pend).cpu()
         assert torch.count_nonzero(o[-width:]) == 0 and torch.count_nonzero(y[-width:]) == 0
         for s in range(len(data.slots)):
             kept = int(torch.randint(0, drafts[s] + 1, (1,), generator=gen))
@@ -122,16 +123,16 @@ def _trajectory(rule, conv, seed: int, steps: int = 9) -> None:
             pos[s] += kept + 1
     for s, slot in enumerate(data.slots):
         conv, ssm = replay_slot(conv_state, state, pend, state_word(slot, count[s], half[s]))
-        assert rel_err(ssm, data.states[s][pos[s]]) <= 1e-5
-        assert torch.equal(conv, data.convs[s][pos[s]])
+        assert rel_err(ssm.cpu(), data.states[s][pos[s]]) <= 1e-5
+        assert torch.equal(conv.cpu(), data.convs[s][pos[s]])
 
 
 def test_reference_trajectory_equals_plain_steps() -> None:
-    _trajectory(_ref_rule, _ref_conv, seed=0)
+    _trajectory(_ref_rule, _ref_conv, seed=0, device=torch.device("cpu"))
 
 
-def test_kernel_trajectory_equals_plain_steps() -> None:
-    _trajectory(_triton_rule, _triton_conv, seed=1, steps=6)
+def test_kernel_trajectory_equals_plain_steps(device: torch.device) -> None:
+    _trajectory(_triton_rule, _triton_conv, seed=1, device=device, steps=6)
 
 
 def _pending_case(rows: int, dims: dict, channels: int, gen: torch.Generator, dtype: torch.dtype,
