@@ -725,7 +725,7 @@ def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
 
 
 # A/B runs without a patched tree: "field=value,..." over this device's GdnTiles
-# ("verify_wide_block_v=16,verify_wide_warps=1": the verify tiles of 5+ sequences)
+# ("verify_wide_block_v=32,verify_wide_warps=2": other verify tiles for 5+ sequences)
 GDN_TILES_ENV = "HOMELAB_LLM_GDN_TILES"
 
 
