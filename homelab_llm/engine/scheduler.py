@@ -159,12 +159,13 @@ class Scheduler:
         self.waiting.appendleft(seq)
         preempted.append(seq)
 
-    def recompute(self, seq: Sequence) -> None:
+    def recompute(self, seq: Sequence, cache: bool = False) -> None:
         """Send a running sequence back to the front of the waiting queue, to be computed again
-        from its tokens, offering nothing to the prefix cache (its state may be half-advanced:
-        LLMEngine's retry of a faulted forward on a hybrid model)."""
+        from its tokens. By default it offers nothing to the prefix cache (its state may be
+        half-advanced: LLMEngine's retry of a faulted forward on a hybrid model); cache=True
+        offers its computed prefix first, as a preemption for pages does."""
         if seq in self.running:
-            self._preempt(seq, [], cache=False)
+            self._preempt(seq, [], cache=cache)
 
     # -- after the forward --------------------------------------------------------------------
     def advance(self, out: SchedulerOutput, decode_widths: list[int] | None = None) -> None:

@@ -178,7 +178,7 @@ def test_preempted_with_pending_rows_equals_no_speculation(folder) -> None:
         seq = engine._seqs.get("r0")
         if not forced and seq is not None and seq.gdn_pending > 1:
             forced = seq.num_computed_tokens
-            engine.scheduler._preempt(seq, [])
+            engine.scheduler.recompute(seq, cache=True)
         elif forced and not compared and seq is not None and seq.is_decoding and seq.state_slot >= 0:
             ref = plain.engine._seqs["r0"]
             while ref.num_computed_tokens < seq.num_computed_tokens:
