@@ -47,6 +47,7 @@ from homelab_llm.engine.kernels.pair_order import pair_order  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_dot import dot_grid, w4a16_dot  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_gemv import pick_split, w4a16_gemv  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2  # noqa: E402
+from homelab_llm.engine.kernels.w4a16_mma import MAX_ROWS as MMA_MAX_ROWS, MmaTiles, prep_pairs, w4a16_mma  # noqa: E402
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows  # noqa: E402
 from homelab_llm.engine.model.w4a16_dummy import random_w4  # noqa: E402
 
@@ -253,6 +254,21 @@ def paired_once(x: torch.Tensor, w, tiles: GemmTiles) -> torch.Tensor:
     return _PAIRED[key][1]
 
 
+def mma_pairs_once(x: torch.Tensor, w) -> tuple[torch.Tensor, torch.Tensor]:
+    """x prepared once for w4a16_mma (the ".pre" variants: the main kernel alone)."""
+    key = (x.data_ptr(), tuple(x.shape), "mma")
+    if key not in _PAIRED or _PAIRED[key][0] is not x:
+        _PAIRED[key] = (x, prep_pairs(x, w.group_size))
+    return _PAIRED[key][1]
+
+
+# Candidate w4a16_mma tiles (warps_n column tiles of 16 x warps_k K ranges a program; split 0:
+# programs for `waves` an SM): name "mma.n<warps_n>k<warps_k>w<waves>"
+MMA_TILES = {f"mma.n{wn}k{wk}w{wv}": MmaTiles(wn, wk, 0, wv)
+             for wn, wk, wv in ((1, 1, 16), (1, 2, 8), (2, 2, 8), (2, 2, 16), (4, 1, 8), (1, 4, 8),
+                                (2, 1, 16), (4, 2, 4), (2, 4, 4), (1, 2, 16))}
+
+
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)
 PEERS = ("bf16", "int4mm")  # columns timed beside ours (torch bf16 matmul, torch int4 tinygemm)
 
@@ -279,6 +295,12 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
         for name, (t, at) in H2_TILES.items():
             if m in at and not quick:
                 v[name] = ("h2", lambda x, w, out, t=t: w4a16_h2(x, w, out, t))
+    if m <= MMA_MAX_ROWS:  # the hand-placed mma.sync kernel; ".pre": x prepared outside the graph
+        v["mma"] = ("mma", lambda x, w, out: w4a16_mma(x, w, out))
+        v["mma.pre"] = ("mma", lambda x, w, out: w4a16_mma(x, w, out, pairs=mma_pairs_once(x, w)))
+        for name, t in MMA_TILES.items():
+            v[name] = ("mma", lambda x, w, out, t=t: w4a16_mma(x, w, out, t))
+            v[name + ".pre"] = ("mma", lambda x, w, out, t=t: w4a16_mma(x, w, out, t, pairs=mma_pairs_once(x, w)))
     v["dot"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out))
     v["dot.pow2"] = ("dot", lambda x, w, out: w4a16_dot(x, w, out, split=pow2_split_dot(x, w)))
     for name, t in DOTL_TILES.items():

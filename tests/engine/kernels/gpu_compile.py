@@ -108,7 +108,7 @@ def _scenarios():
 
     from homelab_llm.engine.kernels import (allreduce, decode_attention, elementwise, kv_store,
                                             prefill_attention, sampling, w4a16, w4a16_deq,
-                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_rows)
+                                            w4a16_dot, w4a16_gemv, w4a16_h2, w4a16_mma, w4a16_rows)
     from homelab_llm.engine.kernels import w4a16_pack as wp
     from homelab_llm.engine.kernels.tuning import THIN_N, GemmTiles, RowsTiles, gemm_tiles
 
@@ -291,6 +291,13 @@ def _scenarios():
     for act in ("silu", "gelu_tanh"):
         yield lambda act=act: w4a16_h2.w4a16_h2(torch.zeros((1, 2 * k_in), dtype=bf16), weights[128],
                                                 torch.zeros((1, n_out), dtype=bf16), act_in=act)
+    # the hand-placed mma.sync kernel (gfx1100 compiles its plain-Triton twin): one program split
+    # and several, a partial column tile, fp16 and bf16 activations (the prep launch converts)
+    for m, w, tiles, dt in ((2, weights[128], w4a16_mma.MmaTiles(2, 2, 1), bf16),
+                            (8, wide, w4a16_mma.MmaTiles(1, 4, 4), fp16), (5, weights[128], None, bf16)):
+        x = torch.zeros((m, k_in), dtype=dt)
+        yield lambda x=x, w=w, t=tiles: w4a16_mma.w4a16_mma(
+            x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), t)
 
     # programs over all of K (RowsTiles.whole_k; sm_90 routes the 1-row calls that fit there):
     # 64 columns in 16 lane groups (thin outputs), 128 in 4 (wide ones), 32 in 64 and 32 (outputs

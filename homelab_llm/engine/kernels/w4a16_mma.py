@@ -1,0 +1,313 @@
+"""W4A16 decode for 2..8 rows on warp-level tensor-core MMAs with the fragments placed by hand.
+
+Why (issues 17 and 19): the packed-half GEMV (w4a16_h2.py) pays one fma.rn.f16x2 per weight
+pair per row, so 2 rows cost ~1.4x one and 8 rows ~2.5x; the few-row wgmma kernel
+(w4a16_dot.py) goes through Triton's dot (shared-memory copies of x, fences, a layout
+conversion) at ~300 warp instructions per KB of weights: both are issue-bound where a decode
+step should be copy-bound (docs/BENCHMARKS.md 38.4, 38.7). Here one mma.sync.m16n8k16 (fp16 in,
+fp32 accumulate) multiplies 16 output columns x 16 K by up to 8 activation rows, and the A
+fragment comes straight out of the packed words with no conversion:
+
+  A (weights) thread (g, c) = lane (4g + c) holds, per mma, the pairs (row g, k 2c..2c+1),
+            (row g+8, same k), (row g, k 2c+8..9), (row g+8, same). w4a16_half2.nibble_pairs
+            turns one word (8 nibbles of one column, k = 8r + j) into four exact fp16 pairs
+            (q_j, q_j+4), j = 0..3 (subnormals q 2^-24 / q 2^-20), so the word of column g
+            (word row r) and the word of column g+8 (same r) give two A fragments: pairs 0, 1
+            for one mma, pairs 2, 3 for the next. The K order inside an mma is free as long
+            as B uses the same one: the 16 k slots of thread c are the 8 values of its own word
+            row r = r0 + c, in nibble_pairs' order.
+  B (x)     thread (g, c) holds activation row g at the same k slots: the four int32 pairs
+            4r..4r+3 of prep_x_pairs' layout ((x_j, x_j+4) * 2^-e * 2^14 / 2^10), one 16-byte
+            load; rows g >= M load zeros.
+  C         thread (g, c) gets columns g and g+8 for rows 2c and 2c+1, in fp32.
+
+Per two words (16 weights x up to 8 rows) a thread spends two loads, two shifts, eight LOP3s,
+two mmas and the shared x load: ~80 warp instructions per KB of weights whatever the row count,
+against ~212 a KB an SM can issue while its share of the copy rate streams in (H100/H200).
+
+A warp owns 16 columns (one A tile) and strides K in whole groups (group size 128: 4 steps of
+4 word rows, the 4 c threads reading 4 consecutive rows); a program is WARPS_N x WARPS_K warps:
+WARPS_N column tiles side by side, each split WARPS_K ways along K and summed once through
+shared memory; programs split K further (pid 1) through the W4A16 split-K epilogue
+(w4a16_gemv.store_or_reduce). After each group, acc * 2^e * scale + sum(x) * bias per (row,
+column) (W = q s + b within a group), as in the packed-half GEMV.
+
+The activations are prepared by a first launch (prep_x_pairs over all of K, one program per 512
+values: [M, K] fp16 pairs + [2, M, K / group] fp32), which later work may fold into the main
+kernel's prologue as w4a16_h2 does.
+
+USE_ASM (NVIDIA sm_80+): the mma is PTX (tl.inline_asm_elementwise over [L] tensors, L = the
+program's threads, one element a thread, so each thread's element i is lane i % 32 of warp
+i // 32 -- what the PTX fragment layout assumes). Elsewhere (TRITON_INTERPRET: the CPU tests)
+mma_twin rebuilds each warp's A, B and C from the same fragments and multiplies them, so the
+CPU tests check the fragment placement itself, the packing order and the group math; the GPU
+tests check the PTX. gfx1100 (wave32, no mma.sync) does not take this kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
+from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs, uses_ptx
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+MAX_ROWS = 8  # one n8 B tile
+PREP_VALUES = 512  # K values a prep program converts
+REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
+
+
+@dataclass(frozen=True)
+class MmaTiles:
+    """warps_n column tiles of 16 a program, each split warps_k ways along K (in whole groups);
+    split: K splits across programs (0: from waves, programs an SM aimed for)."""
+
+    warps_n: int = 2
+    warps_k: int = 2
+    split: int = 0
+    waves: int = 8
+
+    @property
+    def block_n(self) -> int:
+        return 32 * self.warps_n
+
+
+@triton.jit
+def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, WARPS: tl.constexpr, USE_ASM: tl.constexpr):
+    """D = A B + C per warp: mma.m16n8k16 with fp16 A (a0..a3) and B (b0, b1) as int32 pair bits
+    and fp32 C / D (c0..c3), every operand [32 WARPS], element i on lane i % 32 of warp i // 32."""
+    if USE_ASM:
+        return tl.inline_asm_elementwise(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, "
+            "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        return mma_twin(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, WARPS)
+
+
+@triton.jit
+def lane_halves(bits, WARPS: tl.constexpr):
+    """[32 WARPS] int32 pair bits -> [WARPS, 8, 4, 2] fp32: (warp, group g, thread c, half)."""
+    return tl.reshape(tl.join(half_lo(bits), half_hi(bits)).to(tl.float32), [WARPS, 8, 4, 2])
+
+
+@triton.jit
+def mma_twin(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, WARPS: tl.constexpr):
+    """mma_16816 in plain Triton: each warp's A [16, 16], B [16, 8] rebuilt from the fragments
+    (PTX ISA's m16n8k16 layouts), multiplied in fp32, D handed back in C's fragment layout."""
+    # A: register 0 (row g, k 2c + h), 1 (row g + 8), 2 (row g, k + 8), 3 (row g + 8, k + 8)
+    a = tl.join(tl.join(lane_halves(a0, WARPS), lane_halves(a1, WARPS)),
+                tl.join(lane_halves(a2, WARPS), lane_halves(a3, WARPS)))  # (w, g, c, h, rh, kh)
+    a = tl.reshape(tl.permute(a, [0, 4, 1, 5, 2, 3]), [WARPS, 16, 16])  # (w, rh g, kh c h)
+    # B: register 0 (k 2c + h, column g), 1 (k + 8)
+    b = tl.join(lane_halves(b0, WARPS), lane_halves(b1, WARPS))  # (w, g, c, h, kh)
+    b = tl.reshape(tl.permute(b, [0, 4, 2, 3, 1]), [WARPS, 16, 8])  # (w, kh c h, g)
+    d = tl.sum(a[:, :, :, None] * b[:, None, :, :], axis=2)  # [WARPS, 16, 8]: (w, rh g, c h)
+    # C: (row g, column 2c + h) for c0 / c1, row g + 8 for c2 / c3
+    d = tl.reshape(tl.permute(tl.reshape(d, [WARPS, 2, 8, 4, 2]), [0, 2, 3, 1, 4]), [32 * WARPS, 2, 2])
+    d_h0, d_h1 = tl.split(d)  # [32 WARPS, 2 (rh)] each
+    d0, d2 = tl.split(d_h0)
+    d1, d3 = tl.split(d_h1)
+    return c0 + d0, c1 + d1, c2 + d2, c3 + d3
+
+
+@triton.jit
+def split4(v):
+    """[L, 4] -> its four columns [L] (in order)."""
+    lo, hi = tl.split(tl.reshape(v, [v.shape[0], 2, 2]))  # columns (0, 2) and (1, 3)
+    v0, v2 = tl.split(lo)
+    v1, v3 = tl.split(hi)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def load4(ptr, offs, ok, EVICT: tl.constexpr):
+    """Four consecutive values a thread (offs [L] of the first; one 16-byte load where aligned),
+    zeros where not ok [L, 4], as four [L] tensors."""
+    ptrs = ptr + offs[:, None] + tl.arange(0, 4)[None, :]
+    if EVICT:  # weights, scales, biases: read once a step
+        v = tl.load(ptrs, mask=ok, other=0, eviction_policy="evict_first")
+    else:
+        v = tl.load(ptrs, mask=ok, other=0)
+    return split4(v)
+
+
+@triton.jit
+def pair_mmas(wa, wb, x0, x1, x2, x3, d0, d1, d2, d3, WARPS: tl.constexpr, USE_ASM: tl.constexpr):
+    """Two mmas over one word row: A rows g / g + 8 are the columns of words wa / wb, the k slots
+    nibble_pairs' pairs 0, 1 then 2, 3 against the activation pairs x0..x3."""
+    pa0, pa1, pa2, pa3 = nibble_pairs(wa)
+    pb0, pb1, pb2, pb3 = nibble_pairs(wb)
+    d0, d1, d2, d3 = mma_16816(pa0, pb0, pa1, pb1, x0, x1, d0, d1, d2, d3, WARPS, USE_ASM)
+    return mma_16816(pa2, pb2, pa3, pb3, x2, x3, d0, d1, d2, d3, WARPS, USE_ASM)
+
+
+@triton.jit
+def scaled(d, undo, s, xsum, b):
+    """A group's fragment value in output units: sum q x 2^-e 2^-10 -> (x W) over the group."""
+    return d * (undo * s) + xsum * b
+
+
+@triton.jit
+def warp_sum(t, WARPS_K: tl.constexpr):
+    """[WARPS_K x 32 WARPS_N] per-thread sums -> [32 WARPS_N]: the WARPS_K K ranges added."""
+    return tl.sum(tl.reshape(t, [WARPS_K, t.shape[0] // WARPS_K]), axis=0)
+
+
+@triton.jit
+def fragment_tile(tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3, WARPS_N: tl.constexpr):
+    """The summed C fragments [32 WARPS_N] as the program's [8, 32 WARPS_N] tile: a thread's
+    column j of 4g..4g+3 (tx: j = 0, 1; ty: 2, 3) at rows 2c (tx0, tx2, ty0, ty2) and 2c + 1."""
+    v = tl.join(tl.join(tl.join(tx0, tx1), tl.join(tx2, tx3)),
+                tl.join(tl.join(ty0, ty1), tl.join(ty2, ty3)))  # (lane, row h, j % 2, j // 2)
+    v = tl.reshape(v, [WARPS_N, 8, 4, 2, 2, 2])  # (wn, g, c, rh, jl, jh)
+    return tl.reshape(tl.permute(v, [2, 3, 0, 1, 5, 4]), [8, 32 * WARPS_N])  # (c rh, wn g jh jl)
+
+
+@triton.jit
+def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
+                      M, N, K, groups_per_split, stride_qw, stride_sg, stride_om, num_splits,
+                      GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
+                      EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+    """Thread (wn, wk, g, c) of the program: columns 4g..4g+3 of warp column tile wn (words 0, 1
+    for one mma's A rows g, g + 8, words 2, 3 for the other's), word rows 16 G + 4t + c of its
+    groups G = wk, wk + WARPS_K, ..., activation row g (B), output rows 2c, 2c + 1 (C). Rows past
+    M read row M - 1 (their outputs are dropped); EVEN_N (N fills the column tiles) and EVEN_K
+    (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
+    registers first."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    L: tl.constexpr = 32 * WARPS_N * WARPS_K
+    WPG: tl.constexpr = GROUP // 8  # word rows a group
+    i = tl.arange(0, L)
+    lane = i % 32
+    wk = i // (32 * WARPS_N)
+    g = lane // 4
+    c = lane % 4
+    col = pid_n * (32 * WARPS_N) + ((i // 32) % WARPS_N) * 32 + 4 * g  # the thread's first column
+    col_ok = (col[:, None] + tl.arange(0, 4)[None, :]) < N  # [L, 4]
+    if EVEN_N:
+        col_ok = tl.full([L, 4], True, tl.int1)
+    x_row = tl.minimum(g, M - 1)
+    n_groups = K // GROUP
+    row0 = tl.minimum(2 * c, M - 1)
+    row1 = tl.minimum(2 * c + 1, M - 1)
+    g_start = pid_k * groups_per_split
+    g_end = tl.minimum(g_start + groups_per_split, n_groups)
+    step_w = 4 * stride_qw  # 4 word rows
+    z = tl.zeros([L], tl.float32)
+    tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = z, z, z, z, z, z, z, z
+    for gb in range(g_start, g_end, WARPS_K):
+        G = gb + wk
+        ok = G < g_end
+        if EVEN_K:
+            ok = tl.full([L], True, tl.int1)
+        w_offs = (G * WPG + c) * stride_qw + col  # int32: K / 8 x N < 2^31
+        x_offs = x_row * (K // 2) + 4 * (G * WPG + c)
+        dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = z, z, z, z, z, z, z, z
+        for t in tl.static_range(WPG // 4):
+            w0, w1, w2, w3 = load4(qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, True)
+            x0, x1, x2, x3 = load4(xp_ptr, x_offs + 16 * t, ok[:, None], False)
+            dx0, dx1, dx2, dx3 = pair_mmas(w0, w1, x0, x1, x2, x3, dx0, dx1, dx2, dx3, L // 32, USE_ASM)
+            dy0, dy1, dy2, dy3 = pair_mmas(w2, w3, x0, x1, x2, x3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
+        s0, s1, s2, s3 = load4(scales_ptr, G * stride_sg + col, ok[:, None] & col_ok, True)
+        b0, b1, b2, b3 = load4(biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, True)
+        sum0 = tl.load(xg_ptr + row0 * n_groups + G, mask=ok, other=0.0)
+        sum1 = tl.load(xg_ptr + row1 * n_groups + G, mask=ok, other=0.0)
+        undo0 = tl.load(xg_ptr + (M + row0) * n_groups + G, mask=ok, other=0.0)
+        undo1 = tl.load(xg_ptr + (M + row1) * n_groups + G, mask=ok, other=0.0)
+        s0, s1, s2, s3 = s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
+        b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+        tx0 += scaled(dx0, undo0, s0, sum0, b0)
+        tx1 += scaled(dx1, undo1, s0, sum1, b0)
+        tx2 += scaled(dx2, undo0, s1, sum0, b1)
+        tx3 += scaled(dx3, undo1, s1, sum1, b1)
+        ty0 += scaled(dy0, undo0, s2, sum0, b2)
+        ty1 += scaled(dy1, undo1, s2, sum1, b2)
+        ty2 += scaled(dy2, undo0, s3, sum0, b3)
+        ty3 += scaled(dy3, undo1, s3, sum1, b3)
+    part = fragment_tile(warp_sum(tx0, WARPS_K), warp_sum(tx1, WARPS_K), warp_sum(tx2, WARPS_K),
+                         warp_sum(tx3, WARPS_K), warp_sum(ty0, WARPS_K), warp_sum(ty1, WARPS_K),
+                         warp_sum(ty2, WARPS_K), warp_sum(ty3, WARPS_K), WARPS_N)
+    offs_m = tl.arange(0, 8)
+    offs_n = pid_n * (32 * WARPS_N) + tl.arange(0, 32 * WARPS_N)
+    store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
+                    num_splits, REDUCE_VALUES, REDUCE_SLOTS)
+
+
+@triton.jit
+def _prep_kernel(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, SEG: tl.constexpr, BLOCK_M: tl.constexpr,
+                 CHUNK_SEGS: tl.constexpr):
+    k_start = tl.program_id(0) * (CHUNK_SEGS * SEG)
+    k_end = tl.minimum(k_start + CHUNK_SEGS * SEG, K)
+    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, x_ptr, x_ptr, x_ptr, 0, 0,
+                 tl.zeros([BLOCK_M], tl.float32), 0, SEG=SEG, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
+                 NORM=False, RESIDUAL=False, ACT_IN=0, normed_ptr=x_ptr, NORM_OUT=False)
+
+
+def mma_fits(m: int, w: W4Weight) -> bool:
+    """Whether w4a16_mma takes this call: 1..MAX_ROWS rows, group 128 (4 steps of 4 word rows),
+    no act-order permutation."""
+    return 1 <= m <= MAX_ROWS and w.group_size == 128 and w.perm is None and w.qweight.dim() == 2
+
+
+def prep_pairs(x2: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, K] as prep_x_pairs' scratch with one scale a group: (pairs [M, K] fp16, [2, M,
+    K / group] fp32)."""
+    m, k = x2.shape
+    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+    xg = torch.empty((2, m, k // group), dtype=torch.float32, device=x2.device)
+    segs = max(1, PREP_VALUES // group)
+    _prep_kernel[(triton.cdiv(k, segs * group),)](x2, xh, xg, m, k, x2.stride(0), SEG=group,
+                                                   BLOCK_M=next_pow2(m), CHUNK_SEGS=segs, num_warps=4)
+    return xh, xg
+
+
+def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.device) -> tuple[int, int]:
+    """(K splits across programs, groups a split): tiles.split, else enough programs for
+    tiles.waves an SM; where one is near, a split whose programs' warps all get whole K ranges
+    (EVEN_K: groups a split a multiple of warps_k, dividing the groups)."""
+    if tiles.split:
+        want = tiles.split
+    else:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        want = max(1, min((sms * tiles.waves) // max(1, n_blocks), n_groups // tiles.warps_k, 16))
+    want = max(1, min(want, n_groups))
+    even = [s for s in range(1, n_groups + 1)
+            if n_groups % s == 0 and (n_groups // s) % tiles.warps_k == 0 and want / 2 <= s <= want * 3 / 2]
+    if even and not tiles.split:
+        split = min(even, key=lambda s: (abs(s - want), s))
+    else:
+        split = want
+    per = -(-n_groups // split)
+    return -(-n_groups // per), per
+
+
+def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles | None = None,
+              pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """out[M, N] = x2[M, K] @ W for 1..8 rows (x2 bf16/fp16 row-contiguous, out [M, N]
+    row-contiguous). pairs: x2 already prepared (prep_pairs), else prepared by a first launch."""
+    m, k = x2.shape
+    n = w.out_features
+    if not mma_fits(m, w) or k != w.in_features or x2.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
+                         f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
+    t = tiles or MmaTiles()
+    xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)
+    n_blocks = triton.cdiv(n, t.block_n)
+    n_groups = k // w.group_size
+    split, per = split_for(n_blocks, n_groups, t, x2.device)
+    ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
+    _w4a16_mma_kernel[(n_blocks, split)](
+        xh.view(torch.int32), xg, w.qweight, w.scales, w.biases, out, ws,
+        ticket_buffer(x2.device, n_blocks), m, n, k, per, w.qweight.stride(0), w.scales.stride(0),
+        out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n, WARPS_K=t.warps_k,
+        EVEN_N=n % t.block_n == 0, EVEN_K=n_groups % per == 0 and per % t.warps_k == 0,
+        USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
+    return out

@@ -1,0 +1,104 @@
+"""The hand-placed mma.sync W4A16 kernel (kernels/w4a16_mma.py) against the torch reference.
+
+On the CPU the interpreter runs mma_twin, which rebuilds each warp's A, B and C matrices from the
+same per-lane fragments the PTX takes, so these tests check the fragment placement (a lane's
+columns, k slots and output rows), the packing order and the group math; on an NVIDIA GPU the
+same tests run the mma.sync PTX.
+
+Error bound, per output row relative to the fp64 reference: the activations reach the kernel as
+fp16 scaled by a power of two per (row, group) into [1, 2) x 2^14 (exact for bf16 inputs and for
+fp16 ones of the same range), the nibbles as exact fp16 subnormals, their products are exact in
+the fp32 accumulator, so the only rounding is fp32 accumulation and the group sums (~1e-6 seen):
+bound 1e-4 with an fp32 output; 1e-2 (the sweep's) with bf16 output, which adds up to 2^-8 an
+element. A wrong lane, k slot, pair order, group or split gives > 0.1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import w4a16_pack as wp
+from homelab_llm.engine.kernels.ref import dequantize_w4_ref
+
+FP32_BOUND, BF16_BOUND = 1e-4, 1e-2
+
+# (M, K, N, tiles (warps_n, warps_k, split), symmetric, x dtype, x scale): M 1..8; N not a
+# multiple of the 16-column tile (masked columns, and a tile's second half past N); K in 2-5
+# groups over 1-3 program splits and 1-4 warp ranges (uneven: masked groups); x at 3000 (q x would
+# overflow fp16 without the pre-scale) and 1e-3; fp16 activations; asymmetric (bias) weights.
+CASES = [
+    (1, 256, 40, (1, 1, 1), True, torch.bfloat16, 1.0),
+    (2, 384, 67, (2, 2, 1), False, torch.bfloat16, 3000.0),
+    (3, 640, 24, (1, 4, 2), False, torch.float16, 1.0),
+    (5, 256, 64, (2, 1, 2), True, torch.bfloat16, 1e-3),
+    (8, 512, 57, (1, 2, 3), False, torch.bfloat16, 1.0),
+    (7, 384, 16, (4, 1, 1), False, torch.float16, 1.0),
+]
+
+
+def _case(m: int, k: int, n: int, symmetric: bool, dtype: torch.dtype, scale: float, device: torch.device):
+    gen = torch.Generator().manual_seed(m * 1000 + k + n)
+    w = wp.quantize_rtn(torch.randn(n, k, generator=gen) * 0.05, 128, symmetric).to(device)
+    x = (torch.randn(m, k, generator=gen) * scale).to(device, dtype)
+    return w, x, x.double() @ dequantize_w4_ref(w).double()
+
+
+def _row_rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float(((got.double() - want).norm(dim=1) / want.norm(dim=1)).max())
+
+
+@pytest.mark.parametrize("m,k,n,tiles,symmetric,dtype,scale", CASES)
+def test_mma_matches_reference(m: int, k: int, n: int, tiles: tuple, symmetric: bool, dtype: torch.dtype,
+                               scale: float, device: torch.device) -> None:
+    from homelab_llm.engine.kernels.w4a16_mma import MmaTiles, w4a16_mma
+
+    w, x, want = _case(m, k, n, symmetric, dtype, scale, device)
+    t = MmaTiles(*tiles)
+    got = w4a16_mma(x, w, torch.empty((m, n), dtype=torch.float32, device=device), t)
+    assert _row_rel_err(got, want) < FP32_BOUND, (m, k, n, tiles)
+    got = w4a16_mma(x, w, torch.empty((m, n), dtype=torch.bfloat16, device=device), t)
+    assert _row_rel_err(got, want) < BF16_BOUND, (m, k, n, tiles)
+
+
+def test_mma_outliers_and_prepared_pairs(device: torch.device) -> None:
+    """Channels near the fp16 limit beside tiny ones (each (row, group) has its own power of two),
+    rows 10^6 apart; the pairs prepared once and passed in give the same numbers, twice (the
+    split's tickets reset themselves)."""
+    from homelab_llm.engine.kernels.w4a16_mma import MmaTiles, prep_pairs, w4a16_mma
+
+    w, x, _ = _case(2, 384, 48, False, torch.bfloat16, 1.0, device)
+    x[0, 5], x[0, 130], x[1, 77] = 60000.0, -30000.0, 4e-3
+    x[1] *= 1e-3
+    want = x.double() @ dequantize_w4_ref(w).double()
+    out = torch.empty((2, 48), dtype=torch.float32, device=device)
+    t = MmaTiles(1, 2, 2)
+    assert torch.isfinite(w4a16_mma(x, w, out, t)).all() and _row_rel_err(out, want) < FP32_BOUND
+    pairs = prep_pairs(x, 128)
+    for _ in range(2):
+        assert _row_rel_err(w4a16_mma(x, w, out, t, pairs=pairs), want) < FP32_BOUND
+
+
+def test_mma_full_shapes(device: torch.device, full_shapes: bool) -> None:
+    """Model shapes on a GPU (Qwen3.6-27B in_proj_qkvz / down, Llama-3.1-8B o_proj) at 1, 2 and
+    8 rows with the default tiles (the split from the SM count)."""
+    from homelab_llm.engine.kernels.w4a16_mma import w4a16_mma
+
+    if not full_shapes:
+        pytest.skip("GPU shapes")
+    for m, k, n in ((1, 5120, 16384), (2, 17408, 5120), (8, 4096, 4096), (8, 5120, 34816)):
+        w, x, want = _case(m, k, n, False, torch.bfloat16, 1.0, device)
+        got = w4a16_mma(x, w, torch.empty((m, n), dtype=torch.bfloat16, device=device))
+        assert _row_rel_err(got, want) < BF16_BOUND, (m, k, n)
+
+
+def test_mma_rejects_what_it_cannot_take(device: torch.device) -> None:
+    from homelab_llm.engine.kernels.w4a16_mma import MAX_ROWS, w4a16_mma
+
+    w, x, _ = _case(1, 256, 32, True, torch.bfloat16, 1.0, device)
+    x9 = x.expand(MAX_ROWS + 1, -1).contiguous()
+    with pytest.raises(ValueError, match="rows"):
+        w4a16_mma(x9, w, torch.empty((MAX_ROWS + 1, 32), dtype=torch.float32, device=device))
+    w64 = wp.quantize_rtn(torch.randn(32, 256) * 0.05, 64, True).to(device)
+    with pytest.raises(ValueError, match="group 128"):
+        w4a16_mma(x, w64, torch.empty((1, 32), dtype=torch.float32, device=device))
