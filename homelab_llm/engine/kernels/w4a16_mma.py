@@ -32,9 +32,10 @@ shared memory; programs split K further (pid 1) through the W4A16 split-K epilog
 (w4a16_gemv.store_or_reduce). After each group, acc * 2^e * scale + sum(x) * bias per (row,
 column) (W = q s + b within a group), as in the packed-half GEMV.
 
-The activations are prepared by a first launch (prep_x_pairs over all of K, one program per 512
-values: [M, K] fp16 pairs + [2, M, K / group] fp32), which later work may fold into the main
-kernel's prologue as w4a16_h2 does.
+The activations: each program first converts its own K range of x into prep_x_pairs' scratch
+([M, K] fp16 pairs + [2, M, K / group] fp32; programs sharing a range write identical bits), a
+barrier, then the loop (w4a16_h2's prologue, without its fused norm / activation forms yet);
+prep_pairs does the same as a launch of its own, for callers that reuse one x.
 
 USE_ASM (NVIDIA sm_80+): the mma is PTX (tl.inline_asm_elementwise over [L] tensors, L = the
 program's threads, one element a thread, so each thread's element i is lane i % 32 of warp
@@ -58,7 +59,7 @@ from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pair
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 MAX_ROWS = 8  # one n8 B tile
-PREP_VALUES = 512  # K values a prep program converts
+PREP_VALUES = tl.constexpr(512)  # K values a prep chunk converts (a multiple of the group)
 REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
 
 
@@ -171,18 +172,25 @@ def fragment_tile(tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3, WARPS_N: tl.constexpr)
 
 
 @triton.jit
-def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
-                      M, N, K, groups_per_split, stride_qw, stride_sg, stride_om, num_splits,
-                      GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
-                      EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, USE_ASM: tl.constexpr):
+def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr,
+                      ticket_ptr, M, N, K, groups_per_split, stride_xm, stride_qw, stride_sg, stride_om,
+                      num_splits, GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
+                      EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                      BLOCK_M: tl.constexpr, USE_ASM: tl.constexpr):
     """Thread (wn, wk, g, c) of the program: columns 4g..4g+3 of warp column tile wn (words 0, 1
     for one mma's A rows g, g + 8, words 2, 3 for the other's), word rows 16 G + 4t + c of its
     groups G = wk, wk + WARPS_K, ..., activation row g (B), output rows 2c, 2c + 1 (C). Rows past
     M read row M - 1 (their outputs are dropped); EVEN_N (N fills the column tiles) and EVEN_K
     (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
-    registers first."""
+    registers first. PROLOGUE: the program first forms the pairs of its own K range (programs
+    sharing a range write identical bits), else xh / xg hold them already."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
+    g_start = pid_k * groups_per_split
+    g_end = tl.minimum(g_start + groups_per_split, K // GROUP)
+    if PROLOGUE:
+        prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, g_start * GROUP, g_end * GROUP, GROUP, BLOCK_M)
+        tl.debug_barrier()  # the program's pairs are written before any thread reads them
     L: tl.constexpr = 32 * WARPS_N * WARPS_K
     WPG: tl.constexpr = GROUP // 8  # word rows a group
     i = tl.arange(0, L)
@@ -198,8 +206,6 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
     n_groups = K // GROUP
     row0 = tl.minimum(2 * c, M - 1)
     row1 = tl.minimum(2 * c + 1, M - 1)
-    g_start = pid_k * groups_per_split
-    g_end = tl.minimum(g_start + groups_per_split, n_groups)
     step_w = 4 * stride_qw  # 4 word rows
     z = tl.zeros([L], tl.float32)
     tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = z, z, z, z, z, z, z, z
@@ -242,13 +248,21 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
 
 
 @triton.jit
-def _prep_kernel(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, SEG: tl.constexpr, BLOCK_M: tl.constexpr,
-                 CHUNK_SEGS: tl.constexpr):
-    k_start = tl.program_id(0) * (CHUNK_SEGS * SEG)
-    k_end = tl.minimum(k_start + CHUNK_SEGS * SEG, K)
+def prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, GROUP: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """prep_x_pairs over [k_start, k_end) with one power of two a (row, group), PREP_VALUES at a
+    time."""
+    CHUNK_SEGS: tl.constexpr = max(1, PREP_VALUES // GROUP)
     prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, x_ptr, x_ptr, x_ptr, 0, 0,
-                 tl.zeros([BLOCK_M], tl.float32), 0, SEG=SEG, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
+                 tl.zeros([BLOCK_M], tl.float32), 0, SEG=GROUP, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
                  NORM=False, RESIDUAL=False, ACT_IN=0, normed_ptr=x_ptr, NORM_OUT=False)
+
+
+@triton.jit
+def _prep_kernel(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    k_start = tl.program_id(0) * PREP_VALUES
+    prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, tl.minimum(k_start + PREP_VALUES, K),
+               GROUP, BLOCK_M)
 
 
 def mma_fits(m: int, w: W4Weight) -> bool:
@@ -261,12 +275,16 @@ def prep_pairs(x2: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor
     """x2 [M, K] as prep_x_pairs' scratch with one scale a group: (pairs [M, K] fp16, [2, M,
     K / group] fp32)."""
     m, k = x2.shape
-    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-    xg = torch.empty((2, m, k // group), dtype=torch.float32, device=x2.device)
-    segs = max(1, PREP_VALUES // group)
-    _prep_kernel[(triton.cdiv(k, segs * group),)](x2, xh, xg, m, k, x2.stride(0), SEG=group,
-                                                   BLOCK_M=next_pow2(m), CHUNK_SEGS=segs, num_warps=4)
+    xh, xg = pair_scratch(m, k, group, x2.device)
+    _prep_kernel[(triton.cdiv(k, PREP_VALUES),)](x2, xh, xg, m, k, x2.stride(0), GROUP=group,
+                                                 BLOCK_M=next_pow2(m), num_warps=4)
     return xh, xg
+
+
+def pair_scratch(m: int, k: int, group: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """prep_x_pairs' scratch for m rows of k: pairs [M, K] fp16, [2, M, K / group] fp32."""
+    return (torch.empty((m, k), dtype=torch.float16, device=device),
+            torch.empty((2, m, k // group), dtype=torch.float32, device=device))
 
 
 def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.device) -> tuple[int, int]:
@@ -292,22 +310,24 @@ def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.devic
 def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles | None = None,
               pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..8 rows (x2 bf16/fp16 row-contiguous, out [M, N]
-    row-contiguous). pairs: x2 already prepared (prep_pairs), else prepared by a first launch."""
+    row-contiguous). pairs: x2 already prepared (prep_pairs), else each program prepares its own
+    K range first."""
     m, k = x2.shape
     n = w.out_features
     if not mma_fits(m, w) or k != w.in_features or x2.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
     t = tiles or MmaTiles()
-    xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)
+    xh, xg = pairs if pairs is not None else pair_scratch(m, k, w.group_size, x2.device)
     n_blocks = triton.cdiv(n, t.block_n)
     n_groups = k // w.group_size
     split, per = split_for(n_blocks, n_groups, t, x2.device)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     _w4a16_mma_kernel[(n_blocks, split)](
-        xh.view(torch.int32), xg, w.qweight, w.scales, w.biases, out, ws,
-        ticket_buffer(x2.device, n_blocks), m, n, k, per, w.qweight.stride(0), w.scales.stride(0),
-        out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n, WARPS_K=t.warps_k,
-        EVEN_N=n % t.block_n == 0, EVEN_K=n_groups % per == 0 and per % t.warps_k == 0,
-        USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
+        x2, xh, xh.view(torch.int32), xg, w.qweight, w.scales, w.biases, out, ws,
+        ticket_buffer(x2.device, n_blocks), m, n, k, per, x2.stride(0), w.qweight.stride(0),
+        w.scales.stride(0), out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n,
+        WARPS_K=t.warps_k, EVEN_N=n % t.block_n == 0,
+        EVEN_K=n_groups % per == 0 and per % t.warps_k == 0, PROLOGUE=pairs is None,
+        BLOCK_M=next_pow2(m), USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
     return out
