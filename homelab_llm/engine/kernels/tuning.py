@@ -554,10 +554,34 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
 }
 
 
+# A/B runs without a patched tree: "lo-hi" (or one count) routes that many rows to the
+# hand-placed mma.sync kernel (kernels/w4a16_mma.py) on NVIDIA GPUs, ahead of the table
+MMA_ROWS_ENV = "HOMELAB_LLM_W4A16_MMA"
+
+
+@functools.lru_cache(maxsize=8)
+def mma_rows_override(spec: str) -> tuple[int, int] | None:
+    """MMA_ROWS_ENV's text as an inclusive row range (None when empty)."""
+    if not spec.strip():
+        return None
+    lo, _, hi = spec.strip().partition("-")
+    try:
+        rows = (int(lo), int(hi or lo))
+    except ValueError:
+        raise ValueError(f"{MMA_ROWS_ENV}={spec!r}: expected rows 'lo-hi' or one count, e.g. '2-8'") from None
+    if not 1 <= rows[0] <= rows[1]:
+        raise ValueError(f"{MMA_ROWS_ENV}={spec!r}: expected 1 <= lo <= hi")
+    return rows
+
+
 def w4a16_route(m: int, device: torch.device | None = None) -> str:
-    """The W4A16 kernel ("rows", "h2", "gemv", "dot", "dotL", "gemm" or "deq") the table picks
-    for m rows on this device."""
-    return next(kernel for rows, kernel in W4A16_ROUTES[arch_name(device)] if m <= rows)
+    """The W4A16 kernel ("rows", "h2", "gemv", "dot", "dotL", "mma", "gemm" or "deq") the table
+    picks for m rows on this device (MMA_ROWS_ENV first, on NVIDIA GPUs)."""
+    arch = arch_name(device)
+    mma = mma_rows_override(os.environ.get(MMA_ROWS_ENV, ""))
+    if mma is not None and arch.startswith("sm") and mma[0] <= m <= mma[1]:
+        return "mma"
+    return next(kernel for rows, kernel in W4A16_ROUTES[arch] if m <= rows)
 
 
 def rows_entry(entries: tuple, m: int, past_last: bool = False):

@@ -22,7 +22,8 @@ from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, gemm_tiles,
 from homelab_llm.engine.kernels.w4a16_deq import fits_scratch, w4a16_deq_matmul
 from homelab_llm.engine.kernels.w4a16_dot import w4a16_dot
 from homelab_llm.engine.kernels.w4a16_gemv import w4a16_gemv
-from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+from homelab_llm.engine.kernels.w4a16_h2 import MAX_ROWS as H2_MAX_ROWS, w4a16_h2
+from homelab_llm.engine.kernels.w4a16_mma import mma_fits, w4a16_mma
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_rows import w4a16_rows
 from homelab_llm.engine.kernels.w4a16_words import k_rows_f32, load_k_words
@@ -92,6 +93,10 @@ def w4a16_matmul(x: torch.Tensor, w: W4Weight, tiles: GemmTiles | None = None,
     route = "gemm" if tiles is not None else w4a16_route(m, x.device)
     if route == "rows":
         return w4a16_rows(x2, w, out, split=split_k).view(*lead, n)
+    if route == "mma":
+        if mma_fits(m, w):
+            return w4a16_mma(x2, w, out).view(*lead, n)
+        route = "h2" if m <= H2_MAX_ROWS else "dotL"  # another group size: the kernels that take it
     if route == "h2":
         return w4a16_h2(x2, w, out, split=split_k).view(*lead, n)
     if route == "gemv":

@@ -102,3 +102,21 @@ def test_mma_rejects_what_it_cannot_take(device: torch.device) -> None:
     w64 = wp.quantize_rtn(torch.randn(32, 256) * 0.05, 64, True).to(device)
     with pytest.raises(ValueError, match="group 128"):
         w4a16_mma(x, w64, torch.empty((1, 32), dtype=torch.float32, device=device))
+
+
+def test_matmul_routes_rows_to_mma_under_the_switch(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
+    """HOMELAB_LLM_W4A16_MMA=lo-hi sends those rows to the mma kernel on NVIDIA GPUs (the
+    interpreter keeps its table), and w4a16_matmul gives the reference either way; a bad value
+    is a clear error."""
+    from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
+
+    monkeypatch.setenv(tuning.MMA_ROWS_ENV, "2-8")
+    on_gpu = tuning.arch_name(device).startswith("sm")
+    assert (tuning.w4a16_route(3, device) == "mma") == on_gpu and tuning.w4a16_route(1, device) != "mma"
+    w, x, want = _case(3, 256, 48, False, torch.bfloat16, 1.0, device)
+    got = w4a16_matmul(x.view(1, 3, 256), w)
+    assert got.shape == (1, 3, 48) and _row_rel_err(got.view(3, 48), want) < BF16_BOUND
+    monkeypatch.setenv(tuning.MMA_ROWS_ENV, "8-2")
+    with pytest.raises(ValueError, match="lo <= hi"):
+        tuning.w4a16_route(3, device)
