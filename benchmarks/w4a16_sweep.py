@@ -262,11 +262,12 @@ def mma_pairs_once(x: torch.Tensor, w) -> tuple[torch.Tensor, torch.Tensor]:
     return _PAIRED[key][1]
 
 
-# Candidate w4a16_mma tiles (warps_n column tiles of 16 x warps_k K ranges a program; split 0:
-# programs for `waves` an SM): name "mma.n<warps_n>k<warps_k>w<waves>"
-MMA_TILES = {f"mma.n{wn}k{wk}w{wv}": MmaTiles(wn, wk, 0, wv)
-             for wn, wk, wv in ((1, 1, 16), (1, 2, 8), (2, 2, 8), (2, 2, 16), (4, 1, 8), (1, 4, 8),
-                                (2, 1, 16), (4, 2, 4), (2, 4, 4), (1, 2, 16))}
+# Candidate w4a16_mma tiles (warps_n column tiles of 32 x quads x warps_k K ranges a program;
+# split 0: programs for `waves` an SM): name "mma.n<warps_n>k<warps_k>w<waves>[q<quads>]"
+MMA_TILES = {f"mma.n{wn}k{wk}w{wv}" + (f"q{q}" if q > 1 else ""): MmaTiles(wn, wk, 0, wv, q)
+             for wn, wk, wv, q in ((1, 1, 16, 1), (1, 2, 8, 1), (2, 2, 8, 1), (2, 2, 16, 1), (4, 1, 8, 1),
+                                   (1, 4, 8, 1), (2, 1, 16, 1), (4, 2, 4, 1), (2, 4, 4, 1), (1, 2, 16, 1),
+                                   (1, 4, 8, 2), (2, 2, 8, 2), (1, 2, 16, 2))}
 
 
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)
@@ -482,6 +483,7 @@ def main() -> int:
     print("dot tiles:", "; ".join(f"{k} = {t}" for k, t in DOT_TILES.items()))
     print("dotL tiles:", "; ".join(f"{k} = {t}" for k, t in DOTL_TILES.items()))
     print("h2 tiles:", "; ".join(f"{k} = {t}" for k, (t, _) in H2_TILES.items()))
+    print("mma tiles:", "; ".join(f"{k} = {t}" for k, t in MMA_TILES.items()))
     print(f"worst per-row relative error {worst_err:.1e} (bound 1e-2); {time.perf_counter() - t0:.0f} s", flush=True)
     return 0 if worst_err < 1e-2 else 1
 

@@ -72,10 +72,11 @@ class MmaTiles:
     warps_k: int = 2
     split: int = 0
     waves: int = 8
+    quads: int = 1  # 4-column groups a thread: 1 (32 columns a warp) or 2 (64)
 
     @property
     def block_n(self) -> int:
-        return 32 * self.warps_n
+        return 32 * self.quads * self.warps_n
 
 
 @triton.jit
@@ -150,6 +151,32 @@ def pair_mmas(wa, wb, x0, x1, x2, x3, d0, d1, d2, d3, WARPS: tl.constexpr, USE_A
 
 
 @triton.jit
+def quad_step(qw_ptr, offs, ok, x0, x1, x2, x3, dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3,
+              WARPS: tl.constexpr, USE_ASM: tl.constexpr):
+    """One word row of a thread's 4 columns (one 16-byte load at offs): columns 0, 1 into the
+    dx fragment, 2, 3 into dy."""
+    w0, w1, w2, w3 = load4(qw_ptr, offs, ok, True)
+    dx0, dx1, dx2, dx3 = pair_mmas(w0, w1, x0, x1, x2, x3, dx0, dx1, dx2, dx3, WARPS, USE_ASM)
+    dy0, dy1, dy2, dy3 = pair_mmas(w2, w3, x0, x1, x2, x3, dy0, dy1, dy2, dy3, WARPS, USE_ASM)
+    return dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3
+
+
+@triton.jit
+def quad_totals(scales_ptr, biases_ptr, offs, ok, undo0, undo1, sum0, sum1, dx0, dx1, dx2, dx3,
+                dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3):
+    """A group's fragments of a thread's 4 columns (scales / biases at offs) added to its totals
+    in output units; rows 2c (undo0, sum0) and 2c + 1."""
+    s0, s1, s2, s3 = load4(scales_ptr, offs, ok, True)
+    b0, b1, b2, b3 = load4(biases_ptr, offs, ok, True)
+    s0, s1, s2, s3 = s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
+    b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
+    return (tx0 + scaled(dx0, undo0, s0, sum0, b0), tx1 + scaled(dx1, undo1, s0, sum1, b0),
+            tx2 + scaled(dx2, undo0, s1, sum0, b1), tx3 + scaled(dx3, undo1, s1, sum1, b1),
+            ty0 + scaled(dy0, undo0, s2, sum0, b2), ty1 + scaled(dy1, undo1, s2, sum1, b2),
+            ty2 + scaled(dy2, undo0, s3, sum0, b3), ty3 + scaled(dy3, undo1, s3, sum1, b3))
+
+
+@triton.jit
 def scaled(d, undo, s, xsum, b):
     """A group's fragment value in output units: sum q x 2^-e 2^-10 -> (x W) over the group."""
     return d * (undo * s) + xsum * b
@@ -176,13 +203,14 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
                       ticket_ptr, M, N, K, groups_per_split, stride_xm, stride_qw, stride_sg, stride_om,
                       num_splits, GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
                       EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, USE_ASM: tl.constexpr):
+                      BLOCK_M: tl.constexpr, QUADS: tl.constexpr, USE_ASM: tl.constexpr):
     """Thread (wn, wk, g, c) of the program: columns 4g..4g+3 of warp column tile wn (words 0, 1
     for one mma's A rows g, g + 8, words 2, 3 for the other's), word rows 16 G + 4t + c of its
     groups G = wk, wk + WARPS_K, ..., activation row g (B), output rows 2c, 2c + 1 (C). Rows past
     M read row M - 1 (their outputs are dropped); EVEN_N (N fills the column tiles) and EVEN_K
     (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
-    registers first. PROLOGUE: the program first forms the pairs of its own K range (programs
+    registers first. QUADS 2: a thread also takes columns 32 further (a warp 64 columns), sharing
+    its activation loads and group sums. PROLOGUE: the program first forms the pairs of its own K range (programs
     sharing a range write identical bits), else xh / xg hold them already."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -193,15 +221,18 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
         tl.debug_barrier()  # the program's pairs are written before any thread reads them
     L: tl.constexpr = 32 * WARPS_N * WARPS_K
     WPG: tl.constexpr = GROUP // 8  # word rows a group
+    QW: tl.constexpr = 32 * QUADS  # columns a warp
     i = tl.arange(0, L)
     lane = i % 32
     wk = i // (32 * WARPS_N)
     g = lane // 4
     c = lane % 4
-    col = pid_n * (32 * WARPS_N) + ((i // 32) % WARPS_N) * 32 + 4 * g  # the thread's first column
+    col = pid_n * (QW * WARPS_N) + ((i // 32) % WARPS_N) * QW + 4 * g  # the thread's first column
     col_ok = (col[:, None] + tl.arange(0, 4)[None, :]) < N  # [L, 4]
+    col_ok2 = (col[:, None] + (32 + tl.arange(0, 4))[None, :]) < N  # the second quad's
     if EVEN_N:
         col_ok = tl.full([L, 4], True, tl.int1)
+        col_ok2 = col_ok
     x_row = tl.minimum(g, M - 1)
     n_groups = K // GROUP
     row0 = tl.minimum(2 * c, M - 1)
@@ -209,6 +240,7 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
     step_w = 4 * stride_qw  # 4 word rows
     z = tl.zeros([L], tl.float32)
     tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = z, z, z, z, z, z, z, z
+    ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = z, z, z, z, z, z, z, z  # QUADS 2: the second quad
     for gb in range(g_start, g_end, WARPS_K):
         G = gb + wk
         ok = G < g_end
@@ -217,32 +249,38 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
         w_offs = (G * WPG + c) * stride_qw + col  # int32: K / 8 x N < 2^31
         x_offs = x_row * (K // 2) + 4 * (G * WPG + c)
         dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = z, z, z, z, z, z, z, z
+        ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = z, z, z, z, z, z, z, z
         for t in tl.static_range(WPG // 4):
-            w0, w1, w2, w3 = load4(qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, True)
             x0, x1, x2, x3 = load4(xp_ptr, x_offs + 16 * t, ok[:, None], False)
-            dx0, dx1, dx2, dx3 = pair_mmas(w0, w1, x0, x1, x2, x3, dx0, dx1, dx2, dx3, L // 32, USE_ASM)
-            dy0, dy1, dy2, dy3 = pair_mmas(w2, w3, x0, x1, x2, x3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
-        s0, s1, s2, s3 = load4(scales_ptr, G * stride_sg + col, ok[:, None] & col_ok, True)
-        b0, b1, b2, b3 = load4(biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, True)
+            dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = quad_step(
+                qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, x0, x1, x2, x3,
+                dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
+            if QUADS == 2:
+                ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = quad_step(
+                    qw_ptr, w_offs + t * step_w + 32, ok[:, None] & col_ok2, x0, x1, x2, x3,
+                    ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3, L // 32, USE_ASM)
         sum0 = tl.load(xg_ptr + row0 * n_groups + G, mask=ok, other=0.0)
         sum1 = tl.load(xg_ptr + row1 * n_groups + G, mask=ok, other=0.0)
         undo0 = tl.load(xg_ptr + (M + row0) * n_groups + G, mask=ok, other=0.0)
         undo1 = tl.load(xg_ptr + (M + row1) * n_groups + G, mask=ok, other=0.0)
-        s0, s1, s2, s3 = s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
-        b0, b1, b2, b3 = b0.to(tl.float32), b1.to(tl.float32), b2.to(tl.float32), b3.to(tl.float32)
-        tx0 += scaled(dx0, undo0, s0, sum0, b0)
-        tx1 += scaled(dx1, undo1, s0, sum1, b0)
-        tx2 += scaled(dx2, undo0, s1, sum0, b1)
-        tx3 += scaled(dx3, undo1, s1, sum1, b1)
-        ty0 += scaled(dy0, undo0, s2, sum0, b2)
-        ty1 += scaled(dy1, undo1, s2, sum1, b2)
-        ty2 += scaled(dy2, undo0, s3, sum0, b3)
-        ty3 += scaled(dy3, undo1, s3, sum1, b3)
+        tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = quad_totals(
+            scales_ptr, biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, undo0, undo1, sum0, sum1,
+            dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3)
+        if QUADS == 2:
+            ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = quad_totals(
+                scales_ptr, biases_ptr, G * stride_sg + col + 32, ok[:, None] & col_ok2, undo0, undo1,
+                sum0, sum1, ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3, ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3)
     part = fragment_tile(warp_sum(tx0, WARPS_K), warp_sum(tx1, WARPS_K), warp_sum(tx2, WARPS_K),
                          warp_sum(tx3, WARPS_K), warp_sum(ty0, WARPS_K), warp_sum(ty1, WARPS_K),
                          warp_sum(ty2, WARPS_K), warp_sum(ty3, WARPS_K), WARPS_N)
+    if QUADS == 2:  # each warp's 64 columns: its first quad's 32, then its second's
+        part2 = fragment_tile(warp_sum(ux0, WARPS_K), warp_sum(ux1, WARPS_K), warp_sum(ux2, WARPS_K),
+                              warp_sum(ux3, WARPS_K), warp_sum(uy0, WARPS_K), warp_sum(uy1, WARPS_K),
+                              warp_sum(uy2, WARPS_K), warp_sum(uy3, WARPS_K), WARPS_N)
+        both = tl.join(tl.reshape(part, [8, WARPS_N, 32]), tl.reshape(part2, [8, WARPS_N, 32]))
+        part = tl.reshape(tl.permute(both, [0, 1, 3, 2]), [8, 64 * WARPS_N])
     offs_m = tl.arange(0, 8)
-    offs_n = pid_n * (32 * WARPS_N) + tl.arange(0, 32 * WARPS_N)
+    offs_n = pid_n * (QW * WARPS_N) + tl.arange(0, QW * WARPS_N)
     store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits, REDUCE_VALUES, REDUCE_SLOTS)
 
@@ -329,5 +367,5 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
         w.scales.stride(0), out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n,
         WARPS_K=t.warps_k, EVEN_N=n % t.block_n == 0,
         EVEN_K=n_groups % per == 0 and per % t.warps_k == 0, PROLOGUE=pairs is None,
-        BLOCK_M=next_pow2(m), USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
+        BLOCK_M=next_pow2(m), QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
     return out

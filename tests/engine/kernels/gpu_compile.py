@@ -294,7 +294,7 @@ def _scenarios():
     # the hand-placed mma.sync kernel (gfx1100 compiles its plain-Triton twin): one program split
     # and several, a partial column tile, fp16 and bf16 activations (the prep launch converts)
     for m, w, tiles, dt in ((2, weights[128], w4a16_mma.MmaTiles(2, 2, 1), bf16),
-                            (8, wide, w4a16_mma.MmaTiles(1, 4, 4), fp16), (5, weights[128], None, bf16)):
+                            (8, wide, w4a16_mma.MmaTiles(1, 4, 4, quads=2), fp16), (5, weights[128], None, bf16)):
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, w=w, t=tiles: w4a16_mma.w4a16_mma(
             x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), t)

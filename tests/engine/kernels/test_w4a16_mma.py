@@ -34,6 +34,8 @@ CASES = [
     (5, 256, 64, (2, 1, 2), True, torch.bfloat16, 1e-3),
     (8, 512, 57, (1, 2, 3), False, torch.bfloat16, 1.0),
     (7, 384, 16, (4, 1, 1), False, torch.float16, 1.0),
+    (4, 512, 128, (2, 2, 2, 8, 2), False, torch.bfloat16, 1.0),  # two quads a thread, whole tiles
+    (6, 384, 100, (1, 1, 1, 8, 2), True, torch.float16, 1.0),  # two quads, the second past N
 ]
 
 
