@@ -298,6 +298,7 @@ def _scenarios():
         x = torch.zeros((m, k_in), dtype=dt)
         yield lambda x=x, w=w, t=tiles: w4a16_mma.w4a16_mma(
             x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), t)
+    yield lambda: w4a16_mma.prep_pairs(torch.zeros((4, k_in), dtype=bf16), 128)  # its own launch
 
     # programs over all of K (RowsTiles.whole_k; sm_90 routes the 1-row calls that fit there):
     # 64 columns in 16 lane groups (thin outputs), 128 in 4 (wide ones), 32 in 64 and 32 (outputs
