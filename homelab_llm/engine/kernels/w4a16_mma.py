@@ -73,6 +73,9 @@ class MmaTiles:
     split: int = 0
     waves: int = 8
     quads: int = 1  # 4-column groups a thread: 1 (32 columns a warp) or 2 (64)
+    # each program forms its own K range's pairs (no prep launch): every column block redoes the
+    # same work, 27B gate_up at 8 rows 89.7 against 52.7 us with the pairs given (BENCHMARKS 48)
+    prologue: bool = False
 
     @property
     def block_n(self) -> int:
@@ -348,15 +351,20 @@ def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.devic
 def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles | None = None,
               pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..8 rows (x2 bf16/fp16 row-contiguous, out [M, N]
-    row-contiguous). pairs: x2 already prepared (prep_pairs), else each program prepares its own
-    K range first."""
+    row-contiguous). pairs: x2 already prepared (prep_pairs), else prepared by a launch of its
+    own (or, with tiles.prologue, by each program for its K range)."""
     m, k = x2.shape
     n = w.out_features
     if not mma_fits(m, w) or k != w.in_features or x2.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
     t = tiles or MmaTiles()
-    xh, xg = pairs if pairs is not None else pair_scratch(m, k, w.group_size, x2.device)
+    if pairs is not None:
+        xh, xg = pairs
+    elif t.prologue:
+        xh, xg = pair_scratch(m, k, w.group_size, x2.device)
+    else:
+        xh, xg = prep_pairs(x2, w.group_size)
     n_blocks = triton.cdiv(n, t.block_n)
     n_groups = k // w.group_size
     split, per = split_for(n_blocks, n_groups, t, x2.device)
@@ -366,6 +374,6 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
         ticket_buffer(x2.device, n_blocks), m, n, k, per, x2.stride(0), w.qweight.stride(0),
         w.scales.stride(0), out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n,
         WARPS_K=t.warps_k, EVEN_N=n % t.block_n == 0,
-        EVEN_K=n_groups % per == 0 and per % t.warps_k == 0, PROLOGUE=pairs is None,
+        EVEN_K=n_groups % per == 0 and per % t.warps_k == 0, PROLOGUE=pairs is None and t.prologue,
         BLOCK_M=next_pow2(m), QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
     return out
