@@ -59,9 +59,10 @@ ENV = "HOMELAB_LLM_PDL"
 # 1-2 row W4A16 GEMV on outputs of at most tuning.THIN_N columns), "h2_wide" (wider ones), "dot"
 # (W4A16 at 3-64 rows), "dense" (the bf16 GEMV), "moe" (the bf16 and MXFP4 expert GEMVs of a
 # decode step), "moe_w4" (the 4-bit ones), "router" (the MoE router), "rest" (the others),
-# "h2_experts_layer" (the 1-2 row W4A16 GEMVs of an experts layer's attention: in_experts_layer)
+# "h2_experts_layer" (the 1-2 row W4A16 GEMVs of an experts layer's attention: in_experts_layer),
+# "mma" (the 2-8 row mma.sync kernel, w4a16_mma.py)
 PLAIN_ENV = "HOMELAB_LLM_PDL_PLAIN"
-FAMILIES = ("h2", "h2_wide", "dot", "dense", "moe", "moe_w4", "router", "rest", "h2_experts_layer")
+FAMILIES = ("h2", "h2_wide", "dot", "dense", "moe", "moe_w4", "router", "rest", "h2_experts_layer", "mma")
 OFF, EARLY, LATE = 0, 1, 2  # the modes: where a program lets the next grid launch
 
 

@@ -427,8 +427,9 @@ TABLE: dict[str, ArchTiles] = {
         # its batch 8 3% (1,160 against 1,194), the bf16 GEMV the 27B 2% (150.2). An early
         # grid's programs pack onto the SMs a draining GEMV grid frees (BENCHMARKS 35.2), but
         # an experts layer's attention GEMVs ("h2_experts_layer", not plain) gain early: the
-        # 30B-A3B W4A16 445.5 -> 461.8
-        pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4")),
+        # 30B-A3B W4A16 445.5 -> 461.8. The mma.sync kernel ("mma") starts plainly as the
+        # few-row kernel does until measured
+        pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4", "mma")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,

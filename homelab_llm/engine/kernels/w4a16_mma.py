@@ -54,6 +54,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -206,7 +207,8 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
                       ticket_ptr, M, N, K, groups_per_split, stride_xm, stride_qw, stride_sg, stride_om,
                       num_splits, GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
                       EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, QUADS: tl.constexpr, USE_ASM: tl.constexpr):
+                      BLOCK_M: tl.constexpr, QUADS: tl.constexpr, USE_ASM: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """Thread (wn, wk, g, c) of the program: columns 4g..4g+3 of warp column tile wn (words 0, 1
     for one mma's A rows g, g + 8, words 2, 3 for the other's), word rows 16 G + 4t + c of its
     groups G = wk, wk + WARPS_K, ..., activation row g (B), output rows 2c, 2c + 1 (C). Rows past
@@ -214,7 +216,9 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
     (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
     registers first. QUADS 2: a thread also takes columns 32 further (a warp 64 columns), sharing
     its activation loads and group sums. PROLOGUE: the program first forms the pairs of its own K range (programs
-    sharing a range write identical bits), else xh / xg hold them already."""
+    sharing a range write identical bits), else xh / xg hold them already. PDL (kernels/pdl.py):
+    waits for the previous grid first; lets the next launch after the K loop in mode LATE."""
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     g_start = pid_k * groups_per_split
@@ -282,6 +286,7 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
                               warp_sum(uy2, WARPS_K), warp_sum(uy3, WARPS_K), WARPS_N)
         both = tl.join(tl.reshape(part, [8, WARPS_N, 32]), tl.reshape(part2, [8, WARPS_N, 32]))
         part = tl.reshape(tl.permute(both, [0, 1, 3, 2]), [8, 64 * WARPS_N])
+    pdl_late(PDL)
     offs_m = tl.arange(0, 8)
     offs_n = pid_n * (QW * WARPS_N) + tl.arange(0, QW * WARPS_N)
     store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
@@ -300,7 +305,9 @@ def prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, GROUP: tl
 
 
 @triton.jit
-def _prep_kernel(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+def _prep_kernel(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # x is the previous grid's output
     k_start = tl.program_id(0) * PREP_VALUES
     prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, tl.minimum(k_start + PREP_VALUES, K),
                GROUP, BLOCK_M)
@@ -318,7 +325,7 @@ def prep_pairs(x2: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor
     m, k = x2.shape
     xh, xg = pair_scratch(m, k, group, x2.device)
     _prep_kernel[(triton.cdiv(k, PREP_VALUES),)](x2, xh, xg, m, k, x2.stride(0), GROUP=group,
-                                                 BLOCK_M=next_pow2(m), num_warps=4)
+                                                 BLOCK_M=next_pow2(m), num_warps=4, **pdl_args(x2.device))
     return xh, xg
 
 
@@ -375,5 +382,6 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
         w.scales.stride(0), out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n,
         WARPS_K=t.warps_k, EVEN_N=n % t.block_n == 0,
         EVEN_K=n_groups % per == 0 and per % t.warps_k == 0, PROLOGUE=pairs is None and t.prologue,
-        BLOCK_M=next_pow2(m), QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k)
+        BLOCK_M=next_pow2(m), QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k,
+        **pdl_args(x2.device, "mma"))
     return out
