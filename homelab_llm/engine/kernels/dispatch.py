@@ -240,6 +240,30 @@ def w4a16_prologue_route(x: torch.Tensor, weight) -> bool:
     return w4a16_route(m, x.device) == "h2" and h2_fused_tiles(m, x.device) is not None
 
 
+def w4a16_mma_route(x: torch.Tensor, weight) -> bool:
+    """x [M, K] (or gate | up [M, 2K]) into the W4A16 `weight` takes the mma.sync kernel
+    (kernels/w4a16_mma.py), its pairs formed in one launch with the norm or the gated
+    activation: a GPU whose table (or HOMELAB_LLM_W4A16_MMA) routes M rows there, a weight
+    it takes (group 128, no act-order), bf16/fp16 rows contiguous."""
+    if not w4a16_kernel_rows(x, weight):
+        return False
+    from homelab_llm.engine.kernels.tuning import w4a16_route
+    from homelab_llm.engine.kernels.w4a16_mma import mma_fits
+
+    m = x.shape[0]
+    return w4a16_route(m, x.device) == "mma" and mma_fits(m, weight)
+
+
+def w4a16_mma_pairs(x: torch.Tensor, weight, **form) -> torch.Tensor:
+    """x's rows (formed as kernels.w4a16_mma.prep_pairs' keywords say) @ W on the mma kernel:
+    two launches, the pairs' and the product's."""
+    from homelab_llm.engine.kernels.w4a16_mma import prep_pairs, w4a16_mma
+
+    xh, xg = prep_pairs(x, weight.group_size, **form)
+    out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
+    return w4a16_mma(xh, weight, out, pairs=(xh, xg))
+
+
 def w4a16_pairs_block(x: torch.Tensor, weight) -> int:
     """The K step in whose pair order (kernels/pair_order.py) the W4A16 linear for x's rows
     wants its input from the kernel that makes it (the norm, the SiLU-and-mul): a GPU whose
@@ -295,6 +319,12 @@ def _w4a16_norm(x, residual, norm_weight, eps, weight, keep: bool):
         w4a16_h2(x, weight, out, norm_weight=norm_weight, eps=eps, residual=residual, summed=summed,
                  normed=normed)
         return out, summed, normed
+    if w4a16_mma_route(x, weight) and (residual is None or residual.stride(1) == 1):
+        summed = torch.empty_like(x) if residual is not None else None
+        normed = torch.empty_like(x) if keep else None
+        out = w4a16_mma_pairs(x, weight, norm_weight=norm_weight, eps=eps, residual=residual,
+                              summed=summed, normed=normed)
+        return out, summed, normed
     pairs = w4a16_pairs_block(x, weight)
     if pairs:  # the norm's rows in the linear's pair order (and in k order for the kept rows)
         from homelab_llm.engine.kernels import elementwise
@@ -318,6 +348,8 @@ def w4a16_act_matmul(gate_up: torch.Tensor, weight, act: str = "silu") -> torch.
         out = torch.empty((gate_up.shape[0], weight.out_features), dtype=gate_up.dtype,
                           device=gate_up.device)
         return w4a16_h2(gate_up, weight, out, act_in=act)
+    if w4a16_mma_route(gate_up, weight):
+        return w4a16_mma_pairs(gate_up, weight, act_in=act)
     pairs = w4a16_pairs_block(gate_up, weight) if act == "silu" else 0
     if pairs:
         from homelab_llm.engine.kernels import elementwise

@@ -58,6 +58,7 @@ from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
 
 MAX_ROWS = 8  # one n8 B tile
 PREP_VALUES = tl.constexpr(512)  # K values a prep chunk converts (a multiple of the group)
@@ -305,12 +306,20 @@ def prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, GROUP: tl
 
 
 @triton.jit
-def _prep_kernel(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                 PDL: tl.constexpr = False):
+def _prep_kernel(x_ptr, xh_ptr, xg_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, eps, M, K, stride_xm,
+                 stride_rm, stride_sm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NORM: tl.constexpr,
+                 RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
+                 NORM_OUT: tl.constexpr, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # x is the previous grid's output
     k_start = tl.program_id(0) * PREP_VALUES
-    prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, tl.minimum(k_start + PREP_VALUES, K),
-               GROUP, BLOCK_M)
+    rstd = tl.zeros([BLOCK_M], tl.float32)
+    if NORM:  # every program reads the whole rows for their scale (a few KB from L2)
+        rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK, RESIDUAL)
+    CHUNK_SEGS: tl.constexpr = max(1, PREP_VALUES // GROUP)
+    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, tl.minimum(k_start + PREP_VALUES, K),
+                 res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, K, SEG=GROUP, BLOCK_M=BLOCK_M,
+                 CHUNK_SEGS=CHUNK_SEGS, NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN, normed_ptr=normed_ptr,
+                 NORM_OUT=NORM_OUT)
 
 
 def mma_fits(m: int, w: W4Weight) -> bool:
@@ -319,13 +328,31 @@ def mma_fits(m: int, w: W4Weight) -> bool:
     return 1 <= m <= MAX_ROWS and w.group_size == 128 and w.perm is None and w.qweight.dim() == 2
 
 
-def prep_pairs(x2: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x2 [M, K] as prep_x_pairs' scratch with one scale a group: (pairs [M, K] fp16, [2, M,
-    K / group] fp32)."""
-    m, k = x2.shape
+def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+               residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
+               act_in: str | None = None, normed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2's rows as prep_x_pairs' scratch with one power of two a (row, group): (pairs [M, K]
+    fp16, [2, M, K / group] fp32), one launch that can also form the input as w4a16_h2's
+    prologue does (the same arguments, checked there): RMSNorm(x2 (+ residual)) * norm_weight,
+    storing x2 + residual in summed and the normalized rows in normed; act_in: x2 is [M, 2K]
+    gate | up and the pairs are act(gate) * up."""
+    m = x2.shape[0]
+    k = x2.shape[1] // 2 if act_in else x2.shape[1]
+    if not 1 <= m <= MAX_ROWS or k % group or x2.stride(1) != 1 or act_in not in ACT_CODES \
+            or (act_in and norm_weight is not None) or (residual is not None) != (summed is not None) \
+            or (residual is not None and norm_weight is None) or (normed is not None and norm_weight is None):
+        raise ValueError(f"w4a16_mma pairs: x {tuple(x2.shape)} (1..{MAX_ROWS} row-contiguous rows, K a "
+                         f"multiple of {group}), norm {norm_weight is not None}, residual "
+                         f"{residual is not None}, summed {summed is not None}, act_in {act_in}")
     xh, xg = pair_scratch(m, k, group, x2.device)
-    _prep_kernel[(triton.cdiv(k, PREP_VALUES),)](x2, xh, xg, m, k, x2.stride(0), GROUP=group,
-                                                 BLOCK_M=next_pow2(m), num_warps=4, **pdl_args(x2.device))
+    res = residual if residual is not None else x2
+    sums = summed if summed is not None else (normed if normed is not None else x2)
+    _prep_kernel[(triton.cdiv(k, PREP_VALUES),)](
+        x2, xh, xg, res, norm_weight if norm_weight is not None else x2, sums,
+        normed if normed is not None else x2, float(eps), m, k, x2.stride(0), res.stride(0), sums.stride(0),
+        GROUP=group, BLOCK_M=next_pow2(m), NORM=norm_weight is not None, RESIDUAL=residual is not None,
+        ACT_IN=ACT_CODES[act_in], NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
+        NORM_OUT=normed is not None, num_warps=4, **pdl_args(x2.device))
     return xh, xg
 
 

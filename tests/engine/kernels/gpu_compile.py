@@ -299,6 +299,12 @@ def _scenarios():
         yield lambda x=x, w=w, t=tiles: w4a16_mma.w4a16_mma(
             x, w, torch.zeros((x.shape[0], w.out_features), dtype=bf16), t)
     yield lambda: w4a16_mma.prep_pairs(torch.zeros((4, k_in), dtype=bf16), 128)  # its own launch
+    # with the norm (residual, kept rows) and the gated activation formed in that launch
+    yield lambda: w4a16_mma.prep_pairs(
+        torch.zeros((8, k_in), dtype=bf16), 128, norm_weight=torch.ones(k_in, dtype=bf16), eps=1e-6,
+        residual=torch.zeros((8, k_in), dtype=bf16), summed=torch.zeros((8, k_in), dtype=bf16),
+        normed=torch.zeros((8, k_in), dtype=bf16))
+    yield lambda: w4a16_mma.prep_pairs(torch.zeros((3, 2 * k_in), dtype=bf16), 128, act_in="silu")
 
     # programs over all of K (RowsTiles.whole_k; sm_90 routes the 1-row calls that fit there):
     # 64 columns in 16 lane groups (thin outputs), 128 in 4 (wide ones), 32 in 64 and 32 (outputs

@@ -122,3 +122,76 @@ def test_matmul_routes_rows_to_mma_under_the_switch(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(tuning.MMA_ROWS_ENV, "8-2")
     with pytest.raises(ValueError, match="lo <= hi"):
         tuning.w4a16_route(3, device)
+
+
+@pytest.mark.parametrize("m,residual,keep", [(3, True, True), (8, False, False), (2, True, False)])
+def test_prep_forms_the_norm(m: int, residual: bool, keep: bool, device: torch.device) -> None:
+    """prep_pairs with the RMSNorm prologue (one launch instead of the norm's and the prep's)
+    against the separate norm kernel then the pairs of its rows: the same values up to the sum
+    of squares' order (a rounding of rsqrt: bound 1e-3 a row); summed is x + residual exactly,
+    normed the separate kernel's rows within an ulp of bf16."""
+    from homelab_llm.engine.kernels import elementwise
+    from homelab_llm.engine.kernels.w4a16_mma import prep_pairs, w4a16_mma
+
+    k, n = 640, 48
+    w, x, _ = _case(m, k, n, False, torch.bfloat16, 1.0, device)
+    gen = torch.Generator().manual_seed(m + 5)
+    res = torch.randn(m, k, generator=gen).to(device, torch.bfloat16) if residual else None
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+    if residual:
+        want_normed, want_sum = elementwise.add_rms_norm(x, res, nw, 1e-6)
+    else:
+        want_normed = elementwise.rms_norm(x, nw, 1e-6)
+    summed = torch.full_like(x, float("nan")) if residual else None
+    normed = torch.full_like(x, float("nan")) if keep else None
+    xh, xg = prep_pairs(x, 128, norm_weight=nw, eps=1e-6, residual=res, summed=summed, normed=normed)
+    got = w4a16_mma(xh, w, torch.empty((m, n), dtype=torch.float32, device=device), pairs=(xh, xg))
+    separate = w4a16_mma(want_normed, w, torch.empty((m, n), dtype=torch.float32, device=device))
+    assert _row_rel_err(got, separate.double()) < 1e-3
+    assert _row_rel_err(got, want_normed.double() @ dequantize_w4_ref(w).double()) < 1e-3
+    if residual:
+        assert torch.equal(summed, want_sum)
+    if keep:
+        torch.testing.assert_close(normed, want_normed, rtol=2 ** -7, atol=0)
+
+
+def test_prep_forms_the_gated_activation(device: torch.device) -> None:
+    """prep_pairs with act_in: x2 is gate | up [M, 2K], the pairs SiLU(gate) * up, against the
+    separate SiLU-and-mul kernel's rows (bound 1e-3 a row: the interpreter's casts truncate
+    where torch rounds)."""
+    from homelab_llm.engine.kernels import elementwise
+    from homelab_llm.engine.kernels.w4a16_mma import prep_pairs, w4a16_mma
+
+    m, k, n = 4, 384, 40
+    w, _, _ = _case(m, k, n, True, torch.bfloat16, 1.0, device)
+    gu = torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(3)).to(device, torch.bfloat16)
+    act = elementwise.silu_and_mul(gu)
+    xh, xg = prep_pairs(gu, 128, act_in="silu")
+    got = w4a16_mma(xh, w, torch.empty((m, n), dtype=torch.float32, device=device), pairs=(xh, xg))
+    assert _row_rel_err(got, act.double() @ dequantize_w4_ref(w).double()) < 1e-3
+    with pytest.raises(ValueError, match="act_in"):
+        prep_pairs(gu, 128, act_in="relu")
+
+
+def test_dispatch_norm_and_act_on_the_mma_route(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
+    """With HOMELAB_LLM_W4A16_MMA on a GPU the layers' norm-then-linear and act-then-linear take
+    the mma kernel with the input formed in the pairs' launch (elsewhere the other routes): the
+    results match the separate ops' within 1e-2 a row (bf16 outputs), summed within an ulp."""
+    from homelab_llm.engine.kernels import dispatch, elementwise, tuning
+
+    monkeypatch.setenv(tuning.MMA_ROWS_ENV, "2-8")
+    m, k, n = 4, 512, 64
+    w, x, _ = _case(m, k, n, False, torch.bfloat16, 1.0, device)
+    gen = torch.Generator().manual_seed(11)
+    res = torch.randn(m, k, generator=gen).to(device, torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, torch.bfloat16)
+    assert dispatch.w4a16_mma_route(x, w) == tuning.arch_name(device).startswith("sm")
+    normed, want_sum = elementwise.add_rms_norm(x, res, nw, 1e-6)
+    out, summed = dispatch.w4a16_norm_matmul(x, res, nw, 1e-6, w)
+    # (the CPU path adds in torch, which rounds where the interpreter's kernel truncates)
+    torch.testing.assert_close(summed, want_sum, rtol=2 ** -7, atol=0)
+    assert _row_rel_err(out, normed.double() @ dequantize_w4_ref(w).double()) < BF16_BOUND
+    gu = torch.randn(m, 2 * k, generator=gen).to(device, torch.bfloat16)
+    act = elementwise.silu_and_mul(gu)
+    out = dispatch.w4a16_act_matmul(gu, w)
+    assert _row_rel_err(out, act.double() @ dequantize_w4_ref(w).double()) < BF16_BOUND
