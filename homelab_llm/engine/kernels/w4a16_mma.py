@@ -32,10 +32,13 @@ shared memory; programs split K further (pid 1) through the W4A16 split-K epilog
 (w4a16_gemv.store_or_reduce). After each group, acc * 2^e * scale + sum(x) * bias per (row,
 column) (W = q s + b within a group), as in the packed-half GEMV.
 
-The activations: each program first converts its own K range of x into prep_x_pairs' scratch
-([M, K] fp16 pairs + [2, M, K / group] fp32; programs sharing a range write identical bits), a
-barrier, then the loop (w4a16_h2's prologue, without its fused norm / activation forms yet);
-prep_pairs does the same as a launch of its own, for callers that reuse one x.
+The activations reach the kernel as prep_x_pairs' scratch ([M, K] fp16 pairs + [2, M, K / group]
+fp32) from a launch of their own (prep_pairs, one program per 512 values), which can also form
+the input as w4a16_h2's prologue does: the RMSNorm (with the residual add, keeping the summed
+and normalized rows) or the gated activation, so a norm-then-linear is two launches as on the
+left-operand kernel. MmaTiles.prologue instead has every program convert its own K range
+first (programs sharing a range write identical bits): every column block then redoes the same
+work, which cost more than the launch (docs/BENCHMARKS.md 48.2).
 
 USE_ASM (NVIDIA sm_80+): the mma is PTX (tl.inline_asm_elementwise over [L] tensors, L = the
 program's threads, one element a thread, so each thread's element i is lane i % 32 of warp
