@@ -58,6 +58,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
+from homelab_llm.engine.kernels.tuning import device_sms
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -372,8 +373,7 @@ def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.devic
     if tiles.split:
         want = tiles.split
     else:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-        want = max(1, min((sms * tiles.waves) // max(1, n_blocks), n_groups // tiles.warps_k, 16))
+        want = max(1, min((device_sms(device) * tiles.waves) // max(1, n_blocks), n_groups // tiles.warps_k, 16))
     want = max(1, min(want, n_groups))
     even = [s for s in range(1, n_groups + 1)
             if n_groups % s == 0 and (n_groups // s) % tiles.warps_k == 0 and want / 2 <= s <= want * 3 / 2]
