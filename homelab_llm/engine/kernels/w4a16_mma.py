@@ -11,26 +11,28 @@ fragment comes straight out of the packed words with no conversion:
   A (weights) thread (g, c) = lane (4g + c) holds, per mma, the pairs (row g, k 2c..2c+1),
             (row g+8, same k), (row g, k 2c+8..9), (row g+8, same). w4a16_half2.nibble_pairs
             turns one word (8 nibbles of one column, k = 8r + j) into four exact fp16 pairs
-            (q_j, q_j+4), j = 0..3 (subnormals q 2^-24 / q 2^-20), so the word of column g
-            (word row r) and the word of column g+8 (same r) give two A fragments: pairs 0, 1
-            for one mma, pairs 2, 3 for the next. The K order inside an mma is free as long
-            as B uses the same one: the 16 k slots of thread c are the 8 values of its own word
-            row r = r0 + c, in nibble_pairs' order.
+            (q_j, q_j+4), j = 0..3 (subnormals q 2^-24 / q 2^-20). A thread loads the words of
+            4 adjacent columns 4g..4g+3 at one word row (16 bytes): columns 4g, 4g+1 are one
+            mma's A rows g, g+8 (pairs 0, 1, then pairs 2, 3 for a second mma), columns 4g+2,
+            4g+3 another's. The K order inside an mma is free as long as B uses the same one:
+            the 16 k slots of thread c are the 8 values of its own word row r0 + c, in
+            nibble_pairs' order, so a quad's 4 threads read 4 consecutive word rows.
   B (x)     thread (g, c) holds activation row g at the same k slots: the four int32 pairs
             4r..4r+3 of prep_x_pairs' layout ((x_j, x_j+4) * 2^-e * 2^14 / 2^10), one 16-byte
-            load; rows g >= M load zeros.
-  C         thread (g, c) gets columns g and g+8 for rows 2c and 2c+1, in fp32.
+            load; rows g >= M read row M - 1 (their outputs are dropped).
+  C         thread (g, c) gets its 4 columns for rows 2c and 2c+1, in fp32.
 
-Per two words (16 weights x up to 8 rows) a thread spends two loads, two shifts, eight LOP3s,
-two mmas and the shared x load: ~80 warp instructions per KB of weights whatever the row count,
-against ~212 a KB an SM can issue while its share of the copy rate streams in (H100/H200).
+Per word row a thread spends one 16-byte load of words and one of x, four shifts, sixteen
+LOP3s and four mmas (64 weights x up to 8 rows): ~100 SASS instructions per KB of weights on
+sm_90 whatever the row count (a group's scales and sums included), against ~212 a KB an SM can
+issue while its share of the copy rate streams in (H100/H200).
 
-A warp owns 16 columns (one A tile) and strides K in whole groups (group size 128: 4 steps of
-4 word rows, the 4 c threads reading 4 consecutive rows); a program is WARPS_N x WARPS_K warps:
-WARPS_N column tiles side by side, each split WARPS_K ways along K and summed once through
-shared memory; programs split K further (pid 1) through the W4A16 split-K epilogue
-(w4a16_gemv.store_or_reduce). After each group, acc * 2^e * scale + sum(x) * bias per (row,
-column) (W = q s + b within a group), as in the packed-half GEMV.
+A warp owns 32 columns (64 with quads=2) and strides K in whole groups (group size 128: 4
+steps of 4 word rows); a program is WARPS_N x WARPS_K warps: WARPS_N column tiles side by
+side, each split WARPS_K ways along K and summed once through shared memory; programs split K
+further (pid 1) through the W4A16 split-K epilogue (w4a16_gemv.store_or_reduce). After each
+group, acc * 2^e * scale + sum(x) * bias per (row, column) (W = q s + b within a group), as in
+the packed-half GEMV.
 
 The activations reach the kernel as prep_x_pairs' scratch ([M, K] fp16 pairs + [2, M, K / group]
 fp32) from a launch of their own (prep_pairs, one program per 512 values), which can also form
@@ -71,8 +73,8 @@ REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
 
 @dataclass(frozen=True)
 class MmaTiles:
-    """warps_n column tiles of 16 a program, each split warps_k ways along K (in whole groups);
-    split: K splits across programs (0: from waves, programs an SM aimed for)."""
+    """warps_n column tiles of 32 x quads a program, each split warps_k ways along K (in whole
+    groups); split: K splits across programs (0: from waves, programs an SM aimed for)."""
 
     warps_n: int = 2
     warps_k: int = 2
