@@ -299,7 +299,6 @@ def all_variants(m: int, dev: torch.device, quick: bool) -> dict:
     if m <= MMA_MAX_ROWS:  # the hand-placed mma.sync kernel; ".pre": x prepared outside the graph
         v["mma"] = ("mma", lambda x, w, out: w4a16_mma(x, w, out))
         v["mma.pre"] = ("mma", lambda x, w, out: w4a16_mma(x, w, out, pairs=mma_pairs_once(x, w)))
-        v["mma.pro"] = ("mma", lambda x, w, out: w4a16_mma(x, w, out, MmaTiles(prologue=True)))
         for name, t in MMA_TILES.items():
             v[name] = ("mma", lambda x, w, out, t=t: w4a16_mma(x, w, out, t))
             v[name + ".pre"] = ("mma", lambda x, w, out, t=t: w4a16_mma(x, w, out, t, pairs=mma_pairs_once(x, w)))

@@ -38,9 +38,8 @@ The activations reach the kernel as prep_x_pairs' scratch ([M, K] fp16 pairs + [
 fp32) from a launch of their own (prep_pairs, one program per 512 values), which can also form
 the input as w4a16_h2's prologue does: the RMSNorm (with the residual add, keeping the summed
 and normalized rows) or the gated activation, so a norm-then-linear is two launches as on the
-left-operand kernel. MmaTiles.prologue instead has every program convert its own K range
-first (programs sharing a range write identical bits): every column block then redoes the same
-work, which cost more than the launch (docs/BENCHMARKS.md 48.2).
+left-operand kernel. (Every program converting its own K range instead, as w4a16_h2 does, made
+every column block redo the same work and cost more than the launch: docs/BENCHMARKS.md 48.2.)
 
 USE_ASM (NVIDIA sm_80+): the mma is PTX (tl.inline_asm_elementwise over [L] tensors, L = the
 program's threads, one element a thread, so each thread's element i is lane i % 32 of warp
@@ -81,9 +80,6 @@ class MmaTiles:
     split: int = 0
     waves: int = 8
     quads: int = 1  # 4-column groups a thread: 1 (32 columns a warp) or 2 (64)
-    # each program forms its own K range's pairs (no prep launch): every column block redoes the
-    # same work, 27B gate_up at 8 rows 89.7 against 52.7 us with the pairs given (BENCHMARKS 48)
-    prologue: bool = False
 
     @property
     def block_n(self) -> int:
@@ -210,29 +206,24 @@ def fragment_tile(tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3, WARPS_N: tl.constexpr)
 
 
 @triton.jit
-def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr,
-                      ticket_ptr, M, N, K, groups_per_split, stride_xm, stride_qw, stride_sg, stride_om,
-                      num_splits, GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
-                      EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                      BLOCK_M: tl.constexpr, QUADS: tl.constexpr, USE_ASM: tl.constexpr,
-                      PDL: tl.constexpr = False):
+def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr,
+                      M, N, K, groups_per_split, stride_qw, stride_sg, stride_om, num_splits,
+                      GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
+                      EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, QUADS: tl.constexpr,
+                      USE_ASM: tl.constexpr, PDL: tl.constexpr = False):
     """Thread (wn, wk, g, c) of the program: columns 4g..4g+3 of warp column tile wn (words 0, 1
     for one mma's A rows g, g + 8, words 2, 3 for the other's), word rows 16 G + 4t + c of its
     groups G = wk, wk + WARPS_K, ..., activation row g (B), output rows 2c, 2c + 1 (C). Rows past
     M read row M - 1 (their outputs are dropped); EVEN_N (N fills the column tiles) and EVEN_K
     (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
     registers first. QUADS 2: a thread also takes columns 32 further (a warp 64 columns), sharing
-    its activation loads and group sums. PROLOGUE: the program first forms the pairs of its own K range (programs
-    sharing a range write identical bits), else xh / xg hold them already. PDL (kernels/pdl.py):
+    its activation loads and group sums. xp / xg: prep_pairs' scratch. PDL (kernels/pdl.py):
     waits for the previous grid first; lets the next launch after the K loop in mode LATE."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     g_start = pid_k * groups_per_split
     g_end = tl.minimum(g_start + groups_per_split, K // GROUP)
-    if PROLOGUE:
-        prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, g_start * GROUP, g_end * GROUP, GROUP, BLOCK_M)
-        tl.debug_barrier()  # the program's pairs are written before any thread reads them
     L: tl.constexpr = 32 * WARPS_N * WARPS_K
     WPG: tl.constexpr = GROUP // 8  # word rows a group
     QW: tl.constexpr = 32 * QUADS  # columns a warp
@@ -301,17 +292,6 @@ def _w4a16_mma_kernel(x_ptr, xh_ptr, xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_
 
 
 @triton.jit
-def prep_range(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, GROUP: tl.constexpr,
-               BLOCK_M: tl.constexpr):
-    """prep_x_pairs over [k_start, k_end) with one power of two a (row, group), PREP_VALUES at a
-    time."""
-    CHUNK_SEGS: tl.constexpr = max(1, PREP_VALUES // GROUP)
-    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, k_end, x_ptr, x_ptr, x_ptr, 0, 0,
-                 tl.zeros([BLOCK_M], tl.float32), 0, SEG=GROUP, BLOCK_M=BLOCK_M, CHUNK_SEGS=CHUNK_SEGS,
-                 NORM=False, RESIDUAL=False, ACT_IN=0, normed_ptr=x_ptr, NORM_OUT=False)
-
-
-@triton.jit
 def _prep_kernel(x_ptr, xh_ptr, xg_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, eps, M, K, stride_xm,
                  stride_rm, stride_sm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NORM: tl.constexpr,
                  RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
@@ -350,7 +330,8 @@ def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None
         raise ValueError(f"w4a16_mma pairs: x {tuple(x2.shape)} (1..{MAX_ROWS} row-contiguous rows, K a "
                          f"multiple of {group}), norm {norm_weight is not None}, residual "
                          f"{residual is not None}, summed {summed is not None}, act_in {act_in}")
-    xh, xg = pair_scratch(m, k, group, x2.device)
+    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
+    xg = torch.empty((2, m, k // group), dtype=torch.float32, device=x2.device)
     res = residual if residual is not None else x2
     sums = summed if summed is not None else (normed if normed is not None else x2)
     _prep_kernel[(triton.cdiv(k, PREP_VALUES),)](
@@ -360,12 +341,6 @@ def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None
         ACT_IN=ACT_CODES[act_in], NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
         NORM_OUT=normed is not None, num_warps=4, **pdl_args(x2.device))
     return xh, xg
-
-
-def pair_scratch(m: int, k: int, group: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """prep_x_pairs' scratch for m rows of k: pairs [M, K] fp16, [2, M, K / group] fp32."""
-    return (torch.empty((m, k), dtype=torch.float16, device=device),
-            torch.empty((2, m, k // group), dtype=torch.float32, device=device))
 
 
 def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.device) -> tuple[int, int]:
@@ -391,29 +366,23 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
               pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """out[M, N] = x2[M, K] @ W for 1..8 rows (x2 bf16/fp16 row-contiguous, out [M, N]
     row-contiguous). pairs: x2 already prepared (prep_pairs), else prepared by a launch of its
-    own (or, with tiles.prologue, by each program for its K range)."""
+    own."""
     m, k = x2.shape
     n = w.out_features
     if not mma_fits(m, w) or k != w.in_features or x2.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
     t = tiles or MmaTiles()
-    if pairs is not None:
-        xh, xg = pairs
-    elif t.prologue:
-        xh, xg = pair_scratch(m, k, w.group_size, x2.device)
-    else:
-        xh, xg = prep_pairs(x2, w.group_size)
+    xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)
     n_blocks = triton.cdiv(n, t.block_n)
     n_groups = k // w.group_size
     split, per = split_for(n_blocks, n_groups, t, x2.device)
     ws = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x2.device)
     _w4a16_mma_kernel[(n_blocks, split)](
-        x2, xh, xh.view(torch.int32), xg, w.qweight, w.scales, w.biases, out, ws,
-        ticket_buffer(x2.device, n_blocks), m, n, k, per, x2.stride(0), w.qweight.stride(0),
-        w.scales.stride(0), out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n,
-        WARPS_K=t.warps_k, EVEN_N=n % t.block_n == 0,
-        EVEN_K=n_groups % per == 0 and per % t.warps_k == 0, PROLOGUE=pairs is None and t.prologue,
-        BLOCK_M=next_pow2(m), QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k,
+        xh.view(torch.int32), xg, w.qweight, w.scales, w.biases, out, ws,
+        ticket_buffer(x2.device, n_blocks), m, n, k, per, w.qweight.stride(0), w.scales.stride(0),
+        out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n, WARPS_K=t.warps_k,
+        EVEN_N=n % t.block_n == 0, EVEN_K=n_groups % per == 0 and per % t.warps_k == 0,
+        QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k,
         **pdl_args(x2.device, "mma"))
     return out
