@@ -427,9 +427,9 @@ TABLE: dict[str, ArchTiles] = {
         # its batch 8 3% (1,160 against 1,194), the bf16 GEMV the 27B 2% (150.2). An early
         # grid's programs pack onto the SMs a draining GEMV grid frees (BENCHMARKS 35.2), but
         # an experts layer's attention GEMVs ("h2_experts_layer", not plain) gain early: the
-        # 30B-A3B W4A16 445.5 -> 461.8. The mma.sync kernel ("mma") starts plainly as the
-        # few-row kernel does until measured
-        pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4", "mma")),
+        # 30B-A3B W4A16 445.5 -> 461.8. The mma.sync kernel ("mma") gains early (BENCHMARKS
+        # 49.1): 8B W4A16 batch 8 (4-bit head) 2.948 -> 2.845 ms, 27B 10.674 -> 10.481.
+        pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
         name="sm120", num_sms=170,
@@ -546,7 +546,10 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # 17.1: 17-64 rows on the left-operand kernel (12-14% below the eight-dot kernel and deq).
     # 20.1: since its four nibble-pair dots a step, 3-64 rows (8B step linears at 3 / 8 / 16
     # rows 3.48 / 3.48 / 3.54 ms against the eight-dot kernel's 3.64 / 4.03 / 5.21).
-    "sm90": ((2, "h2"), (64, "dotL"), (1 << 62, "deq")),
+    # 49.1: 2-8 rows on the mma.sync kernel (H100, engine steps with it launched early, same
+    # tokens): 8B W4A16 batch 8 (4-bit head) 3.216 -> 2.845 ms, batch 2 3.139 -> 2.664; 27B
+    # batch 2 / 4 / 8 9.529 / 10.394 / 10.992 -> 9.399 / 9.730 / 10.481.
+    "sm90": ((1, "h2"), (8, "mma"), (64, "dotL"), (1 << 62, "deq")),
     "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
     # The interpreter routes decode rows to the packed-half GEMV so the kernel tests run it
@@ -556,20 +559,25 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
 
 
 # A/B runs without a patched tree: "lo-hi" (or one count) routes that many rows to the
-# hand-placed mma.sync kernel (kernels/w4a16_mma.py) on NVIDIA GPUs, ahead of the table
+# hand-placed mma.sync kernel (kernels/w4a16_mma.py) on NVIDIA GPUs, ahead of the table;
+# "off" routes the table's mma rows to the kernels they took before it (MMA_OFF_ROUTES)
 MMA_ROWS_ENV = "HOMELAB_LLM_W4A16_MMA"
+MMA_OFF = (0, 0)
+MMA_OFF_ROUTES = ((2, "h2"), (64, "dotL"))
 
 
 @functools.lru_cache(maxsize=8)
 def mma_rows_override(spec: str) -> tuple[int, int] | None:
-    """MMA_ROWS_ENV's text as an inclusive row range (None when empty)."""
+    """MMA_ROWS_ENV's text as an inclusive row range (None when empty, MMA_OFF for "off")."""
     if not spec.strip():
         return None
+    if spec.strip().lower() == "off":
+        return MMA_OFF
     lo, _, hi = spec.strip().partition("-")
     try:
         rows = (int(lo), int(hi or lo))
     except ValueError:
-        raise ValueError(f"{MMA_ROWS_ENV}={spec!r}: expected rows 'lo-hi' or one count, e.g. '2-8'") from None
+        raise ValueError(f"{MMA_ROWS_ENV}={spec!r}: expected rows 'lo-hi', one count or 'off', e.g. '2-8'") from None
     if not 1 <= rows[0] <= rows[1]:
         raise ValueError(f"{MMA_ROWS_ENV}={spec!r}: expected 1 <= lo <= hi")
     return rows
@@ -580,9 +588,12 @@ def w4a16_route(m: int, device: torch.device | None = None) -> str:
     picks for m rows on this device (MMA_ROWS_ENV first, on NVIDIA GPUs)."""
     arch = arch_name(device)
     mma = mma_rows_override(os.environ.get(MMA_ROWS_ENV, ""))
-    if mma is not None and arch.startswith("sm") and mma[0] <= m <= mma[1]:
+    if mma is not None and mma != MMA_OFF and arch.startswith("sm") and mma[0] <= m <= mma[1]:
         return "mma"
-    return next(kernel for rows, kernel in W4A16_ROUTES[arch] if m <= rows)
+    kernel = next(kernel for rows, kernel in W4A16_ROUTES[arch] if m <= rows)
+    if kernel == "mma" and mma == MMA_OFF:
+        return next(kernel for rows, kernel in MMA_OFF_ROUTES if m <= rows)
+    return kernel
 
 
 def rows_entry(entries: tuple, m: int, past_last: bool = False):

@@ -25,9 +25,11 @@ from homelab_llm.engine.layers.norm_chain import act_epilogue_mlp
 
 def fuses(x: torch.Tensor, linear: LinearBase) -> bool:
     """norm_then_linear runs as one launch for these rows and this layer's weight, or (W4A16 on
-    the few-row kernel) as a norm writing the linear's input in the order it reads it."""
+    the few-row kernels) as a norm writing the linear's input in the form it reads: the
+    left-operand kernel's pair order, the mma kernel's scaled pairs."""
     if linear.w4 is not None:
-        return dispatch.w4a16_prologue_route(x, linear.w4) or dispatch.w4a16_pairs_block(x, linear.w4) > 0
+        return (dispatch.w4a16_prologue_route(x, linear.w4) or dispatch.w4a16_mma_route(x, linear.w4)
+                or dispatch.w4a16_pairs_block(x, linear.w4) > 0)
     return linear.weight is not None and dispatch.dense_gemv_route(x, linear.weight)
 
 
@@ -74,7 +76,7 @@ def gated_mlp(x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm, gat
     chained = act_epilogue_mlp(x, residual, norm, gate_up, down, act)  # the few-row kernel's rows
     if chained is not None:
         return chained
-    if down.w4 is None or not (dispatch.w4a16_prologue_route(x, down.w4)
+    if down.w4 is None or not (dispatch.w4a16_prologue_route(x, down.w4) or dispatch.w4a16_mma_route(x, down.w4)
                                or (act == "silu" and dispatch.w4a16_pairs_block(x, down.w4))):
         return None
     h, residual = norm_then_linear(x, residual, norm, gate_up)

@@ -109,7 +109,8 @@ def test_mma_rejects_what_it_cannot_take(device: torch.device) -> None:
 def test_matmul_routes_rows_to_mma_under_the_switch(monkeypatch: pytest.MonkeyPatch, device: torch.device) -> None:
     """HOMELAB_LLM_W4A16_MMA=lo-hi sends those rows to the mma kernel on NVIDIA GPUs (the
     interpreter keeps its table), and w4a16_matmul gives the reference either way; a bad value
-    is a clear error."""
+    is a clear error; "off" takes a table's mma rows back to the packed-half and left-operand
+    kernels."""
     from homelab_llm.engine.kernels import tuning
     from homelab_llm.engine.kernels.w4a16 import w4a16_matmul
 
@@ -122,6 +123,12 @@ def test_matmul_routes_rows_to_mma_under_the_switch(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(tuning.MMA_ROWS_ENV, "8-2")
     with pytest.raises(ValueError, match="lo <= hi"):
         tuning.w4a16_route(3, device)
+    # a table that routes 2-8 rows to mma (sm90's): "off" gives them the kernels they took before
+    monkeypatch.setitem(tuning.W4A16_ROUTES, tuning.arch_name(device), ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
+    monkeypatch.setenv(tuning.MMA_ROWS_ENV, "off")
+    assert [tuning.w4a16_route(m, device) for m in (1, 2, 3, 8, 9)] == ["h2", "h2", "dotL", "dotL", "deq"]
+    monkeypatch.setenv(tuning.MMA_ROWS_ENV, "")
+    assert [tuning.w4a16_route(m, device) for m in (1, 2, 8)] == ["h2", "mma", "mma"]
 
 
 @pytest.mark.parametrize("m,residual,keep", [(3, True, True), (8, False, False), (2, True, False)])

@@ -1,0 +1,73 @@
+"""The layers' norm-then-linear and gated MLP on the mma.sync kernel's route (kernels/w4a16_mma.py):
+the RMSNorm (with its residual add) and the SiLU-and-mul run inside the pairs' launches
+(prep_pairs), not as launches of their own. On the CPU the interpreter's table is patched to route
+2-8 rows there (the kernel runs through mma_twin), where the launches are counted.
+
+Bounds (row-relative, against the reference ops): one linear 1e-2, the gated MLP 2e-2. The
+interpreter truncates where a GPU rounds, and the pairs' launch scales the fp32 norm or
+activation where the reference rounds it to bf16 first: ~4e-3 a linear here, ~8e-3 for the act
+form (the packed-half GEMV's act prologue is as far: 7.5e-3), and the MLP adds gate_up's error
+to down's. A missing 1 / rms, a wrong residual or a swapped gate and up is of order 1. The
+residual sum is exact (the same bf16 add)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import dispatch, tuning
+from homelab_llm.engine.kernels import w4a16_pack as wp
+from tests.engine.kernels.left_table import interpreted
+
+HIDDEN, INTER, ROWS = 256, 384, 4
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1)).max())
+
+
+def _layers(gen: torch.Generator):
+    from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+    from homelab_llm.engine.layers.norm import RMSNorm
+
+    norm = RMSNorm(HIDDEN)
+    norm.weight.data = (torch.rand(HIDDEN, generator=gen) + 0.5).to(torch.bfloat16)
+    gate_up, down = MergedColumnParallelLinear(HIDDEN, [INTER, INTER]), RowParallelLinear(INTER, HIDDEN)
+    for lin in (gate_up, down):
+        lin.set_w4(wp.quantize_rtn(torch.randn(lin.weight.shape, generator=gen) * lin.weight.shape[-1] ** -0.5,
+                                   128, False))
+    return norm, gate_up, down
+
+
+@interpreted
+def test_norm_and_act_run_in_the_pairs_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """norm_then_linear: one pairs' launch and one mma launch, no norm launch; gated_mlp: two of
+    each, no norm and no SiLU-and-mul launch; one row stays off the route."""
+    from homelab_llm.engine.layers.norm_linear import fuses, gated_mlp, norm_then_linear
+    from tests.engine.kernels.launch_count import count_calls
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
+    gen = torch.Generator().manual_seed(91)
+    norm, gate_up, down = _layers(gen)
+    x, residual = (torch.randn(ROWS, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(2))
+    assert fuses(x, gate_up) and dispatch.w4a16_mma_route(x, gate_up.w4)
+
+    normed, want_res = norm(x, residual)  # the separate ops (the reference path: no triton)
+    with monkeypatch.context() as ref:
+        ref.setattr(dispatch, "use_triton", lambda t: False)
+        want_h = gate_up(normed)
+        want = down(dispatch.gated_act(want_h, "silu"))
+
+    counts, (h, res) = count_calls(monkeypatch, lambda: norm_then_linear(x, residual, norm, gate_up))
+    assert torch.equal(res, want_res) and _rel(h, want_h) < 1e-2
+    assert counts["triton._rms_norm_kernel"] == 0 and counts["triton._prep_kernel"] == 1
+    assert counts["triton._w4a16_mma_kernel"] == 1
+
+    counts, (got, res) = count_calls(monkeypatch, lambda: gated_mlp(x, residual, norm, gate_up, down))
+    assert torch.equal(res, want_res) and _rel(got, want) < 2e-2
+    assert counts["triton._rms_norm_kernel"] == 0 and counts["triton._silu_and_mul_kernel"] == 0
+    assert counts["triton._prep_kernel"] == 2 and counts["triton._w4a16_mma_kernel"] == 2
+
+    one = x[:1]  # one row stays off the mma route: the packed-half GEMV's fused prologue
+    assert not dispatch.w4a16_mma_route(one, gate_up.w4)
