@@ -34,8 +34,8 @@ further (pid 1) through the W4A16 split-K epilogue (w4a16_gemv.store_or_reduce).
 group, acc * 2^e * scale + sum(x) * bias per (row, column) (W = q s + b within a group), as in
 the packed-half GEMV.
 
-The activations reach the kernel as prep_x_pairs' scratch ([M, K] fp16 pairs + [2, M, K / group]
-fp32) from a launch of their own (prep_pairs, one program per 512 values), which can also form
+The activations reach the kernel as prep_x_pairs' scratch ([M, K] fp16 pairs + [M, 2, K / group]
+fp32) from a launch of their own (prep_pairs, one program per row and 512 values), which can also form
 the input as w4a16_h2's prologue does: the RMSNorm (with the residual add, keeping the summed
 and normalized rows) or the gated activation, so a norm-then-linear is two launches as on the
 left-operand kernel. (Every program converting its own K range instead, as w4a16_h2 does, made
@@ -57,7 +57,6 @@ import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.tuning import device_sms
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
@@ -264,10 +263,10 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
                 ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = quad_step(
                     qw_ptr, w_offs + t * step_w + 32, ok[:, None] & col_ok2, x0, x1, x2, x3,
                     ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3, L // 32, USE_ASM)
-        sum0 = tl.load(xg_ptr + row0 * n_groups + G, mask=ok, other=0.0)
-        sum1 = tl.load(xg_ptr + row1 * n_groups + G, mask=ok, other=0.0)
-        undo0 = tl.load(xg_ptr + (M + row0) * n_groups + G, mask=ok, other=0.0)
-        undo1 = tl.load(xg_ptr + (M + row1) * n_groups + G, mask=ok, other=0.0)
+        sum0 = tl.load(xg_ptr + 2 * row0 * n_groups + G, mask=ok, other=0.0)
+        sum1 = tl.load(xg_ptr + 2 * row1 * n_groups + G, mask=ok, other=0.0)
+        undo0 = tl.load(xg_ptr + (2 * row0 + 1) * n_groups + G, mask=ok, other=0.0)
+        undo1 = tl.load(xg_ptr + (2 * row1 + 1) * n_groups + G, mask=ok, other=0.0)
         tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = quad_totals(
             scales_ptr, biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, undo0, undo1, sum0, sum1,
             dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3)
@@ -293,17 +292,28 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
 
 @triton.jit
 def _prep_kernel(x_ptr, xh_ptr, xg_ptr, res_ptr, nw_ptr, sum_ptr, normed_ptr, eps, M, K, stride_xm,
-                 stride_rm, stride_sm, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, NORM: tl.constexpr,
+                 stride_rm, stride_sm, GROUP: tl.constexpr, NORM: tl.constexpr,
                  RESIDUAL: tl.constexpr, ACT_IN: tl.constexpr, NORM_CHUNK: tl.constexpr,
                  NORM_OUT: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (chunk, row): one row's PREP_VALUES values as prep_x_pairs' scratch in the
+    row-major [M, 2, K / GROUP] group layout, so that a row's two planes are prep_x_pairs' one-row
+    [2, K / GROUP]. One row a program: the norm's sum of squares is one trip over the row (all
+    rows in each program took 4-5 L2 round trips: docs/BENCHMARKS.md 49.1)."""
     pdl_enter(PDL)  # x is the previous grid's output
     k_start = tl.program_id(0) * PREP_VALUES
-    rstd = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:  # every program reads the whole rows for their scale (a few KB from L2)
-        rstd = row_rstd(x_ptr, res_ptr, M, K, eps, stride_xm, stride_rm, BLOCK_M, NORM_CHUNK, RESIDUAL)
+    row = tl.program_id(1).to(tl.int64)
+    x_ptr += row * stride_xm
+    res_ptr += row * stride_rm
+    sum_ptr += row * stride_sm
+    normed_ptr += row * stride_sm
+    xh_ptr += row * K
+    xg_ptr += row * 2 * (K // GROUP)
+    rstd = tl.zeros([1], tl.float32)
+    if NORM:  # every program reads the whole row for its scale (a few KB from L2)
+        rstd = row_rstd(x_ptr, res_ptr, 1, K, eps, stride_xm, stride_rm, 1, NORM_CHUNK, RESIDUAL)
     CHUNK_SEGS: tl.constexpr = max(1, PREP_VALUES // GROUP)
-    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, M, K, stride_xm, k_start, tl.minimum(k_start + PREP_VALUES, K),
-                 res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, K, SEG=GROUP, BLOCK_M=BLOCK_M,
+    prep_x_pairs(x_ptr, xh_ptr, xg_ptr, 1, K, stride_xm, k_start, tl.minimum(k_start + PREP_VALUES, K),
+                 res_ptr, nw_ptr, sum_ptr, stride_rm, stride_sm, rstd, K, SEG=GROUP, BLOCK_M=1,
                  CHUNK_SEGS=CHUNK_SEGS, NORM=NORM, RESIDUAL=RESIDUAL, ACT_IN=ACT_IN, normed_ptr=normed_ptr,
                  NORM_OUT=NORM_OUT)
 
@@ -318,9 +328,9 @@ def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None
                residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
                act_in: str | None = None, normed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x2's rows as prep_x_pairs' scratch with one power of two a (row, group): (pairs [M, K]
-    fp16, [2, M, K / group] fp32), one launch that can also form the input as w4a16_h2's
-    prologue does (the same arguments, checked there): RMSNorm(x2 (+ residual)) * norm_weight,
-    storing x2 + residual in summed and the normalized rows in normed; act_in: x2 is [M, 2K]
+    fp16, [M, 2, K / group] fp32: a row's sums, then its undo factors), one launch (a program
+    per row and 512 values) that can also form the input as w4a16_h2's prologue does (the same
+    arguments, checked there): RMSNorm(x2 (+ residual)) * norm_weight, storing x2 + residual in summed and the normalized rows in normed; act_in: x2 is [M, 2K]
     gate | up and the pairs are act(gate) * up."""
     m = x2.shape[0]
     k = x2.shape[1] // 2 if act_in else x2.shape[1]
@@ -331,14 +341,14 @@ def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None
                          f"multiple of {group}), norm {norm_weight is not None}, residual "
                          f"{residual is not None}, summed {summed is not None}, act_in {act_in}")
     xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-    xg = torch.empty((2, m, k // group), dtype=torch.float32, device=x2.device)
+    xg = torch.empty((m, 2, k // group), dtype=torch.float32, device=x2.device)
     res = residual if residual is not None else x2
     sums = summed if summed is not None else (normed if normed is not None else x2)
-    _prep_kernel[(triton.cdiv(k, PREP_VALUES),)](
+    _prep_kernel[(triton.cdiv(k, PREP_VALUES), m)](
         x2, xh, xg, res, norm_weight if norm_weight is not None else x2, sums,
         normed if normed is not None else x2, float(eps), m, k, x2.stride(0), res.stride(0), sums.stride(0),
-        GROUP=group, BLOCK_M=next_pow2(m), NORM=norm_weight is not None, RESIDUAL=residual is not None,
-        ACT_IN=ACT_CODES[act_in], NORM_CHUNK=norm_chunk(k, next_pow2(m)) if norm_weight is not None else 1,
+        GROUP=group, NORM=norm_weight is not None, RESIDUAL=residual is not None,
+        ACT_IN=ACT_CODES[act_in], NORM_CHUNK=norm_chunk(k, 1) if norm_weight is not None else 1,
         NORM_OUT=normed is not None, num_warps=4, **pdl_args(x2.device))
     return xh, xg
 
