@@ -428,7 +428,7 @@ TABLE: dict[str, ArchTiles] = {
         # grid's programs pack onto the SMs a draining GEMV grid frees (BENCHMARKS 35.2), but
         # an experts layer's attention GEMVs ("h2_experts_layer", not plain) gain early: the
         # 30B-A3B W4A16 445.5 -> 461.8. The mma.sync kernel ("mma") gains early (BENCHMARKS
-        # 49.1): 8B W4A16 batch 8 (4-bit head) 2.948 -> 2.845 ms, 27B 10.674 -> 10.481.
+        # 49.2): 8B W4A16 batch 8 (4-bit head) 2.948 -> 2.845 ms, 27B 10.674 -> 10.481.
         pdl=1, pdl_plain=("h2", "h2_wide", "dot", "dense", "moe_w4")),
     # Blackwell consumer (RTX 5090, sm120): Ampere-style MMA path, ~100 KB shared memory.
     "sm120": ArchTiles(
@@ -546,9 +546,10 @@ W4A16_ROUTES: dict[str, tuple[tuple[int, str], ...]] = {
     # 17.1: 17-64 rows on the left-operand kernel (12-14% below the eight-dot kernel and deq).
     # 20.1: since its four nibble-pair dots a step, 3-64 rows (8B step linears at 3 / 8 / 16
     # rows 3.48 / 3.48 / 3.54 ms against the eight-dot kernel's 3.64 / 4.03 / 5.21).
-    # 49.1: 2-8 rows on the mma.sync kernel (H100, engine steps with it launched early, same
-    # tokens): 8B W4A16 batch 8 (4-bit head) 3.216 -> 2.845 ms, batch 2 3.139 -> 2.664; 27B
-    # batch 2 / 4 / 8 9.529 / 10.394 / 10.992 -> 9.399 / 9.730 / 10.481.
+    # 49: 2-8 rows on the mma.sync kernel, its pairs' launch forming the norm or the SiLU (H100,
+    # engine steps' graph GPU time, same tokens, against these rows on h2 / dotL): 8B W4A16
+    # (4-bit head) batch 2 / 4 / 8 3.139 / 3.112 / 3.214 -> 2.564 / 2.613 / 2.725 ms; 27B batch
+    # 4 / 8 10.394 / 10.885 -> 9.323 / 10.026, batch 8 with int8 KV 11.274 -> 10.502.
     "sm90": ((1, "h2"), (8, "mma"), (64, "dotL"), (1 << 62, "deq")),
     "sm120": ((2, "gemv"), (64, "dot"), (256, "gemm"), (1 << 62, "deq")),
     "gfx1100": ((2, "gemv"), (32, "dot"), (256, "gemm"), (1 << 62, "deq")),
