@@ -71,3 +71,40 @@ def test_norm_and_act_run_in_the_pairs_launches(monkeypatch: pytest.MonkeyPatch)
 
     one = x[:1]  # one row stays off the mma route: the packed-half GEMV's fused prologue
     assert not dispatch.w4a16_mma_route(one, gate_up.w4)
+
+
+@interpreted
+def test_hybrid_decode_step_on_the_mma_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny W4A16 Qwen3.5 hybrid's 4-row decode step (a Gated DeltaNet layer, a gated attention
+    one) with every linear on the mma kernel against the same step on the left-operand
+    kernel: hidden rows within 2e-2 (two equally exact paths through the truncating interpreter
+    drift ~6e-3 a layer, test_norm_chain_layers), a linear's pairs' launch each, and no norm or
+    SiLU-and-mul launch but the final norm (the input norms ride in in_proj_qkvz's and qkv_proj's
+    pairs' launches, which keep the normalized rows for the bf16 in_proj_ba)."""
+    from homelab_llm.engine.context import forward_context
+    from homelab_llm.engine.kernels import gdn
+    from tests.engine.kernels.launch_count import count_calls
+    from tests.engine.kernels.left_table import hybrid_w4_model, use_left_table
+
+    monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
+    monkeypatch.setattr(gdn, "use_triton", lambda t: True)
+    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 93, ("linear_attention", "full_attention"))
+    ids = torch.tensor([3, 9, 27, 41])
+
+    def step():
+        import copy
+
+        with torch.no_grad(), forward_context(ctx):
+            copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers outside the count
+            fresh = copy.deepcopy(model)
+            return count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
+
+    use_left_table(monkeypatch, x_pairs=True)
+    _, want = step()
+    monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
+    counts, got = step()
+    assert _rel(got, want) < 2e-2
+    linears = 4 * config.num_hidden_layers  # qkvz | qkv, out_proj | o_proj, gate_up, down
+    assert counts["triton._w4a16_mma_kernel"] == counts["triton._prep_kernel"] == linears
+    assert counts["triton._rms_norm_kernel"] == 1 and counts["triton._silu_and_mul_kernel"] == 0
+    assert counts["triton._w4a16_dot_kernel"] == 0
