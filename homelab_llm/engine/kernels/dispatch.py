@@ -264,6 +264,28 @@ def w4a16_mma_pairs(x: torch.Tensor, weight, **form) -> torch.Tensor:
     return w4a16_mma(xh, weight, out, pairs=(xh, xg))
 
 
+def w4a16_rows_mma(m: int, like: torch.Tensor, weight) -> bool:
+    """m contiguous rows that a kernel is yet to write in like's dtype on like's device take the
+    W4A16 `weight` on the mma kernel, so that kernel may write them as its pairs instead
+    (kernels/w4a16_mma.empty_pairs; the Gated DeltaNet decode's output for its out projection)."""
+    if not w4a16_kernel_dtype(like, weight):
+        return False
+    from homelab_llm.engine.kernels.tuning import w4a16_route
+    from homelab_llm.engine.kernels.w4a16_mma import mma_fits
+
+    return w4a16_route(m, like.device) == "mma" and mma_fits(m, weight)
+
+
+def w4a16_prepared_matmul(pairs: tuple[torch.Tensor, torch.Tensor], weight, dtype: torch.dtype) -> torch.Tensor:
+    """Rows already written as the mma kernel's pairs (by their producer, w4a16_rows_mma) @ W,
+    out in dtype: one launch."""
+    from homelab_llm.engine.kernels.w4a16_mma import w4a16_mma
+
+    xh = pairs[0]
+    out = torch.empty((xh.shape[0], weight.out_features), dtype=dtype, device=xh.device)
+    return w4a16_mma(xh, weight, out, pairs=pairs)
+
+
 def w4a16_pairs_block(x: torch.Tensor, weight) -> int:
     """The K step in whose pair order (kernels/pair_order.py) the W4A16 linear for x's rows
     wants its input from the kernel that makes it (the norm, the SiLU-and-mul): a GPU whose

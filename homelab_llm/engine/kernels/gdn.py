@@ -125,7 +125,8 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             scale: float | None = None, rows_per_seq: int = 1,
                             gating: tuple[torch.Tensor, torch.Tensor] | None = None,
                             gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                            pair_block: int = 0, pending: PendingRows | None = None) -> torch.Tensor:
+                            pair_block: int = 0, pending: PendingRows | None = None,
+                            mma_pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Decode rows: q, k [N, Hk, Dk], v [N, Hv, Dv] -> o [N, Hv, Dv], in groups of rows_per_seq
     tokens of one sequence (one token per sequence by default); state in place. gating =
     (A_log, dt_bias): g and beta are the raw a and b, gated first (gdn_gating; on a GPU inside
@@ -134,15 +135,18 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     pair_block (with gated_norm): each row's Hv * Dv values in that pair order
     (kernels/pair_order.py), for the out projection's W4A16 few-row kernel
     (dispatch.w4a16_pairs_block). pending: the layer's pending rows (required for groups of 2+
-    rows; see the module docstring)."""
+    rows; see the module docstring). mma_pairs (with gated_norm): the normed rows written there
+    as the W4A16 mma kernel's pairs (kernels/w4a16_mma.empty_pairs) for the out projection
+    (dispatch.w4a16_rows_mma); the returned rows are then scratch on a GPU."""
     _check_rule(q, k, v, g, beta, ssm_state)
     _check_slots(state_indices, q.shape[0], rows_per_seq)
     if use_triton(q):
         from homelab_llm.engine.kernels import gdn_recurrent
 
         return gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
-                                                        rows_per_seq, gating, gated_norm, pair_block, pending)
-    if pair_block and gated_norm is None:
+                                                        rows_per_seq, gating, gated_norm, pair_block, pending,
+                                                        mma_pairs)
+    if (pair_block or mma_pairs is not None) and gated_norm is None:
         raise ValueError("pair order is written by the gated norm: pass gated_norm with pair_block")
     if gating is not None:
         g, beta = gdn_ref.gdn_gating_ref(g, beta, *gating)
@@ -152,6 +156,11 @@ def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
         return o
     z, weight, eps = gated_norm
     o = gated_rms_norm(o.reshape(-1, o.shape[-1]), z.reshape(-1, z.shape[-1]), weight, eps)
+    if mma_pairs is not None:  # (the interpreter's pairs' launch: the route is a GPU's)
+        from homelab_llm.engine.kernels.w4a16_mma import prep_pairs
+
+        xh, xg = mma_pairs
+        prep_pairs(o.view(z.shape[0], -1), xh.shape[1] // xg.shape[-1], out=mma_pairs)
     from homelab_llm.engine.kernels.pair_order import rows_in_pair_order
 
     return rows_in_pair_order(o.view(z.shape), pair_block)

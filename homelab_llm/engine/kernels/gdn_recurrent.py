@@ -41,6 +41,9 @@ from homelab_llm.engine.kernels.pair_order import pair_check, pair_position, row
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import gdn_step_tiles
 from homelab_llm.engine.kernels.w4a16_gemv import MAX_BLOCKS, ticket_buffer
+from homelab_llm.engine.kernels.w4a16_half2 import store_x_pairs
+
+MMA_GROUP = tl.constexpr(128)  # the mma kernel's group (w4a16_mma.mma_fits)
 
 
 @triton.jit
@@ -54,6 +57,7 @@ def _recurrent_step_kernel(
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, GROUP: tl.constexpr, BLOCK_V: tl.constexpr,
     ROWS: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr = False, DV_PAD: tl.constexpr = 1,
     PDL: tl.constexpr = False, PAIR_BLOCK: tl.constexpr = 0, PEND_ROWS: tl.constexpr = 0,
+    xh_ptr=None, xg_ptr=None, K_ALL=0, MMA: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     first = tl.program_id(0).to(tl.int64) * ROWS  # the group's first row
@@ -65,6 +69,11 @@ def _recurrent_step_kernel(
         for j in tl.static_range(ROWS):
             tl.store(o_ptr + (first + j) * stride_ob + h * stride_oh + offs_v,
                      tl.zeros([BLOCK_V], tl.float32).to(o_ptr.dtype.element_ty), mask=v_mask)
+            if MMA:  # zero pairs (any order) and group sums for the padding row
+                tl.store(xh_ptr + (first + j) * K_ALL + h * DV + offs_v, tl.zeros([BLOCK_V], tl.float16),
+                         mask=v_mask)
+                if tl.program_id(2) == 0:
+                    _zero_head_groups(xg_ptr + (first + j) * 2 * (K_ALL // MMA_GROUP), h, K_ALL, DV)
         return
     offs_k = tl.arange(0, DK_PAD)
     k_mask = offs_k < DK
@@ -128,17 +137,31 @@ def _recurrent_step_kernel(
     if NORM:
         _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_ptr + tl.program_id(0) * tl.num_programs(1) + h,
                          first, h, eps, stride_ob, stride_oh, stride_zb, stride_zh, DV, DV_PAD, ROWS,
-                         PAIR_BLOCK)
+                         PAIR_BLOCK, xh_ptr, xg_ptr, K_ALL, MMA)
+
+
+@triton.jit
+def _zero_head_groups(xg_row, h, K_ALL, DV: tl.constexpr):
+    """A padding row's group sums and undo factors of head h's groups (both planes) as zeros."""
+    n_groups = K_ALL // MMA_GROUP
+    g = h * (DV // MMA_GROUP) + tl.arange(0, DV // MMA_GROUP)
+    tl.store(xg_row + g, tl.zeros([DV // MMA_GROUP], tl.float32))
+    tl.store(xg_row + n_groups + g, tl.zeros([DV // MMA_GROUP], tl.float32))
 
 
 @triton.jit
 def _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_at, first, h, eps, stride_ob, stride_oh,
                      stride_zb, stride_zh, DV: tl.constexpr, DV_PAD: tl.constexpr,
-                     ROWS: tl.constexpr, PAIR_BLOCK: tl.constexpr = 0):
+                     ROWS: tl.constexpr, PAIR_BLOCK: tl.constexpr = 0, xh_ptr=None, xg_ptr=None,
+                     K_ALL=0, MMA: tl.constexpr = False):
     """The head's last value-block program: rmsnorm(o) * w * silu(z) over the head's stored
     output rows of the group (gdn_norm._gated_rms_norm_kernel's formula), in place; with
     PAIR_BLOCK (a divisor of DV) stored in that pair order inside the head's values (the whole
-    row is read, reduced and only then stored, so the permuted store overwrites nothing unread)."""
+    row is read, reduced and only then stored, so the permuted store overwrites nothing unread);
+    with MMA (DV a power of two and a multiple of MMA_GROUP) stored instead as the mma kernel's
+    pairs of the row (w4a16_half2.store_x_pairs: xh [rows, K_ALL] fp16, xg [rows, 2, K_ALL /
+    MMA_GROUP]), the values rounded to o's dtype first, as the rows it would have stored."""
+    SEGS: tl.constexpr = max(1, DV_PAD // MMA_GROUP)  # MMA: the head's groups
     tl.debug_barrier()  # every thread's outputs are written before the ticket is taken
     if tl.atomic_add(ticket_at, 1, sem="acq_rel") == tl.num_programs(2) - 1:
         offs = tl.arange(0, DV_PAD)
@@ -151,7 +174,14 @@ def _gated_norm_head(o_ptr, z_ptr, nw_ptr, ticket_at, first, h, eps, stride_ob, 
                         other=0.0).to(tl.float32)
             inv = tl.math.rsqrt(tl.sum(x * x, axis=0) / DV + eps)
             y = x * inv * w * (z / (1.0 + tl.exp(-z)))
-            tl.store(head + pair_position(offs, PAIR_BLOCK), y.to(o_ptr.dtype.element_ty), mask=mask)
+            if MMA:
+                y3 = tl.reshape(y.to(o_ptr.dtype.element_ty).to(tl.float32), [1, SEGS, MMA_GROUP])
+                k3 = h * DV + tl.reshape(offs, [1, SEGS, MMA_GROUP])
+                store_x_pairs(y3, k3, k3 < K_ALL, h * DV, xh_ptr + (first + j) * K_ALL,
+                              xg_ptr + (first + j) * 2 * (K_ALL // MMA_GROUP), 1, K_ALL, K_ALL,
+                              MMA_GROUP, 1, SEGS)
+            else:
+                tl.store(head + pair_position(offs, PAIR_BLOCK), y.to(o_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(ticket_at, 0)
 
 
@@ -161,14 +191,19 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                gating: tuple[torch.Tensor, torch.Tensor] | None = None,
                                gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
                                pair_block: int = 0,
-                               pending: gdn_pending.PendingRows | None = None) -> torch.Tensor:
+                               pending: gdn_pending.PendingRows | None = None,
+                               mma_pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Rows in groups of rows_per_seq tokens of one sequence (gdn_ref.gated_delta_rule_decode_ref).
     gating = (A_log, dt_bias): g and beta are the raw a and b [N, Hv], gated in the kernel
     (gdn_ref.gdn_gating_ref; one launch fewer a layer). gated_norm = (z [N, Hv, Dv], weight
     [Dv], eps): the output is gated_rms_norm(o, z, weight, eps) (one launch fewer again).
     pair_block (with gated_norm): each row's Hv * Dv values in pair order at that K step
     (pair_order; stored so by the norm where the step divides Dv, else reordered after).
-    pending: the layer's pending rows (gdn_pending.py; required for groups of 2+ rows)."""
+    pending: the layer's pending rows (gdn_pending.py; required for groups of 2+ rows).
+    mma_pairs (with gated_norm; w4a16_mma.empty_pairs for the rows' Hv * Dv values): the normed
+    rows written there as the mma kernel's pairs instead (by the norm where Dv allows, else by
+    prep_pairs after), for the out projection (LinearBase.rows_take_mma_pairs); the returned
+    rows are then the un-normed outputs, scratch."""
     check_rows(q, k, v, g, beta, ssm_state)
     gdn_pending.check_groups(rows_per_seq, pending)
     if pending is not None:
@@ -178,6 +213,8 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     if pair_block and gated_norm is None:
         raise ValueError("pair order is written by the gated norm: pass gated_norm with pair_block")
     pair_check(hv * dv, pair_block)
+    if mma_pairs is not None and (gated_norm is None or pair_block):
+        raise ValueError("the mma pairs are written by the gated norm, in k order: pass gated_norm, no pair_block")
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # rows contiguous (v is often a view)
     if rows == 0:
         return out
@@ -194,6 +231,15 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
                                        rows_per_seq, gating, gated_norm, pending=pending)
         return rows_in_pair_order(o, pair_block)
+    mma = mma_pairs is not None
+    if mma and (groups * hv > MAX_BLOCKS or dv % MMA_GROUP.value or dv != next_pow2(dv)):
+        # the norm's store cannot write the pairs: the normed rows, then the pairs' launch
+        from homelab_llm.engine.kernels.w4a16_mma import prep_pairs
+
+        o = recurrent_gated_delta_rule(q, k, v, g, beta, ssm_state, state_indices, scale,
+                                       rows_per_seq, gating, gated_norm, pending=pending)
+        prep_pairs(o.view(rows, hv * dv), MMA_GROUP.value, out=mma_pairs)
+        return o
     if gated_norm is not None and groups * hv > MAX_BLOCKS:  # more heads than ticket counters
         from homelab_llm.engine.kernels.gdn_norm import gated_rms_norm
 
@@ -212,5 +258,6 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         DK=dk, DV=dv, DK_PAD=next_pow2(dk), GROUP=hv // hk, BLOCK_V=block_v, ROWS=rows_per_seq,
         GATING=gating is not None, NORM=gated_norm is not None, DV_PAD=next_pow2(dv),
         PAIR_BLOCK=pair_block, PEND_ROWS=pending.rows if pending is not None else 0,
+        xh_ptr=mma_pairs[0] if mma else out, xg_ptr=mma_pairs[1] if mma else out, K_ALL=hv * dv, MMA=mma,
         num_warps=warps, **pdl_args(q.device))
     return out

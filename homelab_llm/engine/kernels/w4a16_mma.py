@@ -324,14 +324,22 @@ def mma_fits(m: int, w: W4Weight) -> bool:
     return 1 <= m <= MAX_ROWS and w.group_size == 128 and w.perm is None and w.qweight.dim() == 2
 
 
+def empty_pairs(m: int, k: int, group: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch for m rows of k values as the kernel's pairs: ([m, k] fp16, [m, 2, k / group] fp32),
+    for prep_pairs(out=) or a producer that writes them (gdn_recurrent's gated norm)."""
+    return (torch.empty((m, k), dtype=torch.float16, device=device),
+            torch.empty((m, 2, k // group), dtype=torch.float32, device=device))
+
+
 def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
-               act_in: str | None = None, normed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               act_in: str | None = None, normed: torch.Tensor | None = None,
+               out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x2's rows as prep_x_pairs' scratch with one power of two a (row, group): (pairs [M, K]
     fp16, [M, 2, K / group] fp32: a row's sums, then its undo factors), one launch (a program
     per row and 512 values) that can also form the input as w4a16_h2's prologue does (the same
     arguments, checked there): RMSNorm(x2 (+ residual)) * norm_weight, storing x2 + residual in summed and the normalized rows in normed; act_in: x2 is [M, 2K]
-    gate | up and the pairs are act(gate) * up."""
+    gate | up and the pairs are act(gate) * up. out: empty_pairs' scratch to write (else new)."""
     m = x2.shape[0]
     k = x2.shape[1] // 2 if act_in else x2.shape[1]
     if not 1 <= m <= MAX_ROWS or k % group or x2.stride(1) != 1 or act_in not in ACT_CODES \
@@ -340,8 +348,10 @@ def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None
         raise ValueError(f"w4a16_mma pairs: x {tuple(x2.shape)} (1..{MAX_ROWS} row-contiguous rows, K a "
                          f"multiple of {group}), norm {norm_weight is not None}, residual "
                          f"{residual is not None}, summed {summed is not None}, act_in {act_in}")
-    xh = torch.empty((m, k), dtype=torch.float16, device=x2.device)
-    xg = torch.empty((m, 2, k // group), dtype=torch.float32, device=x2.device)
+    xh, xg = out if out is not None else empty_pairs(m, k, group, x2.device)
+    if xh.shape != (m, k) or xg.shape != (m, 2, k // group) or not (xh.is_contiguous() and xg.is_contiguous()):
+        raise ValueError(f"w4a16_mma pairs: scratch {tuple(xh.shape)} / {tuple(xg.shape)} for {m} rows "
+                         f"of {k}")
     res = residual if residual is not None else x2
     sums = summed if summed is not None else (normed if normed is not None else x2)
     _prep_kernel[(triton.cdiv(k, PREP_VALUES), m)](

@@ -119,12 +119,21 @@ class GatedDeltaNet(nn.Module):
         if d == tokens and tokens:
             # decode rows only: the decode kernel gates a and b and applies the gated norm itself
             # (in the out projection's pair order where its W4A16 kernel reads x so)
+            # (or as the mma kernel's pairs where that kernel takes the rows: no pairs' launch)
             z_heads = z.view(tokens, self.num_v_heads, self.head_v_dim)
-            pairs = proj.rows_pairs_block(tokens, v)
+            mma = proj.rows_take_mma_pairs(tokens, v)
+            pairs = 0 if mma else proj.rows_pairs_block(tokens, v)
+            scratch = None
+            if mma:
+                from homelab_llm.engine.kernels.w4a16_mma import empty_pairs
+
+                scratch = empty_pairs(tokens, self.value_dim, proj.w4.group_size, v.device)
             o = gdn.gated_delta_rule_decode(q, k, v, a, b, self.ssm_state, ctx.state_indices,
                                             rows_per_seq=ctx.verify_width, gating=(self.A_log, self.dt_bias),
                                             gated_norm=(z_heads, self.norm.weight, self.eps), pair_block=pairs,
-                                            pending=self.pending)
+                                            pending=self.pending, mma_pairs=scratch)
+            if mma:
+                return proj(o.reshape(tokens, self.value_dim), pairs=scratch)
             return proj(o.reshape(tokens, self.value_dim), paired=pairs > 0)
         g, beta = gdn.gdn_gating(a, b, self.A_log, self.dt_bias)  # strided rows: no copies
         o = self._rows(ctx, d, gdn.gated_delta_rule_decode, gdn.gated_delta_rule_prefill,

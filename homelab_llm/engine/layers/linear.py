@@ -62,9 +62,11 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._matmul(x, self.bias)
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None,
-                act_in: str | None = None, paired: bool = False) -> torch.Tensor:
-        if paired:  # x in the pair order rows_pairs_block gave (written so by its producer)
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None, act_in: str | None = None,
+                paired: bool = False, pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if pairs is not None:  # x's rows already as the mma kernel's pairs (rows_take_mma_pairs)
+            out = dispatch.w4a16_prepared_matmul(pairs, self.w4, x.dtype)
+        elif paired:  # x in the pair order rows_pairs_block gave (written so by its producer)
             out = dispatch.w4a16_paired_matmul(x, self.w4)
         elif act_in:  # x is a gated MLP's gate | up: its activation first (in the GEMV's prologue)
             out = dispatch.w4a16_act_matmul(x, self.w4, act_in) if self.w4 is not None else \
@@ -80,6 +82,12 @@ class LinearBase(nn.Module):
         kernel is yet to write in like's dtype and device: a W4A16 weight on the few-row kernel's
         tiles that read x so (dispatch.w4a16_rows_pairs_block); 0 for k order."""
         return dispatch.w4a16_rows_pairs_block(m, like, self.w4) if self.w4 is not None else 0
+
+    def rows_take_mma_pairs(self, m: int, like: torch.Tensor) -> bool:
+        """m rows that a kernel is yet to write in like's dtype and device may be handed over as
+        the W4A16 mma kernel's pairs (kernels/w4a16_mma.empty_pairs; forward(x, pairs=)): the
+        route takes them there (dispatch.w4a16_rows_mma)."""
+        return self.w4 is not None and dispatch.w4a16_rows_mma(m, like, self.w4)
 
     def materialize(self, device: torch.device | str, dtype: torch.dtype) -> None:
         """Give a deferred (meta) weight real storage, to be filled by weight_loader."""
@@ -231,11 +239,14 @@ class RowParallelLinear(LinearBase):
             in_features, self.tp_size, self.tp_rank, "input features")
         super().__init__(in_local, out_features, bias)
 
-    def forward(self, x: torch.Tensor, act_in: str | None = None, paired: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act_in: str | None = None, paired: bool = False,
+                pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x @ W (+ bias), all-reduced; act_in ("silu" or "gelu_tanh"): x is [gate | up] and the
-        input act(gate) * up; paired: x in the pair order rows_pairs_block gave."""
+        input act(gate) * up; paired: x in the pair order rows_pairs_block gave; pairs: x's rows
+        as the mma kernel's pairs, written by their producer (rows_take_mma_pairs; x gives the
+        output's dtype only)."""
         # The bias is added once, on rank 0, so the all-reduce sums it exactly once.
-        out = self._matmul(x, self.bias if self.tp_rank == 0 else None, act_in, paired)
+        out = self._matmul(x, self.bias if self.tp_rank == 0 else None, act_in, paired, pairs)
         return all_reduce(out) if self.tp_size > 1 else out
 
     def shard_slices(self, param, shard_id):

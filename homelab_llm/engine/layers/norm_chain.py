@@ -88,6 +88,9 @@ class NormAfter:
     def rows_pairs_block(self, m: int, like: torch.Tensor) -> int:
         return self.linear.rows_pairs_block(m, like)
 
+    def rows_take_mma_pairs(self, m: int, like: torch.Tensor) -> bool:
+        return False  # its epilogue kernel reads x in pair order
+
     def __call__(self, x: torch.Tensor, paired: bool = False) -> Prenormed:
         """x in the linear's pair order (paired), or in k order, reordered here (a mixed step's
         rows, whose kernels before the linear write k order)."""

@@ -639,6 +639,7 @@ def _gdn_scenarios():
 
     from homelab_llm.engine.kernels import gdn_chunk, gdn_conv, gdn_norm, gdn_recurrent
     from homelab_llm.engine.kernels.gdn_pending import PendingRows
+    from homelab_llm.engine.kernels.w4a16_mma import empty_pairs
 
     bf16, i32 = torch.bfloat16, torch.int32
     hk, hv, d, channels, width, slots = 16, 48, 128, 10240, 4, 16
@@ -698,6 +699,14 @@ def _gdn_scenarios():
             yield lambda r=rule, idx=idx, gates=gates, norm=norm: gdn_recurrent.recurrent_gated_delta_rule(
                 *(t[:idx.shape[0]] for t in r[:3]), r[4][:idx.shape[0]], r[4][:idx.shape[0]], ssm_state,
                 idx, gating=gates, gated_norm=(r[2][:idx.shape[0]], *norm), pending=pend)
+            # the norm writing out_proj's W4A16 mma pairs (a step, a verify)
+            for rows, per in ((idx.shape[0], 1), (40, 5)):
+                yield lambda r=rule, gates=gates, norm=norm, rows=rows, per=per: \
+                    gdn_recurrent.recurrent_gated_delta_rule(
+                        *(t[:rows] for t in r[:3]), r[4][:rows], r[4][:rows], ssm_state,
+                        verify_idx[:rows] if per > 1 else idx, rows_per_seq=per, gating=gates,
+                        gated_norm=(r[2][:rows], *norm), pending=pend if per > 1 else None,
+                        mma_pairs=empty_pairs(rows, hv * d, 128, torch.device("cpu")))
 
 
 def _dot_chain_scenarios(w):

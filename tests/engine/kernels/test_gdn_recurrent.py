@@ -175,6 +175,55 @@ def test_gated_norm_writes_pair_order(hv: int, dv: int, pair_block: int, device:
                        pair_order(plain.reshape(len(slots), hv * dv), pair_block))
 
 
+@pytest.mark.parametrize("hv,dv,rows", [(2, 128, 3), (1, 256, 1), (4, 32, 1)])
+def test_gated_norm_writes_mma_pairs(hv: int, dv: int, rows: int, device: torch.device, monkeypatch) -> None:
+    """mma_pairs: the normed rows as the W4A16 mma kernel's pairs, bit for bit what its pairs'
+    launch makes of the k-order output (the same bf16 values through the same arithmetic): from
+    the norm's store where Dv is a power of two and whole groups of 128 (one group a head, two),
+    through prep_pairs after it otherwise (Dv 32) and past the ticket counters; padding rows
+    (slot -1) give zero pairs; the state the same. With pair order or without the norm, an error."""
+    from homelab_llm.engine.kernels import gdn, gdn_recurrent
+    from homelab_llm.engine.kernels.w4a16_mma import empty_pairs, prep_pairs
+
+    gen = torch.Generator().manual_seed(41 + dv + rows)
+    slots = [3, 1, -1, 0, 2, 4] if rows == 3 else [3, -1, 0, 2]
+    q, k, v, g, beta, _, state, _, _ = rule_inputs([1] * len(slots), hk=1 if hv == 1 else 2, hv=hv, dk=16,
+                                                   dv=dv, gen=gen, slots=slots, dtype=torch.bfloat16,
+                                                   device=device)
+    slots_t, pend = _verify_words(slots, rows, hk=1 if hv == 1 else 2, hv=hv, dk=16, dv=dv, gen=gen,
+                                  device=device)
+    z = (torch.randn(v.shape, generator=gen) * 2).to(device, torch.bfloat16)
+    norm = (z, (torch.rand(dv, generator=gen) + 0.5).to(device, torch.bfloat16), 1e-6)
+    k_state = state.clone()
+    normed = gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, k_state, slots_t, rows_per_seq=rows,
+                                                      gated_norm=norm, pending=_copy(pend))
+    m, width = len(slots), hv * dv
+    want = prep_pairs(normed.reshape(m, width), 128)
+    for max_blocks in (gdn_recurrent.MAX_BLOCKS, 1):
+        monkeypatch.setattr(gdn_recurrent, "MAX_BLOCKS", max_blocks)
+        got_state, pairs = state.clone(), empty_pairs(m, width, 128, device)
+        for t in pairs:
+            t.fill_(float("nan"))
+        gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, got_state, slots_t, rows_per_seq=rows,
+                                                 gated_norm=norm, pending=_copy(pend), mma_pairs=pairs)
+        assert torch.equal(got_state, k_state), max_blocks
+        for got_t, want_t in zip(pairs, want):
+            assert torch.equal(got_t, want_t), max_blocks
+    pad = [i for i, s_ in enumerate(slots) if s_ < 0]
+    assert not pairs[0][pad].any() and not pairs[1][pad].any()
+    # the dispatching entry (the reference composition on the CPU) keeps the same contract
+    plain = gdn.gated_delta_rule_decode(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=rows,
+                                        gated_norm=norm, pending=_copy(pend))
+    pairs = empty_pairs(m, width, 128, device)
+    gdn.gated_delta_rule_decode(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=rows, gated_norm=norm,
+                                pending=_copy(pend), mma_pairs=pairs)
+    assert all(torch.equal(a, b) for a, b in zip(pairs, prep_pairs(plain.reshape(m, width), 128)))
+    for bad in (dict(pair_block=128, gated_norm=norm), dict()):
+        with pytest.raises(ValueError):
+            gdn_recurrent.recurrent_gated_delta_rule(q, k, v, g, beta, state.clone(), slots_t, rows_per_seq=rows,
+                                                     pending=_copy(pend), mma_pairs=pairs, **bad)
+
+
 def test_steps_equal_prefill(device: torch.device) -> None:
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
     from homelab_llm.engine.kernels.gdn_recurrent import recurrent_gated_delta_rule
