@@ -338,8 +338,9 @@ def prep_pairs(x2: torch.Tensor, group: int, *, norm_weight: torch.Tensor | None
     """x2's rows as prep_x_pairs' scratch with one power of two a (row, group): (pairs [M, K]
     fp16, [M, 2, K / group] fp32: a row's sums, then its undo factors), one launch (a program
     per row and 512 values) that can also form the input as w4a16_h2's prologue does (the same
-    arguments, checked there): RMSNorm(x2 (+ residual)) * norm_weight, storing x2 + residual in summed and the normalized rows in normed; act_in: x2 is [M, 2K]
-    gate | up and the pairs are act(gate) * up. out: empty_pairs' scratch to write (else new)."""
+    arguments, checked there): RMSNorm(x2 (+ residual)) * norm_weight, storing x2 + residual
+    in summed and the normalized rows in normed; act_in: x2 is [M, 2K] gate | up and the pairs
+    are act(gate) * up. out: empty_pairs' scratch to write (else new)."""
     m = x2.shape[0]
     k = x2.shape[1] // 2 if act_in else x2.shape[1]
     if not 1 <= m <= MAX_ROWS or k % group or x2.stride(1) != 1 or act_in not in ACT_CODES \
