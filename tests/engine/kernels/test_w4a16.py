@@ -214,11 +214,15 @@ def test_routes_cover_every_row_count() -> None:
     """Every arch's W4A16 route table ends in a prefill kernel and names only known kernels; a
     table routing rows to the left-operand loop has (sorted) tiles for all of them."""
     from homelab_llm.engine.kernels import tuning
+    from homelab_llm.engine.kernels.w4a16_mma import MAX_ROWS as MMA_MAX_ROWS
 
     for arch, routes in tuning.W4A16_ROUTES.items():
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
-        assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "dotL", "gemm", "deq"}, arch
+        assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "dotL", "mma", "gemm", "deq"}, arch
         assert routes[-1][1] in ("gemm", "deq"), arch
+        # the mma kernel takes up to its n8 tile's rows; "off" gives them kernels of every row count
+        assert all(r <= MMA_MAX_ROWS for r, k in routes if k == "mma"), arch
+        assert all(k != "mma" for r, k in routes if r > tuning.MMA_OFF_ROUTES[-1][0]), arch
         left = tuning.TABLE[arch].w4a16_dot_left
         assert "dotL" not in dict(routes).values() or left, arch
         assert [r for r, _ in left] == sorted(r for r, _ in left), arch
