@@ -12,6 +12,8 @@ residual sum is exact (the same bf16 add)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -89,21 +91,15 @@ def test_hybrid_decode_step_on_the_mma_route(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     monkeypatch.setattr(gdn, "use_triton", lambda t: True)
-    model, config, ctx = hybrid_w4_model(HIDDEN, INTER, 93, ("linear_attention", "full_attention"))
+    model, config, ctx = hybrid_w4_model(128, 256, 93, ("linear_attention", "full_attention"))
     ids = torch.tensor([3, 9, 27, 41])
-
-    def step():
-        import copy
-
-        with torch.no_grad(), forward_context(ctx):
-            copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers outside the count
-            fresh = copy.deepcopy(model)
-            return count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
-
     use_left_table(monkeypatch, x_pairs=True)
-    _, want = step()
-    monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
-    counts, got = step()
+    with torch.no_grad(), forward_context(ctx):
+        want = copy.deepcopy(model)(ids, ctx.positions)
+        monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
+        copy.deepcopy(model)(ids, ctx.positions)  # first-use buffers (tickets) outside the count
+        fresh = copy.deepcopy(model)
+        counts, got = count_calls(monkeypatch, lambda: fresh(ids, ctx.positions))
     assert _rel(got, want) < 2e-2
     linears = 4 * config.num_hidden_layers  # qkvz | qkv, out_proj | o_proj, gate_up, down
     # out_proj's pairs come from the Gated DeltaNet decode's gated norm: no pairs' launch
