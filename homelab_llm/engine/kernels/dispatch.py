@@ -245,23 +245,15 @@ def w4a16_mma_route(x: torch.Tensor, weight) -> bool:
     (kernels/w4a16_mma.py), its pairs formed in one launch with the norm or the gated
     activation: a GPU whose table (or HOMELAB_LLM_W4A16_MMA) routes M rows there, a weight
     it takes (group 128, no act-order), bf16/fp16 rows contiguous."""
-    if not w4a16_kernel_rows(x, weight):
-        return False
-    from homelab_llm.engine.kernels.tuning import w4a16_route
-    from homelab_llm.engine.kernels.w4a16_mma import mma_fits
-
-    m = x.shape[0]
-    return w4a16_route(m, x.device) == "mma" and mma_fits(m, weight)
+    return w4a16_kernel_rows(x, weight) and w4a16_rows_mma(x.shape[0], x, weight)
 
 
 def w4a16_mma_pairs(x: torch.Tensor, weight, **form) -> torch.Tensor:
     """x's rows (formed as kernels.w4a16_mma.prep_pairs' keywords say) @ W on the mma kernel:
     two launches, the pairs' and the product's."""
-    from homelab_llm.engine.kernels.w4a16_mma import prep_pairs, w4a16_mma
+    from homelab_llm.engine.kernels.w4a16_mma import prep_pairs
 
-    xh, xg = prep_pairs(x, weight.group_size, **form)
-    out = torch.empty((x.shape[0], weight.out_features), dtype=x.dtype, device=x.device)
-    return w4a16_mma(xh, weight, out, pairs=(xh, xg))
+    return w4a16_prepared_matmul(prep_pairs(x, weight.group_size, **form), weight, x.dtype)
 
 
 def w4a16_rows_mma(m: int, like: torch.Tensor, weight) -> bool:

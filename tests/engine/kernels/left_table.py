@@ -39,6 +39,21 @@ def w4_linears(model, skip: tuple[str, ...] = ()) -> None:
             module.set_w4(wp.quantize_rtn(module.weight.data.float(), group, False))
 
 
+def w4_gated_mlp(hidden: int, inter: int, gen: torch.Generator):
+    """(norm, gate_up, down): an RMSNorm (weights in [0.5, 1.5)) and a merged gate | up and a down
+    projection as random W4A16 weights (group 128, scaled by 1 / sqrt(fan-in))."""
+    from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+    from homelab_llm.engine.layers.norm import RMSNorm
+
+    norm = RMSNorm(hidden)
+    norm.weight.data = (torch.rand(hidden, generator=gen) + 0.5).to(torch.bfloat16)
+    gate_up, down = MergedColumnParallelLinear(hidden, [inter, inter]), RowParallelLinear(inter, hidden)
+    for lin in (gate_up, down):
+        lin.set_w4(wp.quantize_rtn(torch.randn(lin.weight.shape, generator=gen) * lin.weight.shape[-1] ** -0.5,
+                                   128, False))
+    return norm, gate_up, down
+
+
 def four_rows_context(**extra):
     """4 sequences decoding their 6th token (pages 2s and 2s + 1 of size 4; KV split in 2)."""
     from homelab_llm.engine.context import ForwardContext

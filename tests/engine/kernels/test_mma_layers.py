@@ -18,27 +18,13 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import dispatch, tuning
-from homelab_llm.engine.kernels import w4a16_pack as wp
-from tests.engine.kernels.left_table import interpreted
+from tests.engine.kernels.left_table import interpreted, w4_gated_mlp
 
 HIDDEN, INTER, ROWS = 256, 384, 4
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.float() - b.float()).norm(dim=-1) / b.float().norm(dim=-1)).max())
-
-
-def _layers(gen: torch.Generator):
-    from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-    from homelab_llm.engine.layers.norm import RMSNorm
-
-    norm = RMSNorm(HIDDEN)
-    norm.weight.data = (torch.rand(HIDDEN, generator=gen) + 0.5).to(torch.bfloat16)
-    gate_up, down = MergedColumnParallelLinear(HIDDEN, [INTER, INTER]), RowParallelLinear(INTER, HIDDEN)
-    for lin in (gate_up, down):
-        lin.set_w4(wp.quantize_rtn(torch.randn(lin.weight.shape, generator=gen) * lin.weight.shape[-1] ** -0.5,
-                                   128, False))
-    return norm, gate_up, down
 
 
 @interpreted
@@ -51,7 +37,7 @@ def test_norm_and_act_run_in_the_pairs_launches(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
     monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
     gen = torch.Generator().manual_seed(91)
-    norm, gate_up, down = _layers(gen)
+    norm, gate_up, down = w4_gated_mlp(HIDDEN, INTER, gen)
     x, residual = (torch.randn(ROWS, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(2))
     assert fuses(x, gate_up) and dispatch.w4a16_mma_route(x, gate_up.w4)
 

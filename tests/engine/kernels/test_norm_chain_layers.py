@@ -21,7 +21,9 @@ import torch
 
 from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.norm_chain import CHAIN_ENV
-from tests.engine.kernels.left_table import four_rows_context, interpreted, on_device, use_left_table, w4_linears
+from tests.engine.kernels.left_table import (
+    four_rows_context, interpreted, on_device, use_left_table, w4_gated_mlp, w4_linears,
+)
 
 HIDDEN, INTER, LAYERS = 256, 384, 2
 
@@ -146,9 +148,6 @@ def test_gated_mlp_after_its_norms_launch_runs_the_act_in_gate_ups_epilogue(monk
     pre-feedforward norm) a W4A16 gated MLP on the left-operand kernel still folds its
     act-and-mul into gate_up's epilogue (GELU-tanh too, which otherwise runs as torch ops and a
     reorder): no SiLU-and-mul launch, the output within 1e-2 of the separate kernels'."""
-    from homelab_llm.engine.kernels import w4a16_pack as wp
-    from homelab_llm.engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
-    from homelab_llm.engine.layers.norm import RMSNorm
     from homelab_llm.engine.layers.norm_linear import gated_mlp
     from tests.engine.kernels.launch_count import count_calls
 
@@ -156,12 +155,7 @@ def test_gated_mlp_after_its_norms_launch_runs_the_act_in_gate_ups_epilogue(monk
     monkeypatch.setenv(CHAIN_ENV, "1")  # the chain's switch (off by default)
     use_left_table(monkeypatch, x_pairs=True)
     gen = torch.Generator().manual_seed(85)
-    norm = RMSNorm(HIDDEN)
-    norm.weight.data = (torch.rand(HIDDEN, generator=gen) + 0.5).to(torch.bfloat16)
-    gate_up, down = MergedColumnParallelLinear(HIDDEN, [INTER, INTER]), RowParallelLinear(INTER, HIDDEN)
-    for lin in (gate_up, down):
-        lin.set_w4(wp.quantize_rtn(torch.randn(lin.weight.shape, generator=gen) * lin.weight.shape[-1] ** -0.5,
-                                   128, False))
+    norm, gate_up, down = w4_gated_mlp(HIDDEN, INTER, gen)
     x, residual = (torch.randn(4, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(2))
 
     normed, want_res = norm(x, residual)  # the separate ops
