@@ -314,6 +314,12 @@ def verify_profile() -> None:
         for extra, name in rows[:10]:
             v = runs[k][name]
             print(f"  +{extra:8.1f} us  {v[0]:8.1f} us {v[1]:5.1f}/fwd  {name[:90]}", flush=True)
+        gone = sorted((v[0] - runs[k].get(name, [0.0, 0.0])[0], name) for name, v in plain.items())
+        print(f"K={k}: kernels that shrank most (us a forward; plain's time, launches)", flush=True)
+        for fell, name in gone[-5:][::-1]:
+            if fell > 0:
+                print(f"  -{fell:8.1f} us  {plain[name][0]:8.1f} us {plain[name][1]:5.1f}/fwd  {name[:90]}",
+                      flush=True)
 
 
 def main() -> int:

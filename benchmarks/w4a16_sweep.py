@@ -267,7 +267,9 @@ def mma_pairs_once(x: torch.Tensor, w) -> tuple[torch.Tensor, torch.Tensor]:
 MMA_TILES = {f"mma.n{wn}k{wk}w{wv}" + (f"q{q}" if q > 1 else ""): MmaTiles(wn, wk, 0, wv, q)
              for wn, wk, wv, q in ((1, 1, 16, 1), (1, 2, 8, 1), (2, 2, 8, 1), (2, 2, 16, 1), (4, 1, 8, 1),
                                    (1, 4, 8, 1), (2, 1, 16, 1), (4, 2, 4, 1), (2, 4, 4, 1), (1, 2, 16, 1),
-                                   (1, 4, 8, 2), (2, 2, 8, 2), (1, 2, 16, 2))}
+                                   (1, 4, 8, 2), (2, 2, 8, 2), (1, 2, 16, 2), (1, 1, 8, 1), (1, 1, 32, 1),
+                                   (1, 2, 32, 1), (1, 4, 4, 1), (1, 4, 16, 1), (1, 8, 4, 1), (1, 8, 8, 1),
+                                   (2, 4, 8, 1), (1, 1, 24, 1), (1, 2, 12, 1))}
 
 
 ONLY: list[str] = []  # --only: variant name globs kept (empty: all)

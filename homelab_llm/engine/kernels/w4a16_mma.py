@@ -51,6 +51,9 @@ tests check the PTX. gfx1100 (wave32, no mma.sync) does not take this kernel.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +61,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
-from homelab_llm.engine.kernels.tuning import device_sms
+from homelab_llm.engine.kernels.tuning import device_sms, field_override
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
@@ -83,6 +86,41 @@ class MmaTiles:
     @property
     def block_n(self) -> int:
         return 32 * self.quads * self.warps_n
+
+
+# The tiles a shape gets (mma_tiles), from w4a16_sweep.py over the 8B, 27B and 30B-A3B linears
+# at TP 1 and 2, 1-8 rows, and engine steps (H100, docs/BENCHMARKS.md 50): one-warp programs with
+# K split for 24 programs an SM serve the large matrices (27B W4A16 step at 2 rows 9.01 -> 8.03 ms
+# against SQUARE for all); outputs of 4.5+ column tiles of 32 an SM (the 27B's gate_up) take
+# four-warp programs splitting K inside instead; LM heads (11+ an SM) and matrices of 12 Mi
+# weights or fewer (the 30B-A3B's attention, whose batch-8 step lost 3% on one-warp programs)
+# keep the two-by-two programs.
+WIDE_BLOCKS_PER_SM, HEAD_BLOCKS_PER_SM, SMALL_WEIGHTS = 4.5, 11.0, 12 << 20
+ONE_WARP = MmaTiles(warps_n=1, warps_k=1, waves=24)
+K_WARPS = MmaTiles(warps_n=1, warps_k=4, waves=8)
+SQUARE = MmaTiles(warps_n=2, warps_k=2, waves=8)
+# A/B runs without a patched tree: "field=value,..." as every shape's tiles ("warps_n=2,warps_k=2,
+# waves=8": SQUARE for all, the tiles before per-shape picks)
+MMA_TILES_ENV = "HOMELAB_LLM_MMA_TILES"
+
+
+@functools.lru_cache(maxsize=8)
+def mma_tiles_override(spec: str) -> MmaTiles | None:
+    """MMA_TILES_ENV's text as the tiles every shape takes (None when empty)."""
+    kinds = {f.name: int for f in dataclasses.fields(MmaTiles)}
+    change = field_override(MMA_TILES_ENV, spec, kinds)
+    return MmaTiles(**change) if change else None
+
+
+def mma_tiles(n: int, k: int, device: torch.device) -> MmaTiles:
+    """The tiles w4a16_mma gives an [n, k] weight (see WIDE_BLOCKS_PER_SM's note)."""
+    fixed = mma_tiles_override(os.environ.get(MMA_TILES_ENV, ""))
+    if fixed is not None:
+        return fixed
+    per_sm = (n / 32) / device_sms(device)
+    if per_sm >= HEAD_BLOCKS_PER_SM or n * k <= SMALL_WEIGHTS:
+        return SQUARE
+    return K_WARPS if per_sm >= WIDE_BLOCKS_PER_SM else ONE_WARP
 
 
 @triton.jit
@@ -393,7 +431,7 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
     if not mma_fits(m, w) or k != w.in_features or x2.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
-    t = tiles or MmaTiles()
+    t = tiles or mma_tiles(n, k, x2.device)
     xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)
     n_blocks = triton.cdiv(n, t.block_n)
     n_groups = k // w.group_size

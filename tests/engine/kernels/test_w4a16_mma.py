@@ -82,16 +82,41 @@ def test_mma_outliers_and_prepared_pairs(device: torch.device) -> None:
 
 
 def test_mma_full_shapes(device: torch.device, full_shapes: bool) -> None:
-    """Model shapes on a GPU (Qwen3.6-27B in_proj_qkvz / down, Llama-3.1-8B o_proj) at 1, 2 and
-    8 rows with the default tiles (the split from the SM count)."""
+    """Model shapes on a GPU (Qwen3.6-27B in_proj_qkvz / down / gate_up, Llama-3.1-8B o_proj,
+    Qwen3-30B-A3B o_proj / LM head) at 1-8 rows with the tiles mma_tiles picks (each of its
+    three kinds; the split from the SM count)."""
     from homelab_llm.engine.kernels.w4a16_mma import w4a16_mma
 
     if not full_shapes:
         pytest.skip("GPU shapes")
-    for m, k, n in ((1, 5120, 16384), (2, 17408, 5120), (8, 4096, 4096), (8, 5120, 34816)):
+    for m, k, n in ((1, 5120, 16384), (2, 17408, 5120), (8, 4096, 4096), (8, 5120, 34816), (8, 2048, 2048),
+                    (3, 2048, 151936)):
         w, x, want = _case(m, k, n, False, torch.bfloat16, 1.0, device)
         got = w4a16_mma(x, w, torch.empty((m, n), dtype=torch.bfloat16, device=device))
         assert _row_rel_err(got, want) < BF16_BOUND, (m, k, n)
+
+
+def test_mma_tiles_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mma_tiles' picks on a 132-SM device (an H100's count): one-warp programs for large
+    matrices, four-warp K-splitting programs for wide outputs, the two-by-two programs for LM
+    heads and for 12 Mi weights or fewer; HOMELAB_LLM_MMA_TILES fixes every shape's tiles, and a
+    wrong field is an error naming the fields."""
+    from homelab_llm.engine.kernels import w4a16_mma as mod
+
+    monkeypatch.setattr(mod, "device_sms", lambda device: 132)
+    monkeypatch.delenv(mod.MMA_TILES_ENV, raising=False)
+    dev = torch.device("cpu")
+    shapes = {(5120, 17408): mod.ONE_WARP, (16384, 5120): mod.ONE_WARP, (17408, 5120): mod.ONE_WARP,
+              (34816, 5120): mod.K_WARPS, (28672, 4096): mod.K_WARPS, (151936, 2048): mod.SQUARE,
+              (64128, 4096): mod.SQUARE, (4096, 4096): mod.ONE_WARP, (5120, 3072): mod.ONE_WARP,
+              (5120, 2048): mod.SQUARE, (2048, 4096): mod.SQUARE}
+    assert {nk: mod.mma_tiles(*nk, dev) for nk in shapes} == shapes
+    assert (mod.ONE_WARP.warps_n * mod.ONE_WARP.warps_k, mod.K_WARPS.warps_k, mod.SQUARE.warps_n) == (1, 4, 2)
+    monkeypatch.setenv(mod.MMA_TILES_ENV, "warps_n=2,warps_k=2,waves=8")
+    assert mod.mma_tiles(5120, 17408, dev) == mod.MmaTiles(2, 2, 0, 8, 1)
+    monkeypatch.setenv(mod.MMA_TILES_ENV, "warps=2")
+    with pytest.raises(ValueError, match="warps_k"):
+        mod.mma_tiles(5120, 17408, dev)
 
 
 def test_mma_rejects_what_it_cannot_take(device: torch.device) -> None:
