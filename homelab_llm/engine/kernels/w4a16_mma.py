@@ -1,4 +1,4 @@
-"""W4A16 decode for 2..8 rows on warp-level tensor-core MMAs with the fragments placed by hand.
+"""W4A16 decode for 2..16 rows on warp-level tensor-core MMAs with the fragments placed by hand.
 
 Why (issues 17 and 19): the packed-half GEMV (w4a16_h2.py) pays one fma.rn.f16x2 per weight
 pair per row, so 2 rows cost ~1.4x one and 8 rows ~2.5x; the few-row wgmma kernel
@@ -19,7 +19,9 @@ fragment comes straight out of the packed words with no conversion:
             nibble_pairs' order, so a quad's 4 threads read 4 consecutive word rows.
   B (x)     thread (g, c) holds activation row g at the same k slots: the four int32 pairs
             4r..4r+3 of prep_x_pairs' layout ((x_j, x_j+4) * 2^-e * 2^14 / 2^10), one 16-byte
-            load; rows g >= M read row M - 1 (their outputs are dropped).
+            load; rows g >= M read row M - 1 (their outputs are dropped). 9-16 rows: a second
+            B tile (rows 8 + g) multiplies the same A fragments (ROW_TILES 2), so the words are
+            still read once, for 8 mmas a word row instead of 4.
   C         thread (g, c) gets its 4 columns for rows 2c and 2c+1, in fp32.
 
 Per word row a thread spends one 16-byte load of words and one of x, four shifts, sixteen
@@ -67,7 +69,7 @@ from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pair
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
 
-MAX_ROWS = 8  # one n8 B tile
+MAX_ROWS = 16  # two n8 B tiles (rows 9-16: ROW_TILES 2, every A fragment multiplied twice)
 PREP_VALUES = tl.constexpr(512)  # K values a prep chunk converts (a multiple of the group)
 REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
 
@@ -206,6 +208,38 @@ def quad_step(qw_ptr, offs, ok, x0, x1, x2, x3, dx0, dx1, dx2, dx3, dy0, dy1, dy
 
 
 @triton.jit
+def quad_step_rows2(qw_ptr, offs, ok, x0, x1, x2, x3, y0, y1, y2, y3, dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3,
+                    rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3, WARPS: tl.constexpr, USE_ASM: tl.constexpr):
+    """quad_step for two row tiles: the words' fragments made once, multiplied by the first
+    tile's activation pairs x (into dx / dy) and the second's y (rows 8-15, into rx / ry)."""
+    w0, w1, w2, w3 = load4(qw_ptr, offs, ok, True)
+    pa0, pa1, pa2, pa3 = nibble_pairs(w0)
+    pb0, pb1, pb2, pb3 = nibble_pairs(w1)
+    pc0, pc1, pc2, pc3 = nibble_pairs(w2)
+    pd0, pd1, pd2, pd3 = nibble_pairs(w3)
+    dx0, dx1, dx2, dx3 = mma_16816(pa0, pb0, pa1, pb1, x0, x1, dx0, dx1, dx2, dx3, WARPS, USE_ASM)
+    dx0, dx1, dx2, dx3 = mma_16816(pa2, pb2, pa3, pb3, x2, x3, dx0, dx1, dx2, dx3, WARPS, USE_ASM)
+    dy0, dy1, dy2, dy3 = mma_16816(pc0, pd0, pc1, pd1, x0, x1, dy0, dy1, dy2, dy3, WARPS, USE_ASM)
+    dy0, dy1, dy2, dy3 = mma_16816(pc2, pd2, pc3, pd3, x2, x3, dy0, dy1, dy2, dy3, WARPS, USE_ASM)
+    rx0, rx1, rx2, rx3 = mma_16816(pa0, pb0, pa1, pb1, y0, y1, rx0, rx1, rx2, rx3, WARPS, USE_ASM)
+    rx0, rx1, rx2, rx3 = mma_16816(pa2, pb2, pa3, pb3, y2, y3, rx0, rx1, rx2, rx3, WARPS, USE_ASM)
+    ry0, ry1, ry2, ry3 = mma_16816(pc0, pd0, pc1, pd1, y0, y1, ry0, ry1, ry2, ry3, WARPS, USE_ASM)
+    ry0, ry1, ry2, ry3 = mma_16816(pc2, pd2, pc3, pd3, y2, y3, ry0, ry1, ry2, ry3, WARPS, USE_ASM)
+    return dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3
+
+
+@triton.jit
+def group_factors(xg_ptr, row0, row1, n_groups, G, ok):
+    """A group's x sums and undo factors for a thread's two output rows (prep_pairs' [M, 2, K /
+    GROUP] layout): (sum0, sum1, undo0, undo1)."""
+    sum0 = tl.load(xg_ptr + 2 * row0 * n_groups + G, mask=ok, other=0.0)
+    sum1 = tl.load(xg_ptr + 2 * row1 * n_groups + G, mask=ok, other=0.0)
+    undo0 = tl.load(xg_ptr + (2 * row0 + 1) * n_groups + G, mask=ok, other=0.0)
+    undo1 = tl.load(xg_ptr + (2 * row1 + 1) * n_groups + G, mask=ok, other=0.0)
+    return sum0, sum1, undo0, undo1
+
+
+@triton.jit
 def quad_totals(scales_ptr, biases_ptr, offs, ok, undo0, undo1, sum0, sum1, dx0, dx1, dx2, dx3,
                 dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3):
     """A group's fragments of a thread's 4 columns (scales / biases at offs) added to its totals
@@ -247,14 +281,16 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
                       M, N, K, groups_per_split, stride_qw, stride_sg, stride_om, num_splits,
                       GROUP: tl.constexpr, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr,
                       EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, QUADS: tl.constexpr,
-                      USE_ASM: tl.constexpr, PDL: tl.constexpr = False):
+                      USE_ASM: tl.constexpr, ROW_TILES: tl.constexpr = 1, PDL: tl.constexpr = False):
     """Thread (wn, wk, g, c) of the program: columns 4g..4g+3 of warp column tile wn (words 0, 1
     for one mma's A rows g, g + 8, words 2, 3 for the other's), word rows 16 G + 4t + c of its
     groups G = wk, wk + WARPS_K, ..., activation row g (B), output rows 2c, 2c + 1 (C). Rows past
     M read row M - 1 (their outputs are dropped); EVEN_N (N fills the column tiles) and EVEN_K
     (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
     registers first. QUADS 2: a thread also takes columns 32 further (a warp 64 columns), sharing
-    its activation loads and group sums. xp / xg: prep_pairs' scratch. PDL (kernels/pdl.py):
+    its activation loads and group sums. ROW_TILES 2 (9-16 rows; QUADS 1): every A fragment also
+    multiplies activation rows 8 + g into output rows 8 + 2c, 8 + 2c + 1, so the words are read
+    once for all rows. xp / xg: prep_pairs' scratch. PDL (kernels/pdl.py):
     waits for the previous grid first; lets the next launch after the K loop in mode LATE."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
@@ -279,10 +315,14 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
     n_groups = K // GROUP
     row0 = tl.minimum(2 * c, M - 1)
     row1 = tl.minimum(2 * c + 1, M - 1)
+    y_row = tl.minimum(8 + g, M - 1)  # ROW_TILES 2: the second tile's rows
+    row2 = tl.minimum(8 + 2 * c, M - 1)
+    row3 = tl.minimum(9 + 2 * c, M - 1)
     step_w = 4 * stride_qw  # 4 word rows
     z = tl.zeros([L], tl.float32)
     tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = z, z, z, z, z, z, z, z
     ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = z, z, z, z, z, z, z, z  # QUADS 2: the second quad
+    vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3 = z, z, z, z, z, z, z, z  # ROW_TILES 2: rows 8-15
     for gb in range(g_start, g_end, WARPS_K):
         G = gb + wk
         ok = G < g_end
@@ -290,24 +330,35 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
             ok = tl.full([L], True, tl.int1)
         w_offs = (G * WPG + c) * stride_qw + col  # int32: K / 8 x N < 2^31
         x_offs = x_row * (K // 2) + 4 * (G * WPG + c)
+        y_offs = y_row * (K // 2) + 4 * (G * WPG + c)
         dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = z, z, z, z, z, z, z, z
         ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = z, z, z, z, z, z, z, z
+        rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3 = z, z, z, z, z, z, z, z
         for t in tl.static_range(WPG // 4):
             x0, x1, x2, x3 = load4(xp_ptr, x_offs + 16 * t, ok[:, None], False)
-            dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = quad_step(
-                qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, x0, x1, x2, x3,
-                dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
+            if ROW_TILES == 2:
+                y0, y1, y2, y3 = load4(xp_ptr, y_offs + 16 * t, ok[:, None], False)
+                (dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, rx0, rx1, rx2, rx3, ry0, ry1, ry2,
+                 ry3) = quad_step_rows2(qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, x0, x1, x2, x3,
+                                        y0, y1, y2, y3, dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, rx0, rx1,
+                                        rx2, rx3, ry0, ry1, ry2, ry3, L // 32, USE_ASM)
+            else:
+                dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = quad_step(
+                    qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, x0, x1, x2, x3,
+                    dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
             if QUADS == 2:
                 ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = quad_step(
                     qw_ptr, w_offs + t * step_w + 32, ok[:, None] & col_ok2, x0, x1, x2, x3,
                     ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3, L // 32, USE_ASM)
-        sum0 = tl.load(xg_ptr + 2 * row0 * n_groups + G, mask=ok, other=0.0)
-        sum1 = tl.load(xg_ptr + 2 * row1 * n_groups + G, mask=ok, other=0.0)
-        undo0 = tl.load(xg_ptr + (2 * row0 + 1) * n_groups + G, mask=ok, other=0.0)
-        undo1 = tl.load(xg_ptr + (2 * row1 + 1) * n_groups + G, mask=ok, other=0.0)
+        sum0, sum1, undo0, undo1 = group_factors(xg_ptr, row0, row1, n_groups, G, ok)
         tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = quad_totals(
             scales_ptr, biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, undo0, undo1, sum0, sum1,
             dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3)
+        if ROW_TILES == 2:
+            sum2, sum3, undo2, undo3 = group_factors(xg_ptr, row2, row3, n_groups, G, ok)
+            vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3 = quad_totals(
+                scales_ptr, biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, undo2, undo3, sum2, sum3,
+                rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3, vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3)
         if QUADS == 2:
             ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = quad_totals(
                 scales_ptr, biases_ptr, G * stride_sg + col + 32, ok[:, None] & col_ok2, undo0, undo1,
@@ -321,8 +372,13 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
                               warp_sum(uy2, WARPS_K), warp_sum(uy3, WARPS_K), WARPS_N)
         both = tl.join(tl.reshape(part, [8, WARPS_N, 32]), tl.reshape(part2, [8, WARPS_N, 32]))
         part = tl.reshape(tl.permute(both, [0, 1, 3, 2]), [8, 64 * WARPS_N])
+    if ROW_TILES == 2:  # rows 0-7, then 8-15
+        part_b = fragment_tile(warp_sum(vx0, WARPS_K), warp_sum(vx1, WARPS_K), warp_sum(vx2, WARPS_K),
+                               warp_sum(vx3, WARPS_K), warp_sum(vy0, WARPS_K), warp_sum(vy1, WARPS_K),
+                               warp_sum(vy2, WARPS_K), warp_sum(vy3, WARPS_K), WARPS_N)
+        part = tl.reshape(tl.permute(tl.join(part, part_b), [2, 0, 1]), [16, 32 * WARPS_N])
     pdl_late(PDL)
-    offs_m = tl.arange(0, 8)
+    offs_m = tl.arange(0, 8 * ROW_TILES)
     offs_n = pid_n * (QW * WARPS_N) + tl.arange(0, QW * WARPS_N)
     store_or_reduce(part, out_ptr, ws_ptr, ticket_ptr + pid_n, pid_k, offs_m, offs_n, M, N, stride_om,
                     num_splits, REDUCE_VALUES, REDUCE_SLOTS)
@@ -423,7 +479,7 @@ def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.devic
 
 def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles | None = None,
               pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """out[M, N] = x2[M, K] @ W for 1..8 rows (x2 bf16/fp16 row-contiguous, out [M, N]
+    """out[M, N] = x2[M, K] @ W for 1..16 rows (x2 bf16/fp16 row-contiguous, out [M, N]
     row-contiguous). pairs: x2 already prepared (prep_pairs), else prepared by a launch of its
     own."""
     m, k = x2.shape
@@ -432,6 +488,9 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
     t = tiles or mma_tiles(n, k, x2.device)
+    row_tiles = 1 if m <= 8 else 2
+    if row_tiles == 2 and t.quads != 1:
+        t = dataclasses.replace(t, quads=1)  # a thread's registers: two row tiles or two quads
     xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)
     n_blocks = triton.cdiv(n, t.block_n)
     n_groups = k // w.group_size
@@ -442,6 +501,6 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
         ticket_buffer(x2.device, n_blocks), m, n, k, per, w.qweight.stride(0), w.scales.stride(0),
         out.stride(0), split, GROUP=w.group_size, WARPS_N=t.warps_n, WARPS_K=t.warps_k,
         EVEN_N=n % t.block_n == 0, EVEN_K=n_groups % per == 0 and per % t.warps_k == 0,
-        QUADS=t.quads, USE_ASM=uses_ptx(x2.device), num_warps=t.warps_n * t.warps_k,
+        QUADS=t.quads, USE_ASM=uses_ptx(x2.device), ROW_TILES=row_tiles, num_warps=t.warps_n * t.warps_k,
         **pdl_args(x2.device, "mma"))
     return out
