@@ -1,4 +1,4 @@
-"""W4A16 decode for 2..16 rows on warp-level tensor-core MMAs with the fragments placed by hand.
+"""W4A16 decode for 2..32 rows on warp-level tensor-core MMAs with the fragments placed by hand.
 
 Why (issues 17 and 19): the packed-half GEMV (w4a16_h2.py) pays one fma.rn.f16x2 per weight
 pair per row, so 2 rows cost ~1.4x one and 8 rows ~2.5x; the few-row wgmma kernel
@@ -19,9 +19,9 @@ fragment comes straight out of the packed words with no conversion:
             nibble_pairs' order, so a quad's 4 threads read 4 consecutive word rows.
   B (x)     thread (g, c) holds activation row g at the same k slots: the four int32 pairs
             4r..4r+3 of prep_x_pairs' layout ((x_j, x_j+4) * 2^-e * 2^14 / 2^10), one 16-byte
-            load; rows g >= M read row M - 1 (their outputs are dropped). 9-16 rows: a second
-            B tile (rows 8 + g) multiplies the same A fragments (ROW_TILES 2), so the words are
-            still read once, for 8 mmas a word row instead of 4.
+            load; rows g >= M read row M - 1 (their outputs are dropped). 9-32 rows: two or
+            four B tiles (rows 8j + g; ROW_TILES 2 or 4) multiply the same A fragments, so the
+            words are still read once, for 8 or 16 mmas a word row instead of 4.
   C         thread (g, c) gets its 4 columns for rows 2c and 2c+1, in fp32.
 
 Per word row a thread spends one 16-byte load of words and one of x, four shifts, sixteen
@@ -69,7 +69,7 @@ from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pair
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
 
-MAX_ROWS = 16  # two n8 B tiles (rows 9-16: ROW_TILES 2, every A fragment multiplied twice)
+MAX_ROWS = 32  # four n8 B tiles (9-16 rows: ROW_TILES 2, 17-32: 4; every A fragment reused)
 PREP_VALUES = tl.constexpr(512)  # K values a prep chunk converts (a multiple of the group)
 REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
 
@@ -208,24 +208,47 @@ def quad_step(qw_ptr, offs, ok, x0, x1, x2, x3, dx0, dx1, dx2, dx3, dy0, dy1, dy
 
 
 @triton.jit
-def quad_step_rows2(qw_ptr, offs, ok, x0, x1, x2, x3, y0, y1, y2, y3, dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3,
-                    rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3, WARPS: tl.constexpr, USE_ASM: tl.constexpr):
-    """quad_step for two row tiles: the words' fragments made once, multiplied by the first
-    tile's activation pairs x (into dx / dy) and the second's y (rows 8-15, into rx / ry)."""
+def word_frags(qw_ptr, offs, ok):
+    """A thread's 4 words at one word row (one 16-byte load at offs) as the A fragments of its
+    two mma pairs: nibble_pairs of columns 0, 1 (pa, pb: the dx fragment's) and 2, 3 (pc, pd)."""
     w0, w1, w2, w3 = load4(qw_ptr, offs, ok, True)
     pa0, pa1, pa2, pa3 = nibble_pairs(w0)
     pb0, pb1, pb2, pb3 = nibble_pairs(w1)
     pc0, pc1, pc2, pc3 = nibble_pairs(w2)
     pd0, pd1, pd2, pd3 = nibble_pairs(w3)
+    return pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2, pd3
+
+
+@triton.jit
+def tile_mmas(pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2, pd3, xp_ptr, x_offs,
+              x_ok, dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, WARPS: tl.constexpr, USE_ASM: tl.constexpr):
+    """One row tile's four mmas at a word row: its activation pairs (one 16-byte load at x_offs)
+    against word_frags' fragments, into its dx / dy accumulators."""
+    x0, x1, x2, x3 = load4(xp_ptr, x_offs, x_ok, False)
     dx0, dx1, dx2, dx3 = mma_16816(pa0, pb0, pa1, pb1, x0, x1, dx0, dx1, dx2, dx3, WARPS, USE_ASM)
     dx0, dx1, dx2, dx3 = mma_16816(pa2, pb2, pa3, pb3, x2, x3, dx0, dx1, dx2, dx3, WARPS, USE_ASM)
     dy0, dy1, dy2, dy3 = mma_16816(pc0, pd0, pc1, pd1, x0, x1, dy0, dy1, dy2, dy3, WARPS, USE_ASM)
     dy0, dy1, dy2, dy3 = mma_16816(pc2, pd2, pc3, pd3, x2, x3, dy0, dy1, dy2, dy3, WARPS, USE_ASM)
-    rx0, rx1, rx2, rx3 = mma_16816(pa0, pb0, pa1, pb1, y0, y1, rx0, rx1, rx2, rx3, WARPS, USE_ASM)
-    rx0, rx1, rx2, rx3 = mma_16816(pa2, pb2, pa3, pb3, y2, y3, rx0, rx1, rx2, rx3, WARPS, USE_ASM)
-    ry0, ry1, ry2, ry3 = mma_16816(pc0, pd0, pc1, pd1, y0, y1, ry0, ry1, ry2, ry3, WARPS, USE_ASM)
-    ry0, ry1, ry2, ry3 = mma_16816(pc2, pd2, pc3, pd3, y2, y3, ry0, ry1, ry2, ry3, WARPS, USE_ASM)
-    return dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3
+    return dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3
+
+
+@triton.jit
+def tile_totals(xg_ptr, base, c, M, n_groups, G, ok, scales_ptr, biases_ptr, offs, ok2, dx0, dx1, dx2, dx3,
+                dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3):
+    """quad_totals for the row tile whose first row is base: a thread's output rows base + 2c,
+    base + 2c + 1 (past M: row M - 1, dropped at the store)."""
+    sum0, sum1, undo0, undo1 = group_factors(xg_ptr, tl.minimum(base + 2 * c, M - 1),
+                                             tl.minimum(base + 2 * c + 1, M - 1), n_groups, G, ok)
+    return quad_totals(scales_ptr, biases_ptr, offs, ok2, undo0, undo1, sum0, sum1, dx0, dx1, dx2, dx3,
+                       dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3)
+
+
+@triton.jit
+def tile_part(tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3, WARPS_N: tl.constexpr, WARPS_K: tl.constexpr):
+    """A row tile's totals, the WARPS_K K ranges added, as its [8, 32 WARPS_N] output tile."""
+    return fragment_tile(warp_sum(tx0, WARPS_K), warp_sum(tx1, WARPS_K), warp_sum(tx2, WARPS_K),
+                         warp_sum(tx3, WARPS_K), warp_sum(ty0, WARPS_K), warp_sum(ty1, WARPS_K),
+                         warp_sum(ty2, WARPS_K), warp_sum(ty3, WARPS_K), WARPS_N)
 
 
 @triton.jit
@@ -288,9 +311,10 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
     M read row M - 1 (their outputs are dropped); EVEN_N (N fills the column tiles) and EVEN_K
     (every warp's K range whole) leave the weight loads unmasked: a masked load zero-fills its
     registers first. QUADS 2: a thread also takes columns 32 further (a warp 64 columns), sharing
-    its activation loads and group sums. ROW_TILES 2 (9-16 rows; QUADS 1): every A fragment also
-    multiplies activation rows 8 + g into output rows 8 + 2c, 8 + 2c + 1, so the words are read
-    once for all rows. xp / xg: prep_pairs' scratch. PDL (kernels/pdl.py):
+    its activation loads and group sums. ROW_TILES 2 or 4 (9-16 or 17-32 rows; QUADS 1): every A
+    fragment also multiplies activation rows 8j + g into output rows 8j + 2c, 8j + 2c + 1 for
+    row tiles j = 1.., so the words are read once for all rows. xp / xg: prep_pairs' scratch.
+    PDL (kernels/pdl.py):
     waits for the previous grid first; lets the next launch after the K loop in mode LATE."""
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
@@ -315,14 +339,16 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
     n_groups = K // GROUP
     row0 = tl.minimum(2 * c, M - 1)
     row1 = tl.minimum(2 * c + 1, M - 1)
-    y_row = tl.minimum(8 + g, M - 1)  # ROW_TILES 2: the second tile's rows
-    row2 = tl.minimum(8 + 2 * c, M - 1)
-    row3 = tl.minimum(9 + 2 * c, M - 1)
+    x_row1 = tl.minimum(8 + g, M - 1) * (K // 2)  # row tiles 1-3 (ROW_TILES 2+): their x rows' starts
+    x_row2 = tl.minimum(16 + g, M - 1) * (K // 2)
+    x_row3 = tl.minimum(24 + g, M - 1) * (K // 2)
     step_w = 4 * stride_qw  # 4 word rows
     z = tl.zeros([L], tl.float32)
     tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = z, z, z, z, z, z, z, z
     ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = z, z, z, z, z, z, z, z  # QUADS 2: the second quad
-    vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3 = z, z, z, z, z, z, z, z  # ROW_TILES 2: rows 8-15
+    vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3 = z, z, z, z, z, z, z, z  # ROW_TILES 2+: rows 8-15
+    ax0, ax1, ax2, ax3, ay0, ay1, ay2, ay3 = z, z, z, z, z, z, z, z  # ROW_TILES 4: rows 16-23
+    bx0, bx1, bx2, bx3, by0, by1, by2, by3 = z, z, z, z, z, z, z, z  # and 24-31
     for gb in range(g_start, g_end, WARPS_K):
         G = gb + wk
         ok = G < g_end
@@ -330,22 +356,37 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
             ok = tl.full([L], True, tl.int1)
         w_offs = (G * WPG + c) * stride_qw + col  # int32: K / 8 x N < 2^31
         x_offs = x_row * (K // 2) + 4 * (G * WPG + c)
-        y_offs = y_row * (K // 2) + 4 * (G * WPG + c)
+        k_offs = 4 * (G * WPG + c)
         dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = z, z, z, z, z, z, z, z
         ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = z, z, z, z, z, z, z, z
-        rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3 = z, z, z, z, z, z, z, z
+        rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3 = z, z, z, z, z, z, z, z  # row tile 1's
+        fx0, fx1, fx2, fx3, fy0, fy1, fy2, fy3 = z, z, z, z, z, z, z, z  # 2's
+        hx0, hx1, hx2, hx3, hy0, hy1, hy2, hy3 = z, z, z, z, z, z, z, z  # 3's
         for t in tl.static_range(WPG // 4):
-            x0, x1, x2, x3 = load4(xp_ptr, x_offs + 16 * t, ok[:, None], False)
-            if ROW_TILES == 2:
-                y0, y1, y2, y3 = load4(xp_ptr, y_offs + 16 * t, ok[:, None], False)
-                (dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, rx0, rx1, rx2, rx3, ry0, ry1, ry2,
-                 ry3) = quad_step_rows2(qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, x0, x1, x2, x3,
-                                        y0, y1, y2, y3, dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, rx0, rx1,
-                                        rx2, rx3, ry0, ry1, ry2, ry3, L // 32, USE_ASM)
-            else:
+            if ROW_TILES == 1:
+                x0, x1, x2, x3 = load4(xp_ptr, x_offs + 16 * t, ok[:, None], False)
                 dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = quad_step(
                     qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok, x0, x1, x2, x3,
                     dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
+            else:
+                (pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2,
+                 pd3) = word_frags(qw_ptr, w_offs + t * step_w, ok[:, None] & col_ok)
+                dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = tile_mmas(
+                    pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2, pd3, xp_ptr,
+                    x_offs + 16 * t, ok[:, None], dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, L // 32, USE_ASM)
+                rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3 = tile_mmas(
+                    pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2, pd3, xp_ptr,
+                    x_row1 + k_offs + 16 * t, ok[:, None], rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3, L // 32,
+                    USE_ASM)
+                if ROW_TILES == 4:
+                    fx0, fx1, fx2, fx3, fy0, fy1, fy2, fy3 = tile_mmas(
+                        pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2, pd3, xp_ptr,
+                        x_row2 + k_offs + 16 * t, ok[:, None], fx0, fx1, fx2, fx3, fy0, fy1, fy2, fy3,
+                        L // 32, USE_ASM)
+                    hx0, hx1, hx2, hx3, hy0, hy1, hy2, hy3 = tile_mmas(
+                        pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3, pc0, pc1, pc2, pc3, pd0, pd1, pd2, pd3, xp_ptr,
+                        x_row3 + k_offs + 16 * t, ok[:, None], hx0, hx1, hx2, hx3, hy0, hy1, hy2, hy3,
+                        L // 32, USE_ASM)
             if QUADS == 2:
                 ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = quad_step(
                     qw_ptr, w_offs + t * step_w + 32, ok[:, None] & col_ok2, x0, x1, x2, x3,
@@ -354,11 +395,18 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
         tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3 = quad_totals(
             scales_ptr, biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, undo0, undo1, sum0, sum1,
             dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3, tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3)
-        if ROW_TILES == 2:
-            sum2, sum3, undo2, undo3 = group_factors(xg_ptr, row2, row3, n_groups, G, ok)
-            vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3 = quad_totals(
-                scales_ptr, biases_ptr, G * stride_sg + col, ok[:, None] & col_ok, undo2, undo3, sum2, sum3,
+        s_offs, s_ok = G * stride_sg + col, ok[:, None] & col_ok
+        if ROW_TILES >= 2:  # rows 8-15's totals, then (ROW_TILES 4) 16-23's and 24-31's
+            vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3 = tile_totals(
+                xg_ptr, 8, c, M, n_groups, G, ok, scales_ptr, biases_ptr, s_offs, s_ok,
                 rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3, vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3)
+        if ROW_TILES == 4:
+            ax0, ax1, ax2, ax3, ay0, ay1, ay2, ay3 = tile_totals(xg_ptr, 16, c, M, n_groups, G, ok, scales_ptr,
+                                                                 biases_ptr, s_offs, s_ok, fx0, fx1, fx2, fx3, fy0,
+                                                                 fy1, fy2, fy3, ax0, ax1, ax2, ax3, ay0, ay1, ay2, ay3)
+            bx0, bx1, bx2, bx3, by0, by1, by2, by3 = tile_totals(
+                xg_ptr, 24, c, M, n_groups, G, ok, scales_ptr, biases_ptr, s_offs, s_ok, hx0, hx1, hx2, hx3, hy0, hy1,
+                hy2, hy3, bx0, bx1, bx2, bx3, by0, by1, by2, by3)
         if QUADS == 2:
             ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = quad_totals(
                 scales_ptr, biases_ptr, G * stride_sg + col + 32, ok[:, None] & col_ok2, undo0, undo1,
@@ -373,10 +421,14 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
         both = tl.join(tl.reshape(part, [8, WARPS_N, 32]), tl.reshape(part2, [8, WARPS_N, 32]))
         part = tl.reshape(tl.permute(both, [0, 1, 3, 2]), [8, 64 * WARPS_N])
     if ROW_TILES == 2:  # rows 0-7, then 8-15
-        part_b = fragment_tile(warp_sum(vx0, WARPS_K), warp_sum(vx1, WARPS_K), warp_sum(vx2, WARPS_K),
-                               warp_sum(vx3, WARPS_K), warp_sum(vy0, WARPS_K), warp_sum(vy1, WARPS_K),
-                               warp_sum(vy2, WARPS_K), warp_sum(vy3, WARPS_K), WARPS_N)
+        part_b = tile_part(vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3, WARPS_N, WARPS_K)
         part = tl.reshape(tl.permute(tl.join(part, part_b), [2, 0, 1]), [16, 32 * WARPS_N])
+    if ROW_TILES == 4:  # [8, n, i, j] is row tile 2j + i
+        part_b = tile_part(vx0, vx1, vx2, vx3, vy0, vy1, vy2, vy3, WARPS_N, WARPS_K)
+        part_c = tile_part(ax0, ax1, ax2, ax3, ay0, ay1, ay2, ay3, WARPS_N, WARPS_K)
+        part_d = tile_part(bx0, bx1, bx2, bx3, by0, by1, by2, by3, WARPS_N, WARPS_K)
+        tiles4 = tl.join(tl.join(part, part_b), tl.join(part_c, part_d))
+        part = tl.reshape(tl.permute(tiles4, [3, 2, 0, 1]), [32, 32 * WARPS_N])
     pdl_late(PDL)
     offs_m = tl.arange(0, 8 * ROW_TILES)
     offs_n = pid_n * (QW * WARPS_N) + tl.arange(0, QW * WARPS_N)
@@ -479,7 +531,7 @@ def split_for(n_blocks: int, n_groups: int, tiles: MmaTiles, device: torch.devic
 
 def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles | None = None,
               pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """out[M, N] = x2[M, K] @ W for 1..16 rows (x2 bf16/fp16 row-contiguous, out [M, N]
+    """out[M, N] = x2[M, K] @ W for 1..32 rows (x2 bf16/fp16 row-contiguous, out [M, N]
     row-contiguous). pairs: x2 already prepared (prep_pairs), else prepared by a launch of its
     own."""
     m, k = x2.shape
@@ -488,7 +540,7 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
     t = tiles or mma_tiles(n, k, x2.device)
-    row_tiles = 1 if m <= 8 else 2
+    row_tiles = 1 if m <= 8 else (2 if m <= 16 else 4)
     if row_tiles == 2 and t.quads != 1:
         t = dataclasses.replace(t, quads=1)  # a thread's registers: two row tiles or two quads
     xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)

@@ -23,7 +23,7 @@ from homelab_llm.engine.kernels.ref import dequantize_w4_ref
 
 FP32_BOUND, BF16_BOUND = 1e-4, 1e-2
 
-# (M, K, N, tiles (warps_n, warps_k, split), symmetric, x dtype, x scale): M 1..16; N not a
+# (M, K, N, tiles (warps_n, warps_k, split), symmetric, x dtype, x scale): M 1..32; N not a
 # multiple of the 16-column tile (masked columns, and a tile's second half past N); K in 2-5
 # groups over 1-3 program splits and 1-4 warp ranges (uneven: masked groups); x at 3000 (q x would
 # overflow fp16 without the pre-scale) and 1e-3; fp16 activations; asymmetric (bias) weights.
@@ -36,12 +36,15 @@ CASES = [
     (7, 384, 16, (4, 1, 1), False, torch.float16, 1.0),
     (4, 512, 128, (2, 2, 2, 8, 2), False, torch.bfloat16, 1.0),  # two quads a thread, whole tiles
     (6, 384, 100, (1, 1, 1, 8, 2), True, torch.float16, 1.0),  # two quads, the second past N
-    # 9-16 rows: two row tiles (the second partly past M), over splits and warp ranges; quads 2
-    # asked with 16 rows runs one quad
+    # 9-32 rows: two or four row tiles (the last partly past M), over splits and warp ranges;
+    # quads 2 asked with 16 rows runs one quad
     (9, 256, 40, (1, 1, 1), True, torch.float16, 1.0),
     (12, 384, 67, (2, 2, 1), False, torch.bfloat16, 3000.0),
     (16, 640, 57, (1, 2, 3), False, torch.bfloat16, 1.0),
-    (16, 384, 100, (1, 1, 1, 8, 2), True, torch.bfloat16, 1e-3),
+    (16, 256, 40, (1, 1, 1, 8, 2), True, torch.bfloat16, 1e-3),
+    (20, 384, 40, (2, 2, 1), False, torch.bfloat16, 3000.0),
+    (25, 256, 40, (1, 1, 1), True, torch.float16, 1.0),
+    (32, 384, 57, (1, 2, 2), False, torch.bfloat16, 1.0),
 ]
 
 
@@ -89,14 +92,15 @@ def test_mma_outliers_and_prepared_pairs(device: torch.device) -> None:
 
 def test_mma_full_shapes(device: torch.device, full_shapes: bool) -> None:
     """Model shapes on a GPU (Qwen3.6-27B in_proj_qkvz / down / gate_up, Llama-3.1-8B o_proj,
-    Qwen3-30B-A3B o_proj / LM head) at 1-16 rows with the tiles mma_tiles picks (each of its
+    Qwen3-30B-A3B o_proj / LM head) at 1-32 rows with the tiles mma_tiles picks (each of its
     three kinds; the split from the SM count)."""
     from homelab_llm.engine.kernels.w4a16_mma import w4a16_mma
 
     if not full_shapes:
         pytest.skip("GPU shapes")
     for m, k, n in ((1, 5120, 16384), (2, 17408, 5120), (8, 4096, 4096), (8, 5120, 34816), (8, 2048, 2048),
-                    (3, 2048, 151936), (16, 5120, 16384), (12, 17408, 5120)):
+                    (3, 2048, 151936), (16, 5120, 16384), (12, 17408, 5120), (32, 5120, 34816),
+                    (24, 6144, 5120)):
         w, x, want = _case(m, k, n, False, torch.bfloat16, 1.0, device)
         got = w4a16_mma(x, w, torch.empty((m, n), dtype=torch.bfloat16, device=device))
         assert _row_rel_err(got, want) < BF16_BOUND, (m, k, n)
