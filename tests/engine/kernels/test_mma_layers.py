@@ -1,7 +1,8 @@
 """The layers' norm-then-linear and gated MLP on the mma.sync kernel's route (kernels/w4a16_mma.py):
 the RMSNorm (with its residual add) and the SiLU-and-mul run inside the pairs' launches
 (prep_pairs), not as launches of their own. On the CPU the interpreter's table is patched to route
-2-8 rows there (the kernel runs through mma_twin), where the launches are counted.
+2-8 rows there (up to 16 for the 12-row case; the kernel runs through mma_twin), where the
+launches are counted.
 
 Bounds (row-relative, against the reference ops): one linear 1e-2, the gated MLP 2e-2. The
 interpreter truncates where a GPU rounds, and the pairs' launch scales the fp32 norm or
@@ -28,17 +29,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @interpreted
-def test_norm_and_act_run_in_the_pairs_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rows", [ROWS, 12])
+def test_norm_and_act_run_in_the_pairs_launches(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
     """norm_then_linear: one pairs' launch and one mma launch, no norm launch; gated_mlp: two of
-    each, no norm and no SiLU-and-mul launch; one row stays off the route."""
+    each, no norm and no SiLU-and-mul launch; one row stays off the route. 12 rows: a table
+    routing up to 16 rows there (two row tiles a launch)."""
     from homelab_llm.engine.layers.norm_linear import fuses, gated_mlp, norm_then_linear
     from tests.engine.kernels.launch_count import count_calls
 
     monkeypatch.setattr(dispatch, "use_triton", lambda t: True)
-    monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (8, "mma"), (1 << 62, "deq")))
+    monkeypatch.setitem(tuning.W4A16_ROUTES, "interpret", ((1, "h2"), (16, "mma"), (1 << 62, "deq")))
     gen = torch.Generator().manual_seed(91)
     norm, gate_up, down = w4_gated_mlp(HIDDEN, INTER, gen)
-    x, residual = (torch.randn(ROWS, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(2))
+    x, residual = (torch.randn(rows, HIDDEN, generator=gen).to(torch.bfloat16) for _ in range(2))
     assert fuses(x, gate_up) and dispatch.w4a16_mma_route(x, gate_up.w4)
 
     normed, want_res = norm(x, residual)  # the separate ops (the reference path: no triton)
