@@ -411,13 +411,9 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
             ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3 = quad_totals(
                 scales_ptr, biases_ptr, G * stride_sg + col + 32, ok[:, None] & col_ok2, undo0, undo1,
                 sum0, sum1, ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3, ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3)
-    part = fragment_tile(warp_sum(tx0, WARPS_K), warp_sum(tx1, WARPS_K), warp_sum(tx2, WARPS_K),
-                         warp_sum(tx3, WARPS_K), warp_sum(ty0, WARPS_K), warp_sum(ty1, WARPS_K),
-                         warp_sum(ty2, WARPS_K), warp_sum(ty3, WARPS_K), WARPS_N)
+    part = tile_part(tx0, tx1, tx2, tx3, ty0, ty1, ty2, ty3, WARPS_N, WARPS_K)
     if QUADS == 2:  # each warp's 64 columns: its first quad's 32, then its second's
-        part2 = fragment_tile(warp_sum(ux0, WARPS_K), warp_sum(ux1, WARPS_K), warp_sum(ux2, WARPS_K),
-                              warp_sum(ux3, WARPS_K), warp_sum(uy0, WARPS_K), warp_sum(uy1, WARPS_K),
-                              warp_sum(uy2, WARPS_K), warp_sum(uy3, WARPS_K), WARPS_N)
+        part2 = tile_part(ux0, ux1, ux2, ux3, uy0, uy1, uy2, uy3, WARPS_N, WARPS_K)
         both = tl.join(tl.reshape(part, [8, WARPS_N, 32]), tl.reshape(part2, [8, WARPS_N, 32]))
         part = tl.reshape(tl.permute(both, [0, 1, 3, 2]), [8, 64 * WARPS_N])
     if ROW_TILES == 2:  # rows 0-7, then 8-15
