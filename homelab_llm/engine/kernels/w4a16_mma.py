@@ -335,11 +335,11 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
     if EVEN_N:
         col_ok = tl.full([L, 4], True, tl.int1)
         col_ok2 = col_ok
-    x_row = tl.minimum(g, M - 1)
     n_groups = K // GROUP
     row0 = tl.minimum(2 * c, M - 1)
     row1 = tl.minimum(2 * c + 1, M - 1)
-    x_row1 = tl.minimum(8 + g, M - 1) * (K // 2)  # row tiles 1-3 (ROW_TILES 2+): their x rows' starts
+    x_row0 = tl.minimum(g, M - 1) * (K // 2)  # row tile 0's x row start, then (ROW_TILES 2+) 1-3's
+    x_row1 = tl.minimum(8 + g, M - 1) * (K // 2)
     x_row2 = tl.minimum(16 + g, M - 1) * (K // 2)
     x_row3 = tl.minimum(24 + g, M - 1) * (K // 2)
     step_w = 4 * stride_qw  # 4 word rows
@@ -355,8 +355,8 @@ def _w4a16_mma_kernel(xp_ptr, xg_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, w
         if EVEN_K:
             ok = tl.full([L], True, tl.int1)
         w_offs = (G * WPG + c) * stride_qw + col  # int32: K / 8 x N < 2^31
-        x_offs = x_row * (K // 2) + 4 * (G * WPG + c)
         k_offs = 4 * (G * WPG + c)
+        x_offs = x_row0 + k_offs
         dx0, dx1, dx2, dx3, dy0, dy1, dy2, dy3 = z, z, z, z, z, z, z, z
         ex0, ex1, ex2, ex3, ey0, ey1, ey2, ey3 = z, z, z, z, z, z, z, z
         rx0, rx1, rx2, rx3, ry0, ry1, ry2, ry3 = z, z, z, z, z, z, z, z  # row tile 1's
@@ -537,7 +537,7 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
     t = tiles or mma_tiles(n, k, x2.device)
     row_tiles = 1 if m <= 8 else (2 if m <= 16 else 4)
-    if row_tiles == 2 and t.quads != 1:
+    if row_tiles > 1 and t.quads != 1:
         t = dataclasses.replace(t, quads=1)  # a thread's registers: two row tiles or two quads
     xh, xg = pairs if pairs is not None else prep_pairs(x2, w.group_size)
     n_blocks = triton.cdiv(n, t.block_n)

@@ -220,7 +220,7 @@ def test_routes_cover_every_row_count() -> None:
         assert [r for r, _ in routes] == sorted(r for r, _ in routes), arch
         assert {k for _, k in routes} <= {"rows", "h2", "gemv", "dot", "dotL", "mma", "gemm", "deq"}, arch
         assert routes[-1][1] in ("gemm", "deq"), arch
-        # the mma kernel takes up to its n8 tile's rows; "off" gives them kernels of every row count
+        # the mma kernel takes up to its MAX_ROWS (four n8 tiles); "off" gives them kernels of every row count
         assert all(r <= MMA_MAX_ROWS for r, k in routes if k == "mma"), arch
         assert all(k != "mma" for r, k in routes if r > tuning.MMA_OFF_ROUTES[-1][0]), arch
         left = tuning.TABLE[arch].w4a16_dot_left

@@ -37,7 +37,7 @@ CASES = [
     (4, 512, 128, (2, 2, 2, 8, 2), False, torch.bfloat16, 1.0),  # two quads a thread, whole tiles
     (6, 384, 100, (1, 1, 1, 8, 2), True, torch.float16, 1.0),  # two quads, the second past N
     # 9-32 rows: two or four row tiles (the last partly past M), over splits and warp ranges;
-    # quads 2 asked with 16 rows runs one quad
+    # quads 2 asked with 16 or 20 rows runs one quad
     (9, 256, 40, (1, 1, 1), True, torch.float16, 1.0),
     (12, 384, 67, (2, 2, 1), False, torch.bfloat16, 3000.0),
     (16, 640, 57, (1, 2, 3), False, torch.bfloat16, 1.0),
@@ -45,6 +45,7 @@ CASES = [
     (20, 384, 40, (2, 2, 1), False, torch.bfloat16, 3000.0),
     (25, 256, 40, (1, 1, 1), True, torch.float16, 1.0),
     (32, 384, 57, (1, 2, 2), False, torch.bfloat16, 1.0),
+    (20, 256, 40, (1, 1, 1, 8, 2), False, torch.bfloat16, 1.0),
 ]
 
 
