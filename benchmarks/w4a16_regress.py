@@ -114,6 +114,8 @@ def main() -> int:
             kw.setdefault("enable_prefix_caching", False)
         if a.quantize_lm_head:
             kw["quantize_lm_head"] = True
+        # every request of --batch in one step (the engine's default 8 ran 16 / 32 as rounds of 8)
+        kw.setdefault("max_num_seqs", max(8, a.batch, a.profile_batch))
         return make_engine(a.config, a.quant, kv_cache_dtype=a.kv_cache_dtype,
                            gpu_memory_utilization=a.gpu_memory_utilization, **kw)
 

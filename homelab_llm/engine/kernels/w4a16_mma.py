@@ -101,6 +101,11 @@ WIDE_BLOCKS_PER_SM, HEAD_BLOCKS_PER_SM, SMALL_WEIGHTS = 4.5, 11.0, 12 << 20
 ONE_WARP = MmaTiles(warps_n=1, warps_k=1, waves=24)
 K_WARPS = MmaTiles(warps_n=1, warps_k=4, waves=8)
 SQUARE = MmaTiles(warps_n=2, warps_k=2, waves=8)
+# 9-16 rows (two B tiles a thread: more registers a program): two-warp K-splitting programs, 8 an
+# SM, for every matrix but LM heads (w4a16_sweep.py, 27B linears at 16 rows on an H100: 8.04 ms a
+# step against 9.95 at the 1-8-row picks and 8.93 on dotL; docs/BENCHMARKS.md 51). 17-32 rows
+# (four B tiles) stay on them too: no tiles tried there beat dotL (14.0 ms against 10.1 at 32).
+ROWS16 = MmaTiles(warps_n=1, warps_k=2, waves=8)
 # A/B runs without a patched tree: "field=value,..." as every shape's tiles ("warps_n=2,warps_k=2,
 # waves=8": SQUARE for all, the tiles before per-shape picks)
 MMA_TILES_ENV = "HOMELAB_LLM_MMA_TILES"
@@ -114,13 +119,18 @@ def mma_tiles_override(spec: str) -> MmaTiles | None:
     return MmaTiles(**change) if change else None
 
 
-def mma_tiles(n: int, k: int, device: torch.device) -> MmaTiles:
-    """The tiles w4a16_mma gives an [n, k] weight (see WIDE_BLOCKS_PER_SM's note)."""
+def mma_tiles(n: int, k: int, device: torch.device, m: int = 1) -> MmaTiles:
+    """The tiles w4a16_mma gives an [n, k] weight at m rows (see WIDE_BLOCKS_PER_SM's and
+    ROWS16's notes)."""
     fixed = mma_tiles_override(os.environ.get(MMA_TILES_ENV, ""))
     if fixed is not None:
         return fixed
     per_sm = (n / 32) / device_sms(device)
-    if per_sm >= HEAD_BLOCKS_PER_SM or n * k <= SMALL_WEIGHTS:
+    if per_sm >= HEAD_BLOCKS_PER_SM:
+        return SQUARE
+    if m > 8:
+        return ROWS16
+    if n * k <= SMALL_WEIGHTS:
         return SQUARE
     return K_WARPS if per_sm >= WIDE_BLOCKS_PER_SM else ONE_WARP
 
@@ -535,7 +545,7 @@ def w4a16_mma(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, tiles: MmaTiles 
     if not mma_fits(m, w) or k != w.in_features or x2.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"w4a16_mma: x {tuple(x2.shape)}, weight {tuple(w.qweight.shape)} group "
                          f"{w.group_size} (1..{MAX_ROWS} rows, group 128, no act-order, row-contiguous x and out)")
-    t = tiles or mma_tiles(n, k, x2.device)
+    t = tiles or mma_tiles(n, k, x2.device, m)
     row_tiles = 1 if m <= 8 else (2 if m <= 16 else 4)
     if row_tiles > 1 and t.quads != 1:
         t = dataclasses.replace(t, quads=1)  # a thread's registers: two row tiles or two quads

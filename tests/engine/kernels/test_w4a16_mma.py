@@ -110,7 +110,7 @@ def test_mma_full_shapes(device: torch.device, full_shapes: bool) -> None:
 def test_mma_tiles_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     """mma_tiles' picks on a 132-SM device (an H100's count): one-warp programs for large
     matrices, four-warp K-splitting programs for wide outputs, the two-by-two programs for LM
-    heads and for 12 Mi weights or fewer; HOMELAB_LLM_MMA_TILES fixes every shape's tiles, and a
+    heads and for 12 Mi weights or fewer; at 9+ rows ROWS16 but for heads; HOMELAB_LLM_MMA_TILES fixes every shape's tiles, and a
     wrong field is an error naming the fields."""
     from homelab_llm.engine.kernels import w4a16_mma as mod
 
@@ -122,6 +122,10 @@ def test_mma_tiles_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
               (64128, 4096): mod.SQUARE, (4096, 4096): mod.ONE_WARP, (5120, 3072): mod.ONE_WARP,
               (5120, 2048): mod.SQUARE, (2048, 4096): mod.SQUARE}
     assert {nk: mod.mma_tiles(*nk, dev) for nk in shapes} == shapes
+    # 9+ rows: ROWS16 but for LM heads
+    assert [mod.mma_tiles(n, k, dev, 16) for n, k in ((5120, 17408), (5120, 2048), (151936, 2048))] == [
+        mod.ROWS16, mod.ROWS16, mod.SQUARE]
+    assert mod.mma_tiles(5120, 17408, dev, 8) == mod.ONE_WARP
     assert (mod.ONE_WARP.warps_n * mod.ONE_WARP.warps_k, mod.K_WARPS.warps_k, mod.SQUARE.warps_n) == (1, 4, 2)
     monkeypatch.setenv(mod.MMA_TILES_ENV, "warps_n=2,warps_k=2,waves=8")
     assert mod.mma_tiles(5120, 17408, dev) == mod.MmaTiles(2, 2, 0, 8, 1)
