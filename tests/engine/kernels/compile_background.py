@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from tests.engine.kernels.gpu_compile import REPO, TARGETS, run_all
+from tests.engine.kernels.parent_death import die_with_parent
 
 # The fixture the report tests take: a selected test that uses it starts the compiles.
 REPORT_FIXTURE = "compile_report"
@@ -104,6 +105,7 @@ def stop(config) -> None:
 
 def _main(argv: list[str]) -> int:
     out, targets, jobs, timeout = argv[0], argv[1].split(","), int(argv[2]), float(argv[3])
+    die_with_parent()  # a pytest killed by a signal runs no stop(): go with it
     os.nice(NICENESS)  # before the compile workers start: they inherit it
     Path(out).write_text(json.dumps(run_all(targets, jobs=jobs, timeout=timeout)))
     return 0

@@ -1001,6 +1001,10 @@ def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0, only: str
 
 
 def _main(argv: list[str]) -> int:
+    if argv and argv[0] in ("_capture", "_plan", "_compile"):  # run_all's helpers: gone with their parent
+        from tests.engine.kernels.parent_death import die_with_parent
+
+        die_with_parent()
     if argv and argv[0] == "_capture":
         targets, out = argv[1].split(","), argv[2]
         Path(out).write_text(json.dumps({t: capture(TARGETS[t][3]) for t in targets}))

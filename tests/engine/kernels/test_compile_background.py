@@ -1,9 +1,14 @@
 """compile_background: the report's tests go last, the compiles start once, and nothing outlives
-the session (the compile itself is test_gpu_compile.py's)."""
+the session, even one ended by a signal (the compile itself is test_gpu_compile.py's)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -53,3 +58,45 @@ def test_a_started_compile_is_killed_with_its_workers() -> None:
     assert not handle.running
     with pytest.raises(ProcessLookupError):
         os.killpg(handle.pid, 0)  # the group (child and any worker) is gone
+
+
+def _gone(pid: int) -> bool:
+    """No process pid, or a zombie (dead, waiting for whoever reaps orphans here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+def test_helpers_die_with_a_parent_killed_by_a_signal(tmp_path: Path) -> None:
+    """A parent SIGKILLed (no hook of its runs: pytest killed by a CI timeout) takes its
+    die_with_parent child along, as compile_background's child and gpu_compile's workers are."""
+    pid_file = tmp_path / "child"
+    child = ("import time; from tests.engine.kernels.parent_death import die_with_parent; "
+             f"armed = die_with_parent(); open({str(pid_file)!r} + '.armed', 'w').write(str(armed)); time.sleep(120)")
+    parent = ("import subprocess, sys, time; "
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}]); "
+              f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    env = dict(os.environ, PYTHONPATH=str(bg.REPO))
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=bg.REPO, env=env)
+    pid = 0
+    try:
+        deadline = time.monotonic() + 60
+        armed = Path(f"{pid_file}.armed")
+        while not (armed.exists() and armed.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert armed.read_text() == "True"
+        pid = int(pid_file.read_text())
+        assert not _gone(pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while not _gone(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(pid)
+    finally:
+        proc.kill()
+        proc.wait()
+        if pid and not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
