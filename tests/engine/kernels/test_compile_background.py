@@ -86,8 +86,8 @@ def test_helpers_die_with_a_parent_killed_by_a_signal(tmp_path: Path) -> None:
         armed = Path(f"{pid_file}.armed")
         while not (armed.exists() and armed.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        pid = int(pid_file.read_text())  # written before the child could arm
         assert armed.read_text() == "True"
-        pid = int(pid_file.read_text())
         assert not _gone(pid)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
