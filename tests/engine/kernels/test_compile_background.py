@@ -84,9 +84,9 @@ def test_helpers_die_with_a_parent_killed_by_a_signal(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         armed = Path(f"{pid_file}.armed")
-        while not (armed.exists() and armed.read_text()) and time.monotonic() < deadline:
+        while not all(f.exists() and f.read_text() for f in (pid_file, armed)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        pid = int(pid_file.read_text())  # written before the child could arm
+        pid = int(pid_file.read_text())
         assert armed.read_text() == "True"
         assert not _gone(pid)
         proc.send_signal(signal.SIGKILL)
