@@ -130,9 +130,9 @@ def test_default_decode_stays_near_the_exact_path(models, smollm2_tokenizer):
 
 def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
     """Decode steps (one row: the int4 kernel) and a prefill of the same tokens (the many-row
-    path once past DENSE_ROWS) compute the same logits up to the bf16 kernels' rounding."""
+    path once past dense_rows()) compute the same logits up to the bf16 kernels' rounding."""
     _, fast = models
-    ids = (smollm2_tokenizer.encode(PROMPTS[2]) * 20)[: w4a16_cpu.DENSE_ROWS + 8]
+    ids = (smollm2_tokenizer.encode(PROMPTS[2]) * 20)[: w4a16_cpu.dense_rows() + 8]
     whole = PagedHarness(fast, num_pages=16, page_size=16).step({"s": ids})
     harness = PagedHarness(fast, num_pages=16, page_size=16)
     harness.step({"s": ids[:-4]})
@@ -141,13 +141,13 @@ def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
 
 
 def test_small_model_keeps_dense_copies_for_prompts(models):
-    """SmolLM2's 4-bit linears fit w4a16_cpu.DENSE_CACHE_BYTES as bf16: each keeps its dequantized
+    """SmolLM2's 4-bit linears fit w4a16_cpu.DENSE_CACHE_BYTES dense: each keeps its dequantized
     copy, and a many-row matmul through it equals dequantizing on the fly, bit for bit."""
     _, fast = models
     linears = [m for m in fast.modules() if isinstance(m, LinearBase)]
     assert all(m.w4.cpu_pack.dense is not None for m in linears)
     layer = linears[0]
-    x = torch.randn(w4a16_cpu.DENSE_ROWS, layer.in_features)
+    x = torch.randn(w4a16_cpu.dense_rows(), layer.in_features)
     cached = w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4)
     dense, layer.w4.cpu_pack.dense = layer.w4.cpu_pack.dense, None
     try:

@@ -12,10 +12,14 @@ kernel runs in bf16 (scales and zeros too): ~2-3e-3 relative error per matmul ag
 fp32 reference. A layer gets the repacked copy only when its 4-bit matmuls are to compute in
 bf16 (LinearBase.set_w4); activations of any dtype are then cast to bf16 and the result back.
 
-Many rows (prompt processing) are compute-bound, and the int4 kernel is no faster there than an
-fp32 GEMM; dequantizing the weight to bf16 once per call and running oneDNN's bf16 GEMM is ~2x
-faster from ~100 rows up (2 shared EPYC cores, 576x3072 at 512 rows: int4 23 ms, dequantize
-3.4 ms + bf16 GEMM 10 ms). DENSE_ROWS picks the path.
+Many rows (prompt processing) are compute-bound, and the int4 kernel is no faster there than a
+dense GEMM on dequantized weights. Which dense dtype depends on the CPU (dense_dtype): where
+oneDNN has a bf16 GEMM (AVX-512 / AMX), bf16 from ~100 rows up is ~2x the int4 kernel (2 shared
+EPYC cores, 576x3072 at 512 rows: int4 23 ms, dequantize 3.4 ms + bf16 GEMM 10 ms); on an
+AVX2-only CPU torch's bf16 mm is a scalar loop (128 x 576 x 1536: 209 ms against 2.4 in fp32,
+an AMD EPYC without AVX-512, 2026-12-06), which made a 128-token prompt of the CPU default take
+20 s instead of 0.3, so there the dense copy is fp32, faster than the int4 kernel from ~32 rows
+(SmolLM2's shapes at 32 rows: 0.20-1.22 ms against 0.31-1.63). dense_rows picks the path.
 
 The CPU default for a GGUF Q4 model (device.fast_cpu_default) runs the model in fp32 with these
 matmuls in bf16: SmolLM2-135M Q4_1 logits 0.8-1.7% (relative, Frobenius) from the exact fp32
@@ -27,6 +31,7 @@ Decode at batch 1 on one shared EPYC core (2026-12-01, CPU time, load 5-15): ~30
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +39,11 @@ import torch
 # Group sizes the CPU kernel accepts; N must be a multiple of 16 (its packing block).
 CPU_GROUP_SIZES = (32, 64, 128, 256)
 _N_BLOCK = 16
-# From this many rows on, dequantize to bf16 and run a dense GEMM (see the module docstring).
-DENSE_ROWS = 128
-# A model whose 4-bit linears take at most this much as bf16 keeps that dense copy beside the
-# packed one (model/cpu_kernels.py): SmolLM2-135M's is 212 MB, its packed weights ~66 MB.
+# From this many rows on, dequantize to dense_dtype and run a dense GEMM (module docstring).
+DENSE_ROWS_BF16, DENSE_ROWS_FP32 = 128, 32
+# A model whose 4-bit linears take at most this much in dense_dtype keeps that dense copy beside
+# the packed one (model/cpu_kernels.py): SmolLM2-135M's is 212 MB in bf16, 424 MB in fp32, its
+# packed weights ~66 MB.
 DENSE_CACHE_BYTES = 512 << 20
 
 
@@ -51,7 +57,7 @@ class CpuInt4Weight:
     in_features: int
     out_features: int
     perm: torch.Tensor | None = None
-    # bf16 [K, N] (dequantize_bf16), kept when the model is small enough (DENSE_CACHE_BYTES):
+    # [K, N] in dense_dtype (dequantize_dense), kept when the model is small enough (DENSE_CACHE_BYTES):
     # many-row calls then skip dequantizing, a quarter of a 512-token prefill's matmul time.
     dense: torch.Tensor | None = None
 
@@ -59,6 +65,26 @@ class CpuInt4Weight:
 def cpu_kernel_available() -> bool:
     ops = torch.ops.aten
     return hasattr(ops, "_weight_int4pack_mm_for_cpu") and hasattr(ops, "_convert_weight_to_int4pack_for_cpu")
+
+
+def bf16_gemm_native() -> bool:
+    """Whether oneDNN runs bf16 GEMMs on this CPU (AVX-512 or AMX): torch's own query, else its
+    reported vector capability."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+@functools.lru_cache(maxsize=1)
+def dense_dtype() -> torch.dtype:
+    """The dense copy's dtype for many-row calls: bf16 where its GEMM is native, else fp32."""
+    return torch.bfloat16 if bf16_gemm_native() else torch.float32
+
+
+def dense_rows() -> int:
+    """Rows from which a call takes the dense GEMM instead of the int4 kernel."""
+    return DENSE_ROWS_BF16 if dense_dtype() == torch.bfloat16 else DENSE_ROWS_FP32
 
 
 def supports(w) -> bool:
@@ -81,8 +107,9 @@ def repack_for_cpu(w) -> CpuInt4Weight:
                          w.perm)
 
 
-def dequantize_bf16(w) -> torch.Tensor:
-    """W4Weight -> bf16 [K, N] in the kernel's (possibly act-order permuted) input order."""
+def dequantize_dense(w, dtype: torch.dtype) -> torch.Tensor:
+    """W4Weight -> [K, N] in dtype (bf16 or fp32), in the kernel's (possibly act-order permuted)
+    input order."""
     from homelab_llm.engine.kernels.w4a16_pack import unpack_int4
 
     k, n, g = w.in_features, w.out_features, w.group_size
@@ -90,14 +117,15 @@ def dequantize_bf16(w) -> torch.Tensor:
     # fp32, rounded once: q * scale + bias cancels (symmetric: bias = -8 * scale), and rounding
     # scale and bias to bf16 first would leave errors large against the small results.
     w_kn = torch.addcmul(w.biases.float().unsqueeze(1), q, w.scales.float().unsqueeze(1))
-    return w_kn.view(k, n).to(torch.bfloat16)
+    return w_kn.view(k, n).to(dtype)
 
 
 def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
     """x [..., K] @ W4Weight with a CPU pack, in x's dtype: the int4 kernel for few rows, a
-    dequantized bf16 GEMM for DENSE_ROWS rows and more."""
+    GEMM on the dense (dense_dtype) weight from dense_rows() rows on."""
     pack = w.cpu_pack
-    if x.dim() == 2 and pack.perm is None and 0 < x.shape[0] < DENSE_ROWS \
+    many = dense_rows()
+    if x.dim() == 2 and pack.perm is None and 0 < x.shape[0] < many \
             and x.shape[1] == pack.in_features:
         # Decode's shape, once per linear per token: the fewest ops (no reshapes, no checks that
         # cannot fail here); ~1 us of dispatch each is a visible share of a 135M model's step.
@@ -105,13 +133,13 @@ def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
             x.to(torch.bfloat16).contiguous(), pack.packed, pack.group_size, pack.scales_and_zeros)
         return out.to(x.dtype)
     rows = x.numel() // max(x.shape[-1], 1)
-    if rows < DENSE_ROWS:
+    if rows < many:
         return w4a16_matmul_cpu(x, pack)
     x2 = x.reshape(-1, w.in_features)
     if w.perm is not None:
         x2 = x2[:, w.perm]
-    dense = pack.dense if pack.dense is not None else dequantize_bf16(w)
-    out = torch.mm(x2.to(torch.bfloat16), dense)
+    dense = pack.dense if pack.dense is not None else dequantize_dense(w, dense_dtype())
+    out = torch.mm(x2.to(dense.dtype), dense)
     return out.to(x.dtype).view(*x.shape[:-1], w.out_features)
 
 

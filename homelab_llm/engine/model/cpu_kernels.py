@@ -6,8 +6,9 @@ Per decode token this reads the 4-bit weights and the int8 head instead of an fp
 everything (SmolLM2-135M: ~100 MB instead of ~540 MB). The exact mode (--dtype float32) never
 comes here.
 
-A small model (its 4-bit linears <= w4a16_cpu.DENSE_CACHE_BYTES as bf16) also keeps a dense bf16
-copy of each for prompt processing, which otherwise dequantizes every weight on every call.
+A small model (its 4-bit linears <= w4a16_cpu.DENSE_CACHE_BYTES dense) also keeps a dense copy of
+each (bf16, or fp32 on CPUs without a native bf16 GEMM: w4a16_cpu.dense_dtype) for prompt
+processing, which otherwise dequantizes every weight on every call.
 A Llama-style model also gets its one-sequence decode plan (model/cpu_decode_layer.py).
 """
 
@@ -30,10 +31,11 @@ def use_cpu_kernels(model: nn.Module) -> None:
             module.compute_w4_in(torch.bfloat16)
             if module.w4.cpu_pack is not None:
                 packed.append(module)
-    dense_bytes = sum(2 * m.w4.in_features * m.w4.out_features for m in packed)
+    dtype = w4a16_cpu.dense_dtype()
+    dense_bytes = sum(dtype.itemsize * m.w4.in_features * m.w4.out_features for m in packed)
     if dense_bytes <= w4a16_cpu.DENSE_CACHE_BYTES:
         for module in packed:
-            module.w4.cpu_pack.dense = w4a16_cpu.dequantize_bf16(module.w4)
+            module.w4.cpu_pack.dense = w4a16_cpu.dequantize_dense(module.w4, dtype)
             # Registered so memory accounting counts it.
             module.register_buffer("w4_cpu_dense", module.w4.cpu_pack.dense, persistent=False)
     head = getattr(model, "lm_head", None)
