@@ -37,6 +37,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     schedule(config, items)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's controller, before it starts each worker
+def pytest_configure_node(node) -> None:
+    from tests.engine.kernels.compile_background import WORKER_KEY, controller_folder
+
+    node.workerinput[WORKER_KEY] = controller_folder(node.config)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's controller: a worker's collected test ids
+def pytest_xdist_node_collection_finished(node, ids: list) -> None:
+    from tests.engine.kernels.compile_background import controller_collected
+
+    controller_collected(node.config, ids)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests.engine.kernels.compile_background import stop
 

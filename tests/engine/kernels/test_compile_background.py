@@ -51,13 +51,68 @@ def test_report_tests_move_last_and_stop_reaps_the_whole_group(monkeypatch) -> N
     assert launched[-1] == "stopped" and bg.started(config) is None
 
 
-def test_a_started_compile_is_killed_with_its_workers() -> None:
-    handle = bg.BackgroundCompile(["sm80"], 1, 60.0)
+def test_a_started_compile_is_killed_with_its_workers(tmp_path: Path) -> None:
+    handle = bg.BackgroundCompile(["sm80"], 1, 60.0, folder=tmp_path)
     assert handle.running
     handle.stop()
     assert not handle.running
     with pytest.raises(ProcessLookupError):
         os.killpg(handle.pid, 0)  # the group (child and any worker) is gone
+    assert (tmp_path / "exit").read_text() == str(-signal.SIGKILL)  # what a waiter elsewhere reads
+    with pytest.raises(RuntimeError, match="exited -9"):
+        bg.wait_report(tmp_path, 60.0)
+
+
+def test_xdist_controller_starts_the_compile_once_for_a_report_test(monkeypatch) -> None:
+    launched = []
+
+    class Fake:
+        def __init__(self, targets, jobs, timeout, folder) -> None:
+            launched.append(folder)
+
+        def stop(self) -> None:
+            launched.append("stopped")
+
+    monkeypatch.setattr(bg, "BackgroundCompile", Fake)
+    config = Config()
+    folder = bg.controller_folder(config)
+    assert bg.controller_folder(config) == folder and Path(folder).is_dir()  # one folder for every worker
+    bg.controller_collected(config, ["tests/server/test_api.py::test_a"])
+    assert bg.started(config) is None and not launched
+    ids = ["tests/server/test_api.py::test_a", bg.REPORT_MODULE + "test_kernels_compile[sm80]"]
+    bg.controller_collected(config, ids)
+    bg.controller_collected(config, ids)  # the second worker's collection: still one compile
+    assert launched == [Path(folder)]
+    bg.stop(config)
+    assert launched[-1] == "stopped" and not Path(folder).exists()
+
+
+def test_xdist_worker_waits_for_the_controllers_report(tmp_path: Path) -> None:
+    config = Config()
+    config.workerinput = {bg.WORKER_KEY: str(tmp_path)}
+    items = [item("compile", True), item("a", False)]
+    bg.schedule(config, items, timeout=60.0)
+    assert [i.name for i in items] == ["a", "compile"]
+    handle = bg.started(config)
+    with pytest.raises(RuntimeError, match="started no compile"):
+        handle.result()  # a controller that never started one: said at once, no wait
+    (tmp_path / "started").write_text(repr(time.time()))
+    (tmp_path / "log.txt").write_text("compiling\nboom\n")
+    (tmp_path / "exit").write_text("1")
+    with pytest.raises(RuntimeError, match="exited 1:\ncompiling\nboom"):
+        handle.result()
+    (tmp_path / "report.json").write_text('{"missing": {}}')
+    (tmp_path / "exit").write_text("0")
+    assert handle.result() == {"missing": {}}
+    bg.stop(config)  # the worker owns nothing: the folder stays the controller's
+    assert (tmp_path / "report.json").exists()
+
+
+def test_a_waiter_gives_up_at_the_timeout(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "started").write_text(repr(time.time() - 100))  # started 100 s ago
+    monkeypatch.setattr(bg, "POLL_S", 0.01)
+    with pytest.raises(TimeoutError, match="still running after 50 s"):
+        bg.wait_report(tmp_path, 50.0)
 
 
 def _gone(pid: int) -> bool:
