@@ -9,6 +9,10 @@ import pytest
 
 # Deterministic, quiet, and small: 2-core CI.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One thread a worker (and the servers it starts), before anything imports torch: workers
+    # already use every core, and two OpenMP teams spinning on one core's share cost 2-4x.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
