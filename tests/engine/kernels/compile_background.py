@@ -47,8 +47,7 @@ POLL_S = 0.5
 def wait_report(folder: Path, timeout: float) -> dict:
     """The report the child in folder writes: wait for its exit (up to timeout from its start);
     raise with its log when it failed or never ended."""
-    start = folder / "started"
-    deadline = max((float(start.read_text()) if start.exists() else time.time()) + timeout, time.time() + 1.0)
+    deadline = float((folder / "started").read_text()) + timeout
     exit_file = folder / "exit"
     while not exit_file.exists():
         if time.time() > deadline:
@@ -64,10 +63,8 @@ def wait_report(folder: Path, timeout: float) -> dict:
 class BackgroundCompile:
     """The child that compiles, owned by the process that started it (pytest, or xdist's controller)."""
 
-    def __init__(self, targets: list[str], jobs: int, timeout: float, folder: Path | None = None) -> None:
-        self.timeout = timeout
-        self._tmp = None if folder is not None else tempfile.TemporaryDirectory(prefix="gpu_compile_bg_")
-        self.folder = Path(folder if folder is not None else self._tmp.name)
+    def __init__(self, targets: list[str], jobs: int, timeout: float, folder: Path) -> None:
+        self.timeout, self.folder = timeout, Path(folder)
         (self.folder / "started").write_text(repr(time.time()))
         self._log = open(self.folder / "log.txt", "w+")
         self._proc = subprocess.Popen(
@@ -99,7 +96,7 @@ class BackgroundCompile:
             raise
 
     def stop(self) -> None:
-        """Kill the child and its workers if still running, reap it, drop the files it owns."""
+        """Kill the child and its workers if still running, reap it."""
         if self.running:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)
@@ -108,8 +105,6 @@ class BackgroundCompile:
         self._proc.wait()
         self._reaper.join()
         self._log.close()
-        if self._tmp is not None:
-            self._tmp.cleanup()
 
 
 class ControllerCompile:
@@ -131,7 +126,7 @@ class ControllerCompile:
 # The running compile of each pytest config (by id: a plain dict, so that kernels_selftest's
 # stand-in for pytest, which has no config stash, can import this module).
 _RUNNING: dict[int, BackgroundCompile | ControllerCompile] = {}
-_FOLDERS: dict[int, tempfile.TemporaryDirectory] = {}  # the controller's folder for its workers
+_FOLDERS: dict[int, tempfile.TemporaryDirectory] = {}  # each config's compile folder (stop() drops it)
 
 
 def schedule(config, items: list, jobs: int = JOBS, timeout: float = TIMEOUT) -> None:
@@ -143,11 +138,12 @@ def schedule(config, items: list, jobs: int = JOBS, timeout: float = TIMEOUT) ->
     items[:] = [i for i, r in zip(items, reads) if not r] + [i for i, r in zip(items, reads) if r]
     folder = getattr(config, "workerinput", {}).get(WORKER_KEY)
     _RUNNING[id(config)] = (ControllerCompile(folder, timeout) if folder is not None
-                            else BackgroundCompile(list(TARGETS), jobs, timeout))
+                            else BackgroundCompile(list(TARGETS), jobs, timeout, Path(controller_folder(config))))
 
 
 def controller_folder(config) -> str:
-    """The folder the controller's compile will use (made once; for each worker's workerinput)."""
+    """The folder of this config's compile (made once): the child's files; under xdist the
+    controller names it in each worker's workerinput."""
     if id(config) not in _FOLDERS:
         _FOLDERS[id(config)] = tempfile.TemporaryDirectory(prefix="gpu_compile_bg_")
     return _FOLDERS[id(config)].name

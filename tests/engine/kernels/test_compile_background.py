@@ -35,7 +35,7 @@ def test_report_tests_move_last_and_stop_reaps_the_whole_group(monkeypatch) -> N
     launched = []
 
     class Fake:
-        def __init__(self, targets, jobs, timeout) -> None:
+        def __init__(self, targets, jobs, timeout, folder) -> None:
             launched.append((targets, jobs, timeout))
 
         def stop(self) -> None:
