@@ -1,5 +1,5 @@
 """The one-sequence CPU decode path (model/cpu_decode_layer.py) against the general CPU default
-path on the real SmolLM2-135M Q4_1 file: the same model and cache layout, a prompt then the same
+path on the real SmolLM2-135M Q4_1 file, with either 4-bit kernel it drives (ours, torch's int4): the same model and cache layout, a prompt then the same
 8 decode tokens each way (the general path's greedy picks, teacher-forced on the plan).
 
 The plan computes the same formulas with a different fp32 rounding order (the norm's sum of
@@ -20,7 +20,7 @@ from unittest import mock
 import pytest
 import torch
 
-from homelab_llm.engine.kernels import w4a16_cpu
+from homelab_llm.engine.kernels import q4_native, w4a16_cpu
 from homelab_llm.engine.layers.rotary import apply_rotary
 from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
@@ -33,10 +33,19 @@ PROMPT = [1, 504, 3458, 282, 4649, 314, 216]
 STEPS = 8
 
 
-@pytest.fixture(scope="module")
-def fast(smollm2_path):
+@pytest.fixture(scope="module", params=["native", "torch-int4"])
+def fast(smollm2_path, request):
+    """The CPU default with each kernel the plan drives: ours (kernels/q4_native.py) where it
+    runs, and torch's int4 kernel (HOMELAB_LLM_CPU_NATIVE=0 while loading: the packs decide)."""
+    if request.param == "native" and not q4_native.available():
+        pytest.skip(f"our AVX2 kernel does not run here: {q4_native.unavailable_reason()}")
     config = load_model_config(smollm2_path)
-    return load_model(config, smollm2_path, "gguf", torch.float32, "cpu", fast_cpu=True)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HOMELAB_LLM_CPU_NATIVE", "1" if request.param == "native" else "0")
+        model = load_model(config, smollm2_path, "gguf", torch.float32, "cpu", fast_cpu=True)
+    packs = [m.w4.cpu_pack for m in model.modules() if getattr(m, "w4", None) is not None]
+    assert packs and all((p.native is not None) == (request.param == "native") for p in packs)
+    return model
 
 
 def _decode(model, harness: PagedHarness, plan, tokens: list[int] | None = None) -> torch.Tensor:

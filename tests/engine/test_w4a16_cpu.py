@@ -1,4 +1,5 @@
-"""The CPU 4-bit path: torch's int4 weight-only kernel against the exact fp32 reference.
+"""The CPU 4-bit path: torch's int4 weight-only kernel against the exact fp32 reference (our
+AVX2 kernel, which takes precedence where it runs, is switched off here: test_q4_native.py).
 
 Tolerance: the kernel runs in bf16 (activations, scales and zeros rounded to 8 mantissa bits),
 so one matmul is ~2-3e-3 relative off the fp32 reference; we allow 1e-2 relative (Frobenius).
@@ -17,6 +18,11 @@ from homelab_llm.engine.layers.linear import ColumnParallelLinear
 
 pytestmark = pytest.mark.skipif(not w4a16_cpu.cpu_kernel_available(),
                                 reason="this torch has no CPU int4 kernel")
+
+
+@pytest.fixture(autouse=True)
+def _torch_int4_kernel(monkeypatch):
+    monkeypatch.setenv("HOMELAB_LLM_CPU_NATIVE", "0")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

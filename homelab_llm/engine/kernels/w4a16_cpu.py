@@ -27,6 +27,12 @@ path over four prompts, greedy picks the same on >= 95% of steps. The whole mode
 1.2-2.9% off (2026-11-29): the fp32 residual stream, norms and attention account for the gap.
 Decode at batch 1 on one shared EPYC core (2026-12-01, CPU time, load 5-15): ~30 tok/s against
 ~12.5 for the exact path; about half of the step is still per-op dispatch of the small ops.
+
+Where our AVX2 kernel runs (kernels/q4_native.py: a C compiler, AVX2/FMA/F16C, groups of 32s,
+no act-order), a weight is packed for it instead of for torch's kernel (CpuInt4Weight.native),
+and it takes calls of fewer than NATIVE_ROWS rows: on an AVX2 EPYC it is ~2.2x torch's int4
+kernel at one row (SmolLM2's 3072x576: 61 against 135 us), even at 8, slower from ~12, where
+the dense copy wins.
 """
 
 from __future__ import annotations
@@ -36,11 +42,16 @@ from dataclasses import dataclass
 
 import torch
 
+from homelab_llm.engine.kernels import q4_native
+
 # Group sizes the CPU kernel accepts; N must be a multiple of 16 (its packing block).
 CPU_GROUP_SIZES = (32, 64, 128, 256)
 _N_BLOCK = 16
 # From this many rows on, dequantize to dense_dtype and run a dense GEMM (module docstring).
 DENSE_ROWS_BF16, DENSE_ROWS_FP32 = 128, 32
+# Below this many rows our AVX2 kernel (q4_native) runs where the weight has its pack; from here
+# on the dense GEMM where a dense copy is kept (its time grows with the rows, the GEMM's barely).
+NATIVE_ROWS = 12
 # A model whose 4-bit linears take at most this much in dense_dtype keeps that dense copy beside
 # the packed one (model/cpu_kernels.py): SmolLM2-135M's is 212 MB in bf16, 424 MB in fp32, its
 # packed weights ~66 MB.
@@ -49,10 +60,12 @@ DENSE_CACHE_BYTES = 512 << 20
 
 @dataclass
 class CpuInt4Weight:
-    """A W4Weight repacked for the CPU kernel. perm: act-order input permutation, or None."""
+    """A W4Weight repacked for a CPU kernel: torch's int4 kernel (packed, scales_and_zeros), or
+    our AVX2 kernel (native: kernels/q4_native.py; then those two are None). perm: act-order
+    input permutation, or None."""
 
-    packed: torch.Tensor  # uint8 [N, K / 2], torch's int4pack layout
-    scales_and_zeros: torch.Tensor  # bf16 [K / G, N, 2]
+    packed: torch.Tensor | None  # uint8 [N, K / 2], torch's int4pack layout
+    scales_and_zeros: torch.Tensor | None  # bf16 [K / G, N, 2]
     group_size: int
     in_features: int
     out_features: int
@@ -60,6 +73,7 @@ class CpuInt4Weight:
     # [K, N] in dense_dtype (dequantize_dense), kept when the model is small enough (DENSE_CACHE_BYTES):
     # many-row calls then skip dequantizing, a quarter of a 512-token prefill's matmul time.
     dense: torch.Tensor | None = None
+    native: q4_native.NativeWeight | None = None
 
 
 def cpu_kernel_available() -> bool:
@@ -88,17 +102,32 @@ def dense_rows() -> int:
 
 
 def supports(w) -> bool:
-    """Whether this W4Weight's shape fits the CPU kernel (otherwise the reference runs)."""
-    return (cpu_kernel_available() and w.qweight.device.type == "cpu"
-            and w.group_size in CPU_GROUP_SIZES and w.out_features % _N_BLOCK == 0
-            and w.in_features % w.group_size == 0)
+    """Whether this W4Weight fits a CPU kernel (otherwise the reference runs)."""
+    return native_fits(w) or (cpu_kernel_available() and w.qweight.device.type == "cpu"
+                              and w.group_size in CPU_GROUP_SIZES and w.out_features % _N_BLOCK == 0
+                              and w.in_features % w.group_size == 0)
+
+
+def native_fits(w) -> bool:
+    """Whether this W4Weight takes our AVX2 kernel (kernels/q4_native.py): one on this CPU, whole
+    groups of 32 inputs, no act-order permutation."""
+    return (w.qweight.device.type == "cpu" and w.perm is None and w.group_size % q4_native.QK == 0
+            and w.in_features % w.group_size == 0 and q4_native.available())
 
 
 def repack_for_cpu(w) -> CpuInt4Weight:
-    """W4Weight (kernels.w4a16_pack) -> CpuInt4Weight. One-time, at load."""
+    """W4Weight (kernels.w4a16_pack) -> CpuInt4Weight, for our AVX2 kernel where it fits
+    (native_fits), else torch's int4 kernel. One-time, at load."""
     from homelab_llm.engine.kernels.w4a16_pack import unpack_int4
 
     q_nk = unpack_int4(w.qweight, dim=0).t().contiguous().to(torch.int32)  # [N, K] 0..15
+    if native_fits(w):
+        per_block = w.group_size // q4_native.QK
+        scales = w.scales.t().repeat_interleave(per_block, dim=1)  # [N, K / 32], fp16 values
+        offsets = w.biases.t().repeat_interleave(per_block, dim=1)
+        native = q4_native.pack_q4(q_nk, scales, offsets)
+        return CpuInt4Weight(None, None, w.group_size, w.in_features, w.out_features, None,
+                             native=native)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q_nk, 1)
     scales = w.scales.float()
     zeros = w.biases.float() + 8.0 * scales  # exact in fp32: both are fp16 values
@@ -121,11 +150,16 @@ def dequantize_dense(w, dtype: torch.dtype) -> torch.Tensor:
 
 
 def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
-    """x [..., K] @ W4Weight with a CPU pack, in x's dtype: the int4 kernel for few rows, a
-    GEMM on the dense (dense_dtype) weight from dense_rows() rows on."""
+    """x [..., K] @ W4Weight with a CPU pack, in x's dtype: the pack's kernel for few rows, a
+    GEMM on the dense (dense_dtype) weight from dense_rows() rows on (with our AVX2 kernel, from
+    NATIVE_ROWS on where the dense copy is kept)."""
     pack = w.cpu_pack
     many = dense_rows()
-    if x.dim() == 2 and pack.perm is None and 0 < x.shape[0] < many \
+    if pack.native is not None:
+        rows = x.numel() // max(x.shape[-1], 1)
+        if rows < NATIVE_ROWS or (rows < many and pack.dense is None):
+            return q4_native.matmul(x, pack.native)
+    elif x.dim() == 2 and pack.perm is None and 0 < x.shape[0] < many \
             and x.shape[1] == pack.in_features:
         # Decode's shape, once per linear per token: the fewest ops (no reshapes, no checks that
         # cannot fail here); ~1 us of dispatch each is a visible share of a 135M model's step.
@@ -133,7 +167,7 @@ def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
             x.to(torch.bfloat16).contiguous(), pack.packed, pack.group_size, pack.scales_and_zeros)
         return out.to(x.dtype)
     rows = x.numel() // max(x.shape[-1], 1)
-    if rows < many:
+    if rows < many and pack.native is None:
         return w4a16_matmul_cpu(x, pack)
     x2 = x.reshape(-1, w.in_features)
     if w.perm is not None:
@@ -153,6 +187,8 @@ def w4a16_matmul_cpu(x: torch.Tensor, w: CpuInt4Weight) -> torch.Tensor:
         x2 = x2[:, w.perm]
     if x2.shape[0] == 0:
         return x.new_empty(*lead, w.out_features)
+    if w.native is not None:
+        return q4_native.matmul(x2, w.native).view(*lead, w.out_features)
     out = torch.ops.aten._weight_int4pack_mm_for_cpu(
         x2.to(torch.bfloat16).contiguous(), w.packed, w.group_size, w.scales_and_zeros)
     return out.to(x.dtype).view(*lead, w.out_features)

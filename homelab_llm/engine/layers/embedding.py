@@ -119,6 +119,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         # Registered so memory accounting counts them.
         self.register_buffer("cpu_int8_packed", self.cpu_int8.packed, persistent=False)
         self.register_buffer("cpu_int8_scales", self.cpu_int8.scales_and_zeros, persistent=False)
+        native = self.cpu_int8.native
+        self.register_buffer("cpu_int8_native", None if native is None else native.blocks, persistent=False)
         return True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

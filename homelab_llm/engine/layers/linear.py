@@ -128,6 +128,8 @@ class LinearBase(nn.Module):
         self.register_buffer("w4_cpu_packed", None if pack is None else pack.packed, persistent=False)
         self.register_buffer("w4_cpu_scales_and_zeros",
                              None if pack is None else pack.scales_and_zeros, persistent=False)
+        self.register_buffer("w4_cpu_native", None if pack is None or pack.native is None
+                             else pack.native.blocks, persistent=False)
 
     def _apply(self, fn, recurse=True):
         # .to()/.cuda() move the registered buffers; point the W4Weight at the moved ones and

@@ -5,9 +5,12 @@ as in its matmuls (SmolLM2-135M at 2 threads: ~3.7 ms of small ops against ~5 ms
 per token with ~25 ops a layer, F.rms_norm alone being 7 aten ops). Each small op costs 1-3 us
 however little it computes, mixed-dtype ops and out= variants of some ops about twice a plain
 one, so this path runs a layer in ~21 cheap ops:
-- everything static is looked up once (CpuDecodePlan: the int4 packs, norm weights, caches' views);
+- everything static is looked up once (CpuDecodePlan: the linears, norm weights, caches' views);
 - RMSNorm is one dot product (its sum of squares, read back as a float) and one addcmul
-  (x * rsqrt(mean + eps) * w) into a buffer; bf16 conversions are copy_ into buffers;
+  (x * rsqrt(mean + eps) * w) into a buffer;
+- a linear is one call: our AVX2 kernel (kernels/q4_native.py) reads the fp32 buffer and writes
+  or adds its fp32 result in place (o and down add straight into the residual stream); torch's
+  int4 kernel (where ours does not run) copies its input to bf16 and its result back;
 - q and k are rotated together by one [D, D] matmul with the step's rotation matrix (cos on the
   diagonal, -/+ sin half a head off it), built once per step;
 - K/V rows go into the cache with index_copy_; when the sequence's pages are consecutive (the
@@ -16,11 +19,11 @@ one, so this path runs a layer in ~21 cheap ops:
   (kernels/cpu_threads.py);
 - the residual stream stays fp32 and is added to in place.
 The numbers are the general path's up to fp32 rounding order (the norm's sum, the rotation's
-FMAs) and the bf16 roundings that follow from it: tests/engine/test_cpu_decode_layer.py bounds
+FMAs) and the int8 / bf16 roundings that follow from it: tests/engine/test_cpu_decode_layer.py bounds
 the difference (far inside the CPU default's own distance from the exact fp32 path).
 
 Taken only when every layer is a plain LlamaDecoderLayer of the CPU default (all linears through
-the int4 CPU kernel, no biases, no q/k norm, SiLU MLP, no window/sinks, one rank) and a step has
+a CPU 4-bit kernel, no biases, no q/k norm, SiLU MLP, no window/sinks, one rank) and a step has
 one sequence with one new token over an fp32 cache (not int8). Anything else: None, and the caller
 runs the general path.
 Invariant: a plan is built for the packs present when it was built; `current` notices a repack.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +42,7 @@ from torch import nn
 
 from homelab_llm.engine.context import ForwardContext
 from homelab_llm.engine.kernels.cpu_threads import single_thread
+from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.model.llama import LlamaDecoderLayer, LlamaMLP
 from homelab_llm.engine.parallel.state import tp_size
 
@@ -52,10 +57,12 @@ class CpuLayerPlan:
     attn: nn.Module  # layers.attention.Attention: k_cache / v_cache are read from it
     norm1: torch.Tensor
     norm2: torch.Tensor
-    qkv: tuple  # (packed, group_size, scales_and_zeros) of each int4 linear
-    o: tuple
-    gate_up: tuple
-    down: tuple
+    # Each linear as a callable (x [1, K] fp32, out [1, N] fp32, accumulate=False): NativeLinear
+    # (our AVX2 kernel) or Int4Linear (torch's int4 kernel).
+    qkv: Callable
+    o: Callable
+    gate_up: Callable
+    down: Callable
     k_cache: torch.Tensor | None = None  # [pages, page_size, Hkv, D]
     v_cache: torch.Tensor | None = None
     k_rows: torch.Tensor | None = None  # [pages * page_size, Hkv, D]: views for the store
@@ -72,12 +79,33 @@ class CpuLayerPlan:
         self.k_offset, self.v_offset = k.storage_offset(), v.storage_offset()
 
 
-def _pack(linear: nn.Module) -> tuple | None:
+class Int4Linear:
+    """A linear through torch's int4 kernel, called as NativeLinear is: x goes to bf16 in a buffer
+    of its own, the result is copied or added into out."""
+
+    __slots__ = ("args", "x")
+
+    def __init__(self, pack):
+        self.args = (pack.packed, pack.group_size, pack.scales_and_zeros)
+        self.x = torch.empty(1, pack.in_features, dtype=torch.bfloat16)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+        self.x.copy_(x)
+        y = _int4_mm(self.x, *self.args)
+        if accumulate:
+            out.add_(y)
+        else:
+            out.copy_(y)
+
+
+def _linear(linear: nn.Module) -> Callable | None:
     w4 = getattr(linear, "w4", None)
     pack = None if w4 is None else w4.cpu_pack
     if pack is None or pack.perm is not None or linear.bias is not None:
         return None
-    return pack.packed, pack.group_size, pack.scales_and_zeros
+    if pack.native is not None:
+        return NativeLinear(pack.native)
+    return Int4Linear(pack) if _int4_mm is not None else None
 
 
 class CpuDecodePlan:
@@ -92,9 +120,9 @@ class CpuDecodePlan:
         self.q_size, self.kv_size = first.q_size, first.kv_size
         self.inter = model.layers[0].mlp.down_proj.in_features
         self.cos_sin = model.rotary.cos_sin
-        d, bf16 = self.head_dim, torch.bfloat16
+        d = self.head_dim
         # Per-step buffers (one layer at a time uses them): fp32 q|k|v and gate|up, their views,
-        # and the bf16 inputs of the int4 kernel.
+        # attention's output and the MLP's activation.
         self.qkv_buf = torch.empty(1, self.q_size + 2 * self.kv_size)
         self.qk_in = self.qkv_buf[0, : self.q_size + self.kv_size].view(-1, d)
         self.v_new = self.qkv_buf[:, self.q_size + self.kv_size:].view(1, self.kv_heads, d)
@@ -105,11 +133,10 @@ class CpuDecodePlan:
         self.gu_buf = torch.empty(1, 2 * self.inter)
         self.gate, self.up = self.gu_buf[:, : self.inter], self.gu_buf[:, self.inter:]
         self.normed = torch.empty(1, self.hidden)
-        self.normed_bf16 = torch.empty(1, self.hidden, dtype=bf16)
-        self.attn_bf16 = torch.empty(1, self.q_size, dtype=bf16)
+        self.attn = torch.empty(1, self.q_size)
         # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the same memory.
-        self.attn_bf16_heads = self.attn_bf16.view(self.q_grouped.shape)
-        self.act_bf16 = torch.empty(1, self.inter, dtype=bf16)
+        self.attn_heads = self.attn.view(self.q_grouped.shape)
+        self.act = torch.empty(1, self.inter)
         self.rotation = torch.zeros(d, d)
         self.zero = torch.zeros(())
 
@@ -118,7 +145,7 @@ class CpuDecodePlan:
         """A plan for `model` (a LlamaModel after model/cpu_kernels.use_cpu_kernels), or None."""
         table = model.rotary.cos_sin
         # rotation_matrix rotates every dimension of a head: a full-width fp32 table only.
-        if _int4_mm is None or tp_size() != 1 or table.dtype != torch.float32 \
+        if tp_size() != 1 or table.dtype != torch.float32 \
                 or table.shape[-1] != model.layers[0].self_attn.head_dim:
             return None
         plans, eps = [], None
@@ -130,8 +157,8 @@ class CpuDecodePlan:
             attn = attn_mod.attn
             if attn.window or attn.sinks is not None or attn.sliding_group:
                 return None
-            packs = [_pack(m) for m in (attn_mod.qkv_proj, attn_mod.o_proj, mlp.gate_up_proj,
-                                        mlp.down_proj)]
+            packs = [_linear(m) for m in (attn_mod.qkv_proj, attn_mod.o_proj, mlp.gate_up_proj,
+                                          mlp.down_proj)]
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(p is None for p in packs) or any(n.weight.dtype != torch.float32 for n in norms):
                 return None
@@ -183,30 +210,25 @@ class CpuDecodePlan:
 
     def _layers(self, residual: torch.Tensor, rotation: torch.Tensor, slot: torch.Tensor,
                 seq_len: int, start: int | None, pages: torch.Tensor) -> torch.Tensor:
-        mm, sdpa, silu, dot, addcmul, mat = _int4_mm, F.scaled_dot_product_attention, F.silu, \
-            torch.dot, torch.addcmul, torch.mm
+        sdpa, silu, dot, addcmul, mat, mul = F.scaled_dot_product_attention, F.silu, torch.dot, \
+            torch.addcmul, torch.mm, torch.mul
         strided = torch.as_strided
         eps, scale, inv_hidden, sqrt = self.eps, self.scale, 1.0 / self.hidden, math.sqrt
         qkv_buf, qk_in, v_new, qk_rot, q, k_new = self.qkv_buf, self.qk_in, self.v_new, \
             self.qk_rot, self.q_grouped, self.k_new
-        gu_buf, gate, up = self.gu_buf, self.gate, self.up
-        normed, normed_bf16, zero = self.normed, self.normed_bf16, self.zero
-        attn_bf16, attn_heads, act_bf16 = self.attn_bf16, self.attn_bf16_heads, self.act_bf16
+        gu_buf, gate, up, act = self.gu_buf, self.gate, self.up, self.act
+        normed, zero, attn, attn_heads = self.normed, self.zero, self.attn, self.attn_heads
         hkv, d = self.kv_heads, self.head_dim
         # K/V of the sequence as SDPA's [1, Hkv, seq_len, D], read in place (consecutive pages).
         kv_shape, kv_stride = (1, hkv, seq_len, d), (0, d, hkv * d, 1)
         kv_offset = None if start is None else start * hkv * d
         residual = residual.clone()
         flat = residual[0]
-        x = None
         for lp in self.layers:
-            if x is not None:
-                residual.add_(x)
             # RMSNorm: x * rsqrt(mean(x^2) + eps) * w, its sum read back as one float.
             addcmul(zero, residual, lp.norm1,
                     value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
-            normed_bf16.copy_(normed)
-            qkv_buf.copy_(mm(normed_bf16, *lp.qkv))
+            lp.qkv(normed, qkv_buf)
             with single_thread():
                 mat(qk_in, rotation, out=qk_rot)
                 lp.k_rows.index_copy_(0, slot, k_new)
@@ -220,11 +242,10 @@ class CpuDecodePlan:
                     v = lp.v_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len] \
                         .transpose(0, 1).unsqueeze(0)
                 attn_heads.copy_(sdpa(q, k, v, scale=scale))
-            residual.add_(mm(attn_bf16, *lp.o))
+            lp.o(attn, residual, True)
             addcmul(zero, residual, lp.norm2,
                     value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
-            normed_bf16.copy_(normed)
-            gu_buf.copy_(mm(normed_bf16, *lp.gate_up))
-            act_bf16.copy_(silu(gate).mul_(up))
-            x = mm(act_bf16, *lp.down)
-        return residual.add_(x)
+            lp.gate_up(normed, gu_buf)
+            mul(silu(gate), up, out=act)
+            lp.down(act, residual, True)
+        return residual

@@ -1,6 +1,7 @@
 """The CPU's fast default for a 4-bit model (device.fast_cpu_default): the model runs in fp32,
-its 4-bit linears through torch's int4 kernel in bf16 (kernels/w4a16_cpu.py) and its LM head
-through an int8 copy (kernels/int8_cpu.py). Applied once, after the weights are loaded.
+its 4-bit linears through our AVX2 kernel (kernels/q4_native.py) or, where that does not run,
+torch's int4 kernel in bf16 (kernels/w4a16_cpu.py), and its LM head through an int8 copy
+(kernels/int8_cpu.py). Applied once, after the weights are loaded.
 
 Per decode token this reads the 4-bit weights and the int8 head instead of an fp32 copy of
 everything (SmolLM2-135M: ~100 MB instead of ~540 MB). The exact mode (--dtype float32) never
