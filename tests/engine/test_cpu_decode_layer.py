@@ -5,9 +5,11 @@ path on the real SmolLM2-135M Q4_1 file, with either 4-bit kernel it drives (our
 The plan computes the same formulas with a different fp32 rounding order (the norm's sum of
 squares, the rotation as a matmul), and each bf16 rounding that flips then moves the logits by
 about as much as the bf16 kernels themselves: scaling the general path's norm weights by
-1 + 2^-22 alone moves them 0.97% (relative). Bounds: relative distance < 0.03 and max < 0.05 *
-max |logit| (observed 0.008 and 0.010); greedy picks agree on >= 6 of 8 steps (observed 7:
-one pick is a near tie). A wrong rotation sign moves them 71%, attention one key short 24%.
+1 + 2^-22 alone moves them 0.97% (relative). Bounds, torch's int4 kernel: relative distance
+< 0.03 and max < 0.05 * max |logit| (observed 0.007 and 0.010); ours: the same argument with
+int8 activation codes (a flipped code moves by absmax / 127 of its block): < 0.06 and < 0.075
+(observed 0.032 and 0.035); greedy picks agree on >= 6 of 8 steps (observed 7: one pick is a
+near tie). A wrong rotation sign moves them 71%, attention one key short 24%.
 The rotation matrix alone equals layers/rotary.apply_rotary to fp32 rounding (1e-5). Also: the
 path is taken for one sequence's decode step, not for a prefill or a two-sequence step, and
 scattered pages (gathered) give the same logits as consecutive ones (viewed), bit for bit.
@@ -22,6 +24,7 @@ import torch
 
 from homelab_llm.engine.kernels import q4_native, w4a16_cpu
 from homelab_llm.engine.layers.rotary import apply_rotary
+from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
 from model_reference import PagedHarness
@@ -80,8 +83,9 @@ def test_fast_decode_matches_the_general_path(fast):
                                side_effect=CpuDecodePlan.decode) as spy:
             got = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), plan, tokens)
         assert spy.call_count == STEPS  # the prompt (7 rows) never reaches the plan
-        assert _rel(got, ref) < 0.03
-        assert float((got - ref).abs().max()) < 0.05 * float(ref.abs().max())
+        rel_bound, max_bound = (0.06, 0.075) if isinstance(plan.layers[0].qkv, NativeLinear) else (0.03, 0.05)
+        assert _rel(got, ref) < rel_bound
+        assert float((got - ref).abs().max()) < max_bound * float(ref.abs().max())
         assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= STEPS - 2
         # Scattered pages: the sequence's pages out of order, so the plan gathers them.
         harness = PagedHarness(fast, num_pages=16, page_size=4)

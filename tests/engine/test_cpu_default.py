@@ -4,12 +4,12 @@ kernel in bf16; an int8 LM head; everything else fp32; --dtype float32 stays exa
 
 Bounds, on the real SmolLM2-135M Q4_1 file, three short prompts each run greedily on the exact
 path for 8 steps, then both paths teacher-forced over prompt + continuation:
-- logits within 0.05 of the exact path, relative: ||fast - exact|| / ||exact|| < 0.05 and
-  max |fast - exact| < 0.05 * max |exact| (torch's kernel: observed 0.008-0.017 and up to 0.019;
-  ours: prefill 0.007 (its many rows take the dense copy), decode 0.018-0.038 and up to 0.039,
-  the int8 activation grid being ~5x coarser than bf16's; the logits reach ~40, so single
-  logits move by up to ~1.5 in absolute terms);
-- the greedy pick agrees with the exact path's on >= 90% of positions (observed 96-100%);
+- logits near the exact path's: ||fast - exact|| / ||exact|| < 0.05 and max |fast - exact| <
+  MAX_OFF * max |exact| (torch's kernel: observed 0.007-0.017 and up to 0.022; ours, llama.cpp's
+  scheme of int8 activation blocks, ~5x coarser than bf16 for Gaussian blocks: 0.007-0.037 and
+  up to 0.047, the worst a 13-row prompt below w4a16_cpu.NATIVE_ROWS; longer prompts take the
+  fp32 dense copy, 0.007; the logits reach ~40, so single logits move by up to ~2);
+- the greedy pick agrees with the exact path's on >= 90% of positions (observed 92-100%);
 - the exact mode loads no 4-bit weight and no int8 head.
 The int8 head alone: a Q8_0 tensor's codes come back exactly, so its product differs from the
 dense one only by bf16 rounding (activations, scales, the two half sums): < 1e-2 relative.
@@ -30,6 +30,7 @@ from model_reference import PagedHarness
 pytestmark = pytest.mark.skipif(not w4a16_cpu.cpu_kernel_available(),
                                 reason="this torch has no CPU int4 kernel")
 
+MAX_OFF = 0.075  # of max |exact logit|: the largest single-logit move (module docstring)
 PROMPTS = ["1, 2, 3, 4, 5, 6,", "The capital of France is", "Once upon a time, in a small village,"]
 STEPS = 8
 
@@ -104,7 +105,7 @@ def test_default_logits_stay_near_the_exact_path(models, smollm2_tokenizer, prom
     ref = PagedHarness(exact, num_pages=16, page_size=16).step({"s": full})
     got = PagedHarness(fast, num_pages=16, page_size=16).step({"s": full})
     assert _rel(got, ref) < 0.05
-    assert float((got - ref).abs().max()) < 0.05 * float(ref.abs().max())
+    assert float((got - ref).abs().max()) < MAX_OFF * float(ref.abs().max())
     agree = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
     assert agree >= 0.9, f"greedy picks agree on {agree:.0%} of positions"
 
@@ -112,8 +113,8 @@ def test_default_logits_stay_near_the_exact_path(models, smollm2_tokenizer, prom
 def test_default_decode_stays_near_the_exact_path(models, smollm2_tokenizer):
     """One-token decode steps (the one-sequence plan, model/cpu_decode_layer.py) against the
     exact path's, the same tokens fed to both: the bounds of the prefill test above (torch's
-    kernel: 0.009 relative, max 0.009 of max |logit|, 8 of 8 picks, 0.008-0.014 over the 3
-    prompts; ours: 0.018 relative, max 0.026, 8 of 8 picks, 0.018-0.038 over the 3 prompts)."""
+    kernel: 0.008 relative, max 0.009 of max |logit|, 8 of 8 picks, 0.008-0.014 over the 3
+    prompts; ours: 0.015 relative, max 0.022, 8 of 8 picks, 0.014-0.037 over the 3 prompts)."""
     exact, fast = models
     assert fast.model.cpu_decode is not None
     ids = smollm2_tokenizer.encode(PROMPTS[2])
@@ -127,7 +128,7 @@ def test_default_decode_stays_near_the_exact_path(models, smollm2_tokenizer):
         token = int(ref[-1].argmax())
     ref_rows, got_rows = torch.cat(ref), torch.cat(got)
     assert _rel(got_rows, ref_rows) < 0.05
-    assert float((got_rows - ref_rows).abs().max()) < 0.05 * float(ref_rows.abs().max())
+    assert float((got_rows - ref_rows).abs().max()) < MAX_OFF * float(ref_rows.abs().max())
     agree = float((got_rows.argmax(-1) == ref_rows.argmax(-1)).float().mean())
     assert agree >= 0.75, f"greedy picks agree on {agree:.0%} of steps"
 
@@ -146,15 +147,13 @@ def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
 
 def test_small_model_keeps_dense_copies_for_prompts(models):
     """SmolLM2's 4-bit linears fit w4a16_cpu.DENSE_CACHE_BYTES dense: each keeps its dequantized
-    copy, and a many-row matmul through it equals dequantizing on the fly, bit for bit."""
+    copy, and a many-row matmul (past both the dense and our kernel's row thresholds) runs a
+    GEMM on it: the product with the weight dequantized on the fly, bit for bit."""
     _, fast = models
     linears = [m for m in fast.modules() if isinstance(m, LinearBase)]
     assert all(m.w4.cpu_pack.dense is not None for m in linears)
     layer = linears[0]
-    x = torch.randn(w4a16_cpu.dense_rows(), layer.in_features)
-    cached = w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4)
-    dense, layer.w4.cpu_pack.dense = layer.w4.cpu_pack.dense, None
-    try:
-        assert torch.equal(cached, w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4))
-    finally:
-        layer.w4.cpu_pack.dense = dense
+    x = torch.randn(max(w4a16_cpu.dense_rows(), w4a16_cpu.NATIVE_ROWS), layer.in_features)
+    dtype = w4a16_cpu.dense_dtype()
+    fresh = torch.mm(x.to(dtype), w4a16_cpu.dequantize_dense(layer.w4, dtype)).to(x.dtype)
+    assert torch.equal(w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4), fresh)

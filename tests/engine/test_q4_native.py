@@ -49,7 +49,7 @@ def _q8(n: int, k: int, seed: int):
 @needs_native
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n,k", [(40, 96), (96, 576), (200, 1536)])
-@pytest.mark.parametrize("m", [1, 3, 12])
+@pytest.mark.parametrize("m", [1, 2, 7])
 def test_matmul_matches_the_exact_product(bits, n, k, m):
     w, dense = (_q4 if bits == 4 else _q8)(n, k, seed=n + k + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))

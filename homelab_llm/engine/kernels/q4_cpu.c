@@ -1,10 +1,16 @@
 /* Block-quantized weight x int8 activation matmuls for x86-64 with AVX2, FMA and F16C.
  *
- * Built and loaded by q4_native.py (see its docstring for the formats and the error bounds).
- * Weights keep 4-bit or 8-bit codes with one fp16 scale (and, for 4-bit, one fp16 offset) per 32
- * inputs; each activation row is quantized to int8 per 32 inputs (one fp32 scale a block) so that
- * a block's dot product is 32 byte products summed in integers (vpmaddubsw + vpmaddwd), scaled
- * once. Threads: one OpenMP team over output rows (torch's libgomp, already loaded by torch).
+ * Built and loaded by q4_native.py (its docstring: the formats, the error bounds, the speed).
+ * A weight row is K / 32 blocks of 32 inputs in groups of up to GROUP blocks; a 4-bit group of
+ * r blocks is [r fp16 scales][r fp16 offsets][r x 16 bytes of codes] (w = d * q + m; byte j of
+ * a block holds q[j] in its low nibble and q[j + 16] in its high one), an 8-bit group
+ * [r fp16 scales][r x 32 int8 codes] (w = d * q). Activation rows are quantized per block to
+ * int8 (d = absmax / 127) into the same groups, with the block sums d * sum(q) for the offsets.
+ * A block's dot product is 32 byte products summed in integers (vpmaddubsw + vpmaddwd), then
+ * scaled once; the scales of a group convert and multiply as one vector. 4-bit: two blocks share
+ * a 32-byte load (low nibbles: both blocks' first halves, high: their second halves) and the
+ * activations of a block pair are stored in that order. Up to TILE activation rows share each
+ * unpacked weight block. Threads: one OpenMP team over output rows (torch's libgomp).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -12,15 +18,11 @@
 #include <stdlib.h>
 
 #define QK 32
+#define GROUP 8
+#define TILE 4
 
-/* A 4-bit block: w[i] = d * q[i] + m; qs[j] holds q[j] (low nibble) and q[j + 16] (high). */
-typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4;
-/* An 8-bit block: w[i] = d * q[i], q in [-127, 127]. */
-typedef struct { uint16_t d; int8_t qs[QK]; } block_q8w;
-/* A quantized activation block: x[i] ~ d * q[i]; s = d * sum(q). */
-typedef struct { float d, s; int8_t qs[QK]; } block_act;
-
-static inline float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+/* One activation group: GROUP blocks' scales and sums (zero past the row's last block), codes. */
+typedef struct { float d[GROUP], s[GROUP]; int8_t qs[GROUP * QK]; } act_group;
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -29,109 +31,169 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Quantize one row of k floats (k % 32 == 0) into k / 32 activation blocks. */
-static void quantize_row(const float *x, int64_t k, block_act *out) {
+/* KEEP[r]: all ones in lanes below r, zero above. */
+static const int32_t KEEP[GROUP][8] = {
+    {0}, {-1}, {-1, -1}, {-1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1, -1},
+    {-1, -1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1}};
+
+/* r fp16 values (1 <= r <= GROUP) as 8 floats, zero past r. Reads 16 bytes: callers pass a
+ * pointer with that many bytes of the same group behind it (the layouts guarantee it). */
+static inline __attribute__((always_inline)) __m256 load_halves(const uint16_t *p, int r) {
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return r == GROUP ? v : _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)KEEP[r])));
+}
+
+/* Quantize one block of 32 floats to int8 codes in element order; returns d, sets *sum. */
+static float quantize_block(const float *x, int8_t *q, float *sum) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t b = 0; b < k / QK; b++) {
-        const float *xb = x + b * QK;
-        __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
-        __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
-        __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                                  _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        const float d = amax / 127.0f;
-        const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, inv), _MM_FROUND_TO_NEAREST_INT));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, inv), _MM_FROUND_TO_NEAREST_INT));
-        __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, inv), _MM_FROUND_TO_NEAREST_INT));
-        __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, inv), _MM_FROUND_TO_NEAREST_INT));
-        /* Packing works within 128-bit lanes; the permute restores element order. */
-        __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
-        __m256i sum16 = _mm256_add_epi16(p01, p23);
-        __m256i sum32 = _mm256_madd_epi16(sum16, ones);
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
-        s4 = _mm_hadd_epi32(s4, s4);
-        s4 = _mm_hadd_epi32(s4, s4);
-        __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order);
-        _mm256_storeu_si256((__m256i *)out[b].qs, q);
-        out[b].d = d;
-        out[b].s = d * (float)_mm_cvtsi128_si32(s4);
+    __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+#define ROUND_INT(v) _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT))
+    __m256i i0 = ROUND_INT(v0), i1 = ROUND_INT(v1), i2 = ROUND_INT(v2), i3 = ROUND_INT(v3);
+#undef ROUND_INT
+    /* Packing works within 128-bit lanes; the permute restores element order. */
+    __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+    __m256i sum32 = _mm256_madd_epi16(_mm256_add_epi16(p01, p23), _mm256_set1_epi16(1));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    s4 = _mm_hadd_epi32(s4, s4);
+    s4 = _mm_hadd_epi32(s4, s4);
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), order));
+    const float d = amax / 127.0f;
+    *sum = d * (float)_mm_cvtsi128_si32(s4);
+    return d;
+}
+
+/* One activation row of k floats into k / 32 / GROUP (rounded up) groups; pairs: store each
+ * block pair's codes as [first halves of both][second halves of both] (the 4-bit order). */
+static void quantize_row(const float *x, int64_t k, act_group *out, int pairs) {
+    const int64_t nb = k / QK;
+    for (int64_t g = 0; g * GROUP < nb; g++) {
+        act_group *a = out + g;
+        const int r = nb - g * GROUP < GROUP ? (int)(nb - g * GROUP) : GROUP;
+        for (int b = 0; b < r; b++) a->d[b] = quantize_block(x + (g * GROUP + b) * QK, a->qs + b * QK, &a->s[b]);
+        for (int b = r; b < GROUP; b++) a->d[b] = a->s[b] = 0.0f;
+        if (!pairs) continue;
+        for (int b = 0; b + 1 < r; b += 2) {
+            int8_t *q = a->qs + b * QK;
+            __m128i h1 = _mm_loadu_si128((const __m128i *)(q + 16)), l2 = _mm_loadu_si128((const __m128i *)(q + 32));
+            _mm_storeu_si128((__m128i *)(q + 16), l2);
+            _mm_storeu_si128((__m128i *)(q + 32), h1);
+        }
     }
 }
 
-static inline __m256i unpack_nibbles(const uint8_t *qs) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+/* LANES[b] picks lane b into lanes 0-3 and lane b + 1 into 4-7; LANES[GROUP + b] lane b into all. */
+static const int32_t LANES[2 * GROUP][8] = {
+    {0, 0, 0, 0, 1, 1, 1, 1}, {0}, {2, 2, 2, 2, 3, 3, 3, 3}, {0}, {4, 4, 4, 4, 5, 5, 5, 5}, {0},
+    {6, 6, 6, 6, 7, 7, 7, 7}, {0}, {0, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2}, {3, 3, 3, 3, 3, 3, 3, 3}, {4, 4, 4, 4, 4, 4, 4, 4},
+    {5, 5, 5, 5, 5, 5, 5, 5}, {6, 6, 6, 6, 6, 6, 6, 6}, {7, 7, 7, 7, 7, 7, 7, 7}};
+
+static inline __m256 lanes_of(__m256 v, int which) {
+    return _mm256_permutevar8x32_ps(v, _mm256_loadu_si256((const __m256i *)LANES[which]));
 }
 
-static float dot_q4(const block_q4 *w, const block_act *a, int64_t nb) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float offsets = 0.0f;
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2) {
-        __m256i p0 = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(unpack_nibbles(w[b].qs), _mm256_loadu_si256((const __m256i *)a[b].qs)), ones);
-        __m256i p1 = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(unpack_nibbles(w[b + 1].qs), _mm256_loadu_si256((const __m256i *)a[b + 1].qs)),
-            ones);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[b].d) * a[b].d), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[b + 1].d) * a[b + 1].d), _mm256_cvtepi32_ps(p1), acc1);
-        offsets += half_to_float(w[b].m) * a[b].s + half_to_float(w[b + 1].m) * a[b + 1].s;
+/* acc[t] += (one group of r 4-bit blocks) . (activation row t's group g), t < tile. */
+static inline __attribute__((always_inline)) void group_q4(const uint8_t *w, const act_group *a, int64_t ga,
+                                                           int64_t g, const int r, __m256 *acc, const int tile) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const uint8_t *qs = w + 4 * r;
+    const __m256 dw = load_halves((const uint16_t *)w, r), mw = load_halves((const uint16_t *)w + r, r);
+    __m256 dd[TILE];
+    for (int t = 0; t < tile; t++) {
+        const act_group *at = a + t * ga + g;
+        dd[t] = _mm256_mul_ps(dw, _mm256_loadu_ps(at->d));
+        acc[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(at->s), acc[t]);
     }
-    for (; b < nb; b++) {
-        __m256i p = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(unpack_nibbles(w[b].qs), _mm256_loadu_si256((const __m256i *)a[b].qs)), ones);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[b].d) * a[b].d), _mm256_cvtepi32_ps(p), acc0);
-        offsets += half_to_float(w[b].m) * a[b].s;
+    int b = 0;
+    for (; b + 1 < r; b += 2) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 16 * b));
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int t = 0; t < tile; t++) {
+            const int8_t *x = a[t * ga + g].qs + b * QK;
+            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)),
+                                                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))));
+            __m256 *into = acc + t + (tile <= 2 && (b & 2) ? TILE : 0);
+            *into = _mm256_fmadd_ps(lanes_of(dd[t], b), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), *into);
+        }
     }
-    return hsum8(_mm256_add_ps(acc0, acc1)) + offsets;
+    if (b < r) { /* an odd last block: its halves in element order */
+        const __m128i h = _mm_loadu_si128((const __m128i *)(qs + 16 * b));
+        const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(h, 4), h), low);
+        for (int t = 0; t < tile; t++) {
+            const __m256i p = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(a[t * ga + g].qs + b * QK))), ones);
+            acc[t] = _mm256_fmadd_ps(lanes_of(dd[t], GROUP + b), _mm256_cvtepi32_ps(p), acc[t]);
+        }
+    }
 }
 
-static float dot_q8(const block_q8w *w, const block_act *a, int64_t nb) {
+/* acc[t] += (one group of r 8-bit blocks) . (activation row t's group g); vpmaddubsw wants one
+ * unsigned side: |w| against x with w's sign (|w| <= 127). */
+static inline __attribute__((always_inline)) void group_q8(const uint8_t *w, const act_group *a, int64_t ga,
+                                                           int64_t g, const int r, __m256 *acc, const int tile) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t b = 0;
-    /* vpmaddubsw wants one unsigned operand: |w| against a with w's sign (|w| <= 127). */
-#define Q8_PRODUCT(i)                                                                     \
-    _mm256_cvtepi32_ps(_mm256_madd_epi16(                                                \
-        _mm256_maddubs_epi16(                                                            \
-            _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)w[i].qs),               \
-                             _mm256_loadu_si256((const __m256i *)w[i].qs)),              \
-            _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a[i].qs),               \
-                             _mm256_loadu_si256((const __m256i *)w[i].qs))),             \
-        ones))
-    for (; b + 1 < nb; b += 2) {
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[b].d) * a[b].d), Q8_PRODUCT(b), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[b + 1].d) * a[b + 1].d), Q8_PRODUCT(b + 1), acc1);
+    const uint8_t *qs = w + 2 * r;
+    const __m256 dw = load_halves((const uint16_t *)w, r);
+    __m256 dd[TILE];
+    for (int t = 0; t < tile; t++) dd[t] = _mm256_mul_ps(dw, _mm256_loadu_ps(a[t * ga + g].d));
+    for (int b = 0; b < r; b++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + QK * b));
+        const __m256i mag = _mm256_sign_epi8(q, q);
+        for (int t = 0; t < tile; t++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(a[t * ga + g].qs + b * QK));
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, q)), ones);
+            __m256 *into = acc + t + (tile <= 2 && (b & 1) ? TILE : 0);
+            *into = _mm256_fmadd_ps(lanes_of(dd[t], GROUP + b), _mm256_cvtepi32_ps(p), *into);
+        }
     }
-    for (; b < nb; b++)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[b].d) * a[b].d), Q8_PRODUCT(b), acc0);
-#undef Q8_PRODUCT
-    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+/* acc[t] += (a weight row of nb blocks of `bits` bits) . (activation row t): whole groups with
+ * the group size a constant, then the row's last partial group. */
+static inline __attribute__((always_inline)) void dot_row(int bits, const uint8_t *w, const act_group *a,
+                                                          int64_t ga, int64_t nb, __m256 *acc, const int tile) {
+    const int64_t group_bytes = (bits == 4 ? 20 : 34) * GROUP;
+    int64_t g = 0;
+    for (; (g + 1) * GROUP <= nb; g++, w += group_bytes) {
+        if (bits == 4)
+            group_q4(w, a, ga, g, GROUP, acc, tile);
+        else
+            group_q8(w, a, ga, g, GROUP, acc, tile);
+    }
+    if (g * GROUP < nb) {
+        if (bits == 4)
+            group_q4(w, a, ga, g, (int)(nb - g * GROUP), acc, tile);
+        else
+            group_q8(w, a, ga, g, (int)(nb - g * GROUP), acc, tile);
+    }
+}
+
+/* One weight row against `tile` activation rows: y[t * ldy] (+)= the dot products. */
+static inline __attribute__((always_inline)) void row_tile(int bits, const uint8_t *w, const act_group *a,
+                                                           int64_t ga, int64_t nb, float *y, int64_t ldy,
+                                                           int accumulate, const int tile) {
+    /* acc[t + TILE]: a second chain of sums for one or two rows (two FMA chains in flight). */
+    __m256 acc[2 * TILE];
+    for (int t = 0; t < 2 * TILE; t++) acc[t] = _mm256_setzero_ps();
+    dot_row(bits, w, a, ga, nb, acc, tile);
+    for (int t = 0; t < tile; t++) {
+        const float v = hsum8(_mm256_add_ps(acc[t], acc[t + TILE]));
+        y[t * ldy] = accumulate ? y[t * ldy] + v : v;
+    }
 }
 
 /* The activation scratch of the calling thread, grown on demand. */
-static __thread block_act *scratch;
-static __thread int64_t scratch_blocks;
-
-static block_act *quantize_rows(const float *x, int64_t m, int64_t k, int64_t ldx) {
-    const int64_t need = m * (k / QK);
-    if (need > scratch_blocks) {
-        free(scratch);
-        scratch = (block_act *)malloc((size_t)need * sizeof(block_act));
-        scratch_blocks = scratch ? need : 0;
-        if (!scratch) return NULL;
-    }
-    for (int64_t r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + r * (k / QK));
-    return scratch;
-}
+static __thread act_group *scratch;
+static __thread int64_t scratch_groups;
 
 /* The first and one-past-last output row of this thread: 8-row aligned, even shares. */
 static inline void share(int64_t n, int64_t *lo, int64_t *hi) {
@@ -142,45 +204,42 @@ static inline void share(int64_t n, int64_t *lo, int64_t *hi) {
 }
 
 /* y[r, j] (+)= sum_i x[r, i] * W[j, i] for r < m, j < n; x rows ldx floats apart, y rows ldy.
- * w: n rows of k / 32 blocks. accumulate: add to y instead of overwriting. Returns 0, or -1 when
- * the scratch could not be allocated (y untouched). */
-int q4_matmul(const block_q4 *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
-              float *y, int64_t ldy, int accumulate) {
-    const block_act *a = quantize_rows(x, m, k, ldx);
-    if (!a) return -1;
-    const int64_t nb = k / QK;
+ * w: n rows of k / 32 blocks of `bits` (4 or 8) bits. accumulate: add to y instead of setting
+ * it. Returns 0, or -1 when the scratch could not be allocated or bits is neither (y untouched). */
+int q_matmul(int bits, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
+             float *y, int64_t ldy, int accumulate) {
+    const int64_t nb = k / QK, ga = (nb + GROUP - 1) / GROUP;
+    const int64_t row_bytes = nb * (bits == 4 ? 20 : 34);
+    if (bits != 4 && bits != 8) return -1;
+    if (m * ga > scratch_groups) {
+        free(scratch);
+        scratch = (act_group *)malloc((size_t)(m * ga) * sizeof(act_group));
+        scratch_groups = scratch ? m * ga : 0;
+        if (!scratch) return -1;
+    }
+    for (int64_t r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + r * ga, bits == 4);
+    const act_group *a = scratch;
 #pragma omp parallel
     {
         int64_t lo, hi;
         share(n, &lo, &hi);
-        for (int64_t j = lo; j < hi; j++)
-            for (int64_t r = 0; r < m; r++) {
-                const float v = dot_q4(w + j * nb, a + r * nb, nb);
-                y[r * ldy + j] = accumulate ? y[r * ldy + j] + v : v;
+        for (int64_t j = lo; j < hi; j++) {
+            const uint8_t *wj = w + j * row_bytes;
+            int64_t r = 0;
+            for (; r + TILE <= m; r += TILE)
+                row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, TILE);
+            switch (m - r) {
+            case 3: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 3); break;
+            case 2: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 2); break;
+            case 1: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 1); break;
+            default: break;
             }
+        }
     }
     return 0;
 }
 
-int q8_matmul(const block_q8w *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
-              float *y, int64_t ldy, int accumulate) {
-    const block_act *a = quantize_rows(x, m, k, ldx);
-    if (!a) return -1;
-    const int64_t nb = k / QK;
-#pragma omp parallel
-    {
-        int64_t lo, hi;
-        share(n, &lo, &hi);
-        for (int64_t j = lo; j < hi; j++)
-            for (int64_t r = 0; r < m; r++) {
-                const float v = dot_q8(w + j * nb, a + r * nb, nb);
-                y[r * ldy + j] = accumulate ? y[r * ldy + j] + v : v;
-            }
-    }
-    return 0;
-}
-
-/* Sizes the loader checks against its own view of the formats. */
-int64_t block_bytes(int kind) {
-    return kind == 4 ? (int64_t)sizeof(block_q4) : kind == 8 ? (int64_t)sizeof(block_q8w) : (int64_t)sizeof(block_act);
+/* The layout constants the loader checks against its own. */
+int64_t layout(int what) {
+    return what == 0 ? QK : what == 1 ? GROUP : what == 2 ? (int64_t)sizeof(act_group) : -1;
 }

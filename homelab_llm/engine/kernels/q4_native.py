@@ -37,6 +37,7 @@ from homelab_llm.engine.kernels import native_build
 SOURCE = Path(__file__).with_name("q4_cpu.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 QK = 32
+GROUP = 8  # blocks whose scales sit together (q4_cpu.c)
 Q4_BLOCK_BYTES, Q8_BLOCK_BYTES = 20, 34
 _CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -65,12 +66,10 @@ def library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    for name in ("q4_matmul", "q8_matmul"):
-        fn = getattr(lib, name)
-        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
-        fn.restype = ctypes.c_int
-    lib.block_bytes.argtypes, lib.block_bytes.restype = [ctypes.c_int], i64
-    if (lib.block_bytes(4), lib.block_bytes(8)) != (Q4_BLOCK_BYTES, Q8_BLOCK_BYTES):
+    lib.q_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    lib.q_matmul.restype = ctypes.c_int
+    lib.layout.argtypes, lib.layout.restype = [ctypes.c_int], i64
+    if (lib.layout(0), lib.layout(1), lib.layout(2)) != (QK, GROUP, 8 * GROUP + QK * GROUP):
         return None
     return lib
 
@@ -100,32 +99,44 @@ class NativeWeight:
 
 
 def _half_bytes(t: torch.Tensor) -> torch.Tensor:
-    """fp32/fp16 [N, B] -> uint8 [N, B, 2]: each value as its fp16 bytes."""
-    return t.to(torch.float16).contiguous().view(torch.uint8).view(*t.shape, 2)
+    """[N, B] -> uint8 [N, 2B]: each value's fp16 bytes."""
+    return t.to(torch.float16).contiguous().view(torch.uint8)
+
+
+def _grouped(n: int, nb: int, parts) -> torch.Tensor:
+    """uint8 [N, row bytes]: for each group of up to GROUP blocks, parts(blocks slice) (a list of
+    uint8 [N, bytes] pieces) side by side."""
+    groups = []
+    for g0 in range(0, nb, GROUP):
+        groups.extend(parts(slice(g0, min(g0 + GROUP, nb))))
+    return torch.cat(groups, dim=1).contiguous()
 
 
 def pack_q4(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> NativeWeight:
     """codes [N, K] in 0..15, scales and offsets [N, K / 32] (w = code * scale + offset; rounded
-    to fp16) -> a 4-bit NativeWeight."""
+    to fp16) -> a 4-bit NativeWeight: per group, the scales, the offsets, then 16 code bytes a
+    block (byte j: code j low, code j + 16 high)."""
     n, k = codes.shape
     if k % QK or scales.shape != (n, k // QK) or offsets.shape != scales.shape:
         raise ValueError(f"4-bit pack needs K % {QK} == 0 and [N, K/32] scales, got {tuple(codes.shape)}, "
                          f"{tuple(scales.shape)}, {tuple(offsets.shape)}")
     q = codes.to(torch.uint8).view(n, k // QK, QK)
     nibbles = q[..., : QK // 2] | (q[..., QK // 2:] << 4)
-    blocks = torch.cat([_half_bytes(scales), _half_bytes(offsets), nibbles], dim=-1)
-    return NativeWeight(blocks.reshape(n, -1).contiguous(), 4, n, k)
+    blocks = _grouped(n, k // QK, lambda sl: [_half_bytes(scales[:, sl]), _half_bytes(offsets[:, sl]),
+                                              nibbles[:, sl].reshape(n, -1)])
+    return NativeWeight(blocks, 4, n, k)
 
 
 def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> NativeWeight:
-    """codes [N, K] in -127..127, scales [N, K / 32] (w = code * scale) -> an 8-bit NativeWeight."""
+    """codes [N, K] in -127..127, scales [N, K / 32] (w = code * scale) -> an 8-bit NativeWeight:
+    per group, the scales, then 32 code bytes a block."""
     n, k = codes.shape
     if k % QK or scales.shape != (n, k // QK):
         raise ValueError(f"8-bit pack needs K % {QK} == 0 and [N, K/32] scales, got {tuple(codes.shape)}, "
                          f"{tuple(scales.shape)}")
     q = codes.to(torch.int8).view(torch.uint8).view(n, k // QK, QK)
-    blocks = torch.cat([_half_bytes(scales), q], dim=-1)
-    return NativeWeight(blocks.reshape(n, -1).contiguous(), 8, n, k)
+    blocks = _grouped(n, k // QK, lambda sl: [_half_bytes(scales[:, sl]), q[:, sl].reshape(n, -1)])
+    return NativeWeight(blocks, 8, n, k)
 
 
 def matmul_into(x: torch.Tensor, w: NativeWeight, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
@@ -134,9 +145,8 @@ def matmul_into(x: torch.Tensor, w: NativeWeight, out: torch.Tensor, accumulate:
             or x.shape[1] != w.in_features or out.shape != (x.shape[0], w.out_features):
         raise ValueError(f"native matmul: x {tuple(x.shape)} {x.dtype}, out {tuple(out.shape)} {out.dtype} "
                          f"for a {w.out_features}x{w.in_features} weight (fp32, unit inner stride)")
-    fn = library().q4_matmul if w.bits == 4 else library().q8_matmul
-    if fn(w.blocks.data_ptr(), w.out_features, w.in_features, x.data_ptr(), x.shape[0], x.stride(0),
-          out.data_ptr(), out.stride(0), int(accumulate)) != 0:
+    if library().q_matmul(w.bits, w.blocks.data_ptr(), w.out_features, w.in_features, x.data_ptr(),
+                          x.shape[0], x.stride(0), out.data_ptr(), out.stride(0), int(accumulate)) != 0:
         raise MemoryError("native matmul: no memory for the activation scratch")
     return out
 
@@ -158,15 +168,14 @@ class NativeLinear:
     x [1, K] and out [1, N] (fp32, unit inner stride) sets or adds x @ W^T into out, with the
     pointer and sizes looked up once."""
 
-    __slots__ = ("weight", "fn", "ptr", "n", "k")
+    __slots__ = ("weight", "fn", "bits", "ptr", "n", "k")
 
     def __init__(self, weight: NativeWeight):
-        lib = library()
         self.weight = weight  # keeps the blocks alive
-        self.fn = lib.q4_matmul if weight.bits == 4 else lib.q8_matmul
+        self.fn, self.bits = library().q_matmul, weight.bits
         self.ptr, self.n, self.k = weight.blocks.data_ptr(), weight.out_features, weight.in_features
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
-        if self.fn(self.ptr, self.n, self.k, x.data_ptr(), 1, x.stride(0), out.data_ptr(),
+        if self.fn(self.bits, self.ptr, self.n, self.k, x.data_ptr(), 1, x.stride(0), out.data_ptr(),
                    out.stride(0), accumulate):
             raise MemoryError("native matmul: no memory for the activation scratch")

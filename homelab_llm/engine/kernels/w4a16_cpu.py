@@ -30,9 +30,11 @@ Decode at batch 1 on one shared EPYC core (2026-12-01, CPU time, load 5-15): ~30
 
 Where our AVX2 kernel runs (kernels/q4_native.py: a C compiler, AVX2/FMA/F16C, groups of 32s,
 no act-order), a weight is packed for it instead of for torch's kernel (CpuInt4Weight.native),
-and it takes calls of fewer than NATIVE_ROWS rows: on an AVX2 EPYC it is ~2.2x torch's int4
-kernel at one row (SmolLM2's 3072x576: 61 against 135 us), even at 8, slower from ~12, where
-the dense copy wins.
+and it takes calls of fewer than NATIVE_ROWS rows (and every call where no dense copy is kept).
+On an AVX2 EPYC at 2 threads (SmolLM2's 3072x576, 2026-12-06): 1 row 43-52 us against torch's
+int4 kernel's 131-142; 32 rows 0.68 ms against the fp32 GEMM's 1.16 and int4's 1.41; 128 rows
+2.9 against 3.7 ms; even at 256, behind from 512 (14.8 against 13.5 ms). Speed alone would put
+the switch near 256 rows; accuracy puts it at 16 where the dense copy is kept.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ _N_BLOCK = 16
 # From this many rows on, dequantize to dense_dtype and run a dense GEMM (module docstring).
 DENSE_ROWS_BF16, DENSE_ROWS_FP32 = 128, 32
 # Below this many rows our AVX2 kernel (q4_native) runs where the weight has its pack; from here
-# on the dense GEMM where a dense copy is kept (its time grows with the rows, the GEMM's barely).
-NATIVE_ROWS = 12
+# on the dense GEMM where a dense copy is kept (fp32 where bf16 is not native: prompts stay near
+# exact, the int8 activations being ~5x coarser), else still ours (dequantizing each call costs
+# more than it).
+NATIVE_ROWS = 16
 # A model whose 4-bit linears take at most this much in dense_dtype keeps that dense copy beside
 # the packed one (model/cpu_kernels.py): SmolLM2-135M's is 212 MB in bf16, 424 MB in fp32, its
 # packed weights ~66 MB.
@@ -151,13 +155,13 @@ def dequantize_dense(w, dtype: torch.dtype) -> torch.Tensor:
 
 def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
     """x [..., K] @ W4Weight with a CPU pack, in x's dtype: the pack's kernel for few rows, a
-    GEMM on the dense (dense_dtype) weight from dense_rows() rows on (with our AVX2 kernel, from
-    NATIVE_ROWS on where the dense copy is kept)."""
+    GEMM on the dense (dense_dtype) weight from dense_rows() rows on (with our AVX2 kernel: from
+    NATIVE_ROWS on, and only where the dense copy is kept)."""
     pack = w.cpu_pack
     many = dense_rows()
     if pack.native is not None:
         rows = x.numel() // max(x.shape[-1], 1)
-        if rows < NATIVE_ROWS or (rows < many and pack.dense is None):
+        if rows < NATIVE_ROWS or pack.dense is None:
             return q4_native.matmul(x, pack.native)
     elif x.dim() == 2 and pack.perm is None and 0 < x.shape[0] < many \
             and x.shape[1] == pack.in_features:
