@@ -4,7 +4,10 @@ its llama-bench binary via --llama-bench / $LLAMA_BENCH / PATH, else llama-cpp-p
 either the peer row says "not found").
 
     python benchmarks/cpu_decode.py [--quick] [--threads 2] [--new-tokens 128] [--prompt 512]
-        [--llama-bench PATH] [--no-exact]
+        [--llama-bench PATH] [--no-exact] [--torch-kernel]
+
+--torch-kernel adds our default flags with HOMELAB_LLM_CPU_NATIVE=0 (torch's int4 kernel instead
+of our AVX2 one, kernels/q4_native.py), in the same rounds.
 
 Decode: batch 1, greedy, the time from the first output token to the last. Prompt processing:
 one prompt of --prompt tokens, the time to its first token (prefill), prefix cache off. The
@@ -15,6 +18,7 @@ this runs on may be shared, and alternating spreads the neighbours' load over al
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -39,10 +43,18 @@ def prompt_ids(n: int, seed: int) -> list[int]:
     return torch.randint(200, 40000, (n,), generator=g).tolist()
 
 
-def ours(dtype: str, threads: int) -> Callable[[list[int], int], Rates]:
-    engine = LLMEngine(EngineArgs(model=str(default_model_path()), device="cpu", dtype=dtype,
-                                  max_model_len=2048, enable_prefix_caching=False,
-                                  kv_cache_memory_bytes=128 << 20))
+def ours(dtype: str, threads: int, native: bool = True) -> Callable[[list[int], int], Rates]:
+    saved = os.environ.get("HOMELAB_LLM_CPU_NATIVE")
+    os.environ["HOMELAB_LLM_CPU_NATIVE"] = "1" if native else "0"  # read while the model loads
+    try:
+        engine = LLMEngine(EngineArgs(model=str(default_model_path()), device="cpu", dtype=dtype,
+                                      max_model_len=2048, enable_prefix_caching=False,
+                                      kv_cache_memory_bytes=128 << 20))
+    finally:
+        if saved is None:
+            os.environ.pop("HOMELAB_LLM_CPU_NATIVE")
+        else:
+            os.environ["HOMELAB_LLM_CPU_NATIVE"] = saved
     torch.set_num_threads(threads)
 
     def run(prompt: list[int], new_tokens: int) -> Rates:
@@ -83,11 +95,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--llama-bench", default=None, help="path of llama.cpp's llama-bench binary")
     ap.add_argument("--no-exact", action="store_true", help="skip the --dtype float32 row")
+    ap.add_argument("--torch-kernel", action="store_true",
+                    help="add a default-flags row on torch's int4 kernel (HOMELAB_LLM_CPU_NATIVE=0)")
     args = ap.parse_args()
     if args.quick:
         args.new_tokens, args.prompt, args.repeats = 32, 128, 1
     names = ["ours, default flags"]
     runs = [ours("auto", args.threads)]
+    if args.torch_kernel:
+        names.append("ours, torch's int4 kernel")
+        runs.append(ours("auto", args.threads, native=False))
     if not args.no_exact:
         names.append("ours, --dtype float32 (exact)")
         runs.append(ours("float32", args.threads))

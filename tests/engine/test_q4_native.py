@@ -70,6 +70,27 @@ def test_matmul_matches_the_exact_product(bits, n, k, m):
 
 
 @needs_native
+@pytest.mark.parametrize("bits", [4, 8])
+def test_rms_norm_inside_the_call(bits):
+    """norm=: each row is RMS-normalized (x / sqrt(mean(x^2) + eps) * w) before it is quantized:
+    the exact product of the normalized rows, within the matmul bound; a NativeLinear does the
+    same for one row; a norm weight of the wrong shape is refused."""
+    n, k, eps = 64, 160, 1e-5
+    w, dense = (_q4 if bits == 4 else _q8)(n, k, seed=bits)
+    x = torch.randn(3, k) * 4
+    norm = torch.rand(k) + 0.5
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm
+    out = torch.empty(3, n)
+    q4_native.matmul_into(x, w, out, norm=norm, eps=eps)
+    assert _rel(out, normed @ dense.t()) < 1.5e-2
+    one = torch.zeros(1, n)
+    q4_native.NativeLinear(w, eps)(x[:1], one, False, norm)
+    assert torch.allclose(one, out[:1], rtol=1e-5, atol=1e-5)  # another summation order (one row)
+    with pytest.raises(ValueError, match="norm weight"):
+        q4_native.matmul_into(x, w, out, norm=norm[:32])
+
+
+@needs_native
 def test_activation_blocks_round_to_their_int8_grid():
     """An identity 8-bit weight (codes 1, scale 1) returns the quantized activations themselves:
     per block of 32, d = absmax / 127 and d * round(x / d); an all-zero block stays zero."""

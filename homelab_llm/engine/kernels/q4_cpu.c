@@ -8,9 +8,11 @@
  * int8 (d = absmax / 127) into the same groups, with the block sums d * sum(q) for the offsets.
  * A block's dot product is 32 byte products summed in integers (vpmaddubsw + vpmaddwd), then
  * scaled once; the scales of a group convert and multiply as one vector. 4-bit: two blocks share
- * a 32-byte load (low nibbles: both blocks' first halves, high: their second halves) and the
- * activations of a block pair are stored in that order. Up to TILE activation rows share each
- * unpacked weight block. Threads: one OpenMP team over output rows (torch's libgomp).
+ * a 32-byte load, their code bytes interleaved 4 at a time (q4_native.pack_q4), so the low
+ * nibbles hold both blocks' first halves and the high ones their second halves, and the 32-bit
+ * sums alternate between the two blocks (one 8-byte broadcast of their two scales); a pair's
+ * activations are stored in that order. Up to TILE activation rows share each unpacked weight
+ * block. Threads: one OpenMP team over output rows (torch's libgomp).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -72,7 +74,8 @@ static float quantize_block(const float *x, int8_t *q, float *sum) {
 }
 
 /* One activation row of k floats into k / 32 / GROUP (rounded up) groups; pairs: store each
- * block pair's codes as [first halves of both][second halves of both] (the 4-bit order). */
+ * block pair's codes as [first halves of both][second halves of both], the two blocks' bytes
+ * interleaved 4 at a time (the 4-bit weights' order). */
 static void quantize_row(const float *x, int64_t k, act_group *out, int pairs) {
     const int64_t nb = k / QK;
     for (int64_t g = 0; g * GROUP < nb; g++) {
@@ -83,22 +86,16 @@ static void quantize_row(const float *x, int64_t k, act_group *out, int pairs) {
         if (!pairs) continue;
         for (int b = 0; b + 1 < r; b += 2) {
             int8_t *q = a->qs + b * QK;
-            __m128i h1 = _mm_loadu_si128((const __m128i *)(q + 16)), l2 = _mm_loadu_si128((const __m128i *)(q + 32));
-            _mm_storeu_si128((__m128i *)(q + 16), l2);
-            _mm_storeu_si128((__m128i *)(q + 32), h1);
+            const __m128i l1 = _mm_loadu_si128((const __m128i *)q);
+            const __m128i h1 = _mm_loadu_si128((const __m128i *)(q + 16));
+            const __m128i l2 = _mm_loadu_si128((const __m128i *)(q + 32));
+            const __m128i h2 = _mm_loadu_si128((const __m128i *)(q + 48));
+            _mm_storeu_si128((__m128i *)q, _mm_unpacklo_epi32(l1, l2));
+            _mm_storeu_si128((__m128i *)(q + 16), _mm_unpackhi_epi32(l1, l2));
+            _mm_storeu_si128((__m128i *)(q + 32), _mm_unpacklo_epi32(h1, h2));
+            _mm_storeu_si128((__m128i *)(q + 48), _mm_unpackhi_epi32(h1, h2));
         }
     }
-}
-
-/* LANES[b] picks lane b into lanes 0-3 and lane b + 1 into 4-7; LANES[GROUP + b] lane b into all. */
-static const int32_t LANES[2 * GROUP][8] = {
-    {0, 0, 0, 0, 1, 1, 1, 1}, {0}, {2, 2, 2, 2, 3, 3, 3, 3}, {0}, {4, 4, 4, 4, 5, 5, 5, 5}, {0},
-    {6, 6, 6, 6, 7, 7, 7, 7}, {0}, {0, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1},
-    {2, 2, 2, 2, 2, 2, 2, 2}, {3, 3, 3, 3, 3, 3, 3, 3}, {4, 4, 4, 4, 4, 4, 4, 4},
-    {5, 5, 5, 5, 5, 5, 5, 5}, {6, 6, 6, 6, 6, 6, 6, 6}, {7, 7, 7, 7, 7, 7, 7, 7}};
-
-static inline __m256 lanes_of(__m256 v, int which) {
-    return _mm256_permutevar8x32_ps(v, _mm256_loadu_si256((const __m256i *)LANES[which]));
 }
 
 /* acc[t] += (one group of r 4-bit blocks) . (activation row t's group g), t < tile. */
@@ -107,10 +104,11 @@ static inline __attribute__((always_inline)) void group_q4(const uint8_t *w, con
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const uint8_t *qs = w + 4 * r;
     const __m256 dw = load_halves((const uint16_t *)w, r), mw = load_halves((const uint16_t *)w + r, r);
-    __m256 dd[TILE];
+    /* The block scales go through memory: a broadcast load is one uop, a lane permute three. */
+    float dd[TILE][GROUP] __attribute__((aligned(32)));
     for (int t = 0; t < tile; t++) {
         const act_group *at = a + t * ga + g;
-        dd[t] = _mm256_mul_ps(dw, _mm256_loadu_ps(at->d));
+        _mm256_store_ps(dd[t], _mm256_mul_ps(dw, _mm256_loadu_ps(at->d)));
         acc[t] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(at->s), acc[t]);
     }
     int b = 0;
@@ -119,10 +117,12 @@ static inline __attribute__((always_inline)) void group_q4(const uint8_t *w, con
         const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         for (int t = 0; t < tile; t++) {
             const int8_t *x = a[t * ga + g].qs + b * QK;
-            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)),
-                                                 _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))));
+            const __m256i first = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
+            const __m256i s16 = _mm256_add_epi16(first, _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))));
             __m256 *into = acc + t + (tile <= 2 && (b & 2) ? TILE : 0);
-            *into = _mm256_fmadd_ps(lanes_of(dd[t], b), _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), *into);
+            /* lanes alternate between the two blocks: their scales as one 8-byte broadcast */
+            const __m256 scale = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&dd[t][b]));
+            *into = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), *into);
         }
     }
     if (b < r) { /* an odd last block: its halves in element order */
@@ -131,7 +131,7 @@ static inline __attribute__((always_inline)) void group_q4(const uint8_t *w, con
         for (int t = 0; t < tile; t++) {
             const __m256i p = _mm256_madd_epi16(
                 _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(a[t * ga + g].qs + b * QK))), ones);
-            acc[t] = _mm256_fmadd_ps(lanes_of(dd[t], GROUP + b), _mm256_cvtepi32_ps(p), acc[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[t][b]), _mm256_cvtepi32_ps(p), acc[t]);
         }
     }
 }
@@ -143,8 +143,9 @@ static inline __attribute__((always_inline)) void group_q8(const uint8_t *w, con
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t *qs = w + 2 * r;
     const __m256 dw = load_halves((const uint16_t *)w, r);
-    __m256 dd[TILE];
-    for (int t = 0; t < tile; t++) dd[t] = _mm256_mul_ps(dw, _mm256_loadu_ps(a[t * ga + g].d));
+    /* The block scales go through memory: a broadcast load is one uop, a lane permute three. */
+    float dd[TILE][GROUP] __attribute__((aligned(32)));
+    for (int t = 0; t < tile; t++) _mm256_store_ps(dd[t], _mm256_mul_ps(dw, _mm256_loadu_ps(a[t * ga + g].d)));
     for (int b = 0; b < r; b++) {
         const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + QK * b));
         const __m256i mag = _mm256_sign_epi8(q, q);
@@ -152,7 +153,7 @@ static inline __attribute__((always_inline)) void group_q8(const uint8_t *w, con
             const __m256i x = _mm256_loadu_si256((const __m256i *)(a[t * ga + g].qs + b * QK));
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, q)), ones);
             __m256 *into = acc + t + (tile <= 2 && (b & 1) ? TILE : 0);
-            *into = _mm256_fmadd_ps(lanes_of(dd[t], GROUP + b), _mm256_cvtepi32_ps(p), *into);
+            *into = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[t][b]), _mm256_cvtepi32_ps(p), *into);
         }
     }
 }
@@ -191,9 +192,28 @@ static inline __attribute__((always_inline)) void row_tile(int bits, const uint8
     }
 }
 
-/* The activation scratch of the calling thread, grown on demand. */
+/* The activation scratch of the calling thread, grown on demand: quantized groups, and one
+ * normalized row of floats. */
 static __thread act_group *scratch;
 static __thread int64_t scratch_groups;
+static __thread float *normed;
+static __thread int64_t normed_floats;
+
+/* out = x * (1 / sqrt(mean(x^2) + eps)) * w over k floats (RMSNorm). */
+static void rms_norm_row(const float *x, const float *w, float eps, int64_t k, float *out) {
+    __m256 ss = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        ss = _mm256_fmadd_ps(v, v, ss);
+    }
+    float sum = hsum8(ss);
+    for (; i < k; i++) sum += x[i] * x[i];
+    const __m256 scale = _mm256_set1_ps(1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(sum / (float)k + eps))));
+    for (i = 0; i + 8 <= k; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale), _mm256_loadu_ps(w + i)));
+    for (; i < k; i++) out[i] = x[i] * _mm256_cvtss_f32(scale) * w[i];
+}
 
 /* The first and one-past-last output row of this thread: 8-row aligned, even shares. */
 static inline void share(int64_t n, int64_t *lo, int64_t *hi) {
@@ -205,9 +225,10 @@ static inline void share(int64_t n, int64_t *lo, int64_t *hi) {
 
 /* y[r, j] (+)= sum_i x[r, i] * W[j, i] for r < m, j < n; x rows ldx floats apart, y rows ldy.
  * w: n rows of k / 32 blocks of `bits` (4 or 8) bits. accumulate: add to y instead of setting
- * it. Returns 0, or -1 when the scratch could not be allocated or bits is neither (y untouched). */
+ * it. norm_w: when not NULL, each x row is RMS-normalized first (weights norm_w [k], eps).
+ * Returns 0, or -1 when the scratch could not be allocated or bits is neither (y untouched). */
 int q_matmul(int bits, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
-             float *y, int64_t ldy, int accumulate) {
+             float *y, int64_t ldy, int accumulate, const float *norm_w, float eps) {
     const int64_t nb = k / QK, ga = (nb + GROUP - 1) / GROUP;
     const int64_t row_bytes = nb * (bits == 4 ? 20 : 34);
     if (bits != 4 && bits != 8) return -1;
@@ -217,7 +238,20 @@ int q_matmul(int bits, const uint8_t *w, int64_t n, int64_t k, const float *x, i
         scratch_groups = scratch ? m * ga : 0;
         if (!scratch) return -1;
     }
-    for (int64_t r = 0; r < m; r++) quantize_row(x + r * ldx, k, scratch + r * ga, bits == 4);
+    if (norm_w && k > normed_floats) {
+        free(normed);
+        normed = (float *)malloc((size_t)k * sizeof(float));
+        normed_floats = normed ? k : 0;
+        if (!normed) return -1;
+    }
+    for (int64_t r = 0; r < m; r++) {
+        const float *row = x + r * ldx;
+        if (norm_w) {
+            rms_norm_row(row, norm_w, eps, k, normed);
+            row = normed;
+        }
+        quantize_row(row, k, scratch + r * ga, bits == 4);
+    }
     const act_group *a = scratch;
 #pragma omp parallel
     {

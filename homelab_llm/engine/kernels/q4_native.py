@@ -66,7 +66,8 @@ def library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.q_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    lib.q_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int, ptr,
+                             ctypes.c_float]
     lib.q_matmul.restype = ctypes.c_int
     lib.layout.argtypes, lib.layout.restype = [ctypes.c_int], i64
     if (lib.layout(0), lib.layout(1), lib.layout(2)) != (QK, GROUP, 8 * GROUP + QK * GROUP):
@@ -115,16 +116,24 @@ def _grouped(n: int, nb: int, parts) -> torch.Tensor:
 def pack_q4(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor) -> NativeWeight:
     """codes [N, K] in 0..15, scales and offsets [N, K / 32] (w = code * scale + offset; rounded
     to fp16) -> a 4-bit NativeWeight: per group, the scales, the offsets, then 16 code bytes a
-    block (byte j: code j low, code j + 16 high)."""
+    block (byte j: code j low, code j + 16 high), a pair of blocks' bytes interleaved 4 at a time
+    (q4_cpu.c)."""
     n, k = codes.shape
     if k % QK or scales.shape != (n, k // QK) or offsets.shape != scales.shape:
         raise ValueError(f"4-bit pack needs K % {QK} == 0 and [N, K/32] scales, got {tuple(codes.shape)}, "
                          f"{tuple(scales.shape)}, {tuple(offsets.shape)}")
     q = codes.to(torch.uint8).view(n, k // QK, QK)
     nibbles = q[..., : QK // 2] | (q[..., QK // 2:] << 4)
-    blocks = _grouped(n, k // QK, lambda sl: [_half_bytes(scales[:, sl]), _half_bytes(offsets[:, sl]),
-                                              nibbles[:, sl].reshape(n, -1)])
-    return NativeWeight(blocks, 4, n, k)
+
+    def parts(sl: slice) -> list[torch.Tensor]:
+        group = nibbles[:, sl]  # [N, r, 16]
+        pairs = group.shape[1] // 2
+        # a pair's 2 x 16 bytes interleaved 4 at a time: [b 0-3][b+1 0-3][b 4-7][b+1 4-7]...
+        paired = group[:, : 2 * pairs].reshape(n, pairs, 2, 4, 4).transpose(2, 3).reshape(n, -1)
+        return [_half_bytes(scales[:, sl]), _half_bytes(offsets[:, sl]), paired,
+                group[:, 2 * pairs:].reshape(n, -1)]
+
+    return NativeWeight(_grouped(n, k // QK, parts), 4, n, k)
 
 
 def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> NativeWeight:
@@ -139,14 +148,20 @@ def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> NativeWeight:
     return NativeWeight(blocks, 8, n, k)
 
 
-def matmul_into(x: torch.Tensor, w: NativeWeight, out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
-    """out [M, N] = (or +=, accumulate) x [M, K] @ W^T; x and out fp32 with unit inner stride."""
+def matmul_into(x: torch.Tensor, w: NativeWeight, out: torch.Tensor, accumulate: bool = False,
+                norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """out [M, N] = (or +=, accumulate) x [M, K] @ W^T; x and out fp32 with unit inner stride.
+    norm: an fp32 [K] RMSNorm weight: each row of x is normalized (x / rms(x) * norm, eps) first."""
     if x.dtype != torch.float32 or out.dtype != torch.float32 or x.stride(-1) != 1 or out.stride(-1) != 1 \
-            or x.shape[1] != w.in_features or out.shape != (x.shape[0], w.out_features):
+            or x.shape[1] != w.in_features or out.shape != (x.shape[0], w.out_features) \
+            or (norm is not None and (norm.dtype != torch.float32 or norm.shape != (w.in_features,)
+                                      or not norm.is_contiguous())):
         raise ValueError(f"native matmul: x {tuple(x.shape)} {x.dtype}, out {tuple(out.shape)} {out.dtype} "
-                         f"for a {w.out_features}x{w.in_features} weight (fp32, unit inner stride)")
+                         f"for a {w.out_features}x{w.in_features} weight (fp32, unit inner stride; "
+                         f"a norm weight: fp32 [K])")
     if library().q_matmul(w.bits, w.blocks.data_ptr(), w.out_features, w.in_features, x.data_ptr(),
-                          x.shape[0], x.stride(0), out.data_ptr(), out.stride(0), int(accumulate)) != 0:
+                          x.shape[0], x.stride(0), out.data_ptr(), out.stride(0), int(accumulate),
+                          None if norm is None else norm.data_ptr(), eps) != 0:
         raise MemoryError("native matmul: no memory for the activation scratch")
     return out
 
@@ -166,16 +181,18 @@ def matmul(x: torch.Tensor, w: NativeWeight) -> torch.Tensor:
 class NativeLinear:
     """One weight bound for the one-row decode loop (model/cpu_decode_layer.py): calling it with
     x [1, K] and out [1, N] (fp32, unit inner stride) sets or adds x @ W^T into out, with the
-    pointer and sizes looked up once."""
+    pointer and sizes looked up once; with norm (an fp32 [K] RMSNorm weight, eps given here),
+    x is normalized first, inside the same call."""
 
-    __slots__ = ("weight", "fn", "bits", "ptr", "n", "k")
+    __slots__ = ("weight", "fn", "bits", "ptr", "n", "k", "eps")
 
-    def __init__(self, weight: NativeWeight):
+    def __init__(self, weight: NativeWeight, eps: float = 0.0):
         self.weight = weight  # keeps the blocks alive
-        self.fn, self.bits = library().q_matmul, weight.bits
+        self.fn, self.bits, self.eps = library().q_matmul, weight.bits, eps
         self.ptr, self.n, self.k = weight.blocks.data_ptr(), weight.out_features, weight.in_features
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False,
+                 norm: torch.Tensor | None = None) -> None:
         if self.fn(self.bits, self.ptr, self.n, self.k, x.data_ptr(), 1, x.stride(0), out.data_ptr(),
-                   out.stride(0), accumulate):
+                   out.stride(0), accumulate, None if norm is None else norm.data_ptr(), self.eps):
             raise MemoryError("native matmul: no memory for the activation scratch")

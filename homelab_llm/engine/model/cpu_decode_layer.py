@@ -6,11 +6,12 @@ per token with ~25 ops a layer, F.rms_norm alone being 7 aten ops). Each small o
 however little it computes, mixed-dtype ops and out= variants of some ops about twice a plain
 one, so this path runs a layer in ~21 cheap ops:
 - everything static is looked up once (CpuDecodePlan: the linears, norm weights, caches' views);
-- RMSNorm is one dot product (its sum of squares, read back as a float) and one addcmul
-  (x * rsqrt(mean + eps) * w) into a buffer;
-- a linear is one call: our AVX2 kernel (kernels/q4_native.py) reads the fp32 buffer and writes
-  or adds its fp32 result in place (o and down add straight into the residual stream); torch's
-  int4 kernel (where ours does not run) copies its input to bf16 and its result back;
+- a linear is one call: our AVX2 kernel (kernels/q4_native.py) reads fp32 and writes or adds
+  its fp32 result in place (o and down add straight into the residual stream), and the RMSNorm
+  in front of qkv and gate_up happens inside that call, on the row it quantizes; torch's int4
+  kernel (where ours does not run) takes the norm as one dot product (its sum of squares, read
+  back as a float) and one addcmul into a buffer, and copies its input to bf16 and its result
+  back;
 - q and k are rotated together by one [D, D] matmul with the step's rotation matrix (cos on the
   diagonal, -/+ sin half a head off it), built once per step;
 - K/V rows go into the cache with index_copy_; when the sequence's pages are consecutive (the
@@ -80,16 +81,26 @@ class CpuLayerPlan:
 
 
 class Int4Linear:
-    """A linear through torch's int4 kernel, called as NativeLinear is: x goes to bf16 in a buffer
-    of its own, the result is copied or added into out."""
+    """A linear through torch's int4 kernel, called as NativeLinear is: with norm, RMSNorm is one
+    dot product (its sum of squares, read back as a float) and one addcmul (x * rsqrt(mean +
+    eps) * w) into a buffer; x goes to bf16 in a buffer of its own, the result is copied or added
+    into out."""
 
-    __slots__ = ("args", "x")
+    __slots__ = ("args", "x", "normed", "eps", "inv_k", "zero")
 
-    def __init__(self, pack):
+    def __init__(self, pack, eps: float):
         self.args = (pack.packed, pack.group_size, pack.scales_and_zeros)
         self.x = torch.empty(1, pack.in_features, dtype=torch.bfloat16)
+        self.normed = torch.empty(1, pack.in_features)
+        self.eps, self.inv_k, self.zero = eps, 1.0 / pack.in_features, torch.zeros(())
 
-    def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False) -> None:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False,
+                 norm: torch.Tensor | None = None) -> None:
+        if norm is not None:
+            flat = x[0]
+            torch.addcmul(self.zero, x, norm, out=self.normed,
+                          value=1.0 / math.sqrt(torch.dot(flat, flat).item() * self.inv_k + self.eps))
+            x = self.normed
         self.x.copy_(x)
         y = _int4_mm(self.x, *self.args)
         if accumulate:
@@ -98,14 +109,14 @@ class Int4Linear:
             out.copy_(y)
 
 
-def _linear(linear: nn.Module) -> Callable | None:
+def _linear(linear: nn.Module, eps: float) -> Callable | None:
     w4 = getattr(linear, "w4", None)
     pack = None if w4 is None else w4.cpu_pack
     if pack is None or pack.perm is not None or linear.bias is not None:
         return None
     if pack.native is not None:
-        return NativeLinear(pack.native)
-    return Int4Linear(pack) if _int4_mm is not None else None
+        return NativeLinear(pack.native, eps)
+    return Int4Linear(pack, eps) if _int4_mm is not None else None
 
 
 class CpuDecodePlan:
@@ -132,13 +143,11 @@ class CpuDecodePlan:
         self.k_new = self.qk_rot[self.q_heads:].view(1, self.kv_heads, d)
         self.gu_buf = torch.empty(1, 2 * self.inter)
         self.gate, self.up = self.gu_buf[:, : self.inter], self.gu_buf[:, self.inter:]
-        self.normed = torch.empty(1, self.hidden)
         self.attn = torch.empty(1, self.q_size)
         # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the same memory.
         self.attn_heads = self.attn.view(self.q_grouped.shape)
         self.act = torch.empty(1, self.inter)
         self.rotation = torch.zeros(d, d)
-        self.zero = torch.zeros(())
 
     @staticmethod
     def build(model: nn.Module) -> CpuDecodePlan | None:
@@ -157,14 +166,16 @@ class CpuDecodePlan:
             attn = attn_mod.attn
             if attn.window or attn.sinks is not None or attn.sliding_group:
                 return None
-            packs = [_linear(m) for m in (attn_mod.qkv_proj, attn_mod.o_proj, mlp.gate_up_proj,
-                                          mlp.down_proj)]
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if any(p is None for p in packs) or any(n.weight.dtype != torch.float32 for n in norms):
+            if any(n.weight.dtype != torch.float32 or not n.weight.is_contiguous() for n in norms):
                 return None
             if {norms[0].eps, norms[1].eps, eps or norms[0].eps} != {norms[0].eps}:
                 return None
             eps = norms[0].eps
+            packs = [_linear(m, eps) for m in (attn_mod.qkv_proj, attn_mod.o_proj, mlp.gate_up_proj,
+                                               mlp.down_proj)]
+            if any(p is None for p in packs):
+                return None
             plans.append(CpuLayerPlan(attn, norms[0].weight, norms[1].weight, *packs))
         return CpuDecodePlan(model, plans, eps) if plans else None
 
@@ -210,25 +221,20 @@ class CpuDecodePlan:
 
     def _layers(self, residual: torch.Tensor, rotation: torch.Tensor, slot: torch.Tensor,
                 seq_len: int, start: int | None, pages: torch.Tensor) -> torch.Tensor:
-        sdpa, silu, dot, addcmul, mat, mul = F.scaled_dot_product_attention, F.silu, torch.dot, \
-            torch.addcmul, torch.mm, torch.mul
+        sdpa, silu, mat, mul = F.scaled_dot_product_attention, F.silu, torch.mm, torch.mul
         strided = torch.as_strided
-        eps, scale, inv_hidden, sqrt = self.eps, self.scale, 1.0 / self.hidden, math.sqrt
+        scale = self.scale
         qkv_buf, qk_in, v_new, qk_rot, q, k_new = self.qkv_buf, self.qk_in, self.v_new, \
             self.qk_rot, self.q_grouped, self.k_new
         gu_buf, gate, up, act = self.gu_buf, self.gate, self.up, self.act
-        normed, zero, attn, attn_heads = self.normed, self.zero, self.attn, self.attn_heads
+        attn, attn_heads = self.attn, self.attn_heads
         hkv, d = self.kv_heads, self.head_dim
         # K/V of the sequence as SDPA's [1, Hkv, seq_len, D], read in place (consecutive pages).
         kv_shape, kv_stride = (1, hkv, seq_len, d), (0, d, hkv * d, 1)
         kv_offset = None if start is None else start * hkv * d
         residual = residual.clone()
-        flat = residual[0]
         for lp in self.layers:
-            # RMSNorm: x * rsqrt(mean(x^2) + eps) * w, its sum read back as one float.
-            addcmul(zero, residual, lp.norm1,
-                    value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
-            lp.qkv(normed, qkv_buf)
+            lp.qkv(residual, qkv_buf, False, lp.norm1)  # RMSNorm inside the linear's call
             with single_thread():
                 mat(qk_in, rotation, out=qk_rot)
                 lp.k_rows.index_copy_(0, slot, k_new)
@@ -243,9 +249,7 @@ class CpuDecodePlan:
                         .transpose(0, 1).unsqueeze(0)
                 attn_heads.copy_(sdpa(q, k, v, scale=scale))
             lp.o(attn, residual, True)
-            addcmul(zero, residual, lp.norm2,
-                    value=1.0 / sqrt(dot(flat, flat).item() * inv_hidden + eps), out=normed)
-            lp.gate_up(normed, gu_buf)
+            lp.gate_up(residual, gu_buf, False, lp.norm2)
             mul(silu(gate), up, out=act)
             lp.down(act, residual, True)
         return residual

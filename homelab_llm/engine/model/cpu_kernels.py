@@ -15,14 +15,18 @@ A Llama-style model also gets its one-sequence decode plan (model/cpu_decode_lay
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
-from homelab_llm.engine.kernels import w4a16_cpu
+from homelab_llm.engine.kernels import q4_native, w4a16_cpu
 from homelab_llm.engine.layers.embedding import ParallelLMHead
 from homelab_llm.engine.layers.linear import LinearBase
 from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
 from homelab_llm.engine.model.llama import LlamaModel
+
+log = logging.getLogger("homelab_llm.engine")
 
 
 def use_cpu_kernels(model: nn.Module) -> None:
@@ -45,3 +49,9 @@ def use_cpu_kernels(model: nn.Module) -> None:
     decoder = getattr(model, "model", None)
     if isinstance(decoder, LlamaModel):
         decoder.cpu_decode = CpuDecodePlan.build(decoder)
+    native = sum(m.w4.cpu_pack.native is not None for m in packed)
+    rest = ""
+    if native < len(packed):
+        reason = q4_native.unavailable_reason() or "act-order or group sizes it does not take"
+        rest = f", the rest on torch's int4 kernel ({reason})"
+    log.info("CPU 4-bit linears: %d of %d on our AVX2 kernel%s", native, len(packed), rest)
