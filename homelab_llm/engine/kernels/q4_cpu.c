@@ -118,7 +118,8 @@ static inline __attribute__((always_inline)) void group_q4(const uint8_t *w, con
         for (int t = 0; t < tile; t++) {
             const int8_t *x = a[t * ga + g].qs + b * QK;
             const __m256i first = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
-            const __m256i s16 = _mm256_add_epi16(first, _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))));
+            const __m256i second = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+            const __m256i s16 = _mm256_add_epi16(first, second);
             __m256 *into = acc + t + (tile <= 2 && (b & 2) ? TILE : 0);
             /* lanes alternate between the two blocks: their scales as one 8-byte broadcast */
             const __m256 scale = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&dd[t][b]));
