@@ -1,6 +1,8 @@
 """The one-sequence CPU decode path (model/cpu_decode_layer.py) against the general CPU default
-path on the real SmolLM2-135M Q4_1 file, with either 4-bit kernel it drives (ours, torch's int4): the same model and cache layout, a prompt then the same
-8 decode tokens each way (the general path's greedy picks, teacher-forced on the plan).
+path on the real SmolLM2-135M Q4_1 file, with either set of kernels it drives (ours: the AVX2
+4-bit matmuls and the C attention call; torch's int4 kernel and attention ops): the same model
+and cache layout, a prompt then the same 8 decode tokens each way (the general path's greedy
+picks, teacher-forced on the plan).
 
 The plan computes the same formulas with a different fp32 rounding order (the norm's sum of
 squares, the rotation as a matmul), and each bf16 rounding that flips then moves the logits by
@@ -83,11 +85,14 @@ def test_fast_decode_matches_the_general_path(fast):
                                side_effect=CpuDecodePlan.decode) as spy:
             got = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), plan, tokens)
         assert spy.call_count == STEPS  # the prompt (7 rows) never reaches the plan
-        rel_bound, max_bound = (0.06, 0.075) if isinstance(plan.layers[0].qkv, NativeLinear) else (0.03, 0.05)
+        native = isinstance(plan.layers[0].qkv, NativeLinear)
+        assert (plan.native_attention is not None) == native  # our attention call comes with our linears
+        rel_bound, max_bound = (0.06, 0.075) if native else (0.03, 0.05)
         assert _rel(got, ref) < rel_bound
         assert float((got - ref).abs().max()) < max_bound * float(ref.abs().max())
         assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= STEPS - 2
-        # Scattered pages: the sequence's pages out of order, so the plan gathers them.
+        # Scattered pages: the sequence's pages out of order (torch's attention gathers them, the
+        # C call reads the page table): the same logits, bit for bit.
         harness = PagedHarness(fast, num_pages=16, page_size=4)
         harness.free_pages = [3, 9, 1, 12, 5, 0, 7, 14, 2, 11, 6, 15, 4, 10, 8, 13]
         assert torch.equal(_decode(fast, harness, plan, tokens), got)

@@ -4,7 +4,9 @@ A batch-1 decode step of a small model on the CPU spends about as long dispatchi
 as in its matmuls (SmolLM2-135M at 2 threads: ~3.7 ms of small ops against ~5 ms of int4 matmuls
 per token with ~25 ops a layer, F.rms_norm alone being 7 aten ops). Each small op costs 1-3 us
 however little it computes, mixed-dtype ops and out= variants of some ops about twice a plain
-one, so this path runs a layer in ~21 cheap ops:
+one, so this path runs a layer in few calls: with our C kernels, 6 (qkv with its norm,
+attention, o, gate_up with its norm, silu, mul, down: SmolLM2 decode at 2 threads on an AVX2
+EPYC 135.7 tok/s against llama.cpp's 125.6, docs/BENCHMARKS.md 53); with torch's, ~21:
 - everything static is looked up once (CpuDecodePlan: the linears, norm weights, caches' views);
 - a linear is one call: our AVX2 kernel (kernels/q4_native.py) reads fp32 and writes or adds
   its fp32 result in place (o and down add straight into the residual stream), and the RMSNorm
@@ -12,16 +14,18 @@ one, so this path runs a layer in ~21 cheap ops:
   kernel (where ours does not run) takes the norm as one dot product (its sum of squares, read
   back as a float) and one addcmul into a buffer, and copies its input to bf16 and its result
   back;
-- q and k are rotated together by one [D, D] matmul with the step's rotation matrix (cos on the
-  diagonal, -/+ sin half a head off it), built once per step;
-- K/V rows go into the cache with index_copy_; when the sequence's pages are consecutive (the
-  common case) attention reads the cache through a strided view, else it gathers the pages;
-- the query heads of a KV head are one SDPA "query row" group (no K/V expansion), on one thread
-  (kernels/cpu_threads.py);
+- attention where our kernels run is one C call (kernels/decode_attention_native.py: rotation,
+  cache store, attention through the page table); else q and k are rotated together by one
+  [D, D] matmul with the step's rotation matrix (cos on the diagonal, -/+ sin half a head off
+  it), built once per step, K/V rows go into the cache with index_copy_, attention reads the
+  cache through a strided view when the sequence's pages are consecutive (the common case),
+  else it gathers them, and the query heads of a KV head are one SDPA "query row" group (no
+  K/V expansion), on one thread (kernels/cpu_threads.py);
 - the residual stream stays fp32 and is added to in place.
 The numbers are the general path's up to fp32 rounding order (the norm's sum, the rotation's
-FMAs) and the int8 / bf16 roundings that follow from it: tests/engine/test_cpu_decode_layer.py bounds
-the difference (far inside the CPU default's own distance from the exact fp32 path).
+FMAs, the softmax's polynomial exponential) and the int8 / bf16 roundings that follow from it:
+tests/engine/test_cpu_decode_layer.py bounds the difference (inside the CPU default's own
+distance from the exact fp32 path).
 
 Taken only when every layer is a plain LlamaDecoderLayer of the CPU default (all linears through
 a CPU 4-bit kernel, no biases, no q/k norm, SiLU MLP, no window/sinks, one rank) and a step has
@@ -42,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.context import ForwardContext
+from homelab_llm.engine.kernels import decode_attention_native
 from homelab_llm.engine.kernels.cpu_threads import single_thread
 from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.model.llama import LlamaDecoderLayer, LlamaMLP
@@ -131,6 +136,12 @@ class CpuDecodePlan:
         self.q_size, self.kv_size = first.q_size, first.kv_size
         self.inter = model.layers[0].mlp.down_proj.in_features
         self.cos_sin = model.rotary.cos_sin
+        # Attention as one C call where it runs (and every linear is on our kernel: both need
+        # the same CPU), else torch ops (_torch_attention).
+        native = all(isinstance(lp.qkv, NativeLinear) for lp in layers) and decode_attention_native.available(
+            first.num_heads, first.num_kv_heads, first.head_dim)
+        self.native_attention = decode_attention_native.DecodeAttention(
+            first.num_heads, first.num_kv_heads, first.head_dim, first.attn.scale) if native else None
         d = self.head_dim
         # Per-step buffers (one layer at a time uses them): fp32 q|k|v and gate|up, their views,
         # attention's output and the MLP's activation.
@@ -203,11 +214,11 @@ class CpuDecodePlan:
         seq_len = ctx.seq_lens_host[0]
         page_size = layers[0].k_cache.shape[1]
         pages = ctx.page_table[0, : (seq_len + page_size - 1) // page_size]
-        first = int(pages[0])
-        # Consecutive pages (the usual layout of a lone sequence): attention reads a view.
-        start = first * page_size if pages.tolist() == list(range(first, first + len(pages))) \
-            else None
-        return self._layers(hidden, self.rotation_matrix(positions), slot, seq_len, start, pages)
+        if self.native_attention is not None and pages.dtype == torch.int32 and pages.is_contiguous():
+            attend = self._native_attention(self.cos_sin[positions[0]], pages, int(slot[0]), seq_len)
+        else:
+            attend = self._torch_attention(self.rotation_matrix(positions), slot, seq_len, pages)
+        return self._layers(hidden, attend)
 
     def rotation_matrix(self, positions: torch.Tensor) -> torch.Tensor:
         """The [D, D] matrix R with rotate(x) = x @ R at this position: layers/rotary's
@@ -219,27 +230,39 @@ class CpuDecodePlan:
         torch.neg(sin, out=r.diagonal(-half))
         return r
 
-    def _layers(self, residual: torch.Tensor, rotation: torch.Tensor, slot: torch.Tensor,
-                seq_len: int, start: int | None, pages: torch.Tensor) -> torch.Tensor:
-        sdpa, silu, mat, mul = F.scaled_dot_product_attention, F.silu, torch.mm, torch.mul
-        strided = torch.as_strided
-        scale = self.scale
-        qkv_buf, qk_in, v_new, qk_rot, q, k_new = self.qkv_buf, self.qk_in, self.v_new, \
-            self.qk_rot, self.q_grouped, self.k_new
-        gu_buf, gate, up, act = self.gu_buf, self.gate, self.up, self.act
-        attn, attn_heads = self.attn, self.attn_heads
-        hkv, d = self.kv_heads, self.head_dim
-        # K/V of the sequence as SDPA's [1, Hkv, seq_len, D], read in place (consecutive pages).
+    def _native_attention(self, cos_sin: torch.Tensor, pages: torch.Tensor, slot: int,
+                          seq_len: int) -> Callable[[CpuLayerPlan], None]:
+        """A layer's attention as one C call (kernels/decode_attention_native.py): rotation,
+        cache store and attention over the pages, into self.attn."""
+        call, qkv_buf, attn = self.native_attention, self.qkv_buf, self.attn
+
+        def attend(lp: CpuLayerPlan) -> None:
+            call(qkv_buf, cos_sin, lp.k_cache, lp.v_cache, pages, slot, seq_len, attn)
+
+        return attend
+
+    def _torch_attention(self, rotation: torch.Tensor, slot: torch.Tensor, seq_len: int,
+                         pages: torch.Tensor) -> Callable[[CpuLayerPlan], None]:
+        """A layer's attention in torch ops on one thread, into self.attn: q and k rotated by one
+        matmul, K/V rows stored with index_copy_, SDPA over the cache (a strided view when the
+        pages are consecutive, else gathered)."""
+        sdpa, mat, strided = F.scaled_dot_product_attention, torch.mm, torch.as_strided
+        scale, hkv, d = self.scale, self.kv_heads, self.head_dim
+        qk_in, v_new, qk_rot, q, k_new = self.qk_in, self.v_new, self.qk_rot, self.q_grouped, self.k_new
+        attn_heads = self.attn_heads
+        page_size = self.layers[0].k_cache.shape[1]
+        first = int(pages[0])
+        # Consecutive pages (the usual layout of a lone sequence): attention reads a view.
+        consecutive = pages.tolist() == list(range(first, first + len(pages)))
         kv_shape, kv_stride = (1, hkv, seq_len, d), (0, d, hkv * d, 1)
-        kv_offset = None if start is None else start * hkv * d
-        residual = residual.clone()
-        for lp in self.layers:
-            lp.qkv(residual, qkv_buf, False, lp.norm1)  # RMSNorm inside the linear's call
+        kv_offset = first * page_size * hkv * d
+
+        def attend(lp: CpuLayerPlan) -> None:
             with single_thread():
                 mat(qk_in, rotation, out=qk_rot)
                 lp.k_rows.index_copy_(0, slot, k_new)
                 lp.v_rows.index_copy_(0, slot, v_new)
-                if kv_offset is not None:
+                if consecutive:
                     k = strided(lp.k_cache, kv_shape, kv_stride, lp.k_offset + kv_offset)
                     v = strided(lp.v_cache, kv_shape, kv_stride, lp.v_offset + kv_offset)
                 else:  # scattered pages: gather them
@@ -248,6 +271,17 @@ class CpuDecodePlan:
                     v = lp.v_cache.index_select(0, pages).view(-1, hkv, d)[:seq_len] \
                         .transpose(0, 1).unsqueeze(0)
                 attn_heads.copy_(sdpa(q, k, v, scale=scale))
+
+        return attend
+
+    def _layers(self, residual: torch.Tensor, attend: Callable[[CpuLayerPlan], None]) -> torch.Tensor:
+        silu, mul = F.silu, torch.mul
+        qkv_buf, gu_buf, gate, up, act, attn = self.qkv_buf, self.gu_buf, self.gate, self.up, \
+            self.act, self.attn
+        residual = residual.clone()
+        for lp in self.layers:
+            lp.qkv(residual, qkv_buf, False, lp.norm1)  # RMSNorm inside the linear's call
+            attend(lp)
             lp.o(attn, residual, True)
             lp.gate_up(residual, gu_buf, False, lp.norm2)
             mul(silu(gate), up, out=act)

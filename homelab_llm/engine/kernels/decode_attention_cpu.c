@@ -1,0 +1,166 @@
+/* One sequence's decode-step attention on an x86-64 CPU with AVX2 and FMA, fp32 paged cache.
+ *
+ * Built and loaded by decode_attention_native.py (its docstring: why, the bounds). One call does
+ * what the torch path does in ~8 ops: rotate q and k (rotate-half RoPE, cos | sin row of the
+ * position), store k and v at the new token's cache row, and attend over the sequence's
+ * positions through its page table, each query head against its KV head (GQA). The positions are
+ * split in chunks; a task is one KV head and one chunk (scores for the head's query heads, their
+ * exponentials, sums and weighted values: two passes over the chunk), tasks run on torch's
+ * OpenMP team, and the chunks' partial results are merged by their maxima (flash-decoding).
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define CHUNK 256
+#define MAX_GROUP 16
+#define MAX_DIM 256
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 0 (scores minus their maximum): 2^n e^r with n = round(x log2 e) and a degree-6
+ * polynomial for e^r on |r| <= ln 2 / 2 (relative error ~1e-7); below -87 it returns 0. */
+static inline __m256 exp_neg(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+static inline float exp_neg1(float x) { return _mm256_cvtss_f32(exp_neg(_mm256_set1_ps(x))); }
+
+/* out = rotate(x) over nh heads of d: out[j] = x[j] c[j] - x[j + h] s[j], out[j + h] = x[j + h] c[j]
+ * + x[j] s[j] for j < h = d / 2 (cos_sin: c then s). */
+static void rotate(const float *x, const float *cos_sin, int64_t nh, int64_t d, float *out) {
+    const int64_t h = d / 2;
+    for (int64_t head = 0; head < nh; head++, x += d, out += d)
+        for (int64_t j = 0; j < h; j += 8) {
+            const __m256 c = _mm256_loadu_ps(cos_sin + j), s = _mm256_loadu_ps(cos_sin + h + j);
+            const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + h + j);
+            _mm256_storeu_ps(out + j, _mm256_fnmadd_ps(b, s, _mm256_mul_ps(a, c)));
+            _mm256_storeu_ps(out + h + j, _mm256_fmadd_ps(a, s, _mm256_mul_ps(b, c)));
+        }
+}
+
+static inline float dot(const float *a, const float *b, int64_t d) {
+    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(a), _mm256_loadu_ps(b));
+    for (int64_t i = 8; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    return hsum8(acc);
+}
+
+/* One task: KV head kv, positions [lo, hi). part: per query head of the group, its maximum,
+ * its sum of exponentials, then d weighted values. */
+static void attend_chunk(const float *q, const float *k_cache, const float *v_cache, const int32_t *pages,
+                         int64_t page_size, int64_t hkv, int64_t group, int64_t d, int64_t kv, int64_t lo,
+                         int64_t hi, float scale, float *part) {
+    float scores[MAX_GROUP][CHUNK] __attribute__((aligned(32)));
+    const int64_t n = hi - lo, stride = 2 + d;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = lo + i, row = (int64_t)pages[pos / page_size] * page_size + pos % page_size;
+        const float *kp = k_cache + (row * hkv + kv) * d;
+        for (int64_t g = 0; g < group; g++) scores[g][i] = dot(q + (kv * group + g) * d, kp, d) * scale;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *s = scores[g], *p = part + g * stride;
+        float m = s[0];
+        for (int64_t i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
+        __m256 sum = _mm256_setzero_ps();
+        const __m256 mv = _mm256_set1_ps(m);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+            _mm256_storeu_ps(s + i, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        float total = hsum8(sum);
+        for (; i < n; i++) {
+            s[i] = exp_neg1(s[i] - m);
+            total += s[i];
+        }
+        p[0] = m;
+        p[1] = total;
+        for (int64_t j = 0; j < d; j++) p[2 + j] = 0.0f;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t pos = lo + i, row = (int64_t)pages[pos / page_size] * page_size + pos % page_size;
+        const float *vp = v_cache + (row * hkv + kv) * d;
+        for (int64_t g = 0; g < group; g++) {
+            float *acc = part + g * stride + 2;
+            const __m256 w = _mm256_set1_ps(scores[g][i]);
+            for (int64_t j = 0; j < d; j += 8)
+                _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + j), _mm256_loadu_ps(acc + j)));
+        }
+    }
+}
+
+static __thread float *scratch;
+static __thread int64_t scratch_floats;
+
+/* qkv: the new token's [hq * d | hkv * d | hkv * d] projections (unrotated); cos_sin: its
+ * position's d values; k_cache / v_cache: [rows, hkv, d] of this layer; pages: the sequence's
+ * page ids (page_size rows each); slot: the cache row of the new token; seq_len: positions to
+ * attend (the new one included); out: [hq * d]. Returns 0, or -1 for shapes it does not take
+ * (d % 16, d > MAX_DIM, hq / hkv > MAX_GROUP) or no memory (nothing written). */
+int attend_decode(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *cos_sin, float *k_cache,
+                  float *v_cache, const int32_t *pages, int64_t page_size, int64_t slot, int64_t seq_len,
+                  float scale, float *out) {
+    const int64_t group = hq / hkv, chunks = (seq_len + CHUNK - 1) / CHUNK, tasks = hkv * chunks;
+    const int64_t stride = 2 + d, part_floats = tasks * group * stride;
+    if (d % 16 || d > MAX_DIM || group > MAX_GROUP || group * hkv != hq || seq_len < 1) return -1;
+    if (hq * d + part_floats > scratch_floats) {
+        free(scratch);
+        scratch = (float *)malloc((size_t)(hq * d + part_floats) * sizeof(float));
+        scratch_floats = scratch ? hq * d + part_floats : 0;
+        if (!scratch) return -1;
+    }
+    float *q = scratch, *parts = scratch + hq * d;
+    rotate(qkv, cos_sin, hq, d, q);
+    rotate(qkv + hq * d, cos_sin, hkv, d, k_cache + slot * hkv * d);
+    for (int64_t j = 0; j < hkv * d; j++) v_cache[slot * hkv * d + j] = qkv[(hq + hkv) * d + j];
+    /* A team only when there is enough work to pay for its fork and join. */
+#pragma omp parallel if (tasks > 1 && seq_len * hq * d >= (1 << 16))
+    {
+        const int64_t parts_n = omp_get_num_threads(), me = omp_get_thread_num();
+        for (int64_t t = me; t < tasks; t += parts_n) {
+            const int64_t kv = t / chunks, c = t % chunks;
+            const int64_t lo = c * CHUNK, hi = lo + CHUNK < seq_len ? lo + CHUNK : seq_len;
+            attend_chunk(q, k_cache, v_cache, pages, page_size, hkv, group, d, kv, lo, hi, scale,
+                         parts + t * group * stride);
+        }
+    }
+    for (int64_t kv = 0; kv < hkv; kv++)
+        for (int64_t g = 0; g < group; g++) {
+            float m = -3.0e38f, total = 0.0f;
+            for (int64_t c = 0; c < chunks; c++) {
+                const float pm = parts[((kv * chunks + c) * group + g) * stride];
+                m = pm > m ? pm : m;
+            }
+            float *o = out + (kv * group + g) * d;
+            for (int64_t j = 0; j < d; j++) o[j] = 0.0f;
+            for (int64_t c = 0; c < chunks; c++) {
+                const float *p = parts + ((kv * chunks + c) * group + g) * stride;
+                const float w = exp_neg1(p[0] - m);
+                total += w * p[1];
+                for (int64_t j = 0; j < d; j++) o[j] += w * p[2 + j];
+            }
+            const float inv = 1.0f / total;
+            for (int64_t j = 0; j < d; j++) o[j] *= inv;
+        }
+    return 0;
+}

@@ -1,0 +1,72 @@
+"""One sequence's decode-step attention on the CPU in one C call (decode_attention_cpu.c).
+
+Why: in the one-sequence decode plan (model/cpu_decode_layer.py) the torch path takes ~8 ops a
+layer around attention (the rotation as a matmul, two index_copy_ into the cache, strided views
+or a page gather, SDPA, a copy out), ~2.3 ms of a SmolLM2 token at 2 threads on an AVX2 EPYC
+(torch profiler: SDPA alone 33-42 us a call for a few dozen positions), more than the 4-bit
+matmuls of the same layers took after kernels/q4_native.py. This does it in one call: rotate q
+and k (rotate-half RoPE from the position's cos | sin row), store k and v at the new token's
+row, and attend over the sequence's pages, the query heads of a KV head reading each key and
+value row once; positions in chunks of 256 on torch's OpenMP team when there is enough work,
+merged by their maxima. fp32 throughout; the exponential is a polynomial (~1e-7 relative), so
+the result is the torch path's up to fp32 rounding: tests/engine/test_decode_attention_native.py
+bounds it (1e-5) against rotary + SDPA on random pages.
+
+Available where q4_native builds (the same CPU flags and compiler); head dims that are multiples
+of 16 up to 256, up to 16 query heads a KV head. Otherwise `available()` is False and the plan
+keeps its torch ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from homelab_llm.engine.kernels import native_build, q4_native
+
+SOURCE = Path(__file__).with_name("decode_attention_cpu.c")
+MAX_GROUP, MAX_DIM = 16, 256
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> ctypes.CDLL | None:
+    if not q4_native.cpu_supports():
+        return None
+    lib = native_build.load(SOURCE, q4_native.FLAGS)
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.attend_decode.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_float, ptr]
+    lib.attend_decode.restype = ctypes.c_int
+    return lib
+
+
+def available(q_heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the call runs here for this shape (and HOMELAB_LLM_CPU_NATIVE is not 0)."""
+    return (head_dim % 16 == 0 and head_dim <= MAX_DIM and q_heads % kv_heads == 0
+            and q_heads // kv_heads <= MAX_GROUP and q4_native.available() and library() is not None)
+
+
+class DecodeAttention:
+    """Bound to one model's head counts; call per layer and step (see attend)."""
+
+    __slots__ = ("fn", "hq", "hkv", "d", "scale")
+
+    def __init__(self, q_heads: int, kv_heads: int, head_dim: int, scale: float):
+        self.fn = library().attend_decode
+        self.hq, self.hkv, self.d, self.scale = q_heads, kv_heads, head_dim, scale
+
+    def __call__(self, qkv: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, pages: torch.Tensor, slot: int, seq_len: int,
+                 out: torch.Tensor) -> None:
+        """qkv [1, (hq + 2 hkv) d] fp32 (unrotated), cos_sin [d] fp32 (the position's row),
+        k_cache / v_cache [pages, page_size, hkv, d] fp32 contiguous, pages int32 (the
+        sequence's page ids, contiguous), slot: the new token's cache row, seq_len: positions
+        including it, out [1, hq d] fp32. The caller checks dtypes and layouts once (the plan)."""
+        if self.fn(qkv.data_ptr(), self.hq, self.hkv, self.d, cos_sin.data_ptr(), k_cache.data_ptr(),
+                   v_cache.data_ptr(), pages.data_ptr(), k_cache.shape[1], slot, seq_len, self.scale,
+                   out.data_ptr()):
+            raise MemoryError("native decode attention: no memory for its scratch")
