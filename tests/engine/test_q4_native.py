@@ -91,6 +91,28 @@ def test_rms_norm_inside_the_call(bits):
 
 
 @needs_native
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gated_activation_inside_the_call(bits):
+    """swiglu=: x rows hold gate then up and the product takes silu(gate) * up (gates up to
+    +-120: no overflow, silu(-120) ~ 0); within the matmul bound of the exact product; refused
+    together with a norm."""
+    n, k = 48, 96
+    w, dense = (_q4 if bits == 4 else _q8)(n, k, seed=10 + bits)
+    g = torch.Generator().manual_seed(bits)
+    gate, up = torch.randn(2, k, generator=g) * 3, torch.randn(2, k, generator=g)
+    gate[0, :4] = torch.tensor([120.0, -120.0, 0.0, -0.0])
+    out = torch.empty(2, n)
+    q4_native.matmul_into(torch.cat([gate, up], 1), w, out, swiglu=True)
+    assert torch.isfinite(out).all()
+    assert _rel(out, (torch.nn.functional.silu(gate) * up) @ dense.t()) < 1.5e-2
+    one = torch.zeros(1, n)
+    q4_native.NativeLinear(w)(torch.cat([gate, up], 1)[:1], one, False, None, True)
+    assert torch.allclose(one, out[:1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="not with swiglu"):
+        q4_native.matmul_into(torch.cat([gate, up], 1), w, out, norm=torch.ones(k), swiglu=True)
+
+
+@needs_native
 def test_activation_blocks_round_to_their_int8_grid():
     """An identity 8-bit weight (codes 1, scale 1) returns the quantized activations themselves:
     per block of 32, d = absmax / 127 and d * round(x / d); an all-zero block stays zero."""

@@ -35,7 +35,7 @@ MAX_GROUP, MAX_DIM = 16, 256
 def library() -> ctypes.CDLL | None:
     if not q4_native.cpu_supports():
         return None
-    lib = native_build.load(SOURCE, q4_native.FLAGS)
+    lib = native_build.load(SOURCE, q4_native.FLAGS, q4_native.HEADERS)
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p

@@ -3,7 +3,7 @@
 The library lands in the user's cache (platformdirs; HOMELAB_LLM_NATIVE_CACHE overrides), named
 by a hash of the source, the flags and the compiler's version, so an edited source or another
 compiler builds anew and processes that start together (tensor-parallel ranks, test workers)
-never load a half-written file: each compiles to its own temporary name and renames it into
+never load a half-written file (the headers a source includes are hashed with it): each compiles to its own temporary name and renames it into
 place. A C compiler is optional: without one (or when it fails) `load` returns None with the
 reason in `last_error`, and the callers keep their torch paths.
 
@@ -57,21 +57,22 @@ def last_error(source: Path) -> str | None:
     return _ERRORS.get(str(source))
 
 
-def load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+def load(source: Path, flags: tuple[str, ...], headers: tuple[Path, ...] = ()) -> ctypes.CDLL | None:
     """The library built from `source` with `flags` (built on first use, then cached on disk and
-    in this process), or None when it cannot be built here (see last_error)."""
+    in this process), or None when it cannot be built here (see last_error). headers: the files
+    it includes, hashed into its name with it."""
     key = (str(source), flags)
     if key not in _LOADED:
-        _LOADED[key] = _build_and_load(source, flags)
+        _LOADED[key] = _build_and_load(source, flags, headers)
     return _LOADED[key]
 
 
-def _build_and_load(source: Path, flags: tuple[str, ...]) -> ctypes.CDLL | None:
+def _build_and_load(source: Path, flags: tuple[str, ...], headers: tuple[Path, ...]) -> ctypes.CDLL | None:
     cc = compiler()
     if cc is None:
         _ERRORS[str(source)] = "no C compiler (cc, gcc or clang) on PATH"
         return None
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in headers)
     digest = hashlib.sha256(text + repr(flags).encode() + _version(cc).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{digest}.so"
     if not target.exists():

@@ -19,19 +19,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "cpu_simd.h"
+
 #define QK 32
 #define GROUP 8
 #define TILE 4
 
 /* One activation group: GROUP blocks' scales and sums (zero past the row's last block), codes. */
 typedef struct { float d[GROUP], s[GROUP]; int8_t qs[GROUP * QK]; } act_group;
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* KEEP[r]: all ones in lanes below r, zero above. */
 static const int32_t KEEP[GROUP][8] = {
@@ -194,7 +189,7 @@ static inline __attribute__((always_inline)) void row_tile(int bits, const uint8
 }
 
 /* The activation scratch of the calling thread, grown on demand: quantized groups, and one
- * normalized row of floats. */
+ * row of floats (normalized, or the gated activation). */
 static __thread act_group *scratch;
 static __thread int64_t scratch_groups;
 static __thread float *normed;
@@ -216,6 +211,14 @@ static void rms_norm_row(const float *x, const float *w, float eps, int64_t k, f
     for (; i < k; i++) out[i] = x[i] * _mm256_cvtss_f32(scale) * w[i];
 }
 
+/* out = silu(g) * u over k floats: a gated MLP's activation. */
+static void swiglu_row(const float *g, const float *u, int64_t k, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    for (; i < k; i++) out[i] = _mm256_cvtss_f32(silu8(_mm256_set1_ps(g[i]))) * u[i];
+}
+
 /* The first and one-past-last output row of this thread: 8-row aligned, even shares. */
 static inline void share(int64_t n, int64_t *lo, int64_t *hi) {
     const int64_t parts = omp_get_num_threads(), me = omp_get_thread_num();
@@ -227,19 +230,21 @@ static inline void share(int64_t n, int64_t *lo, int64_t *hi) {
 /* y[r, j] (+)= sum_i x[r, i] * W[j, i] for r < m, j < n; x rows ldx floats apart, y rows ldy.
  * w: n rows of k / 32 blocks of `bits` (4 or 8) bits. accumulate: add to y instead of setting
  * it. norm_w: when not NULL, each x row is RMS-normalized first (weights norm_w [k], eps).
- * Returns 0, or -1 when the scratch could not be allocated or bits is neither (y untouched). */
+ * swiglu: each x row holds 2k floats, gate then up, and the product takes silu(gate) * up.
+ * Returns 0, or -1 when the scratch could not be allocated, bits is neither 4 nor 8, or both
+ * norm_w and swiglu are given (y untouched). */
 int q_matmul(int bits, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
-             float *y, int64_t ldy, int accumulate, const float *norm_w, float eps) {
+             float *y, int64_t ldy, int accumulate, const float *norm_w, float eps, int swiglu) {
     const int64_t nb = k / QK, ga = (nb + GROUP - 1) / GROUP;
     const int64_t row_bytes = nb * (bits == 4 ? 20 : 34);
-    if (bits != 4 && bits != 8) return -1;
+    if ((bits != 4 && bits != 8) || (norm_w && swiglu)) return -1;
     if (m * ga > scratch_groups) {
         free(scratch);
         scratch = (act_group *)malloc((size_t)(m * ga) * sizeof(act_group));
         scratch_groups = scratch ? m * ga : 0;
         if (!scratch) return -1;
     }
-    if (norm_w && k > normed_floats) {
+    if ((norm_w || swiglu) && k > normed_floats) {
         free(normed);
         normed = (float *)malloc((size_t)k * sizeof(float));
         normed_floats = normed ? k : 0;
@@ -249,6 +254,9 @@ int q_matmul(int bits, const uint8_t *w, int64_t n, int64_t k, const float *x, i
         const float *row = x + r * ldx;
         if (norm_w) {
             rms_norm_row(row, norm_w, eps, k, normed);
+            row = normed;
+        } else if (swiglu) {
+            swiglu_row(row, row + k, k, normed);
             row = normed;
         }
         quantize_row(row, k, scratch + r * ga, bits == 4);

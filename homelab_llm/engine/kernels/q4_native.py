@@ -35,6 +35,7 @@ import torch
 from homelab_llm.engine.kernels import native_build
 
 SOURCE = Path(__file__).with_name("q4_cpu.c")
+HEADERS = (Path(__file__).with_name("cpu_simd.h"),)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp")
 QK = 32
 GROUP = 8  # blocks whose scales sit together (q4_cpu.c)
@@ -62,12 +63,12 @@ def library() -> ctypes.CDLL | None:
     """The loaded kernel library, or None (not this CPU, no compiler, or the build failed)."""
     if not cpu_supports():
         return None
-    lib = native_build.load(SOURCE, FLAGS)
+    lib = native_build.load(SOURCE, FLAGS, HEADERS)
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.q_matmul.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int, ptr,
-                             ctypes.c_float]
+                             ctypes.c_float, ctypes.c_int]
     lib.q_matmul.restype = ctypes.c_int
     lib.layout.argtypes, lib.layout.restype = [ctypes.c_int], i64
     if (lib.layout(0), lib.layout(1), lib.layout(2)) != (QK, GROUP, 8 * GROUP + QK * GROUP):
@@ -149,19 +150,20 @@ def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> NativeWeight:
 
 
 def matmul_into(x: torch.Tensor, w: NativeWeight, out: torch.Tensor, accumulate: bool = False,
-                norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+                norm: torch.Tensor | None = None, eps: float = 0.0, swiglu: bool = False) -> torch.Tensor:
     """out [M, N] = (or +=, accumulate) x [M, K] @ W^T; x and out fp32 with unit inner stride.
-    norm: an fp32 [K] RMSNorm weight: each row of x is normalized (x / rms(x) * norm, eps) first."""
+    norm: an fp32 [K] RMSNorm weight: each row of x is normalized (x / rms(x) * norm, eps) first.
+    swiglu: x is [M, 2K], gate then up, and the product takes silu(gate) * up (not with norm)."""
+    k = w.in_features * (2 if swiglu else 1)
     if x.dtype != torch.float32 or out.dtype != torch.float32 or x.stride(-1) != 1 or out.stride(-1) != 1 \
-            or x.shape[1] != w.in_features or out.shape != (x.shape[0], w.out_features) \
-            or (norm is not None and (norm.dtype != torch.float32 or norm.shape != (w.in_features,)
-                                      or not norm.is_contiguous())):
+            or x.shape[1] != k or out.shape != (x.shape[0], w.out_features) or (norm is not None and (
+                swiglu or norm.dtype != torch.float32 or norm.shape != (w.in_features,) or not norm.is_contiguous())):
         raise ValueError(f"native matmul: x {tuple(x.shape)} {x.dtype}, out {tuple(out.shape)} {out.dtype} "
                          f"for a {w.out_features}x{w.in_features} weight (fp32, unit inner stride; "
-                         f"a norm weight: fp32 [K])")
+                         f"a norm weight: fp32 [K], not with swiglu)")
     if library().q_matmul(w.bits, w.blocks.data_ptr(), w.out_features, w.in_features, x.data_ptr(),
                           x.shape[0], x.stride(0), out.data_ptr(), out.stride(0), int(accumulate),
-                          None if norm is None else norm.data_ptr(), eps) != 0:
+                          None if norm is None else norm.data_ptr(), eps, int(swiglu)) != 0:
         raise MemoryError("native matmul: no memory for the activation scratch")
     return out
 
@@ -182,7 +184,8 @@ class NativeLinear:
     """One weight bound for the one-row decode loop (model/cpu_decode_layer.py): calling it with
     x [1, K] and out [1, N] (fp32, unit inner stride) sets or adds x @ W^T into out, with the
     pointer and sizes looked up once; with norm (an fp32 [K] RMSNorm weight, eps given here),
-    x is normalized first, inside the same call."""
+    x is normalized first, inside the same call; with swiglu, x [1, 2K] holds gate then up and
+    the product takes silu(gate) * up."""
 
     __slots__ = ("weight", "fn", "bits", "ptr", "n", "k", "eps")
 
@@ -192,7 +195,7 @@ class NativeLinear:
         self.ptr, self.n, self.k = weight.blocks.data_ptr(), weight.out_features, weight.in_features
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False,
-                 norm: torch.Tensor | None = None) -> None:
+                 norm: torch.Tensor | None = None, swiglu: bool = False) -> None:
         if self.fn(self.bits, self.ptr, self.n, self.k, x.data_ptr(), 1, x.stride(0), out.data_ptr(),
-                   out.stride(0), accumulate, None if norm is None else norm.data_ptr(), self.eps):
+                   out.stride(0), accumulate, None if norm is None else norm.data_ptr(), self.eps, swiglu):
             raise MemoryError("native matmul: no memory for the activation scratch")

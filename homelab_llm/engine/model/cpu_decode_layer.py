@@ -4,9 +4,9 @@ A batch-1 decode step of a small model on the CPU spends about as long dispatchi
 as in its matmuls (SmolLM2-135M at 2 threads: ~3.7 ms of small ops against ~5 ms of int4 matmuls
 per token with ~25 ops a layer, F.rms_norm alone being 7 aten ops). Each small op costs 1-3 us
 however little it computes, mixed-dtype ops and out= variants of some ops about twice a plain
-one, so this path runs a layer in few calls: with our C kernels, 6 (qkv with its norm,
-attention, o, gate_up with its norm, silu, mul, down: SmolLM2 decode at 2 threads on an AVX2
-EPYC 135.7 tok/s against llama.cpp's 125.6, docs/BENCHMARKS.md 53); with torch's, ~21:
+one, so this path runs a layer in few calls: with our C kernels, 5 (qkv with its norm,
+attention, o, gate_up with its norm, down with silu(gate) * up: SmolLM2 decode at 2 threads on
+an AVX2 EPYC 1.08x llama.cpp's, docs/BENCHMARKS.md 53); with torch's, ~21:
 - everything static is looked up once (CpuDecodePlan: the linears, norm weights, caches' views);
 - a linear is one call: our AVX2 kernel (kernels/q4_native.py) reads fp32 and writes or adds
   its fp32 result in place (o and down add straight into the residual stream), and the RMSNorm
@@ -88,20 +88,24 @@ class CpuLayerPlan:
 class Int4Linear:
     """A linear through torch's int4 kernel, called as NativeLinear is: with norm, RMSNorm is one
     dot product (its sum of squares, read back as a float) and one addcmul (x * rsqrt(mean +
-    eps) * w) into a buffer; x goes to bf16 in a buffer of its own, the result is copied or added
+    eps) * w) into a buffer; with swiglu, silu(gate) * up into a buffer; x goes to bf16 in a buffer of its own, the result is copied or added
     into out."""
 
-    __slots__ = ("args", "x", "normed", "eps", "inv_k", "zero")
+    __slots__ = ("args", "x", "normed", "eps", "inv_k", "zero", "act")
 
     def __init__(self, pack, eps: float):
         self.args = (pack.packed, pack.group_size, pack.scales_and_zeros)
         self.x = torch.empty(1, pack.in_features, dtype=torch.bfloat16)
         self.normed = torch.empty(1, pack.in_features)
         self.eps, self.inv_k, self.zero = eps, 1.0 / pack.in_features, torch.zeros(())
+        self.act = torch.empty(1, pack.in_features)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False,
-                 norm: torch.Tensor | None = None) -> None:
-        if norm is not None:
+                 norm: torch.Tensor | None = None, swiglu: bool = False) -> None:
+        if swiglu:  # x holds gate then up
+            k = self.act.shape[1]
+            x = torch.mul(F.silu(x[:, :k]), x[:, k:], out=self.act)
+        elif norm is not None:
             flat = x[0]
             torch.addcmul(self.zero, x, norm, out=self.normed,
                           value=1.0 / math.sqrt(torch.dot(flat, flat).item() * self.inv_k + self.eps))
@@ -144,7 +148,7 @@ class CpuDecodePlan:
             first.num_heads, first.num_kv_heads, first.head_dim, first.attn.scale) if native else None
         d = self.head_dim
         # Per-step buffers (one layer at a time uses them): fp32 q|k|v and gate|up, their views,
-        # attention's output and the MLP's activation.
+        # attention's output.
         self.qkv_buf = torch.empty(1, self.q_size + 2 * self.kv_size)
         self.qk_in = self.qkv_buf[0, : self.q_size + self.kv_size].view(-1, d)
         self.v_new = self.qkv_buf[:, self.q_size + self.kv_size:].view(1, self.kv_heads, d)
@@ -153,11 +157,9 @@ class CpuDecodePlan:
             1, self.kv_heads, self.q_heads // self.kv_heads, d)
         self.k_new = self.qk_rot[self.q_heads:].view(1, self.kv_heads, d)
         self.gu_buf = torch.empty(1, 2 * self.inter)
-        self.gate, self.up = self.gu_buf[:, : self.inter], self.gu_buf[:, self.inter:]
         self.attn = torch.empty(1, self.q_size)
         # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the same memory.
         self.attn_heads = self.attn.view(self.q_grouped.shape)
-        self.act = torch.empty(1, self.inter)
         self.rotation = torch.zeros(d, d)
 
     @staticmethod
@@ -275,15 +277,12 @@ class CpuDecodePlan:
         return attend
 
     def _layers(self, residual: torch.Tensor, attend: Callable[[CpuLayerPlan], None]) -> torch.Tensor:
-        silu, mul = F.silu, torch.mul
-        qkv_buf, gu_buf, gate, up, act, attn = self.qkv_buf, self.gu_buf, self.gate, self.up, \
-            self.act, self.attn
+        qkv_buf, gu_buf, attn = self.qkv_buf, self.gu_buf, self.attn
         residual = residual.clone()
         for lp in self.layers:
             lp.qkv(residual, qkv_buf, False, lp.norm1)  # RMSNorm inside the linear's call
             attend(lp)
             lp.o(attn, residual, True)
             lp.gate_up(residual, gu_buf, False, lp.norm2)
-            mul(silu(gate), up, out=act)
-            lp.down(act, residual, True)
+            lp.down(gu_buf, residual, True, None, True)  # silu(gate) * up inside the call
         return residual
