@@ -2,8 +2,9 @@
 rotate-half RoPE, the cache store at the new token's row, and SDPA over the sequence's pages with
 GQA. fp32 throughout, the exponential a polynomial: bound 1e-5 relative (Frobenius) on the
 output (observed ~1e-7), the stored k within 1e-6 of the rotated one (FMA rounding), v exact.
-Sequences of 1 to 600 positions cover one chunk, several chunks merged by their maxima, and the
-threaded split; pages are shuffled, so the page table is read, not assumed consecutive.
+Head shapes (6 q / 2 kv x 64, 4 / 4 x 128, 16 / 1 x 32) and sequences of 1 to 600 positions
+cover one chunk, several chunks merged by their maxima, and the threaded split; pages are
+shuffled, so the page table is read, not assumed consecutive.
 """
 
 from __future__ import annotations
@@ -14,19 +15,22 @@ import torch.nn.functional as F
 
 from homelab_llm.engine.kernels import decode_attention_native as native
 
-HQ, HKV, D, PAGE = 6, 2, 64, 4
+PAGE = 4
 
-pytestmark = pytest.mark.skipif(not native.available(HQ, HKV, D), reason="the C attention does not run here")
+pytestmark = pytest.mark.skipif(not native.available(6, 2, 64), reason="the C attention does not run here")
 
 
 def _rotate(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     cos, sin = cos_sin.chunk(2)
-    a, b = x[..., : D // 2], x[..., D // 2:]
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
     return torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
 
 
+@pytest.mark.parametrize("heads", [(6, 2, 64), (4, 4, 128), (16, 1, 32)])
 @pytest.mark.parametrize("seq_len", [1, 7, 300, 600])
-def test_matches_rotary_and_sdpa_over_shuffled_pages(seq_len):
+def test_matches_rotary_and_sdpa_over_shuffled_pages(seq_len, heads):
+    HQ, HKV, D = heads  # noqa: N806 - the shapes' usual names
     g = torch.Generator().manual_seed(seq_len)
     n_pages = (seq_len + PAGE - 1) // PAGE + 3
     k_cache = torch.randn(n_pages, PAGE, HKV, D, generator=g)
