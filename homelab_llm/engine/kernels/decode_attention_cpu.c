@@ -38,26 +38,48 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return hsum8(acc);
 }
 
+/* The 8 lanes' sums of a[0..7], as one vector (lane i: the sum of a[i]). */
+static inline __m256 sums8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
 /* One task: KV head kv, positions [lo, hi). part: per query head of the group, its maximum,
- * its sum of exponentials, then d weighted values. */
+ * its sum of exponentials, then d weighted values. Scores take 8 positions at a time (8 dot
+ * products in flight, summed across lanes together); the weighted values keep 64 of a head's
+ * outputs in registers over the chunk's positions. */
 static void attend_chunk(const float *q, const float *k_cache, const float *v_cache, const int32_t *pages,
                          int64_t page_size, int64_t hkv, int64_t group, int64_t d, int64_t kv, int64_t lo,
                          int64_t hi, float scale, float *part) {
     float scores[MAX_GROUP][CHUNK] __attribute__((aligned(32)));
+    const float *keys[CHUNK], *values[CHUNK];
     const int64_t n = hi - lo, stride = 2 + d;
     for (int64_t i = 0; i < n; i++) {
         const int64_t pos = lo + i, row = (int64_t)pages[pos / page_size] * page_size + pos % page_size;
-        const float *kp = k_cache + (row * hkv + kv) * d;
-        for (int64_t g = 0; g < group; g++) scores[g][i] = dot(q + (kv * group + g) * d, kp, d) * scale;
+        keys[i] = k_cache + (row * hkv + kv) * d;
+        values[i] = v_cache + (row * hkv + kv) * d;
     }
+    const __m256 sv = _mm256_set1_ps(scale);
     for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + (kv * group + g) * d;
         float *s = scores[g], *p = part + g * stride;
-        float m = s[0];
-        for (int64_t i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
-        __m256 sum = _mm256_setzero_ps();
-        const __m256 mv = _mm256_set1_ps(m);
         int64_t i = 0;
         for (; i + 8 <= n; i += 8) {
+            __m256 acc[8];
+            for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < d; j += 8) {
+                const __m256 qj = _mm256_loadu_ps(qg + j);
+                for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qj, _mm256_loadu_ps(keys[i + r] + j), acc[r]);
+            }
+            _mm256_storeu_ps(s + i, _mm256_mul_ps(sums8(acc), sv));
+        }
+        for (; i < n; i++) s[i] = dot(qg, keys[i], d) * scale;
+        float m = s[0];
+        for (i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
+        __m256 sum = _mm256_setzero_ps();
+        const __m256 mv = _mm256_set1_ps(m);
+        for (i = 0; i + 8 <= n; i += 8) {
             const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
             _mm256_storeu_ps(s + i, e);
             sum = _mm256_add_ps(sum, e);
@@ -69,16 +91,17 @@ static void attend_chunk(const float *q, const float *k_cache, const float *v_ca
         }
         p[0] = m;
         p[1] = total;
-        for (int64_t j = 0; j < d; j++) p[2 + j] = 0.0f;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t pos = lo + i, row = (int64_t)pages[pos / page_size] * page_size + pos % page_size;
-        const float *vp = v_cache + (row * hkv + kv) * d;
-        for (int64_t g = 0; g < group; g++) {
-            float *acc = part + g * stride + 2;
-            const __m256 w = _mm256_set1_ps(scores[g][i]);
-            for (int64_t j = 0; j < d; j += 8)
-                _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + j), _mm256_loadu_ps(acc + j)));
+        for (int64_t j0 = 0; j0 < d; j0 += 64) {
+            const int64_t width = d - j0 < 64 ? d - j0 : 64;
+            __m256 acc[8];
+            for (int b = 0; b < 8; b++) acc[b] = _mm256_setzero_ps();
+            for (i = 0; i < n; i++) {
+                const __m256 w = _mm256_set1_ps(s[i]);
+                const float *vp = values[i] + j0;
+                for (int b = 0; b < 8 && 8 * b < width; b++)
+                    acc[b] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp + 8 * b), acc[b]);
+            }
+            for (int b = 0; b < 8 && 8 * b < width; b++) _mm256_storeu_ps(p + 2 + j0 + 8 * b, acc[b]);
         }
     }
 }
