@@ -4,8 +4,9 @@ The library lands in the user's cache (platformdirs; HOMELAB_LLM_NATIVE_CACHE ov
 by a hash of the source (and the headers it includes), the flags and the compiler's version,
 so an edited source or another compiler builds anew and processes that start together
 (tensor-parallel ranks, test workers) never load a half-written file: each compiles to its own
-temporary name and renames it into place. A C compiler is optional: without one (or when it fails) `load` returns None with the
-reason in `last_error`, and the callers keep their torch paths.
+temporary name and renames it into place. A C compiler is optional: without one (or when it
+fails) `load` returns None with the reason in `last_error`, and the callers keep their torch
+paths.
 
 OpenMP: libraries built with -fopenmp need libgomp.so.1, which torch has already loaded from its
 own lib folder (torch's CPU wheel); the dynamic loader reuses that copy for the same soname, so

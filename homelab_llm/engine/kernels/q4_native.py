@@ -79,14 +79,17 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def _switched_off() -> bool:
+    return os.environ.get("HOMELAB_LLM_CPU_NATIVE", "1") in ("0", "off", "false")
+
+
 def available() -> bool:
     """Whether the native kernels run here and are wanted (HOMELAB_LLM_CPU_NATIVE=0: not)."""
-    return os.environ.get("HOMELAB_LLM_CPU_NATIVE", "1") not in ("0", "off", "false") \
-        and library() is not None
+    return not _switched_off() and library() is not None
 
 
 def unavailable_reason() -> str | None:
-    if os.environ.get("HOMELAB_LLM_CPU_NATIVE", "1") in ("0", "off", "false"):
+    if _switched_off():
         return "HOMELAB_LLM_CPU_NATIVE=0"
     if not cpu_supports():
         return "not an x86-64 CPU with AVX2, FMA and F16C"

@@ -159,19 +159,17 @@ def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
     NATIVE_ROWS on, and only where the dense copy is kept)."""
     pack = w.cpu_pack
     many = dense_rows()
+    rows = x.numel() // max(x.shape[-1], 1)
     if pack.native is not None:
-        rows = x.numel() // max(x.shape[-1], 1)
         if rows < NATIVE_ROWS or pack.dense is None:
             return q4_native.matmul(x, pack.native)
-    elif x.dim() == 2 and pack.perm is None and 0 < x.shape[0] < many \
-            and x.shape[1] == pack.in_features:
+    elif x.dim() == 2 and pack.perm is None and 0 < rows < many and x.shape[1] == pack.in_features:
         # Decode's shape, once per linear per token: the fewest ops (no reshapes, no checks that
         # cannot fail here); ~1 us of dispatch each is a visible share of a 135M model's step.
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16).contiguous(), pack.packed, pack.group_size, pack.scales_and_zeros)
         return out.to(x.dtype)
-    rows = x.numel() // max(x.shape[-1], 1)
-    if rows < many and pack.native is None:
+    elif rows < many:
         return w4a16_matmul_cpu(x, pack)
     x2 = x.reshape(-1, w.in_features)
     if w.perm is not None:

@@ -88,28 +88,26 @@ class CpuLayerPlan:
 class Int4Linear:
     """A linear through torch's int4 kernel, called as NativeLinear is: with norm, RMSNorm is one
     dot product (its sum of squares, read back as a float) and one addcmul (x * rsqrt(mean +
-    eps) * w) into a buffer; with swiglu, silu(gate) * up into a buffer; x goes to bf16 in a buffer of its own, the result is copied or added
-    into out."""
+    eps) * w), with swiglu silu(gate) * up, into a staging buffer; x goes to bf16 in a buffer of
+    its own, the result is copied or added into out."""
 
-    __slots__ = ("args", "x", "normed", "eps", "inv_k", "zero", "act")
+    __slots__ = ("args", "x", "staged", "eps", "inv_k", "zero")
 
     def __init__(self, pack, eps: float):
         self.args = (pack.packed, pack.group_size, pack.scales_and_zeros)
         self.x = torch.empty(1, pack.in_features, dtype=torch.bfloat16)
-        self.normed = torch.empty(1, pack.in_features)
+        self.staged = torch.empty(1, pack.in_features)  # the normed row or the gated activation
         self.eps, self.inv_k, self.zero = eps, 1.0 / pack.in_features, torch.zeros(())
-        self.act = torch.empty(1, pack.in_features)
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False,
                  norm: torch.Tensor | None = None, swiglu: bool = False) -> None:
         if swiglu:  # x holds gate then up
-            k = self.act.shape[1]
-            x = torch.mul(F.silu(x[:, :k]), x[:, k:], out=self.act)
+            k = self.staged.shape[1]
+            x = torch.mul(F.silu(x[:, :k]), x[:, k:], out=self.staged)
         elif norm is not None:
             flat = x[0]
-            torch.addcmul(self.zero, x, norm, out=self.normed,
-                          value=1.0 / math.sqrt(torch.dot(flat, flat).item() * self.inv_k + self.eps))
-            x = self.normed
+            x = torch.addcmul(self.zero, x, norm, out=self.staged,
+                              value=1.0 / math.sqrt(torch.dot(flat, flat).item() * self.inv_k + self.eps))
         self.x.copy_(x)
         y = _int4_mm(self.x, *self.args)
         if accumulate:
@@ -131,10 +129,10 @@ def _linear(linear: nn.Module, eps: float) -> Callable | None:
 class CpuDecodePlan:
     """The fast decode of one LlamaModel (see the module docstring); build() says if it applies."""
 
-    def __init__(self, model: nn.Module, layers: list[CpuLayerPlan], eps: float):
+    def __init__(self, model: nn.Module, layers: list[CpuLayerPlan]):
         first = model.layers[0].self_attn
         self.anchor = first.qkv_proj.w4.cpu_pack
-        self.layers, self.eps, self.hidden = layers, eps, model.norm.weight.shape[0]
+        self.layers = layers
         self.q_heads, self.kv_heads = first.num_heads, first.num_kv_heads
         self.head_dim, self.scale = first.head_dim, first.attn.scale
         self.q_size, self.kv_size = first.q_size, first.kv_size
@@ -190,7 +188,7 @@ class CpuDecodePlan:
             if any(p is None for p in packs):
                 return None
             plans.append(CpuLayerPlan(attn, norms[0].weight, norms[1].weight, *packs))
-        return CpuDecodePlan(model, plans, eps) if plans else None
+        return CpuDecodePlan(model, plans) if plans else None
 
     def current(self, model: nn.Module) -> bool:
         """Whether the model's int4 packs are still those this plan holds."""
