@@ -66,7 +66,7 @@ def main() -> int:
     args = ap.parse_args()
     max_tokens = 48 if args.quick else args.max_tokens
     path = str(default_model_path())
-    common = dict(model=path, device="cpu", dtype="float32", max_model_len=1024,
+    common = dict(model=path, device="cpu", max_model_len=1024,
                   kv_cache_memory_bytes=64 << 20)
     spec_cfg = json.dumps({"method": "ngram", "num_speculative_tokens": args.k,
                            "prompt_lookup_max": 4, "prompt_lookup_min": 2})

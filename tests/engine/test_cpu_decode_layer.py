@@ -84,8 +84,10 @@ def test_fast_decode_matches_the_general_path(fast):
         with mock.patch.object(CpuDecodePlan, "decode", autospec=True,
                                side_effect=CpuDecodePlan.decode) as spy:
             got = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), plan, tokens)
-        assert spy.call_count == STEPS  # the prompt (7 rows) never reaches the plan
         native = isinstance(plan.layers[0].qkv, NativeLinear)
+        # The prompt's 7 rows take the plan with our attention call (any rows up to max_rows),
+        # not with torch's (one token a step).
+        assert spy.call_count == STEPS + native
         assert (plan.native_attention is not None) == native  # our attention call comes with our linears
         rel_bound, max_bound = (0.06, 0.075) if native else (0.03, 0.05)
         assert _rel(got, ref) < rel_bound
@@ -111,12 +113,46 @@ def test_rotation_matrix_is_the_rotary_layers(fast):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_steps_of_several_rows_match_the_general_path(fast):
+    """Several sequences' decode tokens, a verify-like step of 5 tokens of one sequence, and a mix
+    with a short prompt, each run through the plan and through the general path from the same
+    cache contents: the same bounds as one token's steps."""
+    plan = fast.model.cpu_decode
+    if plan.max_rows == 1:
+        pytest.skip("torch's attention path takes one sequence's one token")
+    steps = [{"a": PROMPT * 3, "b": PROMPT[:5] * 4},  # 41 rows: the general path for both runs
+             {"a": [5], "b": [6]},
+             {"a": [7, 8, 9, 10, 11]},
+             {"a": [12], "b": [13, 14, 15], "c": PROMPT},
+             {"b": [16], "c": [17]}]
+    runs = []
+    try:
+        for use in (None, plan):
+            fast.model.cpu_decode = use
+            harness = PagedHarness(fast, num_pages=32, page_size=4)
+            harness.free_pages = [3, 9, 1, 12, 5, 0, 7, 14, 2, 11, 6, 15, 4, 10, 8, 13] + list(range(31, 15, -1))
+            with mock.patch.object(CpuDecodePlan, "_layers", autospec=True,
+                                   side_effect=CpuDecodePlan._layers) as layers:
+                runs.append([harness.step(batch) for batch in steps])
+            assert layers.call_count == (0 if use is None else len(steps) - 1)
+    finally:
+        fast.model.cpu_decode = plan
+    ref, got = (torch.cat(r[1:]) for r in runs)
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert _rel(got, ref) < 0.06
+    assert float((got - ref).abs().max()) < 0.075 * float(ref.abs().max())
+    assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= got.shape[0] - 2
+
+
 def test_other_steps_take_the_general_path(fast):
+    """More rows than max_rows always; with torch's attention, also two sequences or two tokens."""
     plan = fast.model.cpu_decode
     harness = PagedHarness(fast, num_pages=16, page_size=4)
     harness.step({"a": PROMPT, "b": PROMPT[:3]})
     with mock.patch.object(CpuDecodePlan, "_layers", autospec=True) as layers:
-        harness.step({"a": [5], "b": [6]})  # two sequences
-        harness.step({"a": [5, 6]})  # two new tokens
+        harness.step({"a": list(range(5, 5 + plan.max_rows)), "b": [4]})
+        if plan.max_rows == 1:
+            harness.step({"a": [5], "b": [6]})  # two sequences
+            harness.step({"a": [5, 6]})  # two new tokens
     assert not layers.called
     assert plan.current(fast.model)

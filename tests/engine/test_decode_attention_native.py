@@ -1,10 +1,13 @@
-"""The CPU decode-step attention in one C call (kernels/decode_attention_native.py) against torch:
-rotate-half RoPE, the cache store at the new token's row, and SDPA over the sequence's pages with
-GQA. fp32 throughout, the exponential a polynomial: bound 1e-5 relative (Frobenius) on the
-output (observed ~1e-7), the stored k within 1e-6 of the rotated one (FMA rounding), v exact.
-Head shapes (6 q / 2 kv x 64, 4 / 4 x 128, 16 / 1 x 32) and sequences of 1 to 600 positions
-cover one chunk, several chunks merged by their maxima, and the threaded split; pages are
-shuffled, so the page table is read, not assumed consecutive.
+"""The CPU attention of a step's new tokens in one C call (kernels/decode_attention_native.py)
+against torch: rotate-half RoPE, the cache store at each new token's slot, and SDPA over its
+sequence's pages up to its own position, with GQA. fp32 throughout, the exponential a polynomial:
+bound 1e-5 relative (Frobenius) on the output (observed ~1e-7), the stored k within 1e-6 of the
+rotated one (FMA rounding), v exact, no other cache row written. Head shapes (6 q / 2 kv x 64,
+4 / 4 x 128, 16 / 1 x 32) and steps of one token after 0 to 599 positions (one chunk, several
+merged by their maxima, the threaded split), a verify step's 5 tokens, a 7-token prompt, three
+sequences' decode tokens and a mix of all: later rows of a sequence see its earlier ones and no
+row sees past itself. Pages are shuffled and shared by no two sequences, so each row's page table
+row is read, not assumed consecutive.
 """
 
 from __future__ import annotations
@@ -21,45 +24,92 @@ pytestmark = pytest.mark.skipif(not native.available(6, 2, 64), reason="the C at
 
 
 def _rotate(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    cos, sin = cos_sin.chunk(2)
+    cos, sin = cos_sin.chunk(2, -1)
     half = x.shape[-1] // 2
     a, b = x[..., :half], x[..., half:]
     return torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
 
 
+STEPS = {  # each sequence: (positions already cached, new tokens)
+    "first token": [(0, 1)],
+    "decode 7": [(6, 1)],
+    "decode 300": [(299, 1)],
+    "decode 600": [(599, 1)],
+    "verify 5": [(180, 5)],
+    "prompt 7": [(0, 7)],
+    "three sequences": [(10, 1), (40, 1), (300, 1)],
+    "mixed": [(100, 3), (0, 4), (520, 1)],
+}
+
+
 @pytest.mark.parametrize("heads", [(6, 2, 64), (4, 4, 128), (16, 1, 32)])
-@pytest.mark.parametrize("seq_len", [1, 7, 300, 600])
-def test_matches_rotary_and_sdpa_over_shuffled_pages(seq_len, heads):
+@pytest.mark.parametrize("step", list(STEPS))
+def test_matches_rotary_and_sdpa_over_shuffled_pages(step, heads):
     HQ, HKV, D = heads  # noqa: N806 - the shapes' usual names
-    g = torch.Generator().manual_seed(seq_len)
-    n_pages = (seq_len + PAGE - 1) // PAGE + 3
+    seqs = STEPS[step]
+    g = torch.Generator().manual_seed(len(step) * 7 + HQ)
+    need = [(old + new + PAGE - 1) // PAGE for old, new in seqs]
+    n_pages = sum(need) + 3
     k_cache = torch.randn(n_pages, PAGE, HKV, D, generator=g)
     v_cache = torch.randn(n_pages, PAGE, HKV, D, generator=g)
-    pages = torch.randperm(n_pages, generator=g)[: (seq_len + PAGE - 1) // PAGE].to(torch.int32)
-    pos = seq_len - 1
-    slot = int(pages[pos // PAGE]) * PAGE + pos % PAGE
-    qkv = torch.randn(1, (HQ + 2 * HKV) * D, generator=g) * 2
-    angles = torch.rand(D // 2, generator=g) * 6
-    cos_sin = torch.cat((angles.cos(), angles.sin()))
+    order = torch.randperm(n_pages, generator=g).to(torch.int32)
+    tables, at = [], 0
+    for n in need:
+        tables.append(order[at: at + n])
+        at += n
+    width = max(need) + 2
+    page_table = torch.zeros(len(seqs), width, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        page_table[i, : len(t)] = t
+    rows = sum(new for _, new in seqs)
+    qkv = torch.randn(rows, (HQ + 2 * HKV) * D, generator=g) * 2
+    angles = torch.rand(rows, D // 2, generator=g) * 6
+    cos_sin = torch.cat((angles.cos(), angles.sin()), -1)
     scale = D ** -0.5
-    # the reference: rotate, store, gather the sequence's rows, SDPA with each KV head repeated
-    q = _rotate(qkv[0, : HQ * D].view(HQ, D), cos_sin)
-    k_new = _rotate(qkv[0, HQ * D: (HQ + HKV) * D].view(HKV, D), cos_sin)
-    v_new = qkv[0, (HQ + HKV) * D:].view(HKV, D)
+    slots, lens, owner = [], [], []
+    for i, (old, new) in enumerate(seqs):
+        for pos in range(old, old + new):
+            slots.append(int(tables[i][pos // PAGE]) * PAGE + pos % PAGE)
+            lens.append(pos + 1)
+            owner.append(i)
+    # the reference: rotate, store every row, then each row's SDPA over its sequence's rows so far
+    q = _rotate(qkv[:, : HQ * D].view(rows, HQ, D), cos_sin.unsqueeze(1))
+    k_new = _rotate(qkv[:, HQ * D: (HQ + HKV) * D].view(rows, HKV, D), cos_sin.unsqueeze(1))
+    v_new = qkv[:, (HQ + HKV) * D:].view(rows, HKV, D)
     k_ref, v_ref = k_cache.clone().view(-1, HKV, D), v_cache.clone().view(-1, HKV, D)
-    k_ref[slot], v_ref[slot] = k_new, v_new
-    rows = (pages.long().repeat_interleave(PAGE) * PAGE + torch.arange(PAGE).repeat(len(pages)))[:seq_len]
-    keys = k_ref[rows].transpose(0, 1).repeat_interleave(HQ // HKV, dim=0)  # [HQ, S, D]
-    values = v_ref[rows].transpose(0, 1).repeat_interleave(HQ // HKV, dim=0)
-    want = F.scaled_dot_product_attention(q.unsqueeze(1), keys, values, scale=scale).reshape(1, HQ * D)
-    out = torch.full((1, HQ * D), float("nan"))
-    native.DecodeAttention(HQ, HKV, D, scale)(qkv, cos_sin, k_cache, v_cache, pages, slot, seq_len, out)
+    k_ref[slots], v_ref[slots] = k_new, v_new
+    want = torch.empty(rows, HQ * D)
+    for r in range(rows):
+        t = tables[owner[r]].long()
+        cache_rows = (t.repeat_interleave(PAGE) * PAGE + torch.arange(PAGE).repeat(len(t)))[: lens[r]]
+        keys = k_ref[cache_rows].transpose(0, 1).repeat_interleave(HQ // HKV, dim=0)  # [HQ, S, D]
+        values = v_ref[cache_rows].transpose(0, 1).repeat_interleave(HQ // HKV, dim=0)
+        want[r] = F.scaled_dot_product_attention(q[r].unsqueeze(1), keys, values, scale=scale).reshape(-1)
+    out = torch.full((rows, HQ * D), float("nan"))
+    info = native.row_info([new for _, new in seqs], [old + new for old, new in seqs], slots)
+    native.DecodeAttention(HQ, HKV, D, scale)(qkv, cos_sin, k_cache, v_cache, page_table, info, out)
     assert float((out - want).norm() / want.norm()) < 1e-5
-    assert torch.allclose(k_cache.view(-1, HKV, D)[slot], k_new, atol=1e-6, rtol=1e-6)
-    assert torch.equal(v_cache.view(-1, HKV, D)[slot], v_new)
+    assert torch.allclose(k_cache.view(-1, HKV, D)[slots], k_new, atol=1e-6, rtol=1e-6)
+    assert torch.equal(v_cache.view(-1, HKV, D)[slots], v_new)
     others = torch.ones(n_pages * PAGE, dtype=torch.bool)
-    others[slot] = False
+    others[slots] = False
     assert torch.equal(k_cache.view(-1, HKV, D)[others], k_ref[others])  # nothing else written
+    assert torch.equal(v_cache.view(-1, HKV, D)[others], v_ref[others])
+
+
+def test_row_info_counts_each_rows_positions():
+    info = native.row_info([3, 1], [10, 4], [50, 51, 52, 7])
+    assert list(info) == [0, 50, 8, 0, 51, 9, 0, 52, 10, 1, 7, 4]
+
+
+def test_a_row_without_a_slot_is_refused_before_anything_is_written():
+    k_cache, v_cache = torch.zeros(2, PAGE, 2, 64), torch.zeros(2, PAGE, 2, 64)
+    qkv, out = torch.randn(2, 10 * 64), torch.zeros(2, 6 * 64)
+    info = native.row_info([2], [2], [0, -1])
+    with pytest.raises(ValueError, match="no cache slot"):
+        native.DecodeAttention(6, 2, 64, 0.125)(qkv, torch.zeros(2, 64), k_cache, v_cache,
+                                                torch.zeros(1, 2, dtype=torch.int32), info, out)
+    assert not k_cache.any() and not v_cache.any() and not out.any()
 
 
 def test_shapes_it_does_not_take_are_declined():

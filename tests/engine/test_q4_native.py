@@ -71,6 +71,19 @@ def test_matmul_matches_the_exact_product(bits, n, k, m):
 
 @needs_native
 @pytest.mark.parametrize("bits", [4, 8])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(bits):
+    """Batch invariance, bit for bit: 7 rows in one call equal the same rows in calls of 1 to 6
+    (tiles of 1 to 7 rows), so a speculative verify step's rows reproduce one-token steps
+    and greedy output is the same with and without speculation."""
+    w, _ = (_q4 if bits == 4 else _q8)(96, 576, seed=bits)
+    x = torch.randn(7, 576, generator=torch.Generator().manual_seed(3))
+    whole = q4_native.matmul(x, w)
+    for m in range(1, 7):
+        assert torch.equal(torch.cat([q4_native.matmul(x[i: i + m], w) for i in range(0, 7, m)]), whole), m
+
+
+@needs_native
+@pytest.mark.parametrize("bits", [4, 8])
 def test_rms_norm_inside_the_call(bits):
     """norm=: each row is RMS-normalized (x / sqrt(mean(x^2) + eps) * w) before it is quantized:
     the exact product of the normalized rows, within the matmul bound; a NativeLinear does the

@@ -1,12 +1,15 @@
-/* One sequence's decode-step attention on an x86-64 CPU with AVX2 and FMA, fp32 paged cache.
+/* The attention of a step's few new tokens on an x86-64 CPU with AVX2 and FMA, fp32 paged cache.
  *
- * Built and loaded by decode_attention_native.py (its docstring: why, the bounds). One call does
- * what the torch path does in ~8 ops: rotate q and k (rotate-half RoPE, cos | sin row of the
- * position), store k and v at the new token's cache row, and attend over the sequence's
- * positions through its page table, each query head against its KV head (GQA). The positions are
- * split in chunks; a task is one KV head and one chunk (scores for the head's query heads, their
- * exponentials, sums and weighted values: two passes over the chunk), tasks run on torch's
- * OpenMP team, and the chunks' partial results are merged by their maxima (flash-decoding).
+ * Built and loaded by decode_attention_native.py (its docstring: why, the bounds). One call does,
+ * for every new token (a row: one sequence's decode token, a verify step's drafted tokens, a short
+ * prompt's tokens), what the torch path does in ~8 ops: rotate q and k (rotate-half RoPE, cos | sin
+ * row of the row's position), store k and v at the row's cache slot, then attend over the row's
+ * positions (its sequence's, up to and including its own: causal) through its sequence's page
+ * table, each query head against its KV head (GQA). All rows are stored before any attends, so a
+ * sequence's later rows see its earlier ones. Positions are split in chunks; a task is one row, one
+ * KV head and one chunk (scores for the head's query heads, their exponentials, sums and weighted
+ * values: two passes over the chunk), tasks run on torch's OpenMP team, and the chunks' partial
+ * results are merged by their maxima (flash-decoding).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -109,55 +112,79 @@ static void attend_chunk(const float *q, const float *k_cache, const float *v_ca
 static __thread float *scratch;
 static __thread int64_t scratch_floats;
 
-/* qkv: the new token's [hq * d | hkv * d | hkv * d] projections (unrotated); cos_sin: its
- * position's d values; k_cache / v_cache: [rows, hkv, d] of this layer; pages: the sequence's
- * page ids (page_size rows each); slot: the cache row of the new token; seq_len: positions to
- * attend (the new one included); out: [hq * d]. Returns 0, or -1 for shapes it does not take
- * (d % 16, d > MAX_DIM, hq / hkv > MAX_GROUP) or no memory (nothing written). */
-int attend_decode(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *cos_sin, float *k_cache,
-                  float *v_cache, const int32_t *pages, int64_t page_size, int64_t slot, int64_t seq_len,
-                  float scale, float *out) {
-    const int64_t group = hq / hkv, chunks = (seq_len + CHUNK - 1) / CHUNK, tasks = hkv * chunks;
-    const int64_t stride = 2 + d, part_floats = tasks * group * stride;
-    if (d % 16 || d > MAX_DIM || group > MAX_GROUP || group * hkv != hq || seq_len < 1) return -1;
-    if (hq * d + part_floats > scratch_floats) {
-        free(scratch);
-        scratch = (float *)malloc((size_t)(hq * d + part_floats) * sizeof(float));
-        scratch_floats = scratch ? hq * d + part_floats : 0;
-        if (!scratch) return -1;
+/* A row's chunk count. */
+static inline int64_t chunks_of(int64_t len) { return (len + CHUNK - 1) / CHUNK; }
+
+/* qkv: rows x [hq * d | hkv * d | hkv * d] projections (unrotated), row stride ldqkv; cos_sin:
+ * rows x d (each row's position's cos | sin); k_cache / v_cache: [cache rows, hkv, d] of this
+ * layer; page_table: one row of page ids per sequence (page_size cache rows each), table_stride
+ * apart; info: per row, its sequence's index in page_table, its cache slot, and the positions it
+ * attends (its own included); out: rows x hq * d, row stride ldout. Returns 0, or -1 for shapes
+ * it does not take (d % 16, d > MAX_DIM, hq / hkv > MAX_GROUP, a row with no positions or a
+ * negative slot) or -2 for no memory (nothing written either way). */
+int attend_rows(const float *qkv, int64_t ldqkv, int64_t rows, int64_t hq, int64_t hkv, int64_t d,
+                const float *cos_sin, float *k_cache, float *v_cache, const int32_t *page_table,
+                int64_t table_stride, const int64_t *info, int64_t page_size, float scale, float *out,
+                int64_t ldout) {
+    const int64_t group = hq / hkv, stride = 2 + d;
+    if (d % 16 || d > MAX_DIM || group > MAX_GROUP || group * hkv != hq || rows < 1) return -1;
+    int64_t tasks = 0, work = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (info[3 * r + 2] < 1 || info[3 * r + 1] < 0) return -1;
+        tasks += hkv * chunks_of(info[3 * r + 2]);
+        work += info[3 * r + 2];
     }
-    float *q = scratch, *parts = scratch + hq * d;
-    rotate(qkv, cos_sin, hq, d, q);
-    rotate(qkv + hq * d, cos_sin, hkv, d, k_cache + slot * hkv * d);
-    for (int64_t j = 0; j < hkv * d; j++) v_cache[slot * hkv * d + j] = qkv[(hq + hkv) * d + j];
+    const int64_t q_floats = rows * hq * d, part_floats = tasks * group * stride;
+    if (q_floats + part_floats > scratch_floats) {
+        free(scratch);
+        scratch = (float *)malloc((size_t)(q_floats + part_floats) * sizeof(float));
+        scratch_floats = scratch ? q_floats + part_floats : 0;
+        if (!scratch) return -2;
+    }
+    float *q = scratch, *parts = scratch + q_floats;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = qkv + r * ldqkv, *cs = cos_sin + r * d;
+        const int64_t slot = info[3 * r + 1];
+        rotate(x, cs, hq, d, q + r * hq * d);
+        rotate(x + hq * d, cs, hkv, d, k_cache + slot * hkv * d);
+        for (int64_t j = 0; j < hkv * d; j++) v_cache[slot * hkv * d + j] = x[(hq + hkv) * d + j];
+    }
     /* A team only when there is enough work to pay for its fork and join. */
-#pragma omp parallel if (tasks > 1 && seq_len * hq * d >= (1 << 16))
+#pragma omp parallel if (tasks > 1 && work * hq * d >= (1 << 16))
     {
         const int64_t parts_n = omp_get_num_threads(), me = omp_get_thread_num();
+        int64_t r = 0, first = 0; /* the row of task t, and that row's first task */
         for (int64_t t = me; t < tasks; t += parts_n) {
-            const int64_t kv = t / chunks, c = t % chunks;
-            const int64_t lo = c * CHUNK, hi = lo + CHUNK < seq_len ? lo + CHUNK : seq_len;
-            attend_chunk(q, k_cache, v_cache, pages, page_size, hkv, group, d, kv, lo, hi, scale,
-                         parts + t * group * stride);
+            while (t >= first + hkv * chunks_of(info[3 * r + 2])) first += hkv * chunks_of(info[3 * r++ + 2]);
+            const int64_t len = info[3 * r + 2], chunks = chunks_of(len);
+            const int64_t kv = (t - first) / chunks, c = (t - first) % chunks;
+            const int64_t lo = c * CHUNK, hi = lo + CHUNK < len ? lo + CHUNK : len;
+            attend_chunk(q + r * hq * d, k_cache, v_cache, page_table + info[3 * r] * table_stride, page_size, hkv,
+                         group, d, kv, lo, hi, scale, parts + t * group * stride);
         }
     }
-    for (int64_t kv = 0; kv < hkv; kv++)
-        for (int64_t g = 0; g < group; g++) {
-            float m = -3.0e38f, total = 0.0f;
-            for (int64_t c = 0; c < chunks; c++) {
-                const float pm = parts[((kv * chunks + c) * group + g) * stride];
-                m = pm > m ? pm : m;
+    const float *row_parts = parts;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t chunks = chunks_of(info[3 * r + 2]);
+        for (int64_t kv = 0; kv < hkv; kv++)
+            for (int64_t g = 0; g < group; g++) {
+                float m = -3.0e38f, total = 0.0f;
+                for (int64_t c = 0; c < chunks; c++) {
+                    const float pm = row_parts[((kv * chunks + c) * group + g) * stride];
+                    m = pm > m ? pm : m;
+                }
+                float *o = out + r * ldout + (kv * group + g) * d;
+                for (int64_t j = 0; j < d; j++) o[j] = 0.0f;
+                for (int64_t c = 0; c < chunks; c++) {
+                    const float *p = row_parts + ((kv * chunks + c) * group + g) * stride;
+                    const float w = exp_neg1(p[0] - m);
+                    total += w * p[1];
+                    for (int64_t j = 0; j < d; j++) o[j] += w * p[2 + j];
+                }
+                const float inv = 1.0f / total;
+                for (int64_t j = 0; j < d; j++) o[j] *= inv;
             }
-            float *o = out + (kv * group + g) * d;
-            for (int64_t j = 0; j < d; j++) o[j] = 0.0f;
-            for (int64_t c = 0; c < chunks; c++) {
-                const float *p = parts + ((kv * chunks + c) * group + g) * stride;
-                const float w = exp_neg1(p[0] - m);
-                total += w * p[1];
-                for (int64_t j = 0; j < d; j++) o[j] += w * p[2 + j];
-            }
-            const float inv = 1.0f / total;
-            for (int64_t j = 0; j < d; j++) o[j] *= inv;
-        }
+        row_parts += hkv * chunks * group * stride;
+    }
     return 0;
 }

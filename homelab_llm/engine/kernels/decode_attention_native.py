@@ -1,20 +1,23 @@
-"""One sequence's decode-step attention on the CPU in one C call (decode_attention_cpu.c).
+"""The attention of a CPU step's few new tokens in one C call (decode_attention_cpu.c).
 
-Why: in the one-sequence decode plan (model/cpu_decode_layer.py) the torch path takes ~8 ops a
-layer around attention (the rotation as a matmul, two index_copy_ into the cache, strided views
-or a page gather, SDPA, a copy out), ~2.3 ms of a SmolLM2 token at 2 threads on an AVX2 EPYC
-(torch profiler: SDPA alone 33-42 us a call for a few dozen positions), more than the 4-bit
-matmuls of the same layers took after kernels/q4_native.py. This does it in one call: rotate q
-and k (rotate-half RoPE from the position's cos | sin row), store k and v at the new token's
-row, and attend over the sequence's pages, the query heads of a KV head reading each key and
-value row once; positions in chunks of 256 on torch's OpenMP team when there is enough work,
-merged by their maxima. fp32 throughout; the exponential is a polynomial (~1e-7 relative), so
-the result is the torch path's up to fp32 rounding: tests/engine/test_decode_attention_native.py
-bounds it (1e-5) against rotary + SDPA on random pages.
+Why: in the CPU decode plan (model/cpu_decode_layer.py) the torch path takes ~8 ops a layer
+around attention (the rotation as a matmul, two index_copy_ into the cache, strided views or a
+page gather, SDPA, a copy out), ~2.3 ms of a SmolLM2 token at 2 threads on an AVX2 EPYC (torch
+profiler: SDPA alone 33-42 us a call for a few dozen positions), more than the 4-bit matmuls of
+the same layers took after kernels/q4_native.py; a speculative verify step or a batch of
+sequences took the general path's gathers and SDPA per sequence. This does it in one call for
+all of a step's rows (up to the plan's row limit): rotate q and k (rotate-half RoPE from each
+row's cos | sin row), store k and v at each row's slot, then attend each row over its sequence's
+pages up to its own position (causal across a sequence's rows), the query heads of a KV head
+reading each key and value row once; positions in chunks of 256, (row, KV head, chunk) tasks on
+torch's OpenMP team when there is enough work, merged by their maxima. fp32 throughout; the
+exponential is a polynomial (~1e-7 relative), so the result is the torch path's up to fp32
+rounding: tests/engine/test_decode_attention_native.py bounds it (1e-5) against rotary + SDPA on
+random pages.
 
 Available where q4_native builds (the same CPU flags and compiler); head dims that are multiples
 of 16 up to 256, up to 16 query heads a KV head. Otherwise `available()` is False and the plan
-keeps its torch ops.
+keeps its torch ops (one sequence, one token a step).
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.attend_decode.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_float, ptr]
-    lib.attend_decode.restype = ctypes.c_int
+    lib.attend_rows.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64,
+                                ctypes.c_float, ptr, i64]
+    lib.attend_rows.restype = ctypes.c_int
     return lib
 
 
@@ -50,23 +54,39 @@ def available(q_heads: int, kv_heads: int, head_dim: int) -> bool:
             and q_heads // kv_heads <= MAX_GROUP and q4_native.available() and library() is not None)
 
 
+def row_info(query_lens: list[int], seq_lens: list[int], slots: list[int]) -> ctypes.Array:
+    """The C call's per-row triples for a step: (the row's sequence index in the page table, its
+    cache slot, the positions it attends). A sequence with n new tokens and seq_len positions in
+    all (its new ones included) has rows attending seq_len - n + 1 ... seq_len positions."""
+    info: list[int] = []
+    slot = iter(slots)
+    for seq, (new, total) in enumerate(zip(query_lens, seq_lens)):
+        for j in range(new):
+            info += (seq, next(slot), total - new + 1 + j)
+    return (ctypes.c_int64 * len(info))(*info)
+
+
 class DecodeAttention:
-    """Bound to one model's head counts; call per layer and step (see attend)."""
+    """Bound to one model's head counts; call per layer and step (see __call__)."""
 
     __slots__ = ("fn", "hq", "hkv", "d", "scale")
 
     def __init__(self, q_heads: int, kv_heads: int, head_dim: int, scale: float):
-        self.fn = library().attend_decode
+        self.fn = library().attend_rows
         self.hq, self.hkv, self.d, self.scale = q_heads, kv_heads, head_dim, scale
 
     def __call__(self, qkv: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, pages: torch.Tensor, slot: int, seq_len: int,
+                 v_cache: torch.Tensor, page_table: torch.Tensor, info: ctypes.Array,
                  out: torch.Tensor) -> None:
-        """qkv [1, (hq + 2 hkv) d] fp32 (unrotated), cos_sin [d] fp32 (the position's row),
-        k_cache / v_cache [pages, page_size, hkv, d] fp32 contiguous, pages int32 (the
-        sequence's page ids, contiguous), slot: the new token's cache row, seq_len: positions
-        including it, out [1, hq d] fp32. The caller checks dtypes and layouts once (the plan)."""
-        if self.fn(qkv.data_ptr(), self.hq, self.hkv, self.d, cos_sin.data_ptr(), k_cache.data_ptr(),
-                   v_cache.data_ptr(), pages.data_ptr(), k_cache.shape[1], slot, seq_len, self.scale,
-                   out.data_ptr()):
+        """qkv [R, (hq + 2 hkv) d] fp32 (unrotated; unit inner stride), cos_sin [R, d] fp32
+        contiguous (each row's position's row), k_cache / v_cache [pages, page_size, hkv, d] fp32
+        contiguous, page_table [sequences, pages] int32 (unit inner stride), info: row_info() of
+        the R rows, out [R, hq d] fp32 (unit inner stride). The caller checks dtypes and layouts
+        once (the plan)."""
+        code = self.fn(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], self.hq, self.hkv, self.d,
+                       cos_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(),
+                       page_table.stride(0), info, k_cache.shape[1], self.scale, out.data_ptr(), out.stride(0))
+        if code == -2:
             raise MemoryError("native decode attention: no memory for its scratch")
+        if code:
+            raise ValueError("native decode attention: a row with no positions or no cache slot")

@@ -12,7 +12,8 @@
  * nibbles hold both blocks' first halves and the high ones their second halves, and the 32-bit
  * sums alternate between the two blocks (one 8-byte broadcast of their two scales); a pair's
  * activations are stored in that order. Up to TILE activation rows share each unpacked weight
- * block. Threads: one OpenMP team over output rows (torch's libgomp).
+ * block; each row's sums take the same order however many rows share it (batch invariance).
+ * Threads: one OpenMP team over output rows (torch's libgomp).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -23,7 +24,7 @@
 
 #define QK 32
 #define GROUP 8
-#define TILE 4
+#define TILE 8
 
 /* One activation group: GROUP blocks' scales and sums (zero past the row's last block), codes. */
 typedef struct { float d[GROUP], s[GROUP]; int8_t qs[GROUP * QK]; } act_group;
@@ -115,10 +116,9 @@ static inline __attribute__((always_inline)) void group_q4(const uint8_t *w, con
             const __m256i first = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
             const __m256i second = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
             const __m256i s16 = _mm256_add_epi16(first, second);
-            __m256 *into = acc + t + (tile <= 2 && (b & 2) ? TILE : 0);
             /* lanes alternate between the two blocks: their scales as one 8-byte broadcast */
             const __m256 scale = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&dd[t][b]));
-            *into = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), *into);
+            acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), acc[t]);
         }
     }
     if (b < r) { /* an odd last block: its halves in element order */
@@ -148,8 +148,7 @@ static inline __attribute__((always_inline)) void group_q8(const uint8_t *w, con
         for (int t = 0; t < tile; t++) {
             const __m256i x = _mm256_loadu_si256((const __m256i *)(a[t * ga + g].qs + b * QK));
             const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, _mm256_sign_epi8(x, q)), ones);
-            __m256 *into = acc + t + (tile <= 2 && (b & 1) ? TILE : 0);
-            *into = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[t][b]), _mm256_cvtepi32_ps(p), *into);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[t][b]), _mm256_cvtepi32_ps(p), acc[t]);
         }
     }
 }
@@ -178,12 +177,14 @@ static inline __attribute__((always_inline)) void dot_row(int bits, const uint8_
 static inline __attribute__((always_inline)) void row_tile(int bits, const uint8_t *w, const act_group *a,
                                                            int64_t ga, int64_t nb, float *y, int64_t ldy,
                                                            int accumulate, const int tile) {
-    /* acc[t + TILE]: a second chain of sums for one or two rows (two FMA chains in flight). */
-    __m256 acc[2 * TILE];
-    for (int t = 0; t < 2 * TILE; t++) acc[t] = _mm256_setzero_ps();
+    /* One chain of sums a row whatever the tile, so that a row's result never depends on the
+     * rows computed with it (a verify step's rows equal one-token steps', bit for bit); a second
+     * chain for one or two rows measured no faster. */
+    __m256 acc[TILE];
+    for (int t = 0; t < TILE; t++) acc[t] = _mm256_setzero_ps();
     dot_row(bits, w, a, ga, nb, acc, tile);
     for (int t = 0; t < tile; t++) {
-        const float v = hsum8(_mm256_add_ps(acc[t], acc[t + TILE]));
+        const float v = hsum8(acc[t]);
         y[t * ldy] = accumulate ? y[t * ldy] + v : v;
     }
 }
@@ -272,6 +273,10 @@ int q_matmul(int bits, const uint8_t *w, int64_t n, int64_t k, const float *x, i
             for (; r + TILE <= m; r += TILE)
                 row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, TILE);
             switch (m - r) {
+            case 7: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 7); break;
+            case 6: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 6); break;
+            case 5: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 5); break;
+            case 4: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 4); break;
             case 3: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 3); break;
             case 2: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 2); break;
             case 1: row_tile(bits, wj, a + r * ga, ga, nb, y + r * ldy + j, ldy, accumulate, 1); break;

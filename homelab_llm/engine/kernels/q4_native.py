@@ -187,11 +187,11 @@ def matmul(x: torch.Tensor, w: NativeWeight) -> torch.Tensor:
 
 
 class NativeLinear:
-    """One weight bound for the one-row decode loop (model/cpu_decode_layer.py): calling it with
-    x [1, K] and out [1, N] (fp32, unit inner stride) sets or adds x @ W^T into out, with the
-    pointer and sizes looked up once; with norm (an fp32 [K] RMSNorm weight, eps given here),
-    x is normalized first, inside the same call; with swiglu, x [1, 2K] holds gate then up and
-    the product takes silu(gate) * up."""
+    """One weight bound for the decode loop (model/cpu_decode_layer.py): calling it with x [M, K]
+    and out [M, N] (fp32, unit inner stride) sets or adds x @ W^T into out, with the pointer and
+    sizes looked up once; with norm (an fp32 [K] RMSNorm weight, eps given here), each row of x
+    is normalized first, inside the same call; with swiglu, x [M, 2K] holds gate then up and the
+    product takes silu(gate) * up."""
 
     __slots__ = ("weight", "fn", "bits", "ptr", "n", "k", "eps")
 
@@ -202,6 +202,6 @@ class NativeLinear:
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor, accumulate: bool = False,
                  norm: torch.Tensor | None = None, swiglu: bool = False) -> None:
-        if self.fn(self.bits, self.ptr, self.n, self.k, x.data_ptr(), 1, x.stride(0), out.data_ptr(),
+        if self.fn(self.bits, self.ptr, self.n, self.k, x.data_ptr(), x.shape[0], x.stride(0), out.data_ptr(),
                    out.stride(0), accumulate, None if norm is None else norm.data_ptr(), self.eps, swiglu):
             raise MemoryError("native matmul: no memory for the activation scratch")

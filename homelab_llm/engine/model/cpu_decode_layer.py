@@ -49,8 +49,12 @@ from homelab_llm.engine.context import ForwardContext
 from homelab_llm.engine.kernels import decode_attention_native
 from homelab_llm.engine.kernels.cpu_threads import single_thread
 from homelab_llm.engine.kernels.q4_native import NativeLinear
+from homelab_llm.engine.kernels.w4a16_cpu import NATIVE_ROWS
 from homelab_llm.engine.model.llama import LlamaDecoderLayer, LlamaMLP
 from homelab_llm.engine.parallel.state import tp_size
+
+# The most rows a step may have on this path: fewer than the 4-bit linears' dense-copy threshold.
+MAX_ROWS = NATIVE_ROWS - 1
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu if \
     hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") else None
@@ -145,19 +149,20 @@ class CpuDecodePlan:
         self.native_attention = decode_attention_native.DecodeAttention(
             first.num_heads, first.num_kv_heads, first.head_dim, first.attn.scale) if native else None
         d = self.head_dim
-        # Per-step buffers (one layer at a time uses them): fp32 q|k|v and gate|up, their views,
-        # attention's output.
-        self.qkv_buf = torch.empty(1, self.q_size + 2 * self.kv_size)
+        # Per-step buffers (one layer at a time uses them), max_rows rows: fp32 q|k|v and
+        # gate|up, attention's output; the torch path's views of their first row.
+        self.max_rows = MAX_ROWS if self.native_attention is not None else 1
+        self.qkv_buf = torch.empty(self.max_rows, self.q_size + 2 * self.kv_size)
         self.qk_in = self.qkv_buf[0, : self.q_size + self.kv_size].view(-1, d)
-        self.v_new = self.qkv_buf[:, self.q_size + self.kv_size:].view(1, self.kv_heads, d)
+        self.v_new = self.qkv_buf[:1, self.q_size + self.kv_size:].view(1, self.kv_heads, d)
         self.qk_rot = torch.empty(self.q_heads + self.kv_heads, d)
         self.q_grouped = self.qk_rot[: self.q_heads].view(
             1, self.kv_heads, self.q_heads // self.kv_heads, d)
         self.k_new = self.qk_rot[self.q_heads:].view(1, self.kv_heads, d)
-        self.gu_buf = torch.empty(1, 2 * self.inter)
-        self.attn = torch.empty(1, self.q_size)
-        # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the same memory.
-        self.attn_heads = self.attn.view(self.q_grouped.shape)
+        self.gu_buf = torch.empty(self.max_rows, 2 * self.inter)
+        self.attn = torch.empty(self.max_rows, self.q_size)
+        # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the first row.
+        self.attn_heads = self.attn[:1].view(self.q_grouped.shape)
         self.rotation = torch.zeros(d, d)
 
     @staticmethod
@@ -196,10 +201,12 @@ class CpuDecodePlan:
 
     def decode(self, hidden: torch.Tensor, positions: torch.Tensor,
                ctx: ForwardContext) -> torch.Tensor | None:
-        """hidden [1, H] fp32 embeddings of one sequence's one new token -> the residual stream
-        after the last layer (x + residual, before the final norm); None when the step is not
-        this path's (see the module docstring)."""
-        if ctx.query_lens_host != [1] or ctx.seq_lens_host is None or hidden.shape[0] != 1 \
+        """hidden [R, H] fp32 embeddings of a step's new tokens (R <= max_rows; with torch's
+        attention one sequence's one token) -> the residual stream after the last layer (x +
+        residual, before the final norm); None when the step is not this path's (see the module
+        docstring)."""
+        rows, q_lens, s_lens = hidden.shape[0], ctx.query_lens_host, ctx.seq_lens_host
+        if s_lens is None or q_lens is None or rows > self.max_rows or sum(q_lens) != rows \
                 or hidden.dtype != torch.float32 or os.environ.get("HOMELAB_LLM_KERNELS") == "ref":
             return None
         layers = self.layers
@@ -208,16 +215,21 @@ class CpuDecodePlan:
                 if lp.attn.k_cache is None or lp.attn.k_cache.dtype != torch.float32:
                     return None
                 lp.bind()
-        slot = ctx.slot_mapping
-        if slot.dtype != torch.int64 or int(slot[0]) < 0:
+        slot, table = ctx.slot_mapping, ctx.page_table
+        if slot.dtype != torch.int64:
             return None
-        seq_len = ctx.seq_lens_host[0]
-        page_size = layers[0].k_cache.shape[1]
-        pages = ctx.page_table[0, : (seq_len + page_size - 1) // page_size]
-        if self.native_attention is not None and pages.dtype == torch.int32 and pages.is_contiguous():
-            attend = self._native_attention(self.cos_sin[positions[0]], pages, int(slot[0]), seq_len)
-        else:
+        slots = slot.tolist()
+        if min(slots) < 0:
+            return None
+        if self.native_attention is not None and table.dtype == torch.int32 and table.stride(1) == 1:
+            info = decode_attention_native.row_info(q_lens, s_lens, slots)
+            attend = self._native_attention(self.cos_sin.index_select(0, positions), table, info, rows)
+        elif rows == 1:
+            seq_len = s_lens[0]
+            pages = table[0, : (seq_len + layers[0].k_cache.shape[1] - 1) // layers[0].k_cache.shape[1]]
             attend = self._torch_attention(self.rotation_matrix(positions), slot, seq_len, pages)
+        else:
+            return None
         return self._layers(hidden, attend)
 
     def rotation_matrix(self, positions: torch.Tensor) -> torch.Tensor:
@@ -230,14 +242,14 @@ class CpuDecodePlan:
         torch.neg(sin, out=r.diagonal(-half))
         return r
 
-    def _native_attention(self, cos_sin: torch.Tensor, pages: torch.Tensor, slot: int,
-                          seq_len: int) -> Callable[[CpuLayerPlan], None]:
+    def _native_attention(self, cos_sin: torch.Tensor, table: torch.Tensor, info,
+                          rows: int) -> Callable[[CpuLayerPlan], None]:
         """A layer's attention as one C call (kernels/decode_attention_native.py): rotation,
-        cache store and attention over the pages, into self.attn."""
-        call, qkv_buf, attn = self.native_attention, self.qkv_buf, self.attn
+        cache store and attention over the pages for every row, into self.attn."""
+        call, qkv_buf, attn = self.native_attention, self.qkv_buf[:rows], self.attn[:rows]
 
         def attend(lp: CpuLayerPlan) -> None:
-            call(qkv_buf, cos_sin, lp.k_cache, lp.v_cache, pages, slot, seq_len, attn)
+            call(qkv_buf, cos_sin, lp.k_cache, lp.v_cache, table, info, attn)
 
         return attend
 
@@ -275,7 +287,8 @@ class CpuDecodePlan:
         return attend
 
     def _layers(self, residual: torch.Tensor, attend: Callable[[CpuLayerPlan], None]) -> torch.Tensor:
-        qkv_buf, gu_buf, attn = self.qkv_buf, self.gu_buf, self.attn
+        rows = residual.shape[0]
+        qkv_buf, gu_buf, attn = self.qkv_buf[:rows], self.gu_buf[:rows], self.attn[:rows]
         residual = residual.clone()
         for lp in self.layers:
             lp.qkv(residual, qkv_buf, False, lp.norm1)  # RMSNorm inside the linear's call

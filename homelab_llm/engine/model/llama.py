@@ -235,13 +235,13 @@ class LlamaModel(PreNormDecoder):
             layer.next_input = (after.input_layernorm, after.self_attn.qkv_proj)  # norm_chain.chained_next_norm
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # A model/cpu_decode_layer.CpuDecodePlan, set by model/cpu_kernels.use_cpu_kernels when
-        # the CPU default applies: one-sequence decode steps then take its few-op path.
+        # the CPU default applies: steps of few new tokens then take its few-op path.
         self.cpu_decode: Any = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         plan = self.cpu_decode
-        if plan is not None and hidden.shape[0] == 1 and plan.current(self):
+        if plan is not None and hidden.shape[0] <= plan.max_rows and plan.current(self):
             summed = plan.decode(hidden, positions, get_context())
             if summed is not None:
                 return self.norm(summed)
