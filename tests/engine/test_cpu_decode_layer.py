@@ -27,7 +27,7 @@ import torch
 from homelab_llm.engine.kernels import q4_native, w4a16_cpu
 from homelab_llm.engine.layers.rotary import apply_rotary
 from homelab_llm.engine.kernels.q4_native import NativeLinear
-from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
+from homelab_llm.engine.model.cpu_decode_layer import SEQ_ROWS, CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
 from model_reference import PagedHarness
 
@@ -114,23 +114,25 @@ def test_rotation_matrix_is_the_rotary_layers(fast):
 
 
 def test_steps_of_several_rows_match_the_general_path(fast):
-    """Several sequences' decode tokens, a verify-like step of 5 tokens of one sequence, and a mix
-    with a short prompt, each run through the plan and through the general path from the same
-    cache contents: the same bounds as one token's steps."""
+    """Several sequences' decode tokens, a verify-like step of 5 tokens of one sequence, a mix with
+    a short prompt, and 20 sequences' tokens at once (more rows than a sequence may bring), each
+    run through the plan and through the general path from the same cache contents: the same
+    bounds as one token's steps."""
     plan = fast.model.cpu_decode
     if plan.max_rows == 1:
         pytest.skip("torch's attention path takes one sequence's one token")
-    steps = [{"a": PROMPT * 3, "b": PROMPT[:5] * 4},  # 41 rows: the general path for both runs
+    many = {f"d{i}": PROMPT[i % 7:][:3] for i in range(17)}
+    steps = [{"a": PROMPT * 3, "b": PROMPT[:5] * 4, **many},  # 92 rows: the general path for both
              {"a": [5], "b": [6]},
              {"a": [7, 8, 9, 10, 11]},
              {"a": [12], "b": [13, 14, 15], "c": PROMPT},
-             {"b": [16], "c": [17]}]
+             {"b": [16], "c": [17], **{name: [20 + i] for i, name in enumerate(many)}}]
     runs = []
     try:
         for use in (None, plan):
             fast.model.cpu_decode = use
-            harness = PagedHarness(fast, num_pages=32, page_size=4)
-            harness.free_pages = [3, 9, 1, 12, 5, 0, 7, 14, 2, 11, 6, 15, 4, 10, 8, 13] + list(range(31, 15, -1))
+            harness = PagedHarness(fast, num_pages=64, page_size=4)
+            harness.free_pages = torch.randperm(64, generator=torch.Generator().manual_seed(1)).tolist()
             with mock.patch.object(CpuDecodePlan, "_layers", autospec=True,
                                    side_effect=CpuDecodePlan._layers) as layers:
                 runs.append([harness.step(batch) for batch in steps])
@@ -141,16 +143,18 @@ def test_steps_of_several_rows_match_the_general_path(fast):
     assert torch.equal(runs[0][0], runs[1][0])
     assert _rel(got, ref) < 0.06
     assert float((got - ref).abs().max()) < 0.075 * float(ref.abs().max())
-    assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= got.shape[0] - 2
+    assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= got.shape[0] - 3
 
 
 def test_other_steps_take_the_general_path(fast):
-    """More rows than max_rows always; with torch's attention, also two sequences or two tokens."""
+    """More rows than max_rows or a sequence with more than SEQ_ROWS new tokens; with torch's
+    attention, also two sequences or two tokens."""
     plan = fast.model.cpu_decode
-    harness = PagedHarness(fast, num_pages=16, page_size=4)
+    harness = PagedHarness(fast, num_pages=plan.max_rows + 16, page_size=4)
     harness.step({"a": PROMPT, "b": PROMPT[:3]})
     with mock.patch.object(CpuDecodePlan, "_layers", autospec=True) as layers:
-        harness.step({"a": list(range(5, 5 + plan.max_rows)), "b": [4]})
+        harness.step({"a": list(range(5, 5 + SEQ_ROWS + 1)), "b": [4]})  # a prompt chunk
+        harness.step({f"s{i}": [4] for i in range(plan.max_rows + 1)})  # too many rows
         if plan.max_rows == 1:
             harness.step({"a": [5], "b": [6]})  # two sequences
             harness.step({"a": [5, 6]})  # two new tokens

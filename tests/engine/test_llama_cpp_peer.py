@@ -52,3 +52,19 @@ def test_a_failing_binary_raises_with_its_stderr(tmp_path):
     _, run = peer.llama_bench_peer(fake, tmp_path / "model.gguf", 1)
     with pytest.raises(RuntimeError, match="exited 3: no such model"):
         run([1, 2], 3)
+
+
+def test_the_batched_peer_is_our_mini_bench_and_checks_its_sequence_count(tmp_path, monkeypatch):
+    peer = _peer_module()
+    monkeypatch.delenv("LLAMA_BENCH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    other = _script(tmp_path / "llama-bench", "exit 1\n")
+    assert peer.find_batched_peer(tmp_path / "model.gguf", 2, str(other)) is None  # no -b test there
+    mini = _script(tmp_path / "llama-mini-bench", f'echo "$@" > {tmp_path / "args"}\n'
+                   'echo \'[{"n_prompt": 0, "n_gen": 9, "n_seq": 4, "avg_ts": 410.5}]\'\n')
+    run = peer.find_batched_peer(tmp_path / "model.gguf", 2, str(mini))
+    assert run(4, 9) == 410.5
+    assert (tmp_path / "args").read_text().split() == [
+        "-m", str(tmp_path / "model.gguf"), "-t", "2", "-p", "0", "-n", "9", "-b", "4", "-r", "1"]
+    with pytest.raises(RuntimeError, match="ran 4 sequences, not 8: rebuild it"):
+        run(8, 9)  # an older binary without -b decodes some other count

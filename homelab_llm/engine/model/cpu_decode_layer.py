@@ -1,4 +1,4 @@
-"""One-sequence CPU decode of a Llama-style model in the fewest torch ops (LlamaModel.forward).
+"""CPU steps of few new tokens of a Llama-style model in the fewest torch ops (LlamaModel.forward).
 
 A batch-1 decode step of a small model on the CPU spends about as long dispatching its small ops
 as in its matmuls (SmolLM2-135M at 2 threads: ~3.7 ms of small ops against ~5 ms of int4 matmuls
@@ -22,6 +22,14 @@ an AVX2 EPYC 1.08x llama.cpp's, docs/BENCHMARKS.md 53); with torch's, ~21:
   else it gathers them, and the query heads of a KV head are one SDPA "query row" group (no
   K/V expansion), on one thread (kernels/cpu_threads.py);
 - the residual stream stays fp32 and is added to in place.
+With our kernels a step may hold up to MAX_ROWS new tokens, at most SEQ_ROWS of a sequence, in
+any mix (several sequences' decode tokens, speculative verify steps' drafted tokens, a short
+prompt; a prompt chunk of more tokens takes the general path's dense fp32 copy, near exact): each
+linear takes all rows in one call and the attention call attends each row over its own
+sequence's positions up to its own (docs/BENCHMARKS.md 54: n-gram speculation 0.65x -> 1.4-2.1x,
+decode of 8 / 32 sequences 1.9x / 2.0x llama.cpp's). A row's numbers do not depend on the rows
+beside it (the kernels sum each row in one fixed order), so speculative output equals plain
+output token for token.
 The numbers are the general path's up to fp32 rounding order (the norm's sum, the rotation's
 FMAs, the softmax's polynomial exponential) and the int8 / bf16 roundings that follow from it:
 tests/engine/test_cpu_decode_layer.py bounds the difference (inside the CPU default's own
@@ -29,8 +37,9 @@ distance from the exact fp32 path).
 
 Taken only when every layer is a plain LlamaDecoderLayer of the CPU default (all linears through
 a CPU 4-bit kernel, no biases, no q/k norm, SiLU MLP, no window/sinks, one rank) and a step has
-one sequence with one new token over an fp32 cache (not int8). Anything else: None, and the caller
-runs the general path.
+at most MAX_ROWS new tokens, SEQ_ROWS a sequence (with torch's kernels: one sequence's one token)
+over an fp32 cache
+(not int8). Anything else: None, and the caller runs the general path.
 Invariant: a plan is built for the packs present when it was built; `current` notices a repack.
 """
 
@@ -53,8 +62,10 @@ from homelab_llm.engine.kernels.w4a16_cpu import NATIVE_ROWS
 from homelab_llm.engine.model.llama import LlamaDecoderLayer, LlamaMLP
 from homelab_llm.engine.parallel.state import tp_size
 
-# The most rows a step may have on this path: fewer than the 4-bit linears' dense-copy threshold.
-MAX_ROWS = NATIVE_ROWS - 1
+# The most new tokens a step may have on this path (a batch of decode or verify steps; our 4-bit
+# kernel beats the dense fp32 GEMM per row up to 256 rows), and of one sequence (fewer than the
+# rows from which the general path takes the dense copy: prompts stay near exact).
+MAX_ROWS, SEQ_ROWS = 64, NATIVE_ROWS - 1
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu if \
     hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") else None
@@ -201,12 +212,13 @@ class CpuDecodePlan:
 
     def decode(self, hidden: torch.Tensor, positions: torch.Tensor,
                ctx: ForwardContext) -> torch.Tensor | None:
-        """hidden [R, H] fp32 embeddings of a step's new tokens (R <= max_rows; with torch's
-        attention one sequence's one token) -> the residual stream after the last layer (x +
+        """hidden [R, H] fp32 embeddings of a step's new tokens (R <= max_rows, SEQ_ROWS a
+        sequence; with torch's attention one sequence's one token) -> the residual stream after the last layer (x +
         residual, before the final norm); None when the step is not this path's (see the module
         docstring)."""
         rows, q_lens, s_lens = hidden.shape[0], ctx.query_lens_host, ctx.seq_lens_host
-        if s_lens is None or q_lens is None or rows > self.max_rows or sum(q_lens) != rows \
+        if not q_lens or s_lens is None or rows > self.max_rows or sum(q_lens) != rows \
+                or max(q_lens) > SEQ_ROWS \
                 or hidden.dtype != torch.float32 or os.environ.get("HOMELAB_LLM_KERNELS") == "ref":
             return None
         layers = self.layers
