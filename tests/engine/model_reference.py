@@ -186,13 +186,17 @@ _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight",
                "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
                "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
                "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-               "mlp.down_proj.weight": "ffn_down.weight"}
+               "mlp.down_proj.weight": "ffn_down.weight",
+               "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+               "self_attn.v_proj.bias": "attn_v.bias",  # Qwen2
+               "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight"}
 
 
 def hf_to_gguf(hf_model, path: Path, qtype: str | None = None, arch: str = "llama",
                raw_override: dict[str, tuple[bytes, str]] | None = None) -> Path:
-    """Write a transformers Llama as a GGUF the way llama.cpp's converter does (Q/K rows
-    permuted for its rope), 2-D weights quantized to `qtype` if given."""
+    """Write a transformers Llama (or Qwen2 / Qwen3 with arch="qwen2" / "qwen3": biases, q / k
+    norms, head_dim) as a GGUF the way llama.cpp's converter does (Llama's Q/K rows permuted for
+    its rope), 2-D weights quantized to `qtype` if given."""
     import gguf
     import numpy as np
 
@@ -204,6 +208,10 @@ def hf_to_gguf(hf_model, path: Path, qtype: str | None = None, arch: str = "llam
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim != cfg.hidden_size // cfg.num_attention_heads:  # Qwen3: written as llama.cpp does
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_vocab_size(cfg.vocab_size)

@@ -1,8 +1,9 @@
 """The CPU attention of a step's new tokens in one C call (kernels/decode_attention_native.py)
 against torch: rotate-half RoPE, the cache store at each new token's slot, and SDPA over its
 sequence's pages up to its own position, with GQA. fp32 throughout, the exponential a polynomial:
-bound 1e-5 relative (Frobenius) on the output (observed ~1e-7), the stored k within 1e-6 of the
-rotated one (FMA rounding), v exact, no other cache row written. Head shapes (6 q / 2 kv x 64,
+bound 1e-5 relative (Frobenius) on the output (observed ~1e-7), the stored k within 1e-5 of the
+rotated one (FMA and norm rounding), v exact (the bias's sum within 1e-6), no other cache row
+written; with the projection's bias (Qwen2) and per-head q / k RMSNorm (Qwen3) too. Head shapes (6 q / 2 kv x 64,
 4 / 4 x 128, 16 / 1 x 32) and steps of one token after 0 to 599 positions (one chunk, several
 merged by their maxima, the threaded split), a verify step's 5 tokens, a 7-token prompt, three
 sequences' decode tokens and a mix of all: later rows of a sequence see its earlier ones and no
@@ -42,9 +43,14 @@ STEPS = {  # each sequence: (positions already cached, new tokens)
 }
 
 
-@pytest.mark.parametrize("heads", [(6, 2, 64), (4, 4, 128), (16, 1, 32)])
-@pytest.mark.parametrize("step", list(STEPS))
-def test_matches_rotary_and_sdpa_over_shuffled_pages(step, heads):
+# Every step on three head shapes; the extras (the projection's bias, Qwen2; each q / k head's
+# RMSNorm before RoPE, Qwen3) on one shape's multi-row steps.
+CASES = [(heads, step, "") for heads in [(6, 2, 64), (4, 4, 128), (16, 1, 32)] for step in STEPS] + [
+    ((6, 2, 64), step, extras) for step in ("verify 5", "mixed") for extras in ("bias", "qk_norm", "bias+qk_norm")]
+
+
+@pytest.mark.parametrize("heads,step,extras", CASES)
+def test_matches_rotary_and_sdpa_over_shuffled_pages(heads, step, extras):
     HQ, HKV, D = heads  # noqa: N806 - the shapes' usual names
     seqs = STEPS[step]
     g = torch.Generator().manual_seed(len(step) * 7 + HQ)
@@ -72,10 +78,17 @@ def test_matches_rotary_and_sdpa_over_shuffled_pages(step, heads):
             slots.append(int(tables[i][pos // PAGE]) * PAGE + pos % PAGE)
             lens.append(pos + 1)
             owner.append(i)
-    # the reference: rotate, store every row, then each row's SDPA over its sequence's rows so far
-    q = _rotate(qkv[:, : HQ * D].view(rows, HQ, D), cos_sin.unsqueeze(1))
-    k_new = _rotate(qkv[:, HQ * D: (HQ + HKV) * D].view(rows, HKV, D), cos_sin.unsqueeze(1))
-    v_new = qkv[:, (HQ + HKV) * D:].view(rows, HKV, D)
+    bias = torch.randn(qkv.shape[1], generator=g) if "bias" in extras else None
+    norms = (torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5) if "qk_norm" in extras else None
+    eps = 1e-6
+    # the reference: bias, norms, rotate, store every row, then each row's SDPA over its rows so far
+    x = qkv + bias if bias is not None else qkv
+    q, k = x[:, : HQ * D].view(rows, HQ, D), x[:, HQ * D: (HQ + HKV) * D].view(rows, HKV, D)
+    if norms is not None:
+        q, k = F.rms_norm(q, (D,), norms[0], eps), F.rms_norm(k, (D,), norms[1], eps)
+    q = _rotate(q, cos_sin.unsqueeze(1))
+    k_new = _rotate(k, cos_sin.unsqueeze(1))
+    v_new = x[:, (HQ + HKV) * D:].view(rows, HKV, D)
     k_ref, v_ref = k_cache.clone().view(-1, HKV, D), v_cache.clone().view(-1, HKV, D)
     k_ref[slots], v_ref[slots] = k_new, v_new
     want = torch.empty(rows, HQ * D)
@@ -87,10 +100,16 @@ def test_matches_rotary_and_sdpa_over_shuffled_pages(step, heads):
         want[r] = F.scaled_dot_product_attention(q[r].unsqueeze(1), keys, values, scale=scale).reshape(-1)
     out = torch.full((rows, HQ * D), float("nan"))
     info = native.row_info([new for _, new in seqs], [old + new for old, new in seqs], slots)
-    native.DecodeAttention(HQ, HKV, D, scale)(qkv, cos_sin, k_cache, v_cache, page_table, info, out)
+    pointers = {} if not extras else {
+        "bias": None if bias is None else bias.data_ptr(),
+        "q_norm": None if norms is None else norms[0].data_ptr(),
+        "k_norm": None if norms is None else norms[1].data_ptr()}
+    native.DecodeAttention(HQ, HKV, D, scale, eps)(qkv, cos_sin, k_cache, v_cache, page_table, info, out,
+                                                   **pointers)
     assert float((out - want).norm() / want.norm()) < 1e-5
-    assert torch.allclose(k_cache.view(-1, HKV, D)[slots], k_new, atol=1e-6, rtol=1e-6)
-    assert torch.equal(v_cache.view(-1, HKV, D)[slots], v_new)
+    assert torch.allclose(k_cache.view(-1, HKV, D)[slots], k_new, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(v_cache.view(-1, HKV, D)[slots], v_new, atol=1e-6, rtol=0) if bias is not None \
+        else torch.equal(v_cache.view(-1, HKV, D)[slots], v_new)
     others = torch.ones(n_pages * PAGE, dtype=torch.bool)
     others[slots] = False
     assert torch.equal(k_cache.view(-1, HKV, D)[others], k_ref[others])  # nothing else written

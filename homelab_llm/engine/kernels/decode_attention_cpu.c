@@ -2,8 +2,9 @@
  *
  * Built and loaded by decode_attention_native.py (its docstring: why, the bounds). One call does,
  * for every new token (a row: one sequence's decode token, a verify step's drafted tokens, a short
- * prompt's tokens), what the torch path does in ~8 ops: rotate q and k (rotate-half RoPE, cos | sin
- * row of the row's position), store k and v at the row's cache slot, then attend over the row's
+ * prompt's tokens), what the torch path does in ~8 ops: add the projection's bias (Qwen2), RMS-
+ * normalize each q and k head (Qwen3), rotate q and k (rotate-half RoPE, cos | sin row of the
+ * row's position), store k and v at the row's cache slot, then attend over the row's
  * positions (its sequence's, up to and including its own: causal) through its sequence's page
  * table, each query head against its KV head (GQA). All rows are stored before any attends, so a
  * sequence's later rows see its earlier ones. Positions are split in chunks; a task is one row, one
@@ -112,6 +113,20 @@ static void attend_chunk(const float *q, const float *k_cache, const float *v_ca
 static __thread float *scratch;
 static __thread int64_t scratch_floats;
 
+/* x[0..d) = x * (1 / sqrt(mean(x^2) + eps)) * w, for each of nh heads of d floats (d % 8 == 0). */
+static void head_norms(float *x, const float *w, int64_t nh, int64_t d, float eps) {
+    for (int64_t h = 0; h < nh; h++, x += d) {
+        __m256 ss = _mm256_setzero_ps();
+        for (int64_t j = 0; j < d; j += 8) {
+            const __m256 v = _mm256_loadu_ps(x + j);
+            ss = _mm256_fmadd_ps(v, v, ss);
+        }
+        const __m256 scale = _mm256_set1_ps(1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(hsum8(ss) / (float)d + eps))));
+        for (int64_t j = 0; j < d; j += 8)
+            _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), scale), _mm256_loadu_ps(w + j)));
+    }
+}
+
 /* A row's chunk count. */
 static inline int64_t chunks_of(int64_t len) { return (len + CHUNK - 1) / CHUNK; }
 
@@ -119,31 +134,43 @@ static inline int64_t chunks_of(int64_t len) { return (len + CHUNK - 1) / CHUNK;
  * rows x d (each row's position's cos | sin); k_cache / v_cache: [cache rows, hkv, d] of this
  * layer; page_table: one row of page ids per sequence (page_size cache rows each), table_stride
  * apart; info: per row, its sequence's index in page_table, its cache slot, and the positions it
- * attends (its own included); out: rows x hq * d, row stride ldout. Returns 0, or -1 for shapes
+ * attends (its own included); out: rows x hq * d, row stride ldout. bias: NULL, or the
+ * projection's (hq + 2 hkv) * d bias, added first; q_norm / k_norm: NULL, or each q / k head's RMSNorm
+ * weights [d] (eps), applied before the rotation (both or neither). Returns 0, or -1 for shapes
  * it does not take (d % 16, d > MAX_DIM, hq / hkv > MAX_GROUP, a row with no positions or a
  * negative slot) or -2 for no memory (nothing written either way). */
 int attend_rows(const float *qkv, int64_t ldqkv, int64_t rows, int64_t hq, int64_t hkv, int64_t d,
                 const float *cos_sin, float *k_cache, float *v_cache, const int32_t *page_table,
                 int64_t table_stride, const int64_t *info, int64_t page_size, float scale, float *out,
-                int64_t ldout) {
-    const int64_t group = hq / hkv, stride = 2 + d;
-    if (d % 16 || d > MAX_DIM || group > MAX_GROUP || group * hkv != hq || rows < 1) return -1;
+                int64_t ldout, const float *bias, const float *q_norm, const float *k_norm, float eps) {
+    const int64_t group = hq / hkv, stride = 2 + d, width = (hq + 2 * hkv) * d;
+    const int pre = bias || q_norm;
+    if (d % 16 || d > MAX_DIM || group > MAX_GROUP || group * hkv != hq || rows < 1 || !q_norm != !k_norm)
+        return -1;
     int64_t tasks = 0, work = 0;
     for (int64_t r = 0; r < rows; r++) {
         if (info[3 * r + 2] < 1 || info[3 * r + 1] < 0) return -1;
         tasks += hkv * chunks_of(info[3 * r + 2]);
         work += info[3 * r + 2];
     }
-    const int64_t q_floats = rows * hq * d, part_floats = tasks * group * stride;
-    if (q_floats + part_floats > scratch_floats) {
+    const int64_t q_floats = rows * hq * d, part_floats = tasks * group * stride, pre_floats = pre ? width : 0;
+    if (q_floats + part_floats + pre_floats > scratch_floats) {
         free(scratch);
-        scratch = (float *)malloc((size_t)(q_floats + part_floats) * sizeof(float));
-        scratch_floats = scratch ? q_floats + part_floats : 0;
+        scratch = (float *)malloc((size_t)(q_floats + part_floats + pre_floats) * sizeof(float));
+        scratch_floats = scratch ? q_floats + part_floats + pre_floats : 0;
         if (!scratch) return -2;
     }
-    float *q = scratch, *parts = scratch + q_floats;
+    float *q = scratch, *parts = scratch + q_floats, *staged = parts + part_floats;
     for (int64_t r = 0; r < rows; r++) {
         const float *x = qkv + r * ldqkv, *cs = cos_sin + r * d;
+        if (pre) { /* bias, then the q / k heads' norms, on a copy of the row */
+            for (int64_t j = 0; j < width; j++) staged[j] = bias ? x[j] + bias[j] : x[j];
+            if (q_norm) {
+                head_norms(staged, q_norm, hq, d, eps);
+                head_norms(staged + hq * d, k_norm, hkv, d, eps);
+            }
+            x = staged;
+        }
         const int64_t slot = info[3 * r + 1];
         rotate(x, cs, hq, d, q + r * hq * d);
         rotate(x + hq * d, cs, hkv, d, k_cache + slot * hkv * d);

@@ -6,9 +6,10 @@ page gather, SDPA, a copy out), ~2.3 ms of a SmolLM2 token at 2 threads on an AV
 profiler: SDPA alone 33-42 us a call for a few dozen positions), more than the 4-bit matmuls of
 the same layers took after kernels/q4_native.py; a speculative verify step or a batch of
 sequences took the general path's gathers and SDPA per sequence. This does it in one call for
-all of a step's rows (up to the plan's row limit): rotate q and k (rotate-half RoPE from each
-row's cos | sin row), store k and v at each row's slot, then attend each row over its sequence's
-pages up to its own position (causal across a sequence's rows), the query heads of a KV head
+all of a step's rows (up to the plan's row limit): add the qkv projection's bias (Qwen2) and
+normalize each q / k head (Qwen3's RMSNorm) where the model has them, rotate q and k
+(rotate-half RoPE from each row's cos | sin row), store k and v at each row's slot, then attend
+each row over its sequence's pages up to its own position (causal across a sequence's rows), the query heads of a KV head
 reading each key and value row once; positions in chunks of 256, (row, KV head, chunk) tasks on
 torch's OpenMP team when there is enough work, merged by their maxima. fp32 throughout; the
 exponential is a polynomial (~1e-7 relative), so the result is the torch path's up to fp32
@@ -43,7 +44,7 @@ def library() -> ctypes.CDLL | None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.attend_rows.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64,
-                                ctypes.c_float, ptr, i64]
+                                ctypes.c_float, ptr, i64, ptr, ptr, ptr, ctypes.c_float]
     lib.attend_rows.restype = ctypes.c_int
     return lib
 
@@ -67,26 +68,32 @@ def row_info(query_lens: list[int], seq_lens: list[int], slots: list[int]) -> ct
 
 
 class DecodeAttention:
-    """Bound to one model's head counts; call per layer and step (see __call__)."""
+    """Bound to one model's head counts; call per layer and step (see __call__). eps: the q / k
+    heads' RMSNorm epsilon where a layer has those norms (Qwen3)."""
 
-    __slots__ = ("fn", "hq", "hkv", "d", "scale")
+    __slots__ = ("fn", "hq", "hkv", "d", "scale", "eps")
 
-    def __init__(self, q_heads: int, kv_heads: int, head_dim: int, scale: float):
+    def __init__(self, q_heads: int, kv_heads: int, head_dim: int, scale: float, eps: float = 0.0):
         self.fn = library().attend_rows
-        self.hq, self.hkv, self.d, self.scale = q_heads, kv_heads, head_dim, scale
+        self.hq, self.hkv, self.d, self.scale, self.eps = q_heads, kv_heads, head_dim, scale, eps
 
     def __call__(self, qkv: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, page_table: torch.Tensor, info: ctypes.Array,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, bias: int | None = None, q_norm: int | None = None,
+                 k_norm: int | None = None) -> None:
         """qkv [R, (hq + 2 hkv) d] fp32 (unrotated; unit inner stride), cos_sin [R, d] fp32
         contiguous (each row's position's row), k_cache / v_cache [pages, page_size, hkv, d] fp32
         contiguous, page_table [sequences, pages] int32 (unit inner stride), info: row_info() of
-        the R rows, out [R, hq d] fp32 (unit inner stride). The caller checks dtypes and layouts
-        once (the plan)."""
+        the R rows, out [R, hq d] fp32 (unit inner stride). bias: the data_ptr of the
+        projection's fp32 [(hq + 2 hkv) d] bias, added first; q_norm / k_norm: those of each q / k
+        head's fp32 [d] RMSNorm weight (both or neither), applied before the rotation. The caller
+        checks dtypes and layouts once (the plan)."""
         code = self.fn(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], self.hq, self.hkv, self.d,
                        cos_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(),
-                       page_table.stride(0), info, k_cache.shape[1], self.scale, out.data_ptr(), out.stride(0))
+                       page_table.stride(0), info, k_cache.shape[1], self.scale, out.data_ptr(), out.stride(0),
+                       bias, q_norm, k_norm, self.eps)
         if code == -2:
             raise MemoryError("native decode attention: no memory for its scratch")
         if code:
-            raise ValueError("native decode attention: a row with no positions or no cache slot")
+            raise ValueError("native decode attention: a row with no positions or no cache slot, "
+                             "or one of q_norm / k_norm without the other")

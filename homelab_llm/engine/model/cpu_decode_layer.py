@@ -36,7 +36,8 @@ tests/engine/test_cpu_decode_layer.py bounds the difference (inside the CPU defa
 distance from the exact fp32 path).
 
 Taken only when every layer is a plain LlamaDecoderLayer of the CPU default (all linears through
-a CPU 4-bit kernel, no biases, no q/k norm, SiLU MLP, no window/sinks, one rank) and a step has
+a CPU 4-bit kernel, SiLU MLP, no window/sinks, one rank; a qkv bias (Qwen2) or q / k norms
+(Qwen3) only with our attention call, no other bias) and a step has
 at most MAX_ROWS new tokens, SEQ_ROWS a sequence (with torch's kernels: one sequence's one token)
 over an fp32 cache
 (not int8). Anything else: None, and the caller runs the general path.
@@ -59,6 +60,7 @@ from homelab_llm.engine.kernels import decode_attention_native
 from homelab_llm.engine.kernels.cpu_threads import single_thread
 from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.kernels.w4a16_cpu import NATIVE_ROWS
+from homelab_llm.engine.layers.norm import RMSNorm
 from homelab_llm.engine.model.llama import LlamaDecoderLayer, LlamaMLP
 from homelab_llm.engine.parallel.state import tp_size
 
@@ -84,6 +86,12 @@ class CpuLayerPlan:
     o: Callable
     gate_up: Callable
     down: Callable
+    # The attention call's extras (fp32, contiguous; None where the layer has none): the qkv
+    # projection's bias (Qwen2), each q / k head's RMSNorm weight (Qwen3), and their data_ptrs.
+    qkv_bias: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    extras: tuple[int | None, int | None, int | None] = (None, None, None)
     k_cache: torch.Tensor | None = None  # [pages, page_size, Hkv, D]
     v_cache: torch.Tensor | None = None
     k_rows: torch.Tensor | None = None  # [pages * page_size, Hkv, D]: views for the store
@@ -91,6 +99,9 @@ class CpuLayerPlan:
     # Storage offsets of the caches (torch.as_strided counts from the storage's start).
     k_offset: int = 0
     v_offset: int = 0
+
+    def __post_init__(self) -> None:
+        self.extras = tuple(None if t is None else t.data_ptr() for t in (self.qkv_bias, self.q_norm, self.k_norm))
 
     def bind(self) -> None:
         k, v = self.attn.k_cache, self.attn.v_cache
@@ -131,10 +142,12 @@ class Int4Linear:
             out.copy_(y)
 
 
-def _linear(linear: nn.Module, eps: float) -> Callable | None:
+def _linear(linear: nn.Module, eps: float, bias_ok: bool = False) -> Callable | None:
+    """The linear's callable, or None where neither kernel takes it (bias_ok: the caller adds
+    the bias elsewhere)."""
     w4 = getattr(linear, "w4", None)
     pack = None if w4 is None else w4.cpu_pack
-    if pack is None or pack.perm is not None or linear.bias is not None:
+    if pack is None or pack.perm is not None or (linear.bias is not None and not bias_ok):
         return None
     if pack.native is not None:
         return NativeLinear(pack.native, eps)
@@ -144,7 +157,7 @@ def _linear(linear: nn.Module, eps: float) -> Callable | None:
 class CpuDecodePlan:
     """The fast decode of one LlamaModel (see the module docstring); build() says if it applies."""
 
-    def __init__(self, model: nn.Module, layers: list[CpuLayerPlan]):
+    def __init__(self, model: nn.Module, layers: list[CpuLayerPlan], native: bool):
         first = model.layers[0].self_attn
         self.anchor = first.qkv_proj.w4.cpu_pack
         self.layers = layers
@@ -153,12 +166,10 @@ class CpuDecodePlan:
         self.q_size, self.kv_size = first.q_size, first.kv_size
         self.inter = model.layers[0].mlp.down_proj.in_features
         self.cos_sin = model.rotary.cos_sin
-        # Attention as one C call where it runs (and every linear is on our kernel: both need
-        # the same CPU), else torch ops (_torch_attention).
-        native = all(isinstance(lp.qkv, NativeLinear) for lp in layers) and decode_attention_native.available(
-            first.num_heads, first.num_kv_heads, first.head_dim)
+        # Attention as one C call where it runs (native: see build), else torch ops (_torch_attention).
+        qk_eps = first.q_norm.eps if first.qk_norm else 0.0
         self.native_attention = decode_attention_native.DecodeAttention(
-            first.num_heads, first.num_kv_heads, first.head_dim, first.attn.scale) if native else None
+            first.num_heads, first.num_kv_heads, first.head_dim, first.attn.scale, qk_eps) if native else None
         d = self.head_dim
         # Per-step buffers (one layer at a time uses them), max_rows rows: fp32 q|k|v and
         # gate|up, attention's output; the torch path's views of their first row.
@@ -184,27 +195,41 @@ class CpuDecodePlan:
         if tp_size() != 1 or table.dtype != torch.float32 \
                 or table.shape[-1] != model.layers[0].self_attn.head_dim:
             return None
-        plans, eps = [], None
+        first = model.layers[0].self_attn
+        # Our attention call where it runs and every linear is on our kernel (both need the same
+        # CPU); only it takes a qkv bias or q / k norms.
+        native = decode_attention_native.available(first.num_heads, first.num_kv_heads, first.head_dim)
+        plans, eps, qk_eps = [], None, None
         for layer in model.layers:
             attn_mod, mlp = layer.self_attn, layer.mlp
-            if type(layer) is not LlamaDecoderLayer or type(mlp) is not LlamaMLP \
-                    or mlp.gated_act != "silu" or attn_mod.qk_norm:
+            if type(layer) is not LlamaDecoderLayer or type(mlp) is not LlamaMLP or mlp.gated_act != "silu":
                 return None
             attn = attn_mod.attn
             if attn.window or attn.sinks is not None or attn.sliding_group:
                 return None
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
-            if any(n.weight.dtype != torch.float32 or not n.weight.is_contiguous() for n in norms):
+            qk = (attn_mod.q_norm, attn_mod.k_norm) if attn_mod.qk_norm else ()
+            if any(type(n) is not RMSNorm for n in qk):  # Gemma's (1 + weight) norms: not ours
+                return None
+            bias = attn_mod.qkv_proj.bias
+            if any(n.weight.dtype != torch.float32 or not n.weight.is_contiguous() for n in norms + qk) \
+                    or (bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous())):
                 return None
             if {norms[0].eps, norms[1].eps, eps or norms[0].eps} != {norms[0].eps}:
                 return None
-            eps = norms[0].eps
-            packs = [_linear(m, eps) for m in (attn_mod.qkv_proj, attn_mod.o_proj, mlp.gate_up_proj,
-                                               mlp.down_proj)]
+            if qk and {qk[0].eps, qk[1].eps, qk_eps or qk[0].eps} != {qk[0].eps}:
+                return None
+            eps, qk_eps = norms[0].eps, qk[0].eps if qk else None
+            packs = [_linear(attn_mod.qkv_proj, eps, bias_ok=True), _linear(attn_mod.o_proj, eps),
+                     _linear(mlp.gate_up_proj, eps), _linear(mlp.down_proj, eps)]
             if any(p is None for p in packs):
                 return None
-            plans.append(CpuLayerPlan(attn, norms[0].weight, norms[1].weight, *packs))
-        return CpuDecodePlan(model, plans) if plans else None
+            native = native and isinstance(packs[0], NativeLinear)
+            plans.append(CpuLayerPlan(attn, norms[0].weight, norms[1].weight, *packs, qkv_bias=bias,
+                                      q_norm=qk[0].weight if qk else None, k_norm=qk[1].weight if qk else None))
+        if not native and any(lp.qkv_bias is not None or lp.q_norm is not None for lp in plans):
+            return None  # torch's attention path has neither
+        return CpuDecodePlan(model, plans, native) if plans else None
 
     def current(self, model: nn.Module) -> bool:
         """Whether the model's int4 packs are still those this plan holds."""
@@ -261,7 +286,7 @@ class CpuDecodePlan:
         call, qkv_buf, attn = self.native_attention, self.qkv_buf[:rows], self.attn[:rows]
 
         def attend(lp: CpuLayerPlan) -> None:
-            call(qkv_buf, cos_sin, lp.k_cache, lp.v_cache, table, info, attn)
+            call(qkv_buf, cos_sin, lp.k_cache, lp.v_cache, table, info, attn, *lp.extras)
 
         return attend
 
