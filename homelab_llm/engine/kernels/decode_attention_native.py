@@ -9,9 +9,10 @@ sequences took the general path's gathers and SDPA per sequence. This does it in
 all of a step's rows (up to the plan's row limit): add the qkv projection's bias (Qwen2) and
 normalize each q / k head (Qwen3's RMSNorm) where the model has them, rotate q and k
 (rotate-half RoPE from each row's cos | sin row), store k and v at each row's slot, then attend
-each row over its sequence's pages up to its own position (causal across a sequence's rows), the query heads of a KV head
-reading each key and value row once; positions in chunks of 256, (row, KV head, chunk) tasks on
-torch's OpenMP team when there is enough work, merged by their maxima. fp32 throughout; the
+each row over its sequence's pages up to its own position (causal across a sequence's rows),
+the query heads of a KV head reading each key and value row once; positions in chunks of 256,
+(row, KV head, chunk) tasks on torch's OpenMP team when there is enough work, merged by their
+maxima. fp32 throughout; the
 exponential is a polynomial (~1e-7 relative), so the result is the torch path's up to fp32
 rounding: tests/engine/test_decode_attention_native.py bounds it (1e-5) against rotary + SDPA on
 random pages.
