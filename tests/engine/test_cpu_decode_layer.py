@@ -1,4 +1,4 @@
-"""The one-sequence CPU decode path (model/cpu_decode_layer.py) against the general CPU default
+"""The CPU decode plan (model/cpu_decode_layer.py) against the general CPU default
 path on the real SmolLM2-135M Q4_1 file, with either set of kernels it drives (ours: the AVX2
 4-bit matmuls and the C attention call; torch's int4 kernel and attention ops): the same model
 and cache layout, a prompt then the same 8 decode tokens each way (the general path's greedy
@@ -12,9 +12,12 @@ about as much as the bf16 kernels themselves: scaling the general path's norm we
 int8 activation codes (a flipped code moves by absmax / 127 of its block): < 0.06 and < 0.075
 (observed 0.032 and 0.035); greedy picks agree on >= 6 of 8 steps (observed 7: one pick is a
 near tie). A wrong rotation sign moves them 71%, attention one key short 24%.
-The rotation matrix alone equals layers/rotary.apply_rotary to fp32 rounding (1e-5). Also: the
-path is taken for one sequence's decode step, not for a prefill or a two-sequence step, and
-scattered pages (gathered) give the same logits as consecutive ones (viewed), bit for bit.
+The rotation matrix alone equals layers/rotary.apply_rotary to fp32 rounding (1e-5). With our
+kernels the plan also takes steps of several rows (sequences' decode tokens, a verify-like step,
+a short prompt, 20 sequences at once; observed 0.016 / 0.039 against the same bounds); a prompt
+chunk of more than SEQ_ROWS tokens or more than max_rows rows takes the general path (with
+torch's kernels, anything but one sequence's one token). Scattered pages (gathered) give the
+same logits as consecutive ones (viewed), bit for bit.
 tests/engine/test_cpu_default.py bounds the plan's decode against the exact fp32 path."""
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def test_default_logits_stay_near_the_exact_path(models, smollm2_tokenizer, prom
 
 
 def test_default_decode_stays_near_the_exact_path(models, smollm2_tokenizer):
-    """One-token decode steps (the one-sequence plan, model/cpu_decode_layer.py) against the
+    """One-token decode steps (the decode plan, model/cpu_decode_layer.py) against the
     exact path's, the same tokens fed to both: the bounds of the prefill test above (torch's
     kernel: 0.008 relative, max 0.009 of max |logit|, 8 of 8 picks, 0.008-0.014 over the 3
     prompts; ours: 0.016 relative, max 0.023, 8 of 8 picks; 0.013-0.037 over the 3 prompts across
