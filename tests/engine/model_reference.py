@@ -5,8 +5,11 @@ attention layers, one ForwardContext per step), without the scheduler.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -179,6 +182,24 @@ def two_rank_logits(folder: Path, work: Path, prompt: list[int], decode: list[in
     mp.spawn(gloo_rank_logits, args=(str(folder), str(work / "rendezvous"), str(out), prompt, decode),
              nprocs=2, join=True)
     return torch.load(out)
+
+@contextmanager
+def plan_steps() -> Iterator[list[bool]]:
+    """Records, per call of the CPU decode plan (model/cpu_decode_layer.CpuDecodePlan.decode),
+    whether it took the step (returned the residual stream, not None)."""
+    from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
+
+    taken: list[bool] = []
+    real = CpuDecodePlan.decode
+
+    def spy(self, *args: Any, **kwargs: Any):
+        out = real(self, *args, **kwargs)
+        taken.append(out is not None)
+        return out
+
+    with mock.patch.object(CpuDecodePlan, "decode", spy):
+        yield taken
+
 
 # -- GGUF files for tests ----------------------------------------------------------------------
 _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight",

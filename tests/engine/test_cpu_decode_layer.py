@@ -22,8 +22,6 @@ tests/engine/test_cpu_default.py bounds the plan's decode against the exact fp32
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 
@@ -32,7 +30,7 @@ from homelab_llm.engine.layers.rotary import apply_rotary
 from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.model.cpu_decode_layer import SEQ_ROWS, CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
-from model_reference import PagedHarness
+from model_reference import PagedHarness, plan_steps
 
 pytestmark = pytest.mark.skipif(not w4a16_cpu.cpu_kernel_available(),
                                 reason="this torch has no CPU int4 kernel")
@@ -84,13 +82,12 @@ def test_fast_decode_matches_the_general_path(fast):
     try:
         tokens: list[int] = []
         ref = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), None, tokens)
-        with mock.patch.object(CpuDecodePlan, "decode", autospec=True,
-                               side_effect=CpuDecodePlan.decode) as spy:
+        with plan_steps() as taken:
             got = _decode(fast, PagedHarness(fast, num_pages=16, page_size=4), plan, tokens)
         native = isinstance(plan.layers[0].qkv, NativeLinear)
         # The prompt's 7 rows take the plan with our attention call (any rows up to max_rows),
         # not with torch's (one token a step).
-        assert spy.call_count == STEPS + native
+        assert sum(taken) == STEPS + native
         assert (plan.native_attention is not None) == native  # our attention call comes with our linears
         rel_bound, max_bound = (0.06, 0.075) if native else (0.03, 0.05)
         assert _rel(got, ref) < rel_bound
@@ -136,10 +133,9 @@ def test_steps_of_several_rows_match_the_general_path(fast):
             fast.model.cpu_decode = use
             harness = PagedHarness(fast, num_pages=64, page_size=4)
             harness.free_pages = torch.randperm(64, generator=torch.Generator().manual_seed(1)).tolist()
-            with mock.patch.object(CpuDecodePlan, "_layers", autospec=True,
-                                   side_effect=CpuDecodePlan._layers) as layers:
+            with plan_steps() as taken:
                 runs.append([harness.step(batch) for batch in steps])
-            assert layers.call_count == (0 if use is None else len(steps) - 1)
+            assert sum(taken) == (0 if use is None else len(steps) - 1)
     finally:
         fast.model.cpu_decode = plan
     ref, got = (torch.cat(r[1:]) for r in runs)
@@ -155,11 +151,11 @@ def test_other_steps_take_the_general_path(fast):
     plan = fast.model.cpu_decode
     harness = PagedHarness(fast, num_pages=plan.max_rows + 16, page_size=4)
     harness.step({"a": PROMPT, "b": PROMPT[:3]})
-    with mock.patch.object(CpuDecodePlan, "_layers", autospec=True) as layers:
+    with plan_steps() as taken:
         harness.step({"a": list(range(5, 5 + SEQ_ROWS + 1)), "b": [4]})  # a prompt chunk
         harness.step({f"s{i}": [4] for i in range(plan.max_rows + 1)})  # too many rows
         if plan.max_rows == 1:
             harness.step({"a": [5], "b": [6]})  # two sequences
             harness.step({"a": [5, 6]})  # two new tokens
-    assert not layers.called
+    assert not any(taken)
     assert plan.current(fast.model)

@@ -215,3 +215,30 @@ int attend_rows(const float *qkv, int64_t ldqkv, int64_t rows, int64_t hq, int64
     }
     return 0;
 }
+
+/* attend_rows's arguments as one struct (decode_attention_native.AttendCall mirrors it; every
+ * field 8 bytes): one pointer through ctypes instead of 20 arguments. */
+typedef struct {
+    const float *qkv;
+    int64_t ldqkv, rows, hq, hkv, d;
+    const float *cos_sin;
+    float *k_cache, *v_cache;
+    const int32_t *page_table;
+    int64_t table_stride;
+    const int64_t *info;
+    int64_t page_size;
+    double scale;
+    float *out;
+    int64_t ldout;
+    const float *bias, *q_norm, *k_norm;
+    double eps;
+} attend_call;
+
+int attend_rows_call(const attend_call *c) {
+    return attend_rows(c->qkv, c->ldqkv, c->rows, c->hq, c->hkv, c->d, c->cos_sin, c->k_cache, c->v_cache,
+                       c->page_table, c->table_stride, c->info, c->page_size, (float)c->scale, c->out, c->ldout,
+                       c->bias, c->q_norm, c->k_norm, (float)c->eps);
+}
+
+/* The struct's size, which the loader checks against its own. */
+int64_t attend_call_size(void) { return (int64_t)sizeof(attend_call); }

@@ -36,6 +36,19 @@ SOURCE = Path(__file__).with_name("decode_attention_cpu.c")
 MAX_GROUP, MAX_DIM = 16, 256
 
 
+class AttendCall(ctypes.Structure):
+    """attend_rows's arguments as one struct (decode_attention_cpu.c's attend_call), bound once
+    per layer by the decode plan (DecodeAttention.bind)."""
+
+    _fields_ = [("qkv", ctypes.c_void_p), ("ldqkv", ctypes.c_int64), ("rows", ctypes.c_int64),
+                ("hq", ctypes.c_int64), ("hkv", ctypes.c_int64), ("d", ctypes.c_int64),
+                ("cos_sin", ctypes.c_void_p), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("page_table", ctypes.c_void_p), ("table_stride", ctypes.c_int64), ("info", ctypes.c_void_p),
+                ("page_size", ctypes.c_int64), ("scale", ctypes.c_double), ("out", ctypes.c_void_p),
+                ("ldout", ctypes.c_int64), ("bias", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("eps", ctypes.c_double)]
+
+
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
     if not q4_native.cpu_supports():
@@ -47,6 +60,10 @@ def library() -> ctypes.CDLL | None:
     lib.attend_rows.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64,
                                 ctypes.c_float, ptr, i64, ptr, ptr, ptr, ctypes.c_float]
     lib.attend_rows.restype = ctypes.c_int
+    lib.attend_rows_call.argtypes, lib.attend_rows_call.restype = [ctypes.POINTER(AttendCall)], ctypes.c_int
+    lib.attend_call_size.argtypes, lib.attend_call_size.restype = [], i64
+    if lib.attend_call_size() != ctypes.sizeof(AttendCall):
+        return None
     return lib
 
 
@@ -56,16 +73,21 @@ def available(q_heads: int, kv_heads: int, head_dim: int) -> bool:
             and q_heads // kv_heads <= MAX_GROUP and q4_native.available() and library() is not None)
 
 
-def row_info(query_lens: list[int], seq_lens: list[int], slots: list[int]) -> ctypes.Array:
+def row_info(query_lens: list[int], seq_lens: list[int], slots: list[int],
+             into: ctypes.Array | None = None) -> ctypes.Array:
     """The C call's per-row triples for a step: (the row's sequence index in the page table, its
-    cache slot, the positions it attends). A sequence with n new tokens and seq_len positions in
-    all (its new ones included) has rows attending seq_len - n + 1 ... seq_len positions."""
+    cache slot, the positions it attends), written into `into` (at least 3 per row) if given. A
+    sequence with n new tokens and seq_len positions in all (its new ones included) has rows
+    attending seq_len - n + 1 ... seq_len positions."""
     info: list[int] = []
     slot = iter(slots)
     for seq, (new, total) in enumerate(zip(query_lens, seq_lens)):
         for j in range(new):
             info += (seq, next(slot), total - new + 1 + j)
-    return (ctypes.c_int64 * len(info))(*info)
+    if into is None:
+        return (ctypes.c_int64 * len(info))(*info)
+    into[: len(info)] = info
+    return into
 
 
 class DecodeAttention:
@@ -77,6 +99,17 @@ class DecodeAttention:
     def __init__(self, q_heads: int, kv_heads: int, head_dim: int, scale: float, eps: float = 0.0):
         self.fn = library().attend_rows
         self.hq, self.hkv, self.d, self.scale, self.eps = q_heads, kv_heads, head_dim, scale, eps
+
+    def bind(self, qkv: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, info: ctypes.Array, out: torch.Tensor, bias: int | None = None,
+             q_norm: int | None = None, k_norm: int | None = None) -> AttendCall:
+        """__call__'s arguments as a struct for library().attend_rows_call, but for the page
+        table (set its page_table / table_stride each step): valid while the tensors and info
+        keep their storage (the caller holds them)."""
+        return AttendCall(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], self.hq, self.hkv, self.d,
+                          cos_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), None, 0,
+                          ctypes.addressof(info), k_cache.shape[1], self.scale, out.data_ptr(),
+                          out.stride(0), bias, q_norm, k_norm, self.eps)
 
     def __call__(self, qkv: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, page_table: torch.Tensor, info: ctypes.Array,

@@ -46,6 +46,7 @@ Invariant: a plan is built for the packs present when it was built; `current` no
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from collections.abc import Callable
@@ -56,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from homelab_llm.engine.context import ForwardContext
-from homelab_llm.engine.kernels import decode_attention_native
+from homelab_llm.engine.kernels import decode_attention_native, q4_native
 from homelab_llm.engine.kernels.cpu_threads import single_thread
 from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.kernels.w4a16_cpu import NATIVE_ROWS
@@ -186,6 +187,13 @@ class CpuDecodePlan:
         # SDPA's output shape [1, Hkv, Hq / Hkv, D] over the first row.
         self.attn_heads = self.attn[:1].view(self.q_grouped.shape)
         self.rotation = torch.zeros(d, d)
+        # Our kernels' path: the residual stream, each row's cos | sin and the attention call's
+        # row triples in buffers of their own, so each row count's calls are bound once (bound:
+        # rows -> _bind's lists; cleared when the caches move).
+        self.residual = torch.empty(self.max_rows, model.norm.weight.shape[0])
+        self.cos_buf = torch.empty(self.max_rows, d)
+        self.info = (ctypes.c_int64 * (3 * self.max_rows))()
+        self.bound: dict[int, tuple[list, list]] = {}
 
     @staticmethod
     def build(model: nn.Module) -> CpuDecodePlan | None:
@@ -238,8 +246,9 @@ class CpuDecodePlan:
     def decode(self, hidden: torch.Tensor, positions: torch.Tensor,
                ctx: ForwardContext) -> torch.Tensor | None:
         """hidden [R, H] fp32 embeddings of a step's new tokens (R <= max_rows, SEQ_ROWS a
-        sequence; with torch's attention one sequence's one token) -> the residual stream after the last layer (x +
-        residual, before the final norm); None when the step is not this path's (see the module
+        sequence; with torch's attention one sequence's one token) -> the residual stream after
+        the last layer (x + residual, before the final norm; with our kernels a view of a buffer
+        the next step overwrites); None when the step is not this path's (see the module
         docstring)."""
         rows, q_lens, s_lens = hidden.shape[0], ctx.query_lens_host, ctx.seq_lens_host
         if not q_lens or s_lens is None or rows > self.max_rows or sum(q_lens) != rows \
@@ -252,6 +261,7 @@ class CpuDecodePlan:
                 if lp.attn.k_cache is None or lp.attn.k_cache.dtype != torch.float32:
                     return None
                 lp.bind()
+                self.bound.clear()  # the bound calls point at the old caches
         slot, table = ctx.slot_mapping, ctx.page_table
         if slot.dtype != torch.int64:
             return None
@@ -259,15 +269,14 @@ class CpuDecodePlan:
         if min(slots) < 0:
             return None
         if self.native_attention is not None and table.dtype == torch.int32 and table.stride(1) == 1:
-            info = decode_attention_native.row_info(q_lens, s_lens, slots)
-            attend = self._native_attention(self.cos_sin.index_select(0, positions), table, info, rows)
-        elif rows == 1:
+            decode_attention_native.row_info(q_lens, s_lens, slots, into=self.info)
+            torch.index_select(self.cos_sin, 0, positions, out=self.cos_buf[:rows])
+            return self._bound_layers(hidden, table)
+        if rows == 1:
             seq_len = s_lens[0]
             pages = table[0, : (seq_len + layers[0].k_cache.shape[1] - 1) // layers[0].k_cache.shape[1]]
-            attend = self._torch_attention(self.rotation_matrix(positions), slot, seq_len, pages)
-        else:
-            return None
-        return self._layers(hidden, attend)
+            return self._layers(hidden, self._torch_attention(self.rotation_matrix(positions), slot, seq_len, pages))
+        return None
 
     def rotation_matrix(self, positions: torch.Tensor) -> torch.Tensor:
         """The [D, D] matrix R with rotate(x) = x @ R at this position: layers/rotary's
@@ -279,16 +288,41 @@ class CpuDecodePlan:
         torch.neg(sin, out=r.diagonal(-half))
         return r
 
-    def _native_attention(self, cos_sin: torch.Tensor, table: torch.Tensor, info,
-                          rows: int) -> Callable[[CpuLayerPlan], None]:
-        """A layer's attention as one C call (kernels/decode_attention_native.py): rotation,
-        cache store and attention over the pages for every row, into self.attn."""
-        call, qkv_buf, attn = self.native_attention, self.qkv_buf[:rows], self.attn[:rows]
+    def _bound_layers(self, hidden: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Every layer through our kernels' struct calls (bound once per row count: the buffers,
+        weights and caches stay put; the page table is set each step), on the residual buffer;
+        cos_buf and info hold the step's rows (decode)."""
+        rows = hidden.shape[0]
+        calls, attends = self.bound.get(rows) or self._bind(rows)
+        table_ptr, table_stride = table.data_ptr(), table.stride(0)
+        for call in attends:
+            call.page_table, call.table_stride = table_ptr, table_stride
+        residual = self.residual[:rows]
+        residual.copy_(hidden)
+        for fn, ref in calls:
+            code = fn(ref)
+            if code:
+                raise MemoryError(f"native CPU kernel call failed ({code}): no memory for its scratch")
+        return residual
 
-        def attend(lp: CpuLayerPlan) -> None:
-            call(qkv_buf, cos_sin, lp.k_cache, lp.v_cache, table, info, attn, *lp.extras)
-
-        return attend
+    def _bind(self, rows: int) -> tuple[list, list]:
+        """(the step's calls in order: (C function, struct reference), the attention structs) for
+        `rows` rows."""
+        qkv, gu, attn, residual = self.qkv_buf[:rows], self.gu_buf[:rows], self.attn[:rows], self.residual[:rows]
+        matmul, attend = q4_native.library().q_matmul_call, decode_attention_native.library().attend_rows_call
+        calls, attends = [], []
+        for lp in self.layers:
+            call = self.native_attention.bind(qkv, self.cos_buf[:rows], lp.k_cache, lp.v_cache, self.info, attn,
+                                              *lp.extras)
+            attends.append(call)
+            for fn, struct in ((matmul, lp.qkv.bind(residual, qkv, False, lp.norm1)),  # RMSNorm inside
+                               (attend, call),
+                               (matmul, lp.o.bind(attn, residual, True)),
+                               (matmul, lp.gate_up.bind(residual, gu, False, lp.norm2)),
+                               (matmul, lp.down.bind(gu, residual, True, None, True))):  # silu(gate) * up
+                calls.append((fn, ctypes.byref(struct)))  # the reference keeps the struct alive
+        self.bound[rows] = calls, attends
+        return calls, attends
 
     def _torch_attention(self, rotation: torch.Tensor, slot: torch.Tensor, seq_len: int,
                          pages: torch.Tensor) -> Callable[[CpuLayerPlan], None]:
