@@ -121,9 +121,12 @@ static void head_norms(float *x, const float *w, int64_t nh, int64_t d, float ep
             const __m256 v = _mm256_loadu_ps(x + j);
             ss = _mm256_fmadd_ps(v, v, ss);
         }
-        const __m256 scale = _mm256_set1_ps(1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(hsum8(ss) / (float)d + eps))));
-        for (int64_t j = 0; j < d; j += 8)
-            _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), scale), _mm256_loadu_ps(w + j)));
+        const float mean = hsum8(ss) / (float)d;
+        const __m256 scale = _mm256_set1_ps(1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(mean + eps))));
+        for (int64_t j = 0; j < d; j += 8) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), scale);
+            _mm256_storeu_ps(x + j, _mm256_mul_ps(v, _mm256_loadu_ps(w + j)));
+        }
     }
 }
 
