@@ -201,6 +201,30 @@ def plan_steps() -> Iterator[list[bool]]:
         yield taken
 
 
+def plan_and_general(model, steps: list[dict[str, list[int]]], num_pages: int,
+                     seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `steps` (the first through the general path either way: it must exceed the plan's
+    rows) once with the model's CPU decode plan off and once on, on fresh caches with the same
+    shuffled pages; checks that the plan took every later step (and none when off) and that the
+    first step's logits are equal. Returns (the general path's, the plan's) logits of the later
+    steps, concatenated."""
+    plan = model.model.cpu_decode
+    runs = []
+    try:
+        for use in (None, plan):
+            model.model.cpu_decode = use
+            harness = PagedHarness(model, num_pages=num_pages, page_size=4)
+            harness.free_pages = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
+            with plan_steps() as taken:
+                runs.append([harness.step(batch) for batch in steps])
+            assert sum(taken) == (0 if use is None else len(steps) - 1)
+    finally:
+        model.model.cpu_decode = plan
+    assert torch.equal(runs[0][0], runs[1][0])
+    ref, got = (torch.cat(r[1:]) for r in runs)
+    return ref, got
+
+
 # -- GGUF files for tests ----------------------------------------------------------------------
 _GGUF_LAYER = {"input_layernorm.weight": "attn_norm.weight",
                "post_attention_layernorm.weight": "ffn_norm.weight",

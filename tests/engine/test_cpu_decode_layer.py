@@ -30,7 +30,7 @@ from homelab_llm.engine.layers.rotary import apply_rotary
 from homelab_llm.engine.kernels.q4_native import NativeLinear
 from homelab_llm.engine.model.cpu_decode_layer import SEQ_ROWS, CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
-from model_reference import PagedHarness, plan_steps
+from model_reference import PagedHarness, plan_and_general, plan_steps
 
 pytestmark = pytest.mark.skipif(not w4a16_cpu.cpu_kernel_available(),
                                 reason="this torch has no CPU int4 kernel")
@@ -127,19 +127,7 @@ def test_steps_of_several_rows_match_the_general_path(fast):
              {"a": [7, 8, 9, 10, 11]},
              {"a": [12], "b": [13, 14, 15], "c": PROMPT},
              {"b": [16], "c": [17], **{name: [20 + i] for i, name in enumerate(many)}}]
-    runs = []
-    try:
-        for use in (None, plan):
-            fast.model.cpu_decode = use
-            harness = PagedHarness(fast, num_pages=64, page_size=4)
-            harness.free_pages = torch.randperm(64, generator=torch.Generator().manual_seed(1)).tolist()
-            with plan_steps() as taken:
-                runs.append([harness.step(batch) for batch in steps])
-            assert sum(taken) == (0 if use is None else len(steps) - 1)
-    finally:
-        fast.model.cpu_decode = plan
-    ref, got = (torch.cat(r[1:]) for r in runs)
-    assert torch.equal(runs[0][0], runs[1][0])
+    ref, got = plan_and_general(fast, steps, num_pages=64, seed=1)
     assert _rel(got, ref) < 0.06
     assert float((got - ref).abs().max()) < 0.075 * float(ref.abs().max())
     assert int((got.argmax(-1) == ref.argmax(-1)).sum()) >= got.shape[0] - 3

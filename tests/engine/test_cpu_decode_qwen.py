@@ -18,7 +18,7 @@ import torch
 from homelab_llm.engine.kernels import decode_attention_native, q4_native
 from homelab_llm.engine.model.cpu_decode_layer import CpuDecodePlan
 from homelab_llm.engine.model.loader import load_model, load_model_config
-from model_reference import PagedHarness, hf_logits, hf_to_gguf, load_ours, make_hf_model, plan_steps
+from model_reference import PagedHarness, hf_logits, hf_to_gguf, load_ours, make_hf_model, plan_and_general
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7]
 ROPE = dict(rope_type="default", rope_theta=1e6)
@@ -60,18 +60,7 @@ def test_plan_with_bias_and_qk_norms_matches_the_general_path(qwen):
              {"a": [5]},
              {"a": [7, 8, 9, 10, 11], "b": [6]},
              {"a": [12], "b": [13, 14, 15], "c": PROMPT}]
-    runs = []
-    try:
-        for use in (None, plan):
-            model.model.cpu_decode = use
-            harness = PagedHarness(model, num_pages=32, page_size=4)
-            harness.free_pages = torch.randperm(32, generator=torch.Generator().manual_seed(2)).tolist()
-            with plan_steps() as taken:
-                runs.append([harness.step(batch) for batch in steps])
-            assert sum(taken) == (0 if use is None else len(steps) - 1)
-    finally:
-        model.model.cpu_decode = plan
-    ref, got = (torch.cat(r[1:]) for r in runs)
+    ref, got = plan_and_general(model, steps, num_pages=32, seed=2)
     rel = float((got - ref).norm() / ref.norm())
     assert rel < 0.02
     assert float((got - ref).abs().max()) < 0.03 * float(ref.abs().max())

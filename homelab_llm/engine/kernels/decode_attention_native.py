@@ -56,12 +56,8 @@ def library() -> ctypes.CDLL | None:
     lib = native_build.load(SOURCE, q4_native.FLAGS, q4_native.HEADERS)
     if lib is None:
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.attend_rows.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, i64,
-                                ctypes.c_float, ptr, i64, ptr, ptr, ptr, ctypes.c_float]
-    lib.attend_rows.restype = ctypes.c_int
     lib.attend_rows_call.argtypes, lib.attend_rows_call.restype = [ctypes.POINTER(AttendCall)], ctypes.c_int
-    lib.attend_call_size.argtypes, lib.attend_call_size.restype = [], i64
+    lib.attend_call_size.argtypes, lib.attend_call_size.restype = [], ctypes.c_int64
     if lib.attend_call_size() != ctypes.sizeof(AttendCall):
         return None
     return lib
@@ -97,7 +93,7 @@ class DecodeAttention:
     __slots__ = ("fn", "hq", "hkv", "d", "scale", "eps")
 
     def __init__(self, q_heads: int, kv_heads: int, head_dim: int, scale: float, eps: float = 0.0):
-        self.fn = library().attend_rows
+        self.fn = library().attend_rows_call
         self.hq, self.hkv, self.d, self.scale, self.eps = q_heads, kv_heads, head_dim, scale, eps
 
     def bind(self, qkv: torch.Tensor, cos_sin: torch.Tensor, k_cache: torch.Tensor,
@@ -122,10 +118,9 @@ class DecodeAttention:
         projection's fp32 [(hq + 2 hkv) d] bias, added first; q_norm / k_norm: those of each q / k
         head's fp32 [d] RMSNorm weight (both or neither), applied before the rotation. The caller
         checks dtypes and layouts once (the plan)."""
-        code = self.fn(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], self.hq, self.hkv, self.d,
-                       cos_sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), page_table.data_ptr(),
-                       page_table.stride(0), info, k_cache.shape[1], self.scale, out.data_ptr(), out.stride(0),
-                       bias, q_norm, k_norm, self.eps)
+        call = self.bind(qkv, cos_sin, k_cache, v_cache, info, out, bias, q_norm, k_norm)
+        call.page_table, call.table_stride = page_table.data_ptr(), page_table.stride(0)
+        code = self.fn(ctypes.byref(call))
         if code == -2:
             raise MemoryError("native decode attention: no memory for its scratch")
         if code:

@@ -37,10 +37,9 @@ distance from the exact fp32 path).
 
 Taken only when every layer is a plain LlamaDecoderLayer of the CPU default (all linears through
 a CPU 4-bit kernel, SiLU MLP, no window/sinks, one rank; a qkv bias (Qwen2) or q / k norms
-(Qwen3) only with our attention call, no other bias) and a step has
-at most MAX_ROWS new tokens, SEQ_ROWS a sequence (with torch's kernels: one sequence's one token)
-over an fp32 cache
-(not int8). Anything else: None, and the caller runs the general path.
+(Qwen3) only with our attention call, no other bias) and a step has at most MAX_ROWS new tokens,
+SEQ_ROWS a sequence (with torch's kernels: one sequence's one token), over an fp32 cache (not
+int8). Anything else: None, and the caller runs the general path.
 Invariant: a plan is built for the packs present when it was built; `current` notices a repack.
 """
 
@@ -309,7 +308,7 @@ class CpuDecodePlan:
         """(the step's calls in order: (C function, struct reference), the attention structs) for
         `rows` rows."""
         qkv, gu, attn, residual = self.qkv_buf[:rows], self.gu_buf[:rows], self.attn[:rows], self.residual[:rows]
-        matmul, attend = q4_native.library().q_matmul_call, decode_attention_native.library().attend_rows_call
+        matmul, attend = q4_native.library().q_matmul_call, self.native_attention.fn
         calls, attends = [], []
         for lp in self.layers:
             call = self.native_attention.bind(qkv, self.cos_buf[:rows], lp.k_cache, lp.v_cache, self.info, attn,
