@@ -103,9 +103,14 @@ class ServiceManager:
                  clock: Callable[[], float] = time.monotonic,
                  pidfiles: PidFiles | None = None) -> None:
         """pidfiles: where running services and their logs are kept (None: a private temporary
-        folder, so tests and embedded uses never see each other's services)."""
+        folder, removed with the manager, so tests and embedded uses never see each other's
+        services)."""
         self.grace_s = grace_s
-        self.pidfiles = pidfiles or PidFiles(Path(tempfile.mkdtemp(prefix="homelab-llm-")))
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        if pidfiles is None:  # removed with the manager or at exit (tests start hundreds)
+            self._scratch = tempfile.TemporaryDirectory(prefix="homelab-llm-")
+            pidfiles = PidFiles(Path(self._scratch.name))
+        self.pidfiles = pidfiles
         self.health_interval_s = health_interval_s
         self.clock = clock
         self.logs: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
