@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.engine.kernels.compile_known import KNOWN_FILE, compile_key, load_known, write_known
+
 REPO = Path(__file__).resolve().parents[3]
 KERNEL_DIR = REPO / "homelab_llm" / "engine" / "kernels"
 # target name -> (backend, arch, warp size, tuning-table entry)
@@ -884,24 +886,38 @@ def _chain(e: BaseException) -> str:
     return "\n  caused by ".join(parts)
 
 
-def compile_one(spec: dict, target: str, usage: bool = False) -> tuple[str | None, int] | tuple[str | None, int, dict]:
-    """(None when it compiles, else the compiler's message; shared memory bytes it uses), and
-    with usage=True the resource_usage dict as a third item."""
-    import triton
+def source(spec: dict):
+    """The ASTSource triton.compile takes for one captured launch."""
     from triton.compiler import ASTSource
 
+    fn = _kernel_fn(spec["kernel"])
+    signature, constexprs, attrs = to_source_args(fn, spec)
+    return ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+
+
+def compile_one(spec: dict, target: str, usage: bool = False,
+                key: str | None = None) -> tuple[str | None, int] | tuple[str | None, int, dict]:
+    """(None when it compiles, else the compiler's message; shared memory bytes it uses), and
+    with usage=True the resource_usage dict as a third item. key: compile_known.compile_key's
+    for this compile, checked against the hash Triton's cache gave the binary."""
+    import triton
+
     try:
-        fn = _kernel_fn(spec["kernel"])
-        signature, constexprs, attrs = to_source_args(fn, spec)
-        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        kernel = triton.compile(src, target=_target(target), options=dict(spec["options"]))
+        kernel = triton.compile(source(spec), target=_target(target), options=dict(spec["options"]))
     except Exception as e:  # noqa: BLE001 - every compiler failure is the finding
         return (_chain(e), 0) + (({},) if usage else ())
     shared = getattr(kernel.metadata, "shared", 0) or 0
-    err = None
-    if shared > SMEM_LIMIT[target]:
-        err = f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}"
+    err = _smem_problem(shared, target)
+    if key is not None and kernel.hash != key and err is None:
+        err = (f"Triton cached this compile as {kernel.hash}, compile_known.compile_key gave {key}: "
+               "its memo of passed compiles would not find (or would wrongly find) this one")
     return (err, shared) + ((resource_usage(kernel, target),) if usage else ())
+
+
+def _smem_problem(shared: int, target: str) -> str | None:
+    if shared > SMEM_LIMIT[target]:
+        return f"OutOfResources: needs {shared} bytes of shared memory, {target} has {SMEM_LIMIT[target]}"
+    return None
 
 
 def toolchain_problem(target: str) -> str | None:
@@ -931,15 +947,19 @@ def toolchain_problem(target: str) -> str | None:
 def _compile_worker(jobs_file: str, out_file: str, usage: bool = False) -> None:
     jobs = json.loads(Path(jobs_file).read_text())
     results = []
-    for target, spec in jobs:
+    for target, spec, key in jobs:
         t0 = time.perf_counter()
-        err, shared, *rest = compile_one(spec, target, usage)
-        results.append({"target": target, "kernel": spec["kernel"], "options": spec["options"],
-                        "constexprs": {k: v.get("value") for k, v in spec["args"].items()
-                                       if v["kind"] != "tensor"},
-                        "error": err, "shared": shared, "seconds": round(time.perf_counter() - t0, 2),
-                        "usage": rest[0] if rest else {}})
+        err, shared, *rest = compile_one(spec, target, usage, key)
+        results.append(_result(target, spec, key, err, shared, round(time.perf_counter() - t0, 2),
+                               rest[0] if rest else {}))
     Path(out_file).write_text(json.dumps(results))
+
+
+def _result(target: str, spec: dict, key: str, error: str | None, shared: int, seconds: float,
+            usage: dict, known: bool = False) -> dict:
+    return {"target": target, "kernel": spec["kernel"], "options": spec["options"],
+            "constexprs": {k: v.get("value") for k, v in spec["args"].items() if v["kind"] != "tensor"},
+            "error": error, "shared": shared, "seconds": seconds, "usage": usage, "key": key, "known": known}
 
 
 def _compile_key(fn, spec: dict) -> str:
@@ -969,15 +989,16 @@ def _run(args: list[str], env: dict, timeout: float) -> None:
 
 
 def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0, only: str = "",
-            usage: bool = False) -> dict:
+            usage: bool = False, every: bool = False, known_file: Path = KNOWN_FILE) -> dict:
     """Capture for every target's tuning entry, then compile (kernels whose name contains `only`;
-    usage: also read registers/spills). Returns {"skipped": {target: reason}, "results": [...],
-    "missing": {target: [kernels never launched]}}."""
+    usage: also read registers/spills) what known_file (compile_known's) does not list as passed
+    (every: all of it). Returns {"skipped": {target: reason}, "results": [...], "missing": {target:
+    [kernels never launched]}}; a result from the file has "known" true and 0 seconds."""
     with tempfile.TemporaryDirectory(prefix="gpu_compile_") as tmp:
         interp_env, compile_env = _env(True, f"{tmp}/cache_i"), _env(False, f"{tmp}/cache_c")
         _run(["_capture", ",".join(targets), f"{tmp}/specs.json"], interp_env, timeout)
-        _run(["_plan", ",".join(targets), f"{tmp}/specs.json", f"{tmp}/plan.json", str(jobs), only],
-             compile_env, timeout)
+        _run(["_plan", ",".join(targets), f"{tmp}/specs.json", f"{tmp}/plan.json", str(jobs), only,
+              "" if every or usage else str(known_file)], compile_env, timeout)
         plan = json.loads(Path(f"{tmp}/plan.json").read_text())
         procs = []
         for i, shard in enumerate(plan["shards"]):
@@ -997,7 +1018,7 @@ def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0, only: str
             if p.returncode:
                 raise RuntimeError(f"compile worker {i} crashed:\n{out[-3000:]}")
             results += json.loads(Path(f"{tmp}/out{i}.json").read_text())
-    return {"skipped": plan["skipped"], "results": results, "missing": plan["missing"]}
+    return {"skipped": plan["skipped"], "results": plan["known"] + results, "missing": plan["missing"]}
 
 
 def _main(argv: list[str]) -> int:
@@ -1012,9 +1033,10 @@ def _main(argv: list[str]) -> int:
     if argv and argv[0] == "_plan":
         targets, specs_file, out, jobs = argv[1].split(","), argv[2], argv[3], int(argv[4])
         only = argv[5] if len(argv) > 5 else ""
+        known = load_known(Path(argv[6])) if len(argv) > 6 and argv[6] else {}
         specs = json.loads(Path(specs_file).read_text())
         skipped = {t: r for t in targets if (r := toolchain_problem(t))}
-        work, missing = [], {}
+        work, missing, passed = [], {}, []
         expected = launched_kernels()
         for t in targets:
             missing[t] = sorted(expected - {s["kernel"] for s in specs[t]})
@@ -1025,13 +1047,20 @@ def _main(argv: list[str]) -> int:
                 if only not in s["kernel"]:
                     continue
                 key = _compile_key(_kernel_fn(s["kernel"]), s)
-                if key not in seen:
-                    seen.add(key)
-                    work.append((t, s))
+                if key in seen:
+                    continue
+                seen.add(key)
+                triton_key = compile_key(source(s), _target(t), s["options"])
+                if triton_key in known:  # compiled and passed before, byte for byte the same
+                    shared = known[triton_key]
+                    passed.append(_result(t, s, triton_key, _smem_problem(shared, t), shared, 0.0, {}, known=True))
+                else:
+                    work.append((t, s, triton_key))
         # Longest first (big dot tiles), dealt round-robin so shards finish together.
-        work.sort(key=lambda ts: ("attention" not in ts[1]["kernel"] and "w4a16" not in ts[1]["kernel"]))
+        work.sort(key=lambda w: ("attention" not in w[1]["kernel"] and "w4a16" not in w[1]["kernel"]))
         shards = [work[i::jobs] for i in range(jobs)]
-        Path(out).write_text(json.dumps({"shards": shards, "skipped": skipped, "missing": missing}))
+        Path(out).write_text(json.dumps({"shards": shards, "skipped": skipped, "missing": missing,
+                                         "known": passed}))
         return 0
     if argv and argv[0] == "_compile":
         _compile_worker(argv[1], argv[2], len(argv) > 3 and argv[3] == "usage")
@@ -1042,9 +1071,12 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--kernels", default="", help="compile only kernels whose name contains this")
     ap.add_argument("--regs", action="store_true", help="print registers/spills of each compile")
+    ap.add_argument("--all", action="store_true", help="compile the launches known to pass too")
+    ap.add_argument("--write-known", action="store_true",
+                    help="compile everything, then record what passed (compile_known.KNOWN_FILE)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    report = run_all(a.targets.split(","), a.jobs, only=a.kernels, usage=a.regs)
+    report = run_all(a.targets.split(","), a.jobs, only=a.kernels, usage=a.regs, every=a.all or a.write_known)
     bad = [r for r in report["results"] if r["error"]]
     for t, why in report["skipped"].items():
         print(f"SKIP {t}: {why}")
@@ -1068,7 +1100,14 @@ def _main(argv: list[str]) -> int:
                   f"spills {u.get('spills', '?'):>4} warps {r['options'].get('num_warps')} {consts}")
     for r in bad:
         print(f"FAIL {r['kernel']} [{r['target']}] options={r['options']}\n  {r['error'][:1500]}")
-    print(f"{len(report['results'])} compiles, {len(bad)} failures, {time.perf_counter() - t0:.1f} s wall")
+    known = sum(r["known"] for r in report["results"])
+    print(f"{len(report['results'])} compiles ({known} known to pass: not compiled), {len(bad)} failures, "
+          f"{time.perf_counter() - t0:.1f} s wall")
+    if a.write_known:
+        if a.kernels or a.targets != ",".join(TARGETS):
+            print("--write-known needs every kernel and target: the file was not written")
+            return 2
+        print(f"{write_known(report['results'])} passed compiles written to {KNOWN_FILE}")
     return 1 if bad or any(report["missing"].values()) else 0
 
 
