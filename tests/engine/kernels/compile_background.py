@@ -1,8 +1,9 @@
 """The GPU compile check (test_gpu_compile.py) off the suite's critical path.
 
 Its 935 compiles take ~1,400 s of CPU (12 minutes of wall on two cores of an AVX2 EPYC; the
-TTGIR and LLVM IR passes ~70% of it, the assemblers ~20%) and need nothing from the other
-tests. So when a run selects a test that needs the compile report, the compiles start right
+TTGIR and LLVM IR passes ~70% of it, the assemblers ~20%), of which it runs only those whose
+Triton cache key is not listed as passed (compile_known.py: after a kernel change, the changed
+ones), and need nothing from the other tests. So when a run selects a test that needs the compile report, the compiles start right
 after collection in a child process at lower CPU priority, the tests that read the report move
 to the end of the run, and they wait for it there. The child (and its compile workers, one process
 group) is killed and reaped when the session ends, whatever happened before.

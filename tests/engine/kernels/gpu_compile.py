@@ -1071,12 +1071,14 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--kernels", default="", help="compile only kernels whose name contains this")
     ap.add_argument("--regs", action="store_true", help="print registers/spills of each compile")
+    ap.add_argument("--timeout", type=float, default=4000.0, help="seconds for the whole run")
     ap.add_argument("--all", action="store_true", help="compile the launches known to pass too")
     ap.add_argument("--write-known", action="store_true",
                     help="compile everything, then record what passed (compile_known.KNOWN_FILE)")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    report = run_all(a.targets.split(","), a.jobs, only=a.kernels, usage=a.regs, every=a.all or a.write_known)
+    report = run_all(a.targets.split(","), a.jobs, a.timeout, only=a.kernels, usage=a.regs,
+                     every=a.all or a.write_known)
     bad = [r for r in report["results"] if r["error"]]
     for t, why in report["skipped"].items():
         print(f"SKIP {t}: {why}")

@@ -2,8 +2,9 @@
 on a machine without a GPU (see gpu_compile.py for how launches are captured and compiled).
 
 The CPU interpreter accepts code the real compiler rejects; this is the check that catches it.
-It takes a few minutes on two cores (more on a loaded box) and caches nothing across runs, so
-its timeouts are generous: a slow machine is not a failed compile. In a run of the whole suite
+Compiles listed as passed by their Triton cache key (compile_known.py) are not repeated; the
+rest take up to ~12 minutes on two cores (more on a loaded box), so the timeouts are generous:
+a slow machine is not a failed compile. In a run of the whole suite
 the compiles start right after collection, in the background, and these tests run last
 (compile_background.py).
 """
