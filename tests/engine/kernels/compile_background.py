@@ -1,6 +1,6 @@
 """The GPU compile check (test_gpu_compile.py) off the suite's critical path.
 
-Its 935 compiles take ~1,400 s of CPU (12 minutes of wall on two cores of an AVX2 EPYC; the
+Its 935 compiles take ~1,800 s of CPU (943 s of wall on two idle cores of an AVX2 EPYC; the
 TTGIR and LLVM IR passes ~70% of it, the assemblers ~20%), of which it runs only those whose
 Triton cache key is not listed as passed (compile_known.py: after a kernel change, the changed
 ones), and need nothing from the other tests. So when a run selects a test that needs the compile report, the compiles start right
