@@ -989,15 +989,19 @@ def _run(args: list[str], env: dict, timeout: float) -> None:
 
 
 def run_all(targets: list[str], jobs: int = 2, timeout: float = 300.0, only: str = "",
-            usage: bool = False, every: bool = False, known_file: Path = KNOWN_FILE) -> dict:
+            usage: bool = False, every: bool = False, known_file: Path = KNOWN_FILE,
+            specs_file: Path | None = None) -> dict:
     """Capture for every target's tuning entry, then compile (kernels whose name contains `only`;
     usage: also read registers/spills) what known_file (compile_known's) does not list as passed
     (every: all of it). Returns {"skipped": {target: reason}, "results": [...], "missing": {target:
-    [kernels never launched]}}; a result from the file has "known" true and 0 seconds."""
+    [kernels never launched]}}; a result from the file has "known" true and 0 seconds.
+    specs_file: where the capture is kept (one that exists is used instead of capturing again)."""
     with tempfile.TemporaryDirectory(prefix="gpu_compile_") as tmp:
         interp_env, compile_env = _env(True, f"{tmp}/cache_i"), _env(False, f"{tmp}/cache_c")
-        _run(["_capture", ",".join(targets), f"{tmp}/specs.json"], interp_env, timeout)
-        _run(["_plan", ",".join(targets), f"{tmp}/specs.json", f"{tmp}/plan.json", str(jobs), only,
+        specs = str(specs_file or f"{tmp}/specs.json")
+        if not Path(specs).exists():
+            _run(["_capture", ",".join(targets), specs], interp_env, timeout)
+        _run(["_plan", ",".join(targets), specs, f"{tmp}/plan.json", str(jobs), only,
               "" if every or usage else str(known_file)], compile_env, timeout)
         plan = json.loads(Path(f"{tmp}/plan.json").read_text())
         procs = []

@@ -19,8 +19,8 @@ KERNEL = "_qk_norm_kernel"  # three launches a target, quick compiles
 def test_listed_compiles_are_skipped_and_the_rest_compile(tmp_path) -> None:
     """One compile left off the list compiles again; the listed ones are not compiled, and the
     size check still applies to them (one listed with more shared memory than sm_90 has fails)."""
-    known = tmp_path / "known.json"
-    first = run_all(["sm90"], jobs=1, timeout=900, only=KERNEL, known_file=known)  # no file yet
+    known, specs = tmp_path / "known.json", tmp_path / "specs.json"  # one capture for both runs
+    first = run_all(["sm90"], jobs=1, timeout=900, only=KERNEL, known_file=known, specs_file=specs)  # no file yet
     if "sm90" in first["skipped"]:
         pytest.skip(first["skipped"]["sm90"])
     results = first["results"]
@@ -29,7 +29,7 @@ def test_listed_compiles_are_skipped_and_the_rest_compile(tmp_path) -> None:
     data = json.loads(known.read_text())
     data["passed"][results[1]["key"]] = 10 ** 7
     known.write_text(json.dumps(data))
-    second = run_all(["sm90"], jobs=1, timeout=900, only=KERNEL, known_file=known)["results"]
+    second = run_all(["sm90"], jobs=1, timeout=900, only=KERNEL, known_file=known, specs_file=specs)["results"]
     assert [r["key"] for r in second if not r["known"]] == [results[0]["key"]]  # compiled again
     listed = {r["key"]: r for r in second if r["known"]}
     assert set(listed) == {r["key"] for r in results[1:]}
