@@ -25,7 +25,7 @@ from tests.engine.kernels.left_table import (
     four_rows_context, interpreted, on_device, use_left_table, w4_gated_mlp, w4_linears,
 )
 
-HIDDEN, INTER, LAYERS = 256, 384, 2
+HIDDEN, INTER, LAYERS = 128, 256, 2
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -110,7 +110,7 @@ def test_every_attention_route_hands_over_pair_order(kernels: bool, monkeypatch,
             assert torch.equal(run(64).reshape(t, -1), pair_order(want, 64)), (q_lens, g is None)
 
 
-HIDDEN, INTER, ROWS = 256, 384, 4
+HIDDEN, INTER, ROWS = 128, 256, 4
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
