@@ -1080,6 +1080,9 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--write-known", action="store_true",
                     help="compile everything, then record what passed (compile_known.KNOWN_FILE)")
     a = ap.parse_args(argv)
+    if a.write_known and (a.kernels or a.targets != ",".join(TARGETS)):
+        print("--write-known needs every kernel and target (no --kernels, --targets)")
+        return 2
     t0 = time.perf_counter()
     report = run_all(a.targets.split(","), a.jobs, a.timeout, only=a.kernels, usage=a.regs,
                      every=a.all or a.write_known)
@@ -1110,9 +1113,6 @@ def _main(argv: list[str]) -> int:
     print(f"{len(report['results'])} compiles ({known} known to pass: not compiled), {len(bad)} failures, "
           f"{time.perf_counter() - t0:.1f} s wall")
     if a.write_known:
-        if a.kernels or a.targets != ",".join(TARGETS):
-            print("--write-known needs every kernel and target: the file was not written")
-            return 2
         print(f"{write_known(report['results'])} passed compiles written to {KNOWN_FILE}")
     return 1 if bad or any(report["missing"].values()) else 0
 
