@@ -91,6 +91,25 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
     "sc.dot.b128w4s5": (T(128, 4, 5, int8_dot=True, prefetch_scales=True), I8),
     "sc.dot.b128w8s5.r128": (T(128, 8, 5, int8_dot=True, prefetch_scales=True, max_regs=128), I8),
     "sc.dot.kv.w8": (T(64, 8, 1, int8_dot=True, prefetch_scales=True, prefetch_kv=True), I8),
+    # fewer stages (less shared memory a program: more programs an SM) and wider tiles, for
+    # batch 1 at long contexts with more splits
+    "sc.dot.b128w4s3": (T(128, 4, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w4s2": (T(128, 4, 2, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w8s3": (T(128, 8, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b256w8s3": (T(256, 8, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b64w2s4": (T(64, 2, 4, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w4s5.fm": (T(128, 4, 5, int8_dot=True, prefetch_scales=True, fused_merge=True), I8),
+    # ".vd": the same tiles over a V cache stored dim-major within each page (the engine's int8
+    # layout on NVIDIA, cache/page_pool.KVLayout.v_dim_major; without it: token-major, the layout
+    # HOMELAB_LLM_KV_V_LAYOUT=token keeps)
+    "table.vd": (None, I8),
+    "sc.dot.s5.vd": (T(64, 4, 5, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w4s3.vd": (T(128, 4, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w4s2.vd": (T(128, 4, 2, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w8s3.vd": (T(128, 8, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b64w4s3.vd": (T(64, 4, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b64w8s4.vd": (T(64, 8, 4, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w4s5.fm.vd": (T(128, 4, 5, int8_dot=True, prefetch_scales=True, fused_merge=True), I8),
 }
 QUICK = ("old", "table", "fm", "s5", "w8s5", "w8s5.fm.r84", "sc", "sc.dot", "sc.dot.s5", "sc.dot.s5.r128",
          "sc.dot.w8s5", "sc.dot.w8s5.lq.r128", "sc.dot.b128w4s5")
@@ -102,7 +121,13 @@ def device() -> torch.device:
     return torch.device(DEVICE)
 
 
-def make_cache(ctx: int, batch: int, dtype: torch.dtype, gen: torch.Generator, dev: torch.device):
+def dim_v(name: str) -> bool:
+    """Whether a variant ('name' or 'name/sN') reads a dim-major V cache."""
+    return name.split("/")[0].endswith(".vd")
+
+
+def make_cache(ctx: int, batch: int, dtype: torch.dtype, gen: torch.Generator, dev: torch.device,
+               v_dim_major: bool = False):
     """(k, v, k_scale, v_scale, page_table, nbytes) for `batch` sequences of ctx tokens."""
     per_seq = -(-ctx // PAGE)
     pages = per_seq * batch + 1
@@ -116,6 +141,8 @@ def make_cache(ctx: int, batch: int, dtype: torch.dtype, gen: torch.Generator, d
         k = torch.randn(shape, generator=gen, device=dev).to(dtype)
         v = torch.randn(shape, generator=gen, device=dev).to(dtype)
         ks = vs = None
+    if v_dim_major:  # the same values, stored [pages, heads, head_dim, page] (PagePool's layout)
+        v = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
     perm = torch.randperm(pages, generator=gen, device=dev).to(torch.int32)
     table = perm[: per_seq * batch].view(batch, per_seq)
     return k, v, ks, vs, table, kv_bytes(ctx, batch, dtype)
@@ -157,7 +184,7 @@ def cell_variants(label: str, names: list[str], batch: int, plan: SplitPlan) -> 
     for name in names:
         tiles, kinds = VARIANTS[name]
         if name == "table" and any(same_kernel(decode_tiles(device(), label == "int8"), VARIANTS[n][0], label)
-                                   for n in names if n != "table" and label in VARIANTS[n][1]):
+                                   for n in names if n != "table" and not dim_v(n) and label in VARIANTS[n][1]):
             continue  # another row already times the table's tiles
         if label not in kinds:
             continue
@@ -167,10 +194,10 @@ def cell_variants(label: str, names: list[str], batch: int, plan: SplitPlan) -> 
     return out
 
 
-def inputs(ctx: int, batch: int, label: str, copies: int, dev: torch.device):
+def inputs(ctx: int, batch: int, label: str, copies: int, dev: torch.device, v_dim_major: bool = False):
     gen = torch.Generator(device=dev)
     gen.manual_seed(ctx * 16 + batch)
-    caches = [make_cache(ctx, batch, DTYPES[label], gen, dev) for _ in range(copies)]
+    caches = [make_cache(ctx, batch, DTYPES[label], gen, dev, v_dim_major) for _ in range(copies)]
     q = torch.randn(batch, HQ, D, generator=gen, device=dev).to(torch.bfloat16)
     qsl = torch.arange(batch + 1, dtype=torch.int32, device=dev)
     sl = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
@@ -188,7 +215,7 @@ def compile_task(label: str, batch: int, name: str, splits: SplitPlan) -> None:
     depend on the length or the batch beyond the split count)."""
     dev = device()
     tiles, s = cell_variants(label, [name.split("/")[0]], batch, splits)[name]
-    caches, q, qsl, sl = inputs(256, batch, label, 1, dev)
+    caches, q, qsl, sl = inputs(256, batch, label, 1, dev, dim_v(name))
     call(caches, 0, q, qsl, sl, tiles, s)
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -198,12 +225,14 @@ def bench_cell(ctx: int, batch: int, label: str, names: list[str], splits: Split
     dev = device()
     nbytes = kv_bytes(ctx, batch, DTYPES[label])
     copies = copies_for(nbytes, cap=32)
-    caches, q, qsl, sl = inputs(ctx, batch, label, copies, dev)
-    out = torch.empty_like(q)
+    variants = cell_variants(label, names, batch, splits)
+    layouts = {vd: inputs(ctx, batch, label, copies, dev, vd) for vd in sorted({dim_v(n) for n in variants})}
+    out = torch.empty(batch, HQ, D, dtype=torch.bfloat16, device=dev)
     res = {}
-    for name, (tiles, s) in cell_variants(label, names, batch, splits).items():
+    for name, (tiles, s) in variants.items():
+        caches, q, qsl, sl = layouts[dim_v(name)]
         try:
-            res[name] = graph_ms(lambda i, t=tiles, s=s: call(caches, i, q, qsl, sl, t, s, out), copies)
+            res[name] = graph_ms(lambda i, t=tiles, s=s, c=caches: call(c, i, q, qsl, sl, t, s, out), copies)
         except Exception as exc:  # a variant that fails is reported, not fatal
             print(f"  {label} ctx {ctx} b{batch} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     return res, nbytes
@@ -219,8 +248,10 @@ def error_check(label: str, names: list[str], splits: SplitPlan, ctx: int, batch
     want = paged_attention_ref(q.float(), kf, vf, table, qsl, sl, D ** -0.5, ks, vs)
     errs = {}
     for name, (tiles, s) in cell_variants(label, names, batch, splits).items():
+        # a dim-major V holds the same values (the same seed)
+        c = inputs(ctx, batch, label, 1, dev, True)[0] if dim_v(name) else caches
         try:
-            errs[name] = (call(caches, 0, q, qsl, sl, tiles, s).float() - want).abs().max().item()
+            errs[name] = (call(c, 0, q, qsl, sl, tiles, s).float() - want).abs().max().item()
         except Exception as exc:  # noqa: BLE001
             errs[name] = float("nan")
             print(f"  error check {label} {name}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)

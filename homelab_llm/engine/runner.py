@@ -20,6 +20,7 @@ from homelab_llm.engine.cache.state_pool import StatePool
 from homelab_llm.engine.context import forward_context
 from homelab_llm.engine.device import fast_cpu_default
 from homelab_llm.engine.graph_capture import Capturer
+from homelab_llm.engine.kernels import dispatch
 from homelab_llm.engine.layers.attention import Attention
 from homelab_llm.engine.model.config import ModelConfig
 from homelab_llm.engine.model.context_limit import rope_table_rows
@@ -163,12 +164,14 @@ class ModelRunner:
         """The main pool's layout (hybrids: full-attention layers only; mixed models: the
         full-attention layers), or with `sliding` the sliding page group's."""
         layers = self.kv_groups()[1 if sliding else 0]
+        dtype = resolve_kv_dtype(self.args.kv_cache_dtype, self.dtype)
         return KVLayout(
             num_layers=len(layers),
             num_kv_heads=self.model.attention_layers[0].num_kv_heads,  # this rank's share
             head_dim=self.config.head_dim,
             page_size=self.page_size,
-            dtype=resolve_kv_dtype(self.args.kv_cache_dtype, self.dtype),
+            dtype=dtype,
+            v_dim_major=dispatch.int8_v_dim_major(self.device, dtype),
         )
 
     def group_split(self) -> GroupSplit | None:

@@ -30,6 +30,11 @@ class KVLayout:
     head_dim: int
     page_size: int
     dtype: torch.dtype  # torch.int8 for the quantized cache
+    # V stored dim-major within each page ([pages, heads, head_dim, page_size] in memory, seen
+    # through a [pages, page_size, heads, head_dim] view): a decode tile's tokens are then the
+    # contiguous k values of its P @ V dot (kernels/common.v_cache_strides). The runner asks it
+    # for int8 caches on NVIDIA (runner.v_dim_major).
+    v_dim_major: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -47,6 +52,16 @@ class KVLayout:
         return self.bytes_per_token() * self.page_size
 
 
+def new_v_cache(shape: tuple[int, int, int, int], layout: KVLayout, device: torch.device) -> torch.Tensor:
+    """One layer's zeroed V cache of `shape` [pages, page_size, heads, head_dim]; with
+    layout.v_dim_major stored as [pages, heads, head_dim, page_size] and returned permuted."""
+    if not layout.v_dim_major:
+        return torch.zeros(shape, dtype=layout.dtype, device=device)
+    pages, page_size, heads, head_dim = shape
+    raw = torch.zeros((pages, heads, head_dim, page_size), dtype=layout.dtype, device=device)
+    return raw.permute(0, 3, 1, 2)
+
+
 class PagePool:
     def __init__(self, layout: KVLayout, num_pages: int, device: torch.device) -> None:
         if num_pages < 1:
@@ -60,8 +75,7 @@ class PagePool:
         shape = (num_pages, layout.page_size, layout.num_kv_heads, layout.head_dim)
         self.k_caches = [torch.zeros(shape, dtype=layout.dtype, device=device)
                          for _ in range(layout.num_layers)]
-        self.v_caches = [torch.zeros(shape, dtype=layout.dtype, device=device)
-                         for _ in range(layout.num_layers)]
+        self.v_caches = [new_v_cache(shape, layout, device) for _ in range(layout.num_layers)]
         self.k_scales: list[torch.Tensor | None] = [None] * layout.num_layers
         self.v_scales: list[torch.Tensor | None] = [None] * layout.num_layers
         if layout.quantized:
@@ -119,10 +133,11 @@ class PagePool:
             return
         src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
         dst = torch.tensor(dst_slots, dtype=torch.long, device=self.device)
-        n_slots = self.num_pages * self.page_size
+        # (page, slot) pairs, which index any layout (a dim-major V does not flatten)
+        src = (src // self.page_size, src % self.page_size)
+        dst = (dst // self.page_size, dst % self.page_size)
         for caches in (self.k_caches, self.v_caches, self.k_scales, self.v_scales):
             for cache in caches:
                 if cache is None:
                     continue
-                flat = cache.view(n_slots, *cache.shape[2:])
-                flat[dst] = flat[src]
+                cache[dst] = cache[src]

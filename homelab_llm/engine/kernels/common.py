@@ -32,6 +32,18 @@ def cache_strides(cache: torch.Tensor) -> tuple[int, int, int]:
     return cache.stride(0), cache.stride(1), cache.stride(2)
 
 
+def v_cache_strides(cache: torch.Tensor) -> tuple[int, int, int, int]:
+    """(page, slot, head, dim) strides of a V cache [num_pages, page_size, heads, head_dim]: rows
+    contiguous along head_dim as K's are, or dim-major within a page (the slot axis contiguous:
+    cache/page_pool.py's int8 V layout on NVIDIA, where a tile's tokens are the consecutive k
+    values the P @ V dot's operand wants)."""
+    if cache.dim() != 4:
+        raise ValueError(f"KV cache must be [num_pages, page_size, heads, head_dim], got {tuple(cache.shape)}")
+    if cache.stride(3) != 1 and cache.stride(1) != 1:
+        raise ValueError("V cache needs its head_dim or its slot axis contiguous")
+    return cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3)
+
+
 def scale_strides(scale: torch.Tensor | None) -> tuple[int, int, int]:
     if scale is None:
         return 0, 0, 0
@@ -58,7 +70,12 @@ class KVCacheArgs:
     log2_d: int
     k_scale: torch.Tensor  # the scales, or the cache itself as a placeholder the kernel never reads
     v_scale: torch.Tensor
-    strides: tuple[int, ...]  # K page/slot/head, V page/slot/head, scale page/slot/head
+    strides: tuple[int, ...]  # K page/slot/head, V page/slot/head/dim, scale page/slot/head
+
+    @property
+    def v_dim_major(self) -> bool:
+        """V stored dim-major within a page (v_cache_strides): its dim stride is not 1."""
+        return self.strides[6] != 1
 
 
 def kv_cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -70,7 +87,7 @@ def kv_cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.T
     return KVCacheArgs(
         int8=int8, rotate=int8 and kv_rotated(head_dim), log2_d=max(0, head_dim.bit_length() - 1),
         k_scale=k_scale if int8 else k_cache, v_scale=v_scale if int8 else v_cache,
-        strides=cache_strides(k_cache) + cache_strides(v_cache) + s_strides)
+        strides=cache_strides(k_cache) + v_cache_strides(v_cache) + s_strides)
 
 
 @dataclass(frozen=True)
@@ -115,42 +132,73 @@ def int8_to_fp16(x):
 
 
 @triton.jit
-def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
-                  stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, like,
-                  PAGE_SIZE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
-                  RAW_K: tl.constexpr = False):
-    """One tile of K and V rows (tokens offs_n of one sequence, one KV head) gathered through the
-    page table, in the dtype the dot products take (`like`'s, or fp16 for int8 KV; RAW_K: int8 K
-    stays int8, for int8 score dots). Returns the tiles and each token's (page, slot) for reading
+def int8_to_fp16_ptx(x):
+    """int8_to_fp16 in three PTX instructions per four values (NVIDIA only): the sign bits
+    flipped (x + 128 as a byte, one LOP3), then each byte placed under a 0x64 high byte (1024 + x
+    + 128, two PRMTs), then the packed subtraction. Fewer instructions than the plain form, whose
+    sign extension takes a PRMT and an add per pair, in the int8 V tile of the decode loop."""
+    biased = tl.inline_asm_elementwise(
+        "{ .reg .b32 t; xor.b32 t, $2, 0x80808080; prmt.b32 $0, t, 0x64646464, 0x5140; "
+        "prmt.b32 $1, t, 0x64646464, 0x5342; }", "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+    return biased - 1152.0
+
+
+@triton.jit
+def page_rows(offs_n, end, PAGE_SIZE: tl.constexpr):
+    """The tokens offs_n whose page holds a key below `end`: the mask of page-table reads and of
+    int8 V rows, constant over each page (so a dim-major V tile still loads as vectors, which a
+    mask ending mid-page forbids)."""
+    return offs_n // PAGE_SIZE * PAGE_SIZE < end
+
+
+@triton.jit
+def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, page_mask, offs_d, d_mask,
+                  kv_head, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
+                  like, PAGE_SIZE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+                  RAW_K: tl.constexpr = False, V_PTX: tl.constexpr = False):
+    """One tile of K and V rows (tokens offs_n of one sequence, one KV head; n_mask its keys,
+    page_mask = page_rows) gathered through the page table, in the dtype the dot products take
+    (`like`'s, or fp16 for int8 KV; RAW_K: int8 K stays int8, for int8 score dots; V_PTX: int8 V
+    converted by int8_to_fp16_ptx). Returns the tiles and each token's (page, slot) for reading
     its int8 scales."""
-    page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=n_mask, other=0)
+    page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=page_mask, other=0)
     page = page.to(tl.int64)
     slot = offs_n % PAGE_SIZE
-    k, v = gather_kv(k_ptr, v_ptr, page, slot, n_mask, offs_d, d_mask, kv_head,
-                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
-    k, v = kv_for_dots(k, v, like, INT8_KV, DOT_F32, RAW_K)
+    k, v = gather_kv(k_ptr, v_ptr, page, slot, n_mask, page_mask, offs_d, d_mask, kv_head,
+                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd)
+    k, v = kv_for_dots(k, v, like, INT8_KV, DOT_F32, RAW_K, V_PTX)
     return k, v, page, slot
 
 
 @triton.jit
-def gather_kv(k_ptr, v_ptr, page, slot, n_mask, offs_d, d_mask, kv_head,
-              stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh):
-    """K and V rows of tokens at (page int64, slot), as stored (0 where masked)."""
+def gather_kv(k_ptr, v_ptr, page, slot, n_mask, page_mask, offs_d, d_mask, kv_head,
+              stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd):
+    """K and V rows of tokens at (page int64, slot), as stored (0 where masked). int8 V rows are
+    read for every token of page_mask's pages: the rows past n_mask in the last page are finite
+    codes whose probabilities (and scales) are 0; float V keeps n_mask (a stale row there could
+    hold an inf or NaN, which times 0 is NaN)."""
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(k_ptr + page[:, None] * stride_kp + slot[:, None] * stride_ks
                 + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    v_mask = kv_mask
+    if v_ptr.dtype.element_ty == tl.int8:
+        v_mask = page_mask[:, None] & d_mask[None, :]
     v = tl.load(v_ptr + page[:, None] * stride_vp + slot[:, None] * stride_vs
-                + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+                + kv_head * stride_vh + offs_d[None, :] * stride_vd, mask=v_mask, other=0.0)
     return k, v
 
 
 @triton.jit
-def kv_for_dots(k, v, like, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, RAW_K: tl.constexpr):
+def kv_for_dots(k, v, like, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, RAW_K: tl.constexpr,
+                V_PTX: tl.constexpr = False):
     """Stored K/V tiles in the dtype the dot products take (see load_paged_kv)."""
     if INT8_KV and not DOT_F32:
         if not RAW_K:
             k = int8_to_fp16(k)
-        v = int8_to_fp16(v)
+        if V_PTX:
+            v = int8_to_fp16_ptx(v)
+        else:
+            v = int8_to_fp16(v)
     else:
         if not RAW_K:
             k = k.to(like.dtype)

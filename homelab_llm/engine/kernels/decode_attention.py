@@ -40,8 +40,8 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv_cache_args,
-                                               kv_for_dots, load_paged_kv, load_token_scales,
-                                               next_pow2, scaled_pv, scaled_scores, sink_start,
+                                               kv_for_dots, load_paged_kv, load_token_scales, next_pow2,
+                                               page_rows, scaled_pv, scaled_scores, sink_start,
                                                unrotate_out)
 from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, prepared_q_zeros, tile_kv,
                                                      tile_pages, tile_scales)
@@ -52,6 +52,7 @@ from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
+from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 
 _LOG2E = 1.4426950408889634
 # Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
@@ -67,7 +68,7 @@ def _decode_split_kernel(
     stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_c,
     sm_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
     stride_sp, stride_ss, stride_sh,
     stride_pt,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
@@ -79,6 +80,7 @@ def _decode_split_kernel(
     MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False, NEW_KV: tl.constexpr = False,
     QK_NORM: tl.constexpr = False, HALF: tl.constexpr = 1, HALF_PAD: tl.constexpr = 1,
     TAIL_PAD: tl.constexpr = 1, NUM_KV_HEADS: tl.constexpr = 1, PAIR_BLOCK: tl.constexpr = 0,
+    KV_ALIGN: tl.constexpr = 1, V_PTX: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
@@ -99,10 +101,15 @@ def _decode_split_kernel(
     q_row = tl.load(query_start_ptr + row, mask=g_mask, other=0).to(tl.int64)
     lo = 0
     if HAS_WINDOW:
+        # from the first key of the page holding the window's first: every tile then starts at
+        # a multiple of KV_ALIGN (the keys below the window are masked per row below)
         lo = tl.maximum(tl.min(tl.where(g_mask, row_len, seq_len), axis=0) - window, 0)
+        lo = lo // PAGE_SIZE * PAGE_SIZE
     # Splits are whole BLOCK_N tiles so only the last tile of a sequence needs a mask.
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = lo + split * per_split
+    # KV_ALIGN = min(BLOCK_N, PAGE_SIZE): a tile's slots run in whole pages (or inside one), which
+    # lets a V cache stored dim-major (slots contiguous) load as vectors
+    start = tl.multiple_of(lo + split * per_split, KV_ALIGN)
     end = tl.minimum(start + per_split, seq_len)
     if NUM_SPLITS > 1:
         empty = start >= end
@@ -129,7 +136,7 @@ def _decode_split_kernel(
             store_new_kv_head(t, kv_head, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_ptr,
                               v_ptr, ks_ptr, vs_ptr, kw_ptr, eps, scratch_ptr, stride_kt,
                               stride_kh_in, stride_vt, stride_vh_in, stride_c, stride_kp, stride_ks,
-                              stride_kh, stride_vp, stride_vs, stride_vh, stride_sp, stride_ss,
+                              stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, stride_sp, stride_ss,
                               stride_sh, min_amax, PAGE_SIZE, NUM_KV_HEADS, HEAD_DIM,
                               HEAD_DIM_PAD, HALF, HALF_PAD, TAIL_PAD, INT8_KV, ROTATE, LOG2_D,
                               QK_NORM)
@@ -144,7 +151,8 @@ def _decode_split_kernel(
                                            stride_ss, stride_sh, BLOCK_N, PAGE_SIZE)
         if PREFETCH_KV:
             k_next, v_next = tile_kv(k_ptr, v_ptr, pages, start, end, offs_d, d_mask, kv_head, stride_kp,
-                                     stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, BLOCK_N, PAGE_SIZE)
+                                     stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
+                                     BLOCK_N, PAGE_SIZE)
         pages_next = tile_pages(page_table_ptr, row_offset, start + BLOCK_N, end, BLOCK_N, PAGE_SIZE)
     if NEW_KV:
         q_raw = rope_q_tile(q_ptr, t, heads, g_mask, offs_d, pos_ptr, cos_sin_ptr, stride_c,
@@ -167,6 +175,7 @@ def _decode_split_kernel(
         m_i, l_i = sink_start(sinks_ptr, heads, g_mask, split == 0, m_i, l_i)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     for n0 in range(start, end, BLOCK_N):
+        n0 = tl.multiple_of(n0, KV_ALIGN)
         if LATE_Q:
             if n0 == start:  # behind the first tiles' loads, which the pipeliner issues before the loop
                 q, q_hi, q_lo, q_step = decode_q(q_raw, offs_d, sm_scale_log2, HEAD_DIM, LOG2_D, ROTATE,
@@ -174,15 +183,16 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PREFETCH_KV:  # this tile's rows came a tile ago; request the next tile's now
-            k, v = kv_for_dots(k_next, v_next, q, INT8_KV, DOT_F32, INT8_DOT)
+            k, v = kv_for_dots(k_next, v_next, q, INT8_KV, DOT_F32, INT8_DOT, V_PTX)
             k_next, v_next = tile_kv(k_ptr, v_ptr, pages_next, n0 + BLOCK_N, end, offs_d, d_mask, kv_head,
-                                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
                                      BLOCK_N, PAGE_SIZE)
         else:
             k, v, page, slot = load_paged_kv(
-                k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, offs_d, d_mask, kv_head,
-                stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
-                PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT)
+                k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, page_rows(offs_n, end, PAGE_SIZE),
+                offs_d, d_mask, kv_head, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                stride_vd, q,
+                PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT, V_PTX)
         ks = sm_scale_log2  # the per-token scales of int8 KV (unused otherwise)
         vs = sm_scale_log2
         if PREFETCH_SCALES:  # as the rows: this tile's scales came a tile ago
@@ -201,7 +211,7 @@ def _decode_split_kernel(
             scores = int8_dot_scores(q_hi, q_lo, q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
         else:
             scores = scaled_scores(q, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
-        if ROWS == 1:
+        if ROWS == 1 and not HAS_WINDOW:
             scores = tl.where(n_mask[None, :], scores, float("-inf"))
         else:  # each row sees its own keys: row j of a verify group the first seq_len_j (causal)
             visible = n_mask[None, :] & (offs_n[None, :] < row_len[:, None])
@@ -337,6 +347,8 @@ def paged_decode_attention(
     # a gate without the merge kernel is its own launch after the split kernel: that one writes
     # the pair order, the split kernel k order
     split_pairs = pair_block if gate is None or merged else 0
+    # int8 V stored dim-major: its tile converts in PTX (common.int8_to_fp16_ptx) on NVIDIA
+    v_ptx = kv.int8 and kv.v_dim_major and uses_ptx(q.device)
 
     def launch(num_stages: int) -> None:
         _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
@@ -355,6 +367,7 @@ def paged_decode_attention(
             num_warps=split_tiles.num_warps, num_stages=num_stages,
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
             **pdl_args(q.device), **new_meta, PAIR_BLOCK=split_pairs,
+            KV_ALIGN=min(split_tiles.block_n, page_size), V_PTX=v_ptx,
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.common import gather_kv, load_token_scales, prepare_q
+from homelab_llm.engine.kernels.common import gather_kv, load_token_scales, page_rows, prepare_q
 
 
 @triton.jit
@@ -54,7 +54,8 @@ def tile_pages(page_table_ptr, row_offset, n0, end, BLOCK_N: tl.constexpr, PAGE_
     """Page index (int32, as stored: fewer registers to carry a tile ahead) of each token
     n0 .. n0 + BLOCK_N of one sequence (0 past `end`)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    return tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=offs_n < end, other=0)
+    return tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=page_rows(offs_n, end, PAGE_SIZE),
+                   other=0)
 
 
 @triton.jit
@@ -73,12 +74,13 @@ def tile_scales(ks_ptr, vs_ptr, page, n0, end, kv_head, stride_sp, stride_ss, st
 
 @triton.jit
 def tile_kv(k_ptr, v_ptr, page, n0, end, offs_d, d_mask, kv_head, stride_kp, stride_ks, stride_kh,
-            stride_vp, stride_vs, stride_vh, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+            stride_vp, stride_vs, stride_vh, stride_vd, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """K and V rows as stored of tokens n0 .. n0 + BLOCK_N, `page` from tile_pages: the register
     prefetch of AttentionTiles.prefetch_kv (converted for the dots a tile later)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    return gather_kv(k_ptr, v_ptr, page.to(tl.int64), offs_n % PAGE_SIZE, offs_n < end, offs_d, d_mask, kv_head,
-                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh)
+    return gather_kv(k_ptr, v_ptr, page.to(tl.int64), offs_n % PAGE_SIZE, offs_n < end,
+                     page_rows(offs_n, end, PAGE_SIZE), offs_d, d_mask, kv_head,
+                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd)
 
 
 @triton.jit

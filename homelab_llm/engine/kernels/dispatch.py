@@ -25,6 +25,20 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda and _kernels_env() != "ref"
 
 
+def int8_v_dim_major(device: torch.device, kv_dtype: torch.dtype) -> bool:
+    """Whether an int8 KV cache on `device` keeps V dim-major within each page
+    (cache/page_pool.KVLayout.v_dim_major): on NVIDIA GPUs under the Triton kernels, where the
+    decode loop then loads V tiles as vectors and converts them in PTX (docs/BENCHMARKS.md 56).
+    HOMELAB_LLM_KV_V_LAYOUT=token keeps V token-major there too (A/B)."""
+    if kv_dtype != torch.int8 or device.type != "cuda" or _kernels_env() == "ref":
+        return False
+    if os.environ.get("HOMELAB_LLM_KV_V_LAYOUT", "") == "token":
+        return False
+    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
+
+    return uses_ptx(device)
+
+
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:
     if use_triton(key):
         from homelab_llm.engine.kernels import kv_store

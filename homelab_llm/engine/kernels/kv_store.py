@@ -65,7 +65,7 @@ def _quantize_rows_store(x, dst, scale_dst, mask, h_mask, min_amax):
 def _store_kv_kernel(
     key_ptr, value_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr,
     stride_kt, stride_kh_in, stride_vt, stride_vh_in,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
     stride_sp, stride_ss, stride_sh,
     min_amax,
     PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
@@ -85,7 +85,8 @@ def _store_kv_kernel(
     key = tl.load(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh_in + offs_d[None, :], mask=mask, other=0.0)
     value = tl.load(value_ptr + t * stride_vt + offs_h[:, None] * stride_vh_in + offs_d[None, :], mask=mask, other=0.0)
     k_dst = k_ptr + page * stride_kp + offset * stride_ks + offs_h[:, None] * stride_kh + offs_d[None, :]
-    v_dst = v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh + offs_d[None, :]
+    v_dst = (v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh
+             + offs_d[None, :] * stride_vd)
     if INT8_KV:
         s_off = page * stride_sp + offset * stride_ss + offs_h * stride_sh
         h_mask = offs_h < NUM_HEADS
@@ -156,7 +157,7 @@ def _rope_store_kv_kernel(
     q_ptr, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, slot_ptr,
     q_src_ptr, qw_ptr, kw_ptr, eps, scratch_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_c,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
     stride_sp, stride_ss, stride_sh, stride_qst, stride_qsh,
     min_amax,
     PAGE_SIZE: tl.constexpr, NUM_Q_HEADS: tl.constexpr, NUM_Q_HEADS_PAD: tl.constexpr,
@@ -211,7 +212,7 @@ def _rope_store_kv_kernel(
     store_rotated_kv(t, slot, offs_h, offs_h < NUM_HEADS, key_ptr, value_ptr, k_ptr, v_ptr, ks_ptr,
                      vs_ptr, kw_ptr, eps, scratch_ptr, cos, sin, offs_d, d_mask, offs_r, r_mask,
                      stride_kt, stride_kh_in, stride_vt, stride_vh_in, stride_kp, stride_ks,
-                     stride_kh, stride_vp, stride_vs, stride_vh, stride_sp, stride_ss, stride_sh,
+                     stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, stride_sp, stride_ss, stride_sh,
                      min_amax, PAGE_SIZE, NUM_HEADS, HEAD_DIM, HEAD_DIM_PAD, HALF, INT8_KV, ROTATE,
                      LOG2_D, QK_NORM)
 
@@ -220,7 +221,7 @@ def _rope_store_kv_kernel(
 def store_rotated_kv(t, slot, offs_h, h_mask, key_ptr, value_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
                      kw_ptr, eps, scratch_ptr, cos, sin, offs_d, d_mask, offs_r, r_mask,
                      stride_kt, stride_kh_in, stride_vt, stride_vh_in,
-                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
                      stride_sp, stride_ss, stride_sh, min_amax,
                      PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, INT8_KV: tl.constexpr,
@@ -251,7 +252,8 @@ def store_rotated_kv(t, slot, offs_h, h_mask, key_ptr, value_ptr, k_ptr, v_ptr, 
     v_mask = h_mask[:, None] & (offs_v[None, :] < HEAD_DIM)
     value = tl.load(value_ptr + t * stride_vt + offs_h[:, None] * stride_vh_in + offs_v[None, :],
                     mask=v_mask, other=0.0)
-    v_dst = v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh + offs_v[None, :]
+    v_dst = (v_ptr + page * stride_vp + offset * stride_vs + offs_h[:, None] * stride_vh
+             + offs_v[None, :] * stride_vd)
     if INT8_KV and ROTATE:
         # The rotated row, rounded to k's dtype as the unfused rope stores it, goes through
         # scratch (this program's own row, read back after a barrier) to be transformed whole by
@@ -301,7 +303,7 @@ def rope_cos_sin(pos_ptr, cos_sin_ptr, t, stride_c, offs_d, d_mask, HALF: tl.con
 def store_new_kv_head(t, head, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, slot_ptr, k_ptr, v_ptr,
                       ks_ptr, vs_ptr, kw_ptr, eps, scratch_ptr, stride_kt, stride_kh_in, stride_vt,
                       stride_vh_in, stride_c, stride_kp, stride_ks, stride_kh, stride_vp,
-                      stride_vs, stride_vh, stride_sp, stride_ss, stride_sh, min_amax,
+                      stride_vs, stride_vh, stride_vd, stride_sp, stride_ss, stride_sh, min_amax,
                       PAGE_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                       HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
                       TAIL_PAD: tl.constexpr, INT8_KV: tl.constexpr, ROTATE: tl.constexpr,
@@ -318,7 +320,7 @@ def store_new_kv_head(t, head, key_ptr, value_ptr, pos_ptr, cos_sin_ptr, slot_pt
         store_rotated_kv(t, slot, offs_h, offs_h < NUM_HEADS, key_ptr, value_ptr, k_ptr, v_ptr,
                          ks_ptr, vs_ptr, kw_ptr, eps, scratch_ptr, cos, sin, offs_d, d_mask, offs_r,
                          offs_r < HEAD_DIM, stride_kt, stride_kh_in, stride_vt, stride_vh_in,
-                         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
                          stride_sp, stride_ss, stride_sh, min_amax, PAGE_SIZE, NUM_HEADS, HEAD_DIM,
                          HEAD_DIM_PAD, HALF, INT8_KV, ROTATE, LOG2_D, QK_NORM)
 

@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
-                                               kv_cache_args, load_paged_kv, next_pow2, prepare_q,
+                                               kv_cache_args, load_paged_kv, next_pow2, page_rows, prepare_q,
                                                sink_start, tile_scores, unrotate_out)
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.tuning import tiles_for
+from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 
 _LOG2E = 1.4426950408889634
 
@@ -30,13 +31,14 @@ def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, out_ptr, page_table_ptr, seq_lens_ptr, query_start_ptr,
     sinks_ptr, sm_scale_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
     stride_sp, stride_ss, stride_sh,
     stride_pt,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+    KV_ALIGN: tl.constexpr = 1, V_PTX: tl.constexpr = False,
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -68,15 +70,17 @@ def _prefill_kernel(
     # before its first query's window are not either.
     hi = tl.minimum(seq_len, prefix + (m_block + 1) * BLOCK_M)
     lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0)
+    if HAS_WINDOW:  # from its page's first key: tiles start at multiples of KV_ALIGN (decode's)
+        lo = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0) // PAGE_SIZE * PAGE_SIZE
     for n0 in range(lo, hi, BLOCK_N):
+        n0 = tl.multiple_of(n0, KV_ALIGN)
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         k, v, page, slot = load_paged_kv(
-            k_ptr, v_ptr, page_table_ptr, b * stride_pt, offs_n, n_mask, offs_d, d_mask, kv_head,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, q,
-            PAGE_SIZE, INT8_KV, DOT_F32)
+            k_ptr, v_ptr, page_table_ptr, b * stride_pt, offs_n, n_mask, page_rows(offs_n, hi, PAGE_SIZE),
+            offs_d, d_mask, kv_head,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, q,
+            PAGE_SIZE, INT8_KV, DOT_F32, False, V_PTX)
         scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
                              n_mask, sm_scale_log2, INT8_KV, DOT_F32)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
@@ -145,6 +149,7 @@ def paged_prefill_attention(
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
             INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
             ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
+            KV_ALIGN=min(tiles.block_n, page_size), V_PTX=kv.int8 and kv.v_dim_major and uses_ptx(q.device),
             num_warps=tiles.num_warps, num_stages=num_stages,
         )
 

@@ -93,23 +93,24 @@ def store_kv_ref(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> None:
-    num_pages, page_size = k_cache.shape[:2]
+    page_size = k_cache.shape[1]
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    flat_k = k_cache.view(num_pages * page_size, *k_cache.shape[2:])
-    flat_v = v_cache.view(num_pages * page_size, *v_cache.shape[2:])
+    # (page, slot) indices rather than a flat view: a V cache may be stored dim-major
+    # (kernels/common.v_cache_strides), where pages and slots do not flatten into one axis
+    at = (slot_mapping // page_size, slot_mapping % page_size)
     if k_cache.dtype == torch.int8:
         assert k_scale is not None and v_scale is not None, "int8 KV needs scale tensors"
         kq, ks = quantize_kv(key)
         vq, vs = quantize_kv(value)
-        flat_k[slot_mapping] = kq
-        flat_v[slot_mapping] = vq
-        k_scale.view(num_pages * page_size, -1)[slot_mapping] = ks
-        v_scale.view(num_pages * page_size, -1)[slot_mapping] = vs
+        k_cache[at] = kq
+        v_cache[at] = vq
+        k_scale[at] = ks
+        v_scale[at] = vs
     else:
-        flat_k[slot_mapping] = key.to(k_cache.dtype)
-        flat_v[slot_mapping] = value.to(v_cache.dtype)
+        k_cache[at] = key.to(k_cache.dtype)
+        v_cache[at] = value.to(v_cache.dtype)
 
 
 def gather_kv_ref(

@@ -117,11 +117,18 @@ def _scenarios():
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
 
-    def caches(dtype, pages=64):
+    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
+
+    def caches(dtype, pages=64, v_dim_major=None):
+        """int8 V dim-major on NVIDIA targets, as the engine's pool keeps it there
+        (dispatch.int8_v_dim_major); v_dim_major=False: token-major (HOMELAB_LLM_KV_V_LAYOUT=token)."""
         shape = (pages, page, hkv, d)
         if dtype == i8:
             s = torch.ones((pages, page, hkv), dtype=fp16)
-            return torch.zeros(shape, dtype=i8), torch.zeros(shape, dtype=i8), s, s.clone()
+            v = torch.zeros(shape, dtype=i8)
+            if uses_ptx(None) if v_dim_major is None else v_dim_major:
+                v = torch.zeros((pages, hkv, d, page), dtype=i8).permute(0, 3, 1, 2)
+            return torch.zeros(shape, dtype=i8), v, s, s.clone()
         return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), None, None
 
     for dt in (bf16, fp16):
@@ -159,8 +166,9 @@ def _scenarios():
     seq_lens = torch.tensor([300, 500], dtype=i32)
     qsl_decode = torch.arange(batch + 1, dtype=i32)
     qd = torch.zeros((batch, hq, d), dtype=bf16)
-    for cdt, splits in ((bf16, 1), (bf16, None), (i8, None)):  # None: the table's max_kv_splits
-        kc, vc, ks, vs = caches(cdt)
+    # None: the table's max_kv_splits; the last, int8 V token-major on NVIDIA too (the A/B switch)
+    for cdt, splits, vdm in ((bf16, 1, None), (bf16, None, None), (i8, None, None), (i8, None, False)):
+        kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         for pairs in (0, 128):  # 128: the output in o_proj's pair order (the final store's index)
             yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits, pairs=pairs: \
                 decode_attention.paged_decode_attention(qd, kc, vc, page_table, qsl_decode, seq_lens, 0.088, ks, vs,
