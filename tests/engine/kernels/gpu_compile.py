@@ -102,6 +102,19 @@ def _describe(value):
     raise TypeError(f"cannot describe a kernel argument of type {type(value).__name__}")
 
 
+def engine_v(shape: tuple[int, int, int, int], dtype, v_dim_major: bool | None = None):
+    """A zero V cache [pages, page_size, heads, head_dim] in the engine's layout for the target:
+    int8 dim-major within each page on NVIDIA (dispatch.int8_v_dim_major), else token-major."""
+    import torch
+
+    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
+
+    if dtype == torch.int8 and (uses_ptx(None) if v_dim_major is None else v_dim_major):
+        pages, page, heads, dim = shape
+        return torch.zeros((pages, heads, dim, page), dtype=dtype).permute(0, 3, 1, 2)
+    return torch.zeros(shape, dtype=dtype)
+
+
 def _scenarios():
     """Wrapper calls at Llama-3.1-8B-like shapes (Hq 32, Hkv 8, D 128, page 16, hidden 4096) that
     reach every launch and every constexpr branch the engine uses. Kernels never run, so sizes
@@ -117,18 +130,12 @@ def _scenarios():
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
 
-    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
-
     def caches(dtype, pages=64, v_dim_major=None):
-        """int8 V dim-major on NVIDIA targets, as the engine's pool keeps it there
-        (dispatch.int8_v_dim_major); v_dim_major=False: token-major (HOMELAB_LLM_KV_V_LAYOUT=token)."""
+        """v_dim_major=False: an int8 V token-major on NVIDIA too (HOMELAB_LLM_KV_V_LAYOUT=token)."""
         shape = (pages, page, hkv, d)
         if dtype == i8:
             s = torch.ones((pages, page, hkv), dtype=fp16)
-            v = torch.zeros(shape, dtype=i8)
-            if uses_ptx(None) if v_dim_major is None else v_dim_major:
-                v = torch.zeros((pages, hkv, d, page), dtype=i8).permute(0, 3, 1, 2)
-            return torch.zeros(shape, dtype=i8), v, s, s.clone()
+            return torch.zeros(shape, dtype=i8), engine_v(shape, i8, v_dim_major), s, s.clone()
         return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), None, None
 
     for dt in (bf16, fp16):
@@ -597,10 +604,9 @@ def _gated_attention_scenarios():
     """Qwen3.6-27B's gated attention at decode (24 q heads of 256, each followed by its gate, 4
     kv heads, rotary over the first 64 dims; float32 1 + w norm weights): the q/k norm read past
     the gates, the sigmoid gate read from the projection (alone, and in the decode attention's
-    merge), the rotation inside the KV store (bf16
-    cache; an int8 one at head_dim 256 falls back to rope + the Hadamard store, whose 256 x 256
-    dot needs 128 KB of shared memory: over sm80's and gfx1100's limits, not this file's to fix),
-    and Gated DeltaNet's in_proj_ba (5120 -> 96) on the one-launch GEMV."""
+    merge), the rotation inside the KV store (bf16 and int8 caches; int8 with the row through
+    scratch to the Hadamard butterflies), the int8 decode in the engine's V layout, and Gated
+    DeltaNet's in_proj_ba (5120 -> 96) on the one-launch GEMV."""
     import torch
 
     from homelab_llm.engine.kernels import decode_attention, elementwise, kv_store
@@ -635,8 +641,14 @@ def _gated_attention_scenarios():
             kv_store.rope_store_kv(q, k, k, pos, cs, kc, vc, slots, qk_norm=(w, w, 1e-6))
         # int8 KV with partial rotary: the rotated row through scratch to the butterflies, in
         # the same launch, with and without the q/k norms
-        ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), torch.zeros((32, page, hkv, d), dtype=torch.int8)
+        ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), engine_v((32, page, hkv, d), torch.int8)
         sc = torch.ones((32, page, hkv), dtype=torch.float16)
+        # the int8 decode the reference deployment runs (int8 KV, o_proj's pair order, the gate
+        # in the merge)
+        yield lambda gate=gate, m=m, ki=ki, vi=vi, sc=sc: decode_attention.paged_decode_attention(
+            torch.zeros((m, hq, d), dtype=bf16), ki, vi, torch.arange(m * 32, dtype=torch.int32).reshape(m, 32) % 32,
+            torch.arange(m + 1, dtype=torch.int32), torch.full((m,), 400, dtype=torch.int32), 0.0625, sc, sc.clone(),
+            max_seq_len=4096, gate=gate, pair_block=128)
         yield lambda qk=qk, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
             qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, ki, vi, slots, sc, sc.clone())
         yield lambda q=q_gated, k=k_proj, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin, w=w: \
