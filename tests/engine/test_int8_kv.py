@@ -67,7 +67,9 @@ def test_int8_keeps_greedy_text_and_top1_logprobs(smollm2_path: Path) -> None:
     bf16-KV run (measured with Hadamard-rotated int8 rows: max 0.029, median 0.004 over 60
     positions; plain per-row int8 was max 0.128). The one escape: a continuation may part where
     the bf16 run had a top-2 gap under 0.1 nats, the most two logprobs each off by 0.05 can swap;
-    an fp32 KV cache parts from bf16 at such a tie (0.005 nats) too. It does not happen here."""
+    an fp32 KV cache parts from bf16 at such a tie (0.005 nats) too. It happens on some CPUs (an
+    AVX-512 EPYC with one thread: the fourth prompt at its sixth token, a 0.0006-nat gap), so one
+    prompt may part; the other four must match all 12 tokens."""
     params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True)
     results = {}
     for dtype in ("bf16", "int8"):
@@ -81,12 +83,14 @@ def test_int8_keeps_greedy_text_and_top1_logprobs(smollm2_path: Path) -> None:
             # head_dim 64: 128 B (bf16) vs 64 + 2 B per token-head -> 1.94x per byte
             assert 128 / (kv["bytes_per_token"] / (2 * 30 * 3)) >= 1.9
     diffs: list[float] = []
+    parted = 0
     for ref_out, got in zip(results["bf16"], results["int8"]):
         for a, b in zip(ref_out.logprobs, got.logprobs):
             if a.token_id != b.token_id:
                 gap = a.top[0][1] - a.top[1][1]
                 assert gap < 0.1, f"int8 changed a confident token ({gap:.3f} nats): {ref_out.text!r}"
+                parted += 1
                 break
             diffs.append(abs(a.logprob - b.logprob))
-    assert len(diffs) >= 0.9 * len(PROMPTS) * params.max_tokens
+    assert parted <= 1 and len(diffs) >= (len(PROMPTS) - 1) * params.max_tokens, (parted, len(diffs))
     assert max(diffs) <= 0.05, sorted(diffs)[-5:]

@@ -87,36 +87,26 @@ def test_linear_takes_the_kernel_when_it_computes_in_bf16(monkeypatch):
 
 
 @pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("native_bf16", [True, False])
-def test_many_rows_take_the_dequantized_gemm(monkeypatch, symmetric, native_bf16):
-    """From dense_rows() rows on, the weight is dequantized for a dense GEMM: in bf16 where the
-    CPU has a native bf16 GEMM (from 128 rows), else in fp32 (from 32): the same weight values up
-    to the dtype's rounding, so within the kernel's 1e-2 bound of the reference."""
-    monkeypatch.setattr(w4a16_cpu, "bf16_gemm_native", lambda: native_bf16)
-    w4a16_cpu.dense_dtype.cache_clear()
-    try:
-        dtype = torch.bfloat16 if native_bf16 else torch.float32
-        assert w4a16_cpu.dense_dtype() == dtype
-        assert w4a16_cpu.dense_rows() == (128 if native_bf16 else 32)
-        torch.manual_seed(3)
-        w = quantize_rtn(torch.randn(48, 128) * 0.05, 32, symmetric)
-        w.cpu_pack = w4a16_cpu.repack_for_cpu(w)
-        dense = w4a16_cpu.dequantize_dense(w, dtype)
-        assert dense.dtype == dtype and dense.shape == (128, 48)
-        # fp32: q * scale + bias of fp16 scales and biases, exact but for one fp32 rounding
-        rtol = 2**-8 if native_bf16 else 2**-20
-        torch.testing.assert_close(dense.float(), dequantize_w4_ref(w), atol=1e-7, rtol=rtol)
-        for rows in (w4a16_cpu.dense_rows() - 1, w4a16_cpu.dense_rows(), 300):
-            x = torch.randn(rows, 128)
-            got = dispatch.w4a16_matmul(x, w)
-            assert got.dtype == torch.float32 and got.shape == (rows, 48)
-            assert _rel(got, w4a16_matmul_ref(x, w)) < 1e-2
-            if rows >= w4a16_cpu.dense_rows():  # the dense GEMM itself, in its dtype
-                assert torch.equal(got, torch.mm(x.to(dtype), dense).float())
-        x = torch.randn(1, 5, 128)  # leading dims kept; few rows take the int4 kernel itself
-        assert torch.equal(dispatch.w4a16_matmul(x, w), w4a16_cpu.w4a16_matmul_cpu(x, w.cpu_pack))
-    finally:
-        w4a16_cpu.dense_dtype.cache_clear()
+def test_many_rows_take_the_dequantized_gemm(symmetric):
+    """From dense_rows() rows on, the weight is dequantized for a dense fp32 GEMM (on every CPU:
+    w4a16_cpu.dense_dtype): q * scale + bias of fp16 scales and biases, exact but for one fp32
+    rounding, so within the kernel's 1e-2 bound of the reference."""
+    assert w4a16_cpu.dense_dtype() == torch.float32 and w4a16_cpu.dense_rows() == 32
+    torch.manual_seed(3)
+    w = quantize_rtn(torch.randn(48, 128) * 0.05, 32, symmetric)
+    w.cpu_pack = w4a16_cpu.repack_for_cpu(w)
+    dense = w4a16_cpu.dequantize_dense(w, torch.float32)
+    assert dense.dtype == torch.float32 and dense.shape == (128, 48)
+    torch.testing.assert_close(dense, dequantize_w4_ref(w), atol=1e-7, rtol=2**-20)
+    for rows in (w4a16_cpu.dense_rows() - 1, w4a16_cpu.dense_rows(), 300):
+        x = torch.randn(rows, 128)
+        got = dispatch.w4a16_matmul(x, w)
+        assert got.dtype == torch.float32 and got.shape == (rows, 48)
+        assert _rel(got, w4a16_matmul_ref(x, w)) < 1e-2
+        if rows >= w4a16_cpu.dense_rows():  # the dense GEMM itself
+            assert torch.equal(got, torch.mm(x, dense))
+    x = torch.randn(1, 5, 128)  # leading dims kept; few rows take the int4 kernel itself
+    assert torch.equal(dispatch.w4a16_matmul(x, w), w4a16_cpu.w4a16_matmul_cpu(x, w.cpu_pack))
 
 
 def test_shapes_the_kernel_cannot_take_fall_back_to_the_reference():

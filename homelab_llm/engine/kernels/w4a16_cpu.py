@@ -13,13 +13,11 @@ fp32 reference. A layer gets the repacked copy only when its 4-bit matmuls are t
 bf16 (LinearBase.set_w4); activations of any dtype are then cast to bf16 and the result back.
 
 Many rows (prompt processing) are compute-bound, and the int4 kernel is no faster there than a
-dense GEMM on dequantized weights. Which dense dtype depends on the CPU (dense_dtype): where
-oneDNN has a bf16 GEMM (AVX-512 / AMX), bf16 from ~100 rows up is ~2x the int4 kernel (2 shared
-EPYC cores, 576x3072 at 512 rows: int4 23 ms, dequantize 3.4 ms + bf16 GEMM 10 ms); on an
-AVX2-only CPU torch's bf16 mm is a scalar loop (128 x 576 x 1536: 209 ms against 2.4 in fp32,
-an AMD EPYC without AVX-512, 2026-12-06), which made a 128-token prompt of the CPU default take
-20 s instead of 0.3, so there the dense copy is fp32, faster than the int4 kernel from ~32 rows
-(SmolLM2's shapes at 32 rows: 0.20-1.22 ms against 0.31-1.63). dense_rows picks the path.
+dense GEMM on dequantized weights: fp32 (dense_dtype), faster than the int4 kernel from ~32 rows
+(SmolLM2's shapes at 32 rows: 0.20-1.22 ms against 0.31-1.63, an AVX2 EPYC). bf16 would be ~2x
+faster where oneDNN has a native bf16 GEMM (AVX-512 / AMX; on AVX2 torch's bf16 mm is a scalar
+loop, 209 ms against 2.4 in fp32 at 128 x 576 x 1536) but flips near-tied prompts' first tokens
+between cached and uncached requests (dense_dtype). dense_rows picks the path.
 
 The CPU default for a GGUF Q4 model (device.fast_cpu_default) runs the model in fp32 with these
 matmuls in bf16: SmolLM2-135M Q4_1 logits 0.8-1.7% (relative, Frobenius) from the exact fp32
@@ -39,7 +37,6 @@ the switch near 256 rows; accuracy puts it at 16 where the dense copy is kept.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +47,7 @@ from homelab_llm.engine.kernels import q4_native
 CPU_GROUP_SIZES = (32, 64, 128, 256)
 _N_BLOCK = 16
 # From this many rows on, dequantize to dense_dtype and run a dense GEMM (module docstring).
-DENSE_ROWS_BF16, DENSE_ROWS_FP32 = 128, 32
+DENSE_ROWS = 32
 # Below this many rows our AVX2 kernel (q4_native) runs where the weight has its pack; from here
 # on the dense GEMM where a dense copy is kept (fp32 where bf16 is not native: prompts stay near
 # exact, the int8 activations being ~5x coarser), else still ours (dequantizing each call costs
@@ -85,24 +82,19 @@ def cpu_kernel_available() -> bool:
     return hasattr(ops, "_weight_int4pack_mm_for_cpu") and hasattr(ops, "_convert_weight_to_int4pack_for_cpu")
 
 
-def bf16_gemm_native() -> bool:
-    """Whether oneDNN runs bf16 GEMMs on this CPU (AVX-512 or AMX): torch's own query, else its
-    reported vector capability."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-
-
-@functools.lru_cache(maxsize=1)
 def dense_dtype() -> torch.dtype:
-    """The dense copy's dtype for many-row calls: bf16 where its GEMM is native, else fp32."""
-    return torch.bfloat16 if bf16_gemm_native() else torch.float32
+    """The dense copy's dtype for many-row calls: fp32 on every CPU. bf16 (where oneDNN has a
+    native bf16 GEMM, AVX-512 / AMX) was ~2x faster there but moved prompt logits enough that a
+    prompt's first token flipped between an uncached request (178 rows through the bf16 GEMM)
+    and the same request again off the prefix cache (two rows through the int8-activation
+    kernel): SmolLM2 Q4_1, the chat template's "What is the capital of France?", top-2 gap
+    0.082 nats exact, 0.047 bf16 (BENCHMARKS 56). fp32 keeps prompts near exact on every CPU."""
+    return torch.float32
 
 
 def dense_rows() -> int:
     """Rows from which a call takes the dense GEMM instead of the int4 kernel."""
-    return DENSE_ROWS_BF16 if dense_dtype() == torch.bfloat16 else DENSE_ROWS_FP32
+    return DENSE_ROWS
 
 
 def supports(w) -> bool:

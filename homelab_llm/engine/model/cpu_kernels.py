@@ -8,8 +8,8 @@ everything (SmolLM2-135M: ~100 MB instead of ~540 MB). The exact mode (--dtype f
 comes here.
 
 A small model (its 4-bit linears <= w4a16_cpu.DENSE_CACHE_BYTES dense) also keeps a dense copy of
-each (bf16, or fp32 on CPUs without a native bf16 GEMM: w4a16_cpu.dense_dtype) for prompt
-processing, which otherwise dequantizes every weight on every call.
+each (fp32: w4a16_cpu.dense_dtype) for prompt processing, which otherwise dequantizes every
+weight on every call.
 A Llama-style model (Llama, Mistral, Qwen2, Qwen3) also gets its plan for steps of few new tokens
 (model/cpu_decode_layer.py).
 """
