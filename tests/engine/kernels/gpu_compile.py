@@ -102,17 +102,22 @@ def _describe(value):
     raise TypeError(f"cannot describe a kernel argument of type {type(value).__name__}")
 
 
-def engine_v(shape: tuple[int, int, int, int], dtype, v_dim_major: bool | None = None):
-    """A zero V cache [pages, page_size, heads, head_dim] in the engine's layout for the target:
-    int8 dim-major within each page on NVIDIA (dispatch.int8_v_dim_major), else token-major."""
+def zero_v(shape: tuple[int, int, int, int], dtype, dim_major: bool = False):
+    """A zero V cache [pages, page_size, heads, head_dim]; dim_major: stored dim-major within each
+    page (cache/page_pool.KVLayout.v_dim_major, int8 on NVIDIA with HOMELAB_LLM_KV_V_LAYOUT=dim)."""
     import torch
 
-    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
-
-    if dtype == torch.int8 and (uses_ptx(None) if v_dim_major is None else v_dim_major):
+    if dim_major:
         pages, page, heads, dim = shape
         return torch.zeros((pages, heads, dim, page), dtype=dtype).permute(0, 3, 1, 2)
     return torch.zeros(shape, dtype=dtype)
+
+
+def v_layouts() -> tuple[bool, ...]:
+    """The int8 V layouts the engine can run on the target: token-major, and dim-major on NVIDIA."""
+    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
+
+    return (False, True) if uses_ptx(None) else (False,)
 
 
 def _scenarios():
@@ -130,12 +135,11 @@ def _scenarios():
     bf16, fp16, i8, i32, i64 = torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64
     hq, hkv, d, page, hidden = 32, 8, 128, 16, 4096
 
-    def caches(dtype, pages=64, v_dim_major=None):
-        """v_dim_major=False: an int8 V token-major on NVIDIA too (HOMELAB_LLM_KV_V_LAYOUT=token)."""
+    def caches(dtype, pages=64, v_dim_major=False):
         shape = (pages, page, hkv, d)
         if dtype == i8:
             s = torch.ones((pages, page, hkv), dtype=fp16)
-            return torch.zeros(shape, dtype=i8), engine_v(shape, i8, v_dim_major), s, s.clone()
+            return torch.zeros(shape, dtype=i8), zero_v(shape, i8, v_dim_major), s, s.clone()
         return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype), None, None
 
     for dt in (bf16, fp16):
@@ -157,8 +161,8 @@ def _scenarios():
     kv = torch.zeros((4, hkv, d), dtype=bf16)
     yield lambda: elementwise.apply_rope(q, kv, pos, cos_sin)
     slots = torch.arange(4, dtype=i64)
-    for cdt in (bf16, i8):
-        kc, vc, ks, vs = caches(cdt)
+    for cdt, vdm in [(bf16, False)] + [(i8, layout) for layout in v_layouts()]:
+        kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.store_kv(kv, kv, kc, vc, slots, ks, vs)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.rope_store_kv(q, kv, kv, pos, cos_sin, kc, vc, slots, ks, vs)
         # Qwen3's q/k norms inside the same launch, q and k read from the projection
@@ -173,8 +177,8 @@ def _scenarios():
     seq_lens = torch.tensor([300, 500], dtype=i32)
     qsl_decode = torch.arange(batch + 1, dtype=i32)
     qd = torch.zeros((batch, hq, d), dtype=bf16)
-    # None: the table's max_kv_splits; the last, int8 V token-major on NVIDIA too (the A/B switch)
-    for cdt, splits, vdm in ((bf16, 1, None), (bf16, None, None), (i8, None, None), (i8, None, False)):
+    # None: the table's max_kv_splits; int8 in each V layout the target runs
+    for cdt, splits, vdm in [(bf16, 1, False), (bf16, None, False)] + [(i8, None, vd) for vd in v_layouts()]:
         kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         for pairs in (0, 128):  # 128: the output in o_proj's pair order (the final store's index)
             yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits, pairs=pairs: \
@@ -236,8 +240,8 @@ def _scenarios():
         torch.arange(33, dtype=i32), torch.arange(300, 332, dtype=i32), 0.088, max_seq_len=8192, rows_per_seq=16)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
-    for cdt in (bf16, i8):
-        kc, vc, ks, vs = caches(cdt)
+    for cdt, vdm in [(bf16, False)] + [(i8, layout) for layout in v_layouts()]:
+        kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: prefill_attention.paged_prefill_attention(
             qp, kc, vc, page_table, qsl, seq_lens, 0.088, ks, vs, max_query_len=40)
     kc, vc, _, _ = caches(bf16)
@@ -641,14 +645,17 @@ def _gated_attention_scenarios():
             kv_store.rope_store_kv(q, k, k, pos, cs, kc, vc, slots, qk_norm=(w, w, 1e-6))
         # int8 KV with partial rotary: the rotated row through scratch to the butterflies, in
         # the same launch, with and without the q/k norms
-        ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), engine_v((32, page, hkv, d), torch.int8)
+        ki, vi = torch.zeros((32, page, hkv, d), dtype=torch.int8), torch.zeros((32, page, hkv, d), dtype=torch.int8)
         sc = torch.ones((32, page, hkv), dtype=torch.float16)
         # the int8 decode the reference deployment runs (int8 KV, o_proj's pair order, the gate
-        # in the merge)
-        yield lambda gate=gate, m=m, ki=ki, vi=vi, sc=sc: decode_attention.paged_decode_attention(
-            torch.zeros((m, hq, d), dtype=bf16), ki, vi, torch.arange(m * 32, dtype=torch.int32).reshape(m, 32) % 32,
-            torch.arange(m + 1, dtype=torch.int32), torch.full((m,), 400, dtype=torch.int32), 0.0625, sc, sc.clone(),
-            max_seq_len=4096, gate=gate, pair_block=128)
+        # in the merge), in each V layout the target runs
+        for vd in v_layouts():
+            yield lambda gate=gate, m=m, ki=ki, vi=zero_v(ki.shape, torch.int8, vd), sc=sc: \
+                decode_attention.paged_decode_attention(
+                    torch.zeros((m, hq, d), dtype=bf16), ki, vi,
+                    torch.arange(m * 32, dtype=torch.int32).reshape(m, 32) % 32, torch.arange(m + 1, dtype=torch.int32),
+                    torch.full((m,), 400, dtype=torch.int32), 0.0625, sc, sc.clone(), max_seq_len=4096, gate=gate,
+                    pair_block=128)
         yield lambda qk=qk, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
             qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, ki, vi, slots, sc, sc.clone())
         yield lambda q=q_gated, k=k_proj, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin, w=w: \

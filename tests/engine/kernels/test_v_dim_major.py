@@ -14,7 +14,10 @@ page pool's layout and slot copies, and when the runner asks for it, are checked
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
+import struct
 
 import pytest
 import torch
@@ -206,16 +209,47 @@ def test_the_page_pool_stores_v_dim_major_when_asked(device) -> None:
                                                                                   values[3, 1])
 
 
-def test_the_runner_asks_for_it_on_nvidia_int8_only(monkeypatch) -> None:
+def test_the_runner_asks_for_it_on_nvidia_int8_when_told(monkeypatch) -> None:
     from homelab_llm.engine.kernels import dispatch
 
-    cpu = torch.device("cpu")
-    assert not dispatch.int8_v_dim_major(cpu, torch.int8)
-    assert not dispatch.int8_v_dim_major(torch.device("cuda"), torch.bfloat16)
-    monkeypatch.setenv("HOMELAB_LLM_KV_V_LAYOUT", "token")
-    assert not dispatch.int8_v_dim_major(torch.device("cuda"), torch.int8)
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("HOMELAB_LLM_KV_V_LAYOUT", raising=False)
+    assert not dispatch.int8_v_dim_major(cuda, torch.int8)  # off by default (not yet GPU-timed)
+    monkeypatch.setenv("HOMELAB_LLM_KV_V_LAYOUT", "dim")
+    assert not dispatch.int8_v_dim_major(torch.device("cpu"), torch.int8)
+    assert not dispatch.int8_v_dim_major(cuda, torch.bfloat16)
     if torch.cuda.is_available():
-        monkeypatch.delenv("HOMELAB_LLM_KV_V_LAYOUT")
         from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 
-        assert dispatch.int8_v_dim_major(torch.device("cuda"), torch.int8) == uses_ptx(torch.device("cuda"))
+        assert dispatch.int8_v_dim_major(cuda, torch.int8) == uses_ptx(cuda)
+
+
+def test_the_ptx_conversion_gives_every_int8_value() -> None:
+    """common.int8_to_fp16_ptx's PTX, run by the PTX ISA's rules (xor; prmt.b32 d, a, b, c picks
+    d's byte i from the 8 bytes of {b, a} by c's nibble i), over every value in every lane of a
+    word: the four fp16 results, elements 0-1 in the first register and 2-3 in the second (low
+    half first: Triton's packing of four values), minus 1152, are the four int8 values. A GPU
+    test checks the same through the compiled kernels (test_decode_reads_the_same)."""
+    from homelab_llm.engine.kernels import common
+
+    module = inspect.getsource(common)
+    src = module[module.index("def int8_to_fp16_ptx"):module.index("def load_paged_kv")]
+    xor = int(re.search(r"xor\.b32 t, \$2, (0x[0-9a-f]+);", src).group(1), 16)
+    prmts = [(int(b, 16), int(c, 16))
+             for b, c in re.findall(r"prmt\.b32 \$[01], t, (0x[0-9a-f]+), (0x[0-9a-f]+);", src)]
+    assert len(prmts) == 2 and "- 1152.0" in src
+
+    def prmt(a: int, b: int, c: int) -> int:
+        pool = [(a >> 8 * i) & 0xFF for i in range(4)] + [(b >> 8 * i) & 0xFF for i in range(4)]
+        return sum(pool[(c >> 4 * i) & 7] << 8 * i for i in range(4))
+
+    def halves(r: int) -> list[float]:
+        return [struct.unpack("<e", struct.pack("<H", (r >> s) & 0xFFFF))[0] for s in (0, 16)]
+
+    for lane in range(4):
+        for value in range(-128, 128):
+            values = [(value + 37 * j) % 256 - 128 if j != lane else value for j in range(4)]
+            word = sum((v & 0xFF) << 8 * j for j, v in enumerate(values))
+            t = word ^ xor
+            got = halves(prmt(t, *prmts[0])) + halves(prmt(t, *prmts[1]))
+            assert [g - 1152.0 for g in got] == values, (lane, value)
