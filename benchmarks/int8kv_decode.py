@@ -20,7 +20,8 @@ kernel as it was, except that the merge kernel now issues its lse and partial lo
 "b64w4s3" the same tiles with the merge un-rotating once per output (int8); "table" this
 device's current entry when it differs from "old".
 Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch_kv (num_stages
-1), fm = fused_merge, rN = max_regs N (NVIDIA only). The winners go into tuning.TABLE["sm90"]: the
+1), fm = fused_merge, rN = max_regs N (NVIDIA only); a ".vd" suffix runs the variant over a V
+cache stored dim-major within each page (HOMELAB_LLM_KV_V_LAYOUT=dim's layout; the same values). The winners go into tuning.TABLE["sm90"]: the
 bf16 one as `decode`, the int8 one as `decode_int8` (the summary prints both as Python).
 Splits: "table" = what paged_decode_attention picks for the batch without a length
 (choose_num_splits); numbers: fixed split counts (powers of two); at batch 1 a few variants also
