@@ -4,9 +4,10 @@ side with the kernel as it was, against the copy rate of the same bytes (H200, i
     python3 benchmarks/int8kv_decode.py [--quick] [--ctx 1024,4096,16384,65536] [--batch 1,8]
         [--many 64] [--variants old,sc.dot,...] [--splits table,N,...] [--jobs N]
 
-Llama-3.1-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, page 16), one query
-token per sequence, every sequence ctx tokens long, pages scattered through the pool. Each call
-runs in a CUDA graph that cycles through enough copies of the caches to overflow the L2
+Llama-3.1-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, page 16; --shape 27b:
+Qwen3.6-27B's full-attention layers, 24 / 4 / 256), one query token per sequence, every sequence
+ctx tokens long, pages scattered through the pool. Each call runs in a CUDA graph that cycles
+through enough copies of the caches to overflow the L2
 (gpu_timing.py), so K/V come from HBM as in a decode step. Per (KV dtype, context, batch) it
 prints each variant's microseconds per layer (split kernel + merge) and the % of the copy rate:
 the bytes of K + V (+ int8 scales) over the time, against a device-to-device copy of the same
@@ -21,8 +22,9 @@ kernel as it was, except that the merge kernel now issues its lse and partial lo
 device's current entry when it differs from "old".
 Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch_kv (num_stages
 1), fm = fused_merge, rN = max_regs N (NVIDIA only); a ".vd" suffix runs the variant over a V
-cache stored dim-major within each page (HOMELAB_LLM_KV_V_LAYOUT=dim's layout; the same values). The winners go into tuning.TABLE["sm90"]: the
-bf16 one as `decode`, the int8 one as `decode_int8` (the summary prints both as Python).
+cache stored dim-major within each page (HOMELAB_LLM_KV_V_LAYOUT=dim's layout; the same values).
+The winners go into tuning.TABLE["sm90"]: the bf16 one as `decode`, the int8 one as
+`decode_int8` (the summary prints both as Python).
 Splits: "table" = what paged_decode_attention picks for the batch without a length
 (choose_num_splits); numbers: fixed split counts (powers of two); at batch 1 a few variants also
 at --b1-splits (rows "name/sN"). --many B adds 1K and 4K
@@ -48,7 +50,11 @@ from homelab_llm.engine.kernels.decode_attention import choose_num_splits, paged
 from homelab_llm.engine.kernels.ref import paged_attention_ref  # noqa: E402
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles  # noqa: E402
 
-HQ, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 32
+# attention shapes (q heads, KV heads, head_dim): Llama-3.1-8B's, and Qwen3.6-27B's full-attention
+# layers (the reference deployment, TP 1); INT8KV_SHAPE carries --shape into the compile workers
+SHAPES = {"8b": (32, 8, 128), "27b": (24, 4, 256)}
+HQ, HKV, D = SHAPES[os.environ.get("INT8KV_SHAPE", "8b")]
+PAGE = 16
 T = AttentionTiles
 I8, BF, BOTH = ("int8",), ("bf16",), ("int8", "bf16")
 # name -> (tiles or None for the device's table entry, KV dtypes it applies to). sm_90 compiles
@@ -328,7 +334,11 @@ def main() -> int:
     p.add_argument("--check", default="16384x1,4096x8", help="CTXxBATCH cells of the max-error check")
     p.add_argument("--jobs", type=int, default=max(default_jobs(), min(16, (os.cpu_count() or 2) - 1)),
                    help="processes that compile first (1: none)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="the attention shape")
     a = p.parse_args()
+    global HQ, HKV, D
+    HQ, HKV, D = SHAPES[a.shape]
+    os.environ["INT8KV_SHAPE"] = a.shape  # the compile workers (spawned) read it at import
     plan = SplitPlan(a.splits, tuple(int(x) for x in a.b1_splits.split(",") if x),
                      tuple(n for n in a.b1_variants.split(",") if n))
     dev = device()
