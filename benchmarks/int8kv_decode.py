@@ -107,8 +107,8 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
     "sc.dot.b64w2s4": (T(64, 2, 4, int8_dot=True, prefetch_scales=True), I8),
     "sc.dot.b128w4s5.fm": (T(128, 4, 5, int8_dot=True, prefetch_scales=True, fused_merge=True), I8),
     # ".vd": the same tiles over a V cache stored dim-major within each page (the engine's int8
-    # layout on NVIDIA with HOMELAB_LLM_KV_V_LAYOUT=dim, cache/page_pool.KVLayout.v_dim_major;
-    # without ".vd": token-major, the default)
+    # layout with HOMELAB_LLM_KV_V_LAYOUT=dim, cache/page_pool.KVLayout.v_dim_major; without
+    # ".vd": token-major, the default)
     "table.vd": (None, I8),
     "sc.dot.s5.vd": (T(64, 4, 5, int8_dot=True, prefetch_scales=True), I8),
     "sc.dot.b128w4s3.vd": (T(128, 4, 3, int8_dot=True, prefetch_scales=True), I8),

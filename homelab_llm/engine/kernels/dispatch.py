@@ -27,17 +27,13 @@ def use_triton(t: torch.Tensor) -> bool:
 
 def int8_v_dim_major(device: torch.device, kv_dtype: torch.dtype) -> bool:
     """Whether an int8 KV cache on `device` keeps V dim-major within each page
-    (cache/page_pool.KVLayout.v_dim_major), where the decode loop loads V tiles as vectors and
-    converts them in PTX (docs/BENCHMARKS.md 56): on NVIDIA GPUs under the Triton kernels, with
-    HOMELAB_LLM_KV_V_LAYOUT=dim. Off by default until a GPU run has checked and timed it (it was
-    built in a session that got no GPU after it)."""
+    (cache/page_pool.KVLayout.v_dim_major), where the decode loop loads V tiles as vectors (and
+    on NVIDIA converts them in PTX; docs/BENCHMARKS.md 56): on a GPU under the Triton kernels,
+    with HOMELAB_LLM_KV_V_LAYOUT=dim. Off by default until a GPU run has checked and timed it (it
+    was built in a session that got no GPU after it)."""
     if kv_dtype != torch.int8 or device.type != "cuda" or _kernels_env() == "ref":
         return False
-    if os.environ.get("HOMELAB_LLM_KV_V_LAYOUT", "token") != "dim":
-        return False
-    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
-
-    return uses_ptx(device)
+    return os.environ.get("HOMELAB_LLM_KV_V_LAYOUT", "token") == "dim"
 
 
 def store_kv(key, value, k_cache, v_cache, slot_mapping, k_scale=None, v_scale=None) -> None:

@@ -104,7 +104,7 @@ def _describe(value):
 
 def zero_v(shape: tuple[int, int, int, int], dtype, dim_major: bool = False):
     """A zero V cache [pages, page_size, heads, head_dim]; dim_major: stored dim-major within each
-    page (cache/page_pool.KVLayout.v_dim_major, int8 on NVIDIA with HOMELAB_LLM_KV_V_LAYOUT=dim)."""
+    page (cache/page_pool.KVLayout.v_dim_major, int8 with HOMELAB_LLM_KV_V_LAYOUT=dim)."""
     import torch
 
     if dim_major:
@@ -114,10 +114,9 @@ def zero_v(shape: tuple[int, int, int, int], dtype, dim_major: bool = False):
 
 
 def v_layouts() -> tuple[bool, ...]:
-    """The int8 V layouts the engine can run on the target: token-major, and dim-major on NVIDIA."""
-    from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
-
-    return (False, True) if uses_ptx(None) else (False,)
+    """The int8 V layouts the engine can run: token-major, and dim-major (HOMELAB_LLM_KV_V_LAYOUT=dim,
+    on every GPU; its tile converts in PTX on NVIDIA)."""
+    return (False, True)
 
 
 def _scenarios():
