@@ -136,9 +136,9 @@ def test_default_decode_stays_near_the_exact_path(models, smollm2_tokenizer):
 
 def test_default_decode_matches_its_own_prefill(models, smollm2_tokenizer):
     """Decode steps (one row: the 4-bit kernel) and a prefill of the same tokens (the many-row
-    path once past dense_rows()) compute the same logits up to the kernels' rounding."""
+    path once past DENSE_ROWS) compute the same logits up to the kernels' rounding."""
     _, fast = models
-    ids = (smollm2_tokenizer.encode(PROMPTS[2]) * 20)[: w4a16_cpu.dense_rows() + 8]
+    ids = (smollm2_tokenizer.encode(PROMPTS[2]) * 20)[: w4a16_cpu.DENSE_ROWS + 8]
     whole = PagedHarness(fast, num_pages=16, page_size=16).step({"s": ids})
     harness = PagedHarness(fast, num_pages=16, page_size=16)
     harness.step({"s": ids[:-4]})
@@ -154,7 +154,7 @@ def test_small_model_keeps_dense_copies_for_prompts(models):
     linears = [m for m in fast.modules() if isinstance(m, LinearBase)]
     assert all(m.w4.cpu_pack.dense is not None for m in linears)
     layer = linears[0]
-    x = torch.randn(max(w4a16_cpu.dense_rows(), w4a16_cpu.NATIVE_ROWS), layer.in_features)
-    dtype = w4a16_cpu.dense_dtype()
+    x = torch.randn(max(w4a16_cpu.DENSE_ROWS, w4a16_cpu.NATIVE_ROWS), layer.in_features)
+    dtype = w4a16_cpu.DENSE_DTYPE
     fresh = torch.mm(x.to(dtype), w4a16_cpu.dequantize_dense(layer.w4, dtype)).to(x.dtype)
     assert torch.equal(w4a16_cpu.w4a16_matmul_cpu_rows(x, layer.w4), fresh)

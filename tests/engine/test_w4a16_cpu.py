@@ -88,22 +88,22 @@ def test_linear_takes_the_kernel_when_it_computes_in_bf16(monkeypatch):
 
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_many_rows_take_the_dequantized_gemm(symmetric):
-    """From dense_rows() rows on, the weight is dequantized for a dense fp32 GEMM (on every CPU:
-    w4a16_cpu.dense_dtype): q * scale + bias of fp16 scales and biases, exact but for one fp32
+    """From DENSE_ROWS rows on, the weight is dequantized for a dense fp32 GEMM (on every CPU:
+    w4a16_cpu.DENSE_DTYPE): q * scale + bias of fp16 scales and biases, exact but for one fp32
     rounding, so within the kernel's 1e-2 bound of the reference."""
-    assert w4a16_cpu.dense_dtype() == torch.float32 and w4a16_cpu.dense_rows() == 32
+    assert w4a16_cpu.DENSE_DTYPE == torch.float32 and w4a16_cpu.DENSE_ROWS == 32
     torch.manual_seed(3)
     w = quantize_rtn(torch.randn(48, 128) * 0.05, 32, symmetric)
     w.cpu_pack = w4a16_cpu.repack_for_cpu(w)
     dense = w4a16_cpu.dequantize_dense(w, torch.float32)
     assert dense.dtype == torch.float32 and dense.shape == (128, 48)
     torch.testing.assert_close(dense, dequantize_w4_ref(w), atol=1e-7, rtol=2**-20)
-    for rows in (w4a16_cpu.dense_rows() - 1, w4a16_cpu.dense_rows(), 300):
+    for rows in (w4a16_cpu.DENSE_ROWS - 1, w4a16_cpu.DENSE_ROWS, 300):
         x = torch.randn(rows, 128)
         got = dispatch.w4a16_matmul(x, w)
         assert got.dtype == torch.float32 and got.shape == (rows, 48)
         assert _rel(got, w4a16_matmul_ref(x, w)) < 1e-2
-        if rows >= w4a16_cpu.dense_rows():  # the dense GEMM itself
+        if rows >= w4a16_cpu.DENSE_ROWS:  # the dense GEMM itself
             assert torch.equal(got, torch.mm(x, dense))
     x = torch.randn(1, 5, 128)  # leading dims kept; few rows take the int4 kernel itself
     assert torch.equal(dispatch.w4a16_matmul(x, w), w4a16_cpu.w4a16_matmul_cpu(x, w.cpu_pack))

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.ref import kv_rotated
-from homelab_llm.engine.kernels.tuning import interpreting
+from homelab_llm.engine.kernels.tuning import interpreting, uses_ptx
 
 
 def next_pow2(n: int) -> int:
@@ -76,6 +76,11 @@ class KVCacheArgs:
     def v_dim_major(self) -> bool:
         """V stored dim-major within a page (v_cache_strides): its dim stride is not 1."""
         return self.strides[6] != 1
+
+    def v_ptx(self, device: torch.device) -> bool:
+        """Whether the attention kernels convert the V tile by int8_to_fp16_ptx: int8 V stored
+        dim-major, on NVIDIA."""
+        return self.int8 and self.v_dim_major and uses_ptx(device)
 
 
 def kv_cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,

@@ -52,7 +52,6 @@ from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
-from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 
 _LOG2E = 1.4426950408889634
 # Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
@@ -347,8 +346,6 @@ def paged_decode_attention(
     # a gate without the merge kernel is its own launch after the split kernel: that one writes
     # the pair order, the split kernel k order
     split_pairs = pair_block if gate is None or merged else 0
-    # int8 V stored dim-major: its tile converts in PTX (common.int8_to_fp16_ptx) on NVIDIA
-    v_ptx = kv.int8 and kv.v_dim_major and uses_ptx(q.device)
 
     def launch(num_stages: int) -> None:
         _decode_split_kernel[(batch // rows_per_seq, num_kv_heads, num_splits)](
@@ -367,7 +364,7 @@ def paged_decode_attention(
             num_warps=split_tiles.num_warps, num_stages=num_stages,
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
             **pdl_args(q.device), **new_meta, PAIR_BLOCK=split_pairs,
-            KV_ALIGN=min(split_tiles.block_n, page_size), V_PTX=v_ptx,
+            KV_ALIGN=min(split_tiles.block_n, page_size), V_PTX=kv.v_ptx(q.device),
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,

@@ -49,10 +49,9 @@ from homelab_llm.engine.kernels.fused_moe_mx4 import mx4_gemv
 from homelab_llm.engine.kernels.moe_align import moe_align
 from homelab_llm.engine.kernels.moe_ref import MoeMx4, MoeW4, Mx4Weight, add_shared_ref, expert_shape
 from homelab_llm.engine.kernels.pair_order import pair_order
-from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for
+from homelab_llm.engine.kernels.tuning import GemmTiles, MoeGemmTiles, gemm_tiles, tiles_for, uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_dot import wleft_steps
-from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_words import k_rows, load_k_words
 
 

@@ -21,7 +21,6 @@ from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, 
                                                sink_start, tile_scores, unrotate_out)
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.tuning import tiles_for
-from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 
 _LOG2E = 1.4426950408889634
 
@@ -149,7 +148,7 @@ def paged_prefill_attention(
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
             INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
             ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-            KV_ALIGN=min(tiles.block_n, page_size), V_PTX=kv.int8 and kv.v_dim_major and uses_ptx(q.device),
+            KV_ALIGN=min(tiles.block_n, page_size), V_PTX=kv.v_ptx(q.device),
             num_warps=tiles.num_warps, num_stages=num_stages,
         )
 

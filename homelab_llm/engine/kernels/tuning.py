@@ -504,6 +504,12 @@ def tiles_for(device: torch.device | None = None) -> ArchTiles:
     return TABLE[arch_name(device)]
 
 
+def uses_ptx(device: torch.device | None = None) -> bool:
+    """Whether kernels on this device take their inline-PTX forms (USE_ASM, V_PTX): NVIDIA arches;
+    the interpreter and gfx1100 run the plain-Triton twins."""
+    return tiles_for(device).name.startswith("sm")
+
+
 def decode_tiles(device: torch.device | None, int8_kv: bool) -> AttentionTiles:
     """The decode split kernel's tiles on this device for a KV format."""
     t = tiles_for(device)

@@ -13,11 +13,11 @@ fp32 reference. A layer gets the repacked copy only when its 4-bit matmuls are t
 bf16 (LinearBase.set_w4); activations of any dtype are then cast to bf16 and the result back.
 
 Many rows (prompt processing) are compute-bound, and the int4 kernel is no faster there than a
-dense GEMM on dequantized weights: fp32 (dense_dtype), faster than the int4 kernel from ~32 rows
+dense GEMM on dequantized weights: fp32 (DENSE_DTYPE), faster than the int4 kernel from ~32 rows
 (SmolLM2's shapes at 32 rows: 0.20-1.22 ms against 0.31-1.63, an AVX2 EPYC). bf16 would be ~2x
 faster where oneDNN has a native bf16 GEMM (AVX-512 / AMX; on AVX2 torch's bf16 mm is a scalar
 loop, 209 ms against 2.4 in fp32 at 128 x 576 x 1536) but flips near-tied prompts' first tokens
-between cached and uncached requests (dense_dtype). dense_rows picks the path.
+between cached and uncached requests (DENSE_DTYPE). DENSE_ROWS picks the path.
 
 The CPU default for a GGUF Q4 model (device.fast_cpu_default) runs the model in fp32 with these
 matmuls in bf16: SmolLM2-135M Q4_1 logits 0.8-1.7% (relative, Frobenius) from the exact fp32
@@ -46,14 +46,20 @@ from homelab_llm.engine.kernels import q4_native
 # Group sizes the CPU kernel accepts; N must be a multiple of 16 (its packing block).
 CPU_GROUP_SIZES = (32, 64, 128, 256)
 _N_BLOCK = 16
-# From this many rows on, dequantize to dense_dtype and run a dense GEMM (module docstring).
+# From this many rows on, dequantize to DENSE_DTYPE and run a dense GEMM (module docstring).
 DENSE_ROWS = 32
+# The dense copy's dtype: fp32 on every CPU. bf16 (where oneDNN has a native bf16 GEMM, AVX-512 /
+# AMX) was ~2x faster there but moved prompt logits enough that a prompt's first token flipped
+# between an uncached request (178 rows through the bf16 GEMM) and the same request again off the
+# prefix cache (two rows through the int8-activation kernel): SmolLM2 Q4_1, the chat template's
+# "What is the capital of France?", top-2 gap 0.082 nats exact, 0.047 bf16 (BENCHMARKS 56).
+DENSE_DTYPE = torch.float32
 # Below this many rows our AVX2 kernel (q4_native) runs where the weight has its pack; from here
 # on the dense GEMM where a dense copy is kept (fp32 where bf16 is not native: prompts stay near
 # exact, the int8 activations being ~5x coarser), else still ours (dequantizing each call costs
 # more than it).
 NATIVE_ROWS = 16
-# A model whose 4-bit linears take at most this much in dense_dtype keeps that dense copy beside
+# A model whose 4-bit linears take at most this much in DENSE_DTYPE keeps that dense copy beside
 # the packed one (model/cpu_kernels.py): SmolLM2-135M's is 212 MB in bf16, 424 MB in fp32, its
 # packed weights ~66 MB.
 DENSE_CACHE_BYTES = 512 << 20
@@ -71,7 +77,7 @@ class CpuInt4Weight:
     in_features: int
     out_features: int
     perm: torch.Tensor | None = None
-    # [K, N] in dense_dtype (dequantize_dense), kept when the model is small enough (DENSE_CACHE_BYTES):
+    # [K, N] in DENSE_DTYPE (dequantize_dense), kept when the model is small enough (DENSE_CACHE_BYTES):
     # many-row calls then skip dequantizing, a quarter of a 512-token prefill's matmul time.
     dense: torch.Tensor | None = None
     native: q4_native.NativeWeight | None = None
@@ -80,21 +86,6 @@ class CpuInt4Weight:
 def cpu_kernel_available() -> bool:
     ops = torch.ops.aten
     return hasattr(ops, "_weight_int4pack_mm_for_cpu") and hasattr(ops, "_convert_weight_to_int4pack_for_cpu")
-
-
-def dense_dtype() -> torch.dtype:
-    """The dense copy's dtype for many-row calls: fp32 on every CPU. bf16 (where oneDNN has a
-    native bf16 GEMM, AVX-512 / AMX) was ~2x faster there but moved prompt logits enough that a
-    prompt's first token flipped between an uncached request (178 rows through the bf16 GEMM)
-    and the same request again off the prefix cache (two rows through the int8-activation
-    kernel): SmolLM2 Q4_1, the chat template's "What is the capital of France?", top-2 gap
-    0.082 nats exact, 0.047 bf16 (BENCHMARKS 56). fp32 keeps prompts near exact on every CPU."""
-    return torch.float32
-
-
-def dense_rows() -> int:
-    """Rows from which a call takes the dense GEMM instead of the int4 kernel."""
-    return DENSE_ROWS
 
 
 def supports(w) -> bool:
@@ -147,10 +138,10 @@ def dequantize_dense(w, dtype: torch.dtype) -> torch.Tensor:
 
 def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
     """x [..., K] @ W4Weight with a CPU pack, in x's dtype: the pack's kernel for few rows, a
-    GEMM on the dense (dense_dtype) weight from dense_rows() rows on (with our AVX2 kernel: from
+    GEMM on the dense (DENSE_DTYPE) weight from DENSE_ROWS rows on (with our AVX2 kernel: from
     NATIVE_ROWS on, and only where the dense copy is kept)."""
     pack = w.cpu_pack
-    many = dense_rows()
+    many = DENSE_ROWS
     rows = x.numel() // max(x.shape[-1], 1)
     if pack.native is not None:
         if rows < NATIVE_ROWS or pack.dense is None:
@@ -166,7 +157,7 @@ def w4a16_matmul_cpu_rows(x: torch.Tensor, w) -> torch.Tensor:
     x2 = x.reshape(-1, w.in_features)
     if w.perm is not None:
         x2 = x2[:, w.perm]
-    dense = pack.dense if pack.dense is not None else dequantize_dense(w, dense_dtype())
+    dense = pack.dense if pack.dense is not None else dequantize_dense(w, DENSE_DTYPE)
     out = torch.mm(x2.to(dense.dtype), dense)
     return out.to(x.dtype).view(*x.shape[:-1], w.out_features)
 

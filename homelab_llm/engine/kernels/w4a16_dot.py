@@ -69,10 +69,9 @@ from homelab_llm.engine.kernels.common import dot_in_fp32, next_pow2
 from homelab_llm.engine.kernels.launch_fit import balance_split, resident_per_sm
 from homelab_llm.engine.kernels.pair_order import pair_order
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
-from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, dot_left_tiles, tiles_for
+from homelab_llm.engine.kernels.tuning import GemmTiles, device_sms, dot_left_tiles, tiles_for, uses_ptx
 from homelab_llm.engine.kernels.w4a16_epilogue import DotChain, act_columns, finish_tile
 from homelab_llm.engine.kernels.w4a16_gemv import nibble_f32, pick_split, ticket_buffer, unscale_pow2
-from homelab_llm.engine.kernels.w4a16_half2 import uses_ptx
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 

@@ -61,10 +61,10 @@ from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels import program_trace
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
-from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, whole_k_fits
+from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, uses_ptx, whole_k_fits
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
 from homelab_llm.engine.kernels.w4a16_half2 import (chunk_coords, l2_prefetch, prep_x_pairs,
-                                                    rows_sum, store_x_pairs, tile_dot, uses_ptx,
+                                                    rows_sum, store_x_pairs, tile_dot,
                                                     word_products)
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_prologue import (ACT_CODES, input_from_loads, input_loads,

@@ -29,22 +29,14 @@ group math, and the GPU tests the PTX.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from homelab_llm.engine.kernels.tuning import tiles_for
 from homelab_llm.engine.kernels.w4a16_prologue import load_input
 
 X_SCALE_EVEN = tl.constexpr(16384.0)  # 2^14: pairs (q0, q4), (q2, q6) are q 2^-24
 X_SCALE_ODD = tl.constexpr(1024.0)  # 2^10: pairs (q1, q5), (q3, q7) are q 2^-20
 PRODUCT_UNDO = tl.constexpr(1024.0)  # every product is q x 2^-e 2^-10
-
-
-def uses_ptx(device: torch.device) -> bool:
-    """Whether kernels on this device take the PTX packed-half ops (USE_ASM): NVIDIA arches; the
-    interpreter and gfx1100 run the plain-Triton fp16 twin."""
-    return tiles_for(device).name.startswith("sm")
 
 
 @triton.jit

@@ -63,9 +63,9 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
-from homelab_llm.engine.kernels.tuning import device_sms, field_override
+from homelab_llm.engine.kernels.tuning import device_sms, field_override, uses_ptx
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
-from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs, uses_ptx
+from homelab_llm.engine.kernels.w4a16_half2 import half_hi, half_lo, nibble_pairs, prep_x_pairs
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 from homelab_llm.engine.kernels.w4a16_prologue import ACT_CODES, norm_chunk, row_rstd
 

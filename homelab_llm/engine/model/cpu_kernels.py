@@ -8,7 +8,7 @@ everything (SmolLM2-135M: ~100 MB instead of ~540 MB). The exact mode (--dtype f
 comes here.
 
 A small model (its 4-bit linears <= w4a16_cpu.DENSE_CACHE_BYTES dense) also keeps a dense copy of
-each (fp32: w4a16_cpu.dense_dtype) for prompt processing, which otherwise dequantizes every
+each (fp32: w4a16_cpu.DENSE_DTYPE) for prompt processing, which otherwise dequantizes every
 weight on every call.
 A Llama-style model (Llama, Mistral, Qwen2, Qwen3) also gets its plan for steps of few new tokens
 (model/cpu_decode_layer.py).
@@ -37,7 +37,7 @@ def use_cpu_kernels(model: nn.Module) -> None:
             module.compute_w4_in(torch.bfloat16)
             if module.w4.cpu_pack is not None:
                 packed.append(module)
-    dtype = w4a16_cpu.dense_dtype()
+    dtype = w4a16_cpu.DENSE_DTYPE
     dense_bytes = sum(dtype.itemsize * m.w4.in_features * m.w4.out_features for m in packed)
     if dense_bytes <= w4a16_cpu.DENSE_CACHE_BYTES:
         for module in packed:

@@ -113,10 +113,9 @@ def zero_v(shape: tuple[int, int, int, int], dtype, dim_major: bool = False):
     return torch.zeros(shape, dtype=dtype)
 
 
-def v_layouts() -> tuple[bool, ...]:
-    """The int8 V layouts the engine can run: token-major, and dim-major (HOMELAB_LLM_KV_V_LAYOUT=dim,
-    on every GPU; its tile converts in PTX on NVIDIA)."""
-    return (False, True)
+# int8 V dim-major or not: the engine runs both (HOMELAB_LLM_KV_V_LAYOUT=dim, on every GPU; its tile
+# converts in PTX on NVIDIA)
+V_LAYOUTS = (False, True)
 
 
 def _scenarios():
@@ -160,7 +159,7 @@ def _scenarios():
     kv = torch.zeros((4, hkv, d), dtype=bf16)
     yield lambda: elementwise.apply_rope(q, kv, pos, cos_sin)
     slots = torch.arange(4, dtype=i64)
-    for cdt, vdm in [(bf16, False)] + [(i8, layout) for layout in v_layouts()]:
+    for cdt, vdm in [(bf16, False)] + [(i8, layout) for layout in V_LAYOUTS]:
         kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.store_kv(kv, kv, kc, vc, slots, ks, vs)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: kv_store.rope_store_kv(q, kv, kv, pos, cos_sin, kc, vc, slots, ks, vs)
@@ -177,7 +176,7 @@ def _scenarios():
     qsl_decode = torch.arange(batch + 1, dtype=i32)
     qd = torch.zeros((batch, hq, d), dtype=bf16)
     # None: the table's max_kv_splits; int8 in each V layout the target runs
-    for cdt, splits, vdm in [(bf16, 1, False), (bf16, None, False)] + [(i8, None, vd) for vd in v_layouts()]:
+    for cdt, splits, vdm in [(bf16, 1, False), (bf16, None, False)] + [(i8, None, vd) for vd in V_LAYOUTS]:
         kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         for pairs in (0, 128):  # 128: the output in o_proj's pair order (the final store's index)
             yield lambda kc=kc, vc=vc, ks=ks, vs=vs, splits=splits, pairs=pairs: \
@@ -239,7 +238,7 @@ def _scenarios():
         torch.arange(33, dtype=i32), torch.arange(300, 332, dtype=i32), 0.088, max_seq_len=8192, rows_per_seq=16)
     qp = torch.zeros((64, hq, d), dtype=bf16)
     qsl = torch.tensor([0, 24, 64], dtype=i32)
-    for cdt, vdm in [(bf16, False)] + [(i8, layout) for layout in v_layouts()]:
+    for cdt, vdm in [(bf16, False)] + [(i8, layout) for layout in V_LAYOUTS]:
         kc, vc, ks, vs = caches(cdt, v_dim_major=vdm)
         yield lambda kc=kc, vc=vc, ks=ks, vs=vs: prefill_attention.paged_prefill_attention(
             qp, kc, vc, page_table, qsl, seq_lens, 0.088, ks, vs, max_query_len=40)
@@ -648,7 +647,7 @@ def _gated_attention_scenarios():
         sc = torch.ones((32, page, hkv), dtype=torch.float16)
         # the int8 decode the reference deployment runs (int8 KV, o_proj's pair order, the gate
         # in the merge), in each V layout the target runs
-        for vd in v_layouts():
+        for vd in V_LAYOUTS:
             yield lambda gate=gate, m=m, ki=ki, vi=zero_v(ki.shape, torch.int8, vd), sc=sc: \
                 decode_attention.paged_decode_attention(
                     torch.zeros((m, hq, d), dtype=bf16), ki, vi,

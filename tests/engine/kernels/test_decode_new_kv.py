@@ -92,6 +92,33 @@ def test_new_kv_in_the_attention_matches_store_then_attend(qk_norm, kv_dtype, ti
                                            msg=lambda m: f"{what}: {m}")
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.bfloat16], ids=["int8", "bf16"])
+def test_new_kv_into_a_dim_major_v_cache(kv_dtype, device, paged_kv) -> None:
+    """V stored dim-major within each page (cache/page_pool.KVLayout.v_dim_major): the program
+    owning the step's token stores its K/V rows there itself and attends over them; the caches
+    bit-equal to the token-major run's, the output too through the interpreter (one bf16
+    rounding on a GPU, where an int8 V tile converts in PTX)."""
+    shape = SHAPES[0]
+    seq_lens, hq, hkv, d = shape[:4]
+    caches, table, _, q, k, v, pos, cos_sin, slots, _ = _case(paged_kv, device, kv_dtype, shape, 8, False)
+    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32, device=device)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    runs = []
+    for dim_major in (False, True):
+        c = _copy(caches)
+        if dim_major:  # the same values, stored [pages, heads, head_dim, page]
+            c[1] = c[1].permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        out = paged_decode_attention(q, c[0], c[1], table, qsl, sl, d ** -0.5, c[2], c[3], num_splits=2,
+                                     new_kv=NewKV(k, v, pos, cos_sin, slots))
+        runs.append((out, [x.contiguous() if x is not None else None for x in c]))
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert a is None or torch.equal(a, b)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert torch.equal(runs[1][0], runs[0][0])
+    else:
+        torch.testing.assert_close(runs[1][0].float(), runs[0][0].float(), atol=1e-3, rtol=2 ** -8)
+
+
 def test_new_kv_with_a_window_and_sinks(device, paged_kv) -> None:
     """A sliding window and gpt-oss sinks: the last split program still stores the new row."""
     shape = ([40, 23], 4, 2, 32, 4, 32)

@@ -2,9 +2,10 @@
 [pages, heads, head_dim, page_size] seen as [pages, page_size, heads, head_dim]): every kernel
 that writes or reads V gives what it gives on the token-major layout.
 
-Each case runs twice on the same values, once per layout: the stores (store_kv, rope_store_kv,
-the decode kernel's own new K/V) must leave the same cache contents, the readers (decode with
-splits, windows, sinks, verify groups, the prefetching tiles; prefill) the same output. Through
+Each case runs twice on the same values, once per layout: the stores (store_kv, rope_store_kv;
+the decode kernel's own new K/V in test_decode_new_kv.py) must leave the same cache contents,
+the readers (decode with splits, windows, sinks, verify groups, the prefetching tiles; prefill)
+the same output. Through
 the interpreter the two runs do the same arithmetic, so the bound is exact equality; on a GPU
 the NVIDIA build converts dim-major int8 V in PTX (common.int8_to_fp16_ptx, the same values), and
 the bound is one bf16 rounding of the output (2^-8 relative). Each output is also checked against
@@ -140,37 +141,6 @@ def test_verify_groups_read_the_same(device, paged_kv) -> None:
         tok = paged_decode_attention(q, k_cache, v_cache, *args, num_splits=splits, rows_per_seq=width)
         dim = paged_decode_attention(q, k_cache, dim_major(v_cache), *args, num_splits=splits, rows_per_seq=width)
         assert_same_output(dim, tok, f"{splits=}")
-
-
-def test_decode_with_its_own_new_kv_stores_and_reads_the_same(device, paged_kv) -> None:
-    """new_kv: the program owning the step's token stores its K/V row into the dim-major V
-    cache itself, then attends over it."""
-    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-    from homelab_llm.engine.kernels.kv_store import NewKV
-
-    gen = torch.Generator().manual_seed(8)
-    seq_lens, hq, hkv, d, page_size = [5, 38], 4, 2, 32, 4
-    k_cache, v_cache, ks, vs, table = paged_kv(seq_lens, hkv, d, page_size, torch.int8, device, gen)
-    batch = len(seq_lens)
-    proj = torch.randn(batch, (hq + 2 * hkv) * d, generator=gen).to(device, torch.bfloat16)
-    q = proj[:, :hq * d].view(batch, hq, d)
-    k = proj[:, hq * d:(hq + hkv) * d].view(batch, hkv, d)
-    v = proj[:, (hq + hkv) * d:].view(batch, hkv, d)
-    last = torch.tensor(seq_lens, device=device) - 1
-    slots = (table[torch.arange(batch, device=device), last // page_size].long() * page_size + last % page_size)
-    cos_sin = ref.rope_cos_sin_cache(ref.rope_inv_freq(d, 10000.0, None), 64, device)
-    qsl = torch.arange(batch + 1, dtype=torch.int32, device=device)
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    runs = []
-    for v_store in (v_cache.clone(), dim_major(v_cache)):
-        caches = [k_cache.clone(), v_store, ks.clone(), vs.clone()]
-        new = NewKV(k, v, last + 2, cos_sin, slots)
-        out = paged_decode_attention(q, caches[0], caches[1], table, qsl, sl, d ** -0.5, caches[2], caches[3],
-                                     num_splits=2, new_kv=new)
-        runs.append((out, [c.contiguous() for c in caches]))
-    assert_same_output(runs[1][0], runs[0][0], "new_kv output")
-    for a, b in zip(runs[0][1], runs[1][1]):
-        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("window", [0, 6])
