@@ -20,7 +20,7 @@ from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, 
                                                kv_cache_args, load_paged_kv, next_pow2, page_rows, prepare_q,
                                                sink_start, tile_scores, unrotate_out)
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
-from homelab_llm.engine.kernels.tuning import tiles_for
+from homelab_llm.engine.kernels.tuning import prefill_tiles
 
 _LOG2E = 1.4426950408889634
 
@@ -132,7 +132,7 @@ def paged_prefill_attention(
     out = torch.empty_like(q) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
-    tiles = tiles_for(q.device).prefill
+    tiles = prefill_tiles(q.device)
     max_q = num_tokens if max_query_len is None else max_query_len
     grid = (triton.cdiv(max_q, tiles.block_m), num_q_heads, batch)
 

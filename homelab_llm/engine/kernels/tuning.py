@@ -444,10 +444,16 @@ TABLE: dict[str, ArchTiles] = {
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
         w4a16_h2=H2_TILES),
     # RDNA3 (7900 XTX, gfx1100): wave32, 64 KB LDS, WMMA 16x16x16; two stages keep LDS in budget.
+    # Attention tiles chosen by registers, untimed (no RDNA3 device; BENCHMARKS 57.1): spilled
+    # VGPRs a lane, 32-token tiles on 4 waves -> 16-token tiles on 8 waves, int8 KV with int8
+    # score dots: decode head_dim 128 bf16 16 -> 0, int8 226 -> 0, verify group of 5 rows int8
+    # 339 -> 0, head_dim 256 (the 27B's) bf16 247 -> 65, int8 683 -> 44; prefill bf16 76 -> 0,
+    # int8 423 -> 75-123. DECODE_TILES_ENV / PREFILL_TILES_ENV ("block_n=32,num_warps=4") A/B them.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
-        decode=AttentionTiles(block_n=32, num_warps=4, num_stages=1),
-        prefill=PrefillTiles(block_m=64, block_n=32, num_warps=4, num_stages=1),
+        decode=AttentionTiles(block_n=16, num_warps=8, num_stages=1),
+        decode_int8=AttentionTiles(block_n=16, num_warps=8, num_stages=1, int8_dot=True),
+        prefill=PrefillTiles(block_m=64, block_n=16, num_warps=8, num_stages=1),
         gemv=GemmTiles(16, 64, 64, num_warps=4, num_stages=2, split_k=4),
         gemv_rows=GemmTiles(1, 64, 64, num_warps=4, num_stages=1),
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
@@ -511,9 +517,32 @@ def uses_ptx(device: torch.device | None = None) -> bool:
 
 
 def decode_tiles(device: torch.device | None, int8_kv: bool) -> AttentionTiles:
-    """The decode split kernel's tiles on this device for a KV format."""
+    """The decode split kernel's tiles on this device for a KV format (DECODE_TILES_ENV's
+    changes applied)."""
     t = tiles_for(device)
-    return t.decode_int8 if int8_kv and t.decode_int8 is not None else t.decode
+    tiles = t.decode_int8 if int8_kv and t.decode_int8 is not None else t.decode
+    change = tiles_override(DECODE_TILES_ENV, os.environ.get(DECODE_TILES_ENV, ""), AttentionTiles)
+    return dataclasses.replace(tiles, **change) if change else tiles
+
+
+def prefill_tiles(device: torch.device | None) -> PrefillTiles:
+    """The prefill attention kernel's tiles on this device (PREFILL_TILES_ENV's changes applied)."""
+    tiles = tiles_for(device).prefill
+    change = tiles_override(PREFILL_TILES_ENV, os.environ.get(PREFILL_TILES_ENV, ""), PrefillTiles)
+    return dataclasses.replace(tiles, **change) if change else tiles
+
+
+# A/B runs without a patched tree: "field=value,..." over this device's attention tiles, e.g.
+# "block_n=32,num_warps=4,int8_dot=0" (gfx1100's tiles before BENCHMARKS 57.1)
+DECODE_TILES_ENV = "HOMELAB_LLM_DECODE_TILES"
+PREFILL_TILES_ENV = "HOMELAB_LLM_PREFILL_TILES"
+
+
+@functools.lru_cache(maxsize=16)
+def tiles_override(env: str, spec: str, cls: type) -> dict:
+    """A tiles A/B switch's text as field changes of the dataclass cls ({} when empty)."""
+    kinds = {f.name: bool if f.type == "bool" else int for f in dataclasses.fields(cls)}
+    return field_override(env, spec, kinds)
 
 
 @functools.lru_cache(maxsize=None)
@@ -753,8 +782,11 @@ GDN_TABLE: dict[str, GdnTiles] = {
                      verify_wide_block_v=16, verify_wide_warps=1),
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
-    # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16).
-    "gfx1100": GdnTiles(64, 32, 4, 1, 32, 4, 32, 128, 4, True, 4, 32),
+    # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16). The prep kernel
+    # (the only one chunk_warps sizes under `split`) on 16 waves (BENCHMARKS 57.1, untimed):
+    # spilled VGPRs a lane 1,940-2,022 on 4 waves, 1,199-1,249 on 8, 583-623 on 16. Its fp32
+    # dots have no WMMA form on RDNA3 (on 8 waves: bf16x3 dots 542-633, bf16 ones 252-334).
+    "gfx1100": GdnTiles(64, 32, 16, 1, 32, 4, 32, 128, 4, True, 4, 32),
     "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16,
                           verify_groups=1, verify_block_v=8, verify_warps=1,
                           verify_wide_block_v=8, verify_wide_warps=2),
@@ -763,20 +795,13 @@ GDN_TABLE: dict[str, GdnTiles] = {
 
 def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
     t = GDN_TABLE[arch_name(device)]
-    change = gdn_override(os.environ.get(GDN_TILES_ENV, ""))
+    change = tiles_override(GDN_TILES_ENV, os.environ.get(GDN_TILES_ENV, ""), GdnTiles)
     return dataclasses.replace(t, **change) if change else t
 
 
 # A/B runs without a patched tree: "field=value,..." over this device's GdnTiles
 # ("verify_wide_block_v=32,verify_wide_warps=2": other verify tiles for 5+ sequences)
 GDN_TILES_ENV = "HOMELAB_LLM_GDN_TILES"
-
-
-@functools.lru_cache(maxsize=8)
-def gdn_override(spec: str) -> dict:
-    """GDN_TILES_ENV's text as GdnTiles field changes ({} when empty)."""
-    kinds = {f.name: bool if f.type == "bool" else int for f in dataclasses.fields(GdnTiles)}
-    return field_override(GDN_TILES_ENV, spec, kinds)
 
 
 def gdn_step_tiles(device: torch.device | None, groups: int, rows_per_seq: int) -> tuple[int, int]:

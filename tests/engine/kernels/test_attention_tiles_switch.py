@@ -1,0 +1,80 @@
+"""HOMELAB_LLM_DECODE_TILES / HOMELAB_LLM_PREFILL_TILES: A/B runs of the attention kernels' tiles
+without a patched tree (gfx1100's were chosen by register counts alone, BENCHMARKS 57.1, so an
+RDNA3 owner times them against the old ones this way). The switch must reach the launches: the
+kernels run with the changed tiles and still match paged_attention_ref (bounds as in
+test_decode_attention / test_prefill_attention: 2e-2 for bf16 inputs and outputs)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from homelab_llm.engine.kernels import tuning
+from homelab_llm.engine.kernels.ref import paged_attention_ref
+
+
+def test_switches_change_this_devices_tiles(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    table = tuning.tiles_for(cpu)
+    monkeypatch.setenv(tuning.DECODE_TILES_ENV, "block_n=32, num_warps=2, int8_dot=1")
+    for int8 in (False, True):
+        base = table.decode_int8 if int8 and table.decode_int8 is not None else table.decode
+        assert tuning.decode_tiles(cpu, int8) == dataclasses.replace(base, block_n=32, num_warps=2, int8_dot=True)
+    assert tuning.prefill_tiles(cpu) == table.prefill
+    monkeypatch.setenv(tuning.PREFILL_TILES_ENV, "block_m=32,num_warps=2")
+    assert tuning.prefill_tiles(cpu) == dataclasses.replace(table.prefill, block_m=32, num_warps=2)
+    for env, bad, named in ((tuning.DECODE_TILES_ENV, "block=32", "block_n"),
+                            (tuning.PREFILL_TILES_ENV, "block_m=big", "block_m")):
+        monkeypatch.setenv(env, bad)
+        with pytest.raises(ValueError, match=named):
+            tuning.decode_tiles(cpu, False) if env == tuning.DECODE_TILES_ENV else tuning.prefill_tiles(cpu)
+
+
+def test_gfx1100_attention_tiles() -> None:
+    """The RDNA3 entries BENCHMARKS 57.1 chose: 16-token tiles on 8 waves, int8 score dots for
+    int8 KV, the Gated DeltaNet prep on 16 waves (the compile check builds every scenario with
+    them; `gpu_compile --targets gfx1100 --regs --all` reports their spills)."""
+    t = tuning.TABLE["gfx1100"]
+    assert (t.decode.block_n, t.decode.num_warps) == (16, 8)
+    assert t.decode_int8 is not None and t.decode_int8.int8_dot and t.decode_int8.num_warps == 8
+    assert (t.prefill.block_n, t.prefill.num_warps) == (16, 8)
+    assert tuning.GDN_TABLE["gfx1100"].chunk_warps == 16
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8])
+def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.device, paged_kv) -> None:
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+    from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
+
+    gen = torch.Generator().manual_seed(11)
+    seq_lens, q_lens, hq, hkv, d, page = [37, 70], [5, 19], 4, 2, 32, 8
+    k_cache, v_cache, ks, vs, table = paged_kv(seq_lens, hkv, d, page, kv_dtype, device, gen)
+    kc = k_cache if kv_dtype == torch.int8 else k_cache.float()
+    vc = v_cache if kv_dtype == torch.int8 else v_cache.float()
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    scale = d ** -0.5
+    q1 = torch.randn(2, hq, d, generator=gen).to(device, torch.bfloat16)
+    qsl1 = torch.arange(3, dtype=torch.int32, device=device)
+    qp = torch.randn(sum(q_lens), hq, d, generator=gen).to(device, torch.bfloat16)
+    qslp = torch.tensor([0, 5, 24], dtype=torch.int32, device=device)
+    want1 = paged_attention_ref(q1.float(), kc, vc, table, qsl1, sl, scale, ks, vs)
+    wantp = paged_attention_ref(qp.float(), kc, vc, table, qslp, sl, scale, ks, vs)
+    seen = []  # the tiles each launch took, through spies on the kernels' own lookups
+
+    def spy(lookup):
+        return lambda *args: seen.append(lookup(*args)) or seen[-1]
+
+    monkeypatch.setattr("homelab_llm.engine.kernels.decode_attention.decode_tiles", spy(tuning.decode_tiles))
+    monkeypatch.setattr("homelab_llm.engine.kernels.prefill_attention.prefill_tiles", spy(tuning.prefill_tiles))
+    for spec in ("", "block_n=32,num_warps=2,int8_dot=1"):
+        monkeypatch.setenv(tuning.DECODE_TILES_ENV, spec)
+        monkeypatch.setenv(tuning.PREFILL_TILES_ENV, spec.replace(",int8_dot=1", ""))
+        got1 = paged_decode_attention(q1, k_cache, v_cache, table, qsl1, sl, scale, ks, vs, num_splits=2)
+        gotp = paged_prefill_attention(qp, k_cache, v_cache, table, qslp, sl, scale, ks, vs)
+        torch.testing.assert_close(got1.float(), want1, atol=2e-2, rtol=2e-2, msg=lambda m: f"{spec=}: {m}")
+        torch.testing.assert_close(gotp.float(), wantp, atol=2e-2, rtol=2e-2, msg=lambda m: f"{spec=}: {m}")
+    decode, prefill = seen[-2:]
+    assert (decode.block_n, decode.num_warps, decode.int8_dot) == (32, 2, True)
+    assert (prefill.block_n, prefill.num_warps) == (32, 2)
