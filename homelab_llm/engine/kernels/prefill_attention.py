@@ -132,7 +132,7 @@ def paged_prefill_attention(
     out = torch.empty_like(q) if out is None else out
     if batch == 0 or num_tokens == 0:
         return out
-    tiles = prefill_tiles(q.device)
+    tiles = prefill_tiles(q.device, head_dim)
     max_q = num_tokens if max_query_len is None else max_query_len
     grid = (triton.cdiv(max_q, tiles.block_m), num_q_heads, batch)
 

@@ -181,6 +181,9 @@ class ArchTiles:
     # The decode split kernel's tiles for int8 KV when they differ from `decode` (its int8-only
     # switches, other tile sizes); None: `decode` serves both KV formats.
     decode_int8: AttentionTiles | None = None
+    # The prefill kernel's tiles for heads wider than 128 (the 27B's 256), where `prefill`'s
+    # accumulator and q tile spill (BENCHMARKS 57.2); None: `prefill` serves every head size.
+    prefill_wide: PrefillTiles | None = None
     # Packed-half GEMV tiles for outputs of at most THIN_N columns: (min_rows, max_rows, tiles),
     # consulted before w4a16_h2 (thin matrices pay the K split's reduction tail; narrower column
     # blocks split K less). Empty: w4a16_h2 serves every width.
@@ -255,6 +258,8 @@ TABLE: dict[str, ArchTiles] = {
         name="sm80", num_sms=108,
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
         prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
+        # head_dim 256, bytes spilled a thread (BENCHMARKS 57.2, untimed): int8 464 -> 8, bf16 136 -> 0
+        prefill_wide=PrefillTiles(block_m=32, block_n=64, num_warps=4, num_stages=2),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
@@ -277,6 +282,9 @@ TABLE: dict[str, ArchTiles] = {
         decode_int8=AttentionTiles(block_n=128, num_warps=4, num_stages=5, int8_dot=True,
                                    prefetch_scales=True),
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
+        # head_dim 256 (the 27B's attention), bytes spilled a thread (BENCHMARKS 57.2): int8 KV
+        # 280 -> 0, bf16 40 -> 0 (230 / 226 registers)
+        prefill_wide=PrefillTiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
@@ -435,6 +443,7 @@ TABLE: dict[str, ArchTiles] = {
         name="sm120", num_sms=170,
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
         prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
+        prefill_wide=PrefillTiles(block_m=32, block_n=64, num_warps=4, num_stages=2),  # as sm80's
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
@@ -454,6 +463,8 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=16, num_warps=8, num_stages=1),
         decode_int8=AttentionTiles(block_n=16, num_warps=8, num_stages=1, int8_dot=True),
         prefill=PrefillTiles(block_m=64, block_n=16, num_warps=8, num_stages=1),
+        # head_dim 256, spilled VGPRs a lane (BENCHMARKS 57.2): int8 423 -> 321, bf16 112 -> 83
+        prefill_wide=PrefillTiles(block_m=32, block_n=16, num_warps=8, num_stages=1),
         gemv=GemmTiles(16, 64, 64, num_warps=4, num_stages=2, split_k=4),
         gemv_rows=GemmTiles(1, 64, 64, num_warps=4, num_stages=1),
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
@@ -525,9 +536,11 @@ def decode_tiles(device: torch.device | None, int8_kv: bool) -> AttentionTiles:
     return dataclasses.replace(tiles, **change) if change else tiles
 
 
-def prefill_tiles(device: torch.device | None) -> PrefillTiles:
-    """The prefill attention kernel's tiles on this device (PREFILL_TILES_ENV's changes applied)."""
-    tiles = tiles_for(device).prefill
+def prefill_tiles(device: torch.device | None, head_dim: int = 128) -> PrefillTiles:
+    """The prefill attention kernel's tiles on this device for a head size (ArchTiles.prefill_wide
+    past 128; PREFILL_TILES_ENV's changes applied)."""
+    t = tiles_for(device)
+    tiles = t.prefill_wide if head_dim > 128 and t.prefill_wide is not None else t.prefill
     change = tiles_override(PREFILL_TILES_ENV, os.environ.get(PREFILL_TILES_ENV, ""), PrefillTiles)
     return dataclasses.replace(tiles, **change) if change else tiles
 

@@ -607,11 +607,12 @@ def _gated_attention_scenarios():
     kv heads, rotary over the first 64 dims; float32 1 + w norm weights): the q/k norm read past
     the gates, the sigmoid gate read from the projection (alone, and in the decode attention's
     merge), the rotation inside the KV store (bf16 and int8 caches; int8 with the row through
-    scratch to the Hadamard butterflies), the int8 decode in the engine's V layout, and Gated
+    scratch to the Hadamard butterflies), the int8 decode in the engine's V layout, the prefill
+    (int8 and bf16 KV), and Gated
     DeltaNet's in_proj_ba (5120 -> 96) on the one-launch GEMV."""
     import torch
 
-    from homelab_llm.engine.kernels import decode_attention, elementwise, kv_store
+    from homelab_llm.engine.kernels import decode_attention, elementwise, kv_store, prefill_attention
     from homelab_llm.engine.kernels.dense_gemv import dense_gemv
 
     bf16, i64 = torch.bfloat16, torch.int64
@@ -654,6 +655,12 @@ def _gated_attention_scenarios():
                     torch.arange(m * 32, dtype=torch.int32).reshape(m, 32) % 32, torch.arange(m + 1, dtype=torch.int32),
                     torch.full((m,), 400, dtype=torch.int32), 0.0625, sc, sc.clone(), max_seq_len=4096, gate=gate,
                     pair_block=128)
+        for pk, pv, ps in ((ki, vi, sc), (kc, vc, None)) if m == 4 else ():
+            # the prefill, int8 and bf16 KV (a 64-token chunk over 400 tokens of context)
+            yield lambda pk=pk, pv=pv, ps=ps: prefill_attention.paged_prefill_attention(
+                torch.zeros((64, hq, d), dtype=bf16), pk, pv, torch.arange(32, dtype=torch.int32).reshape(1, 32),
+                torch.tensor([0, 64], dtype=torch.int32), torch.tensor([400], dtype=torch.int32), 0.0625, ps,
+                None if ps is None else ps.clone(), max_query_len=64)
         yield lambda qk=qk, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin: kv_store.rope_store_kv(
             qk[:, :hq], qk[:, hq:], qk[:, hq:], pos, cs, ki, vi, slots, sc, sc.clone())
         yield lambda q=q_gated, k=k_proj, ki=ki, vi=vi, sc=sc, pos=pos, slots=slots, cs=cos_sin, w=w: \

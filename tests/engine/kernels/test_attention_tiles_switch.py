@@ -43,6 +43,20 @@ def test_gfx1100_attention_tiles() -> None:
     assert tuning.GDN_TABLE["gfx1100"].chunk_warps == 16
 
 
+def test_wide_heads_take_the_wide_prefill_tiles(monkeypatch) -> None:
+    """Heads past 128 (the 27B's 256) take ArchTiles.prefill_wide where an arch has it (BENCHMARKS
+    57.2: the 128-wide entries spill there), the switch applying over it; else `prefill`."""
+    sm90 = tuning.TABLE["sm90"]
+    monkeypatch.setattr(tuning, "tiles_for", lambda device=None: sm90)
+    assert tuning.prefill_tiles(None, 128) == sm90.prefill
+    assert tuning.prefill_tiles(None, 256) == sm90.prefill_wide != sm90.prefill
+    monkeypatch.setenv(tuning.PREFILL_TILES_ENV, "block_m=128")
+    assert tuning.prefill_tiles(None, 256) == dataclasses.replace(sm90.prefill_wide, block_m=128)
+    monkeypatch.setattr(tuning, "tiles_for", lambda device=None: tuning.TABLE["interpret"])
+    monkeypatch.delenv(tuning.PREFILL_TILES_ENV)
+    assert tuning.prefill_tiles(None, 256) == tuning.TABLE["interpret"].prefill
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8])
 def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.device, paged_kv) -> None:
     from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
