@@ -175,8 +175,10 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int,
     if n > ONE_LAUNCH_MAX_SLOTS:
         _align_chunked(ids, num_experts, block_m, sorted_slots, block_expert, num_padded)
         return sorted_slots, block_expert, num_padded
+    block_e = triton.next_power_of_2(num_experts)
+    # the [BLOCK_E, CHUNK] one-hot of a step within ONE_HOT values: at 512 experts (Qwen3-Next)
+    # 64-slot steps spilled 904 bytes a thread on sm_90 (BENCHMARKS 57.3)
     _moe_align_kernel[(num_experts,)](
         ids, sorted_slots, block_expert, num_padded, n, total // block_m,
-        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_M=block_m,
-        CHUNK=CHUNK, num_warps=4)
+        BLOCK_E=block_e, BLOCK_M=block_m, CHUNK=min(CHUNK, max(16, ONE_HOT // block_e)), num_warps=4)
     return sorted_slots, block_expert, num_padded

@@ -28,7 +28,8 @@ def _picks(gen, tokens, experts, top_k, device):
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,block_m", [
-    (1, 8, 2, 16), (40, 16, 4, 16), (3, 40, 8, 16), (70, 24, 4, 32)])
+    (1, 8, 2, 16), (40, 16, 4, 16), (3, 40, 8, 16), (70, 24, 4, 32),
+    (9, 130, 8, 16)])  # 256-wide expert tiles: 32-slot steps, three of them
 def test_align_matches_reference(tokens, experts, top_k, block_m, device):
     from homelab_llm.engine.kernels.moe_align import moe_align
 
