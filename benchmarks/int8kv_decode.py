@@ -22,7 +22,7 @@ kernel as it was, except that the merge kernel now issues its lse and partial lo
 device's current entry when it differs from "old".
 Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch_kv (num_stages
 1), fm = fused_merge, rN = max_regs N (NVIDIA only); a ".vd" suffix runs the variant over a V
-cache stored dim-major within each page (HOMELAB_LLM_KV_V_LAYOUT=dim's layout; the same values).
+cache stored dim-major within each page (the engine's int8 layout on NVIDIA; the same values).
 The winners go into tuning.TABLE["sm90"]: the bf16 one as `decode`, the int8 one as
 `decode_int8` (the summary prints both as Python).
 Splits: "table" = what paged_decode_attention picks for the batch without a length
@@ -109,8 +109,8 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
     "sc.dot.b64w8s4": (T(64, 8, 4, int8_dot=True, prefetch_scales=True), I8),
 }
 # ".vd": the same tiles over a V cache stored dim-major within each page (the engine's int8 layout
-# with HOMELAB_LLM_KV_V_LAYOUT=dim, cache/page_pool.KVLayout.v_dim_major; without ".vd":
-# token-major, the default)
+# on NVIDIA, cache/page_pool.KVLayout.v_dim_major; without ".vd": token-major, as
+# HOMELAB_LLM_KV_V_LAYOUT=token and ROCm store it)
 VARIANTS.update({f"{name}.vd": VARIANTS[name] for name in (
     "table", "sc.dot", "sc.dot.s5", "sc.dot.b128w4s3", "sc.dot.b128w4s2", "sc.dot.b128w8s3", "sc.dot.b64w8s4",
     "sc.dot.b128w4s5.fm")})

@@ -33,7 +33,8 @@ class KVLayout:
     # V stored dim-major within each page ([pages, heads, head_dim, page_size] in memory, seen
     # through a [pages, page_size, heads, head_dim] view): a decode tile's tokens are then the
     # contiguous k values of its P @ V dot (kernels/common.v_cache_strides). The runner asks it
-    # for int8 caches on a GPU with HOMELAB_LLM_KV_V_LAYOUT=dim (dispatch.int8_v_dim_major).
+    # for int8 caches on NVIDIA GPUs, or on any GPU with HOMELAB_LLM_KV_V_LAYOUT=dim
+    # (dispatch.int8_v_dim_major).
     v_dim_major: bool = False
 
     @property

@@ -258,8 +258,9 @@ TABLE: dict[str, ArchTiles] = {
         name="sm80", num_sms=108,
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
         prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
-        # head_dim 256, bytes spilled a thread (BENCHMARKS 57.2, untimed): int8 464 -> 8, bf16 136 -> 0
-        prefill_wide=PrefillTiles(block_m=32, block_n=64, num_warps=4, num_stages=2),
+        # head_dim 256: the same tiles in the one stage that fits 99 KB with bf16 KV (two need
+        # 104 KB; launch_fit fell back to one at run time, so this is what ran), int8 KV too
+        prefill_wide=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=1),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
@@ -281,10 +282,10 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=64, num_warps=8, num_stages=5),
         decode_int8=AttentionTiles(block_n=128, num_warps=4, num_stages=5, int8_dot=True,
                                    prefetch_scales=True),
+        # head_dim 256 (the 27B's) keeps these tiles: 64 rows spill nothing where these spill 280
+        # bytes a thread (int8 KV) / 40 (bf16), yet took 1.02-1.79x their time on an H100
+        # (BENCHMARKS 57.6, prefill_attention_ab.py --shape 27b)
         prefill=PrefillTiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
-        # head_dim 256 (the 27B's attention), bytes spilled a thread (BENCHMARKS 57.2): int8 KV
-        # 280 -> 0, bf16 40 -> 0 (230 / 226 registers)
-        prefill_wide=PrefillTiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=4, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 128, 64, num_warps=4, num_stages=4, split_k=2),
@@ -443,7 +444,7 @@ TABLE: dict[str, ArchTiles] = {
         name="sm120", num_sms=170,
         decode=AttentionTiles(block_n=64, num_warps=4, num_stages=2),
         prefill=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=2),
-        prefill_wide=PrefillTiles(block_m=32, block_n=64, num_warps=4, num_stages=2),  # as sm80's
+        prefill_wide=PrefillTiles(block_m=64, block_n=64, num_warps=4, num_stages=1),  # as sm80's
         gemv=GemmTiles(16, 64, 128, num_warps=4, num_stages=3, split_k=4),
         gemv_rows=GemmTiles(1, 64, 128, num_warps=4, num_stages=2),
         gemm_small=GemmTiles(32, 64, 64, num_warps=4, num_stages=3, split_k=2),
@@ -463,7 +464,8 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=16, num_warps=8, num_stages=1),
         decode_int8=AttentionTiles(block_n=16, num_warps=8, num_stages=1, int8_dot=True),
         prefill=PrefillTiles(block_m=64, block_n=16, num_warps=8, num_stages=1),
-        # head_dim 256, spilled VGPRs a lane (BENCHMARKS 57.2): int8 423 -> 321, bf16 112 -> 83
+        # head_dim 256, spilled VGPRs a lane (BENCHMARKS 57.2, untimed): int8 423 -> 321, bf16
+        # 112 -> 83 (on sm_90 the spill-free tiles lost: BENCHMARKS 57.6)
         prefill_wide=PrefillTiles(block_m=32, block_n=16, num_warps=8, num_stages=1),
         gemv=GemmTiles(16, 64, 64, num_warps=4, num_stages=2, split_k=4),
         gemv_rows=GemmTiles(1, 64, 64, num_warps=4, num_stages=1),

@@ -179,12 +179,18 @@ def test_the_page_pool_stores_v_dim_major_when_asked(device) -> None:
                                                                                   values[3, 1])
 
 
-def test_the_runner_asks_for_it_on_a_gpu_int8_cache_when_told(monkeypatch) -> None:
+def test_the_runner_asks_for_it_on_nvidia_and_when_told(monkeypatch) -> None:
     from homelab_llm.engine.kernels import dispatch
 
     cuda = torch.device("cuda")  # also ROCm's device type
     monkeypatch.delenv("HOMELAB_LLM_KV_V_LAYOUT", raising=False)
-    assert not dispatch.int8_v_dim_major(cuda, torch.int8)  # off by default (not yet GPU-timed)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert dispatch.int8_v_dim_major(cuda, torch.int8)  # on by default on NVIDIA (timed there)
+    monkeypatch.setenv("HOMELAB_LLM_KV_V_LAYOUT", "token")
+    assert not dispatch.int8_v_dim_major(cuda, torch.int8)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.delenv("HOMELAB_LLM_KV_V_LAYOUT")
+    assert not dispatch.int8_v_dim_major(cuda, torch.int8)  # off by default on ROCm (untimed)
     monkeypatch.setenv("HOMELAB_LLM_KV_V_LAYOUT", "dim")
     assert dispatch.int8_v_dim_major(cuda, torch.int8)
     assert not dispatch.int8_v_dim_major(torch.device("cpu"), torch.int8)
