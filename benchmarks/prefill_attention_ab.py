@@ -1,7 +1,7 @@
 """Prefill attention tiles A/B on one GPU: the table's tiles against HOMELAB_LLM_PREFILL_TILES
 variants, in one run, at an attention shape, bf16 and int8 KV.
 
-    python3 benchmarks/prefill_attention_ab.py [--shape 8b|27b] [--variants "block_m=128;block_m=32"]
+    python3 benchmarks/prefill_attention_ab.py [--shape 8b|27b] [--variants "block_m=64;block_m=32"]
 
 Shapes (q heads, KV heads, head_dim): Llama-3.1-8B's (32, 8, 128) and Qwen3.6-27B's
 full-attention layers (24, 4, 256), page 16. Cases: a 2,048-token prompt, and a 2,048-token
@@ -73,7 +73,7 @@ def time_case(case: tuple, d: int, variants: list[str]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=sorted(SHAPES), default="27b")
-    ap.add_argument("--variants", default="block_m=128;block_m=32",
+    ap.add_argument("--variants", default="block_m=64;block_m=32",
                     help=f"';'-separated {PREFILL_TILES_ENV} values timed beside the table's tiles")
     args = ap.parse_args()
     if not torch.cuda.is_available():

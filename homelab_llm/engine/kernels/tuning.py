@@ -533,24 +533,27 @@ def decode_tiles(device: torch.device | None, int8_kv: bool) -> AttentionTiles:
     """The decode split kernel's tiles on this device for a KV format (DECODE_TILES_ENV's
     changes applied)."""
     t = tiles_for(device)
-    tiles = t.decode_int8 if int8_kv and t.decode_int8 is not None else t.decode
-    change = tiles_override(DECODE_TILES_ENV, os.environ.get(DECODE_TILES_ENV, ""), AttentionTiles)
-    return dataclasses.replace(tiles, **change) if change else tiles
+    return env_tiles(t.decode_int8 if int8_kv and t.decode_int8 is not None else t.decode, DECODE_TILES_ENV)
 
 
 def prefill_tiles(device: torch.device | None, head_dim: int = 128) -> PrefillTiles:
     """The prefill attention kernel's tiles on this device for a head size (ArchTiles.prefill_wide
     past 128; PREFILL_TILES_ENV's changes applied)."""
     t = tiles_for(device)
-    tiles = t.prefill_wide if head_dim > 128 and t.prefill_wide is not None else t.prefill
-    change = tiles_override(PREFILL_TILES_ENV, os.environ.get(PREFILL_TILES_ENV, ""), PrefillTiles)
-    return dataclasses.replace(tiles, **change) if change else tiles
+    return env_tiles(t.prefill_wide if head_dim > 128 and t.prefill_wide is not None else t.prefill,
+                     PREFILL_TILES_ENV)
 
 
 # A/B runs without a patched tree: "field=value,..." over this device's attention tiles, e.g.
 # "block_n=32,num_warps=4,int8_dot=0" (gfx1100's tiles before BENCHMARKS 57.1)
 DECODE_TILES_ENV = "HOMELAB_LLM_DECODE_TILES"
 PREFILL_TILES_ENV = "HOMELAB_LLM_PREFILL_TILES"
+
+
+def env_tiles(tiles, env: str):
+    """`tiles` (a tiles dataclass) with the A/B switch `env`'s "field=value,..." changes applied."""
+    change = tiles_override(env, os.environ.get(env, ""), type(tiles))
+    return dataclasses.replace(tiles, **change) if change else tiles
 
 
 @functools.lru_cache(maxsize=16)
@@ -809,9 +812,7 @@ GDN_TABLE: dict[str, GdnTiles] = {
 
 
 def gdn_tiles(device: torch.device | None = None) -> GdnTiles:
-    t = GDN_TABLE[arch_name(device)]
-    change = tiles_override(GDN_TILES_ENV, os.environ.get(GDN_TILES_ENV, ""), GdnTiles)
-    return dataclasses.replace(t, **change) if change else t
+    return env_tiles(GDN_TABLE[arch_name(device)], GDN_TILES_ENV)
 
 
 # A/B runs without a patched tree: "field=value,..." over this device's GdnTiles
