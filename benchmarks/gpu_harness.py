@@ -64,12 +64,20 @@ class ReplayTimer:
         start.record()
         out = self.replay(*args, **kwargs)
         end.record()
-        self.events.append((start, end))
+        rows = (args[0] if args else kwargs["input_ids"]).shape[0]
+        self.events.append((start, end, rows))
         return out
 
-    def mean_ms(self) -> float:
-        """Mean GPU milliseconds a replay since the last `events.clear()` (synchronize first)."""
-        return sum(s.elapsed_time(e) for s, e in self.events) / max(1, len(self.events))
+    def timed(self, rows: int | None = None) -> list[float]:
+        """GPU milliseconds of each replay since the last `events.clear()` (synchronize first),
+        only those of `rows` rows when given (long prompts prefill in chunks, so requests start
+        decoding steps apart and the first and last replays run part of the batch)."""
+        return [s.elapsed_time(e) for s, e, n in self.events if rows is None or n == rows]
+
+    def mean_ms(self, rows: int | None = None) -> float:
+        """Mean GPU milliseconds a replay (of `rows` rows when given)."""
+        times = self.timed(rows)
+        return sum(times) / max(1, len(times))
 
     def restore(self) -> None:
         self.graphs.run = self.replay

@@ -107,13 +107,17 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
     "sc.dot.b64w2s4": (T(64, 2, 4, int8_dot=True, prefetch_scales=True), I8),
     "sc.dot.b128w4s5.fm": (T(128, 4, 5, int8_dot=True, prefetch_scales=True, fused_merge=True), I8),
     "sc.dot.b64w8s4": (T(64, 8, 4, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b128w8s5": (T(128, 8, 5, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.b256w4s3": (T(256, 4, 3, int8_dot=True, prefetch_scales=True), I8),
+    "sc.dot.s5.fm": (T(64, 4, 5, int8_dot=True, prefetch_scales=True, fused_merge=True), I8),
 }
 # ".vd": the same tiles over a V cache stored dim-major within each page (the engine's int8 layout
 # on NVIDIA, cache/page_pool.KVLayout.v_dim_major; without ".vd": token-major, as
 # HOMELAB_LLM_KV_V_LAYOUT=token and ROCm store it)
 VARIANTS.update({f"{name}.vd": VARIANTS[name] for name in (
     "table", "sc.dot", "sc.dot.s5", "sc.dot.b128w4s3", "sc.dot.b128w4s2", "sc.dot.b128w8s3", "sc.dot.b64w8s4",
-    "sc.dot.b128w4s5.fm")})
+    "sc.dot.b128w4s5.fm", "sc.dot.w8s5", "sc.dot.b256w8s3", "sc.dot.b64w2s4", "sc.dot.b128w8s5",
+    "sc.dot.b256w4s3", "sc.dot.s5.fm")})
 QUICK = ("old", "table", "fm", "s5", "w8s5", "w8s5.fm.r84", "sc", "sc.dot", "sc.dot.s5", "sc.dot.s5.r128",
          "sc.dot.w8s5", "sc.dot.w8s5.lq.r128", "sc.dot.b128w4s5")
 DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}

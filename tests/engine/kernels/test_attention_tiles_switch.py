@@ -95,3 +95,47 @@ def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.d
     decode, prefill = seen[-2:]
     assert (decode.block_n, decode.num_warps, decode.int8_dot) == (32, 2, True)
     assert (prefill.block_n, prefill.num_warps) == (32, 2)
+
+
+def test_wide_int8_heads_take_the_wide_decode_tiles_at_two_sequences(monkeypatch) -> None:
+    """sm_90's decode_int8_wide (BENCHMARKS 58.1): int8 KV at head_dim 256 with 2+ sequences a call;
+    one sequence, head_dim 128 and bf16 KV keep their tiles; the switch applies over it."""
+    sm90 = tuning.TABLE["sm90"]
+    monkeypatch.setattr(tuning, "tiles_for", lambda device=None: sm90)
+    wide = sm90.decode_int8_wide
+    assert wide is not None and wide != sm90.decode_int8 and wide.block_n * 256 == sm90.decode_int8.block_n * 128
+    assert tuning.decode_tiles(None, True, 256, 2) == wide
+    assert tuning.decode_tiles(None, True, 256, 1) == sm90.decode_int8
+    assert tuning.decode_tiles(None, True, 128, 8) == sm90.decode_int8
+    assert tuning.decode_tiles(None, False, 256, 8) == sm90.decode
+    monkeypatch.setenv(tuning.DECODE_TILES_ENV, "num_stages=3")
+    assert tuning.decode_tiles(None, True, 256, 8) == dataclasses.replace(wide, num_stages=3)
+
+
+def test_the_decode_kernel_asks_by_head_size_and_sequences(monkeypatch, device: torch.device, paged_kv) -> None:
+    """paged_decode_attention looks its tiles up with the call's head size and sequence count,
+    and the wide tiles' output matches the reference (int8 KV, head_dim 256; bound 2e-2 as
+    above)."""
+    from homelab_llm.engine.kernels import decode_attention
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+    gen = torch.Generator().manual_seed(12)
+    seq_lens, hq, hkv, d, page = [21, 9], 2, 1, 256, 8
+    k_cache, v_cache, ks, vs, table = paged_kv(seq_lens, hkv, d, page, torch.int8, device, gen)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    q = torch.randn(2, hq, d, generator=gen).to(device, torch.bfloat16)
+    qsl = torch.arange(3, dtype=torch.int32, device=device)
+    want = paged_attention_ref(q.float(), k_cache, v_cache, table, qsl, sl, d ** -0.5, ks, vs)
+    asked = []
+    wide = tuning.AttentionTiles(block_n=16, num_warps=1, num_stages=1, int8_dot=True)
+
+    def lookup(dev, int8, head_dim=128, sequences=1):
+        asked.append((int8, head_dim, sequences))
+        return wide if int8 and head_dim > 128 and sequences > 1 else tuning.decode_tiles(dev, int8)
+
+    monkeypatch.setattr(decode_attention, "decode_tiles", lookup)
+    got = paged_decode_attention(q, k_cache, v_cache, table, qsl, sl, d ** -0.5, ks, vs, num_splits=2)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    one = paged_decode_attention(q[:1], k_cache, v_cache, table, qsl[:2], sl[:1], d ** -0.5, ks, vs, num_splits=2)
+    torch.testing.assert_close(one.float(), want[:1], atol=2e-2, rtol=2e-2)
+    assert asked == [(True, 256, 2), (True, 256, 1)]

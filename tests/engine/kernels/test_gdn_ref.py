@@ -20,6 +20,10 @@ ATOL = 1e-4
 
 
 def _hf_rule(fn, q, k, v, g, beta, init_state):
+    # The model repeats q and k up to the value heads before calling the rule (older releases of
+    # the function take only equal head counts, as the GPU machine's transformers does).
+    rep = v.shape[-2] // q.shape[-2]
+    q, k = q.repeat_interleave(rep, dim=-2), k.repeat_interleave(rep, dim=-2)
     o, s = fn(q[None], k[None], v[None], g[None], beta[None], initial_state=init_state,
               output_final_state=True, use_qk_l2norm_in_kernel=True)
     return o[0], s[0]
