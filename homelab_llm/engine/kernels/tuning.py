@@ -49,7 +49,7 @@ class AttentionTiles:
 @dataclass(frozen=True)
 class WideDecode:
     """The decode split kernel's tiles for heads wider than 128 at min_sequences or more
-    sequences a call (ArchTiles.decode_wide / decode_int8_wide)."""
+    sequences a call (ArchTiles.decode_int8_wide)."""
 
     min_sequences: int
     tiles: AttentionTiles
@@ -190,9 +190,8 @@ class ArchTiles:
     # The decode split kernel's tiles for int8 KV when they differ from `decode` (its int8-only
     # switches, other tile sizes); None: `decode` serves both KV formats.
     decode_int8: AttentionTiles | None = None
-    # Decode tiles for heads wider than 128 (bf16 and int8 KV) from a number of sequences a call
-    # on (a tile is block_n x head_dim); None: decode / decode_int8 serve every call.
-    decode_wide: WideDecode | None = None
+    # int8 KV decode tiles for heads wider than 128 from a number of sequences a call on (a tile
+    # is block_n x head_dim); None: decode_int8 serves every call.
     decode_int8_wide: WideDecode | None = None
     # The prefill kernel's tiles for heads wider than 128 (the 27B's 256), where `prefill`'s
     # accumulator and q tile spill (BENCHMARKS 57.2); None: `prefill` serves every head size.
@@ -295,19 +294,17 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=64, num_warps=8, num_stages=5),
         decode_int8=AttentionTiles(block_n=128, num_warps=4, num_stages=5, int8_dot=True,
                                    prefetch_scales=True),
-        # The 27B's head_dim 256 (BENCHMARKS 58.1, H100, int8kv_decode.py --shape 27b, us a layer).
-        # int8 KV (V dim-major), 2+ sequences: 64-token tiles in 5 stages (16 KB of K a stage, as
-        # 128 tokens at head_dim 128) against the 128-token ones: 4K b2 / b8 26.8 / 66.0 -> 22.3 /
-        # 60.7, 16K b2 / b8 / b16 53.0 / 151.0 / 262.0 -> 45.8 / 140.8 / 244.9, 64K b8 490.0 ->
-        # 450.8, 128K b8 951.4 -> 872.9. One sequence keeps the wider tiles (16K 29.3 vs 32.1, 64K
-        # 84.5 vs 91.2, 128K 133.6 vs 170.8: its 4 KV heads x 32 splits are 128 programs, under one
-        # an SM). bf16 KV, 4+ sequences: 32-token tiles on 2 warps, 3 stages, against `decode`: b4
-        # 4K / 16K / 64K 46.9 / 116.1 / 367.4 -> 39.7 / 105.2 / 362.6, b8 71.3 / 199.5 / 705.5 ->
-        # 62.3 / 190.4 / 702.3, b16 115.9 / 370.1 / 1,388.8 -> 105.1 / 362.8 / 1,390.0; at 1-2
-        # sequences they lose (16K b1 36.0 -> 50.4, 64K b2 191.9 -> 199.5).
+        # The 27B's head_dim 256, int8 KV (V dim-major), 2+ sequences (BENCHMARKS 58.1, H100,
+        # int8kv_decode.py --shape 27b, us a layer): 64-token tiles in 5 stages (16 KB of K a
+        # stage, as 128 tokens at head_dim 128) against the 128-token ones at 32 splits (batch 2,
+        # as the engine's graphs split it): 4K 26.8 -> 22.3, 16K 53.0 -> 45.8, 64K 139.9 -> 126.8;
+        # at batch 8 on the engine's 8 splits equal (16K 132.5 / 132.1), the engine's step at 16K
+        # 11.179 -> 11.114 ms. One sequence keeps the wider tiles (16K 29.3 vs 32.1, 64K 84.5 vs
+        # 91.2, 128K 133.6 vs 170.8: 4 KV heads x 32 splits are 128 programs, under one an SM).
+        # bf16 KV keeps `decode`: 32-token tiles on 2 warps won 0-15% a layer in the same runs at
+        # 4+ sequences, and the engine's batch-8 step at 4K did not move (10.194 -> 10.190 ms).
         decode_int8_wide=WideDecode(2, AttentionTiles(block_n=64, num_warps=4, num_stages=5, int8_dot=True,
                                                       prefetch_scales=True)),
-        decode_wide=WideDecode(4, AttentionTiles(block_n=32, num_warps=2, num_stages=3)),
         # head_dim 256 (the 27B's) keeps these tiles: 64 rows spill nothing where these spill 280
         # bytes a thread (int8 KV) / 40 (bf16), yet took 1.02-1.79x their time on an H100
         # (BENCHMARKS 57.6, prefill_attention_ab.py --shape 27b)
@@ -558,13 +555,14 @@ def uses_ptx(device: torch.device | None = None) -> bool:
 def decode_tiles(device: torch.device | None, int8_kv: bool, head_dim: int = 128,
                  sequences: int = 1) -> AttentionTiles:
     """The decode split kernel's tiles on this device for a KV format, a head size and the
-    sequences of a call (ArchTiles.decode_wide / decode_int8_wide for heads past 128 from their
-    sequence counts on; DECODE_TILES_ENV's changes applied)."""
+    sequences of a call (ArchTiles.decode_int8_wide for int8 heads past 128 from its sequence
+    count on; DECODE_TILES_ENV's changes applied)."""
     t = tiles_for(device)
-    tiles = (t.decode_int8 or t.decode) if int8_kv else t.decode
-    wide = t.decode_int8_wide if int8_kv else t.decode_wide
-    if wide is not None and head_dim > 128 and sequences >= wide.min_sequences:
-        tiles = wide.tiles
+    tiles = t.decode
+    if int8_kv:
+        wide = t.decode_int8_wide
+        use_wide = wide is not None and head_dim > 128 and sequences >= wide.min_sequences
+        tiles = wide.tiles if use_wide else t.decode_int8 or tiles
     return env_tiles(tiles, DECODE_TILES_ENV)
 
 
