@@ -82,7 +82,8 @@ def paged_attention(q, k_cache, v_cache, page_table, query_start_loc, seq_lens, 
         from homelab_llm.engine.kernels import kv_store
         from homelab_llm.engine.kernels.tuning import decode_tiles
 
-        if not (decode and rows_per_seq == 1 and decode_tiles(q.device, k_cache.dtype == torch.int8, q.shape[2], q.shape[0]).new_kv):
+        fused = decode_tiles(q.device, k_cache.dtype == torch.int8, q.shape[-1], q.shape[0]).new_kv
+        if not (decode and rows_per_seq == 1 and fused):
             q = kv_store.rope_store_kv(q, new_kv.key, new_kv.value, new_kv.positions,
                                        new_kv.cos_sin_cache, k_cache, v_cache, new_kv.slot_mapping,
                                        k_scale, v_scale, qk_norm=new_kv.qk_norm)
