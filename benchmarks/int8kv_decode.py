@@ -5,7 +5,8 @@ side with the kernel as it was, against the copy rate of the same bytes (H200, i
         [--many 64] [--variants old,sc.dot,...] [--splits table,N,...] [--jobs N]
 
 Llama-3.1-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, page 16; --shape 27b:
-Qwen3.6-27B's full-attention layers, 24 / 4 / 256), one query token per sequence, every sequence
+Qwen3.6-27B's full-attention layers, 24 / 4 / 256; 27b-tp2: one rank's 12 / 2 / 256 at TP 2),
+one query token per sequence, every sequence
 ctx tokens long, pages scattered through the pool. Each call runs in a CUDA graph that cycles
 through enough copies of the caches to overflow the L2
 (gpu_timing.py), so K/V come from HBM as in a decode step. Per (KV dtype, context, batch) it
@@ -51,8 +52,10 @@ from homelab_llm.engine.kernels.ref import paged_attention_ref  # noqa: E402
 from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles  # noqa: E402
 
 # attention shapes (q heads, KV heads, head_dim): Llama-3.1-8B's, and Qwen3.6-27B's full-attention
-# layers (the reference deployment, TP 1); INT8KV_SHAPE carries --shape into the compile workers
-SHAPES = {"8b": (32, 8, 128), "27b": (24, 4, 256)}
+# layers at TP 1 and on one rank of TP 2 (the reference deployment: 2 KV heads a card, so a
+# batch-1 call at the table's 32 splits is 64 programs); INT8KV_SHAPE carries --shape into the
+# compile workers
+SHAPES = {"8b": (32, 8, 128), "27b": (24, 4, 256), "27b-tp2": (12, 2, 256)}
 HQ, HKV, D = SHAPES[os.environ.get("INT8KV_SHAPE", "8b")]
 PAGE = 16
 T = AttentionTiles
