@@ -6,15 +6,14 @@ side with the kernel as it was, against the copy rate of the same bytes (H200, i
 
 Llama-3.1-8B's attention shape (32 query heads, 8 KV heads, head_dim 128, page 16; --shape 27b:
 Qwen3.6-27B's full-attention layers, 24 / 4 / 256; 27b-tp2: one rank's 12 / 2 / 256 at TP 2),
-one query token per sequence, every sequence
-ctx tokens long, pages scattered through the pool. Each call runs in a CUDA graph that cycles
-through enough copies of the caches to overflow the L2
-(gpu_timing.py), so K/V come from HBM as in a decode step. Per (KV dtype, context, batch) it
-prints each variant's microseconds per layer (split kernel + merge) and the % of the copy rate:
-the bytes of K + V (+ int8 scales) over the time, against a device-to-device copy of the same
-byte count timed the same way in the same run (read + write, gpu_timing.copy_rate_gbs). Then the
-max |error| of every variant against paged_attention_ref (fp32) at full shape, and per dtype the
-fastest variant per cell with its speedup over "old".
+one query token per sequence, every sequence ctx tokens long, pages scattered through the pool
+(--pages in-order: consecutive). Each call runs in a CUDA graph that cycles through enough copies
+of the caches to overflow the L2 (gpu_timing.py), so K/V come from HBM as in a decode step. Per
+(KV dtype, context, batch) it prints each variant's microseconds per layer (split kernel + merge)
+and the % of the copy rate: the bytes of K + V (+ int8 scales) over the time, against a
+device-to-device copy of the same byte count timed the same way in the same run (read + write,
+gpu_timing.copy_rate_gbs). Then the max |error| of every variant against paged_attention_ref
+(fp32) at full shape, and per dtype the fastest variant per cell with its speedup over "old".
 
 Variants (tuning.AttentionTiles; "b64w4s3" = block_n 64, 4 warps, 3 stages): "old" is the sm_90
 table entry before issue 19 (b64w4s3, switches off, every split un-rotating its own partial: the
@@ -58,6 +57,9 @@ from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles  # no
 SHAPES = {"8b": (32, 8, 128), "27b": (24, 4, 256), "27b-tp2": (12, 2, 256)}
 HQ, HKV, D = SHAPES[os.environ.get("INT8KV_SHAPE", "8b")]
 PAGE = 16
+# "scattered": each sequence's pages in shuffled order through the pool (a server whose free list
+# has been churned); "in-order": consecutive pages, as a fresh engine hands a new sequence
+PAGES = "scattered"
 T = AttentionTiles
 I8, BF, BOTH = ("int8",), ("bf16",), ("int8", "bf16")
 # name -> (tiles or None for the device's table entry, KV dtypes it applies to). sm_90 compiles
@@ -153,7 +155,8 @@ def make_cache(ctx: int, batch: int, dtype: torch.dtype, gen: torch.Generator, d
         ks = vs = None
     if v_dim_major:  # the same values, stored [pages, heads, head_dim, page] (PagePool's layout)
         v = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-    perm = torch.randperm(pages, generator=gen, device=dev).to(torch.int32)
+    perm = (torch.randperm(pages, generator=gen, device=dev) if PAGES == "scattered"
+            else torch.arange(pages, device=dev)).to(torch.int32)
     table = perm[: per_seq * batch].view(batch, per_seq)
     return k, v, ks, vs, table, kv_bytes(ctx, batch, dtype)
 
@@ -338,9 +341,12 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=max(default_jobs(), min(16, (os.cpu_count() or 2) - 1)),
                    help="processes that compile first (1: none)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="the attention shape")
+    p.add_argument("--pages", choices=("scattered", "in-order"), default="scattered",
+                   help="the caches' page order (the engine's graphs read a new sequence's pages in order)")
     a = p.parse_args()
-    global HQ, HKV, D
+    global HQ, HKV, D, PAGES
     HQ, HKV, D = SHAPES[a.shape]
+    PAGES = a.pages
     os.environ["INT8KV_SHAPE"] = a.shape  # the compile workers (spawned) read it at import
     plan = SplitPlan(a.splits, tuple(int(x) for x in a.b1_splits.split(",") if x),
                      tuple(n for n in a.b1_variants.split(",") if n))
