@@ -71,12 +71,13 @@ def test_concurrency_streams_really_overlap(capsys):
                                 "--no-progress", "--json", "/dev/null"], capsys)
     assert rc == 0, err
     assert "t/s (total)" in out and "t/s per stream" in out
-    # Four overlapping streams at 100 tok/s each: ~400 tok/s total, per stream still ~100.
+    # Four overlapping streams at up to 100 tok/s each (10 ms sleeps; a loaded box stretches them):
+    # the total is four streams' worth, where serial streams would give one's.
     row = [ln for ln in out.splitlines() if ln.split()[1:3] == ["tg10", "4"]][0]
     total = float(row.split()[3])
     per_stream = float(row.split()[6])
-    assert per_stream == pytest.approx(100.0, rel=0.35)
-    assert total == pytest.approx(400.0, rel=0.35)
+    assert 40.0 <= per_stream <= 110.0
+    assert total == pytest.approx(4 * per_stream, rel=0.35)
 
 
 def test_replay_reports_cached_and_new_tokens(tmp_path, capsys):
