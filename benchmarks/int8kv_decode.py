@@ -25,10 +25,14 @@ Switch names: sc = prefetch_scales and dot = int8_dot (int8 only), kv = prefetch
 cache stored dim-major within each page (the engine's int8 layout on NVIDIA; the same values).
 The winners go into tuning.TABLE["sm90"]: the bf16 one as `decode`, the int8 one as
 `decode_int8` (the summary prints both as Python).
+"table" takes tuning.decode_tiles for the cell (head size and batch: sm_90's int8 tiles for heads
+past 128 change from 2 sequences on; sc.dot.b128w4s5.vd is its one-sequence int8 entry).
 Splits: "table" = what paged_decode_attention picks for the batch without a length
-(choose_num_splits); numbers: fixed split counts (powers of two); at batch 1 a few variants also
-at --b1-splits (rows "name/sN"). --many B adds 1K and 4K
-contexts at batch B (a full server's decode batch: the variants must not slow it).
+(choose_num_splits); "engine" = what the engine's decode graphs give it (a server of 128K
+context; on sm_90 they differ from batch 2 on for the 8B, 4 for the 27B: the tile picks must
+hold at the engine's, BENCHMARKS 58.3); numbers: fixed split counts (powers of two); at batch 1
+a few variants also at --b1-splits (rows "name/sN"). --many B adds 1K and 4K contexts at batch B
+(a full server's decode batch: the variants must not slow it).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.decode_attention import choose_num_splits, paged_decode_attention  # noqa: E402
 from homelab_llm.engine.kernels.ref import paged_attention_ref  # noqa: E402
-from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles  # noqa: E402
+from homelab_llm.engine.cuda_graphs import kv_row_programs, kv_splits_at, kv_splits_for  # noqa: E402
+from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, tiles_for  # noqa: E402
 
 # attention shapes (q heads, KV heads, head_dim): Llama-3.1-8B's, and Qwen3.6-27B's full-attention
 # layers at TP 1 and on one rank of TP 2 (the reference deployment: 2 KV heads a card, so a
@@ -121,7 +126,7 @@ VARIANTS: dict[str, tuple[AttentionTiles | None, tuple[str, ...]]] = {
 # HOMELAB_LLM_KV_V_LAYOUT=token and ROCm store it)
 VARIANTS.update({f"{name}.vd": VARIANTS[name] for name in (
     "table", "sc.dot", "sc.dot.s5", "sc.dot.b128w4s3", "sc.dot.b128w4s2", "sc.dot.b128w8s3", "sc.dot.b64w8s4",
-    "sc.dot.b128w4s5.fm", "sc.dot.w8s5", "sc.dot.b256w8s3", "sc.dot.b64w2s4", "sc.dot.b128w8s5",
+    "sc.dot.b128w4s5", "sc.dot.b128w4s5.fm", "sc.dot.w8s5", "sc.dot.b256w8s3", "sc.dot.b64w2s4", "sc.dot.b128w8s5",
     "sc.dot.b256w4s3", "sc.dot.s5.fm")})
 QUICK = ("old", "table", "fm", "s5", "w8s5", "w8s5.fm.r84", "sc", "sc.dot", "sc.dot.s5", "sc.dot.s5.r128",
          "sc.dot.w8s5", "sc.dot.w8s5.lq.r128", "sc.dot.b128w4s5")
@@ -179,8 +184,18 @@ class SplitPlan:
 
 
 def split_counts(batch: int, spec: str) -> list[int]:
-    table = choose_num_splits(batch, HKV, device())
-    return sorted({table if s == "table" else int(s) for s in spec.split(",")})
+    """The split counts `spec` names at a batch size ("table", "engine" or numbers)."""
+    named = {"table": choose_num_splits(batch, HKV, device()), "engine": engine_splits(batch)}
+    return sorted({named[s] if s in named else int(s) for s in spec.split(",")})
+
+
+def engine_splits(batch: int, max_model_len: int = 131072) -> int:
+    """The split count the engine's decode graphs give `batch` one-token rows past short contexts
+    (runner.install_graphs: kv_splits_for, then kv_splits_at over the arch's programs a row),
+    for a server started with max_model_len."""
+    dev = device()
+    b1 = kv_splits_for(max_model_len, PAGE, tiles_for(dev).max_kv_splits)
+    return kv_splits_at(b1, batch, kv_row_programs(dev, HKV))
 
 
 def same_kernel(a: AttentionTiles, b: AttentionTiles, label: str) -> bool:
@@ -196,7 +211,8 @@ def cell_variants(label: str, names: list[str], batch: int, plan: SplitPlan) -> 
     out = {}
     for name in names:
         tiles, kinds = VARIANTS[name]
-        if name == "table" and any(same_kernel(decode_tiles(device(), label == "int8"), VARIANTS[n][0], label)
+        table = decode_tiles(device(), label == "int8", D, batch)
+        if name == "table" and any(same_kernel(table, VARIANTS[n][0], label)
                                    for n in names if n != "table" and not dim_v(n) and label in VARIANTS[n][1]):
             continue  # another row already times the table's tiles
         if label not in kinds:
@@ -333,7 +349,8 @@ def main() -> int:
     p.add_argument("--batch", default="1,8")
     p.add_argument("--many", type=int, default=64, help="batch of the extra 1K/4K cells (0: none)")
     p.add_argument("--variants", default="", help=f"comma list of {','.join(VARIANTS)}")
-    p.add_argument("--splits", default="table", help="'table' and/or split counts, comma separated")
+    p.add_argument("--splits", default="table",
+                   help="'table', 'engine' and/or split counts, comma separated")
     p.add_argument("--b1-splits", default="32,128", help="more split counts at batch 1 for --b1-variants")
     p.add_argument("--b1-variants", default="old,s5,w8s5,sc.dot.s5,sc.dot.w8s5,sc.dot.b128w4s5",
                    help="the variants also timed at --b1-splits")

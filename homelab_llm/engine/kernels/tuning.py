@@ -294,13 +294,14 @@ TABLE: dict[str, ArchTiles] = {
         decode=AttentionTiles(block_n=64, num_warps=8, num_stages=5),
         decode_int8=AttentionTiles(block_n=128, num_warps=4, num_stages=5, int8_dot=True,
                                    prefetch_scales=True),
-        # The 27B's head_dim 256, int8 KV (V dim-major), 2+ sequences (BENCHMARKS 58.1, H100,
+        # The 27B's head_dim 256, int8 KV (V dim-major), 2+ sequences (BENCHMARKS 58.3, H100,
         # int8kv_decode.py --shape 27b, us a layer): 64-token tiles in 5 stages (16 KB of K a
         # stage, as 128 tokens at head_dim 128) against the 128-token ones at 32 splits (batch 2,
         # as the engine's graphs split it): 4K 26.8 -> 22.3, 16K 53.0 -> 45.8, 64K 139.9 -> 126.8;
-        # at batch 8 on the engine's 8 splits equal (16K 132.5 / 132.1), the engine's step at 16K
-        # 11.179 -> 11.114 ms. One sequence keeps the wider tiles (16K 29.3 vs 32.1, 64K 84.5 vs
-        # 91.2, 128K 133.6 vs 170.8: 4 KV heads x 32 splits are 128 programs, under one an SM).
+        # batch 8 at 16 splits 151.0 -> 140.8 (the engine's graphs take 8). Engine steps, 27B
+        # W4A16 at 16K: batch 2 8.700 -> 8.634 ms, batch 8 11.179 -> 11.114. One sequence keeps
+        # the wider tiles (16K 29.3 vs 32.1, 64K 84.5 vs 91.2, 128K 133.6 vs 170.8: 4 KV heads x
+        # 32 splits are 128 programs, under one an SM).
         # bf16 KV keeps `decode`: 32-token tiles on 2 warps won 0-15% a layer in the same runs at
         # 4+ sequences, and the engine's batch-8 step at 4K did not move (10.194 -> 10.190 ms).
         decode_int8_wide=WideDecode(2, AttentionTiles(block_n=64, num_warps=4, num_stages=5, int8_dot=True,

@@ -98,7 +98,7 @@ def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.d
 
 
 def test_wide_int8_heads_take_the_wide_decode_tiles_from_two_sequences(monkeypatch) -> None:
-    """sm_90's wide-head int8 decode tiles (BENCHMARKS 58.1): head_dim 256 from 2 sequences a
+    """sm_90's wide-head int8 decode tiles (BENCHMARKS 58.3): head_dim 256 from 2 sequences a
     call; one sequence, head_dim 128 and bf16 KV keep their tiles; the switch applies over them;
     an arch without them (gfx1100) keeps its tiles everywhere."""
     sm90 = tuning.TABLE["sm90"]
