@@ -184,9 +184,12 @@ H2_TILES.update({f"h2.st2.{n}": (streaming_tiles(n), (2,)) for n in (
     "c4k8w4m4p",
 )})
 
-# h2.wk2.*: whole-K tiles (no K split, the 1-row table's form for K <= 6144) at 2 rows (the K = 1
-# verify at batch 1, batch-2 decode); a shape they cannot take reports the variant as failed
-H2_TILES.update({f"h2.wk2.c{n}k{r}W{w}": (RowsTiles(n, r, w, prefetch=True, whole_k=True), (2,))
+# h2.wk1.* / h2.wk2.*: whole-K tiles (no K split, the 1-row table's form for K <= 6144) at 1 row
+# (each shape's program count: the table gives 4,096-6,144-column outputs 64-column programs,
+# 96 on the 8B's qkv, 80 on the 27B's o_proj, BENCHMARKS 58.4) and at 2 rows (the K = 1 verify
+# at batch 1, batch-2 decode); a shape they cannot take reports the variant as failed
+H2_TILES.update({f"h2.wk{m}.c{n}k{r}W{w}": (RowsTiles(n, r, w, prefetch=True, whole_k=True), (m,))
+                 for m in (1, 2)
                  for n, r, w in ((32, 4, 8), (32, 4, 16), (64, 8, 8), (64, 8, 16), (128, 8, 8), (128, 8, 16))})
 
 # The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
