@@ -281,12 +281,13 @@ class ModelRunner:
         """capture_graphs' work with any capturer (tests pass graph_capture.EagerCapture)."""
         from homelab_llm.engine.cuda_graphs import (DecodeGraphs, graph_shapes, kv_row_programs,
                                                     kv_splits_for)
-        from homelab_llm.engine.kernels.tuning import tiles_for
+        from homelab_llm.engine.kernels.tuning import kv_split_cap, tiles_for
 
         max_pages = -(-max_model_len // self.page_size)
         shapes = graph_shapes(self.args.max_num_seqs, self.verify_width)
-        splits = kv_splits_for(max_model_len, self.page_size, tiles_for(self.device).max_kv_splits)
-        row_programs = kv_row_programs(self.device, self.model.attention_layers[0].num_kv_heads)
+        kv_heads = self.model.attention_layers[0].num_kv_heads
+        splits = kv_splits_for(max_model_len, self.page_size, kv_split_cap(self.device, kv_heads))
+        row_programs = kv_row_programs(self.device, kv_heads)
         self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
                                    self.page_size, splits,
                                    sliding=self.pool is not None and self.pool.sliding is not None,

@@ -51,7 +51,8 @@ from homelab_llm.engine.kernels.kv_store import NewKV, new_kv_launch, rope_q_til
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
-from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, device_sms, tiles_for
+from homelab_llm.engine.kernels.tuning import (AttentionTiles, decode_tiles, device_sms, kv_split_cap,
+                                               tiles_for)
 
 _LOG2E = 1.4426950408889634
 # Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
@@ -260,7 +261,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device,
     if max_seq_len is not None:
         # A split shorter than two tiles costs more in the merge than it saves.
         want = min(want, max(1, max_seq_len // (2 * tiles.decode.block_n)))
-    return max(1, min(next_pow2(want), tiles.max_kv_splits))
+    return max(1, min(next_pow2(want), kv_split_cap(device, num_kv_heads)))
 
 
 def paged_decode_attention(

@@ -240,6 +240,11 @@ class ArchTiles:
     # is above this, a second graph with this many splits serves the steps whose longest
     # sequence wants no more (kv_splits_for). 0: one graph a shape.
     short_kv_splits: int = 0
+    # Batch-1 decode programs (KV heads x splits) the split cap keeps on a rank with few KV
+    # heads: the cap rises past max_kv_splits to this over the heads (kv_split_cap). 0: the cap
+    # is max_kv_splits whatever the heads. Off everywhere until timed: at TP 2 the 27B's two KV
+    # heads a card get 64 programs at batch 1 (BENCHMARKS 58.4).
+    kv_split_programs: int = 0
     # Decode-path kernels launched with programmatic dependent launch (pdl.py, sm_90+ only): 0
     # off, 1 the next grid launched once every program has waited, 2 once every program is past
     # its main loop (GEMVs) or has exited (the rest).
@@ -597,6 +602,23 @@ def tiles_override(env: str, spec: str, cls: type) -> dict:
 @functools.lru_cache(maxsize=None)
 def num_sms(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+# A/B runs without a patched tree: ArchTiles.kv_split_programs for this process ("0": off)
+KV_SPLIT_PROGRAMS_ENV = "HOMELAB_LLM_KV_SPLIT_PROGRAMS"
+
+
+def kv_split_cap(device: torch.device | None, kv_heads: int) -> int:
+    """The most KV splits a decode call of one sequence takes on this device with kv_heads KV
+    heads a rank: the arch's max_kv_splits, or the power of two at most kv_split_programs /
+    kv_heads where that is more (KV_SPLIT_PROGRAMS_ENV overriding the arch's count)."""
+    t = tiles_for(device)
+    spec = os.environ.get(KV_SPLIT_PROGRAMS_ENV, "").strip()
+    if spec and not spec.isdigit():
+        raise ValueError(f"{KV_SPLIT_PROGRAMS_ENV} must be a whole number of programs, got {spec!r}")
+    programs = int(spec) if spec else t.kv_split_programs
+    want = programs // max(1, kv_heads)
+    return max(t.max_kv_splits, 1 << (want.bit_length() - 1) if want else 0)
 
 
 def device_sms(device: torch.device) -> int:
