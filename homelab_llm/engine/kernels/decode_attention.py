@@ -319,7 +319,10 @@ def paged_decode_attention(
     extras = attention_extras(window, sinks, num_q_heads, q)
     group = num_q_heads // num_kv_heads
     arch = tiles_for(q.device)
-    split_tiles = decode_tiles(q.device, kv.int8, head_dim, batch // rows_per_seq) if tiles is None else tiles
+    # the tiles by head size and sequences (tuning.decode_tiles); verify groups look up as one
+    # sequence: the wide-head tiles were timed on one-token rows only (BENCHMARKS 58.3)
+    sequences = batch if rows_per_seq == 1 else 1
+    split_tiles = decode_tiles(q.device, kv.int8, head_dim, sequences) if tiles is None else tiles
     if num_splits is None:
         if window > 0 and max_seq_len is not None:
             max_seq_len = min(max_seq_len, window)

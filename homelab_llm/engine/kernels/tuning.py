@@ -191,7 +191,8 @@ class ArchTiles:
     # switches, other tile sizes); None: `decode` serves both KV formats.
     decode_int8: AttentionTiles | None = None
     # int8 KV decode tiles for heads wider than 128 from a number of sequences a call on (a tile
-    # is block_n x head_dim); None: decode_int8 serves every call.
+    # is block_n x head_dim; verify groups look up as one sequence); None: decode_int8 serves
+    # every call.
     decode_int8_wide: WideDecode | None = None
     # The prefill kernel's tiles for heads wider than 128 (the 27B's 256), where `prefill`'s
     # accumulator and q tile spill (BENCHMARKS 57.2); None: `prefill` serves every head size.

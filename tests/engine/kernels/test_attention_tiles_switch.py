@@ -144,4 +144,11 @@ def test_the_decode_kernel_asks_by_head_size_and_sequences(monkeypatch, device: 
     torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
     one = paged_decode_attention(q[:1], k_cache, v_cache, table, qsl[:2], sl[:1], d ** -0.5, ks, vs, num_splits=2)
     torch.testing.assert_close(one.float(), want[:1], atol=2e-2, rtol=2e-2)
-    assert asked == [(True, 256, 2), (True, 256, 1)]
+    # a verify group (2 rows of one sequence sharing its pages) asks as one sequence: the wide
+    # tiles were timed on one-token rows only
+    group_table, group_lens = table[:1].repeat(2, 1), sl.new_tensor([20, 21])
+    rows2 = paged_decode_attention(q, k_cache, v_cache, group_table, qsl, group_lens, d ** -0.5, ks, vs,
+                                   num_splits=2, rows_per_seq=2)
+    want2 = paged_attention_ref(q.float(), k_cache, v_cache, group_table, qsl, group_lens, d ** -0.5, ks, vs)
+    torch.testing.assert_close(rows2.float(), want2, atol=2e-2, rtol=2e-2)
+    assert asked == [(True, 256, 2), (True, 256, 1), (True, 256, 1)]
