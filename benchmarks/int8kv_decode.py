@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_timing import copies_for, copy_rate_gbs, default_jobs, graph_ms, precompile  # noqa: E402
 from homelab_llm.engine.kernels.decode_attention import choose_num_splits, paged_decode_attention  # noqa: E402
 from homelab_llm.engine.kernels.ref import paged_attention_ref  # noqa: E402
-from homelab_llm.engine.cuda_graphs import kv_row_programs, kv_splits_at, kv_splits_for  # noqa: E402
-from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles, kv_split_cap  # noqa: E402
+from homelab_llm.engine.cuda_graphs import graph_kv_splits, kv_row_programs, kv_splits_at  # noqa: E402
+from homelab_llm.engine.kernels.tuning import AttentionTiles, decode_tiles  # noqa: E402
 
 # attention shapes (q heads, KV heads, head_dim): Llama-3.1-8B's, and Qwen3.6-27B's full-attention
 # layers at TP 1 and on one rank of TP 2 (the reference deployment: 2 KV heads a card, so a
@@ -191,11 +191,10 @@ def split_counts(batch: int, spec: str) -> list[int]:
 
 def engine_splits(batch: int, max_model_len: int = 131072) -> int:
     """The split count the engine's decode graphs give `batch` one-token rows past short contexts
-    (runner.install_graphs: kv_splits_for, then kv_splits_at over the arch's programs a row),
+    (runner.install_graphs: graph_kv_splits, then kv_splits_at over the arch's programs a row),
     for a server started with max_model_len."""
     dev = device()
-    b1 = kv_splits_for(max_model_len, PAGE, kv_split_cap(dev, HKV))
-    return kv_splits_at(b1, batch, kv_row_programs(dev, HKV))
+    return kv_splits_at(graph_kv_splits(dev, HKV, max_model_len, PAGE), batch, kv_row_programs(dev, HKV))
 
 
 def same_kernel(a: AttentionTiles, b: AttentionTiles, label: str) -> bool:

@@ -59,6 +59,14 @@ def kv_splits_for(max_model_len: int, page_size: int, max_splits: int = 32) -> i
     return max(1, min(max_splits, max_model_len // (8 * page_size)))
 
 
+def graph_kv_splits(device: torch.device, kv_heads: int, max_model_len: int, page_size: int) -> int:
+    """The decode graphs' batch-1 split count on a rank with kv_heads KV heads: kv_splits_for
+    under the arch's cap for that many heads (tuning.kv_split_cap)."""
+    from homelab_llm.engine.kernels.tuning import kv_split_cap
+
+    return kv_splits_for(max_model_len, page_size, kv_split_cap(device, kv_heads))
+
+
 def kv_splits_at(batch_1_splits: int, batch: int, row_programs: int = 0, floor: int = 8) -> int:
     """Splits for a padded batch size, a power of two as the kernel requires. With row_programs
     (kv_row_programs: the programs wanted per decode row) and batch > 1: row_programs / batch,

@@ -279,14 +279,14 @@ class ModelRunner:
 
     def install_graphs(self, max_model_len: int, capturer: Capturer) -> None:
         """capture_graphs' work with any capturer (tests pass graph_capture.EagerCapture)."""
-        from homelab_llm.engine.cuda_graphs import (DecodeGraphs, graph_shapes, kv_row_programs,
-                                                    kv_splits_for)
-        from homelab_llm.engine.kernels.tuning import kv_split_cap, tiles_for
+        from homelab_llm.engine.cuda_graphs import (DecodeGraphs, graph_kv_splits, graph_shapes,
+                                                    kv_row_programs)
+        from homelab_llm.engine.kernels.tuning import tiles_for
 
         max_pages = -(-max_model_len // self.page_size)
         shapes = graph_shapes(self.args.max_num_seqs, self.verify_width)
         kv_heads = self.model.attention_layers[0].num_kv_heads
-        splits = kv_splits_for(max_model_len, self.page_size, kv_split_cap(self.device, kv_heads))
+        splits = graph_kv_splits(self.device, kv_heads, max_model_len, self.page_size)
         row_programs = kv_row_programs(self.device, kv_heads)
         self.graphs = DecodeGraphs(self.model, self.device, max(rows for rows, _ in shapes), max_pages,
                                    self.page_size, splits,

@@ -614,12 +614,18 @@ def kv_split_cap(device: torch.device | None, kv_heads: int) -> int:
     heads a rank: the arch's max_kv_splits, or the power of two at most kv_split_programs /
     kv_heads where that is more (KV_SPLIT_PROGRAMS_ENV overriding the arch's count)."""
     t = tiles_for(device)
-    spec = os.environ.get(KV_SPLIT_PROGRAMS_ENV, "").strip()
+    programs = split_programs_override(os.environ.get(KV_SPLIT_PROGRAMS_ENV, ""))
+    want = (t.kv_split_programs if programs is None else programs) // max(1, kv_heads)
+    return max(t.max_kv_splits, 1 << (want.bit_length() - 1) if want else 0)
+
+
+@functools.lru_cache(maxsize=8)
+def split_programs_override(spec: str) -> int | None:
+    """KV_SPLIT_PROGRAMS_ENV's text as a program count (None when empty)."""
+    spec = spec.strip()
     if spec and not spec.isdigit():
         raise ValueError(f"{KV_SPLIT_PROGRAMS_ENV} must be a whole number of programs, got {spec!r}")
-    programs = int(spec) if spec else t.kv_split_programs
-    want = programs // max(1, kv_heads)
-    return max(t.max_kv_splits, 1 << (want.bit_length() - 1) if want else 0)
+    return int(spec) if spec else None
 
 
 def device_sms(device: torch.device) -> int:
