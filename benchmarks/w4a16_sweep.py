@@ -190,7 +190,8 @@ H2_TILES.update({f"h2.st2.{n}": (streaming_tiles(n), (2,)) for n in (
 # at batch 1, batch-2 decode); a shape they cannot take reports the variant as failed
 H2_TILES.update({f"h2.wk{m}.c{n}k{r}W{w}": (RowsTiles(n, r, w, prefetch=True, whole_k=True), (m,))
                  for m in (1, 2)
-                 for n, r, w in ((32, 4, 8), (32, 4, 16), (64, 8, 8), (64, 8, 16), (128, 8, 8), (128, 8, 16))})
+                 for n, r, w in ((16, 4, 4), (16, 4, 8), (32, 4, 4), (32, 4, 8), (32, 4, 16), (64, 8, 8),
+                                 (64, 8, 16), (128, 8, 8), (128, 8, 16))})
 
 # The same kernel with the weights as the dots' left operand (w4a16_dot(w_left=True): out^T =
 # W^T x^T, four nibble-pair dots a K step, on sm_90 wgmmas with the weights in registers):

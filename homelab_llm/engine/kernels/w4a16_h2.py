@@ -59,6 +59,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels import program_trace
+from homelab_llm.engine.kernels.l2_next import next_plan, prefetch_next
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, uses_ptx, whole_k_fits
@@ -200,6 +201,8 @@ def _w4a16_h2_kernel(
     pick_ptr=None, pick_w_ptr=None, stride_we=0, stride_se=0, stride_xp=0, stride_op=0,
     picks_k=1, x_div=1, add_ptr=None, add_w_ptr=None, stride_add=0,
     PICKS: tl.constexpr = False, PICKS_SUM: tl.constexpr = False, PICKS_ADD: tl.constexpr = False,
+    nx_w_ptr=None, nx_s_ptr=None, nx_b_ptr=None, nx_w_count=0, nx_w_per=1, nx_w_stride=1, nx_w_last=0,
+    nx_g_count=0, nx_g_per=1, nx_g_stride=1, nx_g_last=0, NEXT_LINES: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -320,6 +323,10 @@ def _w4a16_h2_kernel(
                 words = words_next
     stamp(trace, 4, TRACE)
     pdl_late(PDL)
+    if NEXT_LINES > 0:  # the program's own loads are out: ask the L2 for the next linear's (l2_next)
+        prefetch_next(pid_n + pid_k * tl.num_programs(0), nx_w_ptr, nx_s_ptr, nx_b_ptr, nx_w_count,
+                      nx_w_per, nx_w_stride, nx_w_last, nx_g_count, nx_g_per, nx_g_stride, nx_g_last,
+                      NEXT_LINES)
     slot = pid_k  # the split-K epilogue's slot
     if PICKS:
         if PICKS_SUM:  # a token's picks summed (weighted) through the epilogue's slots, in order
@@ -485,6 +492,8 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
     xg = torch.empty(copies + (2, m, k // block_k), dtype=torch.float32, device=x2.device)
     tickets = ticket_buffer(x2.device, p.n_blocks * tokens)
     use_asm = uses_ptx(x2.device)
+    nxt = next_plan(w, p.n_blocks * (n_picks if picks is not None else p.split), picks is None,
+                    x2.device, use_asm)
     res = residual if residual is not None else x2
     trace = program_trace.buffer(
         p.n_blocks * p.split * n_picks, lambda: f"h2 m={m} n={n} k={k} "
@@ -517,5 +526,6 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
         KSPLIT=t.lane_groups() if t.whole_k else 1,
         TWO_STEPS=two_steps(t, k, block_k),
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl, **pick_args,
+        **(nxt.kernel_args() if nxt is not None else {}),
     )
     return out

@@ -370,6 +370,24 @@ def _scenarios():
         finally:
             program_trace.disable()
     yield traced
+
+    def with_next():  # the tail's L2 requests for the next linear's weights (kernels/l2_next.py)
+        from homelab_llm.engine.kernels import l2_next
+
+        saved = os.environ.get(l2_next.ENV)
+        os.environ[l2_next.ENV] = "1,4"
+        try:
+            for w, t in ((weights[128], None), (part, None), (weights[128], None),
+                         (part, RowsTiles(64, 8, 8, prefetch=True, whole_k=True))):
+                w4a16_h2.w4a16_h2(torch.zeros((1, k_in), dtype=bf16), w,
+                                  torch.zeros((1, w.out_features), dtype=bf16), t)
+        finally:
+            l2_next.CHAINS.clear()
+            if saved is None:
+                os.environ.pop(l2_next.ENV)
+            else:
+                os.environ[l2_next.ENV] = saved
+    yield with_next
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
         x = torch.zeros((m, k_in), dtype=dt)

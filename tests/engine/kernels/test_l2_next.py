@@ -1,0 +1,104 @@
+"""The next linear's weights asked into the L2 by a GEMV's tail (kernels/l2_next.py).
+
+The request itself (`prefetch.global.L2`) is PTX and changes no value; what can go wrong is which
+lines it asks for: outside the next weight's tensors (a fault on the GPU), or not the ones the
+plan says (a weight half asked for). So the kernel's address arithmetic runs on the interpreter
+with the request replaced by a recorder, and every address must be a line of the next weight's
+words, scales or biases, each planned line asked for, nothing else; and the chain's links
+follow the calls (a weight picked by data is never a target).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from homelab_llm.engine.kernels import l2_next
+from homelab_llm.engine.kernels.l2_next import Chain, next_plan, parse_budget, plan_for, prefetch_next, region_lines
+from homelab_llm.engine.kernels.tuning import interpreting
+from homelab_llm.engine.kernels.w4a16_pack import W4Weight
+
+
+@triton.jit
+def _probe(w, s, b, wc, wp, ws, wl, gc, gp, gs, gl, NEXT_LINES: tl.constexpr):
+    prefetch_next(tl.program_id(0), w, s, b, wc, wp, ws, wl, gc, gp, gs, gl, NEXT_LINES)
+
+
+def _weight(k: int, n: int) -> W4Weight:
+    return W4Weight(torch.zeros((k // 8, n), dtype=torch.int32), torch.zeros((k // 128, n), dtype=torch.float16),
+                    torch.zeros((k // 128, n), dtype=torch.float16), 128)
+
+
+def _lines(t: torch.Tensor, lines: list[int]) -> set[int]:
+    return {t.data_ptr() + 128 * line for line in lines}
+
+
+@pytest.mark.parametrize("k,n,cap_kb,bands,programs", [(1024, 256, 1 << 20, 16, 3), (1024, 256, 40, 4, 5),
+                                                       (2048, 96, 20, 16, 7), (256, 64, 1, 16, 1)])
+def test_requests_are_the_planned_lines(k, n, cap_kb, bands, programs, monkeypatch) -> None:
+    if not interpreting():
+        pytest.skip("the recorder runs on the interpreter (a GPU's requests record nothing)")
+    w = _weight(k, n)
+    plan = plan_for(w, programs, cap_kb << 10, bands)
+    seen: list = []
+    monkeypatch.setattr(l2_next, "l2_prefetch", lambda ptrs: seen.append(ptrs.handle.data.copy()))
+    a = plan.kernel_args()
+    _probe[(programs,)](a["nx_w_ptr"], a["nx_s_ptr"], a["nx_b_ptr"], a["nx_w_count"], a["nx_w_per"],
+                        a["nx_w_stride"], a["nx_w_last"], a["nx_g_count"], a["nx_g_per"], a["nx_g_stride"],
+                        a["nx_g_last"], NEXT_LINES=plan.lines)
+    got = {int(v) for arr in seen for v in arr}
+    want = (_lines(w.qweight, region_lines(plan.words)) | _lines(w.scales, region_lines(plan.groups))
+            | _lines(w.biases, region_lines(plan.groups)))
+    assert got == want
+    assert plan.lines * programs >= plan.words.count + 2 * plan.groups.count
+    for r, t in ((plan.words, w.qweight), (plan.groups, w.scales)):  # every line inside its tensor
+        assert 0 <= min(region_lines(r)) and 128 * max(region_lines(r)) < t.numel() * t.element_size()
+    lines = -(-k // 8 * n * 4 // 128)
+    if cap_kb << 10 >= k // 8 * n * 4 + 2 * (k // 128) * n * 2:
+        assert sorted(region_lines(plan.words)) == list(range(lines))  # all of it
+    else:  # the budget, spread over the bands: each band's first lines
+        assert plan.words.count < lines
+        starts = {line // plan.words.stride for line in region_lines(plan.words)}
+        assert starts == set(range(-(-lines // plan.words.stride)))
+        assert plan.words.count * 128 <= (cap_kb << 10) + bands * 128
+
+
+def test_chain_links_follow_the_calls() -> None:
+    a, b, c, experts = _weight(256, 64), _weight(256, 64), _weight(256, 32), _weight(256, 128)
+    chain = Chain()
+    for w in (a, b, c):
+        chain.observe(w, True)
+    assert chain.next_of(a) is b and chain.next_of(b) is c and chain.next_of(c) is None
+    chain.observe(experts, False)  # picked by data: never a target, and c's link dropped
+    chain.observe(a, True)  # the experts' call links to the next fixed one
+    assert chain.next_of(c) is None and chain.next_of(experts) is a
+    chain.observe(c, True)  # a new order replaces a's link
+    assert chain.next_of(a) is c
+    del b
+    gc.collect()
+    assert chain.next_of(_weight(256, 64)) is None
+
+
+def test_budget_parse_and_off(monkeypatch) -> None:
+    assert parse_budget("") == (0, 1) and parse_budget("0") == (0, 16)
+    assert parse_budget("8") == (8 << 20, 16) and parse_budget("0.5,4") == (1 << 19, 4)
+    for bad in ("x", "1,0", "-1", "1,2,3"):
+        with pytest.raises(ValueError, match="MB"):
+            parse_budget(bad)
+    a, b = _weight(256, 64), _weight(256, 64)
+    dev = torch.device("cpu")
+    monkeypatch.delenv(l2_next.ENV, raising=False)
+    assert next_plan(a, 4, True, dev, True) is None  # off by default
+    monkeypatch.setenv(l2_next.ENV, "1")
+    l2_next.CHAINS.clear()
+    try:
+        assert next_plan(a, 4, True, dev, False) is None  # not PTX: nothing recorded either
+        assert next_plan(a, 4, True, dev, True) is None and next_plan(b, 4, True, dev, True) is None
+        plan = next_plan(a, 4, True, dev, True)
+        assert plan is not None and plan.w is b and plan.lines == 32  # (64 + 2 x 2 lines) / 4, rounded up to a power of two
+    finally:
+        l2_next.CHAINS.clear()
