@@ -99,6 +99,7 @@ def test_budget_parse_and_off(monkeypatch) -> None:
         assert next_plan(a, 4, True, dev, False) is None  # not PTX: nothing recorded either
         assert next_plan(a, 4, True, dev, True) is None and next_plan(b, 4, True, dev, True) is None
         plan = next_plan(a, 4, True, dev, True)
-        assert plan is not None and plan.w is b and plan.lines == 32  # (64 + 2 x 2 lines) / 4, rounded up to a power of two
+        # (64 + 2 x 2 lines) / 4 programs, rounded up to a power of two
+        assert plan is not None and plan.w is b and plan.lines == 32
     finally:
         l2_next.CHAINS.clear()
