@@ -66,7 +66,7 @@ def moe_h2(x: torch.Tensor, w: MoeW4, topk_weights: torch.Tensor, topk_ids: torc
     ids = topk_ids.to(torch.int32).contiguous()
     inter = w.w2.qweight.shape[1] * 8
     gate_up = torch.empty((ids.numel(), 2 * inter), dtype=x.dtype, device=x.device)
-    w4a16_h2(x.contiguous(), w.w13, gate_up, tiles[0], picks=Picks(ids, token_x=True))
+    w4a16_h2(x.contiguous(), w.w13, gate_up, tiles[0], picks=Picks(ids, token_x=True, next_experts=w.w2))
     out = torch.empty_like(x)
     add = None
     if shared is not None:

@@ -21,6 +21,10 @@ Budget (`HOMELAB_LLM_L2_NEXT=MB[,bands]`, off by default until measured): up to 
 weight's bytes; a larger weight gets MB spread over `bands` equal row bands of each tensor (the
 first lines of each band), so every K range's first steps (split-K programs, whole-K lane groups)
 find theirs in the L2. PTX only (other targets never set it).
+
+An MoE layer's experts are picked by data, but its gate_up programs know their picks: each asks
+for its share of its own pick's down-projection expert (`picked_plan`), which the down grid
+reads next.
 """
 
 from __future__ import annotations
@@ -145,6 +149,17 @@ class Chain:
 
 
 CHAINS: dict[torch.device, Chain] = {}
+
+
+def picked_plan(experts: W4Weight, programs: int, ptx: bool) -> NextPlan | None:
+    """What each pick's `programs` request of its own expert in `experts` (qweight [E, K // 8,
+    N]: an MoE layer's down projection, asked for by gate_up's programs, which know their
+    picks): one expert's bytes within the budget (None: off or not PTX)."""
+    cap, bands = budget()
+    if not cap or not ptx:
+        return None
+    one = W4Weight(experts.qweight[0], experts.scales[0], experts.biases[0], experts.group_size)
+    return plan_for(one, programs, cap, bands)
 
 
 def next_plan(w: W4Weight, programs: int, target: bool, device: torch.device, ptx: bool) -> NextPlan | None:

@@ -59,7 +59,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
 from homelab_llm.engine.kernels import program_trace
-from homelab_llm.engine.kernels.l2_next import next_plan, prefetch_next
+from homelab_llm.engine.kernels.l2_next import next_plan, picked_plan, prefetch_next
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, uses_ptx, whole_k_fits
@@ -203,6 +203,7 @@ def _w4a16_h2_kernel(
     PICKS: tl.constexpr = False, PICKS_SUM: tl.constexpr = False, PICKS_ADD: tl.constexpr = False,
     nx_w_ptr=None, nx_s_ptr=None, nx_b_ptr=None, nx_w_count=0, nx_w_per=1, nx_w_stride=1, nx_w_last=0,
     nx_g_count=0, nx_g_per=1, nx_g_stride=1, nx_g_last=0, NEXT_LINES: tl.constexpr = 0,
+    nx_stride_we=0, nx_stride_se=0, nx_stride_be=0, NEXT_PICKED: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -323,7 +324,11 @@ def _w4a16_h2_kernel(
                 words = words_next
     stamp(trace, 4, TRACE)
     pdl_late(PDL)
-    if NEXT_LINES > 0:  # the program's own loads are out: ask the L2 for the next linear's (l2_next)
+    if NEXT_PICKED:  # this pick's share of its own expert in the next call's experts (l2_next)
+        prefetch_next(pid_n, nx_w_ptr + e * nx_stride_we, nx_s_ptr + e * nx_stride_se,
+                      nx_b_ptr + e * nx_stride_be, nx_w_count, nx_w_per, nx_w_stride, nx_w_last,
+                      nx_g_count, nx_g_per, nx_g_stride, nx_g_last, NEXT_LINES)
+    elif NEXT_LINES > 0:  # the program's own loads are out: ask the L2 for the next linear's (l2_next)
         prefetch_next(pid_n + pid_k * tl.num_programs(0), nx_w_ptr, nx_s_ptr, nx_b_ptr, nx_w_count,
                       nx_w_per, nx_w_stride, nx_w_last, nx_g_count, nx_g_per, nx_g_stride, nx_g_last,
                       NEXT_LINES)
@@ -381,6 +386,9 @@ class Picks:
     weights: torch.Tensor | None = None
     token_x: bool = False
     add: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the experts (qweight [E, ...]) of the next call: each pick's programs ask the L2 for their
+    # share of its own expert there (l2_next.picked_plan; gate_up's for down's)
+    next_experts: W4Weight | None = None
 
 
 def picks_check(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, picks: Picks,
@@ -494,6 +502,13 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
     use_asm = uses_ptx(x2.device)
     nxt = next_plan(w, p.n_blocks * (n_picks if picks is not None else p.split), picks is None,
                     x2.device, use_asm)
+    picked = {}
+    if picks is not None and picks.next_experts is not None:
+        nxt = picked_plan(picks.next_experts, p.n_blocks, use_asm)
+        if nxt is not None:
+            picked = dict(nx_stride_we=picks.next_experts.qweight.stride(0),
+                          nx_stride_se=picks.next_experts.scales.stride(0),
+                          nx_stride_be=picks.next_experts.biases.stride(0), NEXT_PICKED=True)
     res = residual if residual is not None else x2
     trace = program_trace.buffer(
         p.n_blocks * p.split * n_picks, lambda: f"h2 m={m} n={n} k={k} "
@@ -526,6 +541,6 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
         KSPLIT=t.lane_groups() if t.whole_k else 1,
         TWO_STEPS=two_steps(t, k, block_k),
         num_warps=t.num_warps, num_stages=t.num_stages, **pdl, **pick_args,
-        **(nxt.kernel_args() if nxt is not None else {}),
+        **(nxt.kernel_args() if nxt is not None else {}), **picked,
     )
     return out

@@ -24,6 +24,7 @@ Against another version, one target per run (each takes 1-4 minutes on two cores
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -116,6 +117,23 @@ def zero_v(shape: tuple[int, int, int, int], dtype, dim_major: bool = False):
 # int8 V dim-major or not: the engine runs both (HOMELAB_LLM_KV_V_LAYOUT=dim, on every GPU; its tile
 # converts in PTX on NVIDIA)
 V_LAYOUTS = (False, True)
+
+
+@contextlib.contextmanager
+def l2_next_on():
+    """Launches inside ask the L2 for the next weights (l2_next's budget on, its chains fresh)."""
+    from homelab_llm.engine.kernels import l2_next
+
+    saved = os.environ.get(l2_next.ENV)
+    os.environ[l2_next.ENV] = "1,4"
+    try:
+        yield
+    finally:
+        l2_next.CHAINS.clear()
+        if saved is None:
+            os.environ.pop(l2_next.ENV)
+        else:
+            os.environ[l2_next.ENV] = saved
 
 
 def _scenarios():
@@ -372,21 +390,11 @@ def _scenarios():
     yield traced
 
     def with_next():  # the tail's L2 requests for the next linear's weights (kernels/l2_next.py)
-        from homelab_llm.engine.kernels import l2_next
-
-        saved = os.environ.get(l2_next.ENV)
-        os.environ[l2_next.ENV] = "1,4"
-        try:
+        with l2_next_on():
             for w, t in ((weights[128], None), (part, None), (weights[128], None),
                          (part, RowsTiles(64, 8, 8, prefetch=True, whole_k=True))):
                 w4a16_h2.w4a16_h2(torch.zeros((1, k_in), dtype=bf16), w,
                                   torch.zeros((1, w.out_features), dtype=bf16), t)
-        finally:
-            l2_next.CHAINS.clear()
-            if saved is None:
-                os.environ.pop(l2_next.ENV)
-            else:
-                os.environ[l2_next.ENV] = saved
     yield with_next
     for m, g, dt in ((8, 32, bf16), (8, 128, bf16), (64, 128, bf16), (8, 128, fp16)):
         # the few-row kernel: per-row and per-step scales (bf16 / fp16 magic-number nibbles), SPLIT 1
@@ -542,6 +550,12 @@ def _moe_scenarios():
         yield lambda shared=shared: moe_h2(
             torch.zeros((1, hidden), dtype=torch.bfloat16), MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)),
             torch.ones((1, top_k)), torch.zeros((1, top_k), dtype=torch.int32), h2_tiles, shared=shared)
+
+    def picked_next():  # gate_up's programs ask the L2 for their picks' down experts (l2_next)
+        with l2_next_on():
+            moe_h2(torch.zeros((1, hidden), dtype=torch.bfloat16), MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)),
+                   torch.ones((1, top_k)), torch.zeros((1, top_k), dtype=torch.int32), h2_tiles)
+    yield picked_next
     for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels import l2_next
 from homelab_llm.engine.kernels.l2_next import Chain, next_plan, parse_budget, plan_for, prefetch_next, region_lines
-from homelab_llm.engine.kernels.tuning import interpreting
+from homelab_llm.engine.kernels.tuning import RowsTiles, interpreting
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -103,3 +103,87 @@ def test_budget_parse_and_off(monkeypatch) -> None:
         assert plan is not None and plan.w is b and plan.lines == 32
     finally:
         l2_next.CHAINS.clear()
+
+
+def _record_launches(monkeypatch) -> list:
+    """Requests of w4a16_h2's launches on the interpreter: the plans as on a PTX target, each
+    request recorded instead of sent."""
+    from homelab_llm.engine.kernels import w4a16_h2 as h2
+
+    seen: list = []
+    monkeypatch.setattr(l2_next, "l2_prefetch", lambda ptrs: seen.append(ptrs.handle.data.copy()))
+    monkeypatch.setattr(h2, "next_plan", lambda w, programs, target, device, ptx:
+                        next_plan(w, programs, target, device, True))
+    monkeypatch.setattr(h2, "picked_plan", lambda experts, programs, ptx:
+                        l2_next.picked_plan(experts, programs, True))
+    monkeypatch.setenv(l2_next.ENV, "1")
+    l2_next.CHAINS.clear()
+    return seen
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def test_gemv_chain_requests_the_next_weight(monkeypatch) -> None:
+    """Three linears in a row, twice: the second pass's calls ask for the next one's lines
+    (the last for the first's), and the outputs are those of calls without requests."""
+    from homelab_llm.engine.kernels import w4a16_pack as wp
+    from homelab_llm.engine.kernels.w4a16_h2 import w4a16_h2
+
+    if not interpreting():
+        pytest.skip("the recorder runs on the interpreter")
+    gen = torch.Generator().manual_seed(5)
+    ws = [wp.quantize_rtn(torch.randn(n, 128, generator=gen) * 0.05, 32, True) for n in (128, 128, 128)]
+    x = torch.randn(1, 128, generator=gen).to(torch.bfloat16)
+    t = RowsTiles(32, 4, 1, prefetch=True, whole_k=True)
+    plain = [w4a16_h2(x, w, torch.empty((1, 128), dtype=torch.bfloat16), t) for w in ws]
+    seen = _record_launches(monkeypatch)
+    try:
+        for _ in range(2):
+            for w, want in zip(ws, plain):
+                assert torch.equal(w4a16_h2(x, w, torch.empty((1, 128), dtype=torch.bfloat16), t), want)
+                if _ == 0:
+                    seen.clear()
+        got = {int(v) for arr in seen for v in arr}
+    finally:
+        l2_next.CHAINS.clear()
+    for w in ws:  # every weight was a next one in the second pass: all of its lines asked for
+        for part in (w.qweight, w.scales, w.biases):
+            lo, hi = _span(part)
+            assert {a for a in got if lo <= a < hi} == set(range(lo, hi, 128))
+    spans = [_span(p) for w in ws for p in (w.qweight, w.scales, w.biases)]
+    assert all(any(lo <= a < hi for lo, hi in spans) for a in got)
+
+
+def test_moe_gate_up_requests_its_picks_down_experts(monkeypatch) -> None:
+    """gate_up's programs ask for their picks' down experts, whole (within the budget), and no
+    other expert's line; the layer's output unchanged."""
+    from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2
+    from homelab_llm.engine.kernels.moe_ref import MoeW4, route_topk_ref
+    from tests.engine.kernels.moe_inputs import random_moe_w4
+
+    if not interpreting():
+        pytest.skip("the recorder runs on the interpreter")
+    gen = torch.Generator().manual_seed(6)
+    e, h, i, top_k = 8, 128, 128, 3
+    w = MoeW4(random_moe_w4(gen, e, h, 2 * i, 32, "cpu"), random_moe_w4(gen, e, i, h, 32, "cpu"))
+    x = (torch.randn(1, h, generator=gen) * 0.5).to(torch.bfloat16)
+    weights, ids = route_topk_ref(torch.randn(1, e, generator=gen), top_k, True)
+    ids = ids.to(torch.int32)
+    tiles = (RowsTiles(32, 4, 1, prefetch=True, whole_k=True),) * 2
+    want = moe_h2(x, w, weights, ids, tiles)
+    seen = _record_launches(monkeypatch)
+    try:
+        assert torch.equal(moe_h2(x, w, weights, ids, tiles), want)
+    finally:
+        l2_next.CHAINS.clear()
+    got = {int(v) for arr in seen for v in arr}
+    picked = set(ids.flatten().tolist())
+    for expert in range(e):
+        for part in (w.w2.qweight[expert], w.w2.scales[expert], w.w2.biases[expert]):
+            lo, hi = _span(part)
+            asked = {a for a in got if lo <= a < hi}
+            assert asked == (set(range(lo, hi, 128)) if expert in picked else set()), expert
+    spans = [_span(p[k]) for k in picked for p in (w.w2.qweight, w.w2.scales, w.w2.biases)]
+    assert all(any(lo <= a < hi for lo, hi in spans) for a in got)
