@@ -183,8 +183,8 @@ def region_line(v, per, stride, last):
 def prefetch_next(prog, nx_w_ptr, nx_s_ptr, nx_b_ptr, nx_w_count, nx_w_per, nx_w_stride, nx_w_last,
                   nx_g_count, nx_g_per, nx_g_stride, nx_g_last, NEXT_LINES: tl.constexpr):
     """Program prog's NEXT_LINES lines of the next weight (words, then scales, then biases;
-    past the end they repeat the biases' last planned line)."""
-    v = prog * NEXT_LINES + tl.arange(0, NEXT_LINES)
+    past the end the count wraps around: repeats spread over the lines, not all on one)."""
+    v = (prog * NEXT_LINES + tl.arange(0, NEXT_LINES)) % (nx_w_count + 2 * nx_g_count)
     in_w = v < nx_w_count
     u = tl.where(in_w, 0, v - nx_w_count)
     in_s = u < nx_g_count
