@@ -17,7 +17,8 @@ weights depend on data (MoE experts picked by the router) is never a target, and
 a weight changes only when a call observes a different successor (a run switching between two
 orders keeps the last one it saw).
 
-Budget (`HOMELAB_LLM_L2_NEXT=MB[,bands]`, off by default until measured): up to MB of the next
+Budget (`ArchTiles.l2_next_mb` / `l2_next_bands`, 0 on every arch until measured;
+`HOMELAB_LLM_L2_NEXT=MB[,bands]` overrides it for A/B runs, '' or 0 off): up to MB of the next
 weight's bytes; a larger weight gets MB spread over `bands` equal row bands of each tensor (the
 first lines of each band), so every K range's first steps (split-K programs, whole-K lane groups)
 find theirs in the L2. PTX only (other targets never set it).
@@ -39,6 +40,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import next_pow2
+from homelab_llm.engine.kernels.tuning import tiles_for
 from homelab_llm.engine.kernels.w4a16_half2 import l2_prefetch
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
@@ -62,8 +64,13 @@ def parse_budget(spec: str) -> tuple[int, int]:
     return int(mb * (1 << 20)), bands
 
 
-def budget() -> tuple[int, int]:
-    return parse_budget(os.environ.get(ENV, ""))
+def budget(device: torch.device | None = None) -> tuple[int, int]:
+    """(bytes, bands): ENV where set, else the arch table's (ArchTiles.l2_next_mb)."""
+    spec = os.environ.get(ENV)
+    if spec is None:
+        t = tiles_for(device)
+        return int(t.l2_next_mb * (1 << 20)), t.l2_next_bands
+    return parse_budget(spec)
 
 
 @dataclass(frozen=True)
@@ -151,11 +158,12 @@ class Chain:
 CHAINS: dict[torch.device, Chain] = {}
 
 
-def picked_plan(experts: W4Weight, programs: int, ptx: bool) -> NextPlan | None:
+def picked_plan(experts: W4Weight, programs: int, ptx: bool,
+                device: torch.device | None = None) -> NextPlan | None:
     """What each pick's `programs` request of its own expert in `experts` (qweight [E, K // 8,
     N]: an MoE layer's down projection, asked for by gate_up's programs, which know their
     picks): one expert's bytes within the budget (None: off or not PTX)."""
-    cap, bands = budget()
+    cap, bands = budget(device)
     if not cap or not ptx:
         return None
     one = W4Weight(experts.qweight[0], experts.scales[0], experts.biases[0], experts.group_size)
@@ -165,7 +173,7 @@ def picked_plan(experts: W4Weight, programs: int, ptx: bool) -> NextPlan | None:
 def next_plan(w: W4Weight, programs: int, target: bool, device: torch.device, ptx: bool) -> NextPlan | None:
     """Record this call on w and return what its grid requests of the next weight (None: off,
     not PTX, or no successor known yet)."""
-    cap, bands = budget()
+    cap, bands = budget(device)
     if not cap or not ptx:
         return None
     chain = CHAINS.setdefault(device, Chain())

@@ -246,6 +246,11 @@ class ArchTiles:
     # is max_kv_splits whatever the heads. Off everywhere until timed: at TP 2 the 27B's two KV
     # heads a card get 64 programs at batch 1 (BENCHMARKS 58.4).
     kv_split_programs: int = 0
+    # MB of the next W4A16 linear's weights a 1-2 row GEMV's tail asks the L2 for, and the row
+    # bands a larger weight's share is spread over (l2_next.py; PTX archs only). 0: off, on every
+    # arch until timed (HOMELAB_LLM_L2_NEXT=MB[,bands] for A/B runs).
+    l2_next_mb: float = 0.0
+    l2_next_bands: int = 16
     # Decode-path kernels launched with programmatic dependent launch (pdl.py, sm_90+ only): 0
     # off, 1 the next grid launched once every program has waited, 2 once every program is past
     # its main loop (GEMVs) or has exited (the rest).

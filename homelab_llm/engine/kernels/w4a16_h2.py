@@ -504,7 +504,7 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
                     x2.device, use_asm)
     picked = {}
     if picks is not None and picks.next_experts is not None:
-        nxt = picked_plan(picks.next_experts, p.n_blocks, use_asm)
+        nxt = picked_plan(picks.next_experts, p.n_blocks, use_asm, x2.device)
         if nxt is not None:
             picked = dict(nx_stride_we=picks.next_experts.qweight.stride(0),
                           nx_stride_se=picks.next_experts.scales.stride(0),

@@ -10,6 +10,7 @@ follow the calls (a weight picked by data is never a target).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
 import pytest
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels import l2_next
 from homelab_llm.engine.kernels.l2_next import Chain, next_plan, parse_budget, plan_for, prefetch_next, region_lines
-from homelab_llm.engine.kernels.tuning import RowsTiles, interpreting
+from homelab_llm.engine.kernels.tuning import RowsTiles, interpreting, tiles_for
 from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
@@ -93,6 +94,11 @@ def test_budget_parse_and_off(monkeypatch) -> None:
     dev = torch.device("cpu")
     monkeypatch.delenv(l2_next.ENV, raising=False)
     assert next_plan(a, 4, True, dev, True) is None  # off by default
+    monkeypatch.setattr(l2_next, "tiles_for", lambda device: dataclasses.replace(
+        tiles_for(device), l2_next_mb=0.25, l2_next_bands=4))
+    assert l2_next.budget(dev) == (1 << 18, 4)  # the arch table's where the env is unset
+    monkeypatch.setenv(l2_next.ENV, "")
+    assert l2_next.budget(dev) == (0, 1)  # set but empty: off
     monkeypatch.setenv(l2_next.ENV, "1")
     l2_next.CHAINS.clear()
     try:
@@ -114,8 +120,8 @@ def _record_launches(monkeypatch) -> list:
     monkeypatch.setattr(l2_next, "l2_prefetch", lambda ptrs: seen.append(ptrs.handle.data.copy()))
     monkeypatch.setattr(h2, "next_plan", lambda w, programs, target, device, ptx:
                         next_plan(w, programs, target, device, True))
-    monkeypatch.setattr(h2, "picked_plan", lambda experts, programs, ptx:
-                        l2_next.picked_plan(experts, programs, True))
+    monkeypatch.setattr(h2, "picked_plan", lambda experts, programs, ptx, device:
+                        l2_next.picked_plan(experts, programs, True, device))
     monkeypatch.setenv(l2_next.ENV, "1")
     l2_next.CHAINS.clear()
     return seen
