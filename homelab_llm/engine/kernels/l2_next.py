@@ -150,10 +150,6 @@ class Chain:
         ref = self.links.get(id(w.qweight))
         return None if ref is None else ref()
 
-    def reset(self) -> None:
-        self.links.clear()
-        self.last = None
-
 
 CHAINS: dict[torch.device, Chain] = {}
 
@@ -184,6 +180,7 @@ def next_plan(w: W4Weight, programs: int, target: bool, device: torch.device, pt
 
 @triton.jit
 def region_line(v, per, stride, last):
+    """Line v of a Region as a byte offset (128: LINE_BYTES; a jit function takes no plain global)."""
     return tl.minimum((v // per) * stride + v % per, last).to(tl.int64) * 128
 
 

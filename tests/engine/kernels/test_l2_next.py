@@ -146,10 +146,10 @@ def test_gemv_chain_requests_the_next_weight(monkeypatch) -> None:
     plain = [w4a16_h2(x, w, torch.empty((1, 128), dtype=torch.bfloat16), t) for w in ws]
     seen = _record_launches(monkeypatch)
     try:
-        for _ in range(2):
+        for first_pass in (True, False):
             for w, want in zip(ws, plain):
                 assert torch.equal(w4a16_h2(x, w, torch.empty((1, 128), dtype=torch.bfloat16), t), want)
-                if _ == 0:
+                if first_pass:
                     seen.clear()
         got = {int(v) for arr in seen for v in arr}
     finally:
