@@ -11,8 +11,9 @@ Sections:
            chunk_gated_delta_rule (both with q/k L2 norm in the kernel, initial and final state).
            Ours in its variants: `table` (what the engine runs), `fused` (outputs inside the
            sequential walk, gdn_chunk.py), `split` (state walk + parallel output kernel,
-           gdn_chunk_split.py) and, without --quick, split with one GdnTiles field changed
-           (state_warps, block_v, out_block_v, chunk_stages): the row to pick the table from.
+           gdn_chunk_split.py), split with 16- and 64-row solves (solve_rows: gfx1100 takes 64)
+           and, without --quick, split with one other GdnTiles field changed (state_warps,
+           block_v, out_block_v, chunk_stages): the row to pick the table from.
   decode   one token for B sequences (1/8/32) from a 64-slot state pool: ours (in place, slot
            indices) vs fla fused_recurrent_gated_delta_rule (gathered initial states, final state out)
   verify   the engine's decode-step call (gating and gated norm in the kernel) for G sequences x R
@@ -188,7 +189,11 @@ def _row(label: str, ms: float, nbytes: int, fla_ms: float | None, ceiling: floa
 
 def prefill_variants() -> list[tuple[str, dict]]:
     """(label, GdnTiles fields to change) per timed variant of our prefill."""
-    variants = [("fused", dict(split=False)), ("split", dict(split=True))]
+    # solve_rows 64: gfx1100's spill-free triangular solve (forward substitution, no dots), timed
+    # beside the 16-row blocks on any GPU for its cost
+    variants = [("fused", dict(split=False)), ("split", dict(split=True)),
+                ("split solve_rows=16", dict(split=True, solve_rows=16)),
+                ("split solve_rows=64", dict(split=True, solve_rows=64))]
     if not ARGS.quick:
         variants += [("split state_warps=8", dict(split=True, state_warps=8)),
                      ("split block_v=64", dict(split=True, block_v=64)),

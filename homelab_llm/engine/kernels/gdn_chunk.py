@@ -34,41 +34,40 @@ from homelab_llm.engine.kernels.gdn_chunk_split import chunk_fwd_split
 from homelab_llm.engine.kernels.tuning import device_sms, gdn_tiles
 
 
-_SUB = tl.constexpr(16)  # rows per diagonal block of the chunk's triangular solve
-
-
 @triton.jit
-def _unit_lower_inverse(kk, beta, c, BT: tl.constexpr):
+def _unit_lower_inverse(kk, beta, c, BT: tl.constexpr, SUB: tl.constexpr):
     """T = (I + L)^-1 for L_ij = beta_i kk_ij e^(c_i - c_j), i > j, all [BT, BT] fp32 in registers.
 
-    Blocks of _SUB rows: the block-diagonal part D = I + L_diag is inverted by forward substitution
-    on all blocks at once (row i of every block per step: _SUB - 1 steps, not BT - 1), then the
-    strictly block-lower rest B folds in as T = sum_n (-D^-1 B)^n D^-1 (nilpotent: BT / _SUB - 1
-    terms), Horner-style: block forward substitution written as fp32 dots (tf32 on NVIDIA, like
-    every fp32 tl.dot here; ieee fp32 dots spilled 2.9 KB of registers on sm90). Exact algebra, so
-    strongly correlated keys (large inverse entries) stay accurate (test_chunk_64_correlated_keys)."""
+    Blocks of SUB rows (GdnTiles.solve_rows): the block-diagonal part D = I + L_diag is inverted by
+    forward substitution on all blocks at once (row i of every block per step: SUB - 1 steps, not
+    BT - 1), then the strictly block-lower rest B folds in as T = sum_n (-D^-1 B)^n D^-1
+    (nilpotent: BT / SUB - 1 terms), Horner-style: block forward substitution written as fp32 dots
+    (tf32 on NVIDIA, like every fp32 tl.dot here; ieee fp32 dots spilled 2.9 KB of registers on
+    sm90). SUB = BT is plain forward substitution with no dots: RDNA3 has no fp32 WMMA, and the
+    FMA form of those dots spilled ~600 VGPRs a lane (BENCHMARKS 60). Exact algebra, so strongly
+    correlated keys (large inverse entries) stay accurate (test_chunk_64_correlated_keys)."""
     offs = tl.arange(0, BT)
     r = offs[:, None]
     col = offs[None, :]
-    same = (r // _SUB) == (col // _SUB)
+    same = (r // SUB) == (col // SUB)
     lower = col < r
     upper = col > r
     # lt[j, i] = L_ij within a block: column i of it (row i of L, indexed by j) comes out of a
     # reduction along the row axis already in the layout the update broadcasts over.
     lt = tl.where(upper & same, beta[None, :] * kk * tl.exp(tl.where(upper, c[None, :] - c[:, None], 0.0)), 0.0)
     t_inv = tl.where(r == col, 1.0, 0.0)
-    for i in range(1, _SUB):
-        # L rows i, _SUB + i, ...: for a row j of block b, its coefficient in row b * _SUB + i
-        l_i = tl.sum(tl.where(col % _SUB == i, lt, 0.0), axis=1)
+    for i in range(1, SUB):
+        # L rows i, SUB + i, ...: for a row j of block b, its coefficient in row b * SUB + i
+        l_i = tl.sum(tl.where(col % SUB == i, lt, 0.0), axis=1)
         # t_inv is block diagonal, so column m only collects rows j of m's own block
         upd = tl.sum(l_i[:, None] * t_inv, axis=0)
-        t_inv = tl.where((r % _SUB == i) & same, t_inv - upd[None, :], t_inv)
-    if BT > _SUB:
+        t_inv = tl.where((r % SUB == i) & same, t_inv - upd[None, :], t_inv)
+    if BT > SUB:
         decay = tl.exp(tl.where(lower, c[:, None] - c[None, :], 0.0))
-        rest = tl.where(lower & (r // _SUB != col // _SUB), beta[:, None] * kk * decay, 0.0)
+        rest = tl.where(lower & (r // SUB != col // SUB), beta[:, None] * kk * decay, 0.0)
         n = tl.dot(t_inv, rest)
         x = t_inv
-        for _ in tl.static_range(BT // _SUB - 1):
+        for _ in tl.static_range(BT // SUB - 1):
             x = t_inv - tl.dot(n, x)
         t_inv = x
     return t_inv
@@ -80,7 +79,8 @@ def _chunk_prep_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_wt, stride_wh, stride_ut, stride_uh, stride_ct, stride_pt, stride_ph, stride_kdt, stride_kdh,
     DK: tl.constexpr, DV: tl.constexpr, DK_PAD: tl.constexpr, DV_PAD: tl.constexpr,
-    GROUP: tl.constexpr, BT: tl.constexpr, B_PAD: tl.constexpr, DOT_F32: tl.constexpr, STORE_KD: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, SUB: tl.constexpr, B_PAD: tl.constexpr, DOT_F32: tl.constexpr,
+    STORE_KD: tl.constexpr,
 ):
     seq, blk = locate_block(cu_ptr, batch, BT, B_PAD)
     if seq >= batch:
@@ -113,7 +113,7 @@ def _chunk_prep_kernel(
         kd = k.to(tl.float32) * (rk * tl.exp(c_last - c))[:, None]
         tl.store(kd_ptr + rows[:, None] * stride_kdt + h * stride_kdh + offs_k[None, :],
                  kd.to(kd_ptr.dtype.element_ty), mask=km)
-    t_inv = _unit_lower_inverse(tl.dot(k, tl.trans(k)) * (rk[:, None] * rk[None, :]), beta, c, BT)
+    t_inv = _unit_lower_inverse(tl.dot(k, tl.trans(k)) * (rk[:, None] * rk[None, :]), beta, c, BT, SUB)
 
     w = dot_mm(t_inv, k.to(tl.float32) * (rk * beta * tl.exp(c))[:, None], w_ptr, DOT_F32)
     tl.store(w_ptr + rows[:, None] * stride_wt + h * stride_wh + offs_k[None, :],
@@ -198,9 +198,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            beta: torch.Tensor, cu_seqlens: torch.Tensor, ssm_state: torch.Tensor,
                            state_indices: torch.Tensor, has_initial_state: torch.Tensor,
                            scale: float | None = None, chunk: int | None = None,
-                           split: bool | None = None) -> torch.Tensor:
-    """o [T, Hv, Dv]; see gdn.gated_delta_rule_prefill. `chunk` and `split` (outputs in a parallel
-    kernel, gdn_chunk_split.py) override the table (tests, benchmarks)."""
+                           split: bool | None = None, solve_rows: int | None = None) -> torch.Tensor:
+    """o [T, Hv, Dv]; see gdn.gated_delta_rule_prefill. `chunk`, `split` (outputs in a parallel
+    kernel, gdn_chunk_split.py) and `solve_rows` (the triangular solve's diagonal blocks, a power
+    of two) override the table (tests, benchmarks)."""
     check_rows(q, k, v, g, beta, ssm_state)
     num_tokens, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
@@ -210,6 +211,9 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         return out
     tiles = gdn_tiles(q.device)
     bt = chunk or tiles.chunk
+    sub = min(solve_rows or tiles.solve_rows, bt)
+    if sub & (sub - 1):
+        raise ValueError(f"chunk_gated_delta_rule: solve_rows {sub} is not a power of two")
     scale = dk ** -0.5 if scale is None else scale
     dot_f32 = dot_in_fp32()
     split = tiles.split if split is None else split
@@ -226,7 +230,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
             w.stride(0), w.stride(1), u.stride(0), u.stride(1), c.stride(0), p.stride(0), p.stride(1),
             kd.stride(0), kd.stride(1),
-            DK=dk, DV=dv, DK_PAD=next_pow2(dk), DV_PAD=next_pow2(dv), GROUP=hv // hk, BT=bt,
+            DK=dk, DV=dv, DK_PAD=next_pow2(dk), DV_PAD=next_pow2(dv), GROUP=hv // hk, BT=bt, SUB=sub,
             B_PAD=next_pow2(batch), DOT_F32=dot_f32, STORE_KD=split, num_warps=tiles.chunk_warps)
     else:  # nothing to read: the fwd kernel still sets each live slot's state
         w = u = p = q

@@ -826,7 +826,9 @@ class GdnTiles:
     verify_block_v columns and verify_warps warps a program instead (one warp: its sums stay in
     the warp; narrower: twice the programs for the few heads of one sequence); verify_groups 0:
     none (the other two are then unread). verify_wide_*: a verify step of more sequences takes
-    these (0: the decode tiles)."""
+    these (0: the decode tiles). solve_rows: the diagonal blocks of the prep kernel's triangular
+    solve (gdn_chunk._unit_lower_inverse): chunk / solve_rows - 1 fp32 dots fold the blocks
+    together; solve_rows = chunk is forward substitution alone, no dots."""
 
     chunk: int
     block_v: int
@@ -845,6 +847,7 @@ class GdnTiles:
     verify_warps: int = 0
     verify_wide_block_v: int = 0
     verify_wide_warps: int = 0
+    solve_rows: int = 16
 
 
 GDN_TABLE: dict[str, GdnTiles] = {
@@ -866,10 +869,11 @@ GDN_TABLE: dict[str, GdnTiles] = {
     "sm120": GdnTiles(64, 32, 8, 2, 32, 4, 32, 128, 4, True, 4, 64),
     # RDNA3: the chunk kernel's dot operands sit in the 64 KB LDS; a narrower value tile keeps it in.
     # Output kernel at 32 value columns: 239 VGPRs, no spills (64 spilled 16). The prep kernel
-    # (the only one chunk_warps sizes under `split`) on 16 waves (BENCHMARKS 57.1, untimed):
-    # spilled VGPRs a lane 1,940-2,022 on 4 waves, 1,199-1,249 on 8, 583-623 on 16. Its fp32
-    # dots have no WMMA form on RDNA3 (on 8 waves: bf16x3 dots 542-633, bf16 ones 252-334).
-    "gfx1100": GdnTiles(64, 32, 16, 1, 32, 4, 32, 128, 4, True, 4, 32),
+    # (the only one chunk_warps sizes under `split`; BENCHMARKS 57.1, 60, untimed): its solve's
+    # fp32 dots have no WMMA form on RDNA3, and their FMA form spilled (VGPRs a lane, 16-row
+    # blocks) 1,940-2,022 on 4 waves, 1,199-1,249 on 8, 583-623 on 16; as forward substitution
+    # over the whole chunk (solve_rows 64, no dots) 161-228 / 0-76 / 0 (197-228 VGPRs).
+    "gfx1100": GdnTiles(64, 32, 16, 1, 32, 4, 32, 128, 4, True, 4, 32, solve_rows=64),
     "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16,
                           verify_groups=1, verify_block_v=8, verify_warps=1,
                           verify_wide_block_v=8, verify_wide_warps=2),

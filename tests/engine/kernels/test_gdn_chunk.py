@@ -24,13 +24,14 @@ def _bound(dtype: torch.dtype, device: torch.device) -> float:
     return 1e-2 if device.type == "cuda" else 1e-4
 
 
-def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, split=None, **kw) -> None:
+def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, split=None, solve_rows=None, **kw) -> None:
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
 
     q, k, v, g, beta, cu, state, slots, init = rule_inputs(lens, **dims, gen=gen, dtype=dtype, device=device, **kw)
     want_state = state.clone()
     want = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, want_state, slots, init)
-    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=chunk, split=split)
+    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=chunk, split=split,
+                                 solve_rows=solve_rows)
     bound = _bound(dtype, device)
     assert rel_err(got, want) <= bound, (lens, rel_err(got, want))
     assert rel_err(state, want_state) <= bound, (lens, rel_err(state, want_state))
@@ -46,10 +47,11 @@ def test_chunk_matches_reference(lens, dims, kw, split, device: torch.device) ->
     _check(lens, dims, torch.Generator().manual_seed(0), device, split=split, **kw)
 
 
-@pytest.mark.parametrize("split", [False, True])
-def test_chunk_bf16_and_chunk_64(split, device: torch.device) -> None:
+@pytest.mark.parametrize("split,solve_rows", [(False, 16), (True, 16), (True, 64)])
+def test_chunk_bf16_and_chunk_64(split, solve_rows, device: torch.device) -> None:
     gen = torch.Generator().manual_seed(1)
-    _check([70, 9], dict(hk=1, hv=2, dk=16, dv=16), gen, device, dtype=torch.bfloat16, chunk=64, split=split)
+    _check([70, 9], dict(hk=1, hv=2, dk=16, dv=16), gen, device, dtype=torch.bfloat16, chunk=64, split=split,
+           solve_rows=solve_rows)
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -66,9 +68,11 @@ def test_chunk_no_tokens_sets_live_states(split, device: torch.device) -> None:
     assert got.shape == (0, 2, 16) and torch.equal(state, want)
 
 
-def test_chunk_64_correlated_keys(device: torch.device) -> None:
+@pytest.mark.parametrize("solve_rows", [16, 32, 64])
+def test_chunk_64_correlated_keys(solve_rows, device: torch.device) -> None:
     """Keys sharing one direction, beta 1, slow decay: the triangular solve's hard case (its inverse
-    has large entries); the blocked solve must stay at fp32 accuracy."""
+    has large entries); the blocked solve (diagonal blocks of 16 or 32 rows, folded by dots) and
+    plain forward substitution (64: RDNA3's) must stay at fp32 accuracy."""
     from homelab_llm.engine.kernels.gdn_chunk import chunk_gated_delta_rule
 
     gen = torch.Generator().manual_seed(4)
@@ -77,7 +81,7 @@ def test_chunk_64_correlated_keys(device: torch.device) -> None:
     beta, g = torch.ones_like(beta), g * 0.01
     want_state = state.clone()
     want = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, want_state, slots, init)
-    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=64)
+    got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=64, solve_rows=solve_rows)
     bound = _bound(torch.float32, device)
     assert rel_err(got, want) <= bound and rel_err(state, want_state) <= bound
 
@@ -106,7 +110,7 @@ def test_split_prefill_equals_one_shot(device: torch.device) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP device")
 @pytest.mark.parametrize("lens", [[8192], [2048] * 4, [1, 63, 64, 65, 1000, 3000, 17]])
-@pytest.mark.parametrize("split", [False, True])
-def test_chunk_full_shape(lens, split) -> None:
+@pytest.mark.parametrize("split,solve_rows", [(False, None), (True, None), (True, 64)])
+def test_chunk_full_shape(lens, split, solve_rows) -> None:
     _check(lens, FULL_RULE, torch.Generator().manual_seed(3), torch.device("cuda"), dtype=torch.bfloat16,
-           split=split)
+           split=split, solve_rows=solve_rows)
