@@ -224,21 +224,24 @@ def section_prefill() -> None:
     gen = torch.Generator().manual_seed(1)
     cases = [(1, 2048), (8, 2048)] if ARGS.quick else [(1, 2048), (1, 8192), (8, 2048), (8, 8192)]
     for seqs, tokens in cases:
-        x = rule_inputs(seqs, tokens, gen)
-        state = x["state"].clone()
-        args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu"], state, x["slots"], x["init"])
-        fla_ms = None
-        if fla is not None:
-            init = x["state"][x["slots"].long()]
-            fla_ms = bench(lambda: fla_prefill(fla, x, init))
-        ms = bench(lambda: gdn.gated_delta_rule_prefill(*args))
-        _row(f"prefill B={seqs} T={tokens} table", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
-        for label, over in prefill_variants():
-            with table_override(over):
-                ms = bench(lambda: gdn_chunk.chunk_gated_delta_rule(*args))
-            _row(f"prefill B={seqs} T={tokens} {label}", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
-        del x, state, args
-        torch.cuda.empty_cache()
+        prefill_case(fla, ceiling, seqs, tokens, rule_inputs(seqs, tokens, gen))
+        torch.cuda.empty_cache()  # the case's tensors are gone with its frame
+
+
+def prefill_case(fla, ceiling: float, seqs: int, tokens: int, x: dict) -> None:
+    """One (sequences, tokens) row set of section_prefill: the table, fla-core, our variants."""
+    state = x["state"].clone()
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu"], state, x["slots"], x["init"])
+    fla_ms = None
+    if fla is not None:
+        init = x["state"][x["slots"].long()]
+        fla_ms = bench(lambda: fla_prefill(fla, x, init))
+    ms = bench(lambda: gdn.gated_delta_rule_prefill(*args))
+    _row(f"prefill B={seqs} T={tokens} table", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
+    for label, over in prefill_variants():
+        with table_override(over):
+            ms = bench(lambda: gdn_chunk.chunk_gated_delta_rule(*args))
+        _row(f"prefill B={seqs} T={tokens} {label}", ms, rule_bytes(seqs * tokens, seqs), fla_ms, ceiling)
 
 
 def section_decode() -> None:
