@@ -243,8 +243,8 @@ class ArchTiles:
     short_kv_splits: int = 0
     # Batch-1 decode programs (KV heads x splits) the split cap keeps on a rank with few KV
     # heads: the cap rises past max_kv_splits to this over the heads (kv_split_cap). 0: the cap
-    # is max_kv_splits whatever the heads. Off everywhere until timed: at TP 2 the 27B's two KV
-    # heads a card get 64 programs at batch 1 (BENCHMARKS 58.4).
+    # is max_kv_splits whatever the heads. sm_90: 128 (BENCHMARKS 60.3: the 27B's two KV heads
+    # a card at TP 2 get 64 splits); the other archs untimed (sm_80 and sm_120 cap at 64 anyway).
     kv_split_programs: int = 0
     # MB of the next W4A16 linear's weights a 1-2 row GEMV's tail asks the L2 for, and the row
     # bands a larger weight's share is spread over (l2_next.py; PTX archs only). 0: off, on every
@@ -462,6 +462,12 @@ TABLE: dict[str, ArchTiles] = {
         # 32 splits bf16 345.7 tok/s, 16 348.0, 8 348.7, 4 353.9, 2 352.8, 1 354.8; W4A16 1
         # split 382.9 against 373.5. Four splits serve contexts below 640 tokens (16-token pages).
         short_kv_splits=4,
+        # Qwen3.6-27B at TP 2 (2 KV heads of 256 a card, int8 KV; BENCHMARKS 60.3, H100,
+        # int8kv_decode.py --shape 27b-tp2, us a layer): 32 splits (max_kv_splits) -> 64, batch
+        # 1 16K / 128K 24.4 / 124.8 -> 21.9 / 74.6, batch 2 32.3 / 167.9 -> 30.7 / 129.2, batch 8
+        # 73.7 / 440.3 -> 75.8 / 443.8 (its count comes from kv_programs_per_sm either way). TP 1
+        # shapes keep 32 (8B 8 heads, 27B 4).
+        kv_split_programs=128,
         # decode kernels start while the previous one drains (pdl.py; BENCHMARKS 21.1, greedy
         # tokens equal): 8B W4A16 batch 1 413.3 -> 425.2 tok/s, batch 8 1,989 -> 2,040; 27B
         # 151.3 -> 153.1, batch 8 627.2 -> 637.7; 30B-A3B bf16 316.7 -> 336.4, W4A16 350.9 ->
