@@ -1,7 +1,7 @@
 """The KV split cap on ranks with few KV heads (tuning.kv_split_cap, ArchTiles.kv_split_programs):
 at TP 2 the 27B's two KV heads a card make a batch-1 decode call of heads x max_kv_splits = 64
 programs, under half of an H100's SMs; the cap can rise so heads x splits reaches the arch's
-count. sm_90's table sets 128 (BENCHMARKS 60.3), the others none yet; KV_SPLIT_PROGRAMS_ENV switches it
+count. sm_90's and gfx1100's tables set 128 (BENCHMARKS 60.3); KV_SPLIT_PROGRAMS_ENV switches it
 for an A/B. Both the eager split choice and the decode graphs' batch-1 count take the cap."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _programs(monkeypatch, arch: tuning.ArchTiles, programs: int) -> None:
 
 
 def test_no_count_keeps_the_cap(arch) -> None:
-    assert {n for n, t in tuning.TABLE.items() if t.kv_split_programs} == {"sm90"}  # timed there only
+    assert {n for n, t in tuning.TABLE.items() if t.kv_split_programs} == {"sm90", "gfx1100"}
     assert arch.kv_split_programs == 0
     assert [tuning.kv_split_cap(CPU, h) for h in (1, 2, 8)] == [4, 4, 4]
     assert choose_num_splits(1, 2, CPU) == 4

@@ -243,8 +243,8 @@ class ArchTiles:
     short_kv_splits: int = 0
     # Batch-1 decode programs (KV heads x splits) the split cap keeps on a rank with few KV
     # heads: the cap rises past max_kv_splits to this over the heads (kv_split_cap). 0: the cap
-    # is max_kv_splits whatever the heads. sm_90: 128 (BENCHMARKS 60.3: the 27B's two KV heads
-    # a card at TP 2 get 64 splits); the other archs untimed (sm_80 and sm_120 cap at 64 anyway).
+    # is max_kv_splits whatever the heads. sm_90 and gfx1100: 128 (BENCHMARKS 60.3, timed on
+    # sm_90: the 27B's two KV heads a card at TP 2 get 64 splits; sm_80 and sm_120 cap at 64).
     kv_split_programs: int = 0
     # MB of the next W4A16 linear's weights a 1-2 row GEMV's tail asks the L2 for, and the row
     # bands a larger weight's share is spread over (l2_next.py; PTX archs only). 0: off, on every
@@ -514,6 +514,10 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=32,
+        # the 27B at TP 2 (2 KV heads a card) as sm_90 (BENCHMARKS 60.3): 64 splits, 128 programs
+        # on the 96 CUs where 32 splits left a third idle; untimed on RDNA3 (sm_80 and sm_120
+        # cap at 64 splits for any head count already)
+        kv_split_programs=128,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
         w4a16_h2=H2_TILES),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
