@@ -687,6 +687,15 @@ def _gated_attention_scenarios():
                     torch.arange(m * 32, dtype=torch.int32).reshape(m, 32) % 32, torch.arange(m + 1, dtype=torch.int32),
                     torch.full((m,), 400, dtype=torch.int32), 0.0625, sc, sc.clone(), max_seq_len=4096, gate=gate,
                     pair_block=128)
+        if m == 1:  # one rank of TP 2 (12 q / 2 KV heads) at 128K: the raised split cap (kv_split_cap)
+            k2 = torch.zeros((32, page, hkv // 2, d), dtype=torch.int8)
+            s2 = torch.ones((32, page, hkv // 2), dtype=torch.float16)
+            for vd in V_LAYOUTS:
+                yield lambda gate=gate, k2=k2, v2=zero_v(k2.shape, torch.int8, vd), s2=s2: \
+                    decode_attention.paged_decode_attention(
+                        torch.zeros((1, hq // 2, d), dtype=bf16), k2, v2, torch.zeros((1, 8192), dtype=torch.int32),
+                        torch.arange(2, dtype=torch.int32), torch.full((1,), 131072, dtype=torch.int32), 0.0625,
+                        s2, s2.clone(), max_seq_len=131072, gate=gate[:, :hq // 2], pair_block=128)
         for pk, pv, ps in ((ki, vi, sc), (kc, vc, None)) if m == 4 else ():
             # the prefill, int8 and bf16 KV (a 64-token chunk over 400 tokens of context)
             yield lambda pk=pk, pv=pv, ps=ps: prefill_attention.paged_prefill_attention(
