@@ -17,7 +17,7 @@ weights depend on data (MoE experts picked by the router) is never a target, and
 a weight changes only when a call observes a different successor (a run switching between two
 orders keeps the last one it saw).
 
-Budget (`ArchTiles.l2_next_mb` / `l2_next_bands`, 0 on every arch until measured;
+Budget (`ArchTiles.l2_next_mb` / `l2_next_bands`, 0 on every arch: on the H100 it lost, BENCHMARKS 60.2;
 `HOMELAB_LLM_L2_NEXT=MB[,bands]` overrides it for A/B runs, '' or 0 off): up to MB of the next
 weight's bytes; a larger weight gets MB spread over `bands` equal row bands of each tensor (the
 first lines of each band), so every K range's first steps (split-K programs, whole-K lane groups)

@@ -248,7 +248,8 @@ class ArchTiles:
     kv_split_programs: int = 0
     # MB of the next W4A16 linear's weights a 1-2 row GEMV's tail asks the L2 for, and the row
     # bands a larger weight's share is spread over (l2_next.py; PTX archs only). 0: off, on every
-    # arch until timed (HOMELAB_LLM_L2_NEXT=MB[,bands] for A/B runs).
+    # arch: on the H100 it lost 4-11% (BENCHMARKS 60.2); sm_80 and sm_120 untimed
+    # (HOMELAB_LLM_L2_NEXT=MB[,bands] for A/B runs).
     l2_next_mb: float = 0.0
     l2_next_bands: int = 16
     # Decode-path kernels launched with programmatic dependent launch (pdl.py, sm_90+ only): 0
