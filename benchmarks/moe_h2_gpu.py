@@ -92,7 +92,9 @@ def bench_shape(experts: int, hidden: int, inter: int, top_k: int, tokens: int,
                                         f"rel err {err:.1e} against the old kernels")
 
 
-def main() -> int:
+def shapes_cli(bench) -> int:
+    """--shapes, --top-k and --tokens, then bench(experts, hidden, inter, top_k, tokens) for each
+    shape and batch (moe_queue_gpu.py's command line too)."""
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="128x2048x768,256x2048x512", help="E x H x I, comma-separated")
     p.add_argument("--top-k", type=int, default=8)
@@ -101,8 +103,12 @@ def main() -> int:
     for shape in a.shapes.split(","):
         experts, hidden, inter = (int(v) for v in shape.split("x"))
         for tokens in (int(v) for v in a.tokens.split(",")):
-            bench_shape(experts, hidden, inter, a.top_k, tokens)
+            bench(experts, hidden, inter, a.top_k, tokens)
     return 0
+
+
+def main() -> int:
+    return shapes_cli(bench_shape)
 
 
 if __name__ == "__main__":

@@ -491,6 +491,24 @@ def route_gate_topk_norm(x: torch.Tensor, residual: torch.Tensor | None,
                                            renormalize, shared_gate)
 
 
+def moe_block_queue(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                    eps: float, gate_weight: torch.Tensor, top_k: int, renormalize: bool, w4
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(the experts' weighted sum, x + residual) of a pre-norm MoE block without a shared expert
+    in one launch (kernels/fused_moe_queue.py) where the device's table or
+    HOMELAB_LLM_MOE_QUEUE=1 takes these tokens through w4 (a MoeW4), else None."""
+    if not router_norm_route(x):
+        return None
+    from homelab_llm.engine.kernels import fused_moe_queue
+
+    tiles = fused_moe_queue.moe_queue_route(x, w4)
+    if tiles is None:
+        return None
+    got = fused_moe_queue.moe_queue(x, residual, norm_weight, eps, gate_weight, top_k, renormalize,
+                                    w4, tiles)
+    return got.out, got.summed
+
+
 def fused_moe(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, b13: torch.Tensor | None = None,
               b2: torch.Tensor | None = None,

@@ -36,7 +36,7 @@ def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr
     """Logit rows x [R, BLOCK_E] (fp32, mask: real experts) -> (weights [R, BLOCK_K] fp32, ids
     [R, BLOCK_K] int32): softmax, then the TOP_K largest by repeated max, ties to the lowest id.
     A NaN row still gets ids < E (the expert kernels index weights and count picks by them).
-    ROUNDED (_rounded_code: 1 bf16, 2 fp16): every logit holds a value of that type (the router's
+    ROUNDED (rounded_code: 1 bf16, 2 fp16): every logit holds a value of that type (the router's
     logits are rounded so): each pick is then one max over 32-bit keys (the logit's 16 bits in
     signed order above 65535 - id) instead of a max and an argmin, and its probability comes
     from the key's logit by the same formula: bit for bit in the interpreter, within a few ulp
@@ -75,7 +75,7 @@ def _softmax_topk(x, mask, offs_e, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr
     return weights, ids
 
 
-def _rounded_code(dtype: torch.dtype) -> int:
+def rounded_code(dtype: torch.dtype) -> int:
     """_softmax_topk's ROUNDED for logits rounded to `dtype`: 1 bf16, 2 fp16, 0 other."""
     return {torch.bfloat16: 1, torch.float16: 2}.get(dtype, 0)
 
@@ -177,18 +177,22 @@ def _gate_step(x_ptr, res_ptr, nw_ptr, w, offs_t, t_mask, h0, H, stride_x, strid
 
 
 @triton.jit
-def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr,
-                       ids_ptr, shared_w_ptr, ticket_ptr, normed_ptr, summed_ptr, T, E, H,
-                       stride_x, stride_r, stride_w, eps, TOP_K: tl.constexpr,
-                       BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                       E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
-                       SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
-                       WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16,
-                       ROUNDED: tl.constexpr = 0, PDL: tl.constexpr = False):
-    """Program p: logits of experts [p * BLOCK_E, +BLOCK_E) for every token, rounded to x's dtype
-    as a bf16 linear layer gives them, into an fp32 [T, E_POW2] workspace (SHARED: row E is the
-    shared expert's gate g, its logit into shared [T]); the last program to finish (an atomic
-    ticket, reset after) routes every token from the whole workspace (and stores sigmoid(g x)).
+def route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_ptr, weights_ptr,
+                      ids_ptr, shared_w_ptr, ticket_ptr, normed_ptr, summed_ptr, T, E, H,
+                      stride_x, stride_r, stride_w, eps, TOP_K: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+                      E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr,
+                      SHARED: tl.constexpr, NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+                      WRITE_NORMED: tl.constexpr = False, BLOCK_NORMED: tl.constexpr = 16,
+                      ROUNDED: tl.constexpr = 0, PDL: tl.constexpr = False,
+                      item=0, n_items=0, routed_ptr=None, ITEM: tl.constexpr = False):
+    """Program pid of n_progs (the grid; with ITEM, item of n_items, a router item of
+    fused_moe_queue.py's work queue): the logits of experts [pid * BLOCK_E, +BLOCK_E) for every
+    token, rounded to x's dtype as a bf16 linear layer gives them, into an fp32 [T, E_POW2]
+    workspace (SHARED: row E is the shared expert's gate g, its logit into shared [T]); the last
+    program to finish (an atomic ticket, reset after) routes every token from the whole
+    workspace (and stores sigmoid(g x)); with ITEM it then counts routed_ptr (a release: the
+    picks and every program's normed share are out).
     NORM: the input is RMSNorm(x (+ residual, rounded to x's dtype)) * nw, formed on the way:
     x * nw feeds the dot and each token's 1 / rms, gathered in the same loop, scales the logits
     (dense_gemv's prologue; the normalized input is not rounded to x's dtype first).
@@ -196,8 +200,14 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
     experts read, RMSNorm(x + residual) [T, H] in x's dtype (add_rms_norm's values; the summed
     rows too with a residual), so the norm launch in front of the experts goes away; contiguous
     rows. (Program 0 storing all of it kept the ticket waiting ~1-2 us on that program.)"""
+    if ITEM:
+        pid = item
+        n_progs = n_items
+    else:
+        pid = tl.program_id(0)
+        n_progs = tl.num_programs(0)
     offs_t = tl.arange(0, BLOCK_T)
-    offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    offs_e = pid * BLOCK_E + tl.arange(0, BLOCK_E)
     t_mask = offs_t < T
     e_mask = offs_e < E
     # the first K step's gate rows are weights, which no kernel of the step writes: requested
@@ -216,8 +226,8 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
         rstd = tl.math.rsqrt(sq / H + eps)
         acc = acc * rstd[:, None]
         if WRITE_NORMED:
-            cols = tl.cdiv(H, tl.num_programs(0))
-            h_start = tl.program_id(0) * cols
+            cols = tl.cdiv(H, n_progs)
+            h_start = pid * cols
             _store_normed(x_ptr, res_ptr, nw_ptr, normed_ptr, summed_ptr, rstd, offs_t, t_mask,
                           h_start, tl.minimum(h_start + cols, H), stride_x, stride_r, H,
                           BLOCK_NORMED, RESIDUAL)
@@ -228,7 +238,7 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
         tl.store(shared_ptr + offs_t[:, None] + offs_e[None, :] * 0, acc,
                  mask=t_mask[:, None] & (offs_e == E)[None, :])
     tl.debug_barrier()  # every thread's logits are written before the ticket is taken
-    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == n_progs - 1:
         offs = tl.arange(0, E_POW2)[None, :]
         mask = t_mask[:, None] & (offs < E)
         logits = tl.load(logits_ptr + offs_t[:, None] * E_POW2 + offs, mask=mask,
@@ -240,6 +250,9 @@ def _route_gate_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, g_ptr, logits_ptr, shared_
             g = tl.load(shared_ptr + offs_t, mask=t_mask, other=0.0, cache_modifier=".cg")
             tl.store(shared_w_ptr + offs_t, 1.0 / (1.0 + tl.exp(-g)), mask=t_mask)
         tl.atomic_xchg(ticket_ptr, 0)
+        if ITEM:
+            tl.debug_barrier()  # every thread's picks are written before they are published
+            tl.atomic_add(routed_ptr, 1, sem="release")
 
 
 def _check_pick(top_k: int, num_experts: int) -> None:
@@ -262,7 +275,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int,
         logits, weights, ids, num_experts, logits.stride(0),
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-        ROUNDED=_rounded_code(logits.dtype),
+        ROUNDED=rounded_code(logits.dtype),
         num_warps=tiles_for(logits.device).elementwise_warps, **pdl_args(logits.device, "router"))
     return weights, ids
 
@@ -328,7 +341,7 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
     normed = torch.empty((t, hidden), dtype=x.dtype, device=x.device) if write_normed else x
     summed = torch.empty_like(normed) if write_normed and residual is not None else None
     grid = triton.cdiv(rows, tiles.block_e)
-    _route_gate_kernel[(grid,)](
+    route_gate_kernel[(grid,)](
         x, res, x if norm_weight is None else norm_weight, w, g, logits, shared[0], weights, ids,
         shared[1], ticket_buffer(x.device, 1), normed, normed if summed is None else summed,
         t, num_experts, hidden, x.stride(0), res.stride(0), w.stride(0), float(eps),
@@ -337,7 +350,7 @@ def _route(x, gate_weight, top_k, renormalize, shared_gate, tiles, norm_weight, 
         RENORMALIZE=renormalize, SHARED=shared_gate is not None, NORM=norm_weight is not None,
         RESIDUAL=residual is not None, WRITE_NORMED=write_normed,
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, grid))),
-        ROUNDED=_rounded_code(x.dtype),
+        ROUNDED=rounded_code(x.dtype),
         num_warps=tiles.one_token_warps if t == 1 and tiles.one_token_warps else tiles.num_warps,
         **pdl_args(x.device, "router"))
     return weights, ids, (shared[1] if shared_gate is not None else None), normed, summed

@@ -167,6 +167,20 @@ def whole_k_fits(tiles: RowsTiles, k: int, group_size: int) -> bool:
 
 
 @dataclass(frozen=True)
+class QueueTiles:
+    """A pre-norm MoE block at decode sizes in one launch (fused_moe_queue.py): whole-K tiles of
+    the experts' gate_up and down (one grid, so the same num_warps), the router's experts a
+    program (router_block_e) and hidden values a step (router_block_k); default: the engine takes
+    it without HOMELAB_LLM_MOE_QUEUE=1."""
+
+    up: RowsTiles
+    down: RowsTiles
+    router_block_e: int
+    router_block_k: int
+    default: bool = False
+
+
+@dataclass(frozen=True)
 class ArchTiles:
     name: str
     num_sms: int  # fallback when the device cannot be asked
@@ -217,6 +231,9 @@ class ArchTiles:
     # GEMVs, for up to moe_h2_tokens tokens. Empty: the arch keeps fused_moe_decode's kernels.
     moe_h2: tuple[tuple[int, RowsTiles], ...] = ()
     moe_h2_tokens: int = 1
+    # The MoE block's norm, router, gate_up and down as one launch's work queue (fused_moe_queue.py)
+    # for up to moe_h2_tokens tokens; None: three launches (moe_router, fused_moe_h2).
+    moe_queue: QueueTiles | None = None
     # W4A16 few-row kernel with the weights as the dot's left operand (route "dotL"): (max_rows,
     # tiles) entries, the first with m <= max_rows serving m rows (the last one past them); tiles
     # as w4a16_dot's (block_n is the MMA's M). Empty: the arch routes no rows there.
@@ -394,6 +411,11 @@ TABLE: dict[str, ArchTiles] = {
         # 57.7 against 122.7, 256 experts of I 512 44.3 against 119.1; engine 30B-A3B W4A16
         # batch 8 1,304.0 -> 1,716.4 tok/s, the same tokens). 9+ tokens not timed.
         moe_h2_tokens=8,
+        # The block in one launch (fused_moe_queue.py): untimed, so taken only with
+        # HOMELAB_LLM_MOE_QUEUE=1; gate_up as moe_h2's (32 columns in 8 warps), down 128 columns in
+        # 8 warps (moe_h2's 64 in 4 with 8 lane groups, at 8 warps).
+        moe_queue=QueueTiles(RowsTiles(32, 4, 8, prefetch=True, whole_k=True),
+                             RowsTiles(128, 4, 8, prefetch=True, whole_k=True), 4, 2048),
         # 3-64 rows: the few-row kernel with the weights as the left operand (four nibble-pair
         # wgmmas a K step; w4a16_dot(w_left=True)); block_m is a cap (dot_grid: 16 rows a
         # program up to 16 rows, the next power of two past them). Up to 16 rows (BENCHMARKS
@@ -534,7 +556,9 @@ TABLE: dict[str, ArchTiles] = {
         elementwise_warps=1, max_kv_splits=4,
         w4a16_rows=((16, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
         w4a16_h2=((8, RowsTiles(32, 4, 1, waves=2, min_steps=1)),),
-        moe_h2=((1024, RowsTiles(32, 4, 1, prefetch=True, whole_k=True)),), moe_h2_tokens=8),
+        moe_h2=((1024, RowsTiles(32, 4, 1, prefetch=True, whole_k=True)),), moe_h2_tokens=8,
+        moe_queue=QueueTiles(RowsTiles(32, 4, 1, prefetch=True, whole_k=True),
+                             RowsTiles(32, 4, 1, prefetch=True, whole_k=True), 4, 32)),
 }
 
 

@@ -29,18 +29,19 @@ from homelab_llm.engine.kernels.w4a16_pack import W4Weight
 
 
 MAX_BLOCKS = 1 << 16  # ticket counters per device: N up to 2M columns at the smallest block_n
-_tickets: dict[torch.device, torch.Tensor] = {}
+_tickets: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
-def ticket_buffer(device: torch.device, n_blocks: int) -> torch.Tensor:
+def ticket_buffer(device: torch.device, n_blocks: int, pool: str = "gemv") -> torch.Tensor:
     """Zeroed int32 counters, one per column block, shared by every GEMV on the device (calls on
     one stream never overlap, and each call leaves them at zero). Allocated once and never
-    replaced: captured graphs keep its address."""
+    replaced: captured graphs keep its address. pool: another set for counters that must not
+    share with the GEMVs' (work_queue.py's, whose launches run GEMV programs)."""
     if n_blocks > MAX_BLOCKS:
         raise ValueError(f"W4A16 GEMV: {n_blocks} column blocks exceed {MAX_BLOCKS}")
-    buf = _tickets.get(device)
+    buf = _tickets.get((device, pool))
     if buf is None:
-        buf = _tickets[device] = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=device)
+        buf = _tickets[(device, pool)] = torch.zeros(MAX_BLOCKS, dtype=torch.int32, device=device)
     return buf
 
 

@@ -64,6 +64,7 @@ from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, uses_ptx, whole_k_fits
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
+from homelab_llm.engine.kernels.work_queue import wait_count
 from homelab_llm.engine.kernels.w4a16_half2 import (chunk_coords, l2_prefetch, prep_x_pairs,
                                                     rows_sum, store_x_pairs, tile_dot,
                                                     word_products)
@@ -186,7 +187,7 @@ def lanes_loop(words, words_b, w_tile, scales_ptr, biases_ptr, xp_ptr, xg_ptr, r
 
 
 @triton.jit
-def _w4a16_h2_kernel(
+def w4a16_h2_kernel(
     x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr, ws_ptr, ticket_ptr, xh_ptr, xp_ptr, xg_ptr,
     res_ptr, nw_ptr, sum_ptr, normed_ptr, eps, trace_ptr,
     M, N, K, k_per_split,
@@ -204,9 +205,22 @@ def _w4a16_h2_kernel(
     nx_w_ptr=None, nx_s_ptr=None, nx_b_ptr=None, nx_w_count=0, nx_w_per=1, nx_w_stride=1, nx_w_last=0,
     nx_g_count=0, nx_g_per=1, nx_g_stride=1, nx_g_last=0, NEXT_LINES: tl.constexpr = 0,
     nx_stride_we=0, nx_stride_se=0, nx_stride_be=0, NEXT_PICKED: tl.constexpr = False,
+    item_n=0, item_k=0, item_cols=0, ready_ptr=None, ready_count=0, ITEM: tl.constexpr = False,
+    READY: tl.constexpr = False,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
+    """A grid of programs, each column block program_id(0) of num_programs(0) and K split (or
+    pick) program_id(1); or (ITEM) one such program, column block item_n of item_cols and split
+    or pick item_k, as an item of fused_moe_queue.py's work queue, where READY waits (after the
+    first words are requested) until ready_ptr's count reaches ready_count, i.e. until the items
+    that write this one's inputs are done."""
+    if ITEM:
+        pid_n = item_n
+        pid_k = item_k
+        n_cols = item_cols
+    else:
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        n_cols = tl.num_programs(0)
     t_start = trace_clock(pid_n, TRACE)  # program_trace: marks 3-5 end the prologue, loop, program;
     # 6 the norm's row scale
     BLOCK_K: tl.constexpr = WROWS * 8
@@ -225,7 +239,7 @@ def _w4a16_h2_kernel(
         # step's [1, WROWS * KSPLIT, BLOCK_N] tile holds word row w of group g at row
         # w * KSPLIT + g (lanes_loop). It forms its own copy of the pairs: with all programs
         # writing one shared copy, a call took 0.8-1.0 us a program (H200, the 8B's qkv: 76 us)
-        copy = pid_n + pid_k * tl.num_programs(0) if PICKS else pid_n  # a pick's row its own
+        copy = pid_n + pid_k * n_cols if PICKS else pid_n  # a pick's row its own
         xh_ptr += copy * (M * K)
         xp_ptr += copy * (M * (K // 2))
         xg_ptr += copy * (2 * M * (K // BLOCK_K))
@@ -258,6 +272,8 @@ def _w4a16_h2_kernel(
         if PREFETCH and not LOADS_FIRST:
             words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N,
                                          TWO_STEPS)
+    if READY:  # a work queue's item (fused_moe_queue.py): its inputs are written in this grid
+        wait_count(ready_ptr, ready_count)
     trace = trace_begin(trace_ptr, t_start, TRACE)
     rstd = tl.zeros([BLOCK_M], tl.float32)
     # column block 0's programs (all K splits) store the summed (and normalized) input, once
@@ -329,7 +345,7 @@ def _w4a16_h2_kernel(
                       nx_b_ptr + e * nx_stride_be, nx_w_count, nx_w_per, nx_w_stride, nx_w_last,
                       nx_g_count, nx_g_per, nx_g_stride, nx_g_last, NEXT_LINES)
     elif NEXT_LINES > 0:  # the program's own loads are out: ask the L2 for the next linear's (l2_next)
-        prefetch_next(pid_n + pid_k * tl.num_programs(0), nx_w_ptr, nx_s_ptr, nx_b_ptr, nx_w_count,
+        prefetch_next(pid_n + pid_k * n_cols, nx_w_ptr, nx_s_ptr, nx_b_ptr, nx_w_count,
                       nx_w_per, nx_w_stride, nx_w_last, nx_g_count, nx_g_per, nx_g_stride, nx_g_last,
                       NEXT_LINES)
     slot = pid_k  # the split-K epilogue's slot
@@ -345,7 +361,7 @@ def _w4a16_h2_kernel(
                     acc += tl.load(add_w_ptr + token) * add[None, :]
             out_ptr += token * stride_op
             ws_ptr += token * (picks_k * N)  # the token's [picks_k, 1, N] slots
-            ticket_ptr += token * tl.num_programs(0)
+            ticket_ptr += token * n_cols
         else:  # each pick its own output row
             out_ptr += pid_k * stride_op
     store_or_reduce(acc, out_ptr, ws_ptr, ticket_ptr + pid_n, slot, offs_m, offs_n, M, N, stride_om,
@@ -479,13 +495,29 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
            act_in: str | None = None, normed: torch.Tensor | None = None,
            picks: Picks | None = None) -> torch.Tensor:
     """w4a16_h2's launch, its arguments checked (picks: w holds the experts)."""
+    n = w.qweight.shape[-1]
+    pdl = pdl_args(x2.device, "moe_w4" if picks is not None else ("h2" if n <= THIN_N else "h2_wide"))
+    grid, args = kernel_args(x2, w, out, t, split, pdl, norm_weight=norm_weight, eps=eps,
+                             residual=residual, summed=summed, act_in=act_in, normed=normed,
+                             picks=picks)
+    w4a16_h2_kernel[grid](**args, num_warps=t.num_warps, num_stages=t.num_stages, **pdl)
+    return out
+
+
+def kernel_args(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split: int | None,
+                pdl: dict, *, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                residual: torch.Tensor | None = None, summed: torch.Tensor | None = None,
+                act_in: str | None = None, normed: torch.Tensor | None = None,
+                picks: Picks | None = None) -> tuple[tuple[int, int], dict]:
+    """The grid and w4a16_h2_kernel's arguments (by name, constexprs included) of one call, with its
+    scratch buffers allocated; pdl: the launch's pdl_args. launch runs them as a grid,
+    fused_moe_queue.py as work-queue items."""
     qw = w.qweight
     k, n = qw.shape[-2] * 8, qw.shape[-1]
     m = 1 if picks is not None else x2.shape[0]
     n_picks = picks.ids.numel() if picks is not None else 1
     tokens, picks_k = picks.ids.shape if picks is not None else (1, 1)
     pick_sum = picks is not None and picks.weights is not None
-    pdl = pdl_args(x2.device, "moe_w4" if picks is not None else ("h2" if n <= THIN_N else "h2_wide"))
     p = split_plan(n, k, w.group_size, t, x2.device, split)
     block_k = p.wrows * 8
     # a whole-K program forms all of its K's pairs in one chunk, masked past K (whole_k_fits)
@@ -524,13 +556,15 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
         if picks.add is not None:
             pick_args.update(add_ptr=picks.add[0], add_w_ptr=picks.add[1],
                              stride_add=picks.add[0].stride(0), PICKS_ADD=True)
-    _w4a16_h2_kernel[(p.n_blocks, n_picks if picks is not None else p.split)](
-        x2, qw, w.scales, w.biases, out, ws, tickets, xh, xh.view(torch.int32), xg,
-        res, norm_weight if norm_weight is not None else x2, sums,
-        normed if normed is not None else x2, float(eps), out if trace is None else trace,
-        m, n, k, p.k_per_split,
-        x2.stride(0), qw.stride(-2), w.scales.stride(-2), out.stride(0), res.stride(0),
-        sums.stride(0), slots,
+    args = dict(
+        x_ptr=x2, qw_ptr=qw, scales_ptr=w.scales, biases_ptr=w.biases, out_ptr=out, ws_ptr=ws,
+        ticket_ptr=tickets, xh_ptr=xh, xp_ptr=xh.view(torch.int32), xg_ptr=xg, res_ptr=res,
+        nw_ptr=norm_weight if norm_weight is not None else x2, sum_ptr=sums,
+        normed_ptr=normed if normed is not None else x2, eps=float(eps),
+        trace_ptr=out if trace is None else trace,
+        M=m, N=n, K=k, k_per_split=p.k_per_split,
+        stride_xm=x2.stride(0), stride_qw=qw.stride(-2), stride_sg=w.scales.stride(-2),
+        stride_om=out.stride(0), stride_rm=res.stride(0), stride_sm=sums.stride(0), num_splits=slots,
         GROUP_SIZE=w.group_size, BLOCK_M=next_pow2(m), BLOCK_N=t.block_n, WROWS=p.wrows,
         CHUNK_SEGS=chunk_segs, EVEN_N=n % t.block_n == 0,
         PREFETCH=t.prefetch, USE_ASM=use_asm, LOOP_STAGES=t.num_stages,
@@ -540,7 +574,5 @@ def launch(x2: torch.Tensor, w: W4Weight, out: torch.Tensor, t: RowsTiles, split
         NORM_OUT=normed is not None, TRACE=trace is not None, LOADS_FIRST=first,
         KSPLIT=t.lane_groups() if t.whole_k else 1,
         TWO_STEPS=two_steps(t, k, block_k),
-        num_warps=t.num_warps, num_stages=t.num_stages, **pdl, **pick_args,
-        **(nxt.kernel_args() if nxt is not None else {}), **picked,
-    )
-    return out
+        **pick_args, **(nxt.kernel_args() if nxt is not None else {}), **picked)
+    return (p.n_blocks, n_picks if picks is not None else p.split), args

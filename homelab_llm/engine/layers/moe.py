@@ -200,6 +200,12 @@ class SparseMoeBlock(nn.Module):
         if self.gate.w4 is not None or self.gate.bias is not None \
                 or not dispatch.router_norm_route(x):
             return None
+        if self.shared_expert is None and self.experts.w4 is not None:
+            # norm, router and 4-bit experts in one launch where the table takes them
+            got = dispatch.moe_block_queue(x, residual, norm.weight, norm.eps, self.gate.weight,
+                                           self.top_k, self.renormalize, self.experts.w4)
+            if got is not None:
+                return self._reduced(got[0]), got[1]
         fold = self.fold_shared()
         weights, ids, shared_w, normed, summed = dispatch.route_gate_topk_norm(
             x, residual, norm.weight, norm.eps, self.gate.weight, self.top_k, self.renormalize,

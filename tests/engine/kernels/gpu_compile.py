@@ -55,7 +55,7 @@ _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": 
            "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1"}
 
 
-_LAUNCH = re.compile(r"\b(_\w+)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(")
+_LAUNCH = re.compile(r"\b(\w+_kernel)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(")
 
 
 def launch_sites(text: str) -> list[tuple[str, str]]:
@@ -556,6 +556,17 @@ def _moe_scenarios():
             moe_h2(torch.zeros((1, hidden), dtype=torch.bfloat16), MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)),
                    torch.ones((1, top_k)), torch.zeros((1, top_k), dtype=torch.int32), h2_tiles)
     yield picked_next
+    # the norm, router and both GEMVs in one launch's work queue (sm_90's moe_queue tiles)
+    from homelab_llm.engine.kernels.fused_moe_queue import moe_queue
+    from homelab_llm.engine.kernels.tuning import QueueTiles
+
+    queue_tiles = QueueTiles(h2_tiles[0], RowsTiles(128, 4, 8, prefetch=True, whole_k=True), 4, hidden)
+    for tokens in (1, 8):
+        x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
+        yield lambda x=x: moe_queue(
+            x, x.clone(), torch.ones(hidden, dtype=torch.bfloat16), 1e-6,
+            torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True,
+            MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)), queue_tiles)
     for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)

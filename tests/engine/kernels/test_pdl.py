@@ -117,9 +117,9 @@ def test_every_pdl_kernel_waits_before_touching_memory() -> None:
     launched = _pdl_launched()
     names = {n for v in launched.values() for n in v}
     # the decode step's kernels (GEMVs, attention, KV store, norms, sampling, MoE and GDN decode)
-    assert {"_w4a16_h2_kernel", "_w4a16_dot_kernel", "_dense_gemv_kernel", "_decode_split_kernel",
+    assert {"w4a16_h2_kernel", "_w4a16_dot_kernel", "_dense_gemv_kernel", "_decode_split_kernel",
             "_rope_store_kv_kernel", "_rms_norm_kernel", "_moe_decode_up_kernel",
-            "_moe_decode_down_kernel", "_moe_w4_gemv_kernel", "_route_gate_kernel",
+            "_moe_decode_down_kernel", "_moe_w4_gemv_kernel", "route_gate_kernel",
             "_recurrent_step_kernel", "_conv_decode_kernel", "_stats_kernel"} <= names, names
     for path, kernels in launched.items():
         tree = ast.parse(Path(path).read_text())
