@@ -35,11 +35,11 @@ from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err  # noqa: E402
 COPIES = 16
 
 
-# (gate_up tiles, down tiles, router experts a program)
-VARIANTS = (((32, 4, 8), (128, 4, 8), 4), ((32, 4, 8), (128, 4, 8), 1), ((32, 4, 8), (128, 4, 8), 2),
-            ((32, 4, 8), (128, 4, 8), 8), ((32, 4, 8), (128, 4, 8), 16),
-            ((32, 4, 4), (64, 4, 4), 4), ((64, 4, 4), (64, 4, 4), 4), ((64, 8, 8), (128, 4, 8), 4),
-            ((32, 4, 16), (128, 8, 16), 4), ((64, 4, 8), (128, 4, 8), 4))
+# (gate_up tiles, down tiles, router experts a program, persistent programs an SM, poll pause ns)
+T8, T4 = ((32, 4, 8), (128, 4, 8)), ((64, 4, 4), (64, 4, 4))
+VARIANTS = ((*T8, 4, 0, 0), (*T8, 4, 0, 200), (*T8, 4, 0, 1000), (*T8, 4, 0, 3000), (*T8, 1, 0, 1000),
+            (*T8, 4, 1, 200), (*T8, 4, 1, 1000), (*T4, 4, 0, 1000), (*T4, 4, 3, 1000), (*T4, 1, 0, 1000),
+            ((64, 8, 8), (128, 4, 8), 4, 0, 1000))
 
 
 def bench_shape(experts: int, hidden: int, inter: int, top_k: int, tokens: int,
@@ -67,9 +67,10 @@ def bench_shape(experts: int, hidden: int, inter: int, top_k: int, tokens: int,
     report(f"{tag}.three_us", us, f"route_gate_topk_norm + moe_h2 (up {name(h2[0])}, down {name(h2[1])})")
     table = tiles_for(dev).moe_queue
     variants = [("table", table)] if table is not None else []
-    for up, down, block_e in VARIANTS:
-        variants.append((f"up{name(whole_k(*up))}.down{name(whole_k(*down))}.e{block_e}",
-                         QueueTiles(whole_k(*up), whole_k(*down), block_e, hidden)))
+    for up, down, block_e, per_sm, pause in VARIANTS:
+        variants.append((f"up{name(whole_k(*up))}.down{name(whole_k(*down))}.e{block_e}.p{per_sm}"
+                         f".ns{pause}",
+                         QueueTiles(whole_k(*up), whole_k(*down), block_e, hidden, False, per_sm, pause)))
     for label, tiles in variants:
         if not (whole_k_fits(tiles.up, hidden, group) and whole_k_fits(tiles.down, inter, group)):
             print(f"  {tag}.{label}: tiles do not fit", flush=True)

@@ -206,13 +206,13 @@ def w4a16_h2_kernel(
     nx_g_count=0, nx_g_per=1, nx_g_stride=1, nx_g_last=0, NEXT_LINES: tl.constexpr = 0,
     nx_stride_we=0, nx_stride_se=0, nx_stride_be=0, NEXT_PICKED: tl.constexpr = False,
     item_n=0, item_k=0, item_cols=0, ready_ptr=None, ready_count=0, ITEM: tl.constexpr = False,
-    READY: tl.constexpr = False,
+    READY: tl.constexpr = False, READY_SLEEP: tl.constexpr = 0,
 ):
     """A grid of programs, each column block program_id(0) of num_programs(0) and K split (or
     pick) program_id(1); or (ITEM) one such program, column block item_n of item_cols and split
     or pick item_k, as an item of fused_moe_queue.py's work queue, where READY waits (after the
-    first words are requested) until ready_ptr's count reaches ready_count, i.e. until the items
-    that write this one's inputs are done."""
+    first words are requested; work_queue.wait_count with READY_SLEEP) until ready_ptr's count
+    reaches ready_count, i.e. until the items that write this one's inputs are done."""
     if ITEM:
         pid_n = item_n
         pid_k = item_k
@@ -273,7 +273,7 @@ def w4a16_h2_kernel(
             words, words_b = first_words(w_tile, k_first, stride_qw, n_mask, WROWS, EVEN_N,
                                          TWO_STEPS)
     if READY:  # a work queue's item (fused_moe_queue.py): its inputs are written in this grid
-        wait_count(ready_ptr, ready_count)
+        wait_count(ready_ptr, ready_count, READY_SLEEP)
     trace = trace_begin(trace_ptr, t_start, TRACE)
     rstd = tl.zeros([BLOCK_M], tl.float32)
     # column block 0's programs (all K splits) store the summed (and normalized) input, once

@@ -561,12 +561,14 @@ def _moe_scenarios():
     from homelab_llm.engine.kernels.tuning import QueueTiles
 
     queue_tiles = QueueTiles(h2_tiles[0], RowsTiles(128, 4, 8, prefetch=True, whole_k=True), 4, hidden)
-    for tokens in (1, 8):
+    # and a persistent grid whose waits pause between polls (one token)
+    paused = QueueTiles(queue_tiles.up, queue_tiles.down, 4, hidden, programs_per_sm=1, poll_pause_ns=500)
+    for tokens, tiles in ((1, queue_tiles), (8, queue_tiles), (1, paused)):
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
-        yield lambda x=x: moe_queue(
+        yield lambda x=x, tiles=tiles: moe_queue(
             x, x.clone(), torch.ones(hidden, dtype=torch.bfloat16), 1e-6,
             torch.zeros((e, hidden), dtype=torch.bfloat16), top_k, True,
-            MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)), queue_tiles)
+            MoeW4(w4(hidden, 2 * wide), w4(wide, hidden)), tiles)
     for tokens in (1, 8, 2048):  # decode (fused_moe_decode: block_m 1 and 2), prefill
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         ids = torch.zeros((tokens, top_k), dtype=torch.int32)

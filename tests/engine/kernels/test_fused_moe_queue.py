@@ -39,16 +39,21 @@ def _tiles(device) -> QueueTiles:
     return tiles
 
 
-@pytest.mark.parametrize("tokens,residual", [(1, True), (3, True), (1, False)])
-def test_queue_matches_three_launches(tokens, residual, device, full_shapes):
+@pytest.mark.parametrize("tokens,residual,persistent", [(1, True, 0), (3, True, 0), (1, False, 0),
+                                                       (1, True, 1), (3, True, 2)])
+def test_queue_matches_three_launches(tokens, residual, persistent, device, full_shapes):
+    """persistent: programs an SM of a persistent grid (0: one program an item), polls paused."""
+    import dataclasses
+
     from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2
     from homelab_llm.engine.kernels.fused_moe_queue import moe_queue, router_tiles
     from homelab_llm.engine.kernels.moe_router import route_gate_topk_norm
-    from homelab_llm.engine.kernels.work_queue import counters
+    from homelab_llm.engine.kernels.work_queue import MAX_COUNTERS, counters
 
     gen = torch.Generator().manual_seed(1210 + tokens + 7 * residual)
     w, x, res, nw, gate, top_k = _inputs(gen, full_shapes, device, tokens, residual)
-    tiles = _tiles(device)
+    tiles = dataclasses.replace(_tiles(device), programs_per_sm=persistent,
+                                poll_pause_ns=200 * persistent)
     got = moe_queue(x, res, nw, 1e-6, gate, top_k, True, w, tiles)
     weights, ids, _, normed, summed = route_gate_topk_norm(
         x, res, nw, 1e-6, gate, top_k, True,
@@ -59,7 +64,7 @@ def test_queue_matches_three_launches(tokens, residual, device, full_shapes):
     assert torch.equal(got.out, want)
     ref = moe_experts_ref(normed.float(), w, None, weights, ids.long())
     assert rel_err(got.out, ref) < BOUND, rel_err(got.out, ref)
-    assert not counters(device, 1).any()  # every counter reset by the last program out
+    assert not counters(device, MAX_COUNTERS).any()  # every counter reset by the last program out
     again = moe_queue(x, res, nw, 1e-6, gate, top_k, True, w, tiles)
     assert torch.equal(again.out, got.out) and torch.equal(again.ids, got.ids)
 
