@@ -4,6 +4,8 @@ tile variants, one GPU.
 
     python3 benchmarks/moe_queue_gpu.py [--shapes 128x2048x768,256x2048x512] [--top-k 8] [--tokens 1,8]
 
+MOE_QUEUE_ONLY=a,b runs only the queue variants whose label contains a or b.
+
 For each experts shape (E x H x I) and batch, COPIES blocks (each its own x, residual and so
 its own picks, all weights shared as a layer's are) run in one CUDA graph; microseconds a block.
 Each queue row gives its output's relative Frobenius error against the three launches' (their
@@ -14,6 +16,7 @@ tiles, which must agree bit for bit.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -35,11 +38,10 @@ from tests.engine.kernels.moe_inputs import random_moe_w4, rel_err  # noqa: E402
 COPIES = 16
 
 
-# (gate_up tiles, down tiles, router experts a program, persistent programs an SM, poll pause ns)
+# (gate_up tiles, down tiles, router experts a program, poll pause ns)
 T8, T4 = ((32, 4, 8), (128, 4, 8)), ((64, 4, 4), (64, 4, 4))
-VARIANTS = ((*T8, 4, 0, 0), (*T8, 4, 0, 200), (*T8, 4, 0, 1000), (*T8, 4, 0, 3000), (*T8, 1, 0, 1000),
-            (*T8, 4, 1, 200), (*T8, 4, 1, 1000), (*T4, 4, 0, 1000), (*T4, 4, 3, 1000), (*T4, 1, 0, 1000),
-            ((64, 8, 8), (128, 4, 8), 4, 0, 1000))
+VARIANTS = ((*T8, 4, 0), (*T8, 4, 200), (*T8, 4, 1000), (*T8, 4, 3000), (*T8, 1, 1000), (*T4, 4, 1000),
+            (*T4, 1, 1000), ((64, 8, 8), (128, 4, 8), 4, 1000), ((64, 8, 8), (128, 4, 8), 1, 1000))
 
 
 def bench_shape(experts: int, hidden: int, inter: int, top_k: int, tokens: int,
@@ -67,11 +69,13 @@ def bench_shape(experts: int, hidden: int, inter: int, top_k: int, tokens: int,
     report(f"{tag}.three_us", us, f"route_gate_topk_norm + moe_h2 (up {name(h2[0])}, down {name(h2[1])})")
     table = tiles_for(dev).moe_queue
     variants = [("table", table)] if table is not None else []
-    for up, down, block_e, per_sm, pause in VARIANTS:
-        variants.append((f"up{name(whole_k(*up))}.down{name(whole_k(*down))}.e{block_e}.p{per_sm}"
-                         f".ns{pause}",
-                         QueueTiles(whole_k(*up), whole_k(*down), block_e, hidden, False, per_sm, pause)))
+    for up, down, block_e, pause in VARIANTS:
+        variants.append((f"up{name(whole_k(*up))}.down{name(whole_k(*down))}.e{block_e}.ns{pause}",
+                         QueueTiles(whole_k(*up), whole_k(*down), block_e, hidden, False, pause)))
+    only = [v for v in os.environ.get("MOE_QUEUE_ONLY", "").split(",") if v]
     for label, tiles in variants:
+        if only and not any(o in label for o in only):
+            continue
         if not (whole_k_fits(tiles.up, hidden, group) and whole_k_fits(tiles.down, inter, group)):
             print(f"  {tag}.{label}: tiles do not fit", flush=True)
             continue

@@ -37,7 +37,7 @@ import triton.language as tl
 from homelab_llm.engine.kernels.moe_ref import MoeW4
 from homelab_llm.engine.kernels.moe_router import FUSED_MAX_TOKENS, rounded_code, route_gate_kernel
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
-from homelab_llm.engine.kernels.tuning import QueueTiles, RouterTiles, device_sms, tiles_for, whole_k_fits
+from homelab_llm.engine.kernels.tuning import QueueTiles, RouterTiles, tiles_for, whole_k_fits
 from homelab_llm.engine.kernels.w4a16_h2 import Picks, kernel_args, picks_check, w4a16_h2_kernel
 from homelab_llm.engine.kernels.work_queue import (count_done, counter, counters, leave_queue, pause_code,
                                                    take_item, wait_count)
@@ -77,9 +77,10 @@ def _gemv_item(col, pick, n_cols, x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr
 
 
 @triton.jit
-def _queue_item(item, x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, normed_ptr, summed_ptr,
+def _moe_queue_kernel(
+    x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, normed_ptr, summed_ptr,
     T, E, H, stride_x, stride_r, stride_w, eps,
-    queue_ptr, n_router, n_up_cols, n_down_cols,
+    queue_ptr, n_router, n_up_cols, n_down_cols, n_items,
     u_qw_ptr, u_scales_ptr, u_biases_ptr, u_out_ptr, u_ws_ptr, u_ticket_ptr, u_xh_ptr, u_xp_ptr,
     u_xg_ptr, u_M, u_N, u_K, u_k_per_split, u_stride_xm, u_stride_qw, u_stride_sg, u_stride_om,
     u_num_splits, u_stride_we, u_stride_se, u_stride_xp, u_stride_op,
@@ -97,9 +98,12 @@ def _queue_item(item, x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, i
     D_WROWS: tl.constexpr, D_CHUNK_SEGS: tl.constexpr, D_EVEN_N: tl.constexpr,
     D_PREFETCH: tl.constexpr, D_LOOP_STAGES: tl.constexpr, D_LOADS_FIRST: tl.constexpr,
     D_KSPLIT: tl.constexpr, D_TWO_STEPS: tl.constexpr,
-    USE_ASM: tl.constexpr, SLEEP: tl.constexpr,
+    USE_ASM: tl.constexpr, N_COUNTERS: tl.constexpr, COUNTERS_P2: tl.constexpr,
+    SLEEP: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
-    """Item `item` of the queue: a router, gate_up or down program (the module doc)."""
+    """One item a program, in the order the programs take them (work_queue.take_item)."""
+    pdl_enter(PDL)  # x and the residual come from the previous grid; the counters are shared
+    item = take_item(queue_ptr)
     n_up = n_up_cols * T * TOP_K
     if item < n_router:
         route_gate_kernel(
@@ -140,69 +144,7 @@ def _queue_item(item, x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, i
                    USE_ASM=USE_ASM, LOOP_STAGES=D_LOOP_STAGES, LOADS_FIRST=D_LOADS_FIRST,
                    KSPLIT=D_KSPLIT, TWO_STEPS=D_TWO_STEPS, ACT_IN=1, PICKS_SUM=True,
                    READY=True, SLEEP=SLEEP)
-
-
-@triton.jit
-def _moe_queue_kernel(
-    x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, normed_ptr, summed_ptr,
-    T, E, H, stride_x, stride_r, stride_w, eps,
-    queue_ptr, n_router, n_up_cols, n_down_cols, n_items,
-    u_qw_ptr, u_scales_ptr, u_biases_ptr, u_out_ptr, u_ws_ptr, u_ticket_ptr, u_xh_ptr, u_xp_ptr,
-    u_xg_ptr, u_M, u_N, u_K, u_k_per_split, u_stride_xm, u_stride_qw, u_stride_sg, u_stride_om,
-    u_num_splits, u_stride_we, u_stride_se, u_stride_xp, u_stride_op,
-    d_qw_ptr, d_scales_ptr, d_biases_ptr, d_out_ptr, d_ws_ptr, d_ticket_ptr, d_xh_ptr, d_xp_ptr,
-    d_xg_ptr, d_M, d_N, d_K, d_k_per_split, d_stride_xm, d_stride_qw, d_stride_sg, d_stride_om,
-    d_num_splits, d_stride_we, d_stride_se, d_stride_xp, d_stride_op,
-    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-    E_POW2: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr, RESIDUAL: tl.constexpr,
-    BLOCK_NORMED: tl.constexpr, ROUNDED: tl.constexpr,
-    U_GROUP_SIZE: tl.constexpr, U_BLOCK_M: tl.constexpr, U_BLOCK_N: tl.constexpr,
-    U_WROWS: tl.constexpr, U_CHUNK_SEGS: tl.constexpr, U_EVEN_N: tl.constexpr,
-    U_PREFETCH: tl.constexpr, U_LOOP_STAGES: tl.constexpr, U_LOADS_FIRST: tl.constexpr,
-    U_KSPLIT: tl.constexpr, U_TWO_STEPS: tl.constexpr,
-    D_GROUP_SIZE: tl.constexpr, D_BLOCK_M: tl.constexpr, D_BLOCK_N: tl.constexpr,
-    D_WROWS: tl.constexpr, D_CHUNK_SEGS: tl.constexpr, D_EVEN_N: tl.constexpr,
-    D_PREFETCH: tl.constexpr, D_LOOP_STAGES: tl.constexpr, D_LOADS_FIRST: tl.constexpr,
-    D_KSPLIT: tl.constexpr, D_TWO_STEPS: tl.constexpr,
-    USE_ASM: tl.constexpr, N_COUNTERS: tl.constexpr, COUNTERS_P2: tl.constexpr,
-    SLEEP: tl.constexpr = 0, PERSIST: tl.constexpr = False, PDL: tl.constexpr = False,
-):
-    """One item a program, or (PERSIST, a grid smaller than the queue) items until none is left."""
-    pdl_enter(PDL)  # x and the residual come from the previous grid; the counters are shared
-    item = take_item(queue_ptr)
-    if PERSIST:
-        while item < n_items:
-            _queue_item(
-                item, x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, normed_ptr,
-                summed_ptr, T, E, H, stride_x, stride_r, stride_w, eps, queue_ptr, n_router, n_up_cols,
-                n_down_cols, u_qw_ptr, u_scales_ptr, u_biases_ptr, u_out_ptr, u_ws_ptr, u_ticket_ptr,
-                u_xh_ptr, u_xp_ptr, u_xg_ptr, u_M, u_N, u_K, u_k_per_split, u_stride_xm, u_stride_qw,
-                u_stride_sg, u_stride_om, u_num_splits, u_stride_we, u_stride_se, u_stride_xp,
-                u_stride_op, d_qw_ptr, d_scales_ptr, d_biases_ptr, d_out_ptr, d_ws_ptr, d_ticket_ptr,
-                d_xh_ptr, d_xp_ptr, d_xg_ptr, d_M, d_N, d_K, d_k_per_split, d_stride_xm, d_stride_qw,
-                d_stride_sg, d_stride_om, d_num_splits, d_stride_we, d_stride_se, d_stride_xp,
-                d_stride_op, TOP_K, BLOCK_T, BLOCK_E, BLOCK_H, E_POW2, BLOCK_K, RENORMALIZE, RESIDUAL,
-                BLOCK_NORMED, ROUNDED, U_GROUP_SIZE, U_BLOCK_M, U_BLOCK_N, U_WROWS, U_CHUNK_SEGS,
-                U_EVEN_N, U_PREFETCH, U_LOOP_STAGES, U_LOADS_FIRST, U_KSPLIT, U_TWO_STEPS, D_GROUP_SIZE,
-                D_BLOCK_M, D_BLOCK_N, D_WROWS, D_CHUNK_SEGS, D_EVEN_N, D_PREFETCH, D_LOOP_STAGES,
-                D_LOADS_FIRST, D_KSPLIT, D_TWO_STEPS, USE_ASM, SLEEP)
-            item = take_item(queue_ptr)
-    else:
-        _queue_item(
-            item, x_ptr, res_ptr, nw_ptr, gw_ptr, logits_ptr, weights_ptr, ids_ptr, normed_ptr,
-            summed_ptr, T, E, H, stride_x, stride_r, stride_w, eps, queue_ptr, n_router, n_up_cols,
-            n_down_cols, u_qw_ptr, u_scales_ptr, u_biases_ptr, u_out_ptr, u_ws_ptr, u_ticket_ptr,
-            u_xh_ptr, u_xp_ptr, u_xg_ptr, u_M, u_N, u_K, u_k_per_split, u_stride_xm, u_stride_qw,
-            u_stride_sg, u_stride_om, u_num_splits, u_stride_we, u_stride_se, u_stride_xp,
-            u_stride_op, d_qw_ptr, d_scales_ptr, d_biases_ptr, d_out_ptr, d_ws_ptr, d_ticket_ptr,
-            d_xh_ptr, d_xp_ptr, d_xg_ptr, d_M, d_N, d_K, d_k_per_split, d_stride_xm, d_stride_qw,
-            d_stride_sg, d_stride_om, d_num_splits, d_stride_we, d_stride_se, d_stride_xp,
-            d_stride_op, TOP_K, BLOCK_T, BLOCK_E, BLOCK_H, E_POW2, BLOCK_K, RENORMALIZE, RESIDUAL,
-            BLOCK_NORMED, ROUNDED, U_GROUP_SIZE, U_BLOCK_M, U_BLOCK_N, U_WROWS, U_CHUNK_SEGS,
-            U_EVEN_N, U_PREFETCH, U_LOOP_STAGES, U_LOADS_FIRST, U_KSPLIT, U_TWO_STEPS, D_GROUP_SIZE,
-            D_BLOCK_M, D_BLOCK_N, D_WROWS, D_CHUNK_SEGS, D_EVEN_N, D_PREFETCH, D_LOOP_STAGES,
-            D_LOADS_FIRST, D_KSPLIT, D_TWO_STEPS, USE_ASM, SLEEP)
-    leave_queue(queue_ptr, tl.num_programs(0), N_COUNTERS, COUNTERS_P2)
+    leave_queue(queue_ptr, n_items, N_COUNTERS, COUNTERS_P2)
 
 
 # w4a16_h2.kernel_args' names that _moe_queue_kernel takes per GEMV (prefixed u_ / U_, d_ / D_)
@@ -306,8 +248,7 @@ def moe_queue(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     n_items = n_router + up_grid[0] * up_grid[1] + down_grid[0] * down_grid[1]
     n_counters = PICKS_DONE.value + t * top_k + 1
     queue = counters(dev, n_counters)
-    programs = min(n_items, tiles.programs_per_sm * device_sms(dev)) if tiles.programs_per_sm else n_items
-    _moe_queue_kernel[(programs,)](
+    _moe_queue_kernel[(n_items,)](
         x, res, norm_weight, gw, logits, weights, ids, normed, summed,
         t, num_experts, hidden, x.stride(0), res.stride(0), gw.stride(0), float(eps),
         queue, n_router, up_grid[0], down_grid[0], n_items,
@@ -318,7 +259,7 @@ def moe_queue(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
         BLOCK_NORMED=max(16, triton.next_power_of_2(triton.cdiv(hidden, n_router))),
         ROUNDED=rounded_code(x.dtype), USE_ASM=up["USE_ASM"], N_COUNTERS=n_counters,
         COUNTERS_P2=triton.next_power_of_2(n_counters),
-        SLEEP=pause_code(dev, tiles.poll_pause_ns), PERSIST=programs < n_items,
+        SLEEP=pause_code(dev, tiles.poll_pause_ns),
         num_warps=tiles.up.num_warps,
         num_stages=1, **pdl_args(dev, "router"))
     return QueueOut(out, summed if residual is not None else x, weights, ids)

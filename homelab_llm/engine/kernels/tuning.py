@@ -171,16 +171,14 @@ class QueueTiles:
     """A pre-norm MoE block at decode sizes in one launch (fused_moe_queue.py): whole-K tiles of
     the experts' gate_up and down (one grid, so the same num_warps), the router's experts a
     program (router_block_e) and hidden values a step (router_block_k); default: the engine takes
-    it without HOMELAB_LLM_MOE_QUEUE=1; programs_per_sm: a persistent grid of that many programs
-    an SM, each taking items until none is left (0: one program an item); poll_pause_ns: waiting
-    items back off about that long between polls (work_queue.wait_count; 0: they spin)."""
+    it without HOMELAB_LLM_MOE_QUEUE=1; poll_pause_ns: waiting items back off about that long
+    between polls (work_queue.wait_count; 0: they spin)."""
 
     up: RowsTiles
     down: RowsTiles
     router_block_e: int
     router_block_k: int
     default: bool = False
-    programs_per_sm: int = 0
     poll_pause_ns: int = 0
 
 

@@ -20,9 +20,9 @@ coherent: the acquire orders the loads after it) and a barrier before its thread
 
 The counters live in a zeroed int32 buffer per device (counters), one 128-byte line each: each
 launch leaves them at zero (leave_queue: the last program to leave resets its launch's
-counters), so CUDA/HIP graphs replay it. A launch may run fewer programs than items, each
-taking items until none is left (a persistent grid): later items then do not hold a program's
-place on an SM while they wait.
+counters), so CUDA/HIP graphs replay it. (A persistent grid, fewer programs than items each
+taking items until none is left, compiled to 167 registers a thread on sm_90 for the MoE queue
+against 71 for one item a program: dropped untimed.)
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def counter(queue_ptr, i):
 
 @triton.jit
 def take_item(queue_ptr):
-    """This program's next item number: counter 0's value before its increment (hand-out order)."""
+    """This program's item number: counter 0's value before its increment (hand-out order)."""
     return tl.atomic_add(queue_ptr, 1, sem="relaxed")
 
 

@@ -561,8 +561,8 @@ def _moe_scenarios():
     from homelab_llm.engine.kernels.tuning import QueueTiles
 
     queue_tiles = QueueTiles(h2_tiles[0], RowsTiles(128, 4, 8, prefetch=True, whole_k=True), 4, hidden)
-    # and a persistent grid whose waits pause between polls (one token)
-    paused = QueueTiles(queue_tiles.up, queue_tiles.down, 4, hidden, programs_per_sm=1, poll_pause_ns=500)
+    # and waits that pause between polls (one token)
+    paused = QueueTiles(queue_tiles.up, queue_tiles.down, 4, hidden, poll_pause_ns=500)
     for tokens, tiles in ((1, queue_tiles), (8, queue_tiles), (1, paused)):
         x = torch.zeros((tokens, hidden), dtype=torch.bfloat16)
         yield lambda x=x, tiles=tiles: moe_queue(
