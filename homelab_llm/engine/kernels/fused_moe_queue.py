@@ -37,12 +37,15 @@ import triton.language as tl
 from homelab_llm.engine.kernels.moe_ref import MoeW4
 from homelab_llm.engine.kernels.moe_router import FUSED_MAX_TOKENS, rounded_code, route_gate_kernel
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
-from homelab_llm.engine.kernels.tuning import QueueTiles, RouterTiles, tiles_for, whole_k_fits
+from homelab_llm.engine.kernels.tuning import QueueTiles, RouterTiles, env_tiles, tiles_for, whole_k_fits
 from homelab_llm.engine.kernels.w4a16_h2 import Picks, kernel_args, picks_check, w4a16_h2_kernel
 from homelab_llm.engine.kernels.work_queue import (count_done, counter, counters, leave_queue, pause_code,
                                                    take_item, wait_count)
 
 ENV = "HOMELAB_LLM_MOE_QUEUE"
+# A/B runs without a patched tree: "field=value,..." over the table's QueueTiles (its int and bool
+# fields: router_block_e, router_block_k, poll_pause_ns), e.g. "poll_pause_ns=1000"
+TILES_ENV = "HOMELAB_LLM_MOE_QUEUE_TILES"
 # counter indices (0: the queue)
 ROUTED, ROUTER_TICKET, PICKS_DONE = tl.constexpr(1), tl.constexpr(2), tl.constexpr(3)
 
@@ -164,13 +167,15 @@ def _prefixed(args: dict, prefix: str) -> dict:
 
 def queue_tiles(device: torch.device, w: MoeW4) -> QueueTiles | None:
     """This device's moe_queue tiles where the engine takes them for w's experts: an entry whose
-    tiles fit both K, on by default or asked for (ENV=1); None with ENV=0."""
+    tiles fit both K, on by default or asked for (ENV=1), TILES_ENV's changes applied; None with
+    ENV=0."""
     env = os.environ.get(ENV, "")
     if env not in ("", "0", "1"):
         raise ValueError(f"{ENV}={env!r}: 1 (on) or 0 (off)")
     tiles = tiles_for(device).moe_queue
     if env == "0" or tiles is None:
         return None
+    tiles = env_tiles(tiles, TILES_ENV)
     k_up, k_down = w.w13.qweight.shape[1] * 8, w.w2.qweight.shape[1] * 8
     fits = (whole_k_fits(tiles.up, k_up, w.w13.group_size)
             and whole_k_fits(tiles.down, k_down, w.w2.group_size))

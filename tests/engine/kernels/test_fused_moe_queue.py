@@ -119,3 +119,31 @@ def test_layer_takes_one_launch_with_the_switch(monkeypatch):
     assert torch.equal(got, want) and torch.equal(got_res, want_res)
     assert one == Counter({"triton._moe_queue_kernel": 1}), one
     assert sum(three.values()) == 3 and three["triton.route_gate_kernel"] == 1, three
+
+
+def test_switches_pick_the_tiles(monkeypatch):
+    """ENV=0 / 1 / unset against the interpreter's entry (not on by default), TILES_ENV's
+    changes, a K no entry fits, and a bad switch value."""
+    import dataclasses
+
+    from homelab_llm.engine.kernels.fused_moe_queue import ENV, TILES_ENV, queue_tiles
+
+    cpu = torch.device("cpu")
+    gen = torch.Generator().manual_seed(1310)
+    w = _inputs(gen, False, cpu, 1, True)[0]
+    table = _tiles(cpu)
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv(TILES_ENV, raising=False)
+    assert queue_tiles(cpu, w) is (table if table.default else None)
+    monkeypatch.setenv(ENV, "1")
+    assert queue_tiles(cpu, w) == table
+    monkeypatch.setenv(TILES_ENV, "poll_pause_ns=700,router_block_e=2")
+    assert queue_tiles(cpu, w) == dataclasses.replace(table, poll_pause_ns=700, router_block_e=2)
+    narrow = _inputs(torch.Generator().manual_seed(1311), False, cpu, 1, True)[0]
+    narrow = MoeW4(narrow.w13, random_moe_w4(gen, 8, 64, 128, 32, cpu))  # down's K 64: no fit
+    assert queue_tiles(cpu, narrow) is None
+    monkeypatch.setenv(ENV, "0")
+    assert queue_tiles(cpu, w) is None
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=ENV):
+        queue_tiles(cpu, w)
