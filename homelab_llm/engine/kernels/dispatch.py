@@ -496,9 +496,8 @@ def moe_block_queue(x: torch.Tensor, residual: torch.Tensor | None, norm_weight:
                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(the experts' weighted sum, x + residual) of a pre-norm MoE block without a shared expert
     in one launch (kernels/fused_moe_queue.py) where the device's table or
-    HOMELAB_LLM_MOE_QUEUE=1 takes these tokens through w4 (a MoeW4), else None."""
-    if not router_norm_route(x):
-        return None
+    HOMELAB_LLM_MOE_QUEUE=1 takes these tokens through w4 (a MoeW4), else None. For calls
+    router_norm_route takes (the caller checks it)."""
     from homelab_llm.engine.kernels import fused_moe_queue
 
     tiles = fused_moe_queue.moe_queue_route(x, w4)

@@ -5,11 +5,13 @@ Why: at batch 1 the 30B-A3B W4A16 layer pays a grid boundary per kernel, ~4.5 us
 bytes (BENCHMARKS 60.5); its MoE half is three launches (moe_router's fused norm + router, then
 fused_moe_h2's gate_up and down). Here they are one grid whose programs take items in order:
 
-  router items  moe_router.route_gate_kernel's programs: a few experts' logits each, RMSNorm(x + residual) formed
-                on the way and stored (a share of the columns each) with the summed rows; the
-                last to finish routes every token and then counts `routed`.
-  gate_up items w4a16_h2_kernel's programs over the picks (Picks with token_x): column block c of pick
-                s = t * P + p through its expert, after `routed`; each counts its pick done.
+  router items  moe_router.route_gate_kernel's programs: a few experts' logits each,
+                RMSNorm(x + residual) formed on the way and stored (a share of the columns
+                each) with the summed rows; the last to finish routes every token and then
+                counts `routed`.
+  gate_up items w4a16_h2_kernel's programs over the picks (Picks with token_x): column block c
+                of pick s = t * P + p through its expert, after `routed`; each counts its pick
+                done.
   down items    the same with act_in SiLU and the router weights (the picks' sum in pick order
                 through the split-K epilogue's slots, as fused_moe_h2's down): column block c of
                 pick s requests its expert's first words, then waits until all of pick s's
@@ -76,7 +78,7 @@ def _gemv_item(col, pick, n_cols, x_ptr, qw_ptr, scales_ptr, biases_ptr, out_ptr
         stride_we=stride_we, stride_se=stride_se, stride_xp=stride_xp, stride_op=stride_op,
         picks_k=picks_k, x_div=x_div, add_ptr=None, add_w_ptr=None, stride_add=0, PICKS=True,
         PICKS_SUM=PICKS_SUM, PICKS_ADD=False, item_n=col, item_k=pick, item_cols=n_cols,
-        ready_ptr=ready_ptr, ready_count=ready_count, ITEM=True, READY=READY)
+        ready_ptr=ready_ptr, ready_count=ready_count, ITEM=True, READY=READY, READY_SLEEP=SLEEP)
 
 
 @triton.jit
@@ -240,13 +242,13 @@ def moe_queue(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch
     inter = w.w2.qweight.shape[1] * 8
     gate_up = torch.empty((t * top_k, 2 * inter), dtype=x.dtype, device=dev)
     out = torch.empty_like(x)
+    up_picks, down_picks = Picks(ids, token_x=True), Picks(ids, weights)
+    picks_check(normed, w.w13, gate_up, up_picks, tiles.up)
+    picks_check(gate_up, w.w2, out, down_picks, tiles.down)
     no_pdl: dict = {}
-    up_grid, up = kernel_args(normed, w.w13, gate_up, tiles.up, 1, no_pdl,
-                              picks=Picks(ids, token_x=True))
+    up_grid, up = kernel_args(normed, w.w13, gate_up, tiles.up, 1, no_pdl, picks=up_picks)
     down_grid, down = kernel_args(gate_up, w.w2, out, tiles.down, 1, no_pdl, act_in="silu",
-                                  picks=Picks(ids, weights))
-    picks_check(normed, w.w13, gate_up, Picks(ids, token_x=True), tiles.up)
-    picks_check(gate_up, w.w2, out, Picks(ids, weights), tiles.down)
+                                  picks=down_picks)
     down["LOADS_FIRST"] = False  # a down item requests its first words before it waits
     router = router_tiles(tiles, t)
     n_router = triton.cdiv(num_experts, router.block_e)

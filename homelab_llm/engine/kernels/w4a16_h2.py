@@ -64,7 +64,6 @@ from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter, pdl_late
 from homelab_llm.engine.kernels.program_trace import stamp, trace_begin, trace_clock
 from homelab_llm.engine.kernels.tuning import THIN_N, RowsTiles, h2_tiles, uses_ptx, whole_k_fits
 from homelab_llm.engine.kernels.w4a16_gemv import store_or_reduce, ticket_buffer
-from homelab_llm.engine.kernels.work_queue import wait_count
 from homelab_llm.engine.kernels.w4a16_half2 import (chunk_coords, l2_prefetch, prep_x_pairs,
                                                     rows_sum, store_x_pairs, tile_dot,
                                                     word_products)
@@ -73,6 +72,7 @@ from homelab_llm.engine.kernels.w4a16_prologue import (ACT_CODES, input_from_loa
                                                        norm_chunk, row_parts, row_rstd,
                                                        rstd_of_parts)
 from homelab_llm.engine.kernels.w4a16_rows import split_plan
+from homelab_llm.engine.kernels.work_queue import wait_count
 
 REDUCE_VALUES, REDUCE_SLOTS = tl.constexpr(16384), tl.constexpr(16)
 CHUNK_VALUES = 512  # K values a prep_x_pairs chunk covers (CHUNK_SEGS steps)

@@ -79,8 +79,8 @@ def count_done(count_ptr):
 @triton.jit
 def _pause(seen, SLEEP: tl.constexpr):
     """Back off between polls: SLEEP > 0 sleeps about SLEEP ns (NVIDIA nanosleep: up to twice
-    that); SLEEP < 0 -SLEEP x 64 clocks (AMD s_sleep, at most 127); 0 not at all (the
-    interpreter). Returns seen (the asm needs an operand)."""
+    that); SLEEP < 0 256 clocks (AMD s_sleep 4); 0 not at all (the interpreter). Returns seen
+    (the asm needs an operand)."""
     if SLEEP > 0:
         seen = tl.inline_asm_elementwise("nanosleep.u32 $2;\n mov.b32 $0, $1;", "=r,r,r",
                                          [seen, seen * 0 + SLEEP], dtype=tl.int32, is_pure=False,
