@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.ref import kv_rotated
-from homelab_llm.engine.kernels.tuning import interpreting, uses_ptx
+from homelab_llm.engine.kernels.tuning import interpreting, tiles_for, uses_ptx
 
 
 def next_pow2(n: int) -> int:
@@ -77,10 +77,14 @@ class KVCacheArgs:
         """V stored dim-major within a page (v_cache_strides): its dim stride is not 1."""
         return self.strides[6] != 1
 
-    def v_ptx(self, device: torch.device) -> bool:
-        """Whether the attention kernels convert the V tile by int8_to_fp16_ptx: int8 V stored
-        dim-major, on NVIDIA."""
-        return self.int8 and self.v_dim_major and uses_ptx(device)
+    def int8_convert(self, device: torch.device) -> int:
+        """The attention kernels' KV_CVT on this device: how int8 K/V tiles become fp16 for the
+        dots (CVT_INT, CVT_V_PTX, CVT_HW; see kv_for_dots)."""
+        if not self.int8:
+            return CVT_INT.value
+        if tiles_for(device).int8_convert_hw:
+            return CVT_HW.value
+        return (CVT_V_PTX if self.v_dim_major and uses_ptx(device) else CVT_INT).value
 
 
 def kv_cache_args(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None,
@@ -127,11 +131,21 @@ def sink_start(sinks_ptr, heads, mask, first, m_i, l_i):
     return m_i, l_i
 
 
+# KV_CVT, how the attention kernels turn int8 K/V into fp16 (kv_for_dots):
+CVT_INT = tl.constexpr(0)  # int8_to_fp16's integer ops for K and V (portable; NVIDIA's default)
+CVT_V_PTX = tl.constexpr(1)  # the same for K, int8_to_fp16_ptx for V (dim-major V on NVIDIA)
+CVT_HW = tl.constexpr(2)  # the hardware conversion for both (ArchTiles.int8_convert_hw: RDNA3)
+
+
 @triton.jit
-def int8_to_fp16(x):
+def int8_to_fp16(x, HW: tl.constexpr = False):
     """Exact int8 -> fp16 with integer ops only: the bits 0x6480 + x are the fp16 number 1152 + x
     (1024's exponent, x + 128 in the mantissa). The plain conversion goes through the
-    quarter-rate int-to-float unit and made int8 KV attention slower than bf16 (measured, H200)."""
+    quarter-rate int-to-float unit and made int8 KV attention slower than bf16 (measured, H200).
+    HW: the plain conversion. On gfx1100 the integer form's 16-bit adds cost registers: the
+    int8 prefill spilled 75-321 VGPRs a lane with it, 0-125 without (BENCHMARKS 62.2)."""
+    if HW:
+        return x.to(tl.float16)
     bits = x.to(tl.int16) + 0x6480
     return bits.to(tl.float16, bitcast=True) - 1152.0
 
@@ -160,18 +174,18 @@ def page_rows(offs_n, end, PAGE_SIZE: tl.constexpr):
 def load_paged_kv(k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, page_mask, offs_d, d_mask,
                   kv_head, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
                   like, PAGE_SIZE: tl.constexpr, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
-                  RAW_K: tl.constexpr = False, V_PTX: tl.constexpr = False):
+                  RAW_K: tl.constexpr = False, KV_CVT: tl.constexpr = 0):
     """One tile of K and V rows (tokens offs_n of one sequence, one KV head; n_mask its keys,
     page_mask = page_rows) gathered through the page table, in the dtype the dot products take
-    (`like`'s, or fp16 for int8 KV; RAW_K: int8 K stays int8, for int8 score dots; V_PTX: int8 V
-    converted by int8_to_fp16_ptx). Returns the tiles and each token's (page, slot) for reading
+    (`like`'s, or fp16 for int8 KV; RAW_K: int8 K stays int8, for int8 score dots; KV_CVT: the
+    int8 conversion, KVCacheArgs.int8_convert). Returns the tiles and each token's (page, slot) for reading
     its int8 scales."""
     page = tl.load(page_table_ptr + row_offset + offs_n // PAGE_SIZE, mask=page_mask, other=0)
     page = page.to(tl.int64)
     slot = offs_n % PAGE_SIZE
     k, v = gather_kv(k_ptr, v_ptr, page, slot, n_mask, page_mask, offs_d, d_mask, kv_head,
                      stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd)
-    k, v = kv_for_dots(k, v, like, INT8_KV, DOT_F32, RAW_K, V_PTX)
+    k, v = kv_for_dots(k, v, like, INT8_KV, DOT_F32, RAW_K, KV_CVT)
     return k, v, page, slot
 
 
@@ -195,15 +209,15 @@ def gather_kv(k_ptr, v_ptr, page, slot, n_mask, page_mask, offs_d, d_mask, kv_he
 
 @triton.jit
 def kv_for_dots(k, v, like, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr, RAW_K: tl.constexpr,
-                V_PTX: tl.constexpr = False):
+                KV_CVT: tl.constexpr = 0):
     """Stored K/V tiles in the dtype the dot products take (see load_paged_kv)."""
     if INT8_KV and not DOT_F32:
         if not RAW_K:
-            k = int8_to_fp16(k)
-        if V_PTX:
+            k = int8_to_fp16(k, KV_CVT == CVT_HW)
+        if KV_CVT == CVT_V_PTX:
             v = int8_to_fp16_ptx(v)
         else:
-            v = int8_to_fp16(v)
+            v = int8_to_fp16(v, KV_CVT == CVT_HW)
     else:
         if not RAW_K:
             k = k.to(like.dtype)

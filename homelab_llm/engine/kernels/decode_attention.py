@@ -80,7 +80,7 @@ def _decode_split_kernel(
     MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False, NEW_KV: tl.constexpr = False,
     QK_NORM: tl.constexpr = False, HALF: tl.constexpr = 1, HALF_PAD: tl.constexpr = 1,
     TAIL_PAD: tl.constexpr = 1, NUM_KV_HEADS: tl.constexpr = 1, PAIR_BLOCK: tl.constexpr = 0,
-    KV_ALIGN: tl.constexpr = 1, V_PTX: tl.constexpr = False,
+    KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0,
 ):
     pdl_enter(PDL)
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
@@ -183,7 +183,7 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         if PREFETCH_KV:  # this tile's rows came a tile ago; request the next tile's now
-            k, v = kv_for_dots(k_next, v_next, q, INT8_KV, DOT_F32, INT8_DOT, V_PTX)
+            k, v = kv_for_dots(k_next, v_next, q, INT8_KV, DOT_F32, INT8_DOT, KV_CVT)
             k_next, v_next = tile_kv(k_ptr, v_ptr, pages_next, n0 + BLOCK_N, end, offs_d, d_mask, kv_head,
                                      stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd,
                                      BLOCK_N, PAGE_SIZE)
@@ -192,7 +192,7 @@ def _decode_split_kernel(
                 k_ptr, v_ptr, page_table_ptr, row_offset, offs_n, n_mask, page_rows(offs_n, end, PAGE_SIZE),
                 offs_d, d_mask, kv_head, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                 stride_vd, q,
-                PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT, V_PTX)
+                PAGE_SIZE, INT8_KV, DOT_F32, INT8_DOT, KV_CVT)
         ks = sm_scale_log2  # the per-token scales of int8 KV (unused otherwise)
         vs = sm_scale_log2
         if PREFETCH_SCALES:  # as the rows: this tile's scales came a tile ago
@@ -368,7 +368,7 @@ def paged_decode_attention(
             num_warps=split_tiles.num_warps, num_stages=num_stages,
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
             **pdl_args(q.device), **new_meta, PAIR_BLOCK=split_pairs,
-            KV_ALIGN=min(split_tiles.block_n, page_size), V_PTX=kv.v_ptx(q.device),
+            KV_ALIGN=min(split_tiles.block_n, page_size), KV_CVT=kv.int8_convert(q.device),
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,

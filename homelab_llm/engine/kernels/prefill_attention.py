@@ -37,7 +37,7 @@ def _prefill_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    KV_ALIGN: tl.constexpr = 1, V_PTX: tl.constexpr = False,
+    KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0,
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -79,7 +79,7 @@ def _prefill_kernel(
             k_ptr, v_ptr, page_table_ptr, b * stride_pt, offs_n, n_mask, page_rows(offs_n, hi, PAGE_SIZE),
             offs_d, d_mask, kv_head,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, q,
-            PAGE_SIZE, INT8_KV, DOT_F32, False, V_PTX)
+            PAGE_SIZE, INT8_KV, DOT_F32, False, KV_CVT)
         scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
                              n_mask, sm_scale_log2, INT8_KV, DOT_F32)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
@@ -148,7 +148,7 @@ def paged_prefill_attention(
             BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
             INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
             ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
-            KV_ALIGN=min(tiles.block_n, page_size), V_PTX=kv.v_ptx(q.device),
+            KV_ALIGN=min(tiles.block_n, page_size), KV_CVT=kv.int8_convert(q.device),
             num_warps=tiles.num_warps, num_stages=num_stages,
         )
 

@@ -260,6 +260,10 @@ class ArchTiles:
     # is above this, a second graph with this many splits serves the steps whose longest
     # sequence wants no more (kv_splits_for). 0: one graph a shape.
     short_kv_splits: int = 0
+    # int8 KV tiles converted to fp16 by the hardware's int-to-float conversion rather than
+    # common.int8_to_fp16's integer ops (measured on NVIDIA, where the conversion is quarter
+    # rate); on gfx1100 the integer form spilled (BENCHMARKS 62.2). The attention kernels' KV_CVT.
+    int8_convert_hw: bool = False
     # Batch-1 decode programs (KV heads x splits) the split cap keeps on a rank with few KV
     # heads: the cap rises past max_kv_splits to this over the heads (kv_split_cap). 0: the cap
     # is max_kv_splits whatever the heads. sm_90 and gfx1100: 128 (BENCHMARKS 60.3, timed on
@@ -543,6 +547,9 @@ TABLE: dict[str, ArchTiles] = {
         # on the 96 CUs where 32 splits left a third idle; untimed on RDNA3 (sm_80 and sm_120
         # cap at 64 splits for any head count already)
         kv_split_programs=128,
+        # int8 prefill spilled VGPRs a lane with int8_to_fp16's integer form (BENCHMARKS 62.2):
+        # head_dim 128 75 -> 0, with a window 123 -> 35, head_dim 256 321 -> 125; untimed
+        int8_convert_hw=True,
         w4a16_rows=((2, RowsTiles(1024, 8, 4)), (8, RowsTiles(512, 2, 4)), (16, RowsTiles(256, 2, 4))),
         w4a16_h2=H2_TILES),
     # TRITON_INTERPRET=1 on the CPU: the smallest tiles tl.dot accepts, one config, fast tests.
@@ -596,7 +603,8 @@ def tiles_for(device: torch.device | None = None) -> ArchTiles:
 
 
 def uses_ptx(device: torch.device | None = None) -> bool:
-    """Whether kernels on this device take their inline-PTX forms (USE_ASM, V_PTX): NVIDIA arches;
+    """Whether kernels on this device take their inline-PTX forms (USE_ASM, the V tile's
+    int8 conversion): NVIDIA arches;
     the interpreter and gfx1100 run the plain-Triton twins."""
     return tiles_for(device).name.startswith("sm")
 
