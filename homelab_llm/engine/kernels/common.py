@@ -232,6 +232,16 @@ def load_token_scales(s_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_s
                    mask=n_mask, other=0.0).to(tl.float32)
 
 
+@triton.jit
+def load_key_scales(s_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh):
+    """load_token_scales without its mask, for int8 K's scales where the caller replaces every
+    score past its keys with -inf by a select (which no NaN from a stale scale survives): every
+    (page, slot) is in the cache, as masked page-table reads give page 0. The masked load cost
+    gfx1100's int8 prefill ~80 spilled VGPRs a lane at head_dim 256, while sm_90's spilled 32
+    bytes more without it (BENCHMARKS 62.3): PrefillTiles.unmasked_key_scales chooses."""
+    return tl.load(s_ptr + page * stride_sp + slot * stride_ss + kv_head * stride_sh).to(tl.float32)
+
+
 # -- the tile steps of both attention kernels (decode: rows are query heads; prefill: tokens) -----
 
 @triton.jit
@@ -266,11 +276,16 @@ def prepare_q(q, offs_d, sm_scale_log2, HEAD_DIM: tl.constexpr, LOG2_D: tl.const
 
 @triton.jit
 def tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask,
-                sm_scale_log2, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr):
-    """q @ k^T in log2 units (the softmax scale applied, int8 K's per-token scales too)."""
+                sm_scale_log2, INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
+                KS_UNMASKED: tl.constexpr = False):
+    """q @ k^T in log2 units (the softmax scale applied, int8 K's per-token scales too;
+    KS_UNMASKED: by load_key_scales, the caller's select dropping the scores past n_mask)."""
     ks = sm_scale_log2  # unused unless INT8_KV
     if INT8_KV:
-        ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
+        if KS_UNMASKED:
+            ks = load_key_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh)
+        else:
+            ks = load_token_scales(ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
     return scaled_scores(q, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
 
 

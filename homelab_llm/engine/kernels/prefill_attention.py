@@ -37,7 +37,7 @@ def _prefill_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0,
+    KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0, KS_UNMASKED: tl.constexpr = False,
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -81,7 +81,7 @@ def _prefill_kernel(
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, q,
             PAGE_SIZE, INT8_KV, DOT_F32, False, KV_CVT)
         scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
-                             n_mask, sm_scale_log2, INT8_KV, DOT_F32)
+                             n_mask, sm_scale_log2, INT8_KV, DOT_F32, KS_UNMASKED)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
@@ -149,6 +149,7 @@ def paged_prefill_attention(
             INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
             ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
             KV_ALIGN=min(tiles.block_n, page_size), KV_CVT=kv.int8_convert(q.device),
+            KS_UNMASKED=tiles.unmasked_key_scales,
             num_warps=tiles.num_warps, num_stages=num_stages,
         )
 

@@ -1,12 +1,13 @@
-"""How the attention kernels turn int8 K/V into fp16 (common.kv_for_dots, KV_CVT): the integer
-form on NVIDIA (the int-to-float unit is quarter rate there), PTX for a dim-major V tile, and the
-hardware conversion where ArchTiles.int8_convert_hw says so (gfx1100, where the integer form's
-16-bit adds spilled the int8 prefill: BENCHMARKS 62.2). Every form is exact for all 256 codes, so
-the kernels' results under the hardware form meet the same bound as the table's (2e-2 against
-paged_attention_ref for bf16 q and outputs, as test_prefill_attention / test_decode_attention).
-The interpreter's dots take fp32 operands (common.dot_in_fp32), where no form converts: there the
-last test checks what the launches are given, and on a GPU (kernels_selftest.py -k int8_convert)
-also the kernels that convert."""
+"""How the attention kernels read int8 K/V on each arch. First, how they turn it into fp16
+(common.kv_for_dots, KV_CVT): the integer form on NVIDIA (the int-to-float unit is quarter rate
+there), PTX for a dim-major V tile, and the hardware conversion where ArchTiles.int8_convert_hw
+says so (gfx1100, where the integer form's 16-bit adds spilled the int8 prefill: BENCHMARKS
+62.2). Every form is exact for all 256 codes, so the kernels' results under the hardware form
+meet the same bound as the table's (2e-2 against paged_attention_ref for bf16 q and outputs, as
+test_prefill_attention / test_decode_attention). The interpreter's dots take fp32 operands
+(common.dot_in_fp32), where no form converts: there the third test checks what the launches are
+given, and on a GPU (kernels_selftest.py -k int8_convert) also the kernels that convert. Then
+the prefill's K scales read unmasked (PrefillTiles.unmasked_key_scales, gfx1100: 62.3)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def test_the_arch_table_picks_the_conversion(monkeypatch) -> None:
         assert _args(False, dim_major).int8_convert(None) == common.CVT_INT.value  # bf16 KV: unused
     assert tuning.TABLE["gfx1100"].int8_convert_hw
     assert not any(t.int8_convert_hw for name, t in tuning.TABLE.items() if name != "gfx1100")
+    rdna = tuning.TABLE["gfx1100"]  # and its prefill reads K's scales unmasked (sm_90 spilled more)
+    assert rdna.prefill.unmasked_key_scales and rdna.prefill_wide.unmasked_key_scales
+    assert not any(t.prefill.unmasked_key_scales for name, t in tuning.TABLE.items() if name != "gfx1100")
 
 
 def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.device, paged_kv) -> None:
@@ -79,3 +83,34 @@ def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.
     wantp = paged_attention_ref(qp.float(), k_cache, v_cache, pages, qslp, sl, scale, ks, vs)
     torch.testing.assert_close(got1.float(), want1, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(gotp.float(), wantp, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("unmasked", [False, True])
+def test_unmasked_key_scales_never_reach_the_output(unmasked: bool, monkeypatch, device: torch.device,
+                                                    paged_kv) -> None:
+    """PrefillTiles.unmasked_key_scales (gfx1100: BENCHMARKS 62.3) reads int8 K's scales for
+    every key of a tile, past the sequence too: with NaN in every scale no live key owns, the
+    prefill (with a sliding window as well) still matches paged_attention_ref on the clean scales
+    within 2e-2. The scores past the keys are dropped by a select, never multiplied away."""
+    from homelab_llm.engine.kernels import prefill_attention
+
+    tiles = dataclasses.replace(tuning.prefill_tiles(device), unmasked_key_scales=unmasked)
+    monkeypatch.setattr(prefill_attention, "prefill_tiles", lambda dev, head_dim=128: tiles)
+    gen = torch.Generator().manual_seed(29)
+    seq_lens, q_lens, hq, hkv, d, page = [21, 45], [9, 20], 4, 2, 32, 8
+    k_cache, v_cache, ks, vs, pages = paged_kv(seq_lens, hkv, d, page, torch.int8, device, gen)
+    live = torch.zeros(ks.shape[:2], dtype=torch.bool, device=device)
+    for b, n in enumerate(seq_lens):
+        for t in range(n):
+            live[pages[b, t // page], t % page] = True
+    poisoned = torch.where(live[:, :, None], ks, torch.full_like(ks, float("nan")))
+    assert poisoned.isnan().any()
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    qp = torch.randn(sum(q_lens), hq, d, generator=gen).to(device, torch.bfloat16)
+    qsl = torch.tensor([0, 9, 29], dtype=torch.int32, device=device)
+    for window in (0, 12):
+        got = prefill_attention.paged_prefill_attention(qp, k_cache, v_cache, pages, qsl, sl, d ** -0.5,
+                                                        poisoned, vs, window=window)
+        want = paged_attention_ref(qp.float(), k_cache, v_cache, pages, qsl, sl, d ** -0.5, ks, vs,
+                                   window=window)
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2, msg=lambda m: f"{window=}: {m}")
