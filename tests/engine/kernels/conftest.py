@@ -65,3 +65,22 @@ def make_paged_kv(
         vq, vs = quantize_per_token_head(v)
         return kq, vq, ks, vs, page_table
     return k.to(dtype), v.to(dtype), None, None, page_table
+
+
+@pytest.fixture
+def attention_queries():
+    """The factory below, as a fixture."""
+    return make_attention_queries
+
+
+def make_attention_queries(q_lens: list[int], num_q_heads: int, head_dim: int, device: torch.device,
+                           generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """bf16 queries over the same sequences for a decode call (one row each) and a prefill call
+    (q_lens rows each), with their query_start_loc: (q_decode, qsl_decode, q_prefill, qsl_prefill)."""
+    q1 = torch.randn(len(q_lens), num_q_heads, head_dim, generator=generator).to(device, torch.bfloat16)
+    qsl1 = torch.arange(len(q_lens) + 1, dtype=torch.int32, device=device)
+    qp = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=generator).to(device, torch.bfloat16)
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    return q1, qsl1, qp, torch.tensor(starts, dtype=torch.int32, device=device)

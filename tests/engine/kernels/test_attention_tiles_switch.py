@@ -59,7 +59,8 @@ def test_wide_heads_take_the_wide_prefill_tiles(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8])
-def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.device, paged_kv) -> None:
+def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.device, paged_kv,
+                                          attention_queries) -> None:
     from homelab_llm.engine.kernels import decode_attention, prefill_attention
     from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
@@ -71,10 +72,7 @@ def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.d
     vc = v_cache if kv_dtype == torch.int8 else v_cache.float()
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     scale = d ** -0.5
-    q1 = torch.randn(2, hq, d, generator=gen).to(device, torch.bfloat16)
-    qsl1 = torch.arange(3, dtype=torch.int32, device=device)
-    qp = torch.randn(sum(q_lens), hq, d, generator=gen).to(device, torch.bfloat16)
-    qslp = torch.tensor([0, 5, 24], dtype=torch.int32, device=device)
+    q1, qsl1, qp, qslp = attention_queries(q_lens, hq, d, device, gen)
     want1 = paged_attention_ref(q1.float(), kc, vc, table, qsl1, sl, scale, ks, vs)
     wantp = paged_attention_ref(qp.float(), kc, vc, table, qslp, sl, scale, ks, vs)
     seen = []  # the tiles each launch took, through spies on the kernels' own lookups

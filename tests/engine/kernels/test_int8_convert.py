@@ -57,7 +57,8 @@ def test_the_arch_table_picks_the_conversion(monkeypatch) -> None:
     assert not any(t.prefill.unmasked_key_scales for name, t in tuning.TABLE.items() if name != "gfx1100")
 
 
-def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.device, paged_kv) -> None:
+def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.device, paged_kv,
+                                                     attention_queries) -> None:
     from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
     from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
@@ -72,10 +73,7 @@ def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.
     k_cache, v_cache, ks, vs, pages = paged_kv(seq_lens, hkv, d, page, torch.int8, device, gen)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     scale = d ** -0.5
-    q1 = torch.randn(2, hq, d, generator=gen).to(device, torch.bfloat16)
-    qsl1 = torch.arange(3, dtype=torch.int32, device=device)
-    qp = torch.randn(sum(q_lens), hq, d, generator=gen).to(device, torch.bfloat16)
-    qslp = torch.tensor([0, 7, 25], dtype=torch.int32, device=device)
+    q1, qsl1, qp, qslp = attention_queries(q_lens, hq, d, device, gen)
     got1 = paged_decode_attention(q1, k_cache, v_cache, pages, qsl1, sl, scale, ks, vs, num_splits=2)
     gotp = paged_prefill_attention(qp, k_cache, v_cache, pages, qslp, sl, scale, ks, vs)
     assert asked and set(asked) == {common.CVT_HW.value}
