@@ -80,7 +80,5 @@ def make_attention_queries(q_lens: list[int], num_q_heads: int, head_dim: int, d
     q1 = torch.randn(len(q_lens), num_q_heads, head_dim, generator=generator).to(device, torch.bfloat16)
     qsl1 = torch.arange(len(q_lens) + 1, dtype=torch.int32, device=device)
     qp = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=generator).to(device, torch.bfloat16)
-    starts = [0]
-    for n in q_lens:
-        starts.append(starts[-1] + n)
-    return q1, qsl1, qp, torch.tensor(starts, dtype=torch.int32, device=device)
+    qslp = torch.tensor([0, *q_lens], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+    return q1, qsl1, qp, qslp

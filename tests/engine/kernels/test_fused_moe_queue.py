@@ -12,6 +12,8 @@ equal to the first.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -43,8 +45,6 @@ def _tiles(device) -> QueueTiles:
                                                   (1, True, 500)])
 def test_queue_matches_three_launches(tokens, residual, pause, device, full_shapes):
     """pause: ns a waiting item sleeps between polls (on a GPU; the interpreter never waits)."""
-    import dataclasses
-
     from homelab_llm.engine.kernels.fused_moe_h2 import moe_h2
     from homelab_llm.engine.kernels.fused_moe_queue import moe_queue, router_tiles
     from homelab_llm.engine.kernels.moe_router import route_gate_topk_norm
@@ -124,8 +124,6 @@ def test_layer_takes_one_launch_with_the_switch(monkeypatch):
 def test_switches_pick_the_tiles(monkeypatch):
     """ENV=0 / 1 / unset against the interpreter's entry (not on by default), TILES_ENV's
     changes, a K no entry fits, and a bad switch value."""
-    import dataclasses
-
     from homelab_llm.engine.kernels.fused_moe_queue import ENV, TILES_ENV, queue_tiles
 
     cpu = torch.device("cpu")
