@@ -78,8 +78,8 @@ def paged_kv(seq_lens: list[int], dtype: torch.dtype):
         table[b, :n] = perm[used:used + n]
         used += n
     if dtype == torch.int8:
-        kq, ks = ref.quantize_per_token_head(k)
-        vq, vs = ref.quantize_per_token_head(v)
+        kq, ks = ref.quantize_kv(k)
+        vq, vs = ref.quantize_kv(v)
         return kq, vq, ks, vs, table
     return k.to(dtype), v.to(dtype), None, None, table
 

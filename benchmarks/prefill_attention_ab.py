@@ -39,7 +39,7 @@ def inputs(q_len: int, prefix: int, hq: int, hkv: int, d: int, int8: bool, gen: 
     v = torch.randn(pages, PAGE, hkv, d, generator=gen).cuda().bfloat16()
     ks = vs = None
     if int8:
-        (k, ks), (v, vs) = ref.quantize_per_token_head(k), ref.quantize_per_token_head(v)
+        (k, ks), (v, vs) = ref.quantize_kv(k), ref.quantize_kv(v)
     table = torch.randperm(pages, generator=gen).to(torch.int32).cuda().reshape(1, pages)
     q = torch.randn(q_len, hq, d, generator=gen).cuda().bfloat16()
     qsl = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")

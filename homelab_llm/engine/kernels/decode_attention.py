@@ -41,7 +41,7 @@ import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (attention_extras, dot_in_fp32, kv_cache_args,
                                                kv_for_dots, load_paged_kv, load_token_scales, next_pow2,
-                                               page_rows, scaled_pv, scaled_scores, sink_start,
+                                               page_rows, per_tile, scaled_pv, scaled_scores, sink_start,
                                                unrotate_out)
 from homelab_llm.engine.kernels.decode_steps import (decode_q, int8_dot_scores, prepared_q_zeros, tile_kv,
                                                      tile_pages, tile_scales)
@@ -52,7 +52,7 @@ from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
 from homelab_llm.engine.kernels.pair_order import pair_check, pair_position
 from homelab_llm.engine.kernels.pdl import pdl_args, pdl_enter
 from homelab_llm.engine.kernels.tuning import (AttentionTiles, decode_tiles, device_sms, kv_split_cap,
-                                               tiles_for)
+                                               q_each_tile, tiles_for)
 
 _LOG2E = 1.4426950408889634
 # Query rows one program's tile may hold (verify rows x query heads per KV head): past this a
@@ -80,7 +80,7 @@ def _decode_split_kernel(
     MERGE_UNROTATES: tl.constexpr, PDL: tl.constexpr = False, NEW_KV: tl.constexpr = False,
     QK_NORM: tl.constexpr = False, HALF: tl.constexpr = 1, HALF_PAD: tl.constexpr = 1,
     TAIL_PAD: tl.constexpr = 1, NUM_KV_HEADS: tl.constexpr = 1, PAIR_BLOCK: tl.constexpr = 0,
-    KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0,
+    KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0, TILE_Q: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     # The program's query rows: ROWS consecutive rows (one sequence's verify rows, sharing its
@@ -208,9 +208,13 @@ def _decode_split_kernel(
         if PREFETCH_SCALES or PREFETCH_KV:
             pages_next = tile_pages(page_table_ptr, row_offset, n0 + 2 * BLOCK_N, end, BLOCK_N, PAGE_SIZE)
         if INT8_DOT:
-            scores = int8_dot_scores(q_hi, q_lo, q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
+            if TILE_Q:  # q's halves enter the dot's operand layout in this tile (common.per_tile)
+                scores = int8_dot_scores(per_tile(q_hi, n0 >= start), per_tile(q_lo, n0 >= start), q_step, k, ks)
+            else:
+                scores = int8_dot_scores(q_hi, q_lo, q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
         else:
-            scores = scaled_scores(q, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
+            q_dot = per_tile(q, n0 >= start) if TILE_Q else q
+            scores = scaled_scores(q_dot, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
         if ROWS == 1 and not HAS_WINDOW:
             scores = tl.where(n_mask[None, :], scores, float("-inf"))
         else:  # each row sees its own keys: row j of a verify group the first seq_len_j (causal)
@@ -369,6 +373,7 @@ def paged_decode_attention(
             **({"maxnreg": split_tiles.max_regs} if split_tiles.max_regs else {}),
             **pdl_args(q.device), **new_meta, PAIR_BLOCK=split_pairs,
             KV_ALIGN=min(split_tiles.block_n, page_size), KV_CVT=kv.int8_convert(q.device),
+            TILE_Q=q_each_tile(split_tiles, head_dim, kv.int8),
         )
 
     launch_fitting_stages(launch, (q.device, q.dtype, k_cache.dtype, head_dim, group, rows_per_seq, num_splits > 1,

@@ -17,10 +17,10 @@ import triton
 import triton.language as tl
 
 from homelab_llm.engine.kernels.common import (accumulate_pv, attention_extras, dot_in_fp32,
-                                               kv_cache_args, load_paged_kv, next_pow2, page_rows, prepare_q,
-                                               sink_start, tile_scores, unrotate_out)
+                                               kv_cache_args, load_paged_kv, next_pow2, page_rows, per_tile,
+                                               prepare_q, sink_start, tile_scores, unrotate_out)
 from homelab_llm.engine.kernels.launch_fit import launch_fitting_stages
-from homelab_llm.engine.kernels.tuning import prefill_tiles
+from homelab_llm.engine.kernels.tuning import prefill_tiles, q_each_tile
 
 _LOG2E = 1.4426950408889634
 
@@ -38,6 +38,7 @@ def _prefill_kernel(
     INT8_KV: tl.constexpr, DOT_F32: tl.constexpr,
     ROTATE: tl.constexpr, LOG2_D: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     KV_ALIGN: tl.constexpr = 1, KV_CVT: tl.constexpr = 0, KS_UNMASKED: tl.constexpr = False,
+    TILE_Q: tl.constexpr = False,
 ):
     m_block = tl.program_id(0)
     head = tl.program_id(1)
@@ -80,7 +81,8 @@ def _prefill_kernel(
             offs_d, d_mask, kv_head,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, q,
             PAGE_SIZE, INT8_KV, DOT_F32, False, KV_CVT)
-        scores = tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
+        q_dot = per_tile(q, n0 < hi) if TILE_Q else q  # q's operand layout in this tile
+        scores = tile_scores(q_dot, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
                              n_mask, sm_scale_log2, INT8_KV, DOT_F32, KS_UNMASKED)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
@@ -149,7 +151,7 @@ def paged_prefill_attention(
             INT8_KV=kv.int8, DOT_F32=dot_in_fp32(),
             ROTATE=kv.rotate, LOG2_D=kv.log2_d, HAS_WINDOW=extras.has_window, HAS_SINKS=extras.has_sinks,
             KV_ALIGN=min(tiles.block_n, page_size), KV_CVT=kv.int8_convert(q.device),
-            KS_UNMASKED=tiles.unmasked_key_scales,
+            KS_UNMASKED=tiles.unmasked_key_scales, TILE_Q=q_each_tile(tiles, head_dim, kv.int8),
             num_warps=tiles.num_warps, num_stages=num_stages,
         )
 

@@ -44,6 +44,9 @@ class AttentionTiles:
     # no rope_store_kv launch before it. Off: on the H200 it was within noise (BENCHMARKS 36.1:
     # 8B W4A16 batch 1 2.056 against 2.058-2.065 ms a step, int8 KV and the 30B-A3B 0.4% slower)
     new_kv: bool = False
+    # heads of at least this size (0: none) re-derive q in the score dot's operand layout in
+    # every KV tile (q_each_tile) instead of holding that copy through the loop (BENCHMARKS 63)
+    tile_q_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class PrefillTiles:
     # int8 K's per-token scales loaded without a mask (common.load_key_scales): gfx1100's int8
     # prefill spilled ~80 fewer VGPRs a lane so, sm_90's 32 bytes more (BENCHMARKS 62.3)
     unmasked_key_scales: bool = False
+    # AttentionTiles.tile_q_from, for bf16 KV only: gfx1100's int8 prefill spilled more with it
+    # (head_dim 256: 45 -> 85 VGPRs a lane; BENCHMARKS 63)
+    tile_q_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -534,14 +540,16 @@ TABLE: dict[str, ArchTiles] = {
     # int8 423 -> 75-123. DECODE_TILES_ENV / PREFILL_TILES_ENV ("block_n=32,num_warps=4") A/B them.
     "gfx1100": ArchTiles(
         name="gfx1100", num_sms=96,
-        decode=AttentionTiles(block_n=16, num_warps=8, num_stages=1),
-        decode_int8=AttentionTiles(block_n=16, num_warps=8, num_stages=1, int8_dot=True),
+        # head_dim 256 (the 27B's) re-derives q a tile (BENCHMARKS 63): spilled VGPRs a lane, bf16
+        # 65-67 -> 0, int8 44-47 -> 0; untimed
+        decode=AttentionTiles(block_n=16, num_warps=8, num_stages=1, tile_q_from=256),
+        decode_int8=AttentionTiles(block_n=16, num_warps=8, num_stages=1, int8_dot=True, tile_q_from=256),
         prefill=PrefillTiles(block_m=64, block_n=16, num_warps=8, num_stages=1, unmasked_key_scales=True),
         # head_dim 256, spilled VGPRs a lane (BENCHMARKS 57.2, untimed): int8 423 -> 321, bf16
         # 112 -> 83 (on sm_90 the spill-free tiles lost: BENCHMARKS 57.6); int8 with the
-        # hardware conversion and unmasked K scales 45 (62.2-62.3)
+        # hardware conversion and unmasked K scales 45 (62.2-62.3), bf16 with q a tile 0 (63)
         prefill_wide=PrefillTiles(block_m=32, block_n=16, num_warps=8, num_stages=1,
-                                  unmasked_key_scales=True),
+                                  unmasked_key_scales=True, tile_q_from=256),
         gemv=GemmTiles(16, 64, 64, num_warps=4, num_stages=2, split_k=4),
         gemv_rows=GemmTiles(1, 64, 64, num_warps=4, num_stages=1),
         gemm_small=GemmTiles(32, 64, 32, num_warps=4, num_stages=2, split_k=2),
@@ -626,6 +634,15 @@ def decode_tiles(device: torch.device | None, int8_kv: bool, head_dim: int = 128
         use_wide = wide is not None and head_dim > 128 and sequences >= wide.min_sequences
         tiles = wide.tiles if use_wide else t.decode_int8 or tiles
     return env_tiles(tiles, DECODE_TILES_ENV)
+
+
+def q_each_tile(tiles: AttentionTiles | PrefillTiles, head_dim: int, int8_kv: bool) -> bool:
+    """Whether an attention kernel with these tiles re-derives q in every KV tile at this head
+    size and KV format (tile_q_from; the prefill's for bf16 KV only; the kernels' TILE_Q,
+    common.per_tile)."""
+    if isinstance(tiles, PrefillTiles) and int8_kv:
+        return False
+    return 0 < tiles.tile_q_from <= head_dim
 
 
 def prefill_tiles(device: torch.device | None, head_dim: int = 128) -> PrefillTiles:

@@ -45,8 +45,12 @@ def make_paged_kv(
     device: torch.device, generator: torch.Generator, spare_pages: int = 3,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """Random K/V caches with each sequence's pages scattered in shuffled order (so a kernel that
-    ignores the page table fails). Returns (k_cache, v_cache, k_scale, v_scale, page_table)."""
-    from homelab_llm.engine.kernels.ref import quantize_per_token_head
+    ignores the page table fails). Returns (k_cache, v_cache, k_scale, v_scale, page_table).
+    int8: the rows as the engine stores them (ref.quantize_kv: Hadamard-rotated where the kernels
+    expect it, then quantized), so the K/V read back are the random rows themselves. Unrotated rows
+    read back as x @ H / D, 1/sqrt(D) of their size: near-uniform attention, outputs ~0.02 that
+    a 2e-2 bound could not tell from a kernel ignoring q (so it was until BENCHMARKS 63)."""
+    from homelab_llm.engine.kernels.ref import quantize_kv
 
     pages_per_seq = [(n + page_size - 1) // page_size for n in seq_lens]
     num_pages = sum(pages_per_seq) + spare_pages
@@ -61,8 +65,8 @@ def make_paged_kv(
         page_table[b, :n] = perm[used:used + n].to(torch.int32)
         used += n
     if dtype == torch.int8:
-        kq, ks = quantize_per_token_head(k)
-        vq, vs = quantize_per_token_head(v)
+        kq, ks = quantize_kv(k)
+        vq, vs = quantize_kv(v)
         return kq, vq, ks, vs, page_table
     return k.to(dtype), v.to(dtype), None, None, page_table
 
