@@ -41,6 +41,12 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1.0)).item()
 
 
+def scaled_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| over max |want| (no floor at 1): for outputs well below 1, such as Gated
+    DeltaNet's (unit q over sqrt(dk)), where rel_err is an absolute bound."""
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)).item()
+
+
 def pending_inputs(num_slots: int, rows: int, hk: int, hv: int, dk: int, dv: int, channels: int,
                    gen: torch.Generator, conv_dtype: torch.dtype = torch.float32,
                    device: torch.device | str = "cpu"):

@@ -2,11 +2,14 @@
 
 Bounds, as rel_err (max abs error over max(1, max |want|)): fp32 inputs 1e-4 in the interpreter
 (fp32 dots; only summation order differs) and 1e-2 on a GPU (fp32 tl.dot runs as tf32 there, 10
-mantissa bits, through the triangular solve too); bf16 inputs 2e-2 (w, u, P and the state reads
-are bf16-rounded, as in fla). Both second halves are checked with the same bounds: the fused
-sequential kernel (split=False) and the state walk + parallel output kernel (split=True,
-gdn_chunk_split.py), which round the same operands. Small shapes here; the `gpu` test runs
-Qwen3.6-27B's shape on CUDA.
+mantissa bits, through the triangular solve too). bf16 inputs (w, u, P and the state reads are
+bf16-rounded, as in fla) as scaled_err (over max |want| itself: the outputs stay well below 1, so
+rel_err would be an absolute bound): output 2e-2 and state 5e-3 in the interpreter, where the
+kernels reach 9.0e-3 / 2.2e-3 and decays 10% weak give 3.6e-2 / 1.5e-2 (2e-2 as rel_err let
+those through: BENCHMARKS 63.4); 5e-2 / 2e-2 on a GPU. Both second halves are checked with the
+same bounds: the fused sequential kernel (split=False) and the state walk + parallel output
+kernel (split=True, gdn_chunk_split.py), which round the same operands. Small shapes here; the
+`gpu` test runs Qwen3.6-27B's shape on CUDA.
 """
 
 from __future__ import annotations
@@ -15,13 +18,18 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import gdn_ref
-from tests.engine.kernels.gdn_inputs import FULL_RULE, rule_inputs, rel_err
+from tests.engine.kernels.gdn_inputs import FULL_RULE, rel_err, rule_inputs, scaled_err
 
 
 def _bound(dtype: torch.dtype, device: torch.device) -> float:
     if dtype != torch.float32:
-        return 2e-2
+        raise ValueError("bf16 inputs take _bf16_bounds")
     return 1e-2 if device.type == "cuda" else 1e-4
+
+
+def _bf16_bounds(device: torch.device) -> tuple[float, float]:
+    """(output, state) bounds on scaled_err for bf16 inputs (the module's docstring)."""
+    return (5e-2, 2e-2) if device.type == "cuda" else (2e-2, 5e-3)
 
 
 def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, split=None, solve_rows=None, **kw) -> None:
@@ -32,9 +40,14 @@ def _check(lens, dims, gen, device, dtype=torch.float32, chunk=None, split=None,
     want = gdn_ref.gated_delta_rule_prefill_ref(q, k, v, g, beta, cu, want_state, slots, init)
     got = chunk_gated_delta_rule(q, k, v, g, beta, cu, state, slots, init, chunk=chunk, split=split,
                                  solve_rows=solve_rows)
-    bound = _bound(dtype, device)
-    assert rel_err(got, want) <= bound, (lens, rel_err(got, want))
-    assert rel_err(state, want_state) <= bound, (lens, rel_err(state, want_state))
+    if dtype == torch.float32:
+        bound = _bound(dtype, device)
+        assert rel_err(got, want) <= bound, (lens, rel_err(got, want))
+        assert rel_err(state, want_state) <= bound, (lens, rel_err(state, want_state))
+    else:
+        out_bound, state_bound = _bf16_bounds(device)
+        assert scaled_err(got, want) <= out_bound, (lens, scaled_err(got, want))
+        assert scaled_err(state, want_state) <= state_bound, (lens, scaled_err(state, want_state))
 
 
 @pytest.mark.parametrize("lens,dims,kw", [

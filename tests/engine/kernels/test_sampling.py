@@ -119,6 +119,42 @@ def test_split_vocab_matches_reference_many_filters(batch: int, device: torch.de
     assert every.cpu().tolist() == want.tolist()
 
 
+def test_filters_cut_where_the_reference_does(device: torch.device) -> None:
+    """Each filter at its boundary: per setting two rows, one whose noise makes the last token the
+    filters keep win the race (E = 1e-30 there, 1 elsewhere) and one the first token they drop.
+    The shared-noise tests above draw one race a row, which rarely lands on a cut (a top-k
+    keeping k - 1 tokens passed them all in the interpreter: BENCHMARKS 63.4); here a filter
+    that keeps one token too few or too many gives another token."""
+    from homelab_llm.engine.kernels.sampling import sample
+
+    gen = torch.Generator().manual_seed(13)
+    vocab = 400
+    settings = [  # (temperature, top_k, top_p, min_p): each filter alone, then mixed
+        (1.0, 5, 1.0, 0.0), (0.7, 40, 1.0, 0.0), (1.0, 0, 0.8, 0.0), (1.3, 0, 0.5, 0.0),
+        (1.0, 0, 1.0, 0.1), (0.9, 40, 0.5, 0.05), (1.0, 12, 0.95, 0.0), (0.8, 0, 0.9, 0.02)]
+    cols = [torch.tensor([st[i] for st in settings for _ in range(2)]) for i in range(4)]
+    temperature, top_p, min_p = cols[0].float(), cols[2].float(), cols[3].float()
+    top_k = cols[1].to(torch.int32)
+    rows = len(temperature)
+    logits = torch.randn(rows // 2, vocab, generator=gen).repeat_interleave(2, dim=0) * 1.5
+    kept = filter_logits_ref(logits, temperature, top_k, top_p, min_p).isfinite()
+    scaled = logits / temperature[:, None]
+    noise = torch.ones(rows, vocab)
+    for r in range(rows):
+        assert 1 < int(kept[r].sum()) < vocab, f"setting {settings[r // 2]} cuts nothing here"
+        last_kept = int(torch.where(kept[r], scaled[r], float("inf")).argmin())
+        first_dropped = int(torch.where(kept[r], float("-inf"), scaled[r]).argmax())
+        noise[r, first_dropped if r % 2 else last_kept] = 1e-30
+    args = [a.to(device) for a in (temperature, top_k, top_p, min_p)]
+    want = sample_ref(logits, temperature, top_k, top_p, min_p, noise)
+    zeros = torch.zeros(rows, dtype=torch.int64, device=device)
+    got = sample(logits.to(device), *args, zeros, zeros, exponentials=noise.to(device)).cpu()
+    assert got.tolist() == want.tolist()
+    top = scaled.argmax(dim=-1)
+    assert all(int(want[r]) != int(top[r]) for r in range(0, rows, 2))  # the probes do land on the cut
+    assert all(int(want[r]) == int(top[r]) for r in range(1, rows, 2))
+
+
 def test_greedy_only_batch_and_all_masked_row(device: torch.device) -> None:
     from homelab_llm.engine.kernels.sampling import sample
 
