@@ -144,7 +144,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     sys.modules["pytest"] = _shim()  # also where pytest exists: the shim records the parameters
     conftest = _load(TESTS / "conftest.py")
-    fixtures = {name: getattr(conftest, name) for name in ("device", "full_shapes", "paged_kv", "attention_queries")}
+    fixtures = {name: getattr(conftest, name) for name in ("device", "full_shapes", "paged_kv", "attention_case")}
     fixtures["monkeypatch"] = MonkeyPatch
     passed = failed = skipped = 0
     for i, path in enumerate(sorted(TESTS.glob("test_*.py"))):

@@ -72,9 +72,9 @@ def make_paged_kv(
 
 
 @pytest.fixture
-def attention_queries():
-    """The factory below, as a fixture."""
-    return make_attention_queries
+def attention_case():
+    """AttentionCase (below), as a fixture."""
+    return AttentionCase
 
 
 def make_attention_queries(q_lens: list[int], num_q_heads: int, head_dim: int, device: torch.device,
@@ -86,3 +86,49 @@ def make_attention_queries(q_lens: list[int], num_q_heads: int, head_dim: int, d
     qp = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=generator).to(device, torch.bfloat16)
     qslp = torch.tensor([0, *q_lens], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
     return q1, qsl1, qp, qslp
+
+
+class AttentionCase:
+    """Paged K/V (make_paged_kv) with a decode call's queries (one row a sequence) and a prefill
+    call's (q_lens rows each, the sequences' last) over them, and paged_attention_ref's answers
+    (want1, wantp). decode() / prefill() run the kernels on them, `check` compares within 2e-2
+    (bf16 q and outputs, the bound of test_decode_attention / test_prefill_attention)."""
+
+    def __init__(self, seq_lens: list[int], q_lens: list[int], num_q_heads: int, num_kv_heads: int,
+                 head_dim: int, page_size: int, kv_dtype: torch.dtype, device: torch.device,
+                 generator: torch.Generator) -> None:
+        (self.k_cache, self.v_cache, self.k_scale, self.v_scale,
+         self.pages) = make_paged_kv(seq_lens, num_kv_heads, head_dim, page_size, kv_dtype, device, generator)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        self.scale = head_dim ** -0.5
+        self.q1, self.qsl1, self.qp, self.qslp = make_attention_queries(q_lens, num_q_heads, head_dim, device,
+                                                                        generator)
+        int8 = kv_dtype == torch.int8
+        self.kv_ref = (self.k_cache if int8 else self.k_cache.float(), self.v_cache if int8 else self.v_cache.float())
+        self.want1 = self.reference(self.q1, self.qsl1)
+        self.wantp = self.reference(self.qp, self.qslp)
+
+    def reference(self, q: torch.Tensor, query_start_loc: torch.Tensor, pages: torch.Tensor | None = None,
+                  seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        from homelab_llm.engine.kernels.ref import paged_attention_ref
+
+        return paged_attention_ref(q.float(), *self.kv_ref, self.pages if pages is None else pages, query_start_loc,
+                                   self.seq_lens if seq_lens is None else seq_lens, self.scale, self.k_scale,
+                                   self.v_scale)
+
+    def decode(self, **kw) -> torch.Tensor:
+        from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+        return paged_decode_attention(self.q1, self.k_cache, self.v_cache, self.pages, self.qsl1, self.seq_lens,
+                                      self.scale, self.k_scale, self.v_scale, **kw)
+
+    def prefill(self, **kw) -> torch.Tensor:
+        from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
+
+        return paged_prefill_attention(self.qp, self.k_cache, self.v_cache, self.pages, self.qslp, self.seq_lens,
+                                       self.scale, self.k_scale, self.v_scale, **kw)
+
+    @staticmethod
+    def check(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2, msg=lambda m: f"{what}: {m}")
+

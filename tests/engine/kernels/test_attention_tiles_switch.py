@@ -59,22 +59,10 @@ def test_wide_heads_take_the_wide_prefill_tiles(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8])
-def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.device, paged_kv,
-                                          attention_queries) -> None:
+def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.device, attention_case) -> None:
     from homelab_llm.engine.kernels import decode_attention, prefill_attention
-    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-    from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
-    gen = torch.Generator().manual_seed(11)
-    seq_lens, q_lens, hq, hkv, d, page = [37, 70], [5, 19], 4, 2, 32, 8
-    k_cache, v_cache, ks, vs, table = paged_kv(seq_lens, hkv, d, page, kv_dtype, device, gen)
-    kc = k_cache if kv_dtype == torch.int8 else k_cache.float()
-    vc = v_cache if kv_dtype == torch.int8 else v_cache.float()
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    scale = d ** -0.5
-    q1, qsl1, qp, qslp = attention_queries(q_lens, hq, d, device, gen)
-    want1 = paged_attention_ref(q1.float(), kc, vc, table, qsl1, sl, scale, ks, vs)
-    wantp = paged_attention_ref(qp.float(), kc, vc, table, qslp, sl, scale, ks, vs)
+    case = attention_case([37, 70], [5, 19], 4, 2, 32, 8, kv_dtype, device, torch.Generator().manual_seed(11))
     seen = []  # the tiles each launch took, through spies on the kernels' own lookups
 
     def spy(lookup):
@@ -86,10 +74,8 @@ def test_switched_tiles_reach_the_kernels(kv_dtype, monkeypatch, device: torch.d
     for spec in ("", "block_n=32,num_warps=2,int8_dot=1"):
         monkeypatch.setenv(tuning.DECODE_TILES_ENV, spec)
         monkeypatch.setenv(tuning.PREFILL_TILES_ENV, spec.replace(",int8_dot=1", ""))
-        got1 = paged_decode_attention(q1, k_cache, v_cache, table, qsl1, sl, scale, ks, vs, num_splits=2)
-        gotp = paged_prefill_attention(qp, k_cache, v_cache, table, qslp, sl, scale, ks, vs)
-        torch.testing.assert_close(got1.float(), want1, atol=2e-2, rtol=2e-2, msg=lambda m: f"{spec=}: {m}")
-        torch.testing.assert_close(gotp.float(), wantp, atol=2e-2, rtol=2e-2, msg=lambda m: f"{spec=}: {m}")
+        case.check(case.decode(num_splits=2), case.want1, f"{spec=}")
+        case.check(case.prefill(), case.wantp, f"{spec=}")
     decode, prefill = seen[-2:]
     assert (decode.block_n, decode.num_warps, decode.int8_dot) == (32, 2, True)
     assert (prefill.block_n, prefill.num_warps) == (32, 2)

@@ -57,30 +57,18 @@ def test_the_arch_table_picks_the_conversion(monkeypatch) -> None:
     assert not any(t.prefill.unmasked_key_scales for name, t in tuning.TABLE.items() if name != "gfx1100")
 
 
-def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.device, paged_kv,
-                                                     attention_queries) -> None:
-    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-    from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
-
+def test_the_hardware_conversion_reaches_the_kernels(monkeypatch, device: torch.device, attention_case) -> None:
     table = tuning.tiles_for(device)
     monkeypatch.setitem(tuning.TABLE, table.name, dataclasses.replace(table, int8_convert_hw=True))
     asked = []
     form = common.KVCacheArgs.int8_convert
     monkeypatch.setattr(common.KVCacheArgs, "int8_convert",
                         lambda self, dev: asked.append(form(self, dev)) or asked[-1])
-    gen = torch.Generator().manual_seed(23)
-    seq_lens, q_lens, hq, hkv, d, page = [41, 66], [7, 18], 4, 2, 32, 8
-    k_cache, v_cache, ks, vs, pages = paged_kv(seq_lens, hkv, d, page, torch.int8, device, gen)
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    scale = d ** -0.5
-    q1, qsl1, qp, qslp = attention_queries(q_lens, hq, d, device, gen)
-    got1 = paged_decode_attention(q1, k_cache, v_cache, pages, qsl1, sl, scale, ks, vs, num_splits=2)
-    gotp = paged_prefill_attention(qp, k_cache, v_cache, pages, qslp, sl, scale, ks, vs)
+    case = attention_case([41, 66], [7, 18], 4, 2, 32, 8, torch.int8, device, torch.Generator().manual_seed(23))
+    got1, gotp = case.decode(num_splits=2), case.prefill()
     assert asked and set(asked) == {common.CVT_HW.value}
-    want1 = paged_attention_ref(q1.float(), k_cache, v_cache, pages, qsl1, sl, scale, ks, vs)
-    wantp = paged_attention_ref(qp.float(), k_cache, v_cache, pages, qslp, sl, scale, ks, vs)
-    torch.testing.assert_close(got1.float(), want1, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(gotp.float(), wantp, atol=2e-2, rtol=2e-2)
+    case.check(got1, case.want1, "decode")
+    case.check(gotp, case.wantp, "prefill")
 
 
 @pytest.mark.parametrize("unmasked", [False, True])

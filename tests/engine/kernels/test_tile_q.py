@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from homelab_llm.engine.kernels import tuning
-from homelab_llm.engine.kernels.ref import paged_attention_ref
 
 
 def test_gfx1100_takes_it_at_head_dim_256_only() -> None:
@@ -35,14 +34,11 @@ def test_gfx1100_takes_it_at_head_dim_256_only() -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8])
-def test_kernels_with_q_each_tile_match_the_reference(kv_dtype, monkeypatch, device: torch.device, paged_kv,
-                                                      attention_queries) -> None:
+def test_kernels_with_q_each_tile_match_the_reference(kv_dtype, monkeypatch, device: torch.device,
+                                                      attention_case) -> None:
     from homelab_llm.engine.kernels import decode_attention, prefill_attention
-    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
-    from homelab_llm.engine.kernels.prefill_attention import paged_prefill_attention
 
-    gen = torch.Generator().manual_seed(29)
-    seq_lens, q_lens, hq, hkv, d, page = [45, 70], [6, 21], 4, 2, 32, 8
+    d = 32
     table = tuning.tiles_for(device)
     decode = dataclasses.replace(table.decode, tile_q_from=d)
     monkeypatch.setitem(tuning.TABLE, table.name, dataclasses.replace(
@@ -56,30 +52,26 @@ def test_kernels_with_q_each_tile_match_the_reference(kv_dtype, monkeypatch, dev
 
     monkeypatch.setattr(decode_attention, "q_each_tile", spy)
     monkeypatch.setattr(prefill_attention, "q_each_tile", spy)
-    k_cache, v_cache, ks, vs, pages = paged_kv(seq_lens, hkv, d, page, kv_dtype, device, gen)
-    kc = k_cache if kv_dtype == torch.int8 else k_cache.float()
-    vc = v_cache if kv_dtype == torch.int8 else v_cache.float()
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    scale = d ** -0.5
-    q1, qsl1, qp, qslp = attention_queries(q_lens, hq, d, device, gen)
-    want1 = paged_attention_ref(q1.float(), kc, vc, pages, qsl1, sl, scale, ks, vs)
-    wantp = paged_attention_ref(qp.float(), kc, vc, pages, qslp, sl, scale, ks, vs)
+    case = attention_case([45, 70], [6, 21], 4, 2, d, 8, kv_dtype, device, torch.Generator().manual_seed(29))
     int8_dots = (False, True) if kv_dtype == torch.int8 else (False,)
     for int8_dot in int8_dots:  # int8 KV's q as int8 halves (INT8_DOT) and as fp16
         monkeypatch.setenv(tuning.DECODE_TILES_ENV, f"int8_dot={int(int8_dot)}")
         for splits in (1, 4):
-            got1 = paged_decode_attention(q1, k_cache, v_cache, pages, qsl1, sl, scale, ks, vs, num_splits=splits)
-            torch.testing.assert_close(got1.float(), want1, atol=2e-2, rtol=2e-2,
-                                       msg=lambda m: f"{int8_dot=} {splits=}: {m}")
+            case.check(case.decode(num_splits=splits), case.want1, f"{int8_dot=} {splits=}")
     # a verify group: two rows of the second sequence over its page table, seeing 69 and 70 keys
-    group_pages, group_lens = pages[1:].repeat(2, 1), sl.new_tensor([69, 70])
-    qg, qslg = q1[:2].clone(), torch.arange(3, dtype=torch.int32, device=device)
-    gotg = paged_decode_attention(qg, k_cache, v_cache, group_pages, qslg, group_lens, scale, ks, vs,
-                                  num_splits=2, rows_per_seq=2)
-    wantg = paged_attention_ref(qg.float(), kc, vc, group_pages, qslg, group_lens, scale, ks, vs)
-    torch.testing.assert_close(gotg.float(), wantg, atol=2e-2, rtol=2e-2)
-    gotp = paged_prefill_attention(qp, k_cache, v_cache, pages, qslp, sl, scale, ks, vs)
-    torch.testing.assert_close(gotp.float(), wantp, atol=2e-2, rtol=2e-2)
+    group_pages, group_lens = case.pages[1:].repeat(2, 1), case.seq_lens.new_tensor([69, 70])
+    qg, qslg = case.q1[:2].clone(), torch.arange(3, dtype=torch.int32, device=device)
+    gotg = paged_group(case, qg, qslg, group_pages, group_lens)
+    case.check(gotg, case.reference(qg, qslg, group_pages, group_lens), "verify group")
+    case.check(case.prefill(), case.wantp, "prefill")
     # every decode launch took it, and the prefill for bf16 KV only
     int8 = kv_dtype == torch.int8
     assert asked == [(d, int8, True)] * (2 * len(int8_dots) + 1) + [(d, int8, not int8)]
+
+
+def paged_group(case, q, query_start_loc, pages, seq_lens) -> torch.Tensor:
+    """The decode kernel on one verify group of q's rows (rows_per_seq = its row count)."""
+    from homelab_llm.engine.kernels.decode_attention import paged_decode_attention
+
+    return paged_decode_attention(q, case.k_cache, case.v_cache, pages, query_start_loc, seq_lens, case.scale,
+                                  case.k_scale, case.v_scale, num_splits=2, rows_per_seq=q.shape[0])
