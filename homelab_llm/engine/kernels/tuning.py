@@ -939,8 +939,10 @@ GDN_TABLE: dict[str, GdnTiles] = {
     # (the only one chunk_warps sizes under `split`; BENCHMARKS 57.1, 60, untimed): its solve's
     # fp32 dots have no WMMA form on RDNA3, and their FMA form spilled (VGPRs a lane, 16-row
     # blocks) 1,940-2,022 on 4 waves, 1,199-1,249 on 8, 583-623 on 16; as forward substitution
-    # over the whole chunk (solve_rows 64, no dots) 161-228 / 0-76 / 0 (197-228 VGPRs).
-    "gfx1100": GdnTiles(64, 32, 16, 1, 32, 4, 32, 128, 4, True, 4, 32, solve_rows=64),
+    # over the whole chunk (solve_rows 64, no dots) 161-228 / 0-76 / 0 (197-228 VGPRs). The state
+    # walk on 8 waves (BENCHMARKS 63.5): 4 spilled 8 VGPRs a lane in one scenario, 8 none (202
+    # VGPRs), at the same program count (the 27B at TP 2: 96 a sequence, one a CU), untimed.
+    "gfx1100": GdnTiles(64, 32, 16, 1, 32, 4, 32, 128, 4, True, 8, 32, solve_rows=64),
     "interpret": GdnTiles(16, 16, 1, 1, 16, 1, 16, 32, 1, True, 1, 16,
                           verify_groups=1, verify_block_v=8, verify_warps=1,
                           verify_wide_block_v=8, verify_wide_warps=2),

@@ -41,6 +41,7 @@ def test_gfx1100_attention_tiles() -> None:
     assert t.decode_int8 is not None and t.decode_int8.int8_dot and t.decode_int8.num_warps == 8
     assert (t.prefill.block_n, t.prefill.num_warps) == (16, 8)
     assert tuning.GDN_TABLE["gfx1100"].chunk_warps == 16
+    assert tuning.GDN_TABLE["gfx1100"].state_warps == 8  # the state walk's spill-free waves (BENCHMARKS 63.5)
 
 
 def test_wide_heads_take_the_wide_prefill_tiles(monkeypatch) -> None:
