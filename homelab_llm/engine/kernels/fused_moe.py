@@ -246,6 +246,8 @@ def _gemm(a, weight, out, sorted_slots, block_expert, num_slots, n, k, top_k, ga
         w, s = weight.blocks, weight.scales
         strides = (w.stride(0), w.stride(1), 1, s.stride(0), s.stride(2), s.stride(1))
         wfmt, group, block_k = 2, 32, min(tiles.block_k, 64)
+        if gated and tiles_for(a.device).mx4_gated_half_width:
+            block_n //= 2
     elif not isinstance(weight, torch.Tensor):
         w, s = weight.qweight, weight.scales
         strides = (w.stride(0), 0, w.stride(1), s.stride(0), s.stride(1), 0)

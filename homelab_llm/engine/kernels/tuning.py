@@ -262,6 +262,10 @@ class ArchTiles:
     # The same for dense (bf16/fp16) experts: gate_up's and down's own tiles, gate and up paired
     # in one dot where measured. None: `gemm`'s for both, two dots.
     moe_gemm: MoeGemmTiles | None = None
+    # MXFP4 experts' (gpt-oss) gated GEMM at half the tiles' width, as 4-bit experts' always is:
+    # its gate and up dots hold two accumulators. gfx1100: the 32 x 64 tile spilled 33 VGPRs a
+    # lane, 32 x 32 none (BENCHMARKS 63.5); sm_90's 32 x 128 fits (255 registers), as timed.
+    mx4_gated_half_width: bool = False
     # Decode graphs past batch 1: KV splits chosen for about this many (row, KV head, split)
     # programs an SM (cuda_graphs.kv_splits_at). 0: the batch-1 count shared out, at least 8.
     kv_programs_per_sm: int = 0
@@ -556,6 +560,7 @@ TABLE: dict[str, ArchTiles] = {
         gemm=GemmTiles(64, 64, 32, num_warps=4, num_stages=2),
         w4a16_dot=GemmTiles(32, 64, 128, num_warps=4, num_stages=1, split_k=4),
         elementwise_warps=4, max_kv_splits=32,
+        mx4_gated_half_width=True,
         # the 27B at TP 2 (2 KV heads a card) as sm_90 (BENCHMARKS 60.3): 64 splits, 128 programs
         # on the 96 CUs where 32 splits left a third idle; untimed on RDNA3 (sm_80 and sm_120
         # cap at 64 splits for any head count already)

@@ -9,6 +9,8 @@ experts: 1e-4 relative on fp32 activations (same dequantized weights on both sid
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -119,8 +121,6 @@ def test_prefill_takes_the_arch_moe_gemm_tiles(device, monkeypatch):
     """Where an arch has moe_w4_gemm / moe_gemm, 4-bit / dense experts at prefill sizes run on
     them (MXFP4 experts and small batches keep the gemm / small entries for both GEMMs), and the
     results still match the reference."""
-    import dataclasses
-
     from homelab_llm.engine.kernels import tuning
     from homelab_llm.engine.kernels.fused_moe import fused_moe, moe_tiles
     from homelab_llm.engine.kernels.tuning import MoeGemmTiles
@@ -242,11 +242,13 @@ def _random_mx4(gen, e, n, k, device):
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 9])
-def test_fused_moe_mxfp4_matches_reference(tokens, device, full_shapes):
+def test_fused_moe_mxfp4_matches_reference(tokens, device, full_shapes, monkeypatch):
     """MXFP4 experts decoded in the kernels (the decode GEMV up to 8 tokens, the tl.dot path at
-    any count) == the same experts dequantized by
+    any count, its gated GEMM also at half the tiles' width: ArchTiles.mx4_gated_half_width,
+    gfx1100's) == the same experts dequantized by
     moe_gptoss_ref.dequantize_mxfp4_ref (every code and scale exact in fp32, so the bound is the
     fp32 one; bf16 activations at full shapes: 2e-2)."""
+    from homelab_llm.engine.kernels import tuning
     from homelab_llm.engine.kernels.fused_moe import fused_moe
     from homelab_llm.engine.kernels.moe_gptoss_ref import gptoss_experts_ref
     from homelab_llm.engine.kernels.moe_ref import MoeMx4
@@ -270,3 +272,8 @@ def test_fused_moe_mxfp4_matches_reference(tokens, device, full_shapes):
     bound = 2e-2 if full_shapes else 1e-4
     assert rel_err(got, want) < bound, ("gemv", rel_err(got, want))
     assert rel_err(dot_path, want) < bound, ("dot", rel_err(dot_path, want))
+    table = tuning.tiles_for(device)
+    flipped = dataclasses.replace(table, mx4_gated_half_width=not table.mx4_gated_half_width)
+    monkeypatch.setitem(tuning.TABLE, table.name, flipped)
+    other = fused_moe(x, mx4, None, weights, ids, b13=b13, b2=b2, clamp=(1.702, 7.0), decode="gemm")
+    assert rel_err(other, want) < bound, ("dot, other width", rel_err(other, want))
