@@ -290,15 +290,18 @@ def tile_scores(q, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_
 
 
 @triton.jit
-def per_tile(x, in_loop):
-    """x itself, for one KV tile: a select on in_loop, a condition on the tile's start that holds
-    in every tile but that the compiler cannot prove, so a dot taking the result converts x into
-    its operand layout in each tile instead of once before the loop. That hoisted copy lives
-    through the loop: on gfx1100 a [16, 256] q in WMMA's operand layout (both half waves hold it)
-    is 128 VGPRs a lane, and head_dim 256 spilled (ArchTiles' tile_q_from). in_loop must compare
-    with a bound the compiler does not know: n0 >= 0 folds, n0 >= start or n0 < end do not (which
-    one spills less differs by kernel: BENCHMARKS 63)."""
-    return tl.where(in_loop, x, tl.zeros_like(x))
+def per_tile(x, in_loop, ON: tl.constexpr):
+    """x itself, for one KV tile; with ON (the kernels' TILE_Q) behind a select on in_loop, a
+    condition on the tile's start that holds in every tile but that the compiler cannot prove, so
+    a dot taking the result converts x into its operand layout in each tile instead of once
+    before the loop. That hoisted copy lives through the loop: on gfx1100 a [16, 256] q in WMMA's
+    operand layout (both half waves hold it) is 128 VGPRs a lane, and head_dim 256 spilled
+    (ArchTiles' tile_q_from). in_loop must compare with a bound the compiler does not know:
+    n0 >= 0 folds, n0 >= start or n0 < end do not (which one spills less differs by kernel:
+    BENCHMARKS 63)."""
+    if ON:
+        x = tl.where(in_loop, x, tl.zeros_like(x))
+    return x
 
 
 @triton.jit

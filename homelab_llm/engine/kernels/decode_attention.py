@@ -207,14 +207,12 @@ def _decode_split_kernel(
             vs = load_token_scales(vs_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh, n_mask)
         if PREFETCH_SCALES or PREFETCH_KV:
             pages_next = tile_pages(page_table_ptr, row_offset, n0 + 2 * BLOCK_N, end, BLOCK_N, PAGE_SIZE)
+        # (TILE_Q: q, or its int8 halves, enter the dot's operand layout in this tile)
         if INT8_DOT:
-            if TILE_Q:  # q's halves enter the dot's operand layout in this tile (common.per_tile)
-                scores = int8_dot_scores(per_tile(q_hi, n0 >= start), per_tile(q_lo, n0 >= start), q_step, k, ks)
-            else:
-                scores = int8_dot_scores(q_hi, q_lo, q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
+            scores = int8_dot_scores(per_tile(q_hi, n0 >= start, TILE_Q), per_tile(q_lo, n0 >= start, TILE_Q),
+                                     q_step, k, ks)  # [GROUP_PAD, BLOCK_N]
         else:
-            q_dot = per_tile(q, n0 >= start) if TILE_Q else q
-            scores = scaled_scores(q_dot, k, ks, sm_scale_log2, INT8_KV, DOT_F32)
+            scores = scaled_scores(per_tile(q, n0 >= start, TILE_Q), k, ks, sm_scale_log2, INT8_KV, DOT_F32)
         if ROWS == 1 and not HAS_WINDOW:
             scores = tl.where(n_mask[None, :], scores, float("-inf"))
         else:  # each row sees its own keys: row j of a verify group the first seq_len_j (causal)

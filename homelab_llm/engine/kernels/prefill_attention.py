@@ -81,9 +81,9 @@ def _prefill_kernel(
             offs_d, d_mask, kv_head,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_vd, q,
             PAGE_SIZE, INT8_KV, DOT_F32, False, KV_CVT)
-        q_dot = per_tile(q, n0 < hi) if TILE_Q else q  # q's operand layout in this tile
-        scores = tile_scores(q_dot, k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss, stride_sh,
-                             n_mask, sm_scale_log2, INT8_KV, DOT_F32, KS_UNMASKED)
+        # (TILE_Q: q enters the score dot's operand layout in this tile, common.per_tile)
+        scores = tile_scores(per_tile(q, n0 < hi, TILE_Q), k, ks_ptr, page, slot, kv_head, stride_sp, stride_ss,
+                             stride_sh, n_mask, sm_scale_log2, INT8_KV, DOT_F32, KS_UNMASKED)
         visible = n_mask[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
